@@ -1,0 +1,163 @@
+import Foundation
+
+/// One purchase that Apple confirmed, as the verifier read it from Apple's answer.
+public struct VerifiedPurchase: Codable, Sendable, Equatable {
+    /// Apple's id of this transaction; the unit of crediting.
+    public var transactionId: String
+    /// The first transaction of a subscription chain (equal to `transactionId` for most purchases).
+    public var originalTransactionId: String
+    /// The App Store product identifier.
+    public var productId: String
+    /// How many units were bought.
+    public var quantity: Int
+    /// When Apple charged the user.
+    public var purchaseDate: Date?
+    /// Which App Store world the purchase was made in.
+    public var environment: AppStoreEnvironment
+
+    /// Creates a purchase.
+    public init(
+        transactionId: String, originalTransactionId: String, productId: String, quantity: Int,
+        purchaseDate: Date?, environment: AppStoreEnvironment
+    ) {
+        self.transactionId = transactionId
+        self.originalTransactionId = originalTransactionId
+        self.productId = productId
+        self.quantity = quantity
+        self.purchaseDate = purchaseDate
+        self.environment = environment
+    }
+}
+
+/// A receipt that Apple confirmed as genuine, with every purchase it holds.
+public struct VerifiedReceipt: Codable, Sendable, Equatable {
+    /// The app the receipt belongs to, as Apple says.
+    public var bundleId: String
+    /// The world Apple verified it in.
+    public var environment: AppStoreEnvironment
+    /// Every purchase Apple listed for the receipt.
+    public var purchases: [VerifiedPurchase]
+
+    /// Creates a verified receipt.
+    public init(bundleId: String, environment: AppStoreEnvironment, purchases: [VerifiedPurchase]) {
+        self.bundleId = bundleId
+        self.environment = environment
+        self.purchases = purchases
+    }
+}
+
+/// A stable, machine-readable reason, extensible without breaking decoding.
+public struct ReasonCode: RawRepresentable, Codable, Sendable, Hashable, CustomStringConvertible {
+    /// The wire form, e.g. `invalid_receipt`.
+    public var rawValue: String
+    /// Wraps a wire form.
+    public init(rawValue: String) { self.rawValue = rawValue }
+    /// Wraps a wire form.
+    public init(_ rawValue: String) { self.rawValue = rawValue }
+    /// The wire form.
+    public var description: String { rawValue }
+
+    public init(from decoder: any Decoder) throws {
+        self.rawValue = try decoder.singleValueContainer().decode(String.self)
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.singleValueContainer()
+        try container.encode(rawValue)
+    }
+
+    /// Apple said the receipt is not a valid receipt (21000, 21002 repeatedly, 21003, 21010).
+    public static let invalidReceipt = ReasonCode("invalid_receipt")
+    /// The receipt belongs to an app this deployment does not serve.
+    public static let bundleIdMismatch = ReasonCode("bundle_id_mismatch")
+    /// Apple could not be reached, timed out, or answered with a server error.
+    public static let appleUnavailable = ReasonCode("apple_unavailable")
+    /// Apple answered with a status that asks us to try again later.
+    public static let appleRetryable = ReasonCode("apple_retryable")
+    /// Our shared secret does not match Apple's (21004): a configuration fault, never the user's.
+    public static let sharedSecretMismatch = ReasonCode("shared_secret_mismatch")
+    /// Apple answered with something this version does not understand.
+    public static let unexpectedAppleResponse = ReasonCode("unexpected_apple_response")
+    /// Retries went on for longer than the configured maximum age.
+    public static let retriesExhausted = ReasonCode("retries_exhausted")
+    /// Every purchase in the upload had been credited to another user first.
+    public static let replayedFromOtherUser = ReasonCode("replayed_from_other_user")
+}
+
+/// What one verification attempt concluded. A transient failure is its own case,
+/// so it can never be mistaken for a rejection.
+public enum VerificationOutcome: Sendable, Equatable {
+    /// Apple confirmed the receipt.
+    case verified(VerifiedReceipt)
+    /// The receipt is definitively not acceptable.
+    case rejected(ReasonCode, message: String)
+    /// Apple could not answer now; try again later.
+    case retryLater(ReasonCode, message: String)
+}
+
+/// The verifier's message to the finisher about one attempt on one submission.
+public struct VerifyResult: Codable, Sendable, Equatable {
+    /// The submission this result is about.
+    public var submissionId: SubmissionID
+    /// The user who uploaded it (repeated so the finisher needs no lookup).
+    public var userId: String
+    /// Our order the upload named, if any.
+    public var orderId: String?
+    /// Which attempt produced this result.
+    public var attempt: Int
+    /// What the attempt concluded.
+    public var outcome: VerificationOutcome
+    /// For `retryLater`: when the next attempt is due.
+    public var nextAttemptAt: Date?
+
+    /// Creates a result.
+    public init(
+        submissionId: SubmissionID, userId: String, orderId: String?, attempt: Int,
+        outcome: VerificationOutcome, nextAttemptAt: Date? = nil
+    ) {
+        self.submissionId = submissionId
+        self.userId = userId
+        self.orderId = orderId
+        self.attempt = attempt
+        self.outcome = outcome
+        self.nextAttemptAt = nextAttemptAt
+    }
+}
+
+extension VerificationOutcome: Codable {
+    private enum CodingKeys: String, CodingKey { case kind, receipt, reason, message }
+    private enum Kind: String, Codable { case verified, rejected, retryLater = "retry_later" }
+
+    public init(from decoder: any Decoder) throws {
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        switch try container.decode(Kind.self, forKey: .kind) {
+        case .verified:
+            self = .verified(try container.decode(VerifiedReceipt.self, forKey: .receipt))
+        case .rejected:
+            self = .rejected(
+                try container.decode(ReasonCode.self, forKey: .reason),
+                message: try container.decode(String.self, forKey: .message))
+        case .retryLater:
+            self = .retryLater(
+                try container.decode(ReasonCode.self, forKey: .reason),
+                message: try container.decode(String.self, forKey: .message))
+        }
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.container(keyedBy: CodingKeys.self)
+        switch self {
+        case .verified(let receipt):
+            try container.encode(Kind.verified, forKey: .kind)
+            try container.encode(receipt, forKey: .receipt)
+        case .rejected(let reason, let message):
+            try container.encode(Kind.rejected, forKey: .kind)
+            try container.encode(reason, forKey: .reason)
+            try container.encode(message, forKey: .message)
+        case .retryLater(let reason, let message):
+            try container.encode(Kind.retryLater, forKey: .kind)
+            try container.encode(reason, forKey: .reason)
+            try container.encode(message, forKey: .message)
+        }
+    }
+}

@@ -1,0 +1,65 @@
+/// A message to publish.
+public struct OutgoingMessage: Sendable, Equatable {
+    /// Exchange to publish to; `""` is the default exchange (routing key = queue name).
+    public var exchange: String
+    /// Routing key.
+    public var routingKey: String
+    /// The payload.
+    public var body: [UInt8]
+    /// String headers carried with the message.
+    public var headers: [String: String]
+    /// MIME type of the body.
+    public var contentType: String
+    /// A message id for tracing; also used to match a returned message to its publish.
+    public var messageId: String?
+
+    /// Creates a persistent message.
+    public init(
+        exchange: String = "", routingKey: String, body: [UInt8], headers: [String: String] = [:],
+        contentType: String = "application/json", messageId: String? = nil
+    ) {
+        self.exchange = exchange
+        self.routingKey = routingKey
+        self.body = body
+        self.headers = headers
+        self.contentType = contentType
+        self.messageId = messageId
+    }
+}
+
+/// A message handed to a consumer. Settle it exactly once with `ack()` or `reject(requeue:)`.
+public struct AMQPDelivery: Sendable {
+    /// The payload.
+    public var body: [UInt8]
+    /// Headers whose values are strings or numbers, as strings.
+    public var headers: [String: String]
+    /// The exchange the message was published to.
+    public var exchange: String
+    /// The routing key it was published with.
+    public var routingKey: String
+    /// Whether the broker delivered it before (to this or another consumer).
+    public var redelivered: Bool
+    /// The message id, if the publisher set one.
+    public var messageId: String?
+
+    let deliveryTag: UInt64
+    let channel: UInt16
+    let generation: UInt64
+    let mailbox: Mailbox
+
+    /// Tells the broker the message is handled; it will not be delivered again.
+    ///
+    /// - Important: Ack only after every effect of the message is durable
+    ///   (a result confirmed by the broker, a database commit).
+    ///   Throws `staleDelivery` when the connection was lost since the delivery:
+    ///   the broker then delivers the message again.
+    public func ack() async throws(AMQPError) {
+        try await mailbox.settle(.ack, delivery: self)
+    }
+
+    /// Gives the message back: to the queue when `requeue` is true, else to the queue's
+    /// dead-letter exchange.
+    public func reject(requeue: Bool) async throws(AMQPError) {
+        try await mailbox.settle(requeue ? .requeue : .deadLetter, delivery: self)
+    }
+}

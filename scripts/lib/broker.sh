@@ -1,0 +1,206 @@
+# shellcheck shell=bash
+# Private RabbitMQ nodes for development and tests (sourced by scripts/dev; needs common.sh).
+#
+# A node lives entirely in one folder (e.g. .run/test/rabbitmq) and is described by an env
+# file (e.g. .run/test/broker.env) holding the RABBITMQ_* variables it was started with. The
+# system's rabbitmq-server service, its data and any other broker are never touched.
+#
+# Notes on Debian's rabbitmq-server package:
+# - /usr/sbin/rabbitmq-server, run as root, switches to user `rabbitmq` with `su` (no login
+#   shell): the RABBITMQ_* variables pass through, but HOME becomes /var/lib/rabbitmq (so the
+#   Erlang cookie is the system one) and the working directory becomes /var/lib/rabbitmq,
+#   hence every path below is absolute and the folder belongs to user `rabbitmq`.
+# - Without -detached the server script keeps a shell in front of the Erlang VM. The node is
+#   started in its own session, so every process of it can be found by session id; it is
+#   stopped by sending SIGTERM to the VM (a graceful shutdown), SIGKILL only as a last resort.
+# - epmd (the Erlang port mapper on 4369) is started on demand, detaches itself and is shared
+#   by all nodes of the machine; it is left running.
+
+BROKER_LIB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+BROKER_START_TIMEOUT=${IAP_BROKER_START_TIMEOUT:-60}
+BROKER_STOP_TIMEOUT=${IAP_BROKER_STOP_TIMEOUT:-30}
+
+# Load a node's env file into the current shell and check it is complete.
+broker_load() {
+    local env_file=$1 var
+    [[ -f $env_file ]] || die "no broker env file at $env_file (start a node with 'scripts/dev test' or 'scripts/dev up')"
+    # shellcheck disable=SC1090
+    source "$env_file"
+    for var in IAP_BROKER_DIR RABBITMQ_NODENAME RABBITMQ_NODE_PORT RABBITMQ_DIST_PORT \
+               RABBITMQ_MNESIA_BASE RABBITMQ_LOG_BASE RABBITMQ_PID_FILE; do
+        [[ -n ${!var:-} ]] || die "$env_file does not set $var"
+    done
+}
+
+# Write the env file of a node named <prefix>-<port>@localhost living in <dir>.
+# Ports already named in an existing env file are reused when they are still free.
+broker_configure() {
+    local prefix=$1 dir=$2 env_file=$3 old_ports=() ports
+    if [[ -f $env_file ]]; then
+        # shellcheck disable=SC1090
+        mapfile -t old_ports < <(source "$env_file"; echo "${RABBITMQ_NODE_PORT:-}"; echo "${RABBITMQ_DIST_PORT:-}")
+    fi
+    mapfile -t ports < <(python3 "$BROKER_LIB_DIR/net.py" free-ports 2 "${old_ports[@]}")
+    ((${#ports[@]} == 2)) || die "could not find two free TCP ports"
+    mkdir -p "$(dirname "$env_file")"
+    {
+        echo "# Private RabbitMQ node started by scripts/dev; read by 'scripts/dev broker'."
+        printf 'export IAP_BROKER_DIR=%q\n' "$dir"
+        printf 'export IAP_BROKER_AMQP_URL=%q\n' "amqp://guest:guest@127.0.0.1:${ports[0]}/"
+        printf 'export RABBITMQ_NODENAME=%q\n' "$prefix-${ports[0]}@localhost"
+        printf 'export RABBITMQ_NODE_IP_ADDRESS=%q\n' "127.0.0.1"
+        printf 'export RABBITMQ_NODE_PORT=%q\n' "${ports[0]}"
+        printf 'export RABBITMQ_DIST_PORT=%q\n' "${ports[1]}"
+        printf 'export RABBITMQ_MNESIA_BASE=%q\n' "$dir/mnesia"
+        printf 'export RABBITMQ_LOG_BASE=%q\n' "$dir/log"
+        printf 'export RABBITMQ_PID_FILE=%q\n' "$dir/rabbitmq.pid"
+        printf 'export RABBITMQ_CONFIG_FILE=%q\n' "$dir/rabbitmq.conf"
+        printf 'export RABBITMQ_ADVANCED_CONFIG_FILE=%q\n' "$dir/advanced.config"
+        printf 'export RABBITMQ_ENABLED_PLUGINS_FILE=%q\n' "$dir/enabled_plugins"
+        printf 'export RABBITMQ_CONF_ENV_FILE=%q\n' "$dir/rabbitmq-env.conf"
+    } >"$env_file"
+}
+
+# Process ids of the loaded node: the processes of the session it was started in that carry
+# its RABBITMQ_MNESIA_BASE (so a recycled session id never matches someone else's processes).
+broker_pids() {
+    local sid pid
+    sid=$(cat "$IAP_BROKER_DIR/launcher.pid" 2>/dev/null) || return 0
+    [[ $sid =~ ^[0-9]+$ ]] || return 0
+    for pid in $(pgrep -s "$sid" || true); do
+        if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qxF "RABBITMQ_MNESIA_BASE=$RABBITMQ_MNESIA_BASE"; then
+            echo "$pid"
+        fi
+    done
+}
+
+broker_running() { [[ -n $(broker_pids) ]]; }
+
+# True when the node answers the AMQP handshake on its port.
+broker_answers() { python3 "$BROKER_LIB_DIR/net.py" amqp-ready 127.0.0.1 "$RABBITMQ_NODE_PORT"; }
+
+# Print the end of the node's logs (used when something goes wrong).
+broker_log_tail() {
+    local f
+    for f in "$RABBITMQ_LOG_BASE/console.log" "$RABBITMQ_LOG_BASE/$RABBITMQ_NODENAME.log"; do
+        [[ -s $f ]] || continue
+        echo "---- last lines of $f ----" >&2
+        tail -n 40 "$f" >&2
+    done
+}
+
+# Create the node's folder and its private config files, owned by user `rabbitmq`.
+_broker_prepare() {
+    getent passwd rabbitmq >/dev/null || die "user 'rabbitmq' is missing (is rabbitmq-server installed?)"
+    mkdir -p "$RABBITMQ_MNESIA_BASE" "$RABBITMQ_LOG_BASE"
+    # Private config: nothing is read from /etc/rabbitmq.
+    cat >"$RABBITMQ_CONFIG_FILE" <<'CONF'
+# Private development/test node started by scripts/dev (listener set via RABBITMQ_NODE_*).
+log.file.level = info
+log.console = false
+CONF
+    echo '[].' >"$RABBITMQ_ENABLED_PLUGINS_FILE"
+    echo '# intentionally empty: keeps /etc/rabbitmq/rabbitmq-env.conf out' >"$RABBITMQ_CONF_ENV_FILE"
+    chown -R rabbitmq:rabbitmq "$IAP_BROKER_DIR"
+    runuser -u rabbitmq -- test -w "$RABBITMQ_MNESIA_BASE" ||
+        die "user 'rabbitmq' cannot write $RABBITMQ_MNESIA_BASE: every parent folder must be traversable by it"
+}
+
+# Start the loaded node unless it runs already; keeps its data. Waits until AMQP answers.
+broker_start() {
+    local t0 deadline
+    t0=$(now_ms)
+    if broker_running; then
+        say "RabbitMQ node $RABBITMQ_NODENAME is already running"
+    else
+        say "starting RabbitMQ node $RABBITMQ_NODENAME on 127.0.0.1:$RABBITMQ_NODE_PORT"
+        _broker_prepare
+        rm -f "$IAP_BROKER_DIR/launcher.pid" "$RABBITMQ_PID_FILE"
+        # A new session (setsid) keeps the node away from the caller's Ctrl-C and lets
+        # broker_pids find all of its processes; the session leader records its own pid.
+        # fd 9 (the lock of 'scripts/dev test') is not passed on.
+        setsid bash -c 'echo $$ >"$1/launcher.pid"; exec /usr/sbin/rabbitmq-server' _ "$IAP_BROKER_DIR" \
+            </dev/null >>"$RABBITMQ_LOG_BASE/console.log" 2>&1 9>&- &
+        deadline=$((SECONDS + 5))
+        until [[ -s $IAP_BROKER_DIR/launcher.pid ]]; do
+            ((SECONDS < deadline)) || die "the RabbitMQ launcher did not start"
+            sleep 0.05
+        done
+    fi
+    deadline=$((SECONDS + BROKER_START_TIMEOUT))
+    until broker_answers; do
+        if ! broker_running; then
+            broker_log_tail
+            die "RabbitMQ node $RABBITMQ_NODENAME exited during startup (logs in $RABBITMQ_LOG_BASE)"
+        fi
+        if ((SECONDS >= deadline)); then
+            broker_log_tail
+            die "RabbitMQ node $RABBITMQ_NODENAME did not accept AMQP connections within ${BROKER_START_TIMEOUT}s"
+        fi
+        sleep 0.25
+    done
+    say "RabbitMQ node $RABBITMQ_NODENAME accepts AMQP on port $RABBITMQ_NODE_PORT ($(( ($(now_ms) - t0) ))ms)"
+}
+
+# Stop the loaded node: SIGTERM to its Erlang VM (graceful), SIGKILL after the timeout.
+broker_stop() {
+    local t0 pids beam deadline
+    t0=$(now_ms)
+    pids=$(broker_pids)
+    if [[ -z $pids ]]; then
+        say "RabbitMQ node $RABBITMQ_NODENAME is not running"
+        rm -f "$IAP_BROKER_DIR/launcher.pid"
+        return 0
+    fi
+    beam=$(cat "$RABBITMQ_PID_FILE" 2>/dev/null || true)
+    if [[ -n $beam ]] && grep -qxF "$beam" <<<"$pids"; then
+        kill -TERM "$beam" 2>/dev/null || true
+    else
+        # Still booting (no pid file yet): stop the whole session.
+        # shellcheck disable=SC2086
+        kill -TERM $pids 2>/dev/null || true
+    fi
+    deadline=$((SECONDS + BROKER_STOP_TIMEOUT))
+    while pids=$(broker_pids) && [[ -n $pids ]]; do
+        if ((SECONDS >= deadline)); then
+            say "RabbitMQ node $RABBITMQ_NODENAME ignored SIGTERM for ${BROKER_STOP_TIMEOUT}s; killing it"
+            # shellcheck disable=SC2086
+            kill -KILL $pids 2>/dev/null || true
+            sleep 0.5
+            [[ -z $(broker_pids) ]] || die "could not stop RabbitMQ node $RABBITMQ_NODENAME (pids: $pids)"
+            break
+        fi
+        sleep 0.1
+    done
+    rm -f "$IAP_BROKER_DIR/launcher.pid"
+    say "RabbitMQ node $RABBITMQ_NODENAME stopped ($(( $(now_ms) - t0 ))ms)"
+}
+
+# Print the state of the loaded node; exit status 0 only when it answers AMQP.
+broker_status() {
+    local pids
+    pids=$(broker_pids)
+    if [[ -z $pids ]]; then
+        echo "$RABBITMQ_NODENAME: stopped"
+        return 1
+    elif broker_answers; then
+        echo "$RABBITMQ_NODENAME: running, AMQP on 127.0.0.1:$RABBITMQ_NODE_PORT (pids $(echo $pids))"
+    else
+        echo "$RABBITMQ_NODENAME: processes alive but AMQP not answering on port $RABBITMQ_NODE_PORT (pids $(echo $pids))"
+        return 1
+    fi
+}
+
+# Start a brand-new node in <dir>: stop whatever an earlier run left behind (crash, Ctrl-C),
+# wipe its data and logs, pick ports, write <env_file>, start and load it.
+broker_fresh_start() {
+    local prefix=$1 dir=$2 env_file=$3
+    [[ $dir == */.run/* ]] || die "refusing to wipe $dir (not under a .run folder)"
+    if [[ -f $env_file ]]; then
+        ( broker_load "$env_file"; broker_stop ) || die "could not stop the node left by an earlier run ($env_file)"
+    fi
+    rm -rf "$dir/mnesia" "$dir/log" "$dir/rabbitmq.pid" "$dir/launcher.pid"
+    broker_configure "$prefix" "$dir" "$env_file"
+    broker_load "$env_file"
+    broker_start
+}

@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""One demo purchase through the running `iap dev` (python3 stdlib only).
+
+usage: demo_purchase.py API_URL FAKE_APPSTORE_URL [TIMEOUT_SECONDS]
+
+1. POST {FAKE}/fake/purchases            -> {transactionId, originalTransactionId, receiptData}
+2. POST {API}/v1/receipts                -> 202 {submissionId, state: "pending"}
+3. GET  {API}/v1/receipts/{submissionId} until state is "credited" (bounded)
+Prints the final submission JSON on stdout; exits non-zero with a message otherwise.
+"""
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+
+BUNDLE_ID = "com.example.demo"
+PRODUCT_ID = "com.example.coins.60"
+USER_ID = "demo-user"
+
+
+def request(method: str, url: str, body: object = None) -> tuple[int, object]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    req.add_header("Accept", "application/json")
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            status, raw = resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        status, raw = err.code, err.read()
+    except (urllib.error.URLError, OSError) as err:
+        sys.exit(f"error: {method} {url} failed: {err}")
+    try:
+        return status, json.loads(raw) if raw else None
+    except json.JSONDecodeError:
+        sys.exit(f"error: {method} {url} answered {status} with non-JSON body: {raw[:300]!r}")
+
+
+def expect(cond: bool, what: str, status: int, body: object) -> None:
+    if not cond:
+        sys.exit(f"error: {what}: HTTP {status}, body {json.dumps(body)}")
+
+
+def main() -> None:
+    if len(sys.argv) not in (3, 4):
+        sys.exit(__doc__)
+    api, fake = sys.argv[1].rstrip("/"), sys.argv[2].rstrip("/")
+    timeout = float(sys.argv[3]) if len(sys.argv) == 4 else 30.0
+
+    status, purchase = request("POST", f"{fake}/fake/purchases",
+                               {"bundleId": BUNDLE_ID, "productId": PRODUCT_ID, "environment": "Production"})
+    expect(status in (200, 201) and isinstance(purchase, dict) and "receiptData" in purchase,
+           "fake App Store purchase", status, purchase)
+    print(f"==> fake purchase: transactionId={purchase.get('transactionId')} "
+          f"originalTransactionId={purchase.get('originalTransactionId')}", file=sys.stderr)
+
+    status, submission = request("POST", f"{api}/v1/receipts",
+                                 {"userId": USER_ID, "receiptData": purchase["receiptData"]})
+    expect(status == 202 and isinstance(submission, dict) and submission.get("submissionId"),
+           "receipt submission", status, submission)
+    submission_id = submission["submissionId"]
+    print(f"==> submitted receipt: submissionId={submission_id} state={submission.get('state')}", file=sys.stderr)
+
+    deadline = time.monotonic() + timeout
+    state = submission.get("state")
+    while True:
+        status, submission = request("GET", f"{api}/v1/receipts/{submission_id}")
+        expect(status == 200 and isinstance(submission, dict), "submission lookup", status, submission)
+        if submission.get("state") != state:
+            state = submission.get("state")
+            print(f"==> state: {state}", file=sys.stderr)
+        if state == "credited":
+            break
+        if time.monotonic() >= deadline:
+            sys.exit(f"error: submission {submission_id} not credited after {timeout:g}s "
+                     f"(last state {state!r}): {json.dumps(submission)}")
+        time.sleep(0.25)
+
+    print(json.dumps(submission, indent=2, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()
