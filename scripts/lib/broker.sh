@@ -10,9 +10,12 @@
 #   shell): the RABBITMQ_* variables pass through, but HOME becomes /var/lib/rabbitmq (so the
 #   Erlang cookie is the system one) and the working directory becomes /var/lib/rabbitmq,
 #   hence every path below is absolute and the folder belongs to user `rabbitmq`.
-# - Without -detached the server script keeps a shell in front of the Erlang VM. The node is
-#   started in its own session, so every process of it can be found by session id; it is
-#   stopped by sending SIGTERM to the VM (a graceful shutdown), SIGKILL only as a last resort.
+# - Without -detached the server script keeps a shell in front of the Erlang VM, and `su`,
+#   erl_child_setup and inet_gethost each start a new session, so neither the launcher's pid
+#   nor its session id lead to all of the node's processes. Instead the node is launched with
+#   a private marker variable (IAP_BROKER_INSTANCE=<random token>) that every one of its
+#   processes inherits and nothing else carries; it is stopped by sending SIGTERM to the
+#   Erlang VM (graceful shutdown), SIGKILL only as a last resort.
 # - epmd (the Erlang port mapper on 4369) is started on demand, detaches itself and is shared
 #   by all nodes of the machine; it is left running.
 
@@ -61,17 +64,14 @@ broker_configure() {
     } >"$env_file"
 }
 
-# Process ids of the loaded node: the processes of the session it was started in that carry
-# its RABBITMQ_MNESIA_BASE (so a recycled session id never matches someone else's processes).
+# Process ids of the loaded node: the processes whose environment holds the marker it was
+# launched with (recorded in $IAP_BROKER_DIR/instance).
 broker_pids() {
-    local sid pid
-    sid=$(cat "$IAP_BROKER_DIR/launcher.pid" 2>/dev/null) || return 0
-    [[ $sid =~ ^[0-9]+$ ]] || return 0
-    for pid in $(pgrep -s "$sid" || true); do
-        if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qxF "RABBITMQ_MNESIA_BASE=$RABBITMQ_MNESIA_BASE"; then
-            echo "$pid"
-        fi
-    done
+    local token
+    token=$(cat "$IAP_BROKER_DIR/instance" 2>/dev/null) || return 0
+    [[ -n $token ]] || return 0
+    grep -lzxF "IAP_BROKER_INSTANCE=$token" /proc/[0-9]*/environ 2>/dev/null |
+        sed -n 's|^/proc/\([0-9]*\)/environ$|\1|p' || true
 }
 
 broker_running() { [[ -n $(broker_pids) ]]; }
@@ -115,14 +115,16 @@ broker_start() {
     else
         say "starting RabbitMQ node $RABBITMQ_NODENAME on 127.0.0.1:$RABBITMQ_NODE_PORT"
         _broker_prepare
-        rm -f "$IAP_BROKER_DIR/launcher.pid" "$RABBITMQ_PID_FILE"
-        # A new session (setsid) keeps the node away from the caller's Ctrl-C and lets
-        # broker_pids find all of its processes; the session leader records its own pid.
-        # fd 9 (the lock of 'scripts/dev test') is not passed on.
-        setsid bash -c 'echo $$ >"$1/launcher.pid"; exec /usr/sbin/rabbitmq-server' _ "$IAP_BROKER_DIR" \
+        rm -f "$RABBITMQ_PID_FILE"
+        local token
+        token="$(date +%s%N)-$$-$RANDOM$RANDOM"
+        echo "$token" >"$IAP_BROKER_DIR/instance"
+        # setsid keeps the node away from the caller's terminal (Ctrl-C); the marker variable
+        # lets broker_pids find its processes; fd 9 (the lock of 'scripts/dev test') stays here.
+        IAP_BROKER_INSTANCE=$token setsid /usr/sbin/rabbitmq-server \
             </dev/null >>"$RABBITMQ_LOG_BASE/console.log" 2>&1 9>&- &
         deadline=$((SECONDS + 5))
-        until [[ -s $IAP_BROKER_DIR/launcher.pid ]]; do
+        until broker_running; do
             ((SECONDS < deadline)) || die "the RabbitMQ launcher did not start"
             sleep 0.05
         done
@@ -135,6 +137,7 @@ broker_start() {
         fi
         if ((SECONDS >= deadline)); then
             broker_log_tail
+            ( broker_stop ) || true
             die "RabbitMQ node $RABBITMQ_NODENAME did not accept AMQP connections within ${BROKER_START_TIMEOUT}s"
         fi
         sleep 0.25
@@ -149,14 +152,13 @@ broker_stop() {
     pids=$(broker_pids)
     if [[ -z $pids ]]; then
         say "RabbitMQ node $RABBITMQ_NODENAME is not running"
-        rm -f "$IAP_BROKER_DIR/launcher.pid"
         return 0
     fi
     beam=$(cat "$RABBITMQ_PID_FILE" 2>/dev/null || true)
     if [[ -n $beam ]] && grep -qxF "$beam" <<<"$pids"; then
         kill -TERM "$beam" 2>/dev/null || true
     else
-        # Still booting (no pid file yet): stop the whole session.
+        # Still booting (no pid file yet): signal all of its processes.
         # shellcheck disable=SC2086
         kill -TERM $pids 2>/dev/null || true
     fi
@@ -172,7 +174,6 @@ broker_stop() {
         fi
         sleep 0.1
     done
-    rm -f "$IAP_BROKER_DIR/launcher.pid"
     say "RabbitMQ node $RABBITMQ_NODENAME stopped ($(( $(now_ms) - t0 ))ms)"
 }
 
@@ -199,7 +200,7 @@ broker_fresh_start() {
     if [[ -f $env_file ]]; then
         ( broker_load "$env_file"; broker_stop ) || die "could not stop the node left by an earlier run ($env_file)"
     fi
-    rm -rf "$dir/mnesia" "$dir/log" "$dir/rabbitmq.pid" "$dir/launcher.pid"
+    rm -rf "$dir/mnesia" "$dir/log" "$dir/rabbitmq.pid" "$dir/instance"
     broker_configure "$prefix" "$dir" "$env_file"
     broker_load "$env_file"
     broker_start

@@ -1,0 +1,76 @@
+import Foundation
+import GRDB
+
+/// A message to be published once the transaction that wrote it has committed.
+public struct OutboxMessage: Sendable, Equatable {
+    /// Row id; assigned by the store.
+    public var id: Int64?
+    /// Exchange to publish to (`""` for the default exchange).
+    public var exchange: String
+    /// Routing key (a queue name on the default exchange).
+    public var routingKey: String
+    /// The encoded envelope.
+    public var body: [UInt8]
+    /// A message id for tracing.
+    public var messageId: String?
+    /// Failed publish attempts so far.
+    public var attempts: Int
+
+    /// Creates a message for the outbox.
+    public init(exchange: String = "", routingKey: String, body: [UInt8], messageId: String? = nil) {
+        self.id = nil
+        self.exchange = exchange
+        self.routingKey = routingKey
+        self.body = body
+        self.messageId = messageId
+        self.attempts = 0
+    }
+}
+
+extension OrderStore {
+    /// The oldest unpublished messages, at most `limit`.
+    public func unpublishedMessages(limit: Int) async throws -> [OutboxMessage] {
+        try await database.read { db in
+            try Row.fetchAll(
+                db, sql: "SELECT id, exchange, routingKey, body, messageId, attempts FROM outbox ORDER BY id LIMIT ?",
+                arguments: [limit]
+            ).map { row in
+                var message = OutboxMessage(
+                    exchange: row["exchange"], routingKey: row["routingKey"], body: [UInt8](row["body"] as Data),
+                    messageId: row["messageId"])
+                message.id = row["id"]
+                message.attempts = row["attempts"]
+                return message
+            }
+        }
+    }
+
+    /// Forgets messages the broker confirmed.
+    public func markPublished(_ ids: [Int64]) async throws {
+        guard !ids.isEmpty else { return }
+        try await database.write { db in
+            try db.execute(
+                sql: "DELETE FROM outbox WHERE id IN (\(databaseQuestionMarks(count: ids.count)))",
+                arguments: StatementArguments(ids))
+        }
+    }
+
+    /// Records a failed publish; the message stays for the next round.
+    public func markPublishFailed(_ id: Int64, error: String) async throws {
+        try await database.write { db in
+            try db.execute(
+                sql: "UPDATE outbox SET attempts = attempts + 1, lastError = ? WHERE id = ?", arguments: [error, id])
+        }
+    }
+
+    /// How many messages wait to be published.
+    public func outboxBacklog() async throws -> Int {
+        try await database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM outbox") ?? 0 }
+    }
+
+    static func insert(_ message: OutboxMessage, now: Date, in db: Database) throws {
+        try db.execute(
+            sql: "INSERT INTO outbox (exchange, routingKey, body, messageId, createdAt) VALUES (?, ?, ?, ?, ?)",
+            arguments: [message.exchange, message.routingKey, Data(message.body), message.messageId, now])
+    }
+}

@@ -1,0 +1,94 @@
+import GRDB
+
+extension OrderStore {
+    /// Frozen history of the schema: add migrations, never edit one that shipped.
+    static var migrator: DatabaseMigrator {
+        var migrator = DatabaseMigrator()
+        migrator.registerMigration("v1: submissions, purchases, grants, orders, outbox") { db in
+            try db.execute(
+                sql: """
+                    CREATE TABLE submission (
+                        id TEXT PRIMARY KEY NOT NULL,
+                        userId TEXT NOT NULL,
+                        orderId TEXT,
+                        transactionId TEXT,
+                        receiptData TEXT NOT NULL,
+                        state TEXT NOT NULL
+                            CHECK (state IN ('pending', 'retrying', 'credited', 'rejected', 'needs_review')),
+                        reason TEXT,
+                        reasonMessage TEXT,
+                        environment TEXT CHECK (environment IN ('Production', 'Sandbox')),
+                        attempts INTEGER NOT NULL DEFAULT 0,
+                        nextAttemptAt DATETIME,
+                        acceptedAt DATETIME NOT NULL,
+                        updatedAt DATETIME NOT NULL
+                    );
+                    CREATE INDEX submission_state ON submission(state, updatedAt);
+                    CREATE INDEX submission_user ON submission(userId);
+
+                    CREATE TABLE orders (
+                        id TEXT PRIMARY KEY NOT NULL,
+                        userId TEXT NOT NULL,
+                        productId TEXT NOT NULL,
+                        state TEXT NOT NULL CHECK (state IN ('created', 'paid', 'cancelled', 'refunded')),
+                        transactionId TEXT UNIQUE,
+                        createdAt DATETIME NOT NULL,
+                        updatedAt DATETIME NOT NULL
+                    );
+
+                    -- One row per Apple transaction, ever: the primary key is what makes
+                    -- double crediting impossible.
+                    CREATE TABLE purchase (
+                        transactionId TEXT PRIMARY KEY NOT NULL,
+                        originalTransactionId TEXT NOT NULL,
+                        productId TEXT NOT NULL,
+                        quantity INTEGER NOT NULL CHECK (quantity > 0),
+                        environment TEXT NOT NULL CHECK (environment IN ('Production', 'Sandbox')),
+                        bundleId TEXT NOT NULL,
+                        purchaseDate DATETIME,
+                        userId TEXT NOT NULL,
+                        orderId TEXT,
+                        submissionId TEXT NOT NULL REFERENCES submission(id),
+                        creditedAt DATETIME NOT NULL
+                    );
+                    CREATE INDEX purchase_user ON purchase(userId);
+
+                    CREATE TABLE grants (
+                        id INTEGER PRIMARY KEY AUTOINCREMENT,
+                        transactionId TEXT NOT NULL UNIQUE REFERENCES purchase(transactionId),
+                        userId TEXT NOT NULL,
+                        productId TEXT NOT NULL,
+                        quantity INTEGER NOT NULL CHECK (quantity > 0),
+                        state TEXT NOT NULL CHECK (state IN ('active', 'revoked')),
+                        grantedAt DATETIME NOT NULL
+                    );
+                    CREATE INDEX grants_user ON grants(userId);
+
+                    -- What each upload did with each transaction it carried.
+                    CREATE TABLE submission_transaction (
+                        submissionId TEXT NOT NULL REFERENCES submission(id),
+                        transactionId TEXT NOT NULL,
+                        originalTransactionId TEXT NOT NULL,
+                        productId TEXT NOT NULL,
+                        environment TEXT NOT NULL,
+                        state TEXT NOT NULL
+                            CHECK (state IN ('credited', 'already_credited', 'replayed_from_other_user')),
+                        PRIMARY KEY (submissionId, transactionId)
+                    );
+
+                    -- Messages committed with the change that caused them, published by the relay.
+                    CREATE TABLE outbox (
+                        id INTEGER PRIMARY KEY AUTOINCREMENT,
+                        exchange TEXT NOT NULL,
+                        routingKey TEXT NOT NULL,
+                        body BLOB NOT NULL,
+                        messageId TEXT,
+                        createdAt DATETIME NOT NULL,
+                        attempts INTEGER NOT NULL DEFAULT 0,
+                        lastError TEXT
+                    );
+                    """)
+        }
+        return migrator
+    }
+}

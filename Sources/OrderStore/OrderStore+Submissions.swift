@@ -1,0 +1,206 @@
+import Foundation
+import GRDB
+import IAPCore
+
+/// What the status endpoint tells the app about one upload.
+public struct SubmissionStatus: Sendable, Equatable {
+    /// One Apple transaction the upload carried.
+    public struct Transaction: Sendable, Equatable {
+        /// Apple's transaction id.
+        public var transactionId: String
+        /// The first transaction of its subscription chain.
+        public var originalTransactionId: String
+        /// The App Store product.
+        public var productId: String
+        /// Production or Sandbox.
+        public var environment: AppStoreEnvironment
+        /// What this upload did with it.
+        public var state: TransactionCreditState
+    }
+
+    /// The submission.
+    public var submissionId: SubmissionID
+    /// Who uploaded it.
+    public var userId: String
+    /// Where it stands.
+    public var state: SubmissionState
+    /// Why it is rejected, retrying or waiting for review.
+    public var reason: ReasonCode?
+    /// A human-readable detail for `reason`.
+    public var reasonMessage: String?
+    /// Verification attempts made so far.
+    public var attempts: Int
+    /// When the next attempt is due, while retrying.
+    public var nextAttemptAt: Date?
+    /// The Apple environment that verified it.
+    public var environment: AppStoreEnvironment?
+    /// When the intake accepted it.
+    public var acceptedAt: Date
+    /// The transactions in it, in receipt order.
+    public var transactions: [Transaction]
+
+    /// Whether the app may finish the StoreKit transactions of this upload.
+    public var finishTransaction: Bool { state.finishTransaction }
+}
+
+extension OrderStore {
+    /// Stores an accepted upload together with the message that asks for its verification.
+    ///
+    /// - Important: The caller answers 202 only after this returns: from then on the
+    ///   upload survives any crash, and the outbox relay delivers the message.
+    public func accept(_ request: VerifyRequest, message: OutboxMessage) async throws {
+        try await database.write { db in
+            do {
+                try db.execute(
+                    sql: """
+                        INSERT INTO submission (id, userId, orderId, transactionId, receiptData, state, acceptedAt, updatedAt)
+                        VALUES (?, ?, ?, ?, ?, 'pending', ?, ?)
+                        """,
+                    arguments: [
+                        request.submissionId.uuidString, request.userId, request.orderId, request.transactionId,
+                        request.receiptData, request.acceptedAt, request.acceptedAt,
+                    ])
+            } catch let error as DatabaseError where error.extendedResultCode == .SQLITE_CONSTRAINT_PRIMARYKEY {
+                throw OrderStoreError(.duplicateSubmission, "submission \(request.submissionId) exists already")
+            }
+            try Self.insert(message, now: request.acceptedAt, in: db)
+        }
+    }
+
+    /// The status of one submission, or nil if this store has never accepted it.
+    public func status(of id: SubmissionID) async throws -> SubmissionStatus? {
+        try await database.read { db in
+            guard
+                let row = try Row.fetchOne(
+                    db, sql: "SELECT * FROM submission WHERE id = ?", arguments: [id.uuidString])
+            else { return nil }
+            let transactions = try Row.fetchAll(
+                db,
+                sql: "SELECT * FROM submission_transaction WHERE submissionId = ? ORDER BY rowid",
+                arguments: [id.uuidString]
+            ).map { row in
+                SubmissionStatus.Transaction(
+                    transactionId: row["transactionId"], originalTransactionId: row["originalTransactionId"],
+                    productId: row["productId"],
+                    environment: AppStoreEnvironment(rawValue: row["environment"]) ?? .production,
+                    state: TransactionCreditState(rawValue: row["state"]) ?? .alreadyCredited)
+            }
+            return SubmissionStatus(
+                submissionId: id, userId: row["userId"],
+                state: SubmissionState(rawValue: row["state"]) ?? .pending,
+                reason: (row["reason"] as String?).map(ReasonCode.init(rawValue:)),
+                reasonMessage: row["reasonMessage"], attempts: row["attempts"], nextAttemptAt: row["nextAttemptAt"],
+                environment: (row["environment"] as String?).flatMap(AppStoreEnvironment.init(rawValue:)),
+                acceptedAt: row["acceptedAt"], transactions: transactions)
+        }
+    }
+
+    /// Applies one verification result in one transaction and returns the submission's new state.
+    ///
+    /// Idempotent: a result for a submission that already reached a terminal state changes
+    /// nothing, and a transaction id is credited at most once whatever arrives.
+    public func apply(_ result: VerifyResult, now: Date = Date()) async throws -> SubmissionState {
+        try await database.write { db in
+            guard
+                let row = try Row.fetchOne(
+                    db, sql: "SELECT userId, state, attempts FROM submission WHERE id = ?",
+                    arguments: [result.submissionId.uuidString])
+            else {
+                throw OrderStoreError(.unknownSubmission, "no submission \(result.submissionId)")
+            }
+            let userId: String = row["userId"]
+            let current = SubmissionState(rawValue: row["state"]) ?? .pending
+            let attempts: Int = row["attempts"]
+            if current.isTerminal { return current }
+            let id = result.submissionId.uuidString
+
+            switch result.outcome {
+            case .retryLater(let reason, let message):
+                guard result.attempt >= attempts else { return current }
+                try db.execute(
+                    sql: """
+                        UPDATE submission SET state = 'retrying', reason = ?, reasonMessage = ?, attempts = ?,
+                            nextAttemptAt = ?, updatedAt = ? WHERE id = ?
+                        """,
+                    arguments: [reason.rawValue, message, result.attempt, result.nextAttemptAt, now, id])
+                return .retrying
+            case .rejected(let reason, let message):
+                try Self.finish(
+                    id, state: .rejected, reason: reason, message: message, attempt: max(attempts, result.attempt),
+                    environment: nil, now: now, in: db)
+                return .rejected
+            case .verified(let receipt):
+                var seen = Set<String>()
+                var replayed = 0
+                var total = 0
+                for purchase in receipt.purchases where seen.insert(purchase.transactionId).inserted {
+                    total += 1
+                    let state = try Self.credit(
+                        purchase, bundleId: receipt.bundleId, userId: userId, orderId: result.orderId,
+                        submissionId: id, now: now, in: db)
+                    if state == .replayedFromOtherUser { replayed += 1 }
+                    try db.execute(
+                        sql: """
+                            INSERT INTO submission_transaction
+                                (submissionId, transactionId, originalTransactionId, productId, environment, state)
+                            VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING
+                            """,
+                        arguments: [
+                            id, purchase.transactionId, purchase.originalTransactionId, purchase.productId,
+                            purchase.environment.rawValue, state.rawValue,
+                        ])
+                }
+                let allReplayed = total > 0 && replayed == total
+                let state: SubmissionState = allReplayed ? .rejected : .credited
+                try Self.finish(
+                    id, state: state, reason: allReplayed ? .replayedFromOtherUser : nil,
+                    message: allReplayed ? "every purchase in this receipt belongs to another user" : nil,
+                    attempt: max(attempts, result.attempt), environment: receipt.environment, now: now, in: db)
+                return state
+            }
+        }
+    }
+
+    private static func finish(
+        _ id: String, state: SubmissionState, reason: ReasonCode?, message: String?, attempt: Int,
+        environment: AppStoreEnvironment?, now: Date, in db: Database
+    ) throws {
+        try db.execute(
+            sql: """
+                UPDATE submission SET state = ?, reason = ?, reasonMessage = ?, attempts = ?, nextAttemptAt = NULL,
+                    environment = ?, updatedAt = ? WHERE id = ?
+                """,
+            arguments: [state.rawValue, reason?.rawValue, message, attempt, environment?.rawValue, now, id])
+    }
+
+    /// Credits a purchase unless some submission already did; says which happened.
+    private static func credit(
+        _ purchase: VerifiedPurchase, bundleId: String, userId: String, orderId: String?, submissionId: String,
+        now: Date, in db: Database
+    ) throws -> TransactionCreditState {
+        if let owner = try Row.fetchOne(
+            db, sql: "SELECT userId, submissionId FROM purchase WHERE transactionId = ?",
+            arguments: [purchase.transactionId])
+        {
+            if (owner["userId"] as String) != userId { return .replayedFromOtherUser }
+            return (owner["submissionId"] as String) == submissionId ? .credited : .alreadyCredited
+        }
+        try db.execute(
+            sql: """
+                INSERT INTO purchase (transactionId, originalTransactionId, productId, quantity, environment, bundleId,
+                    purchaseDate, userId, orderId, submissionId, creditedAt)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                """,
+            arguments: [
+                purchase.transactionId, purchase.originalTransactionId, purchase.productId, max(purchase.quantity, 1),
+                purchase.environment.rawValue, bundleId, purchase.purchaseDate, userId, orderId, submissionId, now,
+            ])
+        try db.execute(
+            sql: """
+                INSERT INTO grants (transactionId, userId, productId, quantity, state, grantedAt)
+                VALUES (?, ?, ?, ?, 'active', ?)
+                """,
+            arguments: [purchase.transactionId, userId, purchase.productId, max(purchase.quantity, 1), now])
+        return .credited
+    }
+}

@@ -1,0 +1,66 @@
+import Foundation
+import GRDB
+import IAPCore
+
+/// The order store: submissions, purchases, grants, orders and the outbox, in one SQLite file.
+///
+/// Every write method is one transaction. The schema itself enforces the invariants
+/// (a purchase row per Apple transaction id, a grant per purchase).
+public final class OrderStore: Sendable {
+    let database: DatabasePool
+
+    /// Opens (creating if needed) the store at `path` and migrates it to the current schema.
+    public init(path: String) throws(OrderStoreError) {
+        var configuration = Configuration()
+        configuration.busyMode = .timeout(10)
+        configuration.foreignKeysEnabled = true
+        do {
+            let directory = URL(fileURLWithPath: path).deletingLastPathComponent()
+            try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+            if !FileManager.default.fileExists(atPath: path) {
+                // Receipts and user ids live here: readable by the service's user only.
+                FileManager.default.createFile(atPath: path, contents: nil, attributes: [.posixPermissions: 0o600])
+            }
+            database = try DatabasePool(path: path, configuration: configuration)
+            try Self.migrator.migrate(database)
+        } catch {
+            throw OrderStoreError(.unavailable, "cannot open the order store at \(path): \(error)")
+        }
+    }
+
+    /// Whether a write transaction can be started now (for readiness checks).
+    public func isWritable() async -> Bool {
+        do {
+            try await database.write { db in try db.execute(sql: "SELECT 1") }
+            return true
+        } catch {
+            return false
+        }
+    }
+}
+
+/// The one error type of the order store.
+public struct OrderStoreError: Error, Sendable, CustomStringConvertible {
+    /// What went wrong, stable enough to switch on.
+    public enum Code: String, Sendable {
+        /// The database file cannot be opened or written.
+        case unavailable
+        /// A result names a submission this store never accepted.
+        case unknownSubmission = "unknown_submission"
+        /// A submission with this id exists already.
+        case duplicateSubmission = "duplicate_submission"
+    }
+
+    /// What went wrong.
+    public var code: Code
+    /// A human-readable detail.
+    public var message: String
+
+    /// Creates an error.
+    public init(_ code: Code, _ message: String) {
+        self.code = code
+        self.message = message
+    }
+
+    public var description: String { "OrderStoreError(\(code.rawValue)): \(message)" }
+}
