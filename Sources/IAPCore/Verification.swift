@@ -109,11 +109,14 @@ public struct VerifyResult: Codable, Sendable, Equatable {
     public var outcome: VerificationOutcome
     /// For `retryLater`: when the next attempt is due.
     public var nextAttemptAt: Date?
+    /// For `retryLater`: retries went on for longer than allowed and stop here; the
+    /// submission needs a person, it is not rejected.
+    public var gaveUp: Bool
 
     /// Creates a result.
     public init(
         submissionId: SubmissionID, userId: String, orderId: String?, attempt: Int,
-        outcome: VerificationOutcome, nextAttemptAt: Date? = nil
+        outcome: VerificationOutcome, nextAttemptAt: Date? = nil, gaveUp: Bool = false
     ) {
         self.submissionId = submissionId
         self.userId = userId
@@ -121,6 +124,7 @@ public struct VerifyResult: Codable, Sendable, Equatable {
         self.attempt = attempt
         self.outcome = outcome
         self.nextAttemptAt = nextAttemptAt
+        self.gaveUp = gaveUp
     }
 }
 

@@ -52,12 +52,19 @@ public final class AMQPConnection: Sendable {
     ///
     /// Waits through reconnections: a publish is re-sent until confirmed, refused
     /// (`nacked`, `unroutable`, `channelClosed`) or the connection shuts down.
+    /// Cancelling the calling task withdraws a publish that is still waiting for a
+    /// connection (`cancelled`); one already sent waits for its confirm.
     public func publish(_ message: OutgoingMessage) async throws(AMQPError) {
         let id = mailbox.nextId()
-        let result = await withCheckedContinuation { done in
-            if !mailbox.post(.publish(PendingPublish(id: id, message: message, done: done))) {
-                done.resume(returning: .failure(AMQPError(.shutdown, "the connection is closed")))
+        let mailbox = self.mailbox
+        let result = await withTaskCancellationHandler {
+            await withCheckedContinuation { done in
+                if !mailbox.post(.publish(PendingPublish(id: id, message: message, done: done))) {
+                    done.resume(returning: .failure(AMQPError(.shutdown, "the connection is closed")))
+                }
             }
+        } onCancel: {
+            _ = mailbox.post(.cancelPublish(id: id))
         }
         try result.get()
     }

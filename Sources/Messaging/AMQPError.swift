@@ -20,6 +20,8 @@ public struct AMQPError: Error, Sendable, CustomStringConvertible {
         public static let shutdown = Code(rawValue: "shutdown")
         /// The broker did not confirm in time; the message may or may not be stored.
         public static let timedOut = Code(rawValue: "timed_out")
+        /// The caller's task was cancelled before the message was sent.
+        public static let cancelled = Code(rawValue: "cancelled")
         /// The connection or a protocol operation failed.
         public static let connectionFailed = Code(rawValue: "connection_failed")
     }

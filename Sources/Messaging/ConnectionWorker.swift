@@ -104,6 +104,11 @@ final class ConnectionWorker {
                 } else {
                     waiting.append(publish)
                 }
+            case .cancelPublish(let id):
+                if let index = waiting.firstIndex(where: { $0.id == id }) {
+                    let publish = waiting.remove(at: index)
+                    publish.done.resume(returning: .failure(AMQPError(.cancelled, "cancelled before it was sent")))
+                }
             case .consume(let registration):
                 let channel = nextConsumerChannel
                 nextConsumerChannel += 1
@@ -491,6 +496,7 @@ final class ConnectionWorker {
         for command in mailbox.takeAll() {
             switch command {
             case .publish(let publish): publish.done.resume(returning: .failure(error))
+            case .cancelPublish: break
             case .consume(let registration): registration.deliveries.finish()
             case .cancelConsumer(_, let done): done.resume()
             case .settle(_, _, _, _, let done): done.resume(returning: .failure(error))

@@ -11,6 +11,7 @@ enum Settlement: Sendable {
 /// What a caller hands to the connection's thread.
 enum Command: Sendable {
     case publish(PendingPublish)
+    case cancelPublish(id: UInt64)
     case consume(ConsumerRegistration)
     case cancelConsumer(id: Int, done: CheckedContinuation<Void, Never>)
     case settle(

@@ -115,6 +115,11 @@ extension OrderStore {
             let id = result.submissionId.uuidString
 
             switch result.outcome {
+            case .retryLater(_, let message) where result.gaveUp:
+                try Self.finish(
+                    id, state: .needsReview, reason: .retriesExhausted, message: message,
+                    attempt: max(attempts, result.attempt), environment: nil, now: now, in: db)
+                return .needsReview
             case .retryLater(let reason, let message):
                 guard result.attempt >= attempts else { return current }
                 try db.execute(

@@ -142,7 +142,7 @@ broker_start() {
         fi
         sleep 0.25
     done
-    say "RabbitMQ node $RABBITMQ_NODENAME accepts AMQP on port $RABBITMQ_NODE_PORT ($(( ($(now_ms) - t0) ))ms)"
+    say "RabbitMQ node $RABBITMQ_NODENAME accepts AMQP on port $RABBITMQ_NODE_PORT ($(( $(now_ms) - t0 ))ms)"
 }
 
 # Stop the loaded node: SIGTERM to its Erlang VM (graceful), SIGKILL after the timeout.
@@ -185,9 +185,9 @@ broker_status() {
         echo "$RABBITMQ_NODENAME: stopped"
         return 1
     elif broker_answers; then
-        echo "$RABBITMQ_NODENAME: running, AMQP on 127.0.0.1:$RABBITMQ_NODE_PORT (pids $(echo $pids))"
+        echo "$RABBITMQ_NODENAME: running, AMQP on 127.0.0.1:$RABBITMQ_NODE_PORT (pids ${pids//$'\n'/ })"
     else
-        echo "$RABBITMQ_NODENAME: processes alive but AMQP not answering on port $RABBITMQ_NODE_PORT (pids $(echo $pids))"
+        echo "$RABBITMQ_NODENAME: processes alive but AMQP not answering on port $RABBITMQ_NODE_PORT (pids ${pids//$'\n'/ })"
         return 1
     fi
 }

@@ -16,7 +16,10 @@ LOW, HIGH = 20000, 32000
 
 
 def port_free(port: int) -> bool:
+    """True when nothing listens on (or holds) the port. SO_REUSEADDR, as servers set it,
+    so that connections of an earlier run lingering in TIME_WAIT do not count."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:

@@ -1,0 +1,171 @@
+import AsyncHTTPClient
+import Foundation
+import IAPCore
+import Logging
+import NIOCore
+import NIOFoundationCompat
+import NIOHTTP1
+
+/// Verifies app receipts with Apple's (deprecated, still served) `verifyReceipt` endpoint.
+///
+/// Production first; a `21007` answer sends the receipt to the sandbox, a `21008` from the
+/// sandbox sends it back to production. Apple's statuses are classified so that only a
+/// definitive answer rejects; everything that may pass becomes `.retryLater`.
+public struct VerifyReceiptClient: ReceiptVerifying {
+    /// How the client behaves.
+    public struct Settings: Sendable {
+        /// Where to send receipts.
+        public var endpoints: VerifyReceiptEndpoints
+        /// The app-specific shared secret (needed for auto-renewable subscriptions).
+        public var sharedSecret: String?
+        /// Bundle ids this deployment serves; a receipt of any other app is rejected.
+        public var bundleIds: Set<String>
+        /// Time allowed for one call to Apple.
+        public var timeout: Duration
+        /// Attempts after which a repeated `21002` ("malformed, or try again") counts as invalid.
+        public var malformedRetryLimit: Int
+
+        /// Creates settings.
+        public init(
+            endpoints: VerifyReceiptEndpoints, sharedSecret: String? = nil, bundleIds: Set<String>,
+            timeout: Duration = .seconds(15), malformedRetryLimit: Int = 3
+        ) {
+            self.endpoints = endpoints
+            self.sharedSecret = sharedSecret
+            self.bundleIds = bundleIds
+            self.timeout = timeout
+            self.malformedRetryLimit = malformedRetryLimit
+        }
+    }
+
+    private let settings: Settings
+    private let httpClient: HTTPClient
+    private let logger: Logger
+
+    /// Creates a client that uses `httpClient` (owned by the caller).
+    public init(settings: Settings, httpClient: HTTPClient, logger: Logger) {
+        self.settings = settings
+        self.httpClient = httpClient
+        self.logger = logger
+    }
+
+    public func verify(_ request: VerifyRequest) async -> VerificationOutcome {
+        var environment = AppStoreEnvironment.production
+        // At most one switch each way: production → sandbox (21007) → production (21008).
+        for _ in 0..<3 {
+            let answer: VerifyReceiptResponse
+            switch await call(environment, receiptData: request.receiptData) {
+            case .success(let response): answer = response
+            case .failure(let box): return box.outcome
+            }
+            let status = Int(answer.status.value) ?? -1
+            switch status {
+            case 0, 21006:
+                return verified(answer, calledIn: environment)
+            case 21007 where environment == .production:
+                environment = .sandbox
+            case 21008 where environment == .sandbox:
+                environment = .production
+            case 21000, 21003, 21010:
+                return .rejected(.invalidReceipt, message: "Apple answered status \(status)")
+            case 21002:
+                if request.attempt >= settings.malformedRetryLimit {
+                    return .rejected(.invalidReceipt, message: "Apple answered 21002 on \(request.attempt) attempts")
+                }
+                return .retryLater(.appleRetryable, message: "Apple answered 21002 (malformed or temporary)")
+            case 21004:
+                logger.error(
+                    "verifyReceipt refused the shared secret",
+                    metadata: ["iap.submission.id": "\(request.submissionId)"])
+                return .retryLater(.sharedSecretMismatch, message: "Apple answered 21004: check the shared secret")
+            case 21005, 21009:
+                return .retryLater(.appleUnavailable, message: "Apple answered status \(status)")
+            case 21100...21199:
+                return .retryLater(
+                    .appleRetryable,
+                    message: "Apple answered status \(status) (retryable: \(answer.retryable))")
+            default:
+                return .retryLater(.unexpectedAppleResponse, message: "Apple answered status \(status)")
+            }
+        }
+        return .retryLater(.unexpectedAppleResponse, message: "Apple kept switching environments")
+    }
+
+    private func verified(_ answer: VerifyReceiptResponse, calledIn environment: AppStoreEnvironment)
+        -> VerificationOutcome
+    {
+        let environment = answer.environment.flatMap(AppStoreEnvironment.init(rawValue:)) ?? environment
+        guard let bundleId = answer.receipt?.bundleId else {
+            return .retryLater(.unexpectedAppleResponse, message: "Apple's answer has no receipt.bundle_id")
+        }
+        guard settings.bundleIds.contains(bundleId) else {
+            return .rejected(.bundleIdMismatch, message: "receipt belongs to \(bundleId)")
+        }
+        var purchases: [VerifiedPurchase] = []
+        for item in (answer.receipt?.inApp ?? []) + (answer.latestReceiptInfo ?? []) {
+            guard let transactionId = item.transactionId?.value, let productId = item.productId?.value,
+                item.cancellationDateMs == nil
+            else { continue }
+            purchases.append(
+                VerifiedPurchase(
+                    transactionId: transactionId,
+                    originalTransactionId: item.originalTransactionId?.value ?? transactionId,
+                    productId: productId,
+                    quantity: item.quantity.flatMap { Int($0.value) } ?? 1,
+                    purchaseDate: item.purchaseDateMs.flatMap { Double($0.value) }.map {
+                        Date(timeIntervalSince1970: $0 / 1000)
+                    },
+                    environment: environment))
+        }
+        return .verified(VerifiedReceipt(bundleId: bundleId, environment: environment, purchases: purchases))
+    }
+
+    private func call(_ environment: AppStoreEnvironment, receiptData: String) async
+        -> Result<VerifyReceiptResponse, VerificationOutcomeBox>
+    {
+        let url = environment == .production ? settings.endpoints.production : settings.endpoints.sandbox
+        var body: [String: Any] = ["receipt-data": receiptData, "exclude-old-transactions": false]
+        if let secret = settings.sharedSecret { body["password"] = secret }
+        var request = HTTPClientRequest(url: url)
+        request.method = .POST
+        request.headers.add(name: "Content-Type", value: "application/json")
+        do {
+            request.body = .bytes(ByteBuffer(bytes: try JSONSerialization.data(withJSONObject: body)))
+            let response = try await httpClient.execute(request, timeout: .nanoseconds(settings.timeout.nanoseconds))
+            let bytes = try await response.body.collect(upTo: 16 * 1024 * 1024)
+            guard response.status == .ok else {
+                return .failure(
+                    VerificationOutcomeBox(
+                        .retryLater(.appleUnavailable, message: "verifyReceipt answered HTTP \(response.status.code)")))
+            }
+            do {
+                return .success(try JSONDecoder().decode(VerifyReceiptResponse.self, from: Data(buffer: bytes)))
+            } catch {
+                return .failure(
+                    VerificationOutcomeBox(
+                        .retryLater(.unexpectedAppleResponse, message: "verifyReceipt answered unreadable JSON")))
+            }
+        } catch {
+            return .failure(
+                VerificationOutcomeBox(
+                    .retryLater(.appleUnavailable, message: "verifyReceipt call failed: \(String(describing: error))")))
+        }
+    }
+}
+
+/// Carries an early outcome through `Result`'s error slot.
+struct VerificationOutcomeBox: Error {
+    var outcome: VerificationOutcome
+    init(_ outcome: VerificationOutcome) { self.outcome = outcome }
+}
+
+extension Result where Failure == VerificationOutcomeBox {
+    fileprivate static func failure(_ outcome: VerificationOutcome) -> Self { .failure(VerificationOutcomeBox(outcome)) }
+}
+
+extension Duration {
+    /// The duration in whole nanoseconds.
+    var nanoseconds: Int64 {
+        components.seconds * 1_000_000_000 + components.attoseconds / 1_000_000_000
+    }
+}

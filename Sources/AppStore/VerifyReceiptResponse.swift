@@ -1,0 +1,75 @@
+import Foundation
+import IAPCore
+
+/// Apple's `verifyReceipt` answer, read leniently: Apple sends most numbers as strings,
+/// sometimes as numbers, and some flags as 0/1 or booleans.
+struct VerifyReceiptResponse: Decodable {
+    struct Receipt: Decodable {
+        var bundleId: String?
+        var inApp: [InApp]?
+
+        enum CodingKeys: String, CodingKey {
+            case bundleId = "bundle_id"
+            case inApp = "in_app"
+        }
+    }
+
+    struct InApp: Decodable {
+        var transactionId: LenientString?
+        var originalTransactionId: LenientString?
+        var productId: LenientString?
+        var quantity: LenientString?
+        var purchaseDateMs: LenientString?
+        var cancellationDateMs: LenientString?
+
+        enum CodingKeys: String, CodingKey {
+            case transactionId = "transaction_id"
+            case originalTransactionId = "original_transaction_id"
+            case productId = "product_id"
+            case quantity
+            case purchaseDateMs = "purchase_date_ms"
+            case cancellationDateMs = "cancellation_date_ms"
+        }
+    }
+
+    var status: LenientString
+    var environment: String?
+    var receipt: Receipt?
+    var latestReceiptInfo: [InApp]?
+    var isRetryable: LenientString?
+    var isRetryableDocumented: LenientString?
+
+    enum CodingKeys: String, CodingKey {
+        case status, environment, receipt
+        case latestReceiptInfo = "latest_receipt_info"
+        case isRetryable = "is_retryable"
+        case isRetryableDocumented = "is-retryable"
+    }
+
+    var retryable: Bool {
+        [isRetryable, isRetryableDocumented].contains { flag in
+            guard let value = flag?.value.lowercased() else { return false }
+            return value == "1" || value == "true"
+        }
+    }
+}
+
+/// A JSON scalar read as text, whether Apple sent a string, a number or a boolean.
+struct LenientString: Decodable, Equatable {
+    var value: String
+
+    init(from decoder: any Decoder) throws {
+        let container = try decoder.singleValueContainer()
+        if let string = try? container.decode(String.self) {
+            value = string
+        } else if let integer = try? container.decode(Int64.self) {
+            value = String(integer)
+        } else if let double = try? container.decode(Double.self) {
+            value = String(double)
+        } else if let bool = try? container.decode(Bool.self) {
+            value = bool ? "true" : "false"
+        } else {
+            throw DecodingError.dataCorruptedError(in: container, debugDescription: "expected a scalar")
+        }
+    }
+}

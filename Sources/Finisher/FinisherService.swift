@@ -1,0 +1,84 @@
+import Foundation
+import IAPCore
+import Logging
+import Messaging
+import OrderStore
+import ServiceLifecycle
+
+/// How a finisher runs.
+public struct FinisherSettings: Sendable {
+    /// Queue names.
+    public var names: PipelineNames
+    /// Results fetched ahead of processing.
+    public var prefetch: Int
+
+    /// Creates settings.
+    public init(names: PipelineNames = .init(), prefetch: Int = 64) {
+        self.names = names
+        self.prefetch = prefetch
+    }
+}
+
+/// Applies verification results to the order store: one database transaction per
+/// message, acked only after the commit, idempotent under redelivery.
+public final class FinisherService: Service, Sendable {
+    private let settings: FinisherSettings
+    private let connection: AMQPConnection
+    private let store: OrderStore
+    private let logger: Logger
+    private let codec = MessageCodec()
+
+    /// Creates a finisher.
+    public init(settings: FinisherSettings, connection: AMQPConnection, store: OrderStore, logger: Logger) {
+        self.settings = settings
+        self.connection = connection
+        self.store = store
+        self.logger = logger
+    }
+
+    public func run() async throws {
+        let consumer = connection.consume(
+            queue: settings.names.results, prefetch: UInt16(clamping: max(1, settings.prefetch)))
+        for await delivery in consumer.cancelOnGracefulShutdown() {
+            await handle(delivery)
+        }
+        await consumer.cancel()
+    }
+
+    func handle(_ delivery: AMQPDelivery) async {
+        let result: VerifyResult
+        do {
+            result = try codec.decode(VerifyResult.self, from: delivery.body)
+        } catch {
+            logger.error(
+                "undecodable result sent to the dead-letter queue",
+                metadata: ["amqp.queue": "\(settings.names.results)", "error": "\(error)"])
+            try? await delivery.reject(requeue: false)
+            return
+        }
+        let metadata: Logger.Metadata = [
+            "iap.submission.id": "\(result.submissionId)", "iap.attempt": "\(result.attempt)",
+        ]
+        do {
+            let state = try await store.apply(result)
+            logger.debug("result applied", metadata: metadata.merging(["iap.state": "\(state.rawValue)"]) { $1 })
+        } catch let error as OrderStoreError where error.code == .unknownSubmission {
+            logger.error("result for an unknown submission sent to the dead-letter queue", metadata: metadata)
+            try? await delivery.reject(requeue: false)
+            return
+        } catch {
+            logger.error(
+                "result not applied; it will be redelivered",
+                metadata: metadata.merging(["error": "\(error)"]) { $1 })
+            try? await Task.sleep(for: .seconds(1))
+            try? await delivery.reject(requeue: true)
+            return
+        }
+        do {
+            try await delivery.ack()
+        } catch {
+            // The broker delivers it again; applying it again changes nothing.
+            logger.debug("ack failed after commit", metadata: metadata)
+        }
+    }
+}

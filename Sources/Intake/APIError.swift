@@ -1,0 +1,84 @@
+import Foundation
+import Hummingbird
+import Logging
+import NIOCore
+
+/// An error answer of the intake: `{"error": {"code": "...", "message": "..."}}` with a
+/// stable `code` that clients can switch on.
+public struct APIError: Error, HTTPResponseError, Sendable {
+    /// The HTTP status.
+    public var status: HTTPResponse.Status
+    /// The stable, machine-readable code.
+    public var code: String
+    /// A human-readable explanation.
+    public var message: String
+
+    /// Creates an error answer.
+    public init(_ status: HTTPResponse.Status, code: String, message: String) {
+        self.status = status
+        self.code = code
+        self.message = message
+    }
+
+    public func response(from request: Request, context: some RequestContext) throws -> Response {
+        makeResponse()
+    }
+
+    func makeResponse() -> Response {
+        struct Body: Encodable {
+            struct Detail: Encodable {
+                var code: String
+                var message: String
+            }
+            var error: Detail
+        }
+        let data = (try? JSONEncoder().encode(Body(error: .init(code: code, message: message)))) ?? Data()
+        return Response(
+            status: status, headers: [.contentType: "application/json"],
+            body: .init(byteBuffer: ByteBuffer(bytes: data)))
+    }
+
+    static func invalidJSON(_ message: String) -> APIError {
+        APIError(.badRequest, code: "invalid_json", message: message)
+    }
+
+    static func missingField(_ field: String) -> APIError {
+        APIError(.badRequest, code: "missing_field", message: "the field '\(field)' is required")
+    }
+
+    static func invalidField(_ field: String, _ message: String) -> APIError {
+        APIError(.badRequest, code: "invalid_field", message: "'\(field)' \(message)")
+    }
+
+    static func bodyTooLarge(limit: Int) -> APIError {
+        APIError(.contentTooLarge, code: "body_too_large", message: "the body is larger than \(limit) bytes")
+    }
+}
+
+/// Renders every error as the intake's JSON error shape, so no answer is ever a bare 500
+/// page or a framework-specific body.
+struct APIErrorMiddleware<Context: RequestContext>: RouterMiddleware {
+    func handle(
+        _ request: Request, context: Context, next: (Request, Context) async throws -> Response
+    ) async throws -> Response {
+        do {
+            return try await next(request, context)
+        } catch let error as APIError {
+            return error.makeResponse()
+        } catch let error as HTTPError {
+            let code: String
+            switch error.status {
+            case .notFound: code = "not_found"
+            case .methodNotAllowed: code = "method_not_allowed"
+            case .contentTooLarge: code = "body_too_large"
+            case .unsupportedMediaType: code = "unsupported_media_type"
+            default: code = error.status.code < 500 ? "bad_request" : "internal_error"
+            }
+            return APIError(error.status, code: code, message: error.body ?? error.status.reasonPhrase).makeResponse()
+        } catch {
+            context.logger.error("request failed", metadata: ["error": "\(String(reflecting: error))"])
+            return APIError(.internalServerError, code: "internal_error", message: "the request could not be handled")
+                .makeResponse()
+        }
+    }
+}

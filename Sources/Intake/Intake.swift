@@ -1,0 +1,58 @@
+import Hummingbird
+import IAPCore
+import Logging
+import NIOCore
+import OrderStore
+import ServiceLifecycle
+
+/// How the intake runs.
+public struct IntakeSettings: Sendable {
+    /// Address to listen on.
+    public var host: String
+    /// Port to listen on (0 picks a free one).
+    public var port: Int
+    /// Largest request body accepted, in bytes.
+    public var maxBodyBytes: Int
+    /// Queue names.
+    public var names: PipelineNames
+
+    /// Creates settings.
+    public init(host: String = "0.0.0.0", port: Int = 8080, maxBodyBytes: Int = 1_048_576, names: PipelineNames = .init()) {
+        self.host = host
+        self.port = port
+        self.maxBodyBytes = maxBodyBytes
+        self.names = names
+    }
+}
+
+/// Builds the intake's router: uploads, status and health.
+public func makeIntakeRouter(
+    settings: IntakeSettings, store: OrderStore, acceptedUpload: @escaping @Sendable () -> Void
+) -> Router<BasicRequestContext> {
+    let router = Router()
+    router.add(middleware: APIErrorMiddleware())
+    router.get("/healthz") { _, _ in
+        try JSONResponse.make(["status": "ok"])
+    }
+    ReceiptsController(store: store, settings: settings, acceptedUpload: acceptedUpload).addRoutes(to: router)
+    return router
+}
+
+/// The intake's services: the outbox relay and the HTTP server.
+///
+/// `publish` sends one outbox message and returns once the broker confirmed it.
+/// `onServerRunning` reports the bound port (useful with port 0).
+public func makeIntakeServices(
+    settings: IntakeSettings, store: OrderStore, logger: Logger,
+    publish: @escaping OutboxRelay.Publish,
+    onServerRunning: @escaping @Sendable (Int) async -> Void = { _ in }
+) -> [any Service] {
+    let relay = OutboxRelay(store: store, logger: logger, publish: publish)
+    let router = makeIntakeRouter(settings: settings, store: store, acceptedUpload: { relay.notify() })
+    let application = Application(
+        router: router,
+        configuration: .init(address: .hostname(settings.host, port: settings.port), serverName: "iap-intake"),
+        onServerRunning: { channel in await onServerRunning(channel.localAddress?.port ?? settings.port) },
+        logger: logger)
+    return [relay, application]
+}

@@ -1,0 +1,57 @@
+import Foundation
+import Hummingbird
+import IAPCore
+
+/// A validated `POST /v1/receipts` body.
+struct ReceiptUpload: Equatable {
+    var userId: String
+    var orderId: String?
+    var transactionId: String?
+    var receiptData: String
+
+    static let maxIdLength = 256
+
+    /// Reads and checks a body; every fault is an `APIError` with its own code.
+    init(json data: Data) throws(APIError) {
+        let object: Any
+        do {
+            object = try JSONSerialization.jsonObject(with: data, options: [.fragmentsAllowed])
+        } catch {
+            throw .invalidJSON("the body is not valid JSON")
+        }
+        guard let fields = object as? [String: Any] else {
+            throw .invalidJSON("the body must be a JSON object")
+        }
+        guard let userId = try Self.string(fields, "userId", maxLength: Self.maxIdLength) else {
+            throw .missingField("userId")
+        }
+        guard let receipt = try Self.string(fields, "receiptData", maxLength: .max) else {
+            throw .missingField("receiptData")
+        }
+        self.userId = userId
+        self.orderId = try Self.string(fields, "orderId", maxLength: Self.maxIdLength)
+        self.transactionId = try Self.string(fields, "transactionId", maxLength: Self.maxIdLength)
+        // Apps sometimes send base64 wrapped in lines; the bytes are what counts.
+        let compact = receipt.filter { !$0.isWhitespace }
+        guard let bytes = Data(base64Encoded: compact) else {
+            throw APIError(.badRequest, code: "receipt_not_base64", message: "'receiptData' is not valid base64")
+        }
+        guard !bytes.isEmpty else {
+            throw APIError(.badRequest, code: "receipt_empty", message: "'receiptData' holds no bytes")
+        }
+        self.receiptData = compact
+    }
+
+    /// A string field: nil when absent or null (or empty), an error when of another type or too long.
+    private static func string(_ fields: [String: Any], _ name: String, maxLength: Int) throws(APIError) -> String? {
+        guard let value = fields[name], !(value is NSNull) else { return nil }
+        guard let string = value as? String else {
+            throw .invalidField(name, "must be a string")
+        }
+        if string.isEmpty { return nil }
+        guard string.utf8.count <= maxLength else {
+            throw .invalidField(name, "is longer than \(maxLength) bytes")
+        }
+        return string
+    }
+}

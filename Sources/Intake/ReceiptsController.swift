@@ -1,0 +1,124 @@
+import Foundation
+import Hummingbird
+import IAPCore
+import Logging
+import NIOCore
+import OrderStore
+
+/// `POST /v1/receipts` (accept an upload) and `GET /v1/receipts/{submissionId}` (its status).
+struct ReceiptsController: Sendable {
+    let store: OrderStore
+    let settings: IntakeSettings
+    let acceptedUpload: @Sendable () -> Void
+    let codec = MessageCodec()
+
+    func addRoutes(to router: Router<BasicRequestContext>) {
+        router.post("/v1/receipts") { request, context in
+            try await upload(request, context: context)
+        }
+        router.get("/v1/receipts/{submissionId}") { _, context in
+            try await status(context: context)
+        }
+    }
+
+    private func upload(_ request: Request, context: BasicRequestContext) async throws -> Response {
+        let body = try await IntakeBody.collect(request, limit: settings.maxBodyBytes)
+        let upload = try ReceiptUpload(json: body)
+        let verifyRequest = VerifyRequest(
+            submissionId: UUID(), userId: upload.userId, receiptData: upload.receiptData,
+            transactionId: upload.transactionId, orderId: upload.orderId, attempt: 1, acceptedAt: Date())
+        let message = OutboxMessage(
+            routingKey: settings.names.verify, body: try codec.encode(verifyRequest),
+            messageId: verifyRequest.submissionId.uuidString)
+        try await store.accept(verifyRequest, message: message)
+        acceptedUpload()
+        context.logger.debug(
+            "upload accepted", metadata: ["iap.submission.id": "\(verifyRequest.submissionId)"])
+        var response = try JSONResponse.make(
+            Accepted(submissionId: verifyRequest.submissionId.uuidString, state: SubmissionState.pending.rawValue),
+            status: .accepted)
+        response.headers[.location] = "/v1/receipts/\(verifyRequest.submissionId.uuidString)"
+        return response
+    }
+
+    private func status(context: BasicRequestContext) async throws -> Response {
+        guard let raw = context.parameters.get("submissionId"), let id = UUID(uuidString: raw),
+            let status = try await store.status(of: id)
+        else {
+            throw APIError(.notFound, code: "submission_not_found", message: "no such submission")
+        }
+        return try JSONResponse.make(SubmissionStatusBody(status))
+    }
+}
+
+private struct Accepted: Encodable {
+    var submissionId: String
+    var state: String
+}
+
+/// The status answer the app polls.
+struct SubmissionStatusBody: Encodable {
+    struct Transaction: Encodable {
+        var transactionId: String
+        var originalTransactionId: String
+        var productId: String
+        var environment: String
+        var state: String
+    }
+
+    var submissionId: String
+    var state: String
+    var finishTransaction: Bool
+    var transactions: [Transaction]
+    var reason: String?
+    var message: String?
+    var attempts: Int
+    var nextAttemptAt: Date?
+    var environment: String?
+    var acceptedAt: Date
+
+    init(_ status: SubmissionStatus) {
+        submissionId = status.submissionId.uuidString
+        state = status.state.rawValue
+        finishTransaction = status.finishTransaction
+        transactions = status.transactions.map {
+            Transaction(
+                transactionId: $0.transactionId, originalTransactionId: $0.originalTransactionId,
+                productId: $0.productId, environment: $0.environment.rawValue, state: $0.state.rawValue)
+        }
+        reason = status.reason?.rawValue
+        message = status.reasonMessage
+        attempts = status.attempts
+        nextAttemptAt = status.nextAttemptAt
+        environment = status.environment?.rawValue
+        acceptedAt = status.acceptedAt
+    }
+}
+
+/// JSON answers with ISO 8601 dates.
+enum JSONResponse {
+    static func make(_ value: some Encodable, status: HTTPResponse.Status = .ok) throws -> Response {
+        let encoder = JSONEncoder()
+        encoder.dateEncodingStrategy = .iso8601
+        encoder.outputFormatting = [.sortedKeys]
+        return Response(
+            status: status, headers: [.contentType: "application/json"],
+            body: .init(byteBuffer: ByteBuffer(bytes: try encoder.encode(value))))
+    }
+}
+
+/// Reads a request body with a size cap.
+enum IntakeBody {
+    static func collect(_ request: Request, limit: Int) async throws -> Data {
+        if let length = request.headers[.contentLength].flatMap(Int.init), length > limit {
+            throw APIError.bodyTooLarge(limit: limit)
+        }
+        var request = request
+        do {
+            let buffer = try await request.collectBody(upTo: limit)
+            return Data(buffer.readableBytesView)
+        } catch let error as HTTPError where error.status == .contentTooLarge {
+            throw APIError.bodyTooLarge(limit: limit)
+        }
+    }
+}

@@ -1,0 +1,141 @@
+import Foundation
+import Logging
+import NIOConcurrencyHelpers
+import ServiceLifecycle
+
+/// Publishes outbox rows to the broker and deletes each once the broker confirmed it.
+///
+/// A row written with an accepted upload reaches the broker even when the broker was
+/// down at that moment: the relay waits for it (the connection retries by itself) and
+/// the row stays in the file until confirmed, across crashes and restarts.
+public final class OutboxRelay: Service, Sendable {
+    /// Publishes one message and returns once the broker has confirmed it.
+    public typealias Publish = @Sendable (OutboxMessage) async throws -> Void
+
+    private let store: OrderStore
+    private let publish: Publish
+    private let logger: Logger
+    private let batchSize: Int
+    private let pollInterval: Duration
+    private let signal = WakeupSignal()
+
+    /// Creates a relay over `store`.
+    public init(
+        store: OrderStore, batchSize: Int = 500, pollInterval: Duration = .seconds(1), logger: Logger,
+        publish: @escaping Publish
+    ) {
+        self.store = store
+        self.publish = publish
+        self.logger = logger
+        self.batchSize = batchSize
+        self.pollInterval = pollInterval
+    }
+
+    /// Tells the relay a new row is waiting, so it does not wait for its next poll.
+    public func notify() {
+        signal.signal()
+    }
+
+    public func run() async throws {
+        await withGracefulShutdownHandler {
+            while !Task.isShuttingDownGracefully && !Task.isCancelled {
+                let published = await relayBatch()
+                if published < batchSize {
+                    await signal.wait(timeout: pollInterval)
+                }
+            }
+        } onGracefulShutdown: {
+            self.signal.signal()
+        }
+        // Last flush, bounded: what is left stays in the outbox for the next start.
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { _ = await self.relayBatch() }
+            group.addTask { try? await Task.sleep(for: .seconds(5)) }
+            await group.next()
+            group.cancelAll()
+        }
+    }
+
+    /// Publishes one batch; returns how many rows were confirmed.
+    @discardableResult
+    func relayBatch() async -> Int {
+        let batch: [OutboxMessage]
+        do {
+            batch = try await store.unpublishedMessages(limit: batchSize)
+        } catch {
+            logger.error("outbox read failed", metadata: ["error": "\(error)"])
+            return 0
+        }
+        guard !batch.isEmpty else { return 0 }
+        let outcomes = await withTaskGroup(of: (Int64, String?).self) { group in
+            for message in batch {
+                guard let id = message.id else { continue }
+                group.addTask {
+                    do {
+                        try await self.publish(message)
+                        return (id, nil)
+                    } catch {
+                        return (id, String(describing: error))
+                    }
+                }
+            }
+            var outcomes: [(Int64, String?)] = []
+            for await outcome in group { outcomes.append(outcome) }
+            return outcomes
+        }
+        let confirmed = outcomes.filter { $0.1 == nil }.map(\.0)
+        do {
+            try await store.markPublished(confirmed)
+            for (id, error) in outcomes {
+                guard let error else { continue }
+                logger.warning("outbox publish failed", metadata: ["iap.outbox.id": "\(id)", "error": "\(error)"])
+                try await store.markPublishFailed(id, error: error)
+            }
+        } catch {
+            logger.error("outbox update failed", metadata: ["error": "\(error)"])
+        }
+        return confirmed.count
+    }
+}
+
+/// A wake-up that is remembered until someone waits for it.
+final class WakeupSignal: Sendable {
+    private struct State {
+        var pending = false
+        var waiter: CheckedContinuation<Void, Never>?
+    }
+
+    private let state = NIOLockedValueBox(State())
+
+    func signal() {
+        let waiter = state.withLockedValue { state -> CheckedContinuation<Void, Never>? in
+            if let waiter = state.waiter {
+                state.waiter = nil
+                return waiter
+            }
+            state.pending = true
+            return nil
+        }
+        waiter?.resume()
+    }
+
+    /// Returns at the next signal (or at once if one is pending), or after `timeout`.
+    func wait(timeout: Duration) async {
+        let timer = Task { [weak self] in
+            guard (try? await Task.sleep(for: timeout)) != nil else { return }
+            self?.signal()
+        }
+        defer { timer.cancel() }
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let resumeNow = state.withLockedValue { state -> Bool in
+                if state.pending {
+                    state.pending = false
+                    return true
+                }
+                state.waiter = continuation
+                return false
+            }
+            if resumeNow { continuation.resume() }
+        }
+    }
+}

@@ -1,0 +1,166 @@
+import AppStore
+import AsyncHTTPClient
+import FakeAppStore
+import Finisher
+import Foundation
+import IAPCore
+import Intake
+import Logging
+import Messaging
+import OrderStore
+import NIOCore
+import ServiceLifecycle
+import UnixSignals
+import Verifier
+
+/// The parts of the system one process can run.
+public enum Role: String, Sendable, CaseIterable {
+    /// HTTP uploads and status, with the outbox relay.
+    case intake
+    /// Verification with Apple.
+    case verifier
+    /// Crediting results into the order store.
+    case finisher
+    /// The local Apple stand-in.
+    case fakeAppStore = "fake-appstore"
+}
+
+/// Everything a process needs to know to run its roles; built by `iap` from flags and
+/// environment, or by tests directly.
+public struct PipelineSettings: Sendable {
+    /// The broker.
+    public var amqp: AMQPConfiguration
+    /// Queue names.
+    public var names: PipelineNames
+    /// The SQLite file of the order store (intake and finisher).
+    public var databasePath: String
+    /// The intake's HTTP settings.
+    public var intake: IntakeSettings
+    /// The verifier's consumption and retry settings.
+    public var verifier: VerifierSettings
+    /// How the verifier talks to Apple.
+    public var verifyReceipt: VerifyReceiptClient.Settings
+    /// The finisher's consumption settings.
+    public var finisher: FinisherSettings
+    /// Where the fake App Store listens, when this process runs it.
+    public var fakeAppStoreHost: String
+    /// The fake App Store's port.
+    public var fakeAppStorePort: Int
+
+    /// Creates settings.
+    public init(
+        amqp: AMQPConfiguration, names: PipelineNames, databasePath: String, intake: IntakeSettings,
+        verifier: VerifierSettings, verifyReceipt: VerifyReceiptClient.Settings, finisher: FinisherSettings,
+        fakeAppStoreHost: String = "127.0.0.1", fakeAppStorePort: Int = 8090
+    ) {
+        self.amqp = amqp
+        self.names = names
+        self.databasePath = databasePath
+        self.intake = intake
+        self.verifier = verifier
+        self.verifyReceipt = verifyReceipt
+        self.finisher = finisher
+        self.fakeAppStoreHost = fakeAppStoreHost
+        self.fakeAppStorePort = fakeAppStorePort
+    }
+}
+
+/// The services of one process, in start order; they shut down in reverse order, so the
+/// HTTP server stops taking uploads first and the broker connection closes last.
+public struct Pipeline: Sendable {
+    /// The services, in start order.
+    public let services: [any Service]
+    /// The order store, when a role of this process uses it.
+    public let store: OrderStore?
+    /// The broker connection, when a role of this process uses it.
+    public let connection: AMQPConnection?
+    private let httpClient: HTTPClient?
+
+    /// Builds the roles of one process. `onListening` reports each HTTP role's bound port.
+    public init(
+        roles: Set<Role>, settings: PipelineSettings, logger: Logger,
+        onListening: @escaping @Sendable (Role, Int) async -> Void = { _, _ in }
+    ) throws {
+        var first: [any Service] = []
+        var middle: [any Service] = []
+        var last: [any Service] = []
+
+        let needsBroker = !roles.isDisjoint(with: [.intake, .verifier, .finisher])
+        let connection =
+            needsBroker
+            ? AMQPConnection(
+                configuration: settings.amqp,
+                topology: .pipeline(settings.names, retrySchedule: settings.verifier.retrySchedule),
+                logger: logger)
+            : nil
+        if let connection { first.append(connection) }
+
+        let needsStore = !roles.isDisjoint(with: [.intake, .finisher])
+        let store = needsStore ? try OrderStore(path: settings.databasePath) : nil
+
+        if roles.contains(.fakeAppStore) {
+            first.append(
+                FakeAppStore().makeApplication(
+                    host: settings.fakeAppStoreHost, port: settings.fakeAppStorePort, logger: logger,
+                    onServerRunning: { channel in
+                        await onListening(.fakeAppStore, channel.localAddress?.port ?? settings.fakeAppStorePort)
+                    }))
+        }
+        if roles.contains(.intake), let store, let connection {
+            let services = makeIntakeServices(
+                settings: settings.intake, store: store, logger: logger,
+                publish: { message in
+                    try await connection.publish(
+                        OutgoingMessage(
+                            exchange: message.exchange, routingKey: message.routingKey, body: message.body,
+                            messageId: message.messageId))
+                },
+                onServerRunning: { port in await onListening(.intake, port) })
+            middle.append(contentsOf: services.dropLast())
+            last.append(contentsOf: services.suffix(1))
+        }
+        if roles.contains(.finisher), let store, let connection {
+            middle.append(FinisherService(settings: settings.finisher, connection: connection, store: store, logger: logger))
+        }
+        var httpClient: HTTPClient?
+        if roles.contains(.verifier), let connection {
+            var configuration = HTTPClient.Configuration()
+            configuration.timeout = .init(connect: .seconds(5))
+            configuration.connectionPool = .init(
+                idleTimeout: .seconds(60),
+                concurrentHTTP1ConnectionsPerHostSoftLimit: max(8, settings.verifier.concurrency))
+            let client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
+            httpClient = client
+            let verifier = VerifyReceiptClient(settings: settings.verifyReceipt, httpClient: client, logger: logger)
+            middle.append(
+                VerifierService(settings: settings.verifier, connection: connection, verifier: verifier, logger: logger))
+        }
+        self.services = first + middle + last
+        self.store = store
+        self.connection = connection
+        self.httpClient = httpClient
+    }
+
+    /// A service group over these services.
+    public func makeServiceGroup(gracefulShutdownSignals: [UnixSignal], logger: Logger) -> ServiceGroup {
+        ServiceGroup(
+            configuration: .init(services: services, gracefulShutdownSignals: gracefulShutdownSignals, logger: logger))
+    }
+
+    /// Runs until a signal (SIGTERM, SIGINT) asks for a graceful shutdown, then releases clients.
+    public func run(logger: Logger) async throws {
+        let group = makeServiceGroup(gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
+        do {
+            try await group.run()
+        } catch {
+            try? await shutdownClients()
+            throw error
+        }
+        try await shutdownClients()
+    }
+
+    /// Releases the HTTP client; call after the service group has ended.
+    public func shutdownClients() async throws {
+        try await httpClient?.shutdown()
+    }
+}

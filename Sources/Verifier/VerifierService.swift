@@ -1,0 +1,111 @@
+import AppStore
+import Foundation
+import IAPCore
+import Logging
+import Messaging
+import ServiceLifecycle
+
+/// How a verifier runs.
+public struct VerifierSettings: Sendable {
+    /// Queue names.
+    public var names: PipelineNames
+    /// Verifications in flight at once (the consumer's prefetch).
+    public var concurrency: Int
+    /// Delays between attempts.
+    public var retrySchedule: RetrySchedule
+    /// Age of an upload after which transient failures stop being retried (it then needs review).
+    public var maxRetryAge: Duration
+
+    /// Creates settings.
+    public init(
+        names: PipelineNames = .init(), concurrency: Int = 64, retrySchedule: RetrySchedule = .init(),
+        maxRetryAge: Duration = .seconds(72 * 3600)
+    ) {
+        self.names = names
+        self.concurrency = concurrency
+        self.retrySchedule = retrySchedule
+        self.maxRetryAge = maxRetryAge
+    }
+}
+
+/// Consumes uploads, verifies each with Apple and publishes the result.
+///
+/// - Important: An upload is acked only after its result (and, for a transient failure,
+///   its next attempt) is confirmed by the broker, so a crash at any point leaves the
+///   upload on the queue. Stateless: run as many as needed.
+public final class VerifierService: Service, Sendable {
+    private let settings: VerifierSettings
+    private let connection: AMQPConnection
+    private let verifier: any ReceiptVerifying
+    private let logger: Logger
+    private let codec = MessageCodec()
+
+    /// Creates a verifier that consumes through `connection` and asks `verifier`.
+    public init(settings: VerifierSettings, connection: AMQPConnection, verifier: any ReceiptVerifying, logger: Logger) {
+        self.settings = settings
+        self.connection = connection
+        self.verifier = verifier
+        self.logger = logger
+    }
+
+    public func run() async throws {
+        let consumer = connection.consume(
+            queue: settings.names.verify, prefetch: UInt16(clamping: max(1, settings.concurrency)))
+        // The prefetch bounds the tasks: each holds one unacked delivery.
+        await withDiscardingTaskGroup { group in
+            for await delivery in consumer.cancelOnGracefulShutdown() {
+                group.addTask { await self.handle(delivery) }
+            }
+            await consumer.cancel()
+        }
+    }
+
+    func handle(_ delivery: AMQPDelivery) async {
+        let request: VerifyRequest
+        do {
+            request = try codec.decode(VerifyRequest.self, from: delivery.body)
+        } catch {
+            logger.error(
+                "undecodable verify message sent to the dead-letter queue",
+                metadata: ["amqp.queue": "\(settings.names.verify)", "error": "\(error)"])
+            try? await delivery.reject(requeue: false)
+            return
+        }
+        var metadata: Logger.Metadata = [
+            "iap.submission.id": "\(request.submissionId)", "iap.attempt": "\(request.attempt)",
+        ]
+        let outcome = await verifier.verify(request)
+        var result = VerifyResult(
+            submissionId: request.submissionId, userId: request.userId, orderId: request.orderId,
+            attempt: request.attempt, outcome: outcome)
+        do {
+            if case .retryLater(let reason, _) = outcome {
+                metadata["iap.reason"] = "\(reason)"
+                let now = Date()
+                if Duration.seconds(now.timeIntervalSince(request.acceptedAt)) >= settings.maxRetryAge {
+                    result.gaveUp = true
+                    logger.error("verification retries exhausted", metadata: metadata)
+                } else {
+                    let delay = settings.retrySchedule.delaySeconds(afterAttempt: request.attempt)
+                    var next = request
+                    next.attempt += 1
+                    try await connection.publish(
+                        OutgoingMessage(
+                            routingKey: settings.names.verifyRetry(delaySeconds: delay), body: try codec.encode(next),
+                            messageId: request.submissionId.uuidString))
+                    result.nextAttemptAt = now.addingTimeInterval(TimeInterval(delay))
+                    logger.info("verification will be retried", metadata: metadata)
+                }
+            }
+            try await connection.publish(
+                OutgoingMessage(
+                    routingKey: settings.names.results, body: try codec.encode(result),
+                    messageId: request.submissionId.uuidString))
+            try await delivery.ack()
+        } catch {
+            metadata["error"] = "\(error)"
+            logger.warning("verification result not delivered; the upload will be redelivered", metadata: metadata)
+            try? await delivery.reject(requeue: true)
+        }
+    }
+}

@@ -1,0 +1,169 @@
+import AppStore
+import ArgumentParser
+import Finisher
+import Foundation
+import IAPCore
+import Intake
+import Logging
+import Messaging
+import Pipeline
+import Verifier
+
+@main
+struct IAP: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "iap",
+        abstract: "Verifies App Store purchases and credits each one exactly once.",
+        subcommands: [
+            IntakeCommand.self, VerifierCommand.self, FinisherCommand.self, OrdersCommand.self,
+            FakeAppStoreCommand.self, DevCommand.self,
+        ])
+}
+
+/// The settings every role shares, with the parts a role does not use left at their defaults.
+private func pipelineSettings(
+    broker: BrokerOptions, store: StoreOptions? = nil, http: HTTPOptions? = nil, verifier: VerifierOptions? = nil,
+    finisherPrefetch: Int? = nil, defaultHost: String = "0.0.0.0", defaultDatabase: String = "iap-orders.sqlite",
+    verifyReceipt: VerifyReceiptClient.Settings? = nil
+) throws -> PipelineSettings {
+    let names = try broker.names()
+    return PipelineSettings(
+        amqp: try broker.configuration(),
+        names: names,
+        databasePath: store?.path(default: defaultDatabase) ?? defaultDatabase,
+        intake: try http?.settings(names: names, defaultHost: defaultHost) ?? IntakeSettings(names: names),
+        verifier: try verifier?.verifierSettings(names: names) ?? VerifierSettings(names: names),
+        verifyReceipt: try verifyReceipt ?? verifier?.verifyReceiptSettings()
+            ?? VerifyReceiptClient.Settings(endpoints: .apple, bundleIds: []),
+        finisher: FinisherSettings(
+            names: names,
+            prefetch: try SettingReader().int(finisherPrefetch, "IAP_FINISHER_PREFETCH", default: 64, in: 1...10_000)))
+}
+
+struct IntakeCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "intake", abstract: "Accept receipt uploads over HTTP and queue them durably (outbox relay included).")
+
+    @OptionGroup var broker: BrokerOptions
+    @OptionGroup var store: StoreOptions
+    @OptionGroup var http: HTTPOptions
+    @OptionGroup var log: LogOptions
+
+    func run() async throws {
+        let settings = try pipelineSettings(broker: broker, store: store, http: http)
+        let logger = try log.makeLogger(label: "iap.intake")
+        try await Pipeline(roles: [.intake], settings: settings, logger: logger).run(logger: logger)
+    }
+}
+
+struct VerifierCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "verifier", abstract: "Verify queued uploads with Apple and publish the results. Run as many as needed.")
+
+    @OptionGroup var broker: BrokerOptions
+    @OptionGroup var verifier: VerifierOptions
+    @OptionGroup var log: LogOptions
+
+    func run() async throws {
+        let settings = try pipelineSettings(broker: broker, verifier: verifier)
+        let logger = try log.makeLogger(label: "iap.verifier")
+        try await Pipeline(roles: [.verifier], settings: settings, logger: logger).run(logger: logger)
+    }
+}
+
+struct FinisherCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "finisher", abstract: "Apply verification results to the order store, crediting each purchase once.")
+
+    @OptionGroup var broker: BrokerOptions
+    @OptionGroup var store: StoreOptions
+    @Option(name: .long, help: "Results fetched ahead of processing. (env IAP_FINISHER_PREFETCH; default 64)")
+    var finisherPrefetch: Int?
+    @OptionGroup var log: LogOptions
+
+    func run() async throws {
+        let settings = try pipelineSettings(broker: broker, store: store, finisherPrefetch: finisherPrefetch)
+        let logger = try log.makeLogger(label: "iap.finisher")
+        try await Pipeline(roles: [.finisher], settings: settings, logger: logger).run(logger: logger)
+    }
+}
+
+struct OrdersCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "orders", abstract: "The order service: intake and finisher in one process, the only writer of the store.")
+
+    @OptionGroup var broker: BrokerOptions
+    @OptionGroup var store: StoreOptions
+    @OptionGroup var http: HTTPOptions
+    @Option(name: .long, help: "Results fetched ahead of processing. (env IAP_FINISHER_PREFETCH; default 64)")
+    var finisherPrefetch: Int?
+    @OptionGroup var log: LogOptions
+
+    func run() async throws {
+        let settings = try pipelineSettings(broker: broker, store: store, http: http, finisherPrefetch: finisherPrefetch)
+        let logger = try log.makeLogger(label: "iap.orders")
+        try await Pipeline(roles: [.intake, .finisher], settings: settings, logger: logger).run(logger: logger)
+    }
+}
+
+struct FakeAppStoreCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "fake-appstore", abstract: "A local stand-in for Apple's verifyReceipt, for tests and demos. Never for production.")
+
+    @OptionGroup var fake: FakeAppStoreOptions
+    @OptionGroup var log: LogOptions
+
+    func run() async throws {
+        let (host, port) = try fake.address()
+        let logger = try log.makeLogger(label: "iap.fake-appstore")
+        let names = PipelineNames()
+        let settings = PipelineSettings(
+            amqp: try AMQPConfiguration(url: "amqp://127.0.0.1/"), names: names, databasePath: "",
+            intake: IntakeSettings(names: names), verifier: VerifierSettings(names: names),
+            verifyReceipt: VerifyReceiptClient.Settings(endpoints: .apple, bundleIds: []),
+            finisher: FinisherSettings(names: names), fakeAppStoreHost: host, fakeAppStorePort: port)
+        let pipeline = try Pipeline(
+            roles: [.fakeAppStore], settings: settings, logger: logger,
+            onListening: { _, port in logger.notice("fake App Store listening", metadata: ["port": "\(port)"]) })
+        try await pipeline.run(logger: logger)
+    }
+}
+
+struct DevCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "dev",
+        abstract: "Everything in one process for a laptop: intake, verifier, finisher and the fake App Store.",
+        discussion: """
+            The verifier is pointed at the fake App Store of this process; IAP_APPSTORE_*_URL are ignored.
+            Bundle ids default to com.example.demo. Binds to 127.0.0.1 unless told otherwise.
+            """)
+
+    @OptionGroup var broker: BrokerOptions
+    @OptionGroup var store: StoreOptions
+    @OptionGroup var http: HTTPOptions
+    @OptionGroup var verifier: VerifierOptions
+    @OptionGroup var fake: FakeAppStoreOptions
+    @OptionGroup var log: LogOptions
+
+    func run() async throws {
+        let (fakeHost, fakePort) = try fake.address()
+        let fakeURL = "http://\(fakeHost == "0.0.0.0" ? "127.0.0.1" : fakeHost):\(fakePort)"
+        let verifyReceipt = try verifier.verifyReceiptSettings(
+            endpointsOverride: VerifyReceiptEndpoints(
+                production: fakeURL + "/verifyReceipt", sandbox: fakeURL + "/sandbox/verifyReceipt"),
+            defaultBundleIds: "com.example.demo")
+        var settings = try pipelineSettings(
+            broker: broker, store: store, http: http, verifier: verifier, defaultHost: "127.0.0.1",
+            defaultDatabase: "iap-dev.sqlite", verifyReceipt: verifyReceipt)
+        settings.fakeAppStoreHost = fakeHost
+        settings.fakeAppStorePort = fakePort
+        let logger = try log.makeLogger(label: "iap.dev")
+        let host = settings.intake.host
+        let pipeline = try Pipeline(
+            roles: Set(Role.allCases), settings: settings, logger: logger,
+            onListening: { role, port in
+                logger.notice("listening", metadata: ["role": "\(role.rawValue)", "url": "http://\(host):\(port)"])
+            })
+        try await pipeline.run(logger: logger)
+    }
+}

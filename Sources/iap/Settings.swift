@@ -1,0 +1,218 @@
+import AppStore
+import ArgumentParser
+import Finisher
+import Foundation
+import IAPCore
+import Intake
+import Logging
+import Messaging
+import Pipeline
+import Verifier
+
+/// Reads a setting: the flag if given, else the environment variable, else the default.
+/// Only this executable reads the environment.
+struct SettingReader {
+    let environment = ProcessInfo.processInfo.environment
+
+    func string(_ flag: String?, _ variable: String, default fallback: String) -> String {
+        if let flag { return flag }
+        if let value = environment[variable], !value.isEmpty { return value }
+        return fallback
+    }
+
+    func optionalString(_ flag: String?, _ variable: String) -> String? {
+        if let flag { return flag }
+        if let value = environment[variable], !value.isEmpty { return value }
+        return nil
+    }
+
+    func int(_ flag: Int?, _ variable: String, default fallback: Int, in range: ClosedRange<Int>) throws -> Int {
+        let value: Int
+        if let flag {
+            value = flag
+        } else if let raw = environment[variable], !raw.isEmpty {
+            guard let parsed = Int(raw) else {
+                throw ValidationError("\(variable) must be a whole number, got '\(raw)'")
+            }
+            value = parsed
+        } else {
+            value = fallback
+        }
+        guard range.contains(value) else {
+            throw ValidationError("\(variable) must be between \(range.lowerBound) and \(range.upperBound), got \(value)")
+        }
+        return value
+    }
+
+    /// A secret from `VARIABLE` or from the file named by `VARIABLE_FILE`; never from a flag,
+    /// which `ps` would show.
+    func secret(_ variable: String) throws -> String? {
+        if let path = environment[variable + "_FILE"], !path.isEmpty {
+            do {
+                return try String(contentsOfFile: path, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
+            } catch {
+                throw ValidationError("\(variable)_FILE: cannot read \(path): \(error.localizedDescription)")
+            }
+        }
+        if let value = environment[variable], !value.isEmpty { return value }
+        return nil
+    }
+}
+
+struct LogOptions: ParsableArguments {
+    @Option(name: .long, help: "Log level: trace, debug, info, notice, warning, error, critical. (env IAP_LOG_LEVEL; default info)")
+    var logLevel: String?
+
+    func makeLogger(label: String) throws -> Logger {
+        let raw = SettingReader().string(logLevel, "IAP_LOG_LEVEL", default: "info")
+        guard let level = Logger.Level(rawValue: raw) else {
+            throw ValidationError("IAP_LOG_LEVEL must be one of trace, debug, info, notice, warning, error, critical; got '\(raw)'")
+        }
+        LoggingSystem.bootstrap { label in
+            var handler = StreamLogHandler.standardError(label: label)
+            handler.logLevel = level
+            return handler
+        }
+        var logger = Logger(label: label)
+        logger.logLevel = level
+        return logger
+    }
+}
+
+struct BrokerOptions: ParsableArguments {
+    @Option(name: .long, help: "Broker URL amqp://user:password@host:port/vhost. Prefer the environment: flags show in ps. (env IAP_AMQP_URL; default amqp://guest:guest@127.0.0.1:5672/)")
+    var amqpURL: String?
+
+    @Option(name: .long, help: "Prefix of every queue name. (env IAP_QUEUE_PREFIX; default iap)")
+    var queuePrefix: String?
+
+    @Option(name: .long, help: "AMQP heartbeat in seconds, 0 to disable. (env IAP_AMQP_HEARTBEAT_SECONDS; default 10)")
+    var amqpHeartbeatSeconds: Int?
+
+    func configuration() throws -> AMQPConfiguration {
+        let reader = SettingReader()
+        let url = reader.string(amqpURL, "IAP_AMQP_URL", default: "amqp://guest:guest@127.0.0.1:5672/")
+        let heartbeat = try reader.int(amqpHeartbeatSeconds, "IAP_AMQP_HEARTBEAT_SECONDS", default: 10, in: 0...600)
+        do {
+            return try AMQPConfiguration(url: url, heartbeatSeconds: heartbeat)
+        } catch {
+            throw ValidationError("IAP_AMQP_URL: \(error.message)")
+        }
+    }
+
+    func names() throws -> PipelineNames {
+        let prefix = SettingReader().string(queuePrefix, "IAP_QUEUE_PREFIX", default: "iap")
+        guard !prefix.isEmpty, prefix.allSatisfy({ $0.isLetter || $0.isNumber || "-_.".contains($0) }) else {
+            throw ValidationError("IAP_QUEUE_PREFIX may hold letters, digits, '-', '_' and '.' only; got '\(prefix)'")
+        }
+        return PipelineNames(prefix: prefix)
+    }
+}
+
+struct StoreOptions: ParsableArguments {
+    @Option(name: .long, help: "SQLite file of the order store; created with mode 0600. (env IAP_DATABASE_PATH; default iap-orders.sqlite)")
+    var databasePath: String?
+
+    func path(default fallback: String = "iap-orders.sqlite") -> String {
+        SettingReader().string(databasePath, "IAP_DATABASE_PATH", default: fallback)
+    }
+}
+
+struct HTTPOptions: ParsableArguments {
+    @Option(name: .long, help: "Address the intake listens on. (env IAP_HTTP_HOST; default 0.0.0.0, 127.0.0.1 for dev)")
+    var host: String?
+
+    @Option(name: .long, help: "Port the intake listens on. (env IAP_HTTP_PORT; default 8080)")
+    var port: Int?
+
+    @Option(name: .long, help: "Largest upload body in bytes; larger ones get 413. (env IAP_MAX_BODY_BYTES; default 1048576)")
+    var maxBodyBytes: Int?
+
+    func settings(names: PipelineNames, defaultHost: String = "0.0.0.0") throws -> IntakeSettings {
+        let reader = SettingReader()
+        return IntakeSettings(
+            host: reader.string(host, "IAP_HTTP_HOST", default: defaultHost),
+            port: try reader.int(port, "IAP_HTTP_PORT", default: 8080, in: 0...65535),
+            maxBodyBytes: try reader.int(maxBodyBytes, "IAP_MAX_BODY_BYTES", default: 1_048_576, in: 1024...(64 << 20)),
+            names: names)
+    }
+}
+
+struct VerifierOptions: ParsableArguments {
+    @Option(name: .long, help: "Comma-separated bundle ids this deployment serves; receipts of other apps are rejected. Required. (env IAP_BUNDLE_IDS)")
+    var bundleIds: String?
+
+    @Option(name: .long, help: "Production verifyReceipt URL. (env IAP_APPSTORE_VERIFY_URL; default https://buy.itunes.apple.com/verifyReceipt)")
+    var verifyURL: String?
+
+    @Option(name: .long, help: "Sandbox verifyReceipt URL. (env IAP_APPSTORE_SANDBOX_VERIFY_URL; default https://sandbox.itunes.apple.com/verifyReceipt)")
+    var sandboxVerifyURL: String?
+
+    @Option(name: .long, help: "Seconds allowed for one call to Apple. (env IAP_APPSTORE_TIMEOUT_SECONDS; default 15)")
+    var appleTimeoutSeconds: Int?
+
+    @Option(name: .long, help: "Verifications in flight per process. (env IAP_VERIFIER_CONCURRENCY; default 64)")
+    var concurrency: Int?
+
+    @Option(name: .long, help: "Comma-separated delays in seconds between attempts; the last repeats. (env IAP_RETRY_DELAYS; default 5,30,120,600,1800)")
+    var retryDelays: String?
+
+    @Option(name: .long, help: "Hours after which an upload that keeps failing transiently needs review. (env IAP_MAX_RETRY_AGE_HOURS; default 72)")
+    var maxRetryAgeHours: Int?
+
+    /// The shared secret comes from IAP_APPSTORE_SHARED_SECRET or IAP_APPSTORE_SHARED_SECRET_FILE only.
+    func verifyReceiptSettings(endpointsOverride: VerifyReceiptEndpoints? = nil, defaultBundleIds: String? = nil) throws
+        -> VerifyReceiptClient.Settings
+    {
+        let reader = SettingReader()
+        guard let rawBundleIds = reader.optionalString(bundleIds, "IAP_BUNDLE_IDS") ?? defaultBundleIds else {
+            throw ValidationError("IAP_BUNDLE_IDS is required: the bundle ids whose receipts this deployment accepts")
+        }
+        let ids = Set(rawBundleIds.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty })
+        guard !ids.isEmpty else { throw ValidationError("IAP_BUNDLE_IDS names no bundle id") }
+        let endpoints =
+            endpointsOverride
+            ?? VerifyReceiptEndpoints(
+                production: reader.string(verifyURL, "IAP_APPSTORE_VERIFY_URL", default: VerifyReceiptEndpoints.apple.production),
+                sandbox: reader.string(
+                    sandboxVerifyURL, "IAP_APPSTORE_SANDBOX_VERIFY_URL", default: VerifyReceiptEndpoints.apple.sandbox))
+        for (variable, url) in [("IAP_APPSTORE_VERIFY_URL", endpoints.production), ("IAP_APPSTORE_SANDBOX_VERIFY_URL", endpoints.sandbox)] {
+            guard let parsed = URL(string: url), ["http", "https"].contains(parsed.scheme ?? ""), parsed.host != nil else {
+                throw ValidationError("\(variable) must be an http(s) URL, got '\(url)'")
+            }
+        }
+        return VerifyReceiptClient.Settings(
+            endpoints: endpoints, sharedSecret: try reader.secret("IAP_APPSTORE_SHARED_SECRET"), bundleIds: ids,
+            timeout: .seconds(try reader.int(appleTimeoutSeconds, "IAP_APPSTORE_TIMEOUT_SECONDS", default: 15, in: 1...300)))
+    }
+
+    func verifierSettings(names: PipelineNames) throws -> VerifierSettings {
+        let reader = SettingReader()
+        let rawDelays = reader.string(retryDelays, "IAP_RETRY_DELAYS", default: "5,30,120,600,1800")
+        let delays = rawDelays.split(separator: ",").compactMap { Int($0.trimmingCharacters(in: .whitespaces)) }
+        guard !delays.isEmpty, delays.count == rawDelays.split(separator: ",").count, delays.allSatisfy({ $0 > 0 }) else {
+            throw ValidationError("IAP_RETRY_DELAYS must be positive whole seconds separated by commas, got '\(rawDelays)'")
+        }
+        return VerifierSettings(
+            names: names,
+            concurrency: try reader.int(concurrency, "IAP_VERIFIER_CONCURRENCY", default: 64, in: 1...10_000),
+            retrySchedule: RetrySchedule(delaysSeconds: delays),
+            maxRetryAge: .seconds(try reader.int(maxRetryAgeHours, "IAP_MAX_RETRY_AGE_HOURS", default: 72, in: 1...8760) * 3600))
+    }
+}
+
+struct FakeAppStoreOptions: ParsableArguments {
+    @Option(name: .customLong("fake-appstore-host"), help: "Address the fake App Store listens on. (env IAP_FAKE_APPSTORE_HOST; default 127.0.0.1)")
+    var fakeAppStoreHost: String?
+
+    @Option(name: .customLong("fake-appstore-port"), help: "Port the fake App Store listens on. (env IAP_FAKE_APPSTORE_PORT; default 8090)")
+    var fakeAppStorePort: Int?
+
+    func address() throws -> (host: String, port: Int) {
+        let reader = SettingReader()
+        return (
+            reader.string(fakeAppStoreHost, "IAP_FAKE_APPSTORE_HOST", default: "127.0.0.1"),
+            try reader.int(fakeAppStorePort, "IAP_FAKE_APPSTORE_PORT", default: 8090, in: 0...65535)
+        )
+    }
+}
