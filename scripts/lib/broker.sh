@@ -120,9 +120,17 @@ broker_start() {
         token="$(date +%s%N)-$$-$RANDOM$RANDOM"
         echo "$token" >"$IAP_BROKER_DIR/instance"
         # setsid keeps the node away from the caller's terminal (Ctrl-C); the marker variable
-        # lets broker_pids find its processes; fd 9 (the lock of 'scripts/dev test') stays here.
-        IAP_BROKER_INSTANCE=$token setsid /usr/sbin/rabbitmq-server \
-            </dev/null >>"$RABBITMQ_LOG_BASE/console.log" 2>&1 9>&- &
+        # lets broker_pids find its processes. Every inherited descriptor above 2 is closed
+        # first (the lock of 'scripts/dev test', a caller's pipes): a node holding a caller's
+        # pipe would keep that caller waiting for end-of-file long after this script exited.
+        (
+            for fd in /proc/$BASHPID/fd/*; do
+                fd=${fd##*/}
+                if ((fd > 2)); then eval "exec $fd>&-" 2>/dev/null || true; fi
+            done
+            IAP_BROKER_INSTANCE=$token exec setsid /usr/sbin/rabbitmq-server \
+                </dev/null >>"$RABBITMQ_LOG_BASE/console.log" 2>&1
+        ) &
         deadline=$((SECONDS + 5))
         until broker_running; do
             ((SECONDS < deadline)) || die "the RabbitMQ launcher did not start"

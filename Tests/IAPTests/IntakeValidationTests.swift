@@ -1,0 +1,48 @@
+import Foundation
+import OrderStore
+import Testing
+
+extension BrokerTests {
+    @Suite("Intake refuses bad input with a code and keeps serving")
+    struct IntakeValidationTests {
+        @Test func malformedBodiesGetClearErrorsAndTheIntakeKeepsServing() async throws {
+            let pipeline = try await PipelineHarness.start(name: "badinput")
+            defer { Task { await pipeline.stop() } }
+            let url = pipeline.intakeURL + "/v1/receipts"
+            let cases: [(body: Data, status: Int, code: String)] = [
+                (Data("this is not json".utf8), 400, "invalid_json"),
+                (Data("[1, 2, 3]".utf8), 400, "invalid_json"),
+                (Data(#"{"userId": "u1"}"#.utf8), 400, "missing_field"),
+                (Data(#"{"receiptData": "AAAA"}"#.utf8), 400, "missing_field"),
+                (Data(#"{"userId": "u1", "receiptData": "%%% not base64 %%%"}"#.utf8), 400, "receipt_not_base64"),
+                (Data(#"{"userId": 42, "receiptData": "AAAA"}"#.utf8), 400, "invalid_field"),
+                (Data(#"{"userId": "u1", "receiptData": ""}"#.utf8), 400, "missing_field"),
+                (Data(#"{"userId": "u1", "receiptData": "AAAA", "orderId": ["x"]}"#.utf8), 400, "invalid_field"),
+            ]
+            for testCase in cases {
+                let answer = try await HTTP.post(url, raw: testCase.body)
+                #expect(answer.status == testCase.status, "\(testCase.code): \(answer.text)")
+                #expect(answer.errorCode == testCase.code, "\(answer.text)")
+                #expect((answer.json["error"] as? [String: Any])?["message"] is String)
+            }
+
+            let huge = Data(#"{"userId": "u1", "receiptData": ""#.utf8) + Data(repeating: UInt8(ascii: "A"), count: 10 << 20)
+                + Data(#""}"#.utf8)
+            let tooLarge = try await HTTP.post(url, raw: huge)
+            #expect(tooLarge.status == 413)
+            #expect(tooLarge.errorCode == "body_too_large")
+
+            let unknown = try await HTTP.get(pipeline.intakeURL + "/v1/receipts/not-a-submission")
+            #expect(unknown.status == 404)
+            #expect(unknown.errorCode == "submission_not_found")
+
+            let health = try await HTTP.get(pipeline.intakeURL + "/healthz")
+            #expect(health.status == 200)
+            // Still accepting real work after all that.
+            let purchase = try await pipeline.mint()
+            let id = try await pipeline.upload(userId: "u1", receiptData: purchase.receiptData)
+            #expect(try await pipeline.waitForState(id)["state"] as? String == "credited")
+            #expect(try await pipeline.store.submissionCounts().values.reduce(0, +) == 1)
+        }
+    }
+}

@@ -1,0 +1,205 @@
+import AppStore
+import AsyncHTTPClient
+import FakeAppStore
+import Finisher
+import Foundation
+import IAPCore
+import Intake
+import Logging
+import Messaging
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOFoundationCompat
+import NIOHTTP1
+import OrderStore
+import Pipeline
+import ServiceLifecycle
+import Testing
+import Verifier
+
+/// A whole pipeline (fake App Store, intake, verifier, finisher) started in this process
+/// against the test broker, on free loopback ports, with queues of its own.
+final class PipelineHarness: Sendable {
+    let names: PipelineNames
+    let databasePath: String
+    let intakeURL: String
+    let fakeURL: String
+    let store: OrderStore
+    private let groups: [ServiceGroup]
+    private let tasks: [Task<Void, any Error>]
+    private let pipelines: [Pipeline]
+
+    static let bundleId = "com.example.tests"
+
+    static func start(
+        name: String, roles: Set<Role> = [.intake, .verifier, .finisher], retryDelays: [Int] = [1],
+        appleTimeout: Duration = .seconds(2)
+    ) async throws -> PipelineHarness {
+        let logger = TestBroker.logger
+        let names = PipelineNames(prefix: TestBroker.uniquePrefix(name))
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-tests-\(UUID().uuidString)")
+        let databasePath = folder.appendingPathComponent("orders.sqlite").path
+        var settings = PipelineSettings(
+            amqp: try TestBroker.configuration(), names: names, databasePath: databasePath,
+            intake: IntakeSettings(host: "127.0.0.1", port: 0, names: names),
+            verifier: VerifierSettings(
+                names: names, concurrency: 32, retrySchedule: RetrySchedule(delaysSeconds: retryDelays)),
+            verifyReceipt: VerifyReceiptClient.Settings(endpoints: .apple, bundleIds: [bundleId], timeout: appleTimeout),
+            finisher: FinisherSettings(names: names), fakeAppStoreHost: "127.0.0.1", fakeAppStorePort: 0)
+
+        let ports = NIOLockedValueBox([Role: Int]())
+        let report: @Sendable (Role, Int) async -> Void = { role, port in ports.withLockedValue { $0[role] = port } }
+
+        let fake = try Pipeline(roles: [.fakeAppStore], settings: settings, logger: logger, onListening: report)
+        let fakeGroup = fake.makeServiceGroup(gracefulShutdownSignals: [], logger: logger)
+        let fakeTask = Task { try await fakeGroup.run() }
+        guard try await eventually(timeout: .seconds(10), { ports.withLockedValue { $0[.fakeAppStore] } != nil }) else {
+            throw HarnessError("the fake App Store did not start")
+        }
+        let fakeURL = "http://127.0.0.1:\(ports.withLockedValue { $0[.fakeAppStore]! })"
+        settings.verifyReceipt.endpoints = VerifyReceiptEndpoints(
+            production: fakeURL + "/verifyReceipt", sandbox: fakeURL + "/sandbox/verifyReceipt")
+
+        let pipeline = try Pipeline(roles: roles, settings: settings, logger: logger, onListening: report)
+        let group = pipeline.makeServiceGroup(gracefulShutdownSignals: [], logger: logger)
+        let task = Task { try await group.run() }
+        if roles.contains(.intake) {
+            guard try await eventually(timeout: .seconds(10), { ports.withLockedValue { $0[.intake] } != nil }) else {
+                throw HarnessError("the intake did not start")
+            }
+        }
+        guard await pipeline.connection?.waitUntilConnected(timeout: .seconds(15)) ?? true else {
+            throw HarnessError("no connection to the test broker at \(try TestBroker.url())")
+        }
+        let store = try pipeline.store ?? OrderStore(path: databasePath)
+        return PipelineHarness(
+            names: names, databasePath: databasePath,
+            intakeURL: "http://127.0.0.1:\(ports.withLockedValue { $0[.intake] ?? 0 })", fakeURL: fakeURL,
+            store: store, groups: [fakeGroup, group], tasks: [fakeTask, task], pipelines: [fake, pipeline])
+    }
+
+    private init(
+        names: PipelineNames, databasePath: String, intakeURL: String, fakeURL: String, store: OrderStore,
+        groups: [ServiceGroup], tasks: [Task<Void, any Error>], pipelines: [Pipeline]
+    ) {
+        self.names = names
+        self.databasePath = databasePath
+        self.intakeURL = intakeURL
+        self.fakeURL = fakeURL
+        self.store = store
+        self.groups = groups
+        self.tasks = tasks
+        self.pipelines = pipelines
+    }
+
+    /// Shuts everything down gracefully, newest first.
+    func stop() async {
+        for (group, task) in zip(groups, tasks).reversed() {
+            await group.triggerGracefulShutdown()
+            _ = try? await task.value
+        }
+        for pipeline in pipelines { try? await pipeline.shutdownClients() }
+    }
+
+    // MARK: - Driving it
+
+    struct Purchase: Decodable {
+        var transactionId: String
+        var originalTransactionId: String
+        var receiptData: String
+    }
+
+    /// Mints a purchase at the fake App Store.
+    func mint(
+        productId: String = "com.example.coins.60", environment: String = "Production", bundleId: String = bundleId,
+        deviceId: String? = nil
+    ) async throws -> Purchase {
+        var body: [String: String] = ["bundleId": bundleId, "productId": productId, "environment": environment]
+        body["deviceId"] = deviceId
+        let response = try await HTTP.post(fakeURL + "/fake/purchases", json: body)
+        #expect(response.status == 201)
+        return try JSONDecoder().decode(Purchase.self, from: response.body)
+    }
+
+    /// Tells the fake App Store to misbehave for the next calls.
+    func injectFault(_ fault: [String: Int]) async throws {
+        let response = try await HTTP.post(fakeURL + "/fake/faults", json: fault)
+        #expect(response.status == 204)
+    }
+
+    /// Uploads a receipt; returns the submission id of a 202.
+    func upload(userId: String, receiptData: String, transactionId: String? = nil) async throws -> String {
+        var body = ["userId": userId, "receiptData": receiptData]
+        body["transactionId"] = transactionId
+        let response = try await HTTP.post(intakeURL + "/v1/receipts", json: body)
+        #expect(response.status == 202)
+        let accepted = try JSONSerialization.jsonObject(with: response.body) as? [String: Any]
+        #expect(accepted?["state"] as? String == "pending")
+        guard let id = accepted?["submissionId"] as? String else {
+            throw HarnessError("upload answered \(response.status): \(String(decoding: response.body, as: UTF8.self))")
+        }
+        return id
+    }
+
+    /// The status answer of a submission.
+    func status(_ submissionId: String) async throws -> [String: Any] {
+        let response = try await HTTP.get(intakeURL + "/v1/receipts/\(submissionId)")
+        #expect(response.status == 200)
+        return try JSONSerialization.jsonObject(with: response.body) as? [String: Any] ?? [:]
+    }
+
+    /// Polls the status until its state is one of `states`, at most `timeout`.
+    func waitForState(
+        _ submissionId: String, _ states: Set<String> = ["credited", "rejected", "needs_review"],
+        timeout: Duration = .seconds(30)
+    ) async throws -> [String: Any] {
+        var last: [String: Any] = [:]
+        _ = try await eventually(timeout: timeout, interval: .milliseconds(50)) {
+            last = try await status(submissionId)
+            return states.contains(last["state"] as? String ?? "")
+        }
+        return last
+    }
+}
+
+struct HarnessError: Error, CustomStringConvertible {
+    var description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// Plain HTTP calls over real sockets.
+enum HTTP {
+    struct Answer {
+        var status: Int
+        var body: Data
+        var text: String { String(decoding: body, as: UTF8.self) }
+        var json: [String: Any] { (try? JSONSerialization.jsonObject(with: body)) as? [String: Any] ?? [:] }
+        var errorCode: String? { (json["error"] as? [String: Any])?["code"] as? String }
+    }
+
+    static func post(_ url: String, json: some Encodable) async throws -> Answer {
+        try await send(url, method: .POST, body: try JSONEncoder().encode(json))
+    }
+
+    static func post(_ url: String, raw: Data, contentType: String = "application/json") async throws -> Answer {
+        try await send(url, method: .POST, body: raw, contentType: contentType)
+    }
+
+    static func get(_ url: String) async throws -> Answer {
+        try await send(url, method: .GET, body: nil)
+    }
+
+    static func send(_ url: String, method: HTTPMethod, body: Data?, contentType: String = "application/json")
+        async throws -> Answer
+    {
+        var request = HTTPClientRequest(url: url)
+        request.method = method
+        if let body {
+            request.headers.add(name: "Content-Type", value: contentType)
+            request.body = .bytes(ByteBuffer(data: body))
+        }
+        let response = try await HTTPClient.shared.execute(request, timeout: .seconds(30))
+        let bytes = try await response.body.collect(upTo: 64 * 1024 * 1024)
+        return Answer(status: Int(response.status.code), body: Data(buffer: bytes))
+    }
+}

@@ -1,0 +1,78 @@
+import Foundation
+import Logging
+import Messaging
+import Testing
+
+/// The private RabbitMQ node that `scripts/dev test` starts for this run.
+///
+/// Tests never skip when it is missing: they fail and say how to get one.
+enum TestBroker {
+    struct Missing: Error, CustomStringConvertible {
+        var description: String {
+            "IAP_TEST_AMQP_URL is not set: run the suite with `scripts/dev test`, which starts a private RabbitMQ node"
+        }
+    }
+
+    static func url() throws -> String {
+        guard let url = ProcessInfo.processInfo.environment["IAP_TEST_AMQP_URL"], !url.isEmpty else {
+            throw Missing()
+        }
+        return url
+    }
+
+    static func configuration() throws -> AMQPConfiguration {
+        var configuration = try AMQPConfiguration(url: try url(), heartbeatSeconds: 5)
+        configuration.maximumReconnectDelay = .milliseconds(500)
+        return configuration
+    }
+
+    /// Stops or starts the node through the command `scripts/dev test` exports.
+    static func control(_ action: String) throws {
+        guard let command = ProcessInfo.processInfo.environment["IAP_TEST_BROKER_CTL"], !command.isEmpty else {
+            throw Missing()
+        }
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/bin/sh")
+        process.arguments = ["-c", "\(command) \(action)"]
+        process.standardInput = FileHandle.nullDevice
+        try process.run()
+        process.waitUntilExit()
+        guard process.terminationStatus == 0 else {
+            throw BrokerControlFailed(action: action, status: process.terminationStatus)
+        }
+    }
+
+    struct BrokerControlFailed: Error, CustomStringConvertible {
+        var action: String
+        var status: Int32
+        var description: String { "broker control '\(action)' exited with \(status)" }
+    }
+
+    static var logger: Logger {
+        var logger = Logger(label: "iap.tests")
+        logger.logLevel = ProcessInfo.processInfo.environment["IAP_TEST_LOG_LEVEL"].flatMap { Logger.Level(rawValue: $0) } ?? .error
+        return logger
+    }
+
+    /// A queue prefix no other test uses.
+    static func uniquePrefix(_ name: String) -> String {
+        "test.\(name).\(UUID().uuidString.prefix(8).lowercased())"
+    }
+}
+
+/// Polls `condition` until it holds or `timeout` passes.
+func eventually(
+    timeout: Duration = .seconds(20), interval: Duration = .milliseconds(50),
+    _ condition: () async throws -> Bool
+) async throws -> Bool {
+    let deadline = ContinuousClock.now + timeout
+    while ContinuousClock.now < deadline {
+        if try await condition() { return true }
+        try await Task.sleep(for: interval)
+    }
+    return try await condition()
+}
+
+/// The repository's root folder, found from this file's place in it.
+let repositoryRoot: URL = URL(fileURLWithPath: #filePath)
+    .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
