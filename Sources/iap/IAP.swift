@@ -5,7 +5,10 @@ import Foundation
 import IAPCore
 import Intake
 import Logging
+import FakeAppStore
 import Messaging
+import ServiceLifecycle
+import UnixSignals
 import Pipeline
 import Verifier
 
@@ -116,16 +119,10 @@ struct FakeAppStoreCommand: AsyncParsableCommand {
     func run() async throws {
         let (host, port) = try fake.address()
         let logger = try log.makeLogger(label: "iap.fake-appstore")
-        let names = PipelineNames()
-        let settings = PipelineSettings(
-            amqp: try AMQPConfiguration(url: "amqp://127.0.0.1/"), names: names, databasePath: "",
-            intake: IntakeSettings(names: names), verifier: VerifierSettings(names: names),
-            verifyReceipt: VerifyReceiptClient.Settings(endpoints: .apple, bundleIds: []),
-            finisher: FinisherSettings(names: names), fakeAppStoreHost: host, fakeAppStorePort: port)
-        let pipeline = try Pipeline(
-            roles: [.fakeAppStore], settings: settings, logger: logger,
-            onListening: { _, port in logger.notice("fake App Store listening", metadata: ["port": "\(port)"]) })
-        try await pipeline.run(logger: logger)
+        let application = FakeAppStore().makeApplication(host: host, port: port, logger: logger)
+        let group = ServiceGroup(
+            configuration: .init(services: [application], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
+        try await group.run()
     }
 }
 

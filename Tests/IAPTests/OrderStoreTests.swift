@@ -1,0 +1,131 @@
+import Foundation
+import GRDB
+import IAPCore
+import OrderStore
+import Testing
+
+@Suite("Order store invariants")
+struct OrderStoreTests {
+    func makeStore() throws -> OrderStore {
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-store-\(UUID().uuidString)")
+        return try OrderStore(path: folder.appendingPathComponent("orders.sqlite").path)
+    }
+
+    func accept(_ store: OrderStore, user: String) async throws -> VerifyRequest {
+        let request = VerifyRequest(submissionId: UUID(), userId: user, receiptData: "AAAA", acceptedAt: Date())
+        try await store.accept(request, message: OutboxMessage(routingKey: "q", body: [1]))
+        return request
+    }
+
+    func verified(_ request: VerifyRequest, transactions: [String], attempt: Int = 1) -> VerifyResult {
+        let purchases = transactions.map {
+            VerifiedPurchase(
+                transactionId: $0, originalTransactionId: $0, productId: "p", quantity: 1, purchaseDate: nil,
+                environment: .production)
+        }
+        return VerifyResult(
+            submissionId: request.submissionId, userId: request.userId, orderId: nil, attempt: attempt,
+            outcome: .verified(VerifiedReceipt(bundleId: "b", environment: .production, purchases: purchases)))
+    }
+
+    @Test func applyingTheSameResultTwiceCreditsOnce() async throws {
+        let store = try makeStore()
+        let request = try await accept(store, user: "u1")
+        let result = verified(request, transactions: ["t1", "t2"])
+        #expect(try await store.apply(result) == .credited)
+        #expect(try await store.apply(result) == .credited)
+        #expect(try await store.grants(ofUser: "u1").count == 2)
+        let status = try #require(try await store.status(of: request.submissionId))
+        #expect(status.transactions.map(\.state) == [.credited, .credited])
+    }
+
+    @Test func lateTransientResultDoesNotUndoACredit() async throws {
+        let store = try makeStore()
+        let request = try await accept(store, user: "u1")
+        #expect(try await store.apply(verified(request, transactions: ["t1"], attempt: 2)) == .credited)
+        let late = VerifyResult(
+            submissionId: request.submissionId, userId: "u1", orderId: nil, attempt: 1,
+            outcome: .retryLater(.appleUnavailable, message: "503"), nextAttemptAt: Date())
+        #expect(try await store.apply(late) == .credited)
+        #expect(try #require(try await store.status(of: request.submissionId)).state == .credited)
+    }
+
+    @Test func transientFailureRetriesAndGivingUpNeedsReviewNeverRejects() async throws {
+        let store = try makeStore()
+        let request = try await accept(store, user: "u1")
+        var result = VerifyResult(
+            submissionId: request.submissionId, userId: "u1", orderId: nil, attempt: 1,
+            outcome: .retryLater(.appleUnavailable, message: "503"), nextAttemptAt: Date().addingTimeInterval(5))
+        #expect(try await store.apply(result) == .retrying)
+        let retrying = try #require(try await store.status(of: request.submissionId))
+        #expect(retrying.attempts == 1)
+        #expect(retrying.nextAttemptAt != nil)
+        #expect(!retrying.finishTransaction)
+        result.attempt = 9
+        result.gaveUp = true
+        #expect(try await store.apply(result) == .needsReview)
+        let status = try #require(try await store.status(of: request.submissionId))
+        #expect(status.reason == .retriesExhausted)
+        #expect(!status.finishTransaction)
+    }
+
+    @Test func aTransactionBelongsToTheFirstUserItWasCreditedTo() async throws {
+        let store = try makeStore()
+        let first = try await accept(store, user: "owner")
+        let second = try await accept(store, user: "other")
+        #expect(try await store.apply(verified(first, transactions: ["t1"])) == .credited)
+        #expect(try await store.apply(verified(second, transactions: ["t1", "t2"])) == .credited)
+        #expect(try await store.grants(ofUser: "owner").map(\.transactionId) == ["t1"])
+        #expect(try await store.grants(ofUser: "other").map(\.transactionId) == ["t2"])
+        let status = try #require(try await store.status(of: second.submissionId))
+        #expect(status.transactions.map(\.state) == [.replayedFromOtherUser, .credited])
+    }
+
+    @Test func theSchemaRefusesASecondPurchaseRowForOneTransaction() async throws {
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-store-\(UUID().uuidString)")
+        let path = folder.appendingPathComponent("orders.sqlite").path
+        let store = try OrderStore(path: path)
+        let request = try await accept(store, user: "u1")
+        #expect(try await store.apply(verified(request, transactions: ["t1"])) == .credited)
+        // Even a writer that skipped the store's checks cannot credit the transaction again.
+        let database = try DatabaseQueue(path: path)
+        #expect(throws: DatabaseError.self) {
+            try database.write { db in
+                try db.execute(
+                    sql: """
+                        INSERT INTO purchase (transactionId, originalTransactionId, productId, quantity, environment,
+                            bundleId, userId, submissionId, creditedAt)
+                        VALUES ('t1', 't1', 'p', 1, 'Production', 'b', 'u2', ?, CURRENT_TIMESTAMP)
+                        """, arguments: [request.submissionId.uuidString])
+            }
+        }
+        #expect(throws: DatabaseError.self) {
+            try database.write { db in
+                try db.execute(
+                    sql: """
+                        INSERT INTO grants (transactionId, userId, productId, quantity, state, grantedAt)
+                        VALUES ('t1', 'u2', 'p', 1, 'active', CURRENT_TIMESTAMP)
+                        """)
+            }
+        }
+    }
+
+    @Test func theFileIsReadableByItsOwnerOnly() throws {
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-store-\(UUID().uuidString)")
+        let path = folder.appendingPathComponent("orders.sqlite").path
+        _ = try OrderStore(path: path)
+        let permissions = try FileManager.default.attributesOfItem(atPath: path)[.posixPermissions] as? Int
+        #expect(permissions == 0o600)
+    }
+
+    @Test func acceptedUploadAndItsOutboxMessageAreWrittenTogether() async throws {
+        let store = try makeStore()
+        _ = try await accept(store, user: "u1")
+        _ = try await accept(store, user: "u2")
+        let messages = try await store.unpublishedMessages(limit: 10)
+        #expect(messages.count == 2)
+        try await store.markPublished(messages.compactMap(\.id))
+        #expect(try await store.outboxBacklog() == 0)
+        #expect(try await store.submissionCounts()[.pending] == 2)
+    }
+}

@@ -1,0 +1,55 @@
+import Foundation
+import IAPCore
+import Messaging
+import OrderStore
+import Testing
+
+extension BrokerTests {
+    @Suite("Nothing accepted is lost")
+    struct ResilienceTests {
+        @Test func uploadAcceptedWhileTheBrokerIsDownIsCreditedWhenItReturns() async throws {
+            let pipeline = try await PipelineHarness.start(name: "outbox")
+            defer { Task { await pipeline.stop() } }
+            let purchases = [try await pipeline.mint(), try await pipeline.mint()]
+
+            try TestBroker.control("stop")
+            var ids: [String] = []
+            do {
+                // The intake keeps answering 202: the upload is in the store and its outbox.
+                for (index, purchase) in purchases.enumerated() {
+                    ids.append(try await pipeline.upload(userId: "u\(index)", receiptData: purchase.receiptData))
+                }
+                #expect(try await pipeline.store.outboxBacklog() == 2)
+                for id in ids { #expect(try await pipeline.status(id)["state"] as? String == "pending") }
+            } catch {
+                try TestBroker.control("start")
+                throw error
+            }
+            try TestBroker.control("start")
+
+            for id in ids {
+                #expect(try await pipeline.waitForState(id, timeout: .seconds(60))["state"] as? String == "credited")
+            }
+            #expect(try await pipeline.store.outboxBacklog() == 0)
+        }
+
+        @Test func undecodableMessageIsDeadLetteredAndTheRestKeepsFlowing() async throws {
+            let pipeline = try await PipelineHarness.start(name: "poison")
+            defer { Task { await pipeline.stop() } }
+            let names = pipeline.names
+            let connection = AMQPConnection(
+                configuration: try TestBroker.configuration(),
+                topology: .pipeline(names, retrySchedule: RetrySchedule(delaysSeconds: [1])), logger: TestBroker.logger)
+            #expect(await connection.waitUntilConnected(timeout: .seconds(15)))
+            try await connection.publish(OutgoingMessage(routingKey: names.verify, body: Array("{not an envelope".utf8)))
+            try await connection.publish(OutgoingMessage(routingKey: names.results, body: Array("[]".utf8)))
+
+            let purchase = try await pipeline.mint()
+            let id = try await pipeline.upload(userId: "u1", receiptData: purchase.receiptData)
+            #expect(try await pipeline.waitForState(id)["state"] as? String == "credited")
+            #expect(try await eventually { try await connection.queueStatus(names.verifyDead).messageCount == 1 })
+            #expect(try await eventually { try await connection.queueStatus(names.resultsDead).messageCount == 1 })
+            await connection.close()
+        }
+    }
+}

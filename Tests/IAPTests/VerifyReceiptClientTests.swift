@@ -1,0 +1,154 @@
+import AppStore
+import AsyncHTTPClient
+import Foundation
+import IAPCore
+import FakeAppStore
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import ServiceLifecycle
+import Testing
+
+/// The `verifyReceipt` client against the fake App Store over real HTTP, one Apple answer at a time.
+@Suite("verifyReceipt statuses, classified")
+struct VerifyReceiptClientTests {
+    /// A fake App Store on a free port, and a client pointed at it.
+    struct Apple {
+        let url: String
+        let group: ServiceGroup
+        let task: Task<Void, any Error>
+
+        static func start() async throws -> Apple {
+            let port = NIOLockedValueBox(0)
+            let application = FakeAppStore().makeApplication(
+                host: "127.0.0.1", port: 0, logger: TestBroker.logger,
+                onServerRunning: { channel in port.withLockedValue { $0 = channel.localAddress?.port ?? 0 } })
+            let group = ServiceGroup(
+                configuration: .init(services: [application], gracefulShutdownSignals: [], logger: TestBroker.logger))
+            let task = Task { try await group.run() }
+            guard try await eventually(timeout: .seconds(10), { port.withLockedValue { $0 } != 0 }) else {
+                throw HarnessError("the fake App Store did not start")
+            }
+            return Apple(url: "http://127.0.0.1:\(port.withLockedValue { $0 })", group: group, task: task)
+        }
+
+        func stop() async {
+            await group.triggerGracefulShutdown()
+            _ = try? await task.value
+        }
+
+        func client(bundleIds: Set<String> = [PipelineHarness.bundleId], timeout: Duration = .seconds(2))
+            -> VerifyReceiptClient
+        {
+            VerifyReceiptClient(
+                settings: .init(
+                    endpoints: .init(production: url + "/verifyReceipt", sandbox: url + "/sandbox/verifyReceipt"),
+                    bundleIds: bundleIds, timeout: timeout),
+                httpClient: HTTPClient.shared, logger: TestBroker.logger)
+        }
+
+        func mint(environment: String = "Production") async throws -> String {
+            let answer = try await HTTP.post(
+                url + "/fake/purchases",
+                json: ["bundleId": PipelineHarness.bundleId, "productId": "com.example.coins.60", "environment": environment])
+            return try #require(answer.json["receiptData"] as? String)
+        }
+
+        func fault(_ fault: [String: Int]) async throws {
+            #expect(try await HTTP.post(url + "/fake/faults", json: fault).status == 204)
+        }
+    }
+
+    func request(_ receiptData: String, attempt: Int = 1) -> VerifyRequest {
+        VerifyRequest(submissionId: UUID(), userId: "u", receiptData: receiptData, attempt: attempt, acceptedAt: Date())
+    }
+
+    enum Class: Equatable { case verified, rejected(String), retryLater(String) }
+
+    func classify(_ outcome: VerificationOutcome) -> Class {
+        switch outcome {
+        case .verified: .verified
+        case .rejected(let reason, _): .rejected(reason.rawValue)
+        case .retryLater(let reason, _): .retryLater(reason.rawValue)
+        }
+    }
+
+    @Test(arguments: [
+        (21000, Class.rejected("invalid_receipt")),
+        (21003, Class.rejected("invalid_receipt")),
+        (21010, Class.rejected("invalid_receipt")),
+        (21002, Class.retryLater("apple_retryable")),
+        (21004, Class.retryLater("shared_secret_mismatch")),
+        (21005, Class.retryLater("apple_unavailable")),
+        (21009, Class.retryLater("apple_unavailable")),
+        (21100, Class.retryLater("apple_retryable")),
+        (21199, Class.retryLater("apple_retryable")),
+        (29999, Class.retryLater("unexpected_apple_response")),
+    ])
+    func appleStatusIsClassified(status: Int, expected: Class) async throws {
+        let apple = try await Apple.start()
+        defer { Task { await apple.stop() } }
+        let receipt = try await apple.mint()
+        try await apple.fault(["status": status, "count": 1])
+        #expect(classify(await apple.client().verify(request(receipt))) == expected)
+        // The fault was for one call only: the same receipt now verifies.
+        #expect(classify(await apple.client().verify(request(receipt))) == .verified)
+    }
+
+    @Test(arguments: [500, 502, 503, 429])
+    func httpErrorIsTransient(httpStatus: Int) async throws {
+        let apple = try await Apple.start()
+        defer { Task { await apple.stop() } }
+        try await apple.fault(["httpStatus": httpStatus, "count": 1])
+        #expect(classify(await apple.client().verify(request(try await apple.mint()))) == .retryLater("apple_unavailable"))
+    }
+
+    @Test func slowAppleIsTransient() async throws {
+        let apple = try await Apple.start()
+        defer { Task { await apple.stop() } }
+        let receipt = try await apple.mint()
+        try await apple.fault(["delayMs": 1500, "count": 1])
+        let outcome = await apple.client(timeout: .milliseconds(300)).verify(request(receipt))
+        #expect(classify(outcome) == .retryLater("apple_unavailable"))
+    }
+
+    @Test func unreachableAppleIsTransient() async throws {
+        let client = VerifyReceiptClient(
+            settings: .init(
+                endpoints: .init(production: "http://127.0.0.1:9/verifyReceipt", sandbox: "http://127.0.0.1:9/sandbox"),
+                bundleIds: [PipelineHarness.bundleId], timeout: .seconds(2)),
+            httpClient: HTTPClient.shared, logger: TestBroker.logger)
+        #expect(classify(await client.verify(request("AAAA"))) == .retryLater("apple_unavailable"))
+    }
+
+    @Test func repeated21002BecomesInvalidAfterTheLimit() async throws {
+        let apple = try await Apple.start()
+        defer { Task { await apple.stop() } }
+        let receipt = try await apple.mint()
+        try await apple.fault(["status": 21002, "count": 1])
+        #expect(classify(await apple.client().verify(request(receipt, attempt: 3))) == .rejected("invalid_receipt"))
+    }
+
+    @Test func sandboxReceiptFallsBackAndProductionOnlyBundlesAreChecked() async throws {
+        let apple = try await Apple.start()
+        defer { Task { await apple.stop() } }
+        let outcome = await apple.client().verify(request(try await apple.mint(environment: "Sandbox")))
+        guard case .verified(let receipt) = outcome else {
+            Issue.record("expected verified, got \(outcome)")
+            return
+        }
+        #expect(receipt.environment == .sandbox)
+        #expect(receipt.purchases.first?.environment == .sandbox)
+        #expect(receipt.purchases.first?.quantity == 1)
+
+        let wrongApp = await apple.client(bundleIds: ["com.example.other"]).verify(request(try await apple.mint()))
+        #expect(classify(wrongApp) == .rejected("bundle_id_mismatch"))
+    }
+
+    @Test func unknownReceiptIsInvalid() async throws {
+        let apple = try await Apple.start()
+        defer { Task { await apple.stop() } }
+        let unknown = Data("FAKE-RECEIPT-V1:no-such-receipt".utf8).base64EncodedString()
+        #expect(classify(await apple.client().verify(request(unknown))) == .rejected("invalid_receipt"))
+    }
+}
