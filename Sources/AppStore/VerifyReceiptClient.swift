@@ -81,9 +81,11 @@ public struct VerifyReceiptClient: ReceiptVerifying {
             case 21005, 21009:
                 return .retryLater(.appleUnavailable, message: "Apple answered status \(status)")
             case 21100...21199:
-                return .retryLater(
-                    .appleRetryable,
-                    message: "Apple answered status \(status) (retryable: \(answer.retryable))")
+                // Apple's flag says whether retrying can help; without the flag, assume it can.
+                if answer.retryable == false {
+                    return .needsReview(.appleUnresolvable, message: "Apple answered status \(status), not retryable")
+                }
+                return .retryLater(.appleRetryable, message: "Apple answered status \(status)")
             default:
                 return .retryLater(.unexpectedAppleResponse, message: "Apple answered status \(status)")
             }
@@ -103,21 +105,24 @@ public struct VerifyReceiptClient: ReceiptVerifying {
         }
         var purchases: [VerifiedPurchase] = []
         for item in (answer.receipt?.inApp ?? []) + (answer.latestReceiptInfo ?? []) {
-            guard let transactionId = item.transactionId?.value, let productId = item.productId?.value,
-                item.cancellationDateMs == nil
-            else { continue }
+            guard let transactionId = item.transactionId?.value, let productId = item.productId?.value else {
+                continue
+            }
             purchases.append(
                 VerifiedPurchase(
                     transactionId: transactionId,
                     originalTransactionId: item.originalTransactionId?.value ?? transactionId,
                     productId: productId,
                     quantity: item.quantity.flatMap { Int($0.value) } ?? 1,
-                    purchaseDate: item.purchaseDateMs.flatMap { Double($0.value) }.map {
-                        Date(timeIntervalSince1970: $0 / 1000)
-                    },
-                    environment: environment))
+                    purchaseDate: Self.date(item.purchaseDateMs), environment: environment,
+                    cancellationDate: Self.date(item.cancellationDateMs), expiresDate: Self.date(item.expiresDateMs)))
         }
         return .verified(VerifiedReceipt(bundleId: bundleId, environment: environment, purchases: purchases))
+    }
+
+    /// Apple's dates in milliseconds since 1970, sent as strings.
+    private static func date(_ milliseconds: LenientString?) -> Date? {
+        milliseconds.flatMap { Double($0.value) }.map { Date(timeIntervalSince1970: $0 / 1000) }
     }
 
     private func call(_ environment: AppStoreEnvironment, receiptData: String) async

@@ -21,6 +21,7 @@ struct VerifyReceiptResponse: Decodable {
         var quantity: LenientString?
         var purchaseDateMs: LenientString?
         var cancellationDateMs: LenientString?
+        var expiresDateMs: LenientString?
 
         enum CodingKeys: String, CodingKey {
             case transactionId = "transaction_id"
@@ -29,6 +30,7 @@ struct VerifyReceiptResponse: Decodable {
             case quantity
             case purchaseDateMs = "purchase_date_ms"
             case cancellationDateMs = "cancellation_date_ms"
+            case expiresDateMs = "expires_date_ms"
         }
     }
 
@@ -46,11 +48,12 @@ struct VerifyReceiptResponse: Decodable {
         case isRetryableDocumented = "is-retryable"
     }
 
-    var retryable: Bool {
-        [isRetryable, isRetryableDocumented].contains { flag in
-            guard let value = flag?.value.lowercased() else { return false }
-            return value == "1" || value == "true"
-        }
+    /// Apple's retry flag: documented as `is-retryable`, sent as `is_retryable`, as 0/1 or a
+    /// boolean. Nil when Apple sent neither.
+    var retryable: Bool? {
+        let values = [isRetryable, isRetryableDocumented].compactMap { $0?.value.lowercased() }
+        guard !values.isEmpty else { return nil }
+        return values.contains { $0 == "1" || $0 == "true" }
     }
 }
 

@@ -4,36 +4,49 @@ import Logging
 import NIOCore
 
 /// A local stand-in for Apple: it mints purchases and answers `verifyReceipt` with Apple's
-/// JSON shapes, with injectable latency and faults. Used by tests, benchmarks and `iap dev`.
+/// JSON shapes, with injectable latency and faults. Used by tests, benchmarks and `iap dev`;
+/// never for production.
 ///
-/// Receipts are opaque tokens for now (`FAKE-RECEIPT-V1:<id>`, base64); what matters to the
-/// pipeline is Apple's answer, which follows Apple's format.
+/// Routes under `/fake/` drive it: `POST /fake/purchases` mints a purchase (and the device's new
+/// receipt), `POST /fake/purchases/{transactionId}/cancel` refunds one, `POST /fake/faults`
+/// injects a misbehaviour (`status`, `httpStatus`, `delayMs`, `count`, `transactionId`,
+/// `retryable`), `DELETE /fake/faults` clears them, `POST /fake/config {"latencyMs"}` slows
+/// every answer. `POST /verifyReceipt` and `POST /sandbox/verifyReceipt` answer as Apple's.
 public struct FakeAppStore: Sendable {
     static let receiptPrefix = "FAKE-RECEIPT-V1:"
-    let ledger = FakeLedger()
+    let ledger: FakeLedger
 
-    /// Creates an empty fake.
-    public init() {}
+    /// Creates a fake that remembers what it minted in the SQLite file at `databasePath`
+    /// (in memory when nil).
+    public init(databasePath: String? = nil) throws {
+        ledger = try FakeLedger(path: databasePath)
+    }
 
-    /// The routes: `/fake/...` to drive the fake, `/verifyReceipt` and `/sandbox/verifyReceipt` as Apple's.
+    /// The routes.
     public func makeRouter() -> Router<BasicRequestContext> {
         let router = Router()
         router.get("/healthz") { _, _ in "ok" }
         router.post("/fake/purchases") { request, context in
             try await mintPurchase(request, context: context)
         }
+        router.post("/fake/purchases/{transactionId}/cancel") { _, context in
+            let id = try context.parameters.require("transactionId")
+            guard let date = try ledger.cancel(transactionId: id) else {
+                throw HTTPError(.notFound, message: "no purchase \(id)")
+            }
+            return try json(["transactionId": id, "cancellationDateMs": String(Self.milliseconds(date))])
+        }
         router.post("/fake/faults") { request, context in
-            let fault = try await request.decode(as: FakeLedger.Fault.self, context: context)
-            await ledger.addFault(fault)
+            ledger.addFault(try await request.decode(as: FakeLedger.Fault.self, context: context))
             return HTTPResponse.Status.noContent
         }
         router.delete("/fake/faults") { _, _ in
-            await ledger.clearFaults()
+            ledger.clearFaults()
             return HTTPResponse.Status.noContent
         }
         router.post("/fake/config") { request, context in
             let config = try await request.decode(as: FakeConfig.self, context: context)
-            if let latency = config.latencyMs { await ledger.setLatency(milliseconds: latency) }
+            if let latency = config.latencyMs { ledger.setLatency(milliseconds: latency) }
             return HTTPResponse.Status.noContent
         }
         router.post("/verifyReceipt") { request, _ in
@@ -67,12 +80,17 @@ public struct FakeAppStore: Sendable {
         var applicationUsername: String?
         var quantity: Int?
         var deviceId: String?
+        /// `consumable` (default), `non_consumable`, `auto_renewable` or `non_renewing`.
+        var type: String?
+        /// For `auto_renewable`: seconds until the period ends (default 30 days).
+        var expiresInSeconds: Int?
     }
 
     private struct MintResponse: Encodable {
         var transactionId: String
         var originalTransactionId: String
         var receiptData: String
+        var deviceId: String
     }
 
     private func mintPurchase(_ request: Request, context: BasicRequestContext) async throws -> Response {
@@ -81,41 +99,47 @@ public struct FakeAppStore: Sendable {
         guard environment == "Production" || environment == "Sandbox" else {
             throw HTTPError(.badRequest, message: "environment must be Production or Sandbox")
         }
-        let (purchase, receiptId) = await ledger.mint(
-            bundleId: mint.bundleId, productId: mint.productId, environment: environment,
-            quantity: max(mint.quantity ?? 1, 1), applicationUsername: mint.applicationUsername,
-            deviceId: mint.deviceId)
-        let token = Data((Self.receiptPrefix + receiptId).utf8).base64EncodedString()
+        let type = mint.type ?? "consumable"
+        guard ["consumable", "non_consumable", "auto_renewable", "non_renewing"].contains(type) else {
+            throw HTTPError(.badRequest, message: "type must be consumable, non_consumable, auto_renewable or non_renewing")
+        }
+        let order = FakeLedger.Order(
+            bundleId: mint.bundleId, productId: mint.productId, environment: environment, type: type,
+            quantity: mint.quantity ?? 1, applicationUsername: mint.applicationUsername, deviceId: mint.deviceId,
+            expiresIn: mint.expiresInSeconds.map(TimeInterval.init))
+        let (purchase, bytes) = try ledger.mint(order) { _ in
+            Array((Self.receiptPrefix + UUID().uuidString).utf8)
+        }
         return try json(
             MintResponse(
                 transactionId: purchase.transactionId, originalTransactionId: purchase.originalTransactionId,
-                receiptData: token),
+                receiptData: Data(bytes).base64EncodedString(), deviceId: purchase.deviceId),
             status: .created)
     }
 
     private func verifyReceipt(_ request: Request, endpoint: String) async throws -> Response {
         var request = request
         let body = try await request.collectBody(upTo: 8 * 1024 * 1024)
-        let latency = await ledger.latencyMs
+        let latency = ledger.latencyMs
         if latency > 0 { try await Task.sleep(for: .milliseconds(latency)) }
-        if let fault = await ledger.takeFault() {
+
+        let object = try? JSONSerialization.jsonObject(with: Data(body.readableBytesView)) as? [String: Any]
+        let bytes = (object?["receipt-data"] as? String).flatMap { Data(base64Encoded: $0) }.map { [UInt8]($0) }
+        let receipt = try bytes.flatMap { try ledger.receipt(bytes: $0) }
+
+        if let fault = ledger.takeFault(transactionIds: Set(receipt?.purchases.map(\.transactionId) ?? [])) {
             if let delay = fault.delayMs { try await Task.sleep(for: .milliseconds(delay)) }
             if let httpStatus = fault.httpStatus {
                 return Response(status: .init(code: httpStatus))
             }
             if let status = fault.status {
-                return try json(AppleStatusOnly(status: status, environment: endpoint))
+                return try json(AppleStatusOnly(status: status, environment: endpoint, is_retryable: fault.retryable))
             }
         }
-        guard
-            let object = try? JSONSerialization.jsonObject(with: Data(body.readableBytesView)) as? [String: Any],
-            let receiptData = object["receipt-data"] as? String,
-            let decoded = Data(base64Encoded: receiptData),
-            let token = String(data: decoded, encoding: .utf8), token.hasPrefix(Self.receiptPrefix)
-        else {
+        guard bytes != nil else {
             return try json(AppleStatusOnly(status: 21002, environment: endpoint))
         }
-        guard let (receipt, purchases) = await ledger.receipt(String(token.dropFirst(Self.receiptPrefix.count))) else {
+        guard let receipt else {
             return try json(AppleStatusOnly(status: 21003, environment: endpoint))
         }
         if receipt.environment == "Sandbox" && endpoint == "Production" {
@@ -124,7 +148,9 @@ public struct FakeAppStore: Sendable {
         if receipt.environment == "Production" && endpoint == "Sandbox" {
             return try json(AppleStatusOnly(status: 21008, environment: endpoint))
         }
-        return try json(AppleVerifyReceiptAnswer(receipt: receipt, purchases: purchases))
+        let excludeOld = (object?["exclude-old-transactions"] as? Bool) ?? false
+        let subscriptions = try ledger.subscriptions(of: receipt)
+        return try json(AppleVerifyReceiptAnswer(receipt: receipt, subscriptions: subscriptions, excludeOld: excludeOld))
     }
 
     private func json(_ value: some Encodable, status: HTTPResponse.Status = .ok) throws -> Response {
@@ -133,12 +159,17 @@ public struct FakeAppStore: Sendable {
             status: status, headers: [.contentType: "application/json"],
             body: .init(byteBuffer: ByteBuffer(bytes: data)))
     }
+
+    static func milliseconds(_ date: Date) -> Int64 {
+        Int64((date.timeIntervalSince1970 * 1000).rounded())
+    }
 }
 
 /// Apple's answer when it has no receipt to show.
 struct AppleStatusOnly: Encodable {
     var status: Int
     var environment: String
+    var is_retryable: Bool?
 }
 
 /// Apple's `verifyReceipt` answer for a valid receipt: every number and date as a string.
@@ -148,38 +179,84 @@ struct AppleVerifyReceiptAnswer: Encodable {
         var bundle_id: String
         var application_version = "1"
         var original_application_version = "1.0"
-        var in_app: [InApp]
+        var receipt_creation_date_ms: String
+        var request_date_ms: String
+        var in_app: [Transaction]
     }
 
-    struct InApp: Encodable {
+    /// One element of `in_app` or `latest_receipt_info`.
+    struct Transaction: Encodable {
         var quantity: String
         var product_id: String
         var transaction_id: String
         var original_transaction_id: String
         var purchase_date: String
         var purchase_date_ms: String
+        var original_purchase_date: String
         var original_purchase_date_ms: String
+        var expires_date: String?
+        var expires_date_ms: String?
+        var web_order_line_item_id: String?
+        var cancellation_date: String?
+        var cancellation_date_ms: String?
+        var cancellation_reason: String?
         var is_trial_period = "false"
         var in_app_ownership_type = "PURCHASED"
+
+        init(_ purchase: FakeLedger.Purchase) {
+            quantity = String(purchase.quantity)
+            product_id = purchase.productId
+            transaction_id = purchase.transactionId
+            original_transaction_id = purchase.originalTransactionId
+            purchase_date = AppleVerifyReceiptAnswer.appleDate(purchase.purchaseDate)
+            purchase_date_ms = String(FakeAppStore.milliseconds(purchase.purchaseDate))
+            original_purchase_date = AppleVerifyReceiptAnswer.appleDate(purchase.originalPurchaseDate)
+            original_purchase_date_ms = String(FakeAppStore.milliseconds(purchase.originalPurchaseDate))
+            expires_date = purchase.expiresDate.map(AppleVerifyReceiptAnswer.appleDate)
+            expires_date_ms = purchase.expiresDate.map { String(FakeAppStore.milliseconds($0)) }
+            web_order_line_item_id = purchase.webOrderLineItemId
+            cancellation_date = purchase.cancellationDate.map(AppleVerifyReceiptAnswer.appleDate)
+            cancellation_date_ms = purchase.cancellationDate.map { String(FakeAppStore.milliseconds($0)) }
+            cancellation_reason = purchase.cancellationDate == nil ? nil : "0"
+        }
+    }
+
+    struct PendingRenewal: Encodable {
+        var auto_renew_product_id: String
+        var product_id: String
+        var original_transaction_id: String
+        var auto_renew_status = "1"
     }
 
     var status = 0
     var environment: String
     var receipt: Receipt
+    var latest_receipt_info: [Transaction]?
+    var pending_renewal_info: [PendingRenewal]?
 
-    init(receipt: FakeLedger.Receipt, purchases: [FakeLedger.Purchase]) {
+    init(receipt: FakeLedger.Receipt, subscriptions: [FakeLedger.Purchase], excludeOld: Bool) {
         environment = receipt.environment
         self.receipt = Receipt(
             receipt_type: receipt.environment == "Sandbox" ? "ProductionSandbox" : "Production",
             bundle_id: receipt.bundleId,
-            in_app: purchases.map { purchase in
-                let millis = String(Int64(purchase.purchaseDate.timeIntervalSince1970 * 1000))
-                return InApp(
-                    quantity: String(purchase.quantity), product_id: purchase.productId,
-                    transaction_id: purchase.transactionId, original_transaction_id: purchase.originalTransactionId,
-                    purchase_date: Self.appleDate(purchase.purchaseDate), purchase_date_ms: millis,
-                    original_purchase_date_ms: millis)
-            })
+            receipt_creation_date_ms: String(FakeAppStore.milliseconds(receipt.createdAt)),
+            request_date_ms: String(FakeAppStore.milliseconds(Date())),
+            in_app: receipt.purchases.map(Transaction.init))
+        if !subscriptions.isEmpty {
+            // Newest first, as Apple lists them; only the latest per chain with exclude-old-transactions.
+            var latest = subscriptions.sorted { $0.purchaseDate > $1.purchaseDate }
+            if excludeOld {
+                var seen = Set<String>()
+                latest = latest.filter { seen.insert($0.originalTransactionId).inserted }
+            }
+            latest_receipt_info = latest.map(Transaction.init)
+            var seen = Set<String>()
+            pending_renewal_info = latest.filter { seen.insert($0.originalTransactionId).inserted }.map {
+                PendingRenewal(
+                    auto_renew_product_id: $0.productId, product_id: $0.productId,
+                    original_transaction_id: $0.originalTransactionId)
+            }
+        }
     }
 
     static func appleDate(_ date: Date) -> String {

@@ -1,25 +1,48 @@
+import Crypto
 import Foundation
+import GRDB
+import NIOConcurrencyHelpers
 
-/// What the fake App Store remembers: every purchase it minted and every receipt it issued.
-actor FakeLedger {
+/// What the fake App Store remembers, like Apple never forgetting: every purchase it minted
+/// and every receipt it issued, in its own SQLite file (or in memory for tests).
+final class FakeLedger: Sendable {
     /// One minted purchase, as Apple would hold it.
-    struct Purchase: Sendable {
+    struct Purchase: Sendable, Equatable {
         var transactionId: String
         var originalTransactionId: String
         var productId: String
+        var type: String
         var quantity: Int
         var purchaseDate: Date
+        var originalPurchaseDate: Date
+        var expiresDate: Date?
+        var webOrderLineItemId: String?
+        var cancellationDate: Date?
         var environment: String
         var bundleId: String
         var applicationUsername: String?
         var deviceId: String
     }
 
-    /// A receipt snapshot: what a device's receipt held when it was issued.
+    /// What a receipt held when it was issued.
     struct Receipt: Sendable {
         var bundleId: String
         var environment: String
-        var transactionIds: [String]
+        var deviceId: String
+        var createdAt: Date
+        var purchases: [Purchase]
+    }
+
+    /// A purchase to mint.
+    struct Order: Sendable {
+        var bundleId: String
+        var productId: String
+        var environment: String
+        var type: String
+        var quantity: Int
+        var applicationUsername: String?
+        var deviceId: String?
+        var expiresIn: TimeInterval?
     }
 
     /// An injected misbehaviour for the next `verifyReceipt` calls.
@@ -30,74 +53,232 @@ actor FakeLedger {
         var httpStatus: Int?
         /// Wait this long before answering.
         var delayMs: Int?
-        /// How many calls the fault applies to; 0 means until cleared.
+        /// How many calls the fault applies to (default 1); 0 means until cleared.
         var count: Int?
+        /// Only for receipts that hold this transaction.
+        var transactionId: String?
+        /// Add Apple's retry flag to a status answer (`is_retryable`).
+        var retryable: Bool?
     }
 
-    private var purchases: [String: Purchase] = [:]
-    private var purchasesByDevice: [String: [String]] = [:]
-    private var receipts: [String: Receipt] = [:]
-    private var faults: [Fault] = []
-    private var nextTransactionNumber: UInt64
-    private(set) var latencyMs = 0
-
-    init() {
-        // Apple's ids are 16-digit numbers. Starting from the clock keeps ids of a restarted
-        // fake clear of the ones it minted before.
-        nextTransactionNumber = 2_000_000_000_000_000 + UInt64(Date().timeIntervalSince1970 * 1000) * 1000
+    private struct Volatile {
+        var faults: [Fault] = []
+        var latencyMs = 0
     }
 
-    /// Mints a purchase and the receipt the device holds right after it.
-    func mint(
-        bundleId: String, productId: String, environment: String, quantity: Int, applicationUsername: String?,
-        deviceId: String?
-    ) -> (purchase: Purchase, receiptId: String) {
-        let transactionId = String(nextTransactionNumber)
-        nextTransactionNumber += 1
-        let device = deviceId ?? UUID().uuidString
-        let purchase = Purchase(
-            transactionId: transactionId, originalTransactionId: transactionId, productId: productId,
-            quantity: quantity, purchaseDate: Date(), environment: environment, bundleId: bundleId,
-            applicationUsername: applicationUsername, deviceId: device)
-        purchases[transactionId] = purchase
-        purchasesByDevice[device, default: []].append(transactionId)
-        let held = purchasesByDevice[device, default: []].filter {
-            purchases[$0]?.bundleId == bundleId && purchases[$0]?.environment == environment
+    private let database: DatabaseQueue
+    private let volatile = NIOLockedValueBox(Volatile())
+
+    /// Opens the ledger at `path`, or in memory when `path` is nil.
+    init(path: String?) throws {
+        if let path {
+            try FileManager.default.createDirectory(
+                at: URL(fileURLWithPath: path).deletingLastPathComponent(), withIntermediateDirectories: true)
+            var configuration = Configuration()
+            configuration.busyMode = .timeout(10)
+            database = try DatabaseQueue(path: path, configuration: configuration)
+        } else {
+            database = try DatabaseQueue()
         }
-        let receiptId = UUID().uuidString
-        receipts[receiptId] = Receipt(bundleId: bundleId, environment: environment, transactionIds: held)
-        return (purchase, receiptId)
+        try Self.migrator.migrate(database)
     }
 
-    func receipt(_ id: String) -> (Receipt, [Purchase])? {
-        guard let receipt = receipts[id] else { return nil }
-        return (receipt, receipt.transactionIds.compactMap { purchases[$0] })
+    private static var migrator: DatabaseMigrator {
+        var migrator = DatabaseMigrator()
+        migrator.registerMigration("v1: purchases and receipts") { db in
+            try db.execute(
+                sql: """
+                    CREATE TABLE purchase (
+                        transactionId TEXT PRIMARY KEY NOT NULL,
+                        originalTransactionId TEXT NOT NULL,
+                        productId TEXT NOT NULL,
+                        type TEXT NOT NULL,
+                        quantity INTEGER NOT NULL,
+                        purchaseDate DATETIME NOT NULL,
+                        originalPurchaseDate DATETIME NOT NULL,
+                        expiresDate DATETIME,
+                        webOrderLineItemId TEXT,
+                        cancellationDate DATETIME,
+                        environment TEXT NOT NULL,
+                        bundleId TEXT NOT NULL,
+                        applicationUsername TEXT,
+                        deviceId TEXT NOT NULL
+                    );
+                    CREATE INDEX purchase_device ON purchase(deviceId, bundleId, environment);
+                    -- A receipt is found by the SHA-256 of its bytes, as sent to verifyReceipt.
+                    CREATE TABLE receipt (
+                        digest TEXT PRIMARY KEY NOT NULL,
+                        bundleId TEXT NOT NULL,
+                        environment TEXT NOT NULL,
+                        deviceId TEXT NOT NULL,
+                        transactionIds TEXT NOT NULL,
+                        createdAt DATETIME NOT NULL
+                    );
+                    CREATE TABLE identity (
+                        name TEXT PRIMARY KEY NOT NULL,
+                        value BLOB NOT NULL
+                    );
+                    """)
+        }
+        return migrator
+    }
+
+    /// Mints a purchase and the receipt its device holds right after it; `encode` turns the
+    /// receipt into the bytes the app would upload.
+    func mint(_ order: Order, encode: (Receipt) throws -> [UInt8]) throws -> (Purchase, [UInt8]) {
+        try database.write { db in
+            let now = Date()
+            let device = order.deviceId ?? UUID().uuidString
+            let transactionId = try Self.nextTransactionId(db)
+            let subscription = order.type == "auto_renewable"
+            let purchase = Purchase(
+                transactionId: transactionId, originalTransactionId: transactionId, productId: order.productId,
+                type: order.type, quantity: max(1, order.quantity), purchaseDate: now, originalPurchaseDate: now,
+                expiresDate: subscription ? now.addingTimeInterval(order.expiresIn ?? 30 * 86400) : nil,
+                webOrderLineItemId: subscription ? String(UInt64(transactionId)! + 7_000_000_000_000_000) : nil,
+                cancellationDate: nil, environment: order.environment, bundleId: order.bundleId,
+                applicationUsername: order.applicationUsername, deviceId: device)
+            try db.execute(
+                sql: """
+                    INSERT INTO purchase VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?)
+                    """,
+                arguments: [
+                    purchase.transactionId, purchase.originalTransactionId, purchase.productId, purchase.type,
+                    purchase.quantity, purchase.purchaseDate, purchase.originalPurchaseDate, purchase.expiresDate,
+                    purchase.webOrderLineItemId, purchase.environment, purchase.bundleId,
+                    purchase.applicationUsername, purchase.deviceId,
+                ])
+            let held = try Row.fetchAll(
+                db,
+                sql: """
+                    SELECT * FROM purchase WHERE deviceId = ? AND bundleId = ? AND environment = ?
+                    ORDER BY purchaseDate, transactionId
+                    """,
+                arguments: [device, order.bundleId, order.environment]
+            ).map(Purchase.init(row:))
+            let receipt = Receipt(
+                bundleId: order.bundleId, environment: order.environment, deviceId: device, createdAt: now,
+                purchases: held)
+            let bytes = try encode(receipt)
+            try db.execute(
+                sql: "INSERT INTO receipt VALUES (?, ?, ?, ?, ?, ?)",
+                arguments: [
+                    Self.digest(bytes), order.bundleId, order.environment, device,
+                    held.map(\.transactionId).joined(separator: ","), now,
+                ])
+            return (purchase, bytes)
+        }
+    }
+
+    /// The receipt with these bytes, with the current state of its purchases.
+    func receipt(bytes: [UInt8]) throws -> Receipt? {
+        try database.read { db in
+            guard let row = try Row.fetchOne(db, sql: "SELECT * FROM receipt WHERE digest = ?", arguments: [Self.digest(bytes)])
+            else { return nil }
+            let ids = (row["transactionIds"] as String).split(separator: ",").map(String.init)
+            let purchases = try ids.compactMap { id in
+                try Row.fetchOne(db, sql: "SELECT * FROM purchase WHERE transactionId = ?", arguments: [id])
+                    .map(Purchase.init(row:))
+            }
+            return Receipt(
+                bundleId: row["bundleId"], environment: row["environment"], deviceId: row["deviceId"],
+                createdAt: row["createdAt"], purchases: purchases)
+        }
+    }
+
+    /// Every auto-renewable purchase of the receipt's device: what `latest_receipt_info` lists.
+    func subscriptions(of receipt: Receipt) throws -> [Purchase] {
+        try database.read { db in
+            try Row.fetchAll(
+                db,
+                sql: """
+                    SELECT * FROM purchase WHERE deviceId = ? AND bundleId = ? AND environment = ?
+                        AND type = 'auto_renewable' ORDER BY purchaseDate, transactionId
+                    """,
+                arguments: [receipt.deviceId, receipt.bundleId, receipt.environment]
+            ).map(Purchase.init(row:))
+        }
+    }
+
+    /// Marks a purchase refunded; false if there is no such purchase.
+    func cancel(transactionId: String) throws -> Date? {
+        try database.write { db in
+            let now = Date()
+            try db.execute(
+                sql: "UPDATE purchase SET cancellationDate = ? WHERE transactionId = ? AND cancellationDate IS NULL",
+                arguments: [now, transactionId])
+            return try Date.fetchOne(
+                db, sql: "SELECT cancellationDate FROM purchase WHERE transactionId = ?", arguments: [transactionId])
+        }
+    }
+
+    /// A value the fake keeps across restarts (its signing identity).
+    func identity(_ name: String, orCreate make: () throws -> [UInt8]) throws -> [UInt8] {
+        try database.write { db in
+            if let existing = try Data.fetchOne(db, sql: "SELECT value FROM identity WHERE name = ?", arguments: [name]) {
+                return [UInt8](existing)
+            }
+            let value = try make()
+            try db.execute(sql: "INSERT INTO identity VALUES (?, ?)", arguments: [name, Data(value)])
+            return value
+        }
     }
 
     func addFault(_ fault: Fault) {
-        faults.append(fault)
+        volatile.withLockedValue { $0.faults.append(fault) }
     }
 
     func clearFaults() {
-        faults.removeAll()
+        volatile.withLockedValue { $0.faults.removeAll() }
+    }
+
+    var latencyMs: Int {
+        get { volatile.withLockedValue { $0.latencyMs } }
     }
 
     func setLatency(milliseconds: Int) {
-        latencyMs = max(0, milliseconds)
+        volatile.withLockedValue { $0.latencyMs = max(0, milliseconds) }
     }
 
-    /// The fault that applies to this call, if any, counting it down.
-    func takeFault() -> Fault? {
-        guard let fault = faults.first else { return nil }
-        if let count = fault.count, count > 0 {
-            if count == 1 {
-                faults.removeFirst()
-            } else {
-                faults[0].count = count - 1
+    /// The first fault that applies to a call about these transactions, counting it down.
+    func takeFault(transactionIds: Set<String>) -> Fault? {
+        volatile.withLockedValue { state in
+            guard
+                let index = state.faults.firstIndex(where: { fault in
+                    fault.transactionId.map(transactionIds.contains) ?? true
+                })
+            else { return nil }
+            let fault = state.faults[index]
+            switch fault.count ?? 1 {
+            case 0: break
+            case 1: state.faults.remove(at: index)
+            case let count: state.faults[index].count = count - 1
             }
-        } else if fault.count == nil {
-            faults.removeFirst()
+            return fault
         }
-        return fault
+    }
+
+    /// Apple's ids are 16-digit numbers. Starting from the clock keeps ids of a fake that lost
+    /// its file clear of the ones it minted before.
+    private static func nextTransactionId(_ db: Database) throws -> String {
+        let fromClock = 2_000_000_000_000_000 + UInt64(Date().timeIntervalSince1970 * 1000) * 1000
+        let last = try Int64.fetchOne(db, sql: "SELECT MAX(CAST(transactionId AS INTEGER)) FROM purchase") ?? 0
+        return String(max(fromClock, UInt64(max(0, last)) + 1))
+    }
+
+    private static func digest(_ bytes: [UInt8]) -> String {
+        SHA256.hash(data: bytes).map { String(format: "%02x", $0) }.joined()
+    }
+}
+
+extension FakeLedger.Purchase {
+    init(row: Row) {
+        self.init(
+            transactionId: row["transactionId"], originalTransactionId: row["originalTransactionId"],
+            productId: row["productId"], type: row["type"], quantity: row["quantity"],
+            purchaseDate: row["purchaseDate"], originalPurchaseDate: row["originalPurchaseDate"],
+            expiresDate: row["expiresDate"], webOrderLineItemId: row["webOrderLineItemId"],
+            cancellationDate: row["cancellationDate"], environment: row["environment"], bundleId: row["bundleId"],
+            applicationUsername: row["applicationUsername"], deviceId: row["deviceId"])
     }
 }

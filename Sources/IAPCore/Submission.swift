@@ -47,6 +47,8 @@ public enum TransactionCreditState: String, Codable, Sendable {
     case alreadyCredited = "already_credited"
     /// The transaction was credited to another user first; this upload gets nothing.
     case replayedFromOtherUser = "replayed_from_other_user"
+    /// Apple refunded or revoked the purchase; it is not credited.
+    case cancelled
 }
 
 /// The upload as the intake accepted it: what the verifier needs to do its work.

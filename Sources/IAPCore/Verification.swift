@@ -14,11 +14,15 @@ public struct VerifiedPurchase: Codable, Sendable, Equatable {
     public var purchaseDate: Date?
     /// Which App Store world the purchase was made in.
     public var environment: AppStoreEnvironment
+    /// When Apple refunded or revoked it; such a purchase is never credited.
+    public var cancellationDate: Date?
+    /// For subscriptions: when the period ends.
+    public var expiresDate: Date?
 
     /// Creates a purchase.
     public init(
         transactionId: String, originalTransactionId: String, productId: String, quantity: Int,
-        purchaseDate: Date?, environment: AppStoreEnvironment
+        purchaseDate: Date?, environment: AppStoreEnvironment, cancellationDate: Date? = nil, expiresDate: Date? = nil
     ) {
         self.transactionId = transactionId
         self.originalTransactionId = originalTransactionId
@@ -26,6 +30,8 @@ public struct VerifiedPurchase: Codable, Sendable, Equatable {
         self.quantity = quantity
         self.purchaseDate = purchaseDate
         self.environment = environment
+        self.cancellationDate = cancellationDate
+        self.expiresDate = expiresDate
     }
 }
 
@@ -82,6 +88,13 @@ public struct ReasonCode: RawRepresentable, Codable, Sendable, Hashable, CustomS
     public static let retriesExhausted = ReasonCode("retries_exhausted")
     /// Every purchase in the upload had been credited to another user first.
     public static let replayedFromOtherUser = ReasonCode("replayed_from_other_user")
+    /// The transaction the upload named is not in the receipt yet: the app should refresh
+    /// its receipt and upload again (Apple sometimes tells the app before the receipt has it).
+    public static let transactionNotInReceipt = ReasonCode("transaction_not_in_receipt")
+    /// Apple reported an internal error it will not recover from for this receipt.
+    public static let appleUnresolvable = ReasonCode("apple_unresolvable")
+    /// A sandbox purchase, refused by the deployment's sandbox policy.
+    public static let sandboxNotAllowed = ReasonCode("sandbox_not_allowed")
 }
 
 /// What one verification attempt concluded. A transient failure is its own case,
@@ -93,6 +106,9 @@ public enum VerificationOutcome: Sendable, Equatable {
     case rejected(ReasonCode, message: String)
     /// Apple could not answer now; try again later.
     case retryLater(ReasonCode, message: String)
+    /// Neither valid nor provably invalid, and retrying will not help (Apple's non-retryable
+    /// 21100–21199): a person has to look. Never a rejection.
+    case needsReview(ReasonCode, message: String)
 }
 
 /// The verifier's message to the finisher about one attempt on one submission.
@@ -130,7 +146,11 @@ public struct VerifyResult: Codable, Sendable, Equatable {
 
 extension VerificationOutcome: Codable {
     private enum CodingKeys: String, CodingKey { case kind, receipt, reason, message }
-    private enum Kind: String, Codable { case verified, rejected, retryLater = "retry_later" }
+    private enum Kind: String, Codable {
+        case verified, rejected
+        case retryLater = "retry_later"
+        case needsReview = "needs_review"
+    }
 
     public init(from decoder: any Decoder) throws {
         let container = try decoder.container(keyedBy: CodingKeys.self)
@@ -143,6 +163,10 @@ extension VerificationOutcome: Codable {
                 message: try container.decode(String.self, forKey: .message))
         case .retryLater:
             self = .retryLater(
+                try container.decode(ReasonCode.self, forKey: .reason),
+                message: try container.decode(String.self, forKey: .message))
+        case .needsReview:
+            self = .needsReview(
                 try container.decode(ReasonCode.self, forKey: .reason),
                 message: try container.decode(String.self, forKey: .message))
         }
@@ -160,6 +184,10 @@ extension VerificationOutcome: Codable {
             try container.encode(message, forKey: .message)
         case .retryLater(let reason, let message):
             try container.encode(Kind.retryLater, forKey: .kind)
+            try container.encode(reason, forKey: .reason)
+            try container.encode(message, forKey: .message)
+        case .needsReview(let reason, let message):
+            try container.encode(Kind.needsReview, forKey: .kind)
             try container.encode(reason, forKey: .reason)
             try container.encode(message, forKey: .message)
         }

@@ -72,7 +72,7 @@ extension OrderStore {
                         productId TEXT NOT NULL,
                         environment TEXT NOT NULL,
                         state TEXT NOT NULL
-                            CHECK (state IN ('credited', 'already_credited', 'replayed_from_other_user')),
+                            CHECK (state IN ('credited', 'already_credited', 'replayed_from_other_user', 'cancelled')),
                         PRIMARY KEY (submissionId, transactionId)
                     );
 

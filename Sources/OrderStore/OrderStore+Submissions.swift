@@ -39,8 +39,12 @@ public struct SubmissionStatus: Sendable, Equatable {
     /// The transactions in it, in receipt order.
     public var transactions: [Transaction]
 
-    /// Whether the app may finish the StoreKit transactions of this upload.
-    public var finishTransaction: Bool { state.finishTransaction }
+    /// Whether the app may finish the StoreKit transactions of this upload: not while work is
+    /// pending, and not when the named transaction is missing from the receipt (the app
+    /// must upload a refreshed receipt first).
+    public var finishTransaction: Bool {
+        state.finishTransaction && reason != .transactionNotInReceipt
+    }
 }
 
 extension OrderStore {
@@ -103,7 +107,7 @@ extension OrderStore {
         try await database.write { db in
             guard
                 let row = try Row.fetchOne(
-                    db, sql: "SELECT userId, state, attempts FROM submission WHERE id = ?",
+                    db, sql: "SELECT userId, state, attempts, transactionId FROM submission WHERE id = ?",
                     arguments: [result.submissionId.uuidString])
             else {
                 throw OrderStoreError(.unknownSubmission, "no submission \(result.submissionId)")
@@ -129,6 +133,11 @@ extension OrderStore {
                         """,
                     arguments: [reason.rawValue, message, result.attempt, result.nextAttemptAt, now, id])
                 return .retrying
+            case .needsReview(let reason, let message):
+                try Self.finish(
+                    id, state: .needsReview, reason: reason, message: message,
+                    attempt: max(attempts, result.attempt), environment: nil, now: now, in: db)
+                return .needsReview
             case .rejected(let reason, let message):
                 try Self.finish(
                     id, state: .rejected, reason: reason, message: message, attempt: max(attempts, result.attempt),
@@ -140,9 +149,14 @@ extension OrderStore {
                 var total = 0
                 for purchase in receipt.purchases where seen.insert(purchase.transactionId).inserted {
                     total += 1
-                    let state = try Self.credit(
-                        purchase, bundleId: receipt.bundleId, userId: userId, orderId: result.orderId,
-                        submissionId: id, now: now, in: db)
+                    let state: TransactionCreditState
+                    if purchase.cancellationDate != nil {
+                        state = .cancelled
+                    } else {
+                        state = try Self.credit(
+                            purchase, bundleId: receipt.bundleId, userId: userId, orderId: result.orderId,
+                            submissionId: id, now: now, in: db)
+                    }
                     if state == .replayedFromOtherUser { replayed += 1 }
                     try db.execute(
                         sql: """
@@ -155,12 +169,23 @@ extension OrderStore {
                             purchase.environment.rawValue, state.rawValue,
                         ])
                 }
-                let allReplayed = total > 0 && replayed == total
-                let state: SubmissionState = allReplayed ? .rejected : .credited
+                let named: String? = row["transactionId"]
+                let state: SubmissionState
+                let reason: ReasonCode?
+                let message: String?
+                if let named, !seen.contains(named) {
+                    // Whatever else the receipt held is credited above; the named purchase is not here yet.
+                    (state, reason) = (.rejected, .transactionNotInReceipt)
+                    message = "transaction \(named) is not in this receipt yet: refresh the receipt and upload it again"
+                } else if total > 0 && replayed == total {
+                    (state, reason) = (.rejected, .replayedFromOtherUser)
+                    message = "every purchase in this receipt belongs to another user"
+                } else {
+                    (state, reason, message) = (.credited, nil, nil)
+                }
                 try Self.finish(
-                    id, state: state, reason: allReplayed ? .replayedFromOtherUser : nil,
-                    message: allReplayed ? "every purchase in this receipt belongs to another user" : nil,
-                    attempt: max(attempts, result.attempt), environment: receipt.environment, now: now, in: db)
+                    id, state: state, reason: reason, message: message, attempt: max(attempts, result.attempt),
+                    environment: receipt.environment, now: now, in: db)
                 return state
             }
         }

@@ -46,12 +46,14 @@ public struct PipelineSettings: Sendable {
     public var fakeAppStoreHost: String
     /// The fake App Store's port.
     public var fakeAppStorePort: Int
+    /// The fake App Store's own SQLite file (in memory when nil).
+    public var fakeAppStoreDatabasePath: String?
 
     /// Creates settings.
     public init(
         amqp: AMQPConfiguration, names: PipelineNames, databasePath: String, intake: IntakeSettings,
         verifier: VerifierSettings, verifyReceipt: VerifyReceiptClient.Settings, finisher: FinisherSettings,
-        fakeAppStoreHost: String = "127.0.0.1", fakeAppStorePort: Int = 8090
+        fakeAppStoreHost: String = "127.0.0.1", fakeAppStorePort: Int = 8090, fakeAppStoreDatabasePath: String? = nil
     ) {
         self.amqp = amqp
         self.names = names
@@ -62,6 +64,7 @@ public struct PipelineSettings: Sendable {
         self.finisher = finisher
         self.fakeAppStoreHost = fakeAppStoreHost
         self.fakeAppStorePort = fakeAppStorePort
+        self.fakeAppStoreDatabasePath = fakeAppStoreDatabasePath
     }
 }
 
@@ -100,7 +103,7 @@ public struct Pipeline: Sendable {
 
         if roles.contains(.fakeAppStore) {
             first.append(
-                FakeAppStore().makeApplication(
+                try FakeAppStore(databasePath: settings.fakeAppStoreDatabasePath).makeApplication(
                     host: settings.fakeAppStoreHost, port: settings.fakeAppStorePort, logger: logger,
                     onServerRunning: { channel in
                         await onListening(.fakeAppStore, channel.localAddress?.port ?? settings.fakeAppStorePort)

@@ -15,16 +15,39 @@ public struct VerifierSettings: Sendable {
     public var retrySchedule: RetrySchedule
     /// Age of an upload after which transient failures stop being retried (it then needs review).
     public var maxRetryAge: Duration
+    /// Whether sandbox purchases (free to make) are credited.
+    public var sandboxPolicy: SandboxPolicy
 
     /// Creates settings.
     public init(
         names: PipelineNames = .init(), concurrency: Int = 64, retrySchedule: RetrySchedule = .init(),
-        maxRetryAge: Duration = .seconds(72 * 3600)
+        maxRetryAge: Duration = .seconds(72 * 3600), sandboxPolicy: SandboxPolicy = .accept
     ) {
         self.names = names
         self.concurrency = concurrency
         self.retrySchedule = retrySchedule
         self.maxRetryAge = maxRetryAge
+        self.sandboxPolicy = sandboxPolicy
+    }
+}
+
+/// Which sandbox purchases are credited. A sandbox purchase costs nothing, but App Review
+/// buys in the sandbox against the production server, so `accept` is the default.
+public enum SandboxPolicy: Sendable, Equatable {
+    /// Credit sandbox purchases like real ones.
+    case accept
+    /// Reject every sandbox purchase.
+    case reject
+    /// Credit sandbox purchases of these users only (testers, reviewers).
+    case allowlist(Set<String>)
+
+    /// Whether a sandbox purchase uploaded by `userId` is credited.
+    public func allows(userId: String) -> Bool {
+        switch self {
+        case .accept: true
+        case .reject: false
+        case .allowlist(let users): users.contains(userId)
+        }
     }
 }
 
@@ -74,7 +97,12 @@ public final class VerifierService: Service, Sendable {
         var metadata: Logger.Metadata = [
             "iap.submission.id": "\(request.submissionId)", "iap.attempt": "\(request.attempt)",
         ]
-        let outcome = await verifier.verify(request)
+        var outcome = await verifier.verify(request)
+        if case .verified(let receipt) = outcome, receipt.environment == .sandbox,
+            !settings.sandboxPolicy.allows(userId: request.userId)
+        {
+            outcome = .rejected(.sandboxNotAllowed, message: "sandbox purchases are not credited for this user")
+        }
         var result = VerifyResult(
             submissionId: request.submissionId, userId: request.userId, orderId: request.orderId,
             attempt: request.attempt, outcome: outcome)

@@ -119,7 +119,8 @@ struct FakeAppStoreCommand: AsyncParsableCommand {
     func run() async throws {
         let (host, port) = try fake.address()
         let logger = try log.makeLogger(label: "iap.fake-appstore")
-        let application = FakeAppStore().makeApplication(host: host, port: port, logger: logger)
+        let application = try FakeAppStore(databasePath: fake.databasePath(default: "fake-appstore.sqlite"))
+            .makeApplication(host: host, port: port, logger: logger)
         let group = ServiceGroup(
             configuration: .init(services: [application], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
         try await group.run()
@@ -154,6 +155,9 @@ struct DevCommand: AsyncParsableCommand {
             defaultDatabase: "iap-dev.sqlite", verifyReceipt: verifyReceipt)
         settings.fakeAppStoreHost = fakeHost
         settings.fakeAppStorePort = fakePort
+        settings.fakeAppStoreDatabasePath = fake.databasePath(
+            default: URL(fileURLWithPath: settings.databasePath).deletingLastPathComponent()
+                .appendingPathComponent("fake-appstore.sqlite").path)
         let logger = try log.makeLogger(label: "iap.dev")
         let host = settings.intake.host
         let pipeline = try Pipeline(

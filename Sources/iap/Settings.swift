@@ -160,6 +160,29 @@ struct VerifierOptions: ParsableArguments {
     @Option(name: .long, help: "Hours after which an upload that keeps failing transiently needs review. (env IAP_MAX_RETRY_AGE_HOURS; default 72)")
     var maxRetryAgeHours: Int?
 
+    @Option(name: .long, help: "Sandbox purchases: accept, reject, or allowlist (users in IAP_SANDBOX_ALLOWLIST only). (env IAP_SANDBOX; default accept)")
+    var sandbox: String?
+
+    @Option(name: .long, help: "Comma-separated user ids whose sandbox purchases are credited under 'allowlist'. (env IAP_SANDBOX_ALLOWLIST)")
+    var sandboxAllowlist: String?
+
+    func sandboxPolicy() throws -> SandboxPolicy {
+        let reader = SettingReader()
+        switch reader.string(sandbox, "IAP_SANDBOX", default: "accept") {
+        case "accept": return .accept
+        case "reject": return .reject
+        case "allowlist":
+            let users = (reader.optionalString(sandboxAllowlist, "IAP_SANDBOX_ALLOWLIST") ?? "")
+                .split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+            guard !users.isEmpty else {
+                throw ValidationError("IAP_SANDBOX=allowlist needs IAP_SANDBOX_ALLOWLIST with at least one user id")
+            }
+            return .allowlist(Set(users))
+        case let other:
+            throw ValidationError("IAP_SANDBOX must be accept, reject or allowlist; got '\(other)'")
+        }
+    }
+
     /// The shared secret comes from IAP_APPSTORE_SHARED_SECRET or IAP_APPSTORE_SHARED_SECRET_FILE only.
     func verifyReceiptSettings(endpointsOverride: VerifyReceiptEndpoints? = nil, defaultBundleIds: String? = nil) throws
         -> VerifyReceiptClient.Settings
@@ -197,7 +220,8 @@ struct VerifierOptions: ParsableArguments {
             names: names,
             concurrency: try reader.int(concurrency, "IAP_VERIFIER_CONCURRENCY", default: 64, in: 1...10_000),
             retrySchedule: RetrySchedule(delaysSeconds: delays),
-            maxRetryAge: .seconds(try reader.int(maxRetryAgeHours, "IAP_MAX_RETRY_AGE_HOURS", default: 72, in: 1...8760) * 3600))
+            maxRetryAge: .seconds(try reader.int(maxRetryAgeHours, "IAP_MAX_RETRY_AGE_HOURS", default: 72, in: 1...8760) * 3600),
+            sandboxPolicy: try sandboxPolicy())
     }
 }
 
@@ -207,6 +231,13 @@ struct FakeAppStoreOptions: ParsableArguments {
 
     @Option(name: .customLong("fake-appstore-port"), help: "Port the fake App Store listens on. (env IAP_FAKE_APPSTORE_PORT; default 8090)")
     var fakeAppStorePort: Int?
+
+    @Option(name: .customLong("fake-appstore-database-path"), help: "SQLite file where the fake App Store keeps what it minted. (env IAP_FAKE_DATABASE_PATH; default fake-appstore.sqlite, for dev beside the order store)")
+    var fakeAppStoreDatabasePath: String?
+
+    func databasePath(default fallback: String) -> String {
+        SettingReader().string(fakeAppStoreDatabasePath, "IAP_FAKE_DATABASE_PATH", default: fallback)
+    }
 
     func address() throws -> (host: String, port: Int) {
         let reader = SettingReader()

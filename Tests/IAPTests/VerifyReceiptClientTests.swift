@@ -1,4 +1,4 @@
-import AppStore
+@testable import AppStore
 import AsyncHTTPClient
 import Foundation
 import IAPCore
@@ -20,7 +20,7 @@ struct VerifyReceiptClientTests {
 
         static func start() async throws -> Apple {
             let port = NIOLockedValueBox(0)
-            let application = FakeAppStore().makeApplication(
+            let application = try FakeAppStore().makeApplication(
                 host: "127.0.0.1", port: 0, logger: TestBroker.logger,
                 onServerRunning: { channel in port.withLockedValue { $0 = channel.localAddress?.port ?? 0 } })
             let group = ServiceGroup(
@@ -63,13 +63,14 @@ struct VerifyReceiptClientTests {
         VerifyRequest(submissionId: UUID(), userId: "u", receiptData: receiptData, attempt: attempt, acceptedAt: Date())
     }
 
-    enum Class: Equatable { case verified, rejected(String), retryLater(String) }
+    enum Class: Equatable { case verified, rejected(String), retryLater(String), needsReview(String) }
 
     func classify(_ outcome: VerificationOutcome) -> Class {
         switch outcome {
         case .verified: .verified
         case .rejected(let reason, _): .rejected(reason.rawValue)
         case .retryLater(let reason, _): .retryLater(reason.rawValue)
+        case .needsReview(let reason, _): .needsReview(reason.rawValue)
         }
     }
 
@@ -93,6 +94,51 @@ struct VerifyReceiptClientTests {
         #expect(classify(await apple.client().verify(request(receipt))) == expected)
         // The fault was for one call only: the same receipt now verifies.
         #expect(classify(await apple.client().verify(request(receipt))) == .verified)
+    }
+
+    @Test func internalAppleErrorFollowsTheRetryFlag() async throws {
+        let apple = try await Apple.start()
+        defer { Task { await apple.stop() } }
+        let receipt = try await apple.mint()
+        let flagged = try await HTTP.post(apple.url + "/fake/faults", json: FaultWithFlag(status: 21150, retryable: false))
+        #expect(flagged.status == 204)
+        #expect(classify(await apple.client().verify(request(receipt))) == .needsReview("apple_unresolvable"))
+        _ = try await HTTP.post(apple.url + "/fake/faults", json: FaultWithFlag(status: 21150, retryable: true))
+        #expect(classify(await apple.client().verify(request(receipt))) == .retryLater("apple_retryable"))
+    }
+
+    struct FaultWithFlag: Encodable {
+        var status: Int
+        var retryable: Bool
+    }
+
+    @Test(arguments: [
+        (#"{"status": 21101, "is_retryable": 1}"#, true),
+        (#"{"status": 21101, "is_retryable": 0}"#, false),
+        (#"{"status": 21101, "is_retryable": true}"#, true),
+        (#"{"status": 21101, "is_retryable": false}"#, false),
+        (#"{"status": "21101", "is-retryable": "1"}"#, true),
+        (#"{"status": 21101, "is-retryable": false}"#, false),
+        (#"{"status": 21101}"#, nil),
+    ])
+    func everySpellingOfTheRetryFlagIsRead(json: String, expected: Bool?) throws {
+        let response = try JSONDecoder().decode(VerifyReceiptResponse.self, from: Data(json.utf8))
+        #expect(response.retryable == expected)
+        #expect(Int(response.status.value) == 21101)
+    }
+
+    @Test func productionReceiptSentBackFromTheSandboxIsVerifiedInProduction() async throws {
+        let apple = try await Apple.start()
+        defer { Task { await apple.stop() } }
+        let receipt = try await apple.mint()
+        // Production wrongly says "sandbox receipt"; the sandbox answers 21008; back in production it verifies.
+        try await apple.fault(["status": 21007, "count": 1])
+        let outcome = await apple.client().verify(request(receipt))
+        guard case .verified(let verified) = outcome else {
+            Issue.record("expected verified, got \(outcome)")
+            return
+        }
+        #expect(verified.environment == .production)
     }
 
     @Test(arguments: [500, 502, 503, 429])

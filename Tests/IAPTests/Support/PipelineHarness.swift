@@ -33,7 +33,7 @@ final class PipelineHarness: Sendable {
 
     static func start(
         name: String, roles: Set<Role> = [.intake, .verifier, .finisher], retryDelays: [Int] = [1],
-        appleTimeout: Duration = .seconds(2)
+        appleTimeout: Duration = .seconds(2), sandboxPolicy: SandboxPolicy = .accept
     ) async throws -> PipelineHarness {
         let logger = TestBroker.logger
         let names = PipelineNames(prefix: TestBroker.uniquePrefix(name))
@@ -43,7 +43,8 @@ final class PipelineHarness: Sendable {
             amqp: try TestBroker.configuration(), names: names, databasePath: databasePath,
             intake: IntakeSettings(host: "127.0.0.1", port: 0, names: names),
             verifier: VerifierSettings(
-                names: names, concurrency: 32, retrySchedule: RetrySchedule(delaysSeconds: retryDelays)),
+                names: names, concurrency: 32, retrySchedule: RetrySchedule(delaysSeconds: retryDelays),
+                sandboxPolicy: sandboxPolicy),
             verifyReceipt: VerifyReceiptClient.Settings(endpoints: .apple, bundleIds: [bundleId], timeout: appleTimeout),
             finisher: FinisherSettings(names: names), fakeAppStoreHost: "127.0.0.1", fakeAppStorePort: 0)
 
@@ -121,7 +122,26 @@ final class PipelineHarness: Sendable {
         return try JSONDecoder().decode(Purchase.self, from: response.body)
     }
 
+    /// Refunds a purchase at the fake App Store.
+    func cancel(_ transactionId: String) async throws {
+        let response = try await HTTP.post(fakeURL + "/fake/purchases/\(transactionId)/cancel", json: [String: String]())
+        #expect(response.status == 200)
+    }
+
     /// Tells the fake App Store to misbehave for the next calls.
+    /// A fault for the calls about one transaction only.
+    struct ScopedFault: Encodable {
+        var status: Int?
+        var httpStatus: Int?
+        var count: Int?
+        var transactionId: String
+    }
+
+    func injectFault(_ fault: ScopedFault) async throws {
+        let response = try await HTTP.post(fakeURL + "/fake/faults", json: fault)
+        #expect(response.status == 204)
+    }
+
     func injectFault(_ fault: [String: Int]) async throws {
         let response = try await HTTP.post(fakeURL + "/fake/faults", json: fault)
         #expect(response.status == 204)
