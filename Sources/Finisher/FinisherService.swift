@@ -63,7 +63,7 @@ public final class FinisherService: Service, Sendable {
             let state = try await store.apply(result)
             logger.debug("result applied", metadata: metadata.merging(["iap.state": "\(state.rawValue)"]) { $1 })
         } catch let error as OrderStoreError where error.code == .unknownSubmission {
-            logger.error("result for an unknown submission sent to the dead-letter queue", metadata: metadata)
+            logger.warning("result for an unknown submission sent to the dead-letter queue", metadata: metadata)
             try? await delivery.reject(requeue: false)
             return
         } catch {

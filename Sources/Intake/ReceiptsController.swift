@@ -29,7 +29,7 @@ struct ReceiptsController: Sendable {
             transactionId: upload.transactionId, orderId: upload.orderId, attempt: 1, acceptedAt: Date())
         let message = OutboxMessage(
             routingKey: settings.names.verify, body: try codec.encode(verifyRequest),
-            messageId: verifyRequest.submissionId.uuidString)
+            messageId: verifyRequest.submissionId.uuidString, priority: VerifyPriority.firstAttempt)
         try await store.accept(verifyRequest, message: message)
         acceptedUpload()
         context.logger.debug(

@@ -10,13 +10,18 @@ public struct OutgoingMessage: Sendable, Equatable {
     public var headers: [String: String]
     /// MIME type of the body.
     public var contentType: String
-    /// A message id for tracing; also used to match a returned message to its publish.
+    /// A message id for tracing.
     public var messageId: String?
+    /// Priority in a queue declared with `x-max-priority` (higher is served first).
+    public var priority: UInt8?
+    /// Time after which the broker dead-letters the message (per-message TTL).
+    public var expiration: Duration?
 
     /// Creates a persistent message.
     public init(
         exchange: String = "", routingKey: String, body: [UInt8], headers: [String: String] = [:],
-        contentType: String = "application/json", messageId: String? = nil
+        contentType: String = "application/json", messageId: String? = nil, priority: UInt8? = nil,
+        expiration: Duration? = nil
     ) {
         self.exchange = exchange
         self.routingKey = routingKey
@@ -24,6 +29,8 @@ public struct OutgoingMessage: Sendable, Equatable {
         self.headers = headers
         self.contentType = contentType
         self.messageId = messageId
+        self.priority = priority
+        self.expiration = expiration
     }
 }
 

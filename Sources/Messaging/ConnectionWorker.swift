@@ -157,6 +157,15 @@ final class ConnectionWorker {
             properties._flags |= amqp_flags_t(AMQP_BASIC_MESSAGE_ID_FLAG)
             properties.message_id = arena.bytes(messageId)
         }
+        if let priority = publish.message.priority {
+            properties._flags |= amqp_flags_t(AMQP_BASIC_PRIORITY_FLAG)
+            properties.priority = priority
+        }
+        if let expiration = publish.message.expiration {
+            let milliseconds = max(0, expiration.components.seconds * 1000 + expiration.components.attoseconds / 1_000_000_000_000_000)
+            properties._flags |= amqp_flags_t(AMQP_BASIC_EXPIRATION_FLAG)
+            properties.expiration = arena.bytes(String(milliseconds))
+        }
         let status = amqp_basic_publish(
             connection, Self.publishChannel, arena.bytes(publish.message.exchange),
             arena.bytes(publish.message.routingKey), 1, 0, &properties, arena.bytes(publish.message.body))

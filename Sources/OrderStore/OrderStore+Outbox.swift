@@ -13,16 +13,21 @@ public struct OutboxMessage: Sendable, Equatable {
     public var body: [UInt8]
     /// A message id for tracing.
     public var messageId: String?
+    /// The message's priority, for priority queues.
+    public var priority: UInt8?
     /// Failed publish attempts so far.
     public var attempts: Int
 
     /// Creates a message for the outbox.
-    public init(exchange: String = "", routingKey: String, body: [UInt8], messageId: String? = nil) {
+    public init(
+        exchange: String = "", routingKey: String, body: [UInt8], messageId: String? = nil, priority: UInt8? = nil
+    ) {
         self.id = nil
         self.exchange = exchange
         self.routingKey = routingKey
         self.body = body
         self.messageId = messageId
+        self.priority = priority
         self.attempts = 0
     }
 }
@@ -32,12 +37,13 @@ extension OrderStore {
     public func unpublishedMessages(limit: Int) async throws -> [OutboxMessage] {
         try await database.read { db in
             try Row.fetchAll(
-                db, sql: "SELECT id, exchange, routingKey, body, messageId, attempts FROM outbox ORDER BY id LIMIT ?",
+                db,
+                sql: "SELECT id, exchange, routingKey, body, messageId, priority, attempts FROM outbox ORDER BY id LIMIT ?",
                 arguments: [limit]
             ).map { row in
                 var message = OutboxMessage(
                     exchange: row["exchange"], routingKey: row["routingKey"], body: [UInt8](row["body"] as Data),
-                    messageId: row["messageId"])
+                    messageId: row["messageId"], priority: (row["priority"] as Int?).map { UInt8(clamping: $0) })
                 message.id = row["id"]
                 message.attempts = row["attempts"]
                 return message
@@ -70,7 +76,12 @@ extension OrderStore {
 
     static func insert(_ message: OutboxMessage, now: Date, in db: Database) throws {
         try db.execute(
-            sql: "INSERT INTO outbox (exchange, routingKey, body, messageId, createdAt) VALUES (?, ?, ?, ?, ?)",
-            arguments: [message.exchange, message.routingKey, Data(message.body), message.messageId, now])
+            sql: """
+                INSERT INTO outbox (exchange, routingKey, body, messageId, priority, createdAt) VALUES (?, ?, ?, ?, ?, ?)
+                """,
+            arguments: [
+                message.exchange, message.routingKey, Data(message.body), message.messageId,
+                message.priority.map { Int($0) }, now,
+            ])
     }
 }

@@ -83,6 +83,7 @@ extension OrderStore {
                         routingKey TEXT NOT NULL,
                         body BLOB NOT NULL,
                         messageId TEXT,
+                        priority INTEGER,
                         createdAt DATETIME NOT NULL,
                         attempts INTEGER NOT NULL DEFAULT 0,
                         lastError TEXT

@@ -116,7 +116,7 @@ public struct Pipeline: Sendable {
                     try await connection.publish(
                         OutgoingMessage(
                             exchange: message.exchange, routingKey: message.routingKey, body: message.body,
-                            messageId: message.messageId))
+                            messageId: message.messageId, priority: message.priority))
                 },
                 onServerRunning: { port in await onListening(.intake, port) })
             middle.append(contentsOf: services.dropLast())

@@ -114,14 +114,16 @@ public final class VerifierService: Service, Sendable {
                     result.gaveUp = true
                     logger.error("verification retries exhausted", metadata: metadata)
                 } else {
-                    let delay = settings.retrySchedule.delaySeconds(afterAttempt: request.attempt)
+                    let level = settings.retrySchedule.delaySeconds(afterAttempt: request.attempt)
+                    let wait = settings.retrySchedule.jitteredDelayMilliseconds(level: level)
                     var next = request
                     next.attempt += 1
                     try await connection.publish(
                         OutgoingMessage(
-                            routingKey: settings.names.verifyRetry(delaySeconds: delay), body: try codec.encode(next),
-                            messageId: request.submissionId.uuidString))
-                    result.nextAttemptAt = now.addingTimeInterval(TimeInterval(delay))
+                            routingKey: settings.names.verifyRetry(delaySeconds: level), body: try codec.encode(next),
+                            messageId: request.submissionId.uuidString, priority: VerifyPriority.retry,
+                            expiration: .milliseconds(wait)))
+                    result.nextAttemptAt = now.addingTimeInterval(TimeInterval(wait) / 1000)
                     logger.info("verification will be retried", metadata: metadata)
                 }
             }

@@ -33,7 +33,7 @@ final class PipelineHarness: Sendable {
 
     static func start(
         name: String, roles: Set<Role> = [.intake, .verifier, .finisher], retryDelays: [Int] = [1],
-        appleTimeout: Duration = .seconds(2), sandboxPolicy: SandboxPolicy = .accept
+        appleTimeout: Duration = .seconds(2), sandboxPolicy: SandboxPolicy = .accept, verifierConcurrency: Int = 32
     ) async throws -> PipelineHarness {
         let logger = TestBroker.logger
         let names = PipelineNames(prefix: TestBroker.uniquePrefix(name))
@@ -43,7 +43,7 @@ final class PipelineHarness: Sendable {
             amqp: try TestBroker.configuration(), names: names, databasePath: databasePath,
             intake: IntakeSettings(host: "127.0.0.1", port: 0, names: names),
             verifier: VerifierSettings(
-                names: names, concurrency: 32, retrySchedule: RetrySchedule(delaysSeconds: retryDelays),
+                names: names, concurrency: verifierConcurrency, retrySchedule: RetrySchedule(delaysSeconds: retryDelays),
                 sandboxPolicy: sandboxPolicy),
             verifyReceipt: VerifyReceiptClient.Settings(endpoints: .apple, bundleIds: [bundleId], timeout: appleTimeout),
             finisher: FinisherSettings(names: names), fakeAppStoreHost: "127.0.0.1", fakeAppStorePort: 0)

@@ -1,0 +1,50 @@
+import Foundation
+import IAPCore
+import Messaging
+import Testing
+
+extension BrokerTests {
+    @Suite("First attempts before retries")
+    struct PriorityTests {
+        @Test func newUploadIsVerifiedAheadOfTenThousandWaitingRetries() async throws {
+            let pipeline = try await PipelineHarness.start(name: "priority", verifierConcurrency: 8)
+            defer { Task { await pipeline.stop() } }
+            // Apple at 20 ms: the backlog alone takes 10,000 / (8 / 0.02 s) = 25 s to drain.
+            #expect(try await HTTP.post(pipeline.fakeURL + "/fake/config", json: ["latencyMs": 20]).status == 204)
+
+            let connection = AMQPConnection(
+                configuration: try TestBroker.configuration(),
+                topology: .pipeline(pipeline.names, retrySchedule: RetrySchedule(delaysSeconds: [1])),
+                logger: TestBroker.logger)
+            #expect(await connection.waitUntilConnected(timeout: .seconds(15)))
+            let codec = MessageCodec()
+            let unknownReceipt = Data("not a receipt the fake minted".utf8).base64EncodedString()
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for _ in 0..<10_000 {
+                    let retry = VerifyRequest(
+                        submissionId: UUID(), userId: "backlog", receiptData: unknownReceipt, attempt: 2,
+                        acceptedAt: Date())
+                    let body = try codec.encode(retry)
+                    group.addTask {
+                        try await connection.publish(
+                            OutgoingMessage(
+                                routingKey: pipeline.names.verify, body: body, priority: VerifyPriority.retry))
+                    }
+                }
+                try await group.waitForAll()
+            }
+
+            let purchase = try await pipeline.mint()
+            let started = ContinuousClock.now
+            let id = try await pipeline.upload(userId: "newcomer", receiptData: purchase.receiptData)
+            let status = try await pipeline.waitForState(id, timeout: .seconds(20))
+            let elapsed = ContinuousClock.now - started
+            let stillWaiting = try await connection.queueStatus(pipeline.names.verify).messageCount
+            #expect(status["state"] as? String == "credited")
+            #expect(elapsed < .seconds(3), "the new upload took \(elapsed)")
+            #expect(stillWaiting > 5_000, "the backlog drained first: \(stillWaiting) left")
+            print("priority: new upload credited in \(elapsed) with \(stillWaiting) retries still waiting")
+            await connection.close()
+        }
+    }
+}
