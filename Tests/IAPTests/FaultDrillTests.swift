@@ -1,0 +1,133 @@
+import Foundation
+import NIOHTTP1
+import Testing
+
+extension BrokerTests {
+    /// Each drill pushes a few thousand real uploads through real `iap` processes, breaks
+    /// something mid-stream, and then checks the three promises: every accepted upload
+    /// reaches a terminal state, one grant per purchase, and no transient failure became
+    /// a rejection. Figures print as `drill[...]` lines (see docs/reliability.md).
+    @Suite("Fault drills", .timeLimit(.minutes(4)))
+    struct FaultDrillTests {
+        static let purchases = 2_000
+
+        /// Fake App Store, order service and one verifier, each its own process.
+        func startStandardDrill(_ name: String, environment: [String: String] = [:]) async throws -> ProcessDrill {
+            let drill = try ProcessDrill(name: name, environment: environment)
+            try drill.start("fake-appstore")
+            try await drill.waitHealthy(drill.fakeURL)
+            try drill.start("orders")
+            try await drill.waitHealthy(drill.intakeURL)
+            try drill.start("verifier")
+            return drill
+        }
+
+        func check(_ outcome: ProcessDrill.Outcome, purchases: Int, drill: ProcessDrill, name: String, recovery: Duration) {
+            print("drill[\(name)]: purchases \(purchases), \(outcome), settled \(recovery) after the fault ended")
+            #expect(outcome.accepted == purchases, "\(drill.logTail("orders"))")
+            #expect(outcome.states["credited"] == purchases, "\(outcome)")
+            #expect(outcome.states["rejected"] == nil, "a transient failure became a rejection: \(outcome)")
+            #expect(outcome.grants == purchases)
+            #expect(outcome.transactionsWithTwoGrants == 0)
+        }
+
+        @Test func verifierKilledMidStream() async throws {
+            let drill = try await startStandardDrill("kill-verifier")
+            defer { drill.stopAll() }
+            let purchases = try await drill.mint(Self.purchases)
+            let uploads = Task { try await drill.upload(purchases) }
+            for _ in 0..<2 {
+                try await Task.sleep(for: .milliseconds(1500))
+                drill.kill9("verifier")
+                try await Task.sleep(for: .milliseconds(500))
+                try drill.start("verifier")
+            }
+            let recovered = ContinuousClock.now
+            let outcome = try await drill.settle(try await uploads.value)
+            check(outcome, purchases: purchases.count, drill: drill, name: "kill -9 verifier ×2", recovery: .now - recovered)
+        }
+
+        @Test func orderServiceKilledMidStream() async throws {
+            let drill = try await startStandardDrill("kill-orders")
+            defer { drill.stopAll() }
+            let purchases = try await drill.mint(Self.purchases)
+            let uploads = Task { try await drill.upload(purchases) }
+            try await Task.sleep(for: .milliseconds(1500))
+            drill.kill9("orders")
+            try await Task.sleep(for: .seconds(1))
+            try drill.start("orders")
+            let recovered = ContinuousClock.now
+            let outcome = try await drill.settle(try await uploads.value)
+            check(outcome, purchases: purchases.count, drill: drill, name: "kill -9 orders", recovery: .now - recovered)
+        }
+
+        @Test func brokerStoppedForTenSecondsWhileUploadsKeepComing() async throws {
+            let drill = try await startStandardDrill("broker-down")
+            defer { drill.stopAll() }
+            let purchases = try await drill.mint(Self.purchases)
+            let uploads = Task { try await drill.upload(purchases, concurrency: 8) }
+            try await Task.sleep(for: .seconds(1))
+            try TestBroker.control("stop")
+            // The intake keeps answering 202 while the broker is away.
+            let duringOutage = try await HTTP.post(
+                drill.intakeURL + "/v1/receipts", json: ["userId": "outage", "receiptData": purchases[0].receiptData])
+            try await Task.sleep(for: .seconds(10))
+            try TestBroker.control("start")
+            let recovered = ContinuousClock.now
+            #expect(duringOutage.status == 202)
+            var submissions = try await uploads.value
+            if let extra = duringOutage.json["submissionId"] as? String { submissions["outage"] = extra }
+            let outcome = try await drill.settle(submissions)
+            print("drill[broker stopped 10 s]: purchases \(purchases.count), \(outcome), settled \(ContinuousClock.now - recovered) after the broker returned")
+            #expect(outcome.accepted == purchases.count + 1)
+            #expect(outcome.states["credited"] == purchases.count + 1, "\(outcome)")
+            #expect(outcome.states["rejected"] == nil)
+            // The extra upload repeats purchases[0]: still one grant.
+            #expect(outcome.grants == purchases.count)
+            #expect(outcome.transactionsWithTwoGrants == 0)
+        }
+
+        @Test func appleFailsThenRecovers() async throws {
+            let drill = try await startStandardDrill("apple-down")
+            defer { drill.stopAll() }
+            let purchases = try await drill.mint(Self.purchases)
+            // 503s, then 21005, then answers slower than the client's 1 s timeout; then healthy.
+            #expect(try await HTTP.post(drill.fakeURL + "/fake/faults", json: ["httpStatus": 503, "count": 0]).status == 204)
+            let uploads = Task { try await drill.upload(purchases) }
+            try await Task.sleep(for: .seconds(3))
+            _ = try await HTTP.send(drill.fakeURL + "/fake/faults", method: .DELETE, body: nil)
+            #expect(try await HTTP.post(drill.fakeURL + "/fake/faults", json: ["status": 21005, "count": 0]).status == 204)
+            try await Task.sleep(for: .seconds(3))
+            _ = try await HTTP.send(drill.fakeURL + "/fake/faults", method: .DELETE, body: nil)
+            #expect(try await HTTP.post(drill.fakeURL + "/fake/faults", json: ["delayMs": 1500, "count": 0]).status == 204)
+            try await Task.sleep(for: .seconds(3))
+            _ = try await HTTP.send(drill.fakeURL + "/fake/faults", method: .DELETE, body: nil)
+            let recovered = ContinuousClock.now
+            let outcome = try await drill.settle(try await uploads.value)
+            check(outcome, purchases: purchases.count, drill: drill, name: "Apple 503 / 21005 / hanging for 9 s", recovery: .now - recovered)
+        }
+
+        @Test func resultsRedeliveredAfterFinisherCrashesCreditOnce() async throws {
+            let drill = try ProcessDrill(name: "redeliver", environment: ["IAP_FINISHER_PREFETCH": "500"])
+            defer { drill.stopAll() }
+            try drill.start("fake-appstore")
+            try await drill.waitHealthy(drill.fakeURL)
+            try drill.start("intake")
+            try await drill.waitHealthy(drill.intakeURL)
+            try drill.start("verifier")
+            try drill.start("finisher")
+            let purchases = try await drill.mint(Self.purchases)
+            let uploads = Task { try await drill.upload(purchases) }
+            // Each kill drops up to 500 unacked results, some already committed: the broker
+            // delivers them again to the next finisher.
+            for _ in 0..<3 {
+                try await Task.sleep(for: .seconds(1))
+                drill.kill9("finisher")
+                try drill.start("finisher")
+            }
+            let recovered = ContinuousClock.now
+            let outcome = try await drill.settle(try await uploads.value)
+            check(outcome, purchases: purchases.count, drill: drill, name: "kill -9 finisher ×3 (redeliveries)", recovery: .now - recovered)
+        }
+    }
+}

@@ -1,0 +1,231 @@
+import Foundation
+import IAPCore
+import NIOConcurrencyHelpers
+import OrderStore
+import Testing
+
+/// A fault drill: the real `iap` executable run as child processes (fake App Store, order
+/// service, verifier) against the test broker, on free loopback ports, with queues and
+/// files of their own, driven by a load of real uploads.
+final class ProcessDrill: Sendable {
+    let prefix: String
+    let folder: URL
+    let intakePort: Int
+    let fakePort: Int
+    private let binary: String
+    private let children = NIOLockedValueBox([String: Process]())
+    private let extraEnvironment: [String: String]
+
+    var intakeURL: String { "http://127.0.0.1:\(intakePort)" }
+    var fakeURL: String { "http://127.0.0.1:\(fakePort)" }
+    var databasePath: String { folder.appendingPathComponent("orders.sqlite").path }
+
+    struct MissingBinary: Error, CustomStringConvertible {
+        var description: String {
+            "IAP_TEST_IAP_BINARY is not set: run the suite with `scripts/dev test`, which builds `iap` for the drills"
+        }
+    }
+
+    init(name: String, environment: [String: String] = [:]) throws {
+        guard let binary = ProcessInfo.processInfo.environment["IAP_TEST_IAP_BINARY"], !binary.isEmpty,
+            FileManager.default.isExecutableFile(atPath: binary)
+        else { throw MissingBinary() }
+        self.binary = binary
+        prefix = TestBroker.uniquePrefix(name)
+        folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-drill-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        intakePort = try Self.freePort()
+        fakePort = try Self.freePort()
+        extraEnvironment = environment
+    }
+
+    private var environment: [String: String] {
+        var environment = ProcessInfo.processInfo.environment
+        environment.merge(
+            [
+                "IAP_AMQP_URL": (try? TestBroker.url()) ?? "",
+                "IAP_QUEUE_PREFIX": prefix,
+                "IAP_DATABASE_PATH": databasePath,
+                "IAP_HTTP_HOST": "127.0.0.1",
+                "IAP_HTTP_PORT": String(intakePort),
+                "IAP_FAKE_APPSTORE_HOST": "127.0.0.1",
+                "IAP_FAKE_APPSTORE_PORT": String(fakePort),
+                "IAP_FAKE_DATABASE_PATH": folder.appendingPathComponent("fake.sqlite").path,
+                "IAP_BUNDLE_IDS": PipelineHarness.bundleId,
+                "IAP_APPSTORE_VERIFY_URL": "http://127.0.0.1:\(fakePort)/verifyReceipt",
+                "IAP_APPSTORE_SANDBOX_VERIFY_URL": "http://127.0.0.1:\(fakePort)/sandbox/verifyReceipt",
+                "IAP_APPSTORE_TIMEOUT_SECONDS": "1",
+                "IAP_RETRY_DELAYS": "1,2",
+                "IAP_AMQP_HEARTBEAT_SECONDS": "5",
+                "IAP_LOG_LEVEL": "warning",
+            ]
+        ) { $1 }
+        environment.merge(extraEnvironment) { $1 }
+        return environment
+    }
+
+    /// Starts `iap <role>`; its output goes to a log file in the drill's folder.
+    func start(_ role: String) throws {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: binary)
+        process.arguments = [role]
+        process.environment = environment
+        let logPath = folder.appendingPathComponent("\(role).log").path
+        if !FileManager.default.fileExists(atPath: logPath) {
+            FileManager.default.createFile(atPath: logPath, contents: nil)
+        }
+        let log = try FileHandle(forWritingTo: URL(fileURLWithPath: logPath))
+        log.seekToEndOfFile()
+        process.standardOutput = log
+        process.standardError = log
+        process.standardInput = FileHandle.nullDevice
+        try process.run()
+        children.withLockedValue { $0[role] = process }
+    }
+
+    /// Kills a role at once, as a crash would.
+    func kill9(_ role: String) {
+        guard let process = children.withLockedValue({ $0.removeValue(forKey: role) }) else { return }
+        kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
+    }
+
+    /// Asks a role to shut down gracefully and waits for it.
+    func terminate(_ role: String) {
+        guard let process = children.withLockedValue({ $0.removeValue(forKey: role) }) else { return }
+        process.terminate()
+        process.waitUntilExit()
+    }
+
+    /// Stops every child; kills what does not stop within a few seconds.
+    func stopAll() {
+        let all = children.withLockedValue { children -> [Process] in
+            defer { children.removeAll() }
+            return Array(children.values)
+        }
+        for process in all where process.isRunning { process.terminate() }
+        let deadline = Date().addingTimeInterval(10)
+        for process in all {
+            while process.isRunning && Date() < deadline { usleep(50_000) }
+            if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+        }
+    }
+
+    /// The tail of a role's log, for failure messages.
+    func logTail(_ role: String) -> String {
+        let text = (try? String(contentsOf: folder.appendingPathComponent("\(role).log"), encoding: .utf8)) ?? ""
+        return text.split(separator: "\n").suffix(20).joined(separator: "\n")
+    }
+
+    /// Waits until `url` answers `/healthz`.
+    func waitHealthy(_ url: String, timeout: Duration = .seconds(30)) async throws {
+        let ok = try await eventually(timeout: timeout, interval: .milliseconds(100)) {
+            (try? await HTTP.get(url + "/healthz").status) == 200
+        }
+        guard ok else { throw HarnessError("\(url) did not become healthy") }
+    }
+
+    // MARK: - Load
+
+    /// Mints `count` purchases at the fake App Store, before any timing starts.
+    func mint(_ count: Int) async throws -> [PipelineHarness.Purchase] {
+        try await withThrowingTaskGroup(of: [PipelineHarness.Purchase].self) { group in
+            let workers = 8
+            for worker in 0..<workers {
+                group.addTask {
+                    var minted: [PipelineHarness.Purchase] = []
+                    for _ in stride(from: worker, to: count, by: workers) {
+                        let answer = try await HTTP.post(
+                            self.fakeURL + "/fake/purchases",
+                            json: ["bundleId": PipelineHarness.bundleId, "productId": "com.example.coins.60"])
+                        minted.append(try JSONDecoder().decode(PipelineHarness.Purchase.self, from: answer.body))
+                    }
+                    return minted
+                }
+            }
+            return try await group.reduce(into: []) { $0 += $1 }
+        }
+    }
+
+    /// Uploads every purchase like a phone would: retrying until the intake answers 202.
+    /// Returns the submission ids by transaction id.
+    func upload(_ purchases: [PipelineHarness.Purchase], concurrency: Int = 16, deadline: Duration = .seconds(120))
+        async throws -> [String: String]
+    {
+        let end = ContinuousClock.now + deadline
+        return try await withThrowingTaskGroup(of: [String: String].self) { group in
+            for worker in 0..<concurrency {
+                group.addTask {
+                    var accepted: [String: String] = [:]
+                    for index in stride(from: worker, to: purchases.count, by: concurrency) {
+                        let purchase = purchases[index]
+                        while true {
+                            if let answer = try? await HTTP.post(
+                                self.intakeURL + "/v1/receipts",
+                                json: ["userId": "user-\(index)", "receiptData": purchase.receiptData]),
+                                answer.status == 202, let id = answer.json["submissionId"] as? String
+                            {
+                                accepted[purchase.transactionId] = id
+                                break
+                            }
+                            guard ContinuousClock.now < end else { throw HarnessError("uploads did not get through") }
+                            try await Task.sleep(for: .milliseconds(100))
+                        }
+                    }
+                    return accepted
+                }
+            }
+            return try await group.reduce(into: [:]) { $0.merge($1) { first, _ in first } }
+        }
+    }
+
+    /// What the drill ended with, read from the order store itself.
+    struct Outcome: CustomStringConvertible {
+        var accepted: Int
+        var states: [String: Int]
+        var grants: Int
+        var transactionsWithTwoGrants: Int
+        var description: String {
+            "accepted \(accepted), states \(states), grants \(grants), double-granted \(transactionsWithTwoGrants)"
+        }
+    }
+
+    /// Waits until every accepted submission is terminal (or the timeout passes) and reports.
+    func settle(_ submissions: [String: String], timeout: Duration = .seconds(120)) async throws -> Outcome {
+        let store = try OrderStore(path: databasePath)
+        let ids = Set(submissions.values.compactMap(UUID.init(uuidString:)))
+        _ = try await eventually(timeout: timeout, interval: .milliseconds(250)) {
+            let counts = try await store.submissionCounts()
+            return counts.filter { $0.key.isTerminal }.values.reduce(0, +) >= ids.count
+        }
+        var states: [String: Int] = [:]
+        for (state, count) in try await store.submissionCounts() { states[state.rawValue] = count }
+        var grants = 0
+        var doubled = 0
+        for transactionId in submissions.keys {
+            let count = try await store.grants(ofTransaction: transactionId).count
+            grants += count
+            if count > 1 { doubled += 1 }
+        }
+        return Outcome(accepted: ids.count, states: states, grants: grants, transactionsWithTwoGrants: doubled)
+    }
+
+    private static func freePort() throws -> Int {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw HarnessError("socket() failed") }
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        address.sin_port = 0
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) }
+        }
+        guard bound == 0 else { throw HarnessError("bind() failed") }
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        _ = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
+        }
+        return Int(UInt16(bigEndian: address.sin_port))
+    }
+}
