@@ -2,10 +2,16 @@ import Foundation
 import Hummingbird
 import Logging
 import NIOCore
+import SwiftASN1
+import X509
 
 /// A local stand-in for Apple: it mints purchases and answers `verifyReceipt` with Apple's
 /// JSON shapes, with injectable latency and faults. Used by tests, benchmarks and `iap dev`;
 /// never for production.
+///
+/// Receipts are real app receipts: DER PKCS#7 `SignedData` around Apple's ASN.1 payload,
+/// signed by the fake's own certificate chain (kept in its file, so a restarted fake keeps
+/// its identity; `GET /fake/root-certificate` serves the root as DER).
 ///
 /// Routes under `/fake/` drive it: `POST /fake/purchases` mints a purchase (and the device's new
 /// receipt), `POST /fake/purchases/{transactionId}/cancel` refunds one, `POST /fake/faults`
@@ -13,19 +19,35 @@ import NIOCore
 /// `retryable`), `DELETE /fake/faults` clears them, `POST /fake/config {"latencyMs"}` slows
 /// every answer. `POST /verifyReceipt` and `POST /sandbox/verifyReceipt` answer as Apple's.
 public struct FakeAppStore: Sendable {
-    static let receiptPrefix = "FAKE-RECEIPT-V1:"
     let ledger: FakeLedger
+    let minter: ReceiptMinter
 
-    /// Creates a fake that remembers what it minted in the SQLite file at `databasePath`
-    /// (in memory when nil).
+    /// Creates a fake that remembers what it minted, and its signing identity, in the SQLite
+    /// file at `databasePath` (in memory when nil).
     public init(databasePath: String? = nil) throws {
         ledger = try FakeLedger(path: databasePath)
+        let bundle = try ledger.identity("certificate-authority") {
+            Array(try FakeCertificateAuthority.generate().pemBundle().utf8)
+        }
+        minter = ReceiptMinter(authority: try FakeCertificateAuthority(pemBundle: String(decoding: bundle, as: UTF8.self)))
+    }
+
+    /// The root certificate the fake's receipts chain up to, as DER.
+    public func rootCertificateDER() throws -> [UInt8] {
+        var serializer = DER.Serializer()
+        try serializer.serialize(minter.authority.root)
+        return serializer.serializedBytes
     }
 
     /// The routes.
     public func makeRouter() -> Router<BasicRequestContext> {
         let router = Router()
         router.get("/healthz") { _, _ in "ok" }
+        router.get("/fake/root-certificate") { _, _ in
+            Response(
+                status: .ok, headers: [.contentType: "application/pkix-cert"],
+                body: .init(byteBuffer: ByteBuffer(bytes: try rootCertificateDER())))
+        }
         router.post("/fake/purchases") { request, context in
             try await mintPurchase(request, context: context)
         }
@@ -107,8 +129,19 @@ public struct FakeAppStore: Sendable {
             bundleId: mint.bundleId, productId: mint.productId, environment: environment, type: type,
             quantity: mint.quantity ?? 1, applicationUsername: mint.applicationUsername, deviceId: mint.deviceId,
             expiresIn: mint.expiresInSeconds.map(TimeInterval.init))
-        let (purchase, bytes) = try ledger.mint(order) { _ in
-            Array((Self.receiptPrefix + UUID().uuidString).utf8)
+        let (purchase, bytes) = try ledger.mint(order) { receipt in
+            try minter.mint(
+                ReceiptPayload(
+                    bundleId: receipt.bundleId, creationDate: receipt.createdAt,
+                    inApp: receipt.purchases.map { purchase in
+                        InAppPurchasePayload(
+                            quantity: purchase.quantity, productId: purchase.productId,
+                            transactionId: purchase.transactionId,
+                            originalTransactionId: purchase.originalTransactionId, purchaseDate: purchase.purchaseDate,
+                            originalPurchaseDate: purchase.originalPurchaseDate, expiresDate: purchase.expiresDate,
+                            webOrderLineItemId: purchase.webOrderLineItemId.flatMap { Int64($0) },
+                            cancellationDate: purchase.cancellationDate)
+                    }))
         }
         return try json(
             MintResponse(

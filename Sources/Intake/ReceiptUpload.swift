@@ -1,3 +1,4 @@
+import AppStore
 import Foundation
 import Hummingbird
 import IAPCore
@@ -39,7 +40,25 @@ struct ReceiptUpload: Equatable {
         guard !bytes.isEmpty else {
             throw APIError(.badRequest, code: "receipt_empty", message: "'receiptData' holds no bytes")
         }
+        try Self.checkShape([UInt8](bytes))
         self.receiptData = compact
+    }
+
+    /// Refuses bytes that are not even a PKCS#7 container. Receipts whose content merely looks
+    /// unusual go on to Apple, which has the last word: the local parse trusts nothing and
+    /// must never turn away a real purchase.
+    private static func checkShape(_ bytes: [UInt8]) throws(APIError) {
+        do {
+            _ = try AppReceiptParser.parse(bytes)
+        } catch {
+            switch error.code {
+            case .notAReceipt, .invalidField:
+                return
+            default:
+                throw APIError(
+                    .badRequest, code: "receipt_malformed", message: "'receiptData' is not an app receipt (\(error.code))")
+            }
+        }
     }
 
     /// A string field: nil when absent or null (or empty), an error when of another type or too long.

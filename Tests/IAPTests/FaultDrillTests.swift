@@ -25,7 +25,10 @@ extension BrokerTests {
         func check(_ outcome: ProcessDrill.Outcome, purchases: Int, drill: ProcessDrill, name: String, recovery: Duration) {
             print("drill[\(name)]: purchases \(purchases), \(outcome), settled \(recovery) after the fault ended")
             #expect(outcome.accepted == purchases, "\(drill.logTail("orders"))")
-            #expect(outcome.states["credited"] == purchases, "\(outcome)")
+            // A phone that lost the 202 of a committed upload sends it again: one more
+            // submission, `already_credited`, also `credited`. Every submission is.
+            #expect(outcome.states["credited"] ?? 0 >= purchases, "\(outcome)")
+            #expect(outcome.states.values.reduce(0, +) == outcome.states["credited"], "\(outcome)")
             #expect(outcome.states["rejected"] == nil, "a transient failure became a rejection: \(outcome)")
             #expect(outcome.grants == purchases)
             #expect(outcome.transactionsWithTwoGrants == 0)
@@ -70,7 +73,7 @@ extension BrokerTests {
             try TestBroker.control("stop")
             // The intake keeps answering 202 while the broker is away.
             let duringOutage = try await HTTP.post(
-                drill.intakeURL + "/v1/receipts", json: ["userId": "outage", "receiptData": purchases[0].receiptData])
+                drill.intakeURL + "/v1/receipts", json: ["userId": "user-0", "receiptData": purchases[0].receiptData])
             try await Task.sleep(for: .seconds(10))
             try TestBroker.control("start")
             let recovered = ContinuousClock.now
@@ -80,8 +83,8 @@ extension BrokerTests {
             let outcome = try await drill.settle(submissions)
             print("drill[broker stopped 10 s]: purchases \(purchases.count), \(outcome), settled \(ContinuousClock.now - recovered) after the broker returned")
             #expect(outcome.accepted == purchases.count + 1)
-            #expect(outcome.states["credited"] == purchases.count + 1, "\(outcome)")
-            #expect(outcome.states["rejected"] == nil)
+            #expect(outcome.states["credited"] ?? 0 >= purchases.count + 1, "\(outcome)")
+            #expect(outcome.states.values.reduce(0, +) == outcome.states["credited"], "\(outcome)")
             // The extra upload repeats purchases[0]: still one grant.
             #expect(outcome.grants == purchases.count)
             #expect(outcome.transactionsWithTwoGrants == 0)

@@ -46,3 +46,19 @@ extension BrokerTests {
         }
     }
 }
+
+extension BrokerTests.IntakeValidationTests {
+    @Test func bytesThatAreNotAReceiptAreRefusedAtTheDoor() async throws {
+        let pipeline = try await PipelineHarness.start(name: "notreceipt")
+        defer { Task { await pipeline.stop() } }
+        var generator = SystemRandomNumberGenerator()
+        for length in [1, 16, 300, 5000] {
+            let junk = Data((0..<length).map { _ in UInt8.random(in: 0...255, using: &generator) })
+            let answer = try await HTTP.post(
+                pipeline.intakeURL + "/v1/receipts", json: ["userId": "u1", "receiptData": junk.base64EncodedString()])
+            #expect(answer.status == 400, "\(answer.text)")
+            #expect(answer.errorCode == "receipt_malformed", "\(answer.text)")
+        }
+        #expect(try await pipeline.store.submissionCounts().isEmpty)
+    }
+}
