@@ -53,7 +53,7 @@ public final class FinisherService: Service, Sendable {
             logger.error(
                 "undecodable result sent to the dead-letter queue",
                 metadata: ["amqp.queue": "\(settings.names.results)", "error": "\(error)"])
-            try? await delivery.reject(requeue: false)
+            await connection.deadLetter(delivery, to: settings.names.resultsDead, reason: "undecodable result: \(error)")
             return
         }
         let metadata: Logger.Metadata = [
@@ -64,7 +64,8 @@ public final class FinisherService: Service, Sendable {
             logger.debug("result applied", metadata: metadata.merging(["iap.state": "\(state.rawValue)"]) { $1 })
         } catch let error as OrderStoreError where error.code == .unknownSubmission {
             logger.warning("result for an unknown submission sent to the dead-letter queue", metadata: metadata)
-            try? await delivery.reject(requeue: false)
+            await connection.deadLetter(
+                delivery, to: settings.names.resultsDead, reason: "no submission \(result.submissionId) in this store")
             return
         } catch {
             logger.error(

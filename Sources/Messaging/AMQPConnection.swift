@@ -89,6 +89,33 @@ public final class AMQPConnection: Sendable {
         return try result.get()
     }
 
+    /// Takes one message from `queue` without a consumer (`basic.get`); nil when the queue is
+    /// empty. Settle it like any delivery.
+    public func get(_ queue: String) async throws(AMQPError) -> AMQPDelivery? {
+        let result = await withCheckedContinuation { done in
+            if !mailbox.post(.get(queue, done: done)) {
+                done.resume(returning: .failure(AMQPError(.shutdown, "the connection is closed")))
+            }
+        }
+        return try result.get()
+    }
+
+    /// Moves a delivery to a dead-letter queue with the reason in its headers
+    /// (`x-iap-dead-reason`, `x-iap-dead-from`), then acks it. If that publish fails, the
+    /// delivery is rejected without requeue, so the queue's own dead-lettering takes it.
+    public func deadLetter(_ delivery: AMQPDelivery, to queue: String, reason: String) async {
+        var headers = delivery.headers
+        headers["x-iap-dead-reason"] = String(reason.prefix(500))
+        headers["x-iap-dead-from"] = delivery.routingKey
+        do {
+            try await publish(
+                OutgoingMessage(routingKey: queue, body: delivery.body, headers: headers, messageId: delivery.messageId))
+            try await delivery.ack()
+        } catch {
+            try? await delivery.reject(requeue: false)
+        }
+    }
+
     /// Cancels consumers, waits briefly for outstanding confirms, closes the connection
     /// and ends its thread. Idempotent.
     public func close() async {

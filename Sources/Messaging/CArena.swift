@@ -104,4 +104,6 @@ enum AMQPMethod {
     static let basicDeliver: amqp_method_number_t = 0x003C_003C
     static let basicAck: amqp_method_number_t = 0x003C_0050
     static let basicNack: amqp_method_number_t = 0x003C_0078
+    static let basicGetOk: amqp_method_number_t = 0x003C_0047
+    static let basicGetEmpty: amqp_method_number_t = 0x003C_0048
 }

@@ -123,6 +123,8 @@ final class ConnectionWorker {
                 done.resume(returning: settle(settlement, channel: channel, generation: generation, tag: deliveryTag))
             case .queueStatus(let queue, let done):
                 done.resume(returning: queueStatus(queue))
+            case .get(let queue, let done):
+                done.resume(returning: get(queue))
             case .shutdown(let done):
                 shutdownWaiters.append(done)
                 if shutdownDeadline == nil {
@@ -198,7 +200,8 @@ final class ConnectionWorker {
         return .success(())
     }
 
-    private func queueStatus(_ queue: String) -> Result<QueueStatus, AMQPError> {
+    /// Opens the channel used for queries and single gets, if needed.
+    private func openQueryChannel() -> Result<amqp_connection_state_t, AMQPError> {
         guard let connection else {
             return .failure(AMQPError(.connectionFailed, "not connected to the broker"))
         }
@@ -209,6 +212,70 @@ final class ConnectionWorker {
                 return .failure(AMQPError(.connectionFailed, failure))
             }
             queryChannelOpen = true
+        }
+        return .success(connection)
+    }
+
+    /// Takes one message from a queue (`basic.get`, manual ack), or nil when it is empty.
+    private func get(_ queue: String) -> Result<AMQPDelivery?, AMQPError> {
+        let connection: amqp_connection_state_t
+        switch openQueryChannel() {
+        case .success(let open): connection = open
+        case .failure(let error): return .failure(error)
+        }
+        let arena = CArena()
+        let reply = amqp_basic_get(connection, Self.queryChannel, arena.bytes(queue), 0)
+        if let failure = Self.failure(of: reply) {
+            queryChannelOpen = false
+            if Self.isChannelClose(reply) {
+                var closeOk = amqp_channel_close_ok_t(dummy: 0)
+                amqp_send_method(connection, Self.queryChannel, AMQPMethod.channelCloseOk, &closeOk)
+                return .failure(AMQPError(.channelClosed, failure))
+            }
+            lose("basic.get failed: \(failure)")
+            return .failure(AMQPError(.connectionFailed, failure))
+        }
+        guard reply.reply.id == AMQPMethod.basicGetOk else { return .success(nil) }
+        let ok = reply.reply.decoded.assumingMemoryBound(to: amqp_basic_get_ok_t.self).pointee
+        let tag = ok.delivery_tag
+        let redelivered = ok.redelivered != 0
+        let exchange = ok.exchange.string
+        let routingKey = ok.routing_key.string
+        var message = amqp_message_t()
+        let read = amqp_read_message(connection, Self.queryChannel, &message, 0)
+        if let failure = Self.failure(of: read) {
+            lose("reading a fetched message failed: \(failure)")
+            return .failure(AMQPError(.connectionFailed, failure))
+        }
+        defer { amqp_destroy_message(&message) }
+        return .success(delivery(from: message, tag: tag, redelivered: redelivered, exchange: exchange,
+            routingKey: routingKey, channel: Self.queryChannel))
+    }
+
+    /// Copies what a consumer needs out of a message the library owns.
+    private func delivery(
+        from message: amqp_message_t, tag: UInt64, redelivered: Bool, exchange: String, routingKey: String,
+        channel: amqp_channel_t
+    ) -> AMQPDelivery {
+        let flags = message.properties._flags
+        var headers: [String: String] = [:]
+        if flags & amqp_flags_t(AMQP_BASIC_HEADERS_FLAG) != 0 {
+            headers = message.properties.headers.stringHeaders
+            headers[Self.publishIdHeader] = nil
+        }
+        let messageId =
+            flags & amqp_flags_t(AMQP_BASIC_MESSAGE_ID_FLAG) != 0 ? message.properties.message_id.string : nil
+        return AMQPDelivery(
+            body: message.body.array, headers: headers, exchange: exchange, routingKey: routingKey,
+            redelivered: redelivered, messageId: messageId, deliveryTag: tag, channel: channel,
+            generation: generation, mailbox: mailbox)
+    }
+
+    private func queueStatus(_ queue: String) -> Result<QueueStatus, AMQPError> {
+        let connection: amqp_connection_state_t
+        switch openQueryChannel() {
+        case .success(let open): connection = open
+        case .failure(let error): return .failure(error)
         }
         let arena = CArena()
         let ok = amqp_queue_declare(
@@ -282,18 +349,9 @@ final class ConnectionWorker {
                 return
             }
             defer { amqp_destroy_message(&message) }
-            let flags = message.properties._flags
-            var headers: [String: String] = [:]
-            if flags & amqp_flags_t(AMQP_BASIC_HEADERS_FLAG) != 0 {
-                headers = message.properties.headers.stringHeaders
-                headers[Self.publishIdHeader] = nil
-            }
-            let messageId =
-                flags & amqp_flags_t(AMQP_BASIC_MESSAGE_ID_FLAG) != 0 ? message.properties.message_id.string : nil
-            let delivery = AMQPDelivery(
-                body: message.body.array, headers: headers, exchange: exchange, routingKey: routingKey,
-                redelivered: redelivered, messageId: messageId, deliveryTag: tag, channel: channel,
-                generation: generation, mailbox: mailbox)
+            let delivery = self.delivery(
+                from: message, tag: tag, redelivered: redelivered, exchange: exchange, routingKey: routingKey,
+                channel: channel)
             let consumer = consumers.values.first { $0.channel == channel }
             var handed = false
             if let consumer, case .enqueued = consumer.registration.deliveries.yield(delivery) {
@@ -510,6 +568,7 @@ final class ConnectionWorker {
             case .cancelConsumer(_, let done): done.resume()
             case .settle(_, _, _, _, let done): done.resume(returning: .failure(error))
             case .queueStatus(_, let done): done.resume(returning: .failure(error))
+            case .get(_, let done): done.resume(returning: .failure(error))
             case .shutdown(let done): shutdownWaiters.append(done)
             }
         }

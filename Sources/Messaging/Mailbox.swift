@@ -18,6 +18,7 @@ enum Command: Sendable {
         Settlement, channel: UInt16, generation: UInt64, deliveryTag: UInt64,
         done: CheckedContinuation<Result<Void, AMQPError>, Never>)
     case queueStatus(String, done: CheckedContinuation<Result<QueueStatus, AMQPError>, Never>)
+    case get(String, done: CheckedContinuation<Result<AMQPDelivery?, AMQPError>, Never>)
     case shutdown(done: CheckedContinuation<Void, Never>)
 }
 

@@ -91,7 +91,8 @@ public final class VerifierService: Service, Sendable {
             logger.error(
                 "undecodable verify message sent to the dead-letter queue",
                 metadata: ["amqp.queue": "\(settings.names.verify)", "error": "\(error)"])
-            try? await delivery.reject(requeue: false)
+            await connection.deadLetter(
+                delivery, to: settings.names.verifyDead, reason: "undecodable verify request: \(error)")
             return
         }
         var metadata: Logger.Metadata = [

@@ -19,7 +19,7 @@ struct IAP: AsyncParsableCommand {
         abstract: "Verifies App Store purchases and credits each one exactly once.",
         subcommands: [
             IntakeCommand.self, VerifierCommand.self, FinisherCommand.self, OrdersCommand.self,
-            FakeAppStoreCommand.self, DevCommand.self, InspectCommand.self,
+            FakeAppStoreCommand.self, DevCommand.self, InspectCommand.self, AdminCommand.self,
         ])
 }
 

@@ -49,6 +49,37 @@ extension BrokerTests {
             #expect(try await pipeline.waitForState(id)["state"] as? String == "credited")
             #expect(try await eventually { try await connection.queueStatus(names.verifyDead).messageCount == 1 })
             #expect(try await eventually { try await connection.queueStatus(names.resultsDead).messageCount == 1 })
+
+            // The operator sees why, and listing leaves the messages in place.
+            let listed = try await DeadLetters(connection: connection).list(names.verifyDead, limit: 10)
+            #expect(listed.count == 1)
+            #expect(listed.first?.reason?.hasPrefix("undecodable verify request") == true)
+            #expect(listed.first?.from == names.verify)
+            #expect(try await eventually { try await connection.queueStatus(names.verifyDead).messageCount == 1 })
+            await connection.close()
+        }
+
+        @Test func deadLetteredUploadIsCreditedAfterRedrive() async throws {
+            let pipeline = try await PipelineHarness.start(name: "redrive")
+            defer { Task { await pipeline.stop() } }
+            let names = pipeline.names
+            let purchase = try await pipeline.mint()
+            // An accepted upload whose message ended up dead (as after an operator's purge or a bug).
+            let request = VerifyRequest(
+                submissionId: UUID(), userId: "ivan", receiptData: purchase.receiptData, acceptedAt: Date())
+            try await pipeline.store.accept(
+                request, message: OutboxMessage(routingKey: names.verifyDead, body: try MessageCodec().encode(request)))
+            let connection = AMQPConnection(
+                configuration: try TestBroker.configuration(),
+                topology: .pipeline(names, retrySchedule: RetrySchedule(delaysSeconds: [1])), logger: TestBroker.logger)
+            #expect(await connection.waitUntilConnected(timeout: .seconds(15)))
+            #expect(try await eventually { try await connection.queueStatus(names.verifyDead).messageCount == 1 })
+            #expect(try await pipeline.status(request.submissionId.uuidString)["state"] as? String == "pending")
+
+            let moved = try await DeadLetters(connection: connection).redrive(
+                names.verifyDead, fallback: names.verify, limit: 10, priority: VerifyPriority.retry)
+            #expect(moved == 1)
+            #expect(try await pipeline.waitForState(request.submissionId.uuidString)["state"] as? String == "credited")
             await connection.close()
         }
     }

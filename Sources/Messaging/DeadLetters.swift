@@ -1,0 +1,66 @@
+/// Reading and re-queueing what landed in a dead-letter queue (`iap admin dead-letters`).
+public struct DeadLetters: Sendable {
+    /// One dead message as an operator sees it.
+    public struct Entry: Sendable {
+        /// The message body.
+        public var body: [UInt8]
+        /// Why it was dead-lettered (`x-iap-dead-reason`), when known.
+        public var reason: String?
+        /// The queue it came from (`x-iap-dead-from`), when known.
+        public var from: String?
+        /// Its message id.
+        public var messageId: String?
+    }
+
+    private let connection: AMQPConnection
+
+    /// Works through `connection`.
+    public init(connection: AMQPConnection) {
+        self.connection = connection
+    }
+
+    /// The first `limit` messages of `queue`, left in place (requeued in order).
+    public func list(_ queue: String, limit: Int) async throws(AMQPError) -> [Entry] {
+        var held: [AMQPDelivery] = []
+        do {
+            while held.count < limit, let delivery = try await connection.get(queue) {
+                held.append(delivery)
+            }
+        } catch {
+            for delivery in held { try? await delivery.reject(requeue: true) }
+            throw error
+        }
+        for delivery in held { try? await delivery.reject(requeue: true) }
+        return held.map {
+            Entry(
+                body: $0.body, reason: $0.headers["x-iap-dead-reason"], from: $0.headers["x-iap-dead-from"],
+                messageId: $0.messageId)
+        }
+    }
+
+    /// Moves up to `limit` messages from `queue` back to where they came from (or to
+    /// `fallback` when that is unknown); each is acked only after its re-publish is confirmed.
+    /// Returns how many moved.
+    public func redrive(_ queue: String, fallback: String, limit: Int, priority: UInt8? = nil) async throws(AMQPError)
+        -> Int
+    {
+        var moved = 0
+        while moved < limit, let delivery = try await connection.get(queue) {
+            var headers = delivery.headers
+            let target = headers.removeValue(forKey: "x-iap-dead-from") ?? fallback
+            headers["x-iap-redriven-reason"] = headers.removeValue(forKey: "x-iap-dead-reason")
+            do {
+                try await connection.publish(
+                    OutgoingMessage(
+                        routingKey: target, body: delivery.body, headers: headers, messageId: delivery.messageId,
+                        priority: priority))
+                try await delivery.ack()
+                moved += 1
+            } catch {
+                try? await delivery.reject(requeue: true)
+                throw error
+            }
+        }
+        return moved
+    }
+}
