@@ -100,6 +100,7 @@ let package = Package(
             name: "Verifier",
             dependencies: [
                 "IAPCore", "Messaging", "AppStore",
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],

@@ -17,7 +17,7 @@ import X509
 /// receipt), `POST /fake/purchases/{transactionId}/cancel` refunds one, `POST /fake/faults`
 /// injects a misbehaviour (`status`, `httpStatus`, `delayMs`, `count`, `transactionId`,
 /// `retryable`), `DELETE /fake/faults` clears them, `POST /fake/config {"latencyMs"}` slows
-/// every answer. `POST /verifyReceipt` and `POST /sandbox/verifyReceipt` answer as Apple's.
+/// every answer, `GET /fake/stats` counts the calls. `POST /verifyReceipt` and `POST /sandbox/verifyReceipt` answer as Apple's.
 public struct FakeAppStore: Sendable {
     let ledger: FakeLedger
     let minter: ReceiptMinter
@@ -65,6 +65,9 @@ public struct FakeAppStore: Sendable {
         router.delete("/fake/faults") { _, _ in
             ledger.clearFaults()
             return HTTPResponse.Status.noContent
+        }
+        router.get("/fake/stats") { _, _ in
+            try json(["verifyReceiptCalls": ledger.verifyReceiptCalls])
         }
         router.post("/fake/config") { request, context in
             let config = try await request.decode(as: FakeConfig.self, context: context)
@@ -153,6 +156,7 @@ public struct FakeAppStore: Sendable {
     private func verifyReceipt(_ request: Request, endpoint: String) async throws -> Response {
         var request = request
         let body = try await request.collectBody(upTo: 8 * 1024 * 1024)
+        ledger.countVerifyReceiptCall()
         let latency = ledger.latencyMs
         if latency > 0 { try await Task.sleep(for: .milliseconds(latency)) }
 

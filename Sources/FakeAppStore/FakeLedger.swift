@@ -64,6 +64,7 @@ final class FakeLedger: Sendable {
     private struct Volatile {
         var faults: [Fault] = []
         var latencyMs = 0
+        var verifyReceiptCalls = 0
     }
 
     private let database: DatabaseQueue
@@ -222,6 +223,15 @@ final class FakeLedger: Sendable {
             try db.execute(sql: "INSERT INTO identity VALUES (?, ?)", arguments: [name, Data(value)])
             return value
         }
+    }
+
+    /// Counts one `verifyReceipt` call (for tests that check how often Apple was asked).
+    func countVerifyReceiptCall() {
+        volatile.withLockedValue { $0.verifyReceiptCalls += 1 }
+    }
+
+    var verifyReceiptCalls: Int {
+        volatile.withLockedValue { $0.verifyReceiptCalls }
     }
 
     func addFault(_ fault: Fault) {

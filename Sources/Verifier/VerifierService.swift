@@ -17,12 +17,16 @@ public struct VerifierSettings: Sendable {
     public var maxRetryAge: Duration
     /// Whether sandbox purchases (free to make) are credited.
     public var sandboxPolicy: SandboxPolicy
+    /// When to stop calling Apple during an outage.
+    public var circuitBreaker: CircuitBreaker.Settings
 
     /// Creates settings.
     public init(
         names: PipelineNames = .init(), concurrency: Int = 64, retrySchedule: RetrySchedule = .init(),
-        maxRetryAge: Duration = .seconds(72 * 3600), sandboxPolicy: SandboxPolicy = .accept
+        maxRetryAge: Duration = .seconds(72 * 3600), sandboxPolicy: SandboxPolicy = .accept,
+        circuitBreaker: CircuitBreaker.Settings = .init()
     ) {
+        self.circuitBreaker = circuitBreaker
         self.names = names
         self.concurrency = concurrency
         self.retrySchedule = retrySchedule
@@ -62,6 +66,7 @@ public final class VerifierService: Service, Sendable {
     private let verifier: any ReceiptVerifying
     private let logger: Logger
     private let codec = MessageCodec()
+    private let breaker: CircuitBreaker
 
     /// Creates a verifier that consumes through `connection` and asks `verifier`.
     public init(settings: VerifierSettings, connection: AMQPConnection, verifier: any ReceiptVerifying, logger: Logger) {
@@ -69,6 +74,7 @@ public final class VerifierService: Service, Sendable {
         self.connection = connection
         self.verifier = verifier
         self.logger = logger
+        self.breaker = CircuitBreaker(settings: settings.circuitBreaker)
     }
 
     public func run() async throws {
@@ -80,6 +86,22 @@ public final class VerifierService: Service, Sendable {
                 group.addTask { await self.handle(delivery) }
             }
             await consumer.cancel()
+        }
+    }
+
+    /// While the breaker is open: back to the shortest delay queue with the same attempt
+    /// number, so the outage does not count against the upload's retries.
+    private func postpone(_ request: VerifyRequest, delivery: AMQPDelivery) async {
+        let level = settings.retrySchedule.delaysSeconds[0]
+        do {
+            try await connection.publish(
+                OutgoingMessage(
+                    routingKey: settings.names.verifyRetry(delaySeconds: level), body: try codec.encode(request),
+                    messageId: request.submissionId.uuidString, priority: VerifyPriority.retry,
+                    expiration: .milliseconds(settings.retrySchedule.jitteredDelayMilliseconds(level: level))))
+            try await delivery.ack()
+        } catch {
+            try? await delivery.reject(requeue: true)
         }
     }
 
@@ -98,7 +120,18 @@ public final class VerifierService: Service, Sendable {
         var metadata: Logger.Metadata = [
             "iap.submission.id": "\(request.submissionId)", "iap.attempt": "\(request.attempt)",
         ]
+        if breaker.permit() == .wait {
+            await postpone(request, delivery: delivery)
+            return
+        }
         var outcome = await verifier.verify(request)
+        let transient: Bool
+        if case .retryLater = outcome { transient = true } else { transient = false }
+        if breaker.record(transientFailure: transient) {
+            logger.error(
+                "Apple keeps failing: verification paused",
+                metadata: ["iap.breaker.open_seconds": "\(settings.circuitBreaker.openDuration.components.seconds)"])
+        }
         if case .verified(let receipt) = outcome, receipt.environment == .sandbox,
             !settings.sandboxPolicy.allows(userId: request.userId)
         {

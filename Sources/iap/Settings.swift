@@ -183,6 +183,12 @@ struct VerifierOptions: ParsableArguments {
         }
     }
 
+    @Option(name: .long, help: "Transient Apple failures in a row that pause verification. (env IAP_BREAKER_FAILURES; default 20)")
+    var breakerFailures: Int?
+
+    @Option(name: .long, help: "Seconds verification stays paused before a probe. (env IAP_BREAKER_OPEN_SECONDS; default 30)")
+    var breakerOpenSeconds: Int?
+
     /// The shared secret comes from IAP_APPSTORE_SHARED_SECRET or IAP_APPSTORE_SHARED_SECRET_FILE only.
     func verifyReceiptSettings(endpointsOverride: VerifyReceiptEndpoints? = nil, defaultBundleIds: String? = nil) throws
         -> VerifyReceiptClient.Settings
@@ -221,7 +227,10 @@ struct VerifierOptions: ParsableArguments {
             concurrency: try reader.int(concurrency, "IAP_VERIFIER_CONCURRENCY", default: 64, in: 1...10_000),
             retrySchedule: RetrySchedule(delaysSeconds: delays),
             maxRetryAge: .seconds(try reader.int(maxRetryAgeHours, "IAP_MAX_RETRY_AGE_HOURS", default: 72, in: 1...8760) * 3600),
-            sandboxPolicy: try sandboxPolicy())
+            sandboxPolicy: try sandboxPolicy(),
+            circuitBreaker: CircuitBreaker.Settings(
+                failureThreshold: try reader.int(breakerFailures, "IAP_BREAKER_FAILURES", default: 20, in: 1...100_000),
+                openDuration: .seconds(try reader.int(breakerOpenSeconds, "IAP_BREAKER_OPEN_SECONDS", default: 30, in: 1...3600))))
     }
 }
 

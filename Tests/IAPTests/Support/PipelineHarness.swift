@@ -33,7 +33,8 @@ final class PipelineHarness: Sendable {
 
     static func start(
         name: String, roles: Set<Role> = [.intake, .verifier, .finisher], retryDelays: [Int] = [1],
-        appleTimeout: Duration = .seconds(2), sandboxPolicy: SandboxPolicy = .accept, verifierConcurrency: Int = 32
+        appleTimeout: Duration = .seconds(2), sandboxPolicy: SandboxPolicy = .accept, verifierConcurrency: Int = 32,
+        circuitBreaker: CircuitBreaker.Settings = .init()
     ) async throws -> PipelineHarness {
         let logger = TestBroker.logger
         let names = PipelineNames(prefix: TestBroker.uniquePrefix(name))
@@ -44,7 +45,7 @@ final class PipelineHarness: Sendable {
             intake: IntakeSettings(host: "127.0.0.1", port: 0, names: names),
             verifier: VerifierSettings(
                 names: names, concurrency: verifierConcurrency, retrySchedule: RetrySchedule(delaysSeconds: retryDelays),
-                sandboxPolicy: sandboxPolicy),
+                sandboxPolicy: sandboxPolicy, circuitBreaker: circuitBreaker),
             verifyReceipt: VerifyReceiptClient.Settings(endpoints: .apple, bundleIds: [bundleId], timeout: appleTimeout),
             finisher: FinisherSettings(names: names), fakeAppStoreHost: "127.0.0.1", fakeAppStorePort: 0)
 
