@@ -15,13 +15,19 @@ public struct IntakeSettings: Sendable {
     public var maxBodyBytes: Int
     /// Queue names.
     public var names: PipelineNames
+    /// Lost-message recovery.
+    public var sweeper: SweeperSettings
 
     /// Creates settings.
-    public init(host: String = "0.0.0.0", port: Int = 8080, maxBodyBytes: Int = 1_048_576, names: PipelineNames = .init()) {
+    public init(
+        host: String = "0.0.0.0", port: Int = 8080, maxBodyBytes: Int = 1_048_576, names: PipelineNames = .init(),
+        sweeper: SweeperSettings = .init()
+    ) {
         self.host = host
         self.port = port
         self.maxBodyBytes = maxBodyBytes
         self.names = names
+        self.sweeper = sweeper
     }
 }
 
@@ -38,7 +44,7 @@ public func makeIntakeRouter(
     return router
 }
 
-/// The intake's services: the outbox relay and the HTTP server.
+/// The intake's services: the outbox relay, the sweeper and the HTTP server (last).
 ///
 /// `publish` sends one outbox message and returns once the broker confirmed it.
 /// `onServerRunning` reports the bound port (useful with port 0).
@@ -48,11 +54,13 @@ public func makeIntakeServices(
     onServerRunning: @escaping @Sendable (Int) async -> Void = { _ in }
 ) -> [any Service] {
     let relay = OutboxRelay(store: store, logger: logger, publish: publish)
+    let sweeper = SubmissionSweeper(
+        settings: settings.sweeper, names: settings.names, store: store, logger: logger, requeued: { relay.notify() })
     let router = makeIntakeRouter(settings: settings, store: store, acceptedUpload: { relay.notify() })
     let application = Application(
         router: router,
         configuration: .init(address: .hostname(settings.host, port: settings.port), serverName: "iap-intake"),
         onServerRunning: { channel in await onServerRunning(channel.localAddress?.port ?? settings.port) },
         logger: logger)
-    return [relay, application]
+    return [relay, sweeper, application]
 }

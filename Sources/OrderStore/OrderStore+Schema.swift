@@ -20,6 +20,7 @@ extension OrderStore {
                         environment TEXT CHECK (environment IN ('Production', 'Sandbox')),
                         attempts INTEGER NOT NULL DEFAULT 0,
                         nextAttemptAt DATETIME,
+                        alertedAt DATETIME,
                         acceptedAt DATETIME NOT NULL,
                         updatedAt DATETIME NOT NULL
                     );

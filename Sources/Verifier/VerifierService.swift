@@ -90,15 +90,25 @@ public final class VerifierService: Service, Sendable {
     }
 
     /// While the breaker is open: back to the shortest delay queue with the same attempt
-    /// number, so the outage does not count against the upload's retries.
+    /// number, so the outage does not count against the upload's retries. The status says
+    /// `retrying` with the next attempt's time, so the sweeper knows it is not stuck.
     private func postpone(_ request: VerifyRequest, delivery: AMQPDelivery) async {
         let level = settings.retrySchedule.delaysSeconds[0]
+        let wait = settings.retrySchedule.jitteredDelayMilliseconds(level: level)
+        let result = VerifyResult(
+            submissionId: request.submissionId, userId: request.userId, orderId: request.orderId,
+            attempt: request.attempt, outcome: .retryLater(.appleUnavailable, message: "Apple is failing; verification paused"),
+            nextAttemptAt: Date().addingTimeInterval(TimeInterval(wait) / 1000))
         do {
             try await connection.publish(
                 OutgoingMessage(
                     routingKey: settings.names.verifyRetry(delaySeconds: level), body: try codec.encode(request),
                     messageId: request.submissionId.uuidString, priority: VerifyPriority.retry,
-                    expiration: .milliseconds(settings.retrySchedule.jitteredDelayMilliseconds(level: level))))
+                    expiration: .milliseconds(wait)))
+            try await connection.publish(
+                OutgoingMessage(
+                    routingKey: settings.names.results, body: try codec.encode(result),
+                    messageId: request.submissionId.uuidString))
             try await delivery.ack()
         } catch {
             try? await delivery.reject(requeue: true)

@@ -128,13 +128,28 @@ struct HTTPOptions: ParsableArguments {
     @Option(name: .long, help: "Largest upload body in bytes; larger ones get 413. (env IAP_MAX_BODY_BYTES; default 1048576)")
     var maxBodyBytes: Int?
 
+    @Option(name: .long, help: "Seconds between sweeps for stuck submissions. (env IAP_SWEEP_INTERVAL_SECONDS; default 60)")
+    var sweepIntervalSeconds: Int?
+
+    @Option(name: .long, help: "A pending submission untouched this many seconds is queued again. (env IAP_SWEEP_PENDING_AFTER_SECONDS; default 600)")
+    var sweepPendingAfterSeconds: Int?
+
+    @Option(name: .long, help: "A retry this many seconds overdue is queued again. (env IAP_SWEEP_RETRY_GRACE_SECONDS; default 600)")
+    var sweepRetryGraceSeconds: Int?
+
     func settings(names: PipelineNames, defaultHost: String = "0.0.0.0") throws -> IntakeSettings {
         let reader = SettingReader()
         return IntakeSettings(
             host: reader.string(host, "IAP_HTTP_HOST", default: defaultHost),
             port: try reader.int(port, "IAP_HTTP_PORT", default: 8080, in: 0...65535),
             maxBodyBytes: try reader.int(maxBodyBytes, "IAP_MAX_BODY_BYTES", default: 1_048_576, in: 1024...(64 << 20)),
-            names: names)
+            names: names,
+            sweeper: SweeperSettings(
+                interval: .seconds(try reader.int(sweepIntervalSeconds, "IAP_SWEEP_INTERVAL_SECONDS", default: 60, in: 1...86_400)),
+                pendingAfter: .seconds(
+                    try reader.int(sweepPendingAfterSeconds, "IAP_SWEEP_PENDING_AFTER_SECONDS", default: 600, in: 1...604_800)),
+                retryGrace: .seconds(
+                    try reader.int(sweepRetryGraceSeconds, "IAP_SWEEP_RETRY_GRACE_SECONDS", default: 600, in: 1...604_800))))
     }
 }
 

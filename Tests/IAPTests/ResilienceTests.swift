@@ -1,5 +1,6 @@
 import Foundation
 import IAPCore
+import Intake
 import Messaging
 import OrderStore
 import Testing
@@ -57,6 +58,23 @@ extension BrokerTests {
             #expect(listed.first?.from == names.verify)
             #expect(try await eventually { try await connection.queueStatus(names.verifyDead).messageCount == 1 })
             await connection.close()
+        }
+
+        @Test func lostMessageIsRecoveredByTheSweeper() async throws {
+            let pipeline = try await PipelineHarness.start(
+                name: "sweeper",
+                sweeper: SweeperSettings(interval: .milliseconds(300), pendingAfter: .seconds(1), retryGrace: .seconds(1)))
+            defer { Task { await pipeline.stop() } }
+            let purchase = try await pipeline.mint()
+            // Accepted, but its message went where no verifier looks (as if lost with a broker).
+            let request = VerifyRequest(
+                submissionId: UUID(), userId: "judy", receiptData: purchase.receiptData, acceptedAt: Date())
+            try await pipeline.store.accept(
+                request,
+                message: OutboxMessage(routingKey: pipeline.names.verifyDead, body: try MessageCodec().encode(request)))
+            let status = try await pipeline.waitForState(request.submissionId.uuidString, timeout: .seconds(15))
+            #expect(status["state"] as? String == "credited")
+            #expect(status["attempts"] as? Int == 1)
         }
 
         @Test func deadLetteredUploadIsCreditedAfterRedrive() async throws {

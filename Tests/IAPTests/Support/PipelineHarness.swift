@@ -34,7 +34,7 @@ final class PipelineHarness: Sendable {
     static func start(
         name: String, roles: Set<Role> = [.intake, .verifier, .finisher], retryDelays: [Int] = [1],
         appleTimeout: Duration = .seconds(2), sandboxPolicy: SandboxPolicy = .accept, verifierConcurrency: Int = 32,
-        circuitBreaker: CircuitBreaker.Settings = .init()
+        circuitBreaker: CircuitBreaker.Settings = .init(), sweeper: SweeperSettings = .init()
     ) async throws -> PipelineHarness {
         let logger = TestBroker.logger
         let names = PipelineNames(prefix: TestBroker.uniquePrefix(name))
@@ -42,7 +42,7 @@ final class PipelineHarness: Sendable {
         let databasePath = folder.appendingPathComponent("orders.sqlite").path
         var settings = PipelineSettings(
             amqp: try TestBroker.configuration(), names: names, databasePath: databasePath,
-            intake: IntakeSettings(host: "127.0.0.1", port: 0, names: names),
+            intake: IntakeSettings(host: "127.0.0.1", port: 0, names: names, sweeper: sweeper),
             verifier: VerifierSettings(
                 names: names, concurrency: verifierConcurrency, retrySchedule: RetrySchedule(delaysSeconds: retryDelays),
                 sandboxPolicy: sandboxPolicy, circuitBreaker: circuitBreaker),

@@ -1,0 +1,90 @@
+import Foundation
+import IAPCore
+import Logging
+import OrderStore
+import ServiceLifecycle
+
+/// How often and after how long the sweeper re-queues stuck submissions.
+public struct SweeperSettings: Sendable {
+    /// Time between sweeps.
+    public var interval: Duration
+    /// A `pending` submission untouched for this long is queued again.
+    public var pendingAfter: Duration
+    /// A `retrying` submission whose attempt is this late is queued again.
+    public var retryGrace: Duration
+
+    /// Creates settings.
+    public init(interval: Duration = .seconds(60), pendingAfter: Duration = .seconds(600), retryGrace: Duration = .seconds(600)) {
+        self.interval = interval
+        self.pendingAfter = pendingAfter
+        self.retryGrace = retryGrace
+    }
+}
+
+/// Lost-message recovery in the order service: submissions accepted but making no progress
+/// (their message was lost with a broker, purged, or stuck in a dead-letter queue) are
+/// queued again through the outbox. Duplicates are harmless: the finisher is idempotent.
+public final class SubmissionSweeper: Service, Sendable {
+    private let settings: SweeperSettings
+    private let names: PipelineNames
+    private let store: OrderStore
+    private let logger: Logger
+    private let requeued: @Sendable () -> Void
+    private let codec = MessageCodec()
+
+    /// Creates a sweeper; `requeued` is called after a sweep queued something (to wake the relay).
+    public init(
+        settings: SweeperSettings, names: PipelineNames, store: OrderStore, logger: Logger,
+        requeued: @escaping @Sendable () -> Void
+    ) {
+        self.settings = settings
+        self.names = names
+        self.store = store
+        self.logger = logger
+        self.requeued = requeued
+    }
+
+    public func run() async throws {
+        while !Task.isShuttingDownGracefully && !Task.isCancelled {
+            let interval = settings.interval
+            do {
+                try await cancelWhenGracefulShutdown { try await Task.sleep(for: interval) }
+            } catch {
+                return
+            }
+            if Task.isShuttingDownGracefully { return }
+            await sweep()
+        }
+    }
+
+    /// One sweep; returns how many submissions were queued again.
+    @discardableResult
+    public func sweep(now: Date = Date()) async -> Int {
+        let names = self.names
+        let codec = self.codec
+        do {
+            let requests = try await store.requeueStuck(
+                pendingBefore: now.addingTimeInterval(-Self.seconds(settings.pendingAfter)),
+                retryDueBefore: now.addingTimeInterval(-Self.seconds(settings.retryGrace)), limit: 1000, now: now
+            ) { request in
+                OutboxMessage(
+                    routingKey: names.verify, body: try codec.encode(request),
+                    messageId: request.submissionId.uuidString, priority: VerifyPriority.retry)
+            }
+            if !requests.isEmpty {
+                logger.warning(
+                    "stuck submissions queued again",
+                    metadata: ["iap.count": "\(requests.count)", "iap.submission.id": "\(requests[0].submissionId)"])
+                requeued()
+            }
+            return requests.count
+        } catch {
+            logger.error("sweep failed", metadata: ["error": "\(error)"])
+            return 0
+        }
+    }
+
+    private static func seconds(_ duration: Duration) -> TimeInterval {
+        TimeInterval(duration.components.seconds) + TimeInterval(duration.components.attoseconds) / 1e18
+    }
+}

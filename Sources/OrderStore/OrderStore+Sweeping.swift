@@ -1,0 +1,54 @@
+import Foundation
+import GRDB
+import IAPCore
+
+extension OrderStore {
+    /// Finds submissions that made no progress and queues them again, in one transaction:
+    /// `pending` ones untouched since `pendingBefore`, and `retrying` ones whose next attempt
+    /// was due before `retryDueBefore` (their message was lost with a broker, or purged).
+    /// Safe because applying a result twice changes nothing. Returns the re-queued requests.
+    public func requeueStuck(
+        pendingBefore: Date, retryDueBefore: Date, limit: Int, now: Date = Date(),
+        message: @escaping @Sendable (VerifyRequest) throws -> OutboxMessage
+    ) async throws -> [VerifyRequest] {
+        try await database.write { db in
+            let rows = try Row.fetchAll(
+                db,
+                sql: """
+                    SELECT id, userId, orderId, transactionId, receiptData, attempts, acceptedAt FROM submission
+                    WHERE (state = 'pending' AND updatedAt < ?) OR (state = 'retrying' AND nextAttemptAt < ?)
+                    ORDER BY updatedAt LIMIT ?
+                    """,
+                arguments: [pendingBefore, retryDueBefore, limit])
+            var requeued: [VerifyRequest] = []
+            for row in rows {
+                guard let id = UUID(uuidString: row["id"]) else { continue }
+                let request = VerifyRequest(
+                    submissionId: id, userId: row["userId"], receiptData: row["receiptData"],
+                    transactionId: row["transactionId"], orderId: row["orderId"],
+                    attempt: (row["attempts"] as Int) + 1, acceptedAt: row["acceptedAt"])
+                try Self.insert(try message(request), now: now, in: db)
+                try db.execute(
+                    sql: """
+                        UPDATE submission SET updatedAt = ?,
+                            nextAttemptAt = CASE WHEN state = 'retrying' THEN ? ELSE nextAttemptAt END
+                        WHERE id = ?
+                        """,
+                    arguments: [now, now, id.uuidString])
+                requeued.append(request)
+            }
+            return requeued
+        }
+    }
+
+    /// Marks that an alert went out for a submission; true only the first time, so each
+    /// submission alerts once.
+    public func claimAlert(for id: SubmissionID, now: Date = Date()) async throws -> Bool {
+        try await database.write { db in
+            try db.execute(
+                sql: "UPDATE submission SET alertedAt = ? WHERE id = ? AND alertedAt IS NULL",
+                arguments: [now, id.uuidString])
+            return db.changesCount > 0
+        }
+    }
+}
