@@ -1,3 +1,4 @@
+import AsyncHTTPClient
 import Foundation
 import IAPCore
 import Logging
@@ -11,11 +12,14 @@ public struct FinisherSettings: Sendable {
     public var names: PipelineNames
     /// Results fetched ahead of processing.
     public var prefetch: Int
+    /// When and where to alert.
+    public var alerts: AlertSettings
 
     /// Creates settings.
-    public init(names: PipelineNames = .init(), prefetch: Int = 64) {
+    public init(names: PipelineNames = .init(), prefetch: Int = 64, alerts: AlertSettings = .init()) {
         self.names = names
         self.prefetch = prefetch
+        self.alerts = alerts
     }
 }
 
@@ -27,13 +31,18 @@ public final class FinisherService: Service, Sendable {
     private let store: OrderStore
     private let logger: Logger
     private let codec = MessageCodec()
+    private let alerts: AlertSender
 
-    /// Creates a finisher.
-    public init(settings: FinisherSettings, connection: AMQPConnection, store: OrderStore, logger: Logger) {
+    /// Creates a finisher; `httpClient` carries webhook alerts, when configured.
+    public init(
+        settings: FinisherSettings, connection: AMQPConnection, store: OrderStore, httpClient: HTTPClient?,
+        logger: Logger
+    ) {
         self.settings = settings
         self.connection = connection
         self.store = store
         self.logger = logger
+        self.alerts = AlertSender(settings: settings.alerts, httpClient: httpClient, logger: logger)
     }
 
     public func run() async throws {
@@ -62,6 +71,10 @@ public final class FinisherService: Service, Sendable {
         do {
             let state = try await store.apply(result)
             logger.debug("result applied", metadata: metadata.merging(["iap.state": "\(state.rawValue)"]) { $1 })
+            if let alert = alerts.alert(for: result, state: state), try await store.claimAlert(for: result.submissionId) {
+                let alerts = self.alerts
+                Task { await alerts.send(alert) }
+            }
         } catch let error as OrderStoreError where error.code == .unknownSubmission {
             logger.warning("result for an unknown submission sent to the dead-letter queue", metadata: metadata)
             await connection.deadLetter(

@@ -122,18 +122,23 @@ public struct Pipeline: Sendable {
             middle.append(contentsOf: services.dropLast())
             last.append(contentsOf: services.suffix(1))
         }
-        if roles.contains(.finisher), let store, let connection {
-            middle.append(FinisherService(settings: settings.finisher, connection: connection, store: store, logger: logger))
-        }
+        // One HTTP client per process, for Apple and for alert webhooks.
         var httpClient: HTTPClient?
-        if roles.contains(.verifier), let connection {
+        if roles.contains(.verifier) || (roles.contains(.finisher) && settings.finisher.alerts.webhookURL != nil) {
             var configuration = HTTPClient.Configuration()
             configuration.timeout = .init(connect: .seconds(5))
             configuration.connectionPool = .init(
                 idleTimeout: .seconds(60),
                 concurrentHTTP1ConnectionsPerHostSoftLimit: max(8, settings.verifier.concurrency))
-            let client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
-            httpClient = client
+            httpClient = HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
+        }
+        if roles.contains(.finisher), let store, let connection {
+            middle.append(
+                FinisherService(
+                    settings: settings.finisher, connection: connection, store: store, httpClient: httpClient,
+                    logger: logger))
+        }
+        if roles.contains(.verifier), let connection, let client = httpClient {
             let verifier = VerifyReceiptClient(settings: settings.verifyReceipt, httpClient: client, logger: logger)
             middle.append(
                 VerifierService(settings: settings.verifier, connection: connection, verifier: verifier, logger: logger))

@@ -40,7 +40,19 @@ private func pipelineSettings(
             ?? VerifyReceiptClient.Settings(endpoints: .apple, bundleIds: []),
         finisher: FinisherSettings(
             names: names,
-            prefetch: try SettingReader().int(finisherPrefetch, "IAP_FINISHER_PREFETCH", default: 64, in: 1...10_000)))
+            prefetch: try SettingReader().int(finisherPrefetch, "IAP_FINISHER_PREFETCH", default: 64, in: 1...10_000),
+            alerts: try alertSettings()))
+}
+
+/// Alerts: after how many failed attempts, and the optional webhook.
+private func alertSettings() throws -> AlertSettings {
+    let reader = SettingReader()
+    let webhook = reader.optionalString(nil, "IAP_ALERT_WEBHOOK")
+    if let webhook, URL(string: webhook)?.host == nil {
+        throw ValidationError("IAP_ALERT_WEBHOOK must be an http(s) URL, got '\(webhook)'")
+    }
+    return AlertSettings(
+        afterAttempts: try reader.int(nil, "IAP_ALERT_AFTER_ATTEMPTS", default: 10, in: 1...10_000), webhookURL: webhook)
 }
 
 struct IntakeCommand: AsyncParsableCommand {

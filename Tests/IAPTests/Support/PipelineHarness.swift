@@ -34,7 +34,8 @@ final class PipelineHarness: Sendable {
     static func start(
         name: String, roles: Set<Role> = [.intake, .verifier, .finisher], retryDelays: [Int] = [1],
         appleTimeout: Duration = .seconds(2), sandboxPolicy: SandboxPolicy = .accept, verifierConcurrency: Int = 32,
-        circuitBreaker: CircuitBreaker.Settings = .init(), sweeper: SweeperSettings = .init()
+        circuitBreaker: CircuitBreaker.Settings = .init(), sweeper: SweeperSettings = .init(),
+        alerts: AlertSettings = .init()
     ) async throws -> PipelineHarness {
         let logger = TestBroker.logger
         let names = PipelineNames(prefix: TestBroker.uniquePrefix(name))
@@ -47,7 +48,7 @@ final class PipelineHarness: Sendable {
                 names: names, concurrency: verifierConcurrency, retrySchedule: RetrySchedule(delaysSeconds: retryDelays),
                 sandboxPolicy: sandboxPolicy, circuitBreaker: circuitBreaker),
             verifyReceipt: VerifyReceiptClient.Settings(endpoints: .apple, bundleIds: [bundleId], timeout: appleTimeout),
-            finisher: FinisherSettings(names: names), fakeAppStoreHost: "127.0.0.1", fakeAppStorePort: 0)
+            finisher: FinisherSettings(names: names, alerts: alerts), fakeAppStoreHost: "127.0.0.1", fakeAppStorePort: 0)
 
         let ports = NIOLockedValueBox([Role: Int]())
         let report: @Sendable (Role, Int) async -> Void = { role, port in ports.withLockedValue { $0[role] = port } }

@@ -1,0 +1,74 @@
+import Finisher
+import Foundation
+import Hummingbird
+import Logging
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOHTTP1
+import ServiceLifecycle
+import Testing
+
+extension BrokerTests {
+    @Suite("Alerts")
+    struct AlertTests {
+        /// A webhook receiver on loopback that keeps what it was sent.
+        struct Webhook {
+            let url: String
+            let received: NIOLockedValueBox<[Alert]>
+            let group: ServiceGroup
+            let task: Task<Void, any Error>
+
+            static func start() async throws -> Webhook {
+                let received = NIOLockedValueBox([Alert]())
+                let port = NIOLockedValueBox(0)
+                let router = Router()
+                router.post("/alerts") { request, context in
+                    let alert = try await request.decode(as: Alert.self, context: context)
+                    received.withLockedValue { $0.append(alert) }
+                    return HTTPResponse.Status.noContent
+                }
+                let application = Application(
+                    router: router, configuration: .init(address: .hostname("127.0.0.1", port: 0)),
+                    onServerRunning: { channel in port.withLockedValue { $0 = channel.localAddress?.port ?? 0 } },
+                    logger: TestBroker.logger)
+                let group = ServiceGroup(
+                    configuration: .init(services: [application], gracefulShutdownSignals: [], logger: TestBroker.logger))
+                let task = Task { try await group.run() }
+                guard try await eventually(timeout: .seconds(10), { port.withLockedValue { $0 } != 0 }) else {
+                    throw HarnessError("the webhook receiver did not start")
+                }
+                return Webhook(
+                    url: "http://127.0.0.1:\(port.withLockedValue { $0 })/alerts", received: received, group: group,
+                    task: task)
+            }
+
+            func stop() async {
+                await group.triggerGracefulShutdown()
+                _ = try? await task.value
+            }
+        }
+
+        @Test func repeatedFailuresAlertOnceThroughTheWebhook() async throws {
+            let webhook = try await Webhook.start()
+            defer { Task { await webhook.stop() } }
+            let pipeline = try await PipelineHarness.start(
+                name: "alerts", retryDelays: [1], alerts: AlertSettings(afterAttempts: 2, webhookURL: webhook.url))
+            defer { Task { await pipeline.stop() } }
+            let purchase = try await pipeline.mint()
+            try await pipeline.injectFault(.init(httpStatus: 503, count: 0, transactionId: purchase.transactionId))
+            let id = try await pipeline.upload(userId: "kim", receiptData: purchase.receiptData)
+
+            #expect(try await eventually(timeout: .seconds(20)) { (try await pipeline.status(id)["attempts"] as? Int ?? 0) >= 4 })
+            let alerts = webhook.received.withLockedValue { $0 }
+            #expect(alerts.count == 1, "\(alerts)")
+            #expect(alerts.first?.kind == "repeated_failures")
+            #expect(alerts.first?.submissionId == id)
+            #expect(alerts.first?.reason == "apple_unavailable")
+            #expect(alerts.first?.state == "retrying")
+
+            _ = try await HTTP.send(pipeline.fakeURL + "/fake/faults", method: .DELETE, body: nil)
+            #expect(try await pipeline.waitForState(id)["state"] as? String == "credited")
+            #expect(webhook.received.withLockedValue { $0.count } == 1)
+        }
+    }
+}
