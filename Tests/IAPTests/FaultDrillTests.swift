@@ -110,6 +110,28 @@ extension BrokerTests {
             check(outcome, purchases: purchases.count, drill: drill, name: "Apple 503 / 21005 / hanging for 9 s", recovery: .now - recovered)
         }
 
+        @Test func everyRoleStopsCleanlyOnSIGTERMMidStream() async throws {
+            let drill = try await startStandardDrill("sigterm")
+            defer { drill.stopAll() }
+            let purchases = try await drill.mint(500)
+            let uploads = Task { try await drill.upload(purchases) }
+            try await Task.sleep(for: .milliseconds(800))
+            let started = ContinuousClock.now
+            let verifierStatus = drill.terminate("verifier")
+            let ordersStatus = drill.terminate("orders")
+            let stopping = ContinuousClock.now - started
+            #expect(verifierStatus == 0, "\(drill.logTail("verifier"))")
+            #expect(ordersStatus == 0, "\(drill.logTail("orders"))")
+            #expect(stopping < .seconds(20))
+            try drill.start("orders")
+            try drill.start("verifier")
+            let outcome = try await drill.settle(try await uploads.value)
+            print("drill[SIGTERM verifier and orders]: purchases \(purchases.count), \(outcome), both stopped in \(stopping)")
+            #expect(outcome.states.values.reduce(0, +) == outcome.states["credited"], "\(outcome)")
+            #expect(outcome.grants == purchases.count)
+            #expect(outcome.transactionsWithTwoGrants == 0)
+        }
+
         @Test func resultsRedeliveredAfterFinisherCrashesCreditOnce() async throws {
             let drill = try ProcessDrill(name: "redeliver", environment: ["IAP_FINISHER_PREFETCH": "500"])
             defer { drill.stopAll() }

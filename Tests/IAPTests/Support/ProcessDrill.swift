@@ -90,11 +90,13 @@ final class ProcessDrill: Sendable {
         process.waitUntilExit()
     }
 
-    /// Asks a role to shut down gracefully and waits for it.
-    func terminate(_ role: String) {
-        guard let process = children.withLockedValue({ $0.removeValue(forKey: role) }) else { return }
+    /// Asks a role to shut down gracefully (SIGTERM) and waits for it; returns its exit status.
+    @discardableResult
+    func terminate(_ role: String) -> Int32? {
+        guard let process = children.withLockedValue({ $0.removeValue(forKey: role) }) else { return nil }
         process.terminate()
         process.waitUntilExit()
+        return process.terminationStatus
     }
 
     /// Stops every child; kills what does not stop within a few seconds.
