@@ -22,7 +22,7 @@ public struct VerifyReceiptClient: ReceiptVerifying {
         public var bundleIds: Set<String>
         /// Time allowed for one call to Apple.
         public var timeout: Duration
-        /// Attempts after which a repeated `21002` ("malformed, or try again") counts as invalid.
+        /// `21002` answers ("malformed, or try again") after which the receipt counts as invalid.
         public var malformedRetryLimit: Int
 
         /// Creates settings.
@@ -69,10 +69,11 @@ public struct VerifyReceiptClient: ReceiptVerifying {
             case 21000, 21003, 21010:
                 return .rejected(.invalidReceipt, message: "Apple answered status \(status)")
             case 21002:
-                if request.attempt >= settings.malformedRetryLimit {
-                    return .rejected(.invalidReceipt, message: "Apple answered 21002 on \(request.attempt) attempts")
+                let answers = (request.malformedAnswers ?? 0) + 1
+                if answers >= settings.malformedRetryLimit {
+                    return .rejected(.invalidReceipt, message: "Apple answered 21002 \(answers) times")
                 }
-                return .retryLater(.appleRetryable, message: "Apple answered 21002 (malformed or temporary)")
+                return .retryLater(.appleMalformed, message: "Apple answered 21002 (malformed or temporary)")
             case 21004:
                 logger.error(
                     "verifyReceipt refused the shared secret",

@@ -27,31 +27,47 @@ public struct FinisherSettings: Sendable {
 /// message, acked only after the commit, idempotent under redelivery.
 public final class FinisherService: Service, Sendable {
     private let settings: FinisherSettings
-    private let connection: AMQPConnection
+    private let consumer: AMQPConnection
+    private let publisher: AMQPConnection
     private let store: OrderStore
     private let logger: Logger
     private let codec = MessageCodec()
     private let alerts: AlertSender
 
-    /// Creates a finisher; `httpClient` carries webhook alerts, when configured.
+    /// Creates a finisher that consumes and acks through `consumer`, dead-letters through
+    /// `publisher`; `httpClient` carries webhook alerts, when configured.
     public init(
-        settings: FinisherSettings, connection: AMQPConnection, store: OrderStore, httpClient: HTTPClient?,
-        logger: Logger
+        settings: FinisherSettings, consumer: AMQPConnection, publisher: AMQPConnection, store: OrderStore,
+        httpClient: HTTPClient?, logger: Logger
     ) {
         self.settings = settings
-        self.connection = connection
+        self.consumer = consumer
+        self.publisher = publisher
         self.store = store
         self.logger = logger
         self.alerts = AlertSender(settings: settings.alerts, httpClient: httpClient, logger: logger)
     }
 
     public func run() async throws {
-        let consumer = connection.consume(
+        let consumer = self.consumer.consume(
             queue: settings.names.results, prefetch: UInt16(clamping: max(1, settings.prefetch)))
         for await delivery in consumer.cancelOnGracefulShutdown() {
             await handle(delivery)
         }
         await consumer.cancel()
+    }
+
+    /// Alerting never holds up crediting: a failure here is logged and the result still acked.
+    private func alertIfNeeded(_ result: VerifyResult, state: SubmissionState) async {
+        guard let alert = alerts.alert(for: result, state: state) else { return }
+        do {
+            guard try await store.claimAlert(for: result.submissionId) else { return }
+        } catch {
+            logger.error("alert not recorded", metadata: ["iap.submission.id": "\(result.submissionId)", "error": "\(error)"])
+            return
+        }
+        let alerts = self.alerts
+        Task { await alerts.send(alert) }
     }
 
     func handle(_ delivery: AMQPDelivery) async {
@@ -62,7 +78,7 @@ public final class FinisherService: Service, Sendable {
             logger.error(
                 "undecodable result sent to the dead-letter queue",
                 metadata: ["amqp.queue": "\(settings.names.results)", "error": "\(error)"])
-            await connection.deadLetter(delivery, to: settings.names.resultsDead, reason: "undecodable result: \(error)")
+            await publisher.deadLetter(delivery, to: settings.names.resultsDead, reason: "undecodable result: \(error)")
             return
         }
         let metadata: Logger.Metadata = [
@@ -71,13 +87,10 @@ public final class FinisherService: Service, Sendable {
         do {
             let state = try await store.apply(result)
             logger.debug("result applied", metadata: metadata.merging(["iap.state": "\(state.rawValue)"]) { $1 })
-            if let alert = alerts.alert(for: result, state: state), try await store.claimAlert(for: result.submissionId) {
-                let alerts = self.alerts
-                Task { await alerts.send(alert) }
-            }
+            await alertIfNeeded(result, state: state)
         } catch let error as OrderStoreError where error.code == .unknownSubmission {
             logger.warning("result for an unknown submission sent to the dead-letter queue", metadata: metadata)
-            await connection.deadLetter(
+            await publisher.deadLetter(
                 delivery, to: settings.names.resultsDead, reason: "no submission \(result.submissionId) in this store")
             return
         } catch {

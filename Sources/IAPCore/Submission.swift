@@ -67,6 +67,9 @@ public struct VerifyRequest: Codable, Sendable, Equatable {
     public var attempt: Int
     /// When the intake accepted the upload; retries give up after a maximum age counted from here.
     public var acceptedAt: Date
+    /// How many times Apple answered 21002 ("malformed, or a temporary issue") so far;
+    /// counted apart from other failures so that timeouts never hasten a rejection.
+    public var malformedAnswers: Int?
 
     /// Creates a request.
     public init(

@@ -78,6 +78,8 @@ public struct ReasonCode: RawRepresentable, Codable, Sendable, Hashable, CustomS
     public static let bundleIdMismatch = ReasonCode("bundle_id_mismatch")
     /// Apple could not be reached, timed out, or answered with a server error.
     public static let appleUnavailable = ReasonCode("apple_unavailable")
+    /// Apple answered 21002: malformed, or a temporary issue; retried a few times.
+    public static let appleMalformed = ReasonCode("apple_malformed")
     /// Apple answered with a status that asks us to try again later.
     public static let appleRetryable = ReasonCode("apple_retryable")
     /// Our shared secret does not match Apple's (21004): a configuration fault, never the user's.

@@ -20,11 +20,16 @@ public struct AMQPConfiguration: Sendable, Equatable {
     public var minimumReconnectDelay: Duration
     /// Longest delay between reconnection attempts.
     public var maximumReconnectDelay: Duration
+    /// The name the broker shows for this connection.
+    public var connectionName: String
 
     /// Reads an `amqp://user:password@host:port/vhost` URL.
     ///
     /// An empty path means the default virtual host `/`; `%2f` spells `/` explicitly.
-    public init(url: String, heartbeatSeconds: Int = 10) throws(AMQPError) {
+    ///
+    /// The heartbeat is at least one second: without heartbeats a broker that stops
+    /// answering would hold the connection's thread until TCP gives up.
+    public init(url: String, heartbeatSeconds: Int = 10, connectionName: String = "iap") throws(AMQPError) {
         guard let components = URLComponents(string: url), components.scheme == "amqp",
             let host = components.host, !host.isEmpty
         else {
@@ -37,7 +42,8 @@ public struct AMQPConfiguration: Sendable, Equatable {
         let path = components.percentEncodedPath
         let vhost = path.hasPrefix("/") ? String(path.dropFirst()) : path
         self.virtualHost = vhost.isEmpty ? "/" : (vhost.removingPercentEncoding ?? vhost)
-        self.heartbeatSeconds = heartbeatSeconds
+        self.heartbeatSeconds = max(1, heartbeatSeconds)
+        self.connectionName = connectionName
         self.connectTimeout = .seconds(5)
         self.minimumReconnectDelay = .milliseconds(200)
         self.maximumReconnectDelay = .seconds(5)

@@ -58,8 +58,10 @@ public final class AMQPConnection: Sendable {
         let id = mailbox.nextId()
         let mailbox = self.mailbox
         let result = await withTaskCancellationHandler {
-            await withCheckedContinuation { done in
-                if !mailbox.post(.publish(PendingPublish(id: id, message: message, done: done))) {
+            await withCheckedContinuation { (done: CheckedContinuation<Result<Void, AMQPError>, Never>) in
+                if Task.isCancelled {
+                    done.resume(returning: .failure(AMQPError(.cancelled, "cancelled before it was sent")))
+                } else if !mailbox.post(.publish(PendingPublish(id: id, message: message, done: done))) {
                     done.resume(returning: .failure(AMQPError(.shutdown, "the connection is closed")))
                 }
             }

@@ -36,7 +36,10 @@ final class ConnectionWorker {
     private var consumers: [Int: Consumer] = [:]
     private var nextConsumerChannel = ConnectionWorker.firstConsumerChannel
     private var reconnectDelay: Duration
+    private var nextConnectAttempt = ContinuousClock.now
     private var shutdownWaiters: [CheckedContinuation<Void, Never>] = []
+    /// Publishes cancelled before they reached this thread (the cancel can overtake them).
+    private var cancelledBeforeArrival: Set<UInt64> = []
     private var shutdownDeadline: ContinuousClock.Instant?
 
     init(configuration: AMQPConfiguration, topology: Topology, mailbox: Mailbox, logger: Logger) {
@@ -56,8 +59,14 @@ final class ConnectionWorker {
                 break
             }
             if connection == nil && shutdownDeadline == nil {
+                // Commands wake the loop while disconnected; they do not hurry the next attempt.
+                if ContinuousClock.now < nextConnectAttempt {
+                    waitForWork(timeout: nextConnectAttempt - ContinuousClock.now)
+                    handle(mailbox.takeAll())
+                    continue
+                }
                 if !connect() {
-                    waitForWork(timeout: reconnectDelay)
+                    nextConnectAttempt = ContinuousClock.now + reconnectDelay
                     reconnectDelay = min(reconnectDelay * 2, configuration.maximumReconnectDelay)
                     handle(mailbox.takeAll())
                     continue
@@ -99,7 +108,9 @@ final class ConnectionWorker {
         for command in commands {
             switch command {
             case .publish(let publish):
-                if connection != nil && waiting.isEmpty {
+                if cancelledBeforeArrival.remove(publish.id) != nil {
+                    publish.done.resume(returning: .failure(AMQPError(.cancelled, "cancelled before it was sent")))
+                } else if connection != nil && waiting.isEmpty {
                     send(publish)
                 } else {
                     waiting.append(publish)
@@ -108,6 +119,9 @@ final class ConnectionWorker {
                 if let index = waiting.firstIndex(where: { $0.id == id }) {
                     let publish = waiting.remove(at: index)
                     publish.done.resume(returning: .failure(AMQPError(.cancelled, "cancelled before it was sent")))
+                } else if !unconfirmed.values.contains(where: { $0.id == id }) {
+                    if cancelledBeforeArrival.count > 10_000 { cancelledBeforeArrival.removeAll() }
+                    cancelledBeforeArrival.insert(id)
                 }
             case .consume(let registration):
                 let channel = nextConsumerChannel
@@ -315,8 +329,10 @@ final class ConnectionWorker {
         for _ in 0..<256 {
             guard let connection else { return any }
             var frame = amqp_frame_t()
-            var zero = timeval(tv_sec: 0, tv_usec: 0)
-            let status = amqp_simple_wait_frame_noblock(connection, &frame, &zero)
+            // Not zero: with a zero timeout the library never compares against the broker's
+            // heartbeat deadline, and a silent broker would go unnoticed until TCP gives up.
+            var almostNow = timeval(tv_sec: 0, tv_usec: 1)
+            let status = amqp_simple_wait_frame_noblock(connection, &frame, &almostNow)
             if status == AMQP_STATUS_TIMEOUT.rawValue { return any }
             guard status == AMQP_STATUS_OK.rawValue else {
                 lose("reading from the broker failed: \(Self.describe(status: status))")
@@ -448,7 +464,7 @@ final class ConnectionWorker {
                 iap_amqp_login_plain(
                     connection, arena.cString(configuration.virtualHost), 0, 131_072,
                     Int32(configuration.heartbeatSeconds), arena.cString(configuration.user),
-                    arena.cString(configuration.password)), "login")
+                    arena.cString(configuration.password), arena.cString(configuration.connectionName)), "login")
             amqp_channel_open(connection, Self.publishChannel)
             try Self.check(amqp_get_rpc_reply(connection), "opening the publish channel")
             amqp_confirm_select(connection, Self.publishChannel)

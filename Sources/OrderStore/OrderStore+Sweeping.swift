@@ -16,7 +16,9 @@ extension OrderStore {
                 db,
                 sql: """
                     SELECT id, userId, orderId, transactionId, receiptData, attempts, acceptedAt FROM submission
-                    WHERE (state = 'pending' AND updatedAt < ?) OR (state = 'retrying' AND nextAttemptAt < ?)
+                    WHERE ((state = 'pending' AND updatedAt < ?) OR (state = 'retrying' AND nextAttemptAt < ?))
+                        -- Still waiting in the outbox (broker away): not lost, do not copy it.
+                        AND NOT EXISTS (SELECT 1 FROM outbox WHERE outbox.messageId = submission.id)
                     ORDER BY updatedAt LIMIT ?
                     """,
                 arguments: [pendingBefore, retryDueBefore, limit])

@@ -92,7 +92,11 @@ public final class OutboxRelay: Service, Sendable {
                 try await store.markPublishFailed(id, error: error)
             }
         } catch {
+            // The rows stay and go out again (consumers are idempotent); pause rather than
+            // republish the same batch in a tight loop while the file is unwritable.
             logger.error("outbox update failed", metadata: ["error": "\(error)"])
+            try? await Task.sleep(for: .seconds(1))
+            return 0
         }
         return confirmed.count
     }

@@ -75,8 +75,10 @@ public struct Pipeline: Sendable {
     public let services: [any Service]
     /// The order store, when a role of this process uses it.
     public let store: OrderStore?
-    /// The broker connection, when a role of this process uses it.
+    /// The broker connection that publishes, when a role of this process uses the broker.
     public let connection: AMQPConnection?
+    /// The broker connection that consumes and acks, when a role of this process consumes.
+    public let consumerConnection: AMQPConnection?
     private let httpClient: HTTPClient?
 
     /// Builds the roles of one process. `onListening` reports each HTTP role's bound port.
@@ -88,14 +90,19 @@ public struct Pipeline: Sendable {
         var middle: [any Service] = []
         var last: [any Service] = []
 
+        // Publishing and consuming use separate connections: under a broker resource alarm
+        // the broker stops reading a publishing connection, and acks must still get through.
+        let topology = Topology.pipeline(settings.names, retrySchedule: settings.verifier.retrySchedule)
         let needsBroker = !roles.isDisjoint(with: [.intake, .verifier, .finisher])
-        let connection =
-            needsBroker
-            ? AMQPConnection(
-                configuration: settings.amqp,
-                topology: .pipeline(settings.names, retrySchedule: settings.verifier.retrySchedule),
-                logger: logger)
-            : nil
+        let consumes = !roles.isDisjoint(with: [.verifier, .finisher])
+        var publishing = settings.amqp
+        publishing.connectionName += " publish"
+        var consuming = settings.amqp
+        consuming.connectionName += " consume"
+        let consumerConnection =
+            consumes ? AMQPConnection(configuration: consuming, topology: topology, logger: logger) : nil
+        let connection = needsBroker ? AMQPConnection(configuration: publishing, topology: topology, logger: logger) : nil
+        if let consumerConnection { first.append(consumerConnection) }
         if let connection { first.append(connection) }
 
         let needsStore = !roles.isDisjoint(with: [.intake, .finisher])
@@ -132,27 +139,37 @@ public struct Pipeline: Sendable {
                 concurrentHTTP1ConnectionsPerHostSoftLimit: max(8, settings.verifier.concurrency))
             httpClient = HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
         }
-        if roles.contains(.finisher), let store, let connection {
+        if roles.contains(.finisher), let store, let connection, let consumerConnection {
             middle.append(
                 FinisherService(
-                    settings: settings.finisher, connection: connection, store: store, httpClient: httpClient,
-                    logger: logger))
+                    settings: settings.finisher, consumer: consumerConnection, publisher: connection, store: store,
+                    httpClient: httpClient, logger: logger))
         }
-        if roles.contains(.verifier), let connection, let client = httpClient {
+        if roles.contains(.verifier), let connection, let consumerConnection, let client = httpClient {
             let verifier = VerifyReceiptClient(settings: settings.verifyReceipt, httpClient: client, logger: logger)
             middle.append(
-                VerifierService(settings: settings.verifier, connection: connection, verifier: verifier, logger: logger))
+                VerifierService(
+                    settings: settings.verifier, consumer: consumerConnection, publisher: connection, verifier: verifier,
+                    logger: logger))
         }
         self.services = first + middle + last
         self.store = store
         self.connection = connection
+        self.consumerConnection = consumerConnection
         self.httpClient = httpClient
     }
 
     /// A service group over these services.
+    ///
+    /// A graceful shutdown that takes longer than 30 s (a broker that stays away while
+    /// publishes wait for it) turns into cancellation: what was not confirmed stays in the
+    /// outbox or on the queue for the next start.
     public func makeServiceGroup(gracefulShutdownSignals: [UnixSignal], logger: Logger) -> ServiceGroup {
-        ServiceGroup(
-            configuration: .init(services: services, gracefulShutdownSignals: gracefulShutdownSignals, logger: logger))
+        var configuration = ServiceGroupConfiguration(
+            services: services, gracefulShutdownSignals: gracefulShutdownSignals, logger: logger)
+        configuration.maximumGracefulShutdownDuration = .seconds(30)
+        configuration.maximumCancellationDuration = .seconds(10)
+        return ServiceGroup(configuration: configuration)
     }
 
     /// Runs until a signal (SIGTERM, SIGINT) asks for a graceful shutdown, then releases clients.

@@ -62,23 +62,29 @@ public enum SandboxPolicy: Sendable, Equatable {
 ///   upload on the queue. Stateless: run as many as needed.
 public final class VerifierService: Service, Sendable {
     private let settings: VerifierSettings
+    private let consumer: AMQPConnection
     private let connection: AMQPConnection
     private let verifier: any ReceiptVerifying
     private let logger: Logger
     private let codec = MessageCodec()
     private let breaker: CircuitBreaker
 
-    /// Creates a verifier that consumes through `connection` and asks `verifier`.
-    public init(settings: VerifierSettings, connection: AMQPConnection, verifier: any ReceiptVerifying, logger: Logger) {
+    /// Creates a verifier that consumes and acks through `consumer`, publishes through
+    /// `publisher`, and asks `verifier`.
+    public init(
+        settings: VerifierSettings, consumer: AMQPConnection, publisher: AMQPConnection, verifier: any ReceiptVerifying,
+        logger: Logger
+    ) {
         self.settings = settings
-        self.connection = connection
+        self.consumer = consumer
+        self.connection = publisher
         self.verifier = verifier
         self.logger = logger
         self.breaker = CircuitBreaker(settings: settings.circuitBreaker)
     }
 
     public func run() async throws {
-        let consumer = connection.consume(
+        let consumer = self.consumer.consume(
             queue: settings.names.verify, prefetch: UInt16(clamping: max(1, settings.concurrency)))
         // The prefetch bounds the tasks: each holds one unacked delivery.
         await withDiscardingTaskGroup { group in
@@ -162,6 +168,7 @@ public final class VerifierService: Service, Sendable {
                     let wait = settings.retrySchedule.jitteredDelayMilliseconds(level: level)
                     var next = request
                     next.attempt += 1
+                    if reason == .appleMalformed { next.malformedAnswers = (request.malformedAnswers ?? 0) + 1 }
                     try await connection.publish(
                         OutgoingMessage(
                             routingKey: settings.names.verifyRetry(delaySeconds: level), body: try codec.encode(next),
@@ -179,6 +186,8 @@ public final class VerifierService: Service, Sendable {
         } catch {
             metadata["error"] = "\(error)"
             logger.warning("verification result not delivered; the upload will be redelivered", metadata: metadata)
+            // Not at once: a broker that refuses the publish would otherwise make us call Apple in a loop.
+            try? await Task.sleep(for: .seconds(1))
             try? await delivery.reject(requeue: true)
         }
     }

@@ -86,13 +86,13 @@ struct BrokerOptions: ParsableArguments {
     @Option(name: .long, help: "Prefix of every queue name. (env IAP_QUEUE_PREFIX; default iap)")
     var queuePrefix: String?
 
-    @Option(name: .long, help: "AMQP heartbeat in seconds, 0 to disable. (env IAP_AMQP_HEARTBEAT_SECONDS; default 10)")
+    @Option(name: .long, help: "AMQP heartbeat in seconds, 1 to 600; a silent broker is dropped after two. (env IAP_AMQP_HEARTBEAT_SECONDS; default 10)")
     var amqpHeartbeatSeconds: Int?
 
     func configuration() throws -> AMQPConfiguration {
         let reader = SettingReader()
         let url = reader.string(amqpURL, "IAP_AMQP_URL", default: "amqp://guest:guest@127.0.0.1:5672/")
-        let heartbeat = try reader.int(amqpHeartbeatSeconds, "IAP_AMQP_HEARTBEAT_SECONDS", default: 10, in: 0...600)
+        let heartbeat = try reader.int(amqpHeartbeatSeconds, "IAP_AMQP_HEARTBEAT_SECONDS", default: 10, in: 1...600)
         do {
             return try AMQPConfiguration(url: url, heartbeatSeconds: heartbeat)
         } catch {

@@ -78,7 +78,7 @@ struct VerifyReceiptClientTests {
         (21000, Class.rejected("invalid_receipt")),
         (21003, Class.rejected("invalid_receipt")),
         (21010, Class.rejected("invalid_receipt")),
-        (21002, Class.retryLater("apple_retryable")),
+        (21002, Class.retryLater("apple_malformed")),
         (21004, Class.retryLater("shared_secret_mismatch")),
         (21005, Class.retryLater("apple_unavailable")),
         (21009, Class.retryLater("apple_unavailable")),
@@ -167,12 +167,17 @@ struct VerifyReceiptClientTests {
         #expect(classify(await client.verify(request("AAAA"))) == .retryLater("apple_unavailable"))
     }
 
-    @Test func repeated21002BecomesInvalidAfterTheLimit() async throws {
+    @Test func repeated21002BecomesInvalidAfterTheLimitButOtherFailuresDoNotCount() async throws {
         let apple = try await Apple.start()
         defer { Task { await apple.stop() } }
         let receipt = try await apple.mint()
+        // Attempt 5 after four timeouts: the first 21002 is still retried.
         try await apple.fault(["status": 21002, "count": 1])
-        #expect(classify(await apple.client().verify(request(receipt, attempt: 3))) == .rejected("invalid_receipt"))
+        #expect(classify(await apple.client().verify(request(receipt, attempt: 5))) == .retryLater("apple_malformed"))
+        var third = request(receipt, attempt: 3)
+        third.malformedAnswers = 2
+        try await apple.fault(["status": 21002, "count": 1])
+        #expect(classify(await apple.client().verify(third)) == .rejected("invalid_receipt"))
     }
 
     @Test func sandboxReceiptFallsBackAndProductionOnlyBundlesAreChecked() async throws {

@@ -71,7 +71,9 @@ final class PipelineHarness: Sendable {
                 throw HarnessError("the intake did not start")
             }
         }
-        guard await pipeline.connection?.waitUntilConnected(timeout: .seconds(15)) ?? true else {
+        guard await pipeline.connection?.waitUntilConnected(timeout: .seconds(15)) ?? true,
+            await pipeline.consumerConnection?.waitUntilConnected(timeout: .seconds(15)) ?? true
+        else {
             throw HarnessError("no connection to the test broker at \(try TestBroker.url())")
         }
         let store = try pipeline.store ?? OrderStore(path: databasePath)
