@@ -1,0 +1,27 @@
+import Foundation
+import Testing
+
+@Suite("Receipt parser fuzzing", .timeLimit(.minutes(2)))
+struct ReceiptFuzzTests {
+    /// A short libFuzzer run (address sanitizer on) over the local receipt parser; longer runs:
+    /// `scripts/fuzz-receipt-parser 600`.
+    @Test func parserSurvivesABoundedFuzzRun() throws {
+        let log = FileManager.default.temporaryDirectory.appendingPathComponent("fuzz-\(UUID().uuidString).log")
+        FileManager.default.createFile(atPath: log.path, contents: nil)
+        let output = try FileHandle(forWritingTo: log)
+        let process = Process()
+        process.executableURL = repositoryRoot.appendingPathComponent("scripts/fuzz-receipt-parser")
+        process.arguments = ["10"]
+        process.currentDirectoryURL = repositoryRoot
+        process.standardInput = FileHandle.nullDevice
+        process.standardOutput = output
+        process.standardError = output
+        try process.run()
+        process.waitUntilExit()
+        let text = (try? String(contentsOf: log, encoding: .utf8)) ?? ""
+        #expect(process.terminationStatus == 0, "\(text.split(separator: "\n").suffix(30).joined(separator: "\n"))")
+        let executed = text.split(separator: "\n").first { $0.hasPrefix("stat::number_of_executed_units:") }
+        let runs = executed.flatMap { Int($0.split(separator: ":").last?.trimmingCharacters(in: .whitespaces) ?? "") } ?? 0
+        #expect(runs > 10_000, "the fuzzer ran only \(runs) inputs")
+    }
+}
