@@ -24,6 +24,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-certificates", from: "1.21.1"),
         .package(url: "https://github.com/apple/swift-crypto", from: "4.5.2"),
         .package(url: "https://github.com/apple/swift-metrics", from: "2.13.0"),
+        .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.4.1"),
     ],
     targets: [
         .systemLibrary(
@@ -53,6 +54,7 @@ let package = Package(
                 .product(name: "SwiftASN1", package: "swift-asn1"),
                 .product(name: "X509", package: "swift-certificates"),
                 .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -89,6 +91,7 @@ let package = Package(
         .target(
             name: "Intake",
             dependencies: [
+                .product(name: "Metrics", package: "swift-metrics"),
                 "IAPCore", "OrderStore", "AppStore",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -100,6 +103,7 @@ let package = Package(
         .target(
             name: "Verifier",
             dependencies: [
+                .product(name: "Metrics", package: "swift-metrics"),
                 "IAPCore", "Messaging", "AppStore",
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
@@ -123,6 +127,8 @@ let package = Package(
         .target(
             name: "Pipeline",
             dependencies: [
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "Hummingbird", package: "hummingbird"),
                 "IAPCore", "Messaging", "AppStore", "OrderStore", "FakeAppStore",
                 "Intake", "Verifier", "Finisher",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
@@ -144,6 +150,8 @@ let package = Package(
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "UnixSignals", package: "swift-service-lifecycle"),
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
             ],
             swiftSettings: strictSettings
         ),

@@ -2,6 +2,7 @@ import AsyncHTTPClient
 import Foundation
 import IAPCore
 import Logging
+import Metrics
 import NIOCore
 import NIOFoundationCompat
 import NIOHTTP1
@@ -121,6 +122,11 @@ public struct VerifyReceiptClient: ReceiptVerifying {
         return .verified(VerifiedReceipt(bundleId: bundleId, environment: environment, purchases: purchases))
     }
 
+    private static func record(endpoint: String, statusClass: String, since started: ContinuousClock.Instant) {
+        Timer(label: MetricNames.appleRequestDuration, dimensions: [("endpoint", endpoint), ("status_class", statusClass)])
+            .record(duration: ContinuousClock.now - started)
+    }
+
     /// Apple's dates in milliseconds since 1970, sent as strings.
     private static func date(_ milliseconds: LenientString?) -> Date? {
         milliseconds.flatMap { Double($0.value) }.map { Date(timeIntervalSince1970: $0 / 1000) }
@@ -135,10 +141,19 @@ public struct VerifyReceiptClient: ReceiptVerifying {
         var request = HTTPClientRequest(url: url)
         request.method = .POST
         request.headers.add(name: "Content-Type", value: "application/json")
+        let started = ContinuousClock.now
+        let endpoint = environment == .production ? "production" : "sandbox"
         do {
             request.body = .bytes(ByteBuffer(bytes: try JSONSerialization.data(withJSONObject: body)))
-            let response = try await httpClient.execute(request, timeout: .nanoseconds(settings.timeout.nanoseconds))
+            let response: HTTPClientResponse
+            do {
+                response = try await httpClient.execute(request, timeout: .nanoseconds(settings.timeout.nanoseconds))
+            } catch {
+                Self.record(endpoint: endpoint, statusClass: "error", since: started)
+                throw error
+            }
             let bytes = try await response.body.collect(upTo: 16 * 1024 * 1024)
+            Self.record(endpoint: endpoint, statusClass: "\(response.status.code / 100)xx", since: started)
             guard response.status == .ok else {
                 return .failure(
                     VerificationOutcomeBox(

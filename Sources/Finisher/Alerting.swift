@@ -45,13 +45,14 @@ public struct AlertSender: Sendable {
     private let settings: AlertSettings
     private let httpClient: HTTPClient?
     private let logger: Logger
-    private let counter = Counter(label: "iap_alerts_total")
+    private let counter = Counter(label: MetricNames.alerts)
 
     /// Creates a sender; `httpClient` is needed only with a webhook.
     public init(settings: AlertSettings, httpClient: HTTPClient?, logger: Logger) {
         self.settings = settings
         self.httpClient = httpClient
         self.logger = logger
+        counter.increment(by: 0)
     }
 
     /// Sends one alert.

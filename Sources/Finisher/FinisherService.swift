@@ -2,6 +2,7 @@ import AsyncHTTPClient
 import Foundation
 import IAPCore
 import Logging
+import Metrics
 import Messaging
 import OrderStore
 import ServiceLifecycle
@@ -46,6 +47,11 @@ public final class FinisherService: Service, Sendable {
         self.store = store
         self.logger = logger
         self.alerts = AlertSender(settings: settings.alerts, httpClient: httpClient, logger: logger)
+        // Exported from the start, so dashboards show 0 rather than nothing.
+        Counter(label: MetricNames.grants).increment(by: 0)
+        Counter(label: MetricNames.replays).increment(by: 0)
+        Counter(label: MetricNames.revocations).increment(by: 0)
+        Counter(label: MetricNames.deadLetters, dimensions: [("queue", "results")]).increment(by: 0)
     }
 
     public func run() async throws {
@@ -79,19 +85,30 @@ public final class FinisherService: Service, Sendable {
                 "undecodable result sent to the dead-letter queue",
                 metadata: ["amqp.queue": "\(settings.names.results)", "error": "\(error)"])
             await publisher.deadLetter(delivery, to: settings.names.resultsDead, reason: "undecodable result: \(error)")
+            Counter(label: MetricNames.deadLetters, dimensions: [("queue", "results")]).increment()
             return
         }
         let metadata: Logger.Metadata = [
             "iap.submission.id": "\(result.submissionId)", "iap.attempt": "\(result.attempt)",
         ]
         do {
-            let state = try await store.apply(result)
+            let applied = try await store.applyCounting(result)
+            let state = applied.state
+            Counter(label: MetricNames.resultsApplied, dimensions: [("state", state.rawValue)]).increment()
+            Counter(label: MetricNames.grants).increment(by: applied.credited)
+            Counter(label: MetricNames.replays).increment(by: applied.replayed)
+            if applied.replayed > 0 {
+                logger.warning(
+                    "purchase uploaded by another user than its owner",
+                    metadata: metadata.merging(["iap.count": "\(applied.replayed)"]) { $1 })
+            }
             logger.debug("result applied", metadata: metadata.merging(["iap.state": "\(state.rawValue)"]) { $1 })
             await alertIfNeeded(result, state: state)
         } catch let error as OrderStoreError where error.code == .unknownSubmission {
             logger.warning("result for an unknown submission sent to the dead-letter queue", metadata: metadata)
             await publisher.deadLetter(
                 delivery, to: settings.names.resultsDead, reason: "no submission \(result.submissionId) in this store")
+            Counter(label: MetricNames.deadLetters, dimensions: [("queue", "results")]).increment()
             return
         } catch {
             logger.error(

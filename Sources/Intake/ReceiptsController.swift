@@ -2,6 +2,7 @@ import Foundation
 import Hummingbird
 import IAPCore
 import Logging
+import Metrics
 import NIOCore
 import OrderStore
 
@@ -22,6 +23,17 @@ struct ReceiptsController: Sendable {
     }
 
     private func upload(_ request: Request, context: BasicRequestContext) async throws -> Response {
+        do {
+            let response = try await accept(request, context: context)
+            Counter(label: MetricNames.uploads, dimensions: [("result", "accepted")]).increment()
+            return response
+        } catch let error as APIError {
+            Counter(label: MetricNames.uploads, dimensions: [("result", "refused"), ("reason", error.code)]).increment()
+            throw error
+        }
+    }
+
+    private func accept(_ request: Request, context: BasicRequestContext) async throws -> Response {
         let body = try await IntakeBody.collect(request, limit: settings.maxBodyBytes)
         let upload = try ReceiptUpload(json: body)
         let verifyRequest = VerifyRequest(

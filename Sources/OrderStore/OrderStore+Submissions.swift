@@ -99,12 +99,38 @@ extension OrderStore {
         }
     }
 
+    /// What applying one result did.
+    public struct Applied: Sendable, Equatable {
+        /// The submission's state afterwards.
+        public var state: SubmissionState
+        /// Purchases this result credited (new grants).
+        public var credited: Int
+        /// Purchases in it that belong to another user.
+        public var replayed: Int
+    }
+
     /// Applies one verification result in one transaction and returns the submission's new state.
     ///
     /// Idempotent: a result for a submission that already reached a terminal state changes
     /// nothing, and a transaction id is credited at most once whatever arrives.
     public func apply(_ result: VerifyResult, now: Date = Date()) async throws -> SubmissionState {
-        try await database.write { db in
+        try await applyCounting(result, now: now).state
+    }
+
+    /// `apply`, also saying how many purchases it credited and how many were replays.
+    public func applyCounting(_ result: VerifyResult, now: Date = Date()) async throws -> Applied {
+        try await database.write { db -> Applied in
+            var credited = 0
+            var replays = 0
+            let state = try Self.apply(result, now: now, credited: &credited, replays: &replays, in: db)
+            return Applied(state: state, credited: credited, replayed: replays)
+        }
+    }
+
+    private static func apply(
+        _ result: VerifyResult, now: Date, credited: inout Int, replays: inout Int, in db: Database
+    ) throws -> SubmissionState {
+        do {
             guard
                 let row = try Row.fetchOne(
                     db, sql: "SELECT userId, state, attempts, transactionId FROM submission WHERE id = ?",
@@ -158,6 +184,7 @@ extension OrderStore {
                             submissionId: id, now: now, in: db)
                     }
                     if state == .replayedFromOtherUser { replayed += 1 }
+                    if state == .credited { credited += 1 }
                     try db.execute(
                         sql: """
                             INSERT INTO submission_transaction
@@ -169,6 +196,7 @@ extension OrderStore {
                             purchase.environment.rawValue, state.rawValue,
                         ])
                 }
+                replays = replayed
                 let named: String? = row["transactionId"]
                 let state: SubmissionState
                 let reason: ReasonCode?

@@ -1,6 +1,7 @@
 import AppStore
 import AsyncHTTPClient
 import FakeAppStore
+import Hummingbird
 import Finisher
 import Foundation
 import IAPCore
@@ -23,6 +24,8 @@ public enum Role: String, Sendable, CaseIterable {
     case finisher
     /// The local Apple stand-in.
     case fakeAppStore = "fake-appstore"
+    /// The operators' endpoint (`/metrics`, `/healthz`, `/readyz`); reported, not chosen.
+    case ops
 }
 
 /// Everything a process needs to know to run its roles; built by `iap` from flags and
@@ -48,13 +51,17 @@ public struct PipelineSettings: Sendable {
     public var fakeAppStorePort: Int
     /// The fake App Store's own SQLite file (in memory when nil).
     public var fakeAppStoreDatabasePath: String?
+    /// Where `/metrics`, `/healthz` and `/readyz` are served; nil serves none.
+    public var ops: OpsSettings?
 
     /// Creates settings.
     public init(
         amqp: AMQPConfiguration, names: PipelineNames, databasePath: String, intake: IntakeSettings,
         verifier: VerifierSettings, verifyReceipt: VerifyReceiptClient.Settings, finisher: FinisherSettings,
-        fakeAppStoreHost: String = "127.0.0.1", fakeAppStorePort: Int = 8090, fakeAppStoreDatabasePath: String? = nil
+        fakeAppStoreHost: String = "127.0.0.1", fakeAppStorePort: Int = 8090, fakeAppStoreDatabasePath: String? = nil,
+        ops: OpsSettings? = nil
     ) {
+        self.ops = ops
         self.amqp = amqp
         self.names = names
         self.databasePath = databasePath
@@ -151,6 +158,20 @@ public struct Pipeline: Sendable {
                 VerifierService(
                     settings: settings.verifier, consumer: consumerConnection, publisher: connection, verifier: verifier,
                     logger: logger))
+        }
+        if let ops = settings.ops {
+            let readiness = Readiness(store: store, connections: [connection, consumerConnection].compactMap { $0 })
+            first.append(
+                Application(
+                    router: makeOpsRouter(readiness: readiness, exposition: ops.exposition),
+                    configuration: .init(address: .hostname(ops.host, port: ops.port), serverName: "iap-ops"),
+                    onServerRunning: { channel in await onListening(.ops, channel.localAddress?.port ?? ops.port) },
+                    logger: logger))
+            if ops.exposition != nil && (store != nil || connection != nil) {
+                middle.append(
+                    StatsSampler(
+                        store: store, connection: connection, names: settings.names, interval: .seconds(5), logger: logger))
+            }
         }
         self.services = first + middle + last
         self.store = store

@@ -2,6 +2,7 @@ import AppStore
 import Foundation
 import IAPCore
 import Logging
+import Metrics
 import Messaging
 import ServiceLifecycle
 
@@ -81,6 +82,10 @@ public final class VerifierService: Service, Sendable {
         self.verifier = verifier
         self.logger = logger
         self.breaker = CircuitBreaker(settings: settings.circuitBreaker)
+        // Exported from the start, so dashboards show 0 rather than nothing.
+        Counter(label: MetricNames.retries).increment(by: 0)
+        Counter(label: MetricNames.deadLetters, dimensions: [("queue", "verify")]).increment(by: 0)
+        Gauge(label: MetricNames.breakerOpen).record(0)
     }
 
     public func run() async throws {
@@ -93,6 +98,10 @@ public final class VerifierService: Service, Sendable {
             }
             await consumer.cancel()
         }
+    }
+
+    private static func count(outcome: String) {
+        Counter(label: MetricNames.verifications, dimensions: [("outcome", outcome)]).increment()
     }
 
     /// While the breaker is open: back to the shortest delay queue with the same attempt
@@ -131,12 +140,14 @@ public final class VerifierService: Service, Sendable {
                 metadata: ["amqp.queue": "\(settings.names.verify)", "error": "\(error)"])
             await connection.deadLetter(
                 delivery, to: settings.names.verifyDead, reason: "undecodable verify request: \(error)")
+            Counter(label: MetricNames.deadLetters, dimensions: [("queue", "verify")]).increment()
             return
         }
         var metadata: Logger.Metadata = [
             "iap.submission.id": "\(request.submissionId)", "iap.attempt": "\(request.attempt)",
         ]
         if breaker.permit() == .wait {
+            Self.count(outcome: "postponed")
             await postpone(request, delivery: delivery)
             return
         }
@@ -148,10 +159,17 @@ public final class VerifierService: Service, Sendable {
                 "Apple keeps failing: verification paused",
                 metadata: ["iap.breaker.open_seconds": "\(settings.circuitBreaker.openDuration.components.seconds)"])
         }
+        Gauge(label: MetricNames.breakerOpen).record(breaker.isOpen ? 1 : 0)
         if case .verified(let receipt) = outcome, receipt.environment == .sandbox,
             !settings.sandboxPolicy.allows(userId: request.userId)
         {
             outcome = .rejected(.sandboxNotAllowed, message: "sandbox purchases are not credited for this user")
+        }
+        switch outcome {
+        case .verified: Self.count(outcome: "verified")
+        case .rejected: Self.count(outcome: "rejected")
+        case .retryLater: Self.count(outcome: "retry_later")
+        case .needsReview: Self.count(outcome: "needs_review")
         }
         var result = VerifyResult(
             submissionId: request.submissionId, userId: request.userId, orderId: request.orderId,
@@ -175,6 +193,7 @@ public final class VerifierService: Service, Sendable {
                             messageId: request.submissionId.uuidString, priority: VerifyPriority.retry,
                             expiration: .milliseconds(wait)))
                     result.nextAttemptAt = now.addingTimeInterval(TimeInterval(wait) / 1000)
+                    Counter(label: MetricNames.retries).increment()
                     logger.info("verification will be retried", metadata: metadata)
                 }
             }

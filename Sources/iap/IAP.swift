@@ -62,10 +62,12 @@ struct IntakeCommand: AsyncParsableCommand {
     @OptionGroup var broker: BrokerOptions
     @OptionGroup var store: StoreOptions
     @OptionGroup var http: HTTPOptions
+    @OptionGroup var ops: OpsOptions
     @OptionGroup var log: LogOptions
 
     func run() async throws {
-        let settings = try pipelineSettings(broker: broker, store: store, http: http)
+        var settings = try pipelineSettings(broker: broker, store: store, http: http)
+        settings.ops = try ops.settings()
         let logger = try log.makeLogger(label: "iap.intake")
         try await Pipeline(roles: [.intake], settings: settings, logger: logger).run(logger: logger)
     }
@@ -73,14 +75,20 @@ struct IntakeCommand: AsyncParsableCommand {
 
 struct VerifierCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "verifier", abstract: "Verify queued uploads with Apple and publish the results. Run as many as needed.")
+        commandName: "verifier", abstract: "Verify queued uploads with Apple and publish the results. Run as many as needed.",
+        discussion: """
+            Secrets come from the environment only, never from flags (ps shows flags):
+            IAP_APPSTORE_SHARED_SECRET, or IAP_APPSTORE_SHARED_SECRET_FILE naming a file that holds it.
+            """)
 
     @OptionGroup var broker: BrokerOptions
     @OptionGroup var verifier: VerifierOptions
+    @OptionGroup var ops: OpsOptions
     @OptionGroup var log: LogOptions
 
     func run() async throws {
-        let settings = try pipelineSettings(broker: broker, verifier: verifier)
+        var settings = try pipelineSettings(broker: broker, verifier: verifier)
+        settings.ops = try ops.settings()
         let logger = try log.makeLogger(label: "iap.verifier")
         try await Pipeline(roles: [.verifier], settings: settings, logger: logger).run(logger: logger)
     }
@@ -88,16 +96,22 @@ struct VerifierCommand: AsyncParsableCommand {
 
 struct FinisherCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "finisher", abstract: "Apply verification results to the order store, crediting each purchase once.")
+        commandName: "finisher", abstract: "Apply verification results to the order store, crediting each purchase once.",
+        discussion: """
+            Alerts: IAP_ALERT_AFTER_ATTEMPTS (default 10) failed attempts, or needs_review, alert once per
+            submission (error log, iap_alerts_total); IAP_ALERT_WEBHOOK, when set, receives each as a JSON POST.
+            """)
 
     @OptionGroup var broker: BrokerOptions
     @OptionGroup var store: StoreOptions
     @Option(name: .long, help: "Results fetched ahead of processing. (env IAP_FINISHER_PREFETCH; default 64)")
     var finisherPrefetch: Int?
+    @OptionGroup var ops: OpsOptions
     @OptionGroup var log: LogOptions
 
     func run() async throws {
-        let settings = try pipelineSettings(broker: broker, store: store, finisherPrefetch: finisherPrefetch)
+        var settings = try pipelineSettings(broker: broker, store: store, finisherPrefetch: finisherPrefetch)
+        settings.ops = try ops.settings()
         let logger = try log.makeLogger(label: "iap.finisher")
         try await Pipeline(roles: [.finisher], settings: settings, logger: logger).run(logger: logger)
     }
@@ -105,17 +119,23 @@ struct FinisherCommand: AsyncParsableCommand {
 
 struct OrdersCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "orders", abstract: "The order service: intake and finisher in one process, the only writer of the store.")
+        commandName: "orders", abstract: "The order service: intake and finisher in one process, the only writer of the store.",
+        discussion: """
+            Alerts: IAP_ALERT_AFTER_ATTEMPTS (default 10) failed attempts, or needs_review, alert once per
+            submission (error log, iap_alerts_total); IAP_ALERT_WEBHOOK, when set, receives each as a JSON POST.
+            """)
 
     @OptionGroup var broker: BrokerOptions
     @OptionGroup var store: StoreOptions
     @OptionGroup var http: HTTPOptions
     @Option(name: .long, help: "Results fetched ahead of processing. (env IAP_FINISHER_PREFETCH; default 64)")
     var finisherPrefetch: Int?
+    @OptionGroup var ops: OpsOptions
     @OptionGroup var log: LogOptions
 
     func run() async throws {
-        let settings = try pipelineSettings(broker: broker, store: store, http: http, finisherPrefetch: finisherPrefetch)
+        var settings = try pipelineSettings(broker: broker, store: store, http: http, finisherPrefetch: finisherPrefetch)
+        settings.ops = try ops.settings()
         let logger = try log.makeLogger(label: "iap.orders")
         try await Pipeline(roles: [.intake, .finisher], settings: settings, logger: logger).run(logger: logger)
     }
@@ -153,6 +173,7 @@ struct DevCommand: AsyncParsableCommand {
     @OptionGroup var http: HTTPOptions
     @OptionGroup var verifier: VerifierOptions
     @OptionGroup var fake: FakeAppStoreOptions
+    @OptionGroup var ops: OpsOptions
     @OptionGroup var log: LogOptions
 
     func run() async throws {
@@ -167,13 +188,14 @@ struct DevCommand: AsyncParsableCommand {
             defaultDatabase: "iap-dev.sqlite", verifyReceipt: verifyReceipt)
         settings.fakeAppStoreHost = fakeHost
         settings.fakeAppStorePort = fakePort
+        settings.ops = try ops.settings(defaultHost: "127.0.0.1")
         settings.fakeAppStoreDatabasePath = fake.databasePath(
             default: URL(fileURLWithPath: settings.databasePath).deletingLastPathComponent()
                 .appendingPathComponent("fake-appstore.sqlite").path)
         let logger = try log.makeLogger(label: "iap.dev")
         let host = settings.intake.host
         let pipeline = try Pipeline(
-            roles: Set(Role.allCases), settings: settings, logger: logger,
+            roles: [.intake, .verifier, .finisher, .fakeAppStore], settings: settings, logger: logger,
             onListening: { role, port in
                 logger.notice("listening", metadata: ["role": "\(role.rawValue)", "url": "http://\(host):\(port)"])
             })

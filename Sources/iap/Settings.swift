@@ -6,6 +6,8 @@ import IAPCore
 import Intake
 import Logging
 import Messaging
+import Metrics
+import Prometheus
 import Pipeline
 import Verifier
 
@@ -63,12 +65,23 @@ struct LogOptions: ParsableArguments {
     @Option(name: .long, help: "Log level: trace, debug, info, notice, warning, error, critical. (env IAP_LOG_LEVEL; default info)")
     var logLevel: String?
 
+    @Option(name: .long, help: "Log format: text, or json (one object per line). (env IAP_LOG_FORMAT; default text)")
+    var logFormat: String?
+
     func makeLogger(label: String) throws -> Logger {
-        let raw = SettingReader().string(logLevel, "IAP_LOG_LEVEL", default: "info")
+        let reader = SettingReader()
+        let raw = reader.string(logLevel, "IAP_LOG_LEVEL", default: "info")
         guard let level = Logger.Level(rawValue: raw) else {
             throw ValidationError("IAP_LOG_LEVEL must be one of trace, debug, info, notice, warning, error, critical; got '\(raw)'")
         }
+        let format = reader.string(logFormat, "IAP_LOG_FORMAT", default: "text")
+        guard format == "text" || format == "json" else {
+            throw ValidationError("IAP_LOG_FORMAT must be text or json; got '\(format)'")
+        }
         LoggingSystem.bootstrap { label in
+            if format == "json" {
+                return JSONLogHandler(label: label, logLevel: level)
+            }
             var handler = StreamLogHandler.standardError(label: label)
             handler.logLevel = level
             return handler
@@ -106,6 +119,35 @@ struct BrokerOptions: ParsableArguments {
             throw ValidationError("IAP_QUEUE_PREFIX may hold letters, digits, '-', '_' and '.' only; got '\(prefix)'")
         }
         return PipelineNames(prefix: prefix)
+    }
+}
+
+struct OpsOptions: ParsableArguments {
+    @Option(name: .long, help: "Address of the operators' endpoint (/metrics, /healthz, /readyz). (env IAP_OPS_HOST; default 0.0.0.0, 127.0.0.1 for dev)")
+    var opsHost: String?
+
+    @Option(name: .long, help: "Port of the operators' endpoint; 'off' serves none. (env IAP_OPS_PORT; default 9100)")
+    var opsPort: String?
+
+    /// Bootstraps Prometheus metrics for this process (once) and says where to serve them.
+    func settings(defaultHost: String = "0.0.0.0") throws -> OpsSettings? {
+        let reader = SettingReader()
+        let rawPort = reader.string(opsPort, "IAP_OPS_PORT", default: "9100")
+        if rawPort == "off" { return nil }
+        guard let port = Int(rawPort), (0...65535).contains(port) else {
+            throw ValidationError("IAP_OPS_PORT must be a port number or 'off', got '\(rawPort)'")
+        }
+        let registry = PrometheusCollectorRegistry()
+        var factory = PrometheusMetricsFactory(registry: registry)
+        factory.defaultDurationHistogramBuckets = [
+            .milliseconds(5), .milliseconds(10), .milliseconds(25), .milliseconds(50), .milliseconds(100),
+            .milliseconds(250), .milliseconds(500), .seconds(1), .milliseconds(2500), .seconds(5), .seconds(10),
+            .seconds(30),
+        ]
+        MetricsSystem.bootstrap(factory)
+        return OpsSettings(
+            host: reader.string(opsHost, "IAP_OPS_HOST", default: defaultHost), port: port,
+            exposition: { registry.emitToBuffer() })
     }
 }
 

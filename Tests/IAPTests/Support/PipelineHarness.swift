@@ -25,6 +25,8 @@ final class PipelineHarness: Sendable {
     let intakeURL: String
     let fakeURL: String
     let store: OrderStore
+    /// The operators' endpoint, when started with `withOps`.
+    let opsURL: String?
     private let groups: [ServiceGroup]
     private let tasks: [Task<Void, any Error>]
     private let pipelines: [Pipeline]
@@ -35,7 +37,7 @@ final class PipelineHarness: Sendable {
         name: String, roles: Set<Role> = [.intake, .verifier, .finisher], retryDelays: [Int] = [1],
         appleTimeout: Duration = .seconds(2), sandboxPolicy: SandboxPolicy = .accept, verifierConcurrency: Int = 32,
         circuitBreaker: CircuitBreaker.Settings = .init(), sweeper: SweeperSettings = .init(),
-        alerts: AlertSettings = .init()
+        alerts: AlertSettings = .init(), withOps: Bool = false
     ) async throws -> PipelineHarness {
         let logger = TestBroker.logger
         let names = PipelineNames(prefix: TestBroker.uniquePrefix(name))
@@ -48,7 +50,8 @@ final class PipelineHarness: Sendable {
                 names: names, concurrency: verifierConcurrency, retrySchedule: RetrySchedule(delaysSeconds: retryDelays),
                 sandboxPolicy: sandboxPolicy, circuitBreaker: circuitBreaker),
             verifyReceipt: VerifyReceiptClient.Settings(endpoints: .apple, bundleIds: [bundleId], timeout: appleTimeout),
-            finisher: FinisherSettings(names: names, alerts: alerts), fakeAppStoreHost: "127.0.0.1", fakeAppStorePort: 0)
+            finisher: FinisherSettings(names: names, alerts: alerts), fakeAppStoreHost: "127.0.0.1", fakeAppStorePort: 0,
+            ops: withOps ? OpsSettings(host: "127.0.0.1", port: 0) : nil)
 
         let ports = NIOLockedValueBox([Role: Int]())
         let report: @Sendable (Role, Int) async -> Void = { role, port in ports.withLockedValue { $0[role] = port } }
@@ -76,17 +79,24 @@ final class PipelineHarness: Sendable {
         else {
             throw HarnessError("no connection to the test broker at \(try TestBroker.url())")
         }
+        if withOps {
+            guard try await eventually(timeout: .seconds(10), { ports.withLockedValue { $0[.ops] } != nil }) else {
+                throw HarnessError("the operators' endpoint did not start")
+            }
+        }
         let store = try pipeline.store ?? OrderStore(path: databasePath)
         return PipelineHarness(
             names: names, databasePath: databasePath,
             intakeURL: "http://127.0.0.1:\(ports.withLockedValue { $0[.intake] ?? 0 })", fakeURL: fakeURL,
-            store: store, groups: [fakeGroup, group], tasks: [fakeTask, task], pipelines: [fake, pipeline])
+            store: store, opsURL: ports.withLockedValue { $0[.ops] }.map { "http://127.0.0.1:\($0)" },
+            groups: [fakeGroup, group], tasks: [fakeTask, task], pipelines: [fake, pipeline])
     }
 
     private init(
         names: PipelineNames, databasePath: String, intakeURL: String, fakeURL: String, store: OrderStore,
-        groups: [ServiceGroup], tasks: [Task<Void, any Error>], pipelines: [Pipeline]
+        opsURL: String?, groups: [ServiceGroup], tasks: [Task<Void, any Error>], pipelines: [Pipeline]
     ) {
+        self.opsURL = opsURL
         self.names = names
         self.databasePath = databasePath
         self.intakeURL = intakeURL

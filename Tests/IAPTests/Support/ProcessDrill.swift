@@ -14,6 +14,8 @@ final class ProcessDrill: Sendable {
     let fakePort: Int
     private let binary: String
     private let children = NIOLockedValueBox([String: Process]())
+    /// The operators' port of each role (`/metrics`, `/readyz`), fixed across restarts.
+    let opsPorts: [String: Int]
     private let extraEnvironment: [String: String]
 
     var intakeURL: String { "http://127.0.0.1:\(intakePort)" }
@@ -36,6 +38,9 @@ final class ProcessDrill: Sendable {
         try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
         intakePort = try Self.freePort()
         fakePort = try Self.freePort()
+        var opsPorts: [String: Int] = [:]
+        for role in ["orders", "intake", "finisher", "verifier"] { opsPorts[role] = try Self.freePort() }
+        self.opsPorts = opsPorts
         extraEnvironment = environment
     }
 
@@ -69,6 +74,9 @@ final class ProcessDrill: Sendable {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: binary)
         process.arguments = [role]
+        var environment = self.environment
+        environment["IAP_OPS_HOST"] = "127.0.0.1"
+        environment["IAP_OPS_PORT"] = opsPorts[role].map(String.init) ?? "off"
         process.environment = environment
         let logPath = folder.appendingPathComponent("\(role).log").path
         if !FileManager.default.fileExists(atPath: logPath) {

@@ -1,0 +1,41 @@
+/// Every metric the services export, in one place (the dashboard and the tests use these).
+///
+/// Counters end in `_total`; the Apple latency timer is exported as a histogram in seconds.
+public enum MetricNames {
+    /// Uploads by `result` (`accepted`, `refused`) and, when refused, `reason` (the error code).
+    public static let uploads = "iap_uploads_total"
+    /// Verification attempts by `outcome` (`verified`, `rejected`, `retry_later`, `needs_review`, `postponed`).
+    public static let verifications = "iap_verifications_total"
+    /// Calls to Apple by `endpoint` (`production`, `sandbox`) and `status_class` (`2xx`, `4xx`, `5xx`, `error`).
+    public static let appleRequestDuration = "iap_apple_request_duration_seconds"
+    /// Retries scheduled.
+    public static let retries = "iap_retries_total"
+    /// Messages moved to a dead-letter queue, by `queue` (`verify`, `results`).
+    public static let deadLetters = "iap_dead_letters_total"
+    /// Results applied by the finisher, by the submission's new `state`.
+    public static let resultsApplied = "iap_results_applied_total"
+    /// Purchases credited.
+    public static let grants = "iap_grants_total"
+    /// Grants revoked (refunds).
+    public static let revocations = "iap_revocations_total"
+    /// Purchases uploaded by a user other than the one they were credited to.
+    public static let replays = "iap_replays_total"
+    /// Alerts raised.
+    public static let alerts = "iap_alerts_total"
+    /// Submissions by `state` (sampled from the store).
+    public static let submissions = "iap_submissions"
+    /// Messages waiting in the outbox (sampled).
+    public static let outboxBacklog = "iap_outbox_backlog"
+    /// Ready messages by `queue` (sampled with passive declares).
+    public static let queueMessages = "iap_queue_messages"
+    /// Consumers by `queue` (sampled with passive declares).
+    public static let queueConsumers = "iap_queue_consumers"
+    /// 1 while the circuit breaker toward Apple holds calls back.
+    public static let breakerOpen = "iap_apple_breaker_open"
+
+    /// All of them.
+    public static let all: [String] = [
+        uploads, verifications, appleRequestDuration, retries, deadLetters, resultsApplied, grants, revocations,
+        replays, alerts, submissions, outboxBacklog, queueMessages, queueConsumers, breakerOpen,
+    ]
+}
