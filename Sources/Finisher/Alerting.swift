@@ -8,7 +8,7 @@ import NIOHTTP1
 
 /// Something a person has to look at: a submission that keeps failing or needs review.
 public struct Alert: Sendable, Codable, Equatable {
-    /// Why: `repeated_failures` or `needs_review`.
+    /// Why: `repeated_failures`, `needs_review`, or `configuration` (Apple refused our shared secret).
     public var kind: String
     /// The submission concerned.
     public var submissionId: String
@@ -95,6 +95,9 @@ public struct AlertSender: Sendable {
         let kind: String
         if state == .needsReview {
             kind = "needs_review"
+        } else if reason?.0 == .sharedSecretMismatch {
+            // Our configuration, not the user's purchase: a person must act at once.
+            kind = "configuration"
         } else if state == .retrying && result.attempt >= settings.afterAttempts {
             kind = "repeated_failures"
         } else {
