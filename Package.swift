@@ -93,6 +93,7 @@ let package = Package(
             dependencies: [
                 .product(name: "Metrics", package: "swift-metrics"),
                 "IAPCore", "OrderStore", "AppStore",
+                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),

@@ -117,7 +117,8 @@ public struct VerifyReceiptClient: ReceiptVerifying {
                     productId: productId,
                     quantity: item.quantity.flatMap { Int($0.value) } ?? 1,
                     purchaseDate: Self.date(item.purchaseDateMs), environment: environment,
-                    cancellationDate: Self.date(item.cancellationDateMs), expiresDate: Self.date(item.expiresDateMs)))
+                    cancellationDate: Self.date(item.cancellationDateMs), expiresDate: Self.date(item.expiresDateMs),
+                    appAccountToken: item.appAccountToken?.value.lowercased()))
         }
         return .verified(VerifiedReceipt(bundleId: bundleId, environment: environment, purchases: purchases))
     }

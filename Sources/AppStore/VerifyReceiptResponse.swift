@@ -22,6 +22,7 @@ struct VerifyReceiptResponse: Decodable {
         var purchaseDateMs: LenientString?
         var cancellationDateMs: LenientString?
         var expiresDateMs: LenientString?
+        var appAccountToken: LenientString?
 
         enum CodingKeys: String, CodingKey {
             case transactionId = "transaction_id"
@@ -31,6 +32,7 @@ struct VerifyReceiptResponse: Decodable {
             case purchaseDateMs = "purchase_date_ms"
             case cancellationDateMs = "cancellation_date_ms"
             case expiresDateMs = "expires_date_ms"
+            case appAccountToken = "app_account_token"
         }
     }
 

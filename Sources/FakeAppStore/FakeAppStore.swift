@@ -103,6 +103,8 @@ public struct FakeAppStore: Sendable {
         var productId: String
         var environment: String?
         var applicationUsername: String?
+        /// StoreKit 2's token; StoreKit 1's `applicationUsername` becomes one when it is a UUID.
+        var appAccountToken: String?
         var quantity: Int?
         var deviceId: String?
         /// `consumable` (default), `non_consumable`, `auto_renewable` or `non_renewing`.
@@ -130,7 +132,10 @@ public struct FakeAppStore: Sendable {
         }
         let order = FakeLedger.Order(
             bundleId: mint.bundleId, productId: mint.productId, environment: environment, type: type,
-            quantity: mint.quantity ?? 1, applicationUsername: mint.applicationUsername, deviceId: mint.deviceId,
+            quantity: mint.quantity ?? 1,
+            applicationUsername: mint.appAccountToken
+                ?? mint.applicationUsername.flatMap { UUID(uuidString: $0) != nil ? $0 : nil },
+            deviceId: mint.deviceId,
             expiresIn: mint.expiresInSeconds.map(TimeInterval.init))
         let (purchase, bytes) = try ledger.mint(order) { receipt in
             try minter.mint(
@@ -237,6 +242,7 @@ struct AppleVerifyReceiptAnswer: Encodable {
         var cancellation_date: String?
         var cancellation_date_ms: String?
         var cancellation_reason: String?
+        var app_account_token: String?
         var is_trial_period = "false"
         var in_app_ownership_type = "PURCHASED"
 
@@ -255,6 +261,7 @@ struct AppleVerifyReceiptAnswer: Encodable {
             cancellation_date = purchase.cancellationDate.map(AppleVerifyReceiptAnswer.appleDate)
             cancellation_date_ms = purchase.cancellationDate.map { String(FakeAppStore.milliseconds($0)) }
             cancellation_reason = purchase.cancellationDate == nil ? nil : "0"
+            app_account_token = purchase.applicationUsername?.lowercased()
         }
     }
 

@@ -15,12 +15,15 @@ public struct FinisherSettings: Sendable {
     public var prefetch: Int
     /// When and where to alert.
     public var alerts: AlertSettings
+    /// What each product grants; nil credits purchases with their quantity only.
+    public var catalog: Catalog?
 
     /// Creates settings.
-    public init(names: PipelineNames = .init(), prefetch: Int = 64, alerts: AlertSettings = .init()) {
+    public init(names: PipelineNames = .init(), prefetch: Int = 64, alerts: AlertSettings = .init(), catalog: Catalog? = nil) {
         self.names = names
         self.prefetch = prefetch
         self.alerts = alerts
+        self.catalog = catalog
     }
 }
 
@@ -34,13 +37,17 @@ public final class FinisherService: Service, Sendable {
     private let logger: Logger
     private let codec = MessageCodec()
     private let alerts: AlertSender
+    private let policy: CreditPolicy
+    private let eventsQueued: @Sendable () -> Void
 
     /// Creates a finisher that consumes and acks through `consumer`, dead-letters through
     /// `publisher`; `httpClient` carries webhook alerts, when configured.
     public init(
         settings: FinisherSettings, consumer: AMQPConnection, publisher: AMQPConnection, store: OrderStore,
-        httpClient: HTTPClient?, logger: Logger
+        httpClient: HTTPClient?, logger: Logger, eventsQueued: @escaping @Sendable () -> Void = {}
     ) {
+        self.policy = CreditPolicy(catalog: settings.catalog, eventsExchange: settings.names.events)
+        self.eventsQueued = eventsQueued
         self.settings = settings
         self.consumer = consumer
         self.publisher = publisher
@@ -92,7 +99,8 @@ public final class FinisherService: Service, Sendable {
             "iap.submission.id": "\(result.submissionId)", "iap.attempt": "\(result.attempt)",
         ]
         do {
-            let applied = try await store.applyCounting(result)
+            let applied = try await store.applyCounting(result, policy: policy)
+            eventsQueued()
             let state = applied.state
             Counter(label: MetricNames.resultsApplied, dimensions: [("state", state.rawValue)]).increment()
             Counter(label: MetricNames.grants).increment(by: applied.credited)

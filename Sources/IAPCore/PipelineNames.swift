@@ -18,6 +18,9 @@ public struct PipelineNames: Sendable, Equatable {
     /// Result messages that could not be processed at all.
     public var resultsDead: String { "\(prefix).results.dead" }
 
+    /// The topic exchange of events for the app's own services (`grant.created`, `grant.revoked`, `order.paid`).
+    public var events: String { "\(prefix).events" }
+
     /// The delay queue that holds a retry for `seconds` before it returns to `verify`.
     public func verifyRetry(delaySeconds seconds: Int) -> String {
         "\(prefix).verify.retry.\(seconds)s"

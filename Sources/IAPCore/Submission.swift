@@ -49,6 +49,8 @@ public enum TransactionCreditState: String, Codable, Sendable {
     case replayedFromOtherUser = "replayed_from_other_user"
     /// Apple refunded or revoked the purchase; it is not credited.
     case cancelled
+    /// Recorded for this user but not granted until a person decides (`reason` says why).
+    case held
 }
 
 /// The upload as the intake accepted it: what the verifier needs to do its work.

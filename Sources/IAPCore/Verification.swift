@@ -18,12 +18,17 @@ public struct VerifiedPurchase: Codable, Sendable, Equatable {
     public var cancellationDate: Date?
     /// For subscriptions: when the period ends.
     public var expiresDate: Date?
+    /// The UUID the app set (`appAccountToken`, or StoreKit 1's `applicationUsername` when a UUID):
+    /// our order id.
+    public var appAccountToken: String?
 
     /// Creates a purchase.
     public init(
         transactionId: String, originalTransactionId: String, productId: String, quantity: Int,
-        purchaseDate: Date?, environment: AppStoreEnvironment, cancellationDate: Date? = nil, expiresDate: Date? = nil
+        purchaseDate: Date?, environment: AppStoreEnvironment, cancellationDate: Date? = nil, expiresDate: Date? = nil,
+        appAccountToken: String? = nil
     ) {
+        self.appAccountToken = appAccountToken
         self.transactionId = transactionId
         self.originalTransactionId = originalTransactionId
         self.productId = productId

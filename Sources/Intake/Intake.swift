@@ -17,12 +17,18 @@ public struct IntakeSettings: Sendable {
     public var names: PipelineNames
     /// Lost-message recovery.
     public var sweeper: SweeperSettings
+    /// What the app sells (`GET /v1/products`, order and manual-grant checks).
+    public var catalog: Catalog?
+    /// The token of customer service's admin routes; nil disables them.
+    public var adminToken: String?
 
     /// Creates settings.
     public init(
         host: String = "0.0.0.0", port: Int = 8080, maxBodyBytes: Int = 1_048_576, names: PipelineNames = .init(),
-        sweeper: SweeperSettings = .init()
+        sweeper: SweeperSettings = .init(), catalog: Catalog? = nil, adminToken: String? = nil
     ) {
+        self.catalog = catalog
+        self.adminToken = adminToken
         self.host = host
         self.port = port
         self.maxBodyBytes = maxBodyBytes
@@ -41,19 +47,19 @@ public func makeIntakeRouter(
         try JSONResponse.make(["status": "ok"])
     }
     ReceiptsController(store: store, settings: settings, acceptedUpload: acceptedUpload).addRoutes(to: router)
+    OrdersController(store: store, settings: settings).addRoutes(to: router)
+    AdminController(store: store, settings: settings).addRoutes(to: router, changed: acceptedUpload)
     return router
 }
 
-/// The intake's services: the outbox relay, the sweeper and the HTTP server (last).
+/// The intake's services: the sweeper and the HTTP server (last). `relay` publishes what the
+/// intake writes to the outbox.
 ///
-/// `publish` sends one outbox message and returns once the broker confirmed it.
 /// `onServerRunning` reports the bound port (useful with port 0).
 public func makeIntakeServices(
-    settings: IntakeSettings, store: OrderStore, logger: Logger,
-    publish: @escaping OutboxRelay.Publish,
+    settings: IntakeSettings, store: OrderStore, relay: OutboxRelay, logger: Logger,
     onServerRunning: @escaping @Sendable (Int) async -> Void = { _ in }
 ) -> [any Service] {
-    let relay = OutboxRelay(store: store, logger: logger, publish: publish)
     let sweeper = SubmissionSweeper(
         settings: settings.sweeper, names: settings.names, store: store, logger: logger, requeued: { relay.notify() })
     let router = makeIntakeRouter(settings: settings, store: store, acceptedUpload: { relay.notify() })
@@ -62,5 +68,5 @@ public func makeIntakeServices(
         configuration: .init(address: .hostname(settings.host, port: settings.port), serverName: "iap-intake"),
         onServerRunning: { channel in await onServerRunning(channel.localAddress?.port ?? settings.port) },
         logger: logger)
-    return [relay, sweeper, application]
+    return [sweeper, application]
 }

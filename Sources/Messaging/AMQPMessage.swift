@@ -16,6 +16,9 @@ public struct OutgoingMessage: Sendable, Equatable {
     public var priority: UInt8?
     /// Time after which the broker dead-letters the message (per-message TTL).
     public var expiration: Duration?
+    /// Whether a message that reaches no queue fails its publish (`unroutable`). True for work
+    /// queues, where it would be lost; false for events nobody may subscribe to yet.
+    public var mandatory: Bool = true
 
     /// Creates a persistent message.
     public init(

@@ -184,7 +184,8 @@ final class ConnectionWorker {
         }
         let status = amqp_basic_publish(
             connection, Self.publishChannel, arena.bytes(publish.message.exchange),
-            arena.bytes(publish.message.routingKey), 1, 0, &properties, arena.bytes(publish.message.body))
+            arena.bytes(publish.message.routingKey), publish.message.mandatory ? 1 : 0, 0, &properties,
+            arena.bytes(publish.message.body))
         guard status == AMQP_STATUS_OK.rawValue else {
             waiting.insert(publish, at: 0)
             lose("publish failed: \(Self.describe(status: status))")

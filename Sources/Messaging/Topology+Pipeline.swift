@@ -36,6 +36,6 @@ extension Topology {
                         "x-dead-letter-routing-key": .string(names.verify),
                     ]))
         }
-        return Topology(queues: queues)
+        return Topology(exchanges: [Exchange(name: names.events, type: "topic")], queues: queues)
     }
 }

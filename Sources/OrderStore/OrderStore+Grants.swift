@@ -16,6 +16,14 @@ public struct Grant: Sendable, Equatable {
     public var state: String
     /// When it was credited.
     public var grantedAt: Date
+    /// Our order it paid, if it was bound to one.
+    public var orderId: String?
+    /// What it grants (quantity × the catalog's grant), as JSON.
+    public var grantJSON: String
+    /// Production or Sandbox.
+    public var environment: String
+    /// `apple` or `manual`.
+    public var source: String
 }
 
 extension OrderStore {
@@ -53,6 +61,7 @@ extension Grant {
     init(row: Row) {
         self.init(
             transactionId: row["transactionId"], userId: row["userId"], productId: row["productId"],
-            quantity: row["quantity"], state: row["state"], grantedAt: row["grantedAt"])
+            quantity: row["quantity"], state: row["state"], grantedAt: row["grantedAt"], orderId: row["orderId"],
+            grantJSON: row["grantJSON"], environment: row["environment"], source: row["source"])
     }
 }

@@ -15,6 +15,8 @@ public struct OutboxMessage: Sendable, Equatable {
     public var messageId: String?
     /// The message's priority, for priority queues.
     public var priority: UInt8?
+    /// Whether an unroutable message is an error (true for work queues, false for events).
+    public var mandatory: Bool
     /// Failed publish attempts so far.
     public var attempts: Int
 
@@ -28,6 +30,7 @@ public struct OutboxMessage: Sendable, Equatable {
         self.body = body
         self.messageId = messageId
         self.priority = priority
+        self.mandatory = true
         self.attempts = 0
     }
 }
@@ -38,13 +41,17 @@ extension OrderStore {
         try await database.read { db in
             try Row.fetchAll(
                 db,
-                sql: "SELECT id, exchange, routingKey, body, messageId, priority, attempts FROM outbox ORDER BY id LIMIT ?",
+                sql: """
+                    SELECT id, exchange, routingKey, body, messageId, priority, mandatory, attempts FROM outbox
+                    ORDER BY id LIMIT ?
+                    """,
                 arguments: [limit]
             ).map { row in
                 var message = OutboxMessage(
                     exchange: row["exchange"], routingKey: row["routingKey"], body: [UInt8](row["body"] as Data),
                     messageId: row["messageId"], priority: (row["priority"] as Int?).map { UInt8(clamping: $0) })
                 message.id = row["id"]
+                message.mandatory = row["mandatory"]
                 message.attempts = row["attempts"]
                 return message
             }
@@ -77,11 +84,12 @@ extension OrderStore {
     static func insert(_ message: OutboxMessage, now: Date, in db: Database) throws {
         try db.execute(
             sql: """
-                INSERT INTO outbox (exchange, routingKey, body, messageId, priority, createdAt) VALUES (?, ?, ?, ?, ?, ?)
+                INSERT INTO outbox (exchange, routingKey, body, messageId, priority, mandatory, createdAt)
+                VALUES (?, ?, ?, ?, ?, ?, ?)
                 """,
             arguments: [
                 message.exchange, message.routingKey, Data(message.body), message.messageId,
-                message.priority.map { Int($0) }, now,
+                message.priority.map { Int($0) }, message.mandatory, now,
             ])
     }
 }

@@ -21,6 +21,8 @@ extension OrderStore {
                         attempts INTEGER NOT NULL DEFAULT 0,
                         nextAttemptAt DATETIME,
                         alertedAt DATETIME,
+                        -- Set by customer service: the app may finish its transactions whatever the state.
+                        finishable BOOLEAN NOT NULL DEFAULT 0,
                         acceptedAt DATETIME NOT NULL,
                         updatedAt DATETIME NOT NULL
                     );
@@ -50,18 +52,27 @@ extension OrderStore {
                         userId TEXT NOT NULL,
                         orderId TEXT,
                         submissionId TEXT NOT NULL REFERENCES submission(id),
+                        appAccountToken TEXT,
+                        -- Why it is not granted yet (unknown_product, product_mismatch, …); NULL when granted.
+                        heldReason TEXT,
                         creditedAt DATETIME NOT NULL
                     );
                     CREATE INDEX purchase_user ON purchase(userId);
 
+                    -- One grant per Apple transaction, ever (manual grants have their own ids).
                     CREATE TABLE grants (
                         id INTEGER PRIMARY KEY AUTOINCREMENT,
-                        transactionId TEXT NOT NULL UNIQUE REFERENCES purchase(transactionId),
+                        transactionId TEXT NOT NULL UNIQUE,
                         userId TEXT NOT NULL,
                         productId TEXT NOT NULL,
+                        orderId TEXT,
                         quantity INTEGER NOT NULL CHECK (quantity > 0),
+                        grantJSON TEXT NOT NULL,
+                        environment TEXT NOT NULL,
+                        source TEXT NOT NULL CHECK (source IN ('apple', 'manual')),
                         state TEXT NOT NULL CHECK (state IN ('active', 'revoked')),
-                        grantedAt DATETIME NOT NULL
+                        grantedAt DATETIME NOT NULL,
+                        revokedAt DATETIME
                     );
                     CREATE INDEX grants_user ON grants(userId);
 
@@ -72,10 +83,27 @@ extension OrderStore {
                         originalTransactionId TEXT NOT NULL,
                         productId TEXT NOT NULL,
                         environment TEXT NOT NULL,
-                        state TEXT NOT NULL
-                            CHECK (state IN ('credited', 'already_credited', 'replayed_from_other_user', 'cancelled')),
+                        state TEXT NOT NULL CHECK (
+                            state IN ('credited', 'already_credited', 'replayed_from_other_user', 'cancelled', 'held')),
+                        reason TEXT,
                         PRIMARY KEY (submissionId, transactionId)
                     );
+
+                    -- Who did what, when and why: customer service actions and replay attempts.
+                    -- Append-only: the triggers refuse changes.
+                    CREATE TABLE audit_log (
+                        id INTEGER PRIMARY KEY AUTOINCREMENT,
+                        at DATETIME NOT NULL,
+                        actor TEXT NOT NULL,
+                        action TEXT NOT NULL,
+                        subject TEXT NOT NULL,
+                        reason TEXT NOT NULL,
+                        details TEXT
+                    );
+                    CREATE TRIGGER audit_log_no_update BEFORE UPDATE ON audit_log
+                        BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+                    CREATE TRIGGER audit_log_no_delete BEFORE DELETE ON audit_log
+                        BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
 
                     -- Messages committed with the change that caused them, published by the relay.
                     CREATE TABLE outbox (
@@ -85,6 +113,7 @@ extension OrderStore {
                         body BLOB NOT NULL,
                         messageId TEXT,
                         priority INTEGER,
+                        mandatory BOOLEAN NOT NULL DEFAULT 1,
                         createdAt DATETIME NOT NULL,
                         attempts INTEGER NOT NULL DEFAULT 0,
                         lastError TEXT

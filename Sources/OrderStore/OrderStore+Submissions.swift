@@ -16,6 +16,8 @@ public struct SubmissionStatus: Sendable, Equatable {
         public var environment: AppStoreEnvironment
         /// What this upload did with it.
         public var state: TransactionCreditState
+        /// Why it is held, when it is.
+        public var reason: ReasonCode?
     }
 
     /// The submission.
@@ -39,11 +41,14 @@ public struct SubmissionStatus: Sendable, Equatable {
     /// The transactions in it, in receipt order.
     public var transactions: [Transaction]
 
+    /// Customer service marked it finishable.
+    public var finishable: Bool = false
+
     /// Whether the app may finish the StoreKit transactions of this upload: not while work is
     /// pending, and not when the named transaction is missing from the receipt (the app
-    /// must upload a refreshed receipt first).
+    /// must upload a refreshed receipt first), unless customer service settled it.
     public var finishTransaction: Bool {
-        state.finishTransaction && reason != .transactionNotInReceipt
+        finishable || (state.finishTransaction && reason != .transactionNotInReceipt)
     }
 }
 
@@ -87,7 +92,8 @@ extension OrderStore {
                     transactionId: row["transactionId"], originalTransactionId: row["originalTransactionId"],
                     productId: row["productId"],
                     environment: AppStoreEnvironment(rawValue: row["environment"]) ?? .production,
-                    state: TransactionCreditState(rawValue: row["state"]) ?? .alreadyCredited)
+                    state: TransactionCreditState(rawValue: row["state"]) ?? .alreadyCredited,
+                    reason: (row["reason"] as String?).map(ReasonCode.init(rawValue:)))
             }
             return SubmissionStatus(
                 submissionId: id, userId: row["userId"],
@@ -95,7 +101,7 @@ extension OrderStore {
                 reason: (row["reason"] as String?).map(ReasonCode.init(rawValue:)),
                 reasonMessage: row["reasonMessage"], attempts: row["attempts"], nextAttemptAt: row["nextAttemptAt"],
                 environment: (row["environment"] as String?).flatMap(AppStoreEnvironment.init(rawValue:)),
-                acceptedAt: row["acceptedAt"], transactions: transactions)
+                acceptedAt: row["acceptedAt"], transactions: transactions, finishable: row["finishable"])
         }
     }
 
@@ -113,22 +119,27 @@ extension OrderStore {
     ///
     /// Idempotent: a result for a submission that already reached a terminal state changes
     /// nothing, and a transaction id is credited at most once whatever arrives.
-    public func apply(_ result: VerifyResult, now: Date = Date()) async throws -> SubmissionState {
-        try await applyCounting(result, now: now).state
+    public func apply(_ result: VerifyResult, policy: CreditPolicy = .init(), now: Date = Date()) async throws
+        -> SubmissionState
+    {
+        try await applyCounting(result, policy: policy, now: now).state
     }
 
     /// `apply`, also saying how many purchases it credited and how many were replays.
-    public func applyCounting(_ result: VerifyResult, now: Date = Date()) async throws -> Applied {
+    public func applyCounting(_ result: VerifyResult, policy: CreditPolicy = .init(), now: Date = Date()) async throws
+        -> Applied
+    {
         try await database.write { db -> Applied in
             var credited = 0
             var replays = 0
-            let state = try Self.apply(result, now: now, credited: &credited, replays: &replays, in: db)
+            let state = try Self.apply(result, policy: policy, now: now, credited: &credited, replays: &replays, in: db)
             return Applied(state: state, credited: credited, replayed: replays)
         }
     }
 
     private static func apply(
-        _ result: VerifyResult, now: Date, credited: inout Int, replays: inout Int, in db: Database
+        _ result: VerifyResult, policy: CreditPolicy, now: Date, credited: inout Int, replays: inout Int,
+        in db: Database
     ) throws -> SubmissionState {
         do {
             guard
@@ -173,35 +184,49 @@ extension OrderStore {
                 var seen = Set<String>()
                 var replayed = 0
                 var total = 0
+                var held: (ReasonCode, String)?
+                let upload = Upload(
+                    userId: userId, submissionId: id, orderId: result.orderId, transactionId: row["transactionId"],
+                    bundleId: receipt.bundleId)
                 for purchase in receipt.purchases where seen.insert(purchase.transactionId).inserted {
                     total += 1
                     let state: TransactionCreditState
+                    var reason: ReasonCode?
                     if purchase.cancellationDate != nil {
                         state = .cancelled
                     } else {
-                        state = try Self.credit(
-                            purchase, bundleId: receipt.bundleId, userId: userId, orderId: result.orderId,
-                            submissionId: id, now: now, in: db)
+                        (state, reason) = try Self.credit(purchase, upload: upload, policy: policy, now: now, in: db)
                     }
                     if state == .replayedFromOtherUser { replayed += 1 }
                     if state == .credited { credited += 1 }
+                    if state == .held, held == nil, let reason { held = (reason, purchase.transactionId) }
                     try db.execute(
                         sql: """
                             INSERT INTO submission_transaction
-                                (submissionId, transactionId, originalTransactionId, productId, environment, state)
-                            VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING
+                                (submissionId, transactionId, originalTransactionId, productId, environment, state, reason)
+                            VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING
                             """,
                         arguments: [
                             id, purchase.transactionId, purchase.originalTransactionId, purchase.productId,
-                            purchase.environment.rawValue, state.rawValue,
+                            purchase.environment.rawValue, state.rawValue, reason?.rawValue,
                         ])
                 }
                 replays = replayed
+                if replayed > 0 {
+                    try Self.audit(
+                        actor: "system", action: "replay_refused", subject: "submission:\(id)",
+                        reason: "purchases credited to another user uploaded by \(userId)",
+                        details: ["count": "\(replayed)"], now: now, in: db)
+                }
                 let named: String? = row["transactionId"]
                 let state: SubmissionState
                 let reason: ReasonCode?
                 let message: String?
-                if let named, !seen.contains(named) {
+                if let held {
+                    state = .needsReview
+                    reason = held.0
+                    message = "purchase \(held.1) is held for review (\(held.0))"
+                } else if let named, !seen.contains(named) {
                     // Whatever else the receipt held is credited above; the named purchase is not here yet.
                     (state, reason) = (.rejected, .transactionNotInReceipt)
                     message = "transaction \(named) is not in this receipt yet: refresh the receipt and upload it again"
@@ -231,34 +256,4 @@ extension OrderStore {
             arguments: [state.rawValue, reason?.rawValue, message, attempt, environment?.rawValue, now, id])
     }
 
-    /// Credits a purchase unless some submission already did; says which happened.
-    private static func credit(
-        _ purchase: VerifiedPurchase, bundleId: String, userId: String, orderId: String?, submissionId: String,
-        now: Date, in db: Database
-    ) throws -> TransactionCreditState {
-        if let owner = try Row.fetchOne(
-            db, sql: "SELECT userId, submissionId FROM purchase WHERE transactionId = ?",
-            arguments: [purchase.transactionId])
-        {
-            if (owner["userId"] as String) != userId { return .replayedFromOtherUser }
-            return (owner["submissionId"] as String) == submissionId ? .credited : .alreadyCredited
-        }
-        try db.execute(
-            sql: """
-                INSERT INTO purchase (transactionId, originalTransactionId, productId, quantity, environment, bundleId,
-                    purchaseDate, userId, orderId, submissionId, creditedAt)
-                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-                """,
-            arguments: [
-                purchase.transactionId, purchase.originalTransactionId, purchase.productId, max(purchase.quantity, 1),
-                purchase.environment.rawValue, bundleId, purchase.purchaseDate, userId, orderId, submissionId, now,
-            ])
-        try db.execute(
-            sql: """
-                INSERT INTO grants (transactionId, userId, productId, quantity, state, grantedAt)
-                VALUES (?, ?, ?, ?, 'active', ?)
-                """,
-            arguments: [purchase.transactionId, userId, purchase.productId, max(purchase.quantity, 1), now])
-        return .credited
-    }
 }

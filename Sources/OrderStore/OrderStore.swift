@@ -49,6 +49,10 @@ public struct OrderStoreError: Error, Sendable, CustomStringConvertible {
         case unknownSubmission = "unknown_submission"
         /// A submission with this id exists already.
         case duplicateSubmission = "duplicate_submission"
+        /// The thing asked for does not exist.
+        case notFound = "not_found"
+        /// The change contradicts what the store holds (granted already, another user's).
+        case conflict
     }
 
     /// What went wrong.

@@ -123,15 +123,22 @@ public struct Pipeline: Sendable {
                         await onListening(.fakeAppStore, channel.localAddress?.port ?? settings.fakeAppStorePort)
                     }))
         }
-        if roles.contains(.intake), let store, let connection {
+        // One outbox relay per process that writes the store: uploads (intake) and events (finisher).
+        var relay: OutboxRelay?
+        if let store, let connection {
+            let outbox = OutboxRelay(store: store, logger: logger) { message in
+                var outgoing = OutgoingMessage(
+                    exchange: message.exchange, routingKey: message.routingKey, body: message.body,
+                    messageId: message.messageId, priority: message.priority)
+                outgoing.mandatory = message.mandatory
+                try await connection.publish(outgoing)
+            }
+            relay = outbox
+            middle.append(outbox)
+        }
+        if roles.contains(.intake), let store, let relay {
             let services = makeIntakeServices(
-                settings: settings.intake, store: store, logger: logger,
-                publish: { message in
-                    try await connection.publish(
-                        OutgoingMessage(
-                            exchange: message.exchange, routingKey: message.routingKey, body: message.body,
-                            messageId: message.messageId, priority: message.priority))
-                },
+                settings: settings.intake, store: store, relay: relay, logger: logger,
                 onServerRunning: { port in await onListening(.intake, port) })
             middle.append(contentsOf: services.dropLast())
             last.append(contentsOf: services.suffix(1))
@@ -150,7 +157,7 @@ public struct Pipeline: Sendable {
             middle.append(
                 FinisherService(
                     settings: settings.finisher, consumer: consumerConnection, publisher: connection, store: store,
-                    httpClient: httpClient, logger: logger))
+                    httpClient: httpClient, logger: logger, eventsQueued: { [relay] in relay?.notify() }))
         }
         if roles.contains(.verifier), let connection, let consumerConnection, let client = httpClient {
             let verifier = VerifyReceiptClient(settings: settings.verifyReceipt, httpClient: client, logger: logger)

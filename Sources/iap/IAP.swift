@@ -44,6 +44,16 @@ private func pipelineSettings(
             alerts: try alertSettings()))
 }
 
+/// The catalog and the admin token (IAP_ADMIN_TOKEN or IAP_ADMIN_TOKEN_FILE; never a flag).
+private func apply(catalog: Catalog, to settings: inout PipelineSettings) throws {
+    settings.intake.catalog = catalog
+    settings.finisher.catalog = catalog
+    if let token = try SettingReader().secret("IAP_ADMIN_TOKEN") {
+        guard token.utf8.count >= 16 else { throw ValidationError("IAP_ADMIN_TOKEN must be at least 16 characters") }
+        settings.intake.adminToken = token
+    }
+}
+
 /// Alerts: after how many failed attempts, and the optional webhook.
 private func alertSettings() throws -> AlertSettings {
     let reader = SettingReader()
@@ -57,16 +67,22 @@ private func alertSettings() throws -> AlertSettings {
 
 struct IntakeCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "intake", abstract: "Accept receipt uploads over HTTP and queue them durably (outbox relay included).")
+        commandName: "intake", abstract: "Accept receipt uploads over HTTP and queue them durably (outbox relay included).",
+        discussion: """
+            Customer service's admin routes (/v1/admin/...) need IAP_ADMIN_TOKEN (or IAP_ADMIN_TOKEN_FILE),
+            at least 16 characters, sent as Authorization: Bearer <token>; unset, they answer 503.
+            """)
 
     @OptionGroup var broker: BrokerOptions
     @OptionGroup var store: StoreOptions
     @OptionGroup var http: HTTPOptions
     @OptionGroup var ops: OpsOptions
+    @OptionGroup var catalog: CatalogOptions
     @OptionGroup var log: LogOptions
 
     func run() async throws {
         var settings = try pipelineSettings(broker: broker, store: store, http: http)
+        try apply(catalog: catalog.load(), to: &settings)
         settings.ops = try ops.settings()
         let logger = try log.makeLogger(label: "iap.intake")
         try await Pipeline(roles: [.intake], settings: settings, logger: logger).run(logger: logger)
@@ -107,10 +123,12 @@ struct FinisherCommand: AsyncParsableCommand {
     @Option(name: .long, help: "Results fetched ahead of processing. (env IAP_FINISHER_PREFETCH; default 64)")
     var finisherPrefetch: Int?
     @OptionGroup var ops: OpsOptions
+    @OptionGroup var catalog: CatalogOptions
     @OptionGroup var log: LogOptions
 
     func run() async throws {
         var settings = try pipelineSettings(broker: broker, store: store, finisherPrefetch: finisherPrefetch)
+        try apply(catalog: catalog.load(), to: &settings)
         settings.ops = try ops.settings()
         let logger = try log.makeLogger(label: "iap.finisher")
         try await Pipeline(roles: [.finisher], settings: settings, logger: logger).run(logger: logger)
@@ -121,6 +139,8 @@ struct OrdersCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "orders", abstract: "The order service: intake and finisher in one process, the only writer of the store.",
         discussion: """
+            Customer service's admin routes (/v1/admin/...) need IAP_ADMIN_TOKEN (or IAP_ADMIN_TOKEN_FILE),
+            at least 16 characters, sent as Authorization: Bearer <token>; unset, they answer 503.
             Alerts: IAP_ALERT_AFTER_ATTEMPTS (default 10) failed attempts, or needs_review, alert once per
             submission (error log, iap_alerts_total); IAP_ALERT_WEBHOOK, when set, receives each as a JSON POST.
             """)
@@ -131,10 +151,12 @@ struct OrdersCommand: AsyncParsableCommand {
     @Option(name: .long, help: "Results fetched ahead of processing. (env IAP_FINISHER_PREFETCH; default 64)")
     var finisherPrefetch: Int?
     @OptionGroup var ops: OpsOptions
+    @OptionGroup var catalog: CatalogOptions
     @OptionGroup var log: LogOptions
 
     func run() async throws {
         var settings = try pipelineSettings(broker: broker, store: store, http: http, finisherPrefetch: finisherPrefetch)
+        try apply(catalog: catalog.load(), to: &settings)
         settings.ops = try ops.settings()
         let logger = try log.makeLogger(label: "iap.orders")
         try await Pipeline(roles: [.intake, .finisher], settings: settings, logger: logger).run(logger: logger)
@@ -174,6 +196,7 @@ struct DevCommand: AsyncParsableCommand {
     @OptionGroup var verifier: VerifierOptions
     @OptionGroup var fake: FakeAppStoreOptions
     @OptionGroup var ops: OpsOptions
+    @OptionGroup var catalog: CatalogOptions
     @OptionGroup var log: LogOptions
 
     func run() async throws {
@@ -188,6 +211,7 @@ struct DevCommand: AsyncParsableCommand {
             defaultDatabase: "iap-dev.sqlite", verifyReceipt: verifyReceipt)
         settings.fakeAppStoreHost = fakeHost
         settings.fakeAppStorePort = fakePort
+        try apply(catalog: catalog.load(demoIfUnset: true), to: &settings)
         settings.ops = try ops.settings(defaultHost: "127.0.0.1")
         settings.fakeAppStoreDatabasePath = fake.databasePath(
             default: URL(fileURLWithPath: settings.databasePath).deletingLastPathComponent()

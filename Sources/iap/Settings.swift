@@ -151,6 +151,25 @@ struct OpsOptions: ParsableArguments {
     }
 }
 
+struct CatalogOptions: ParsableArguments {
+    @Option(name: .long, help: "JSON file of the products sold and what each grants; required (iap dev uses a demo catalog). (env IAP_CATALOG)")
+    var catalog: String?
+
+    func load(demoIfUnset: Bool = false) throws -> Catalog {
+        guard let path = SettingReader().optionalString(catalog, "IAP_CATALOG") else {
+            if demoIfUnset {
+                return try Catalog.parse(Data(DemoCatalog.json.utf8), source: "the demo catalog")
+            }
+            throw ValidationError("IAP_CATALOG is required: the JSON file of the products this app sells")
+        }
+        do {
+            return try Catalog.load(path: path)
+        } catch {
+            throw ValidationError("IAP_CATALOG: \(error.description)")
+        }
+    }
+}
+
 struct StoreOptions: ParsableArguments {
     @Option(name: .long, help: "SQLite file of the order store; created with mode 0600. (env IAP_DATABASE_PATH; default iap-orders.sqlite)")
     var databasePath: String?

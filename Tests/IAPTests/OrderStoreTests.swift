@@ -99,15 +99,48 @@ struct OrderStoreTests {
                         """, arguments: [request.submissionId.uuidString])
             }
         }
+        // The same rows for a fresh transaction id go in: only the uniqueness refuses the ones above.
+        try await database.write { db in
+            try db.execute(
+                sql: """
+                    INSERT INTO purchase (transactionId, originalTransactionId, productId, quantity, environment,
+                        bundleId, userId, submissionId, creditedAt)
+                    VALUES ('t9', 't9', 'p', 1, 'Production', 'b', 'u2', ?, CURRENT_TIMESTAMP)
+                    """, arguments: [request.submissionId.uuidString])
+            try db.execute(
+                sql: """
+                    INSERT INTO grants (transactionId, userId, productId, quantity, grantJSON, environment, source,
+                        state, grantedAt)
+                    VALUES ('t9', 'u2', 'p', 1, '{}', 'Production', 'apple', 'active', CURRENT_TIMESTAMP)
+                    """)
+        }
         #expect(throws: DatabaseError.self) {
             try database.write { db in
                 try db.execute(
                     sql: """
-                        INSERT INTO grants (transactionId, userId, productId, quantity, state, grantedAt)
-                        VALUES ('t1', 'u2', 'p', 1, 'active', CURRENT_TIMESTAMP)
+                        INSERT INTO grants (transactionId, userId, productId, quantity, grantJSON, environment, source,
+                            state, grantedAt)
+                        VALUES ('t1', 'u2', 'p', 1, '{}', 'Production', 'apple', 'active', CURRENT_TIMESTAMP)
                         """)
             }
         }
+    }
+
+    @Test func theAuditLogIsAppendOnly() async throws {
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-store-\(UUID().uuidString)")
+        let path = folder.appendingPathComponent("orders.sqlite").path
+        let store = try OrderStore(path: path)
+        let request = try await accept(store, user: "u1")
+        try await store.markFinishable(request.submissionId, actor: "ann", reason: "settled")
+        #expect(try await store.auditLog(limit: 10).map(\.action) == ["submission_finishable"])
+        let database = try DatabaseQueue(path: path)
+        #expect(throws: DatabaseError.self) {
+            try database.write { db in try db.execute(sql: "UPDATE audit_log SET reason = 'nothing happened'") }
+        }
+        #expect(throws: DatabaseError.self) {
+            try database.write { db in try db.execute(sql: "DELETE FROM audit_log") }
+        }
+        #expect(try await store.auditLog(limit: 10).first?.reason == "settled")
     }
 
     @Test func theFileIsReadableByItsOwnerOnly() throws {

@@ -32,37 +32,51 @@ final class PipelineHarness: Sendable {
     private let pipelines: [Pipeline]
 
     static let bundleId = "com.example.tests"
+    static let adminToken = "test-admin-token-0123456789"
+
+    /// What the tests' app sells.
+    static let testCatalog = Catalog(products: [
+        .init(productId: "com.example.coins.60", type: .consumable, grant: ["coins": .number(60)]),
+        .init(productId: "com.example.coins.120", type: .consumable, grant: ["coins": .number(120)]),
+        .init(productId: "com.example.coins.300", type: .consumable, grant: ["coins": .number(300)]),
+        .init(productId: "com.example.vip.month", type: .autoRenewable, grant: ["entitlement": .name("vip")]),
+    ])
 
     static func start(
         name: String, roles: Set<Role> = [.intake, .verifier, .finisher], retryDelays: [Int] = [1],
         appleTimeout: Duration = .seconds(2), sandboxPolicy: SandboxPolicy = .accept, verifierConcurrency: Int = 32,
         circuitBreaker: CircuitBreaker.Settings = .init(), sweeper: SweeperSettings = .init(),
-        alerts: AlertSettings = .init(), withOps: Bool = false
+        alerts: AlertSettings = .init(), withOps: Bool = false, sharing shared: PipelineHarness? = nil
     ) async throws -> PipelineHarness {
         let logger = TestBroker.logger
-        let names = PipelineNames(prefix: TestBroker.uniquePrefix(name))
+        let names = shared?.names ?? PipelineNames(prefix: TestBroker.uniquePrefix(name))
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-tests-\(UUID().uuidString)")
-        let databasePath = folder.appendingPathComponent("orders.sqlite").path
+        let databasePath = shared?.databasePath ?? folder.appendingPathComponent("orders.sqlite").path
         var settings = PipelineSettings(
             amqp: try TestBroker.configuration(), names: names, databasePath: databasePath,
-            intake: IntakeSettings(host: "127.0.0.1", port: 0, names: names, sweeper: sweeper),
+            intake: IntakeSettings(
+                host: "127.0.0.1", port: 0, names: names, sweeper: sweeper, catalog: testCatalog,
+                adminToken: adminToken),
             verifier: VerifierSettings(
                 names: names, concurrency: verifierConcurrency, retrySchedule: RetrySchedule(delaysSeconds: retryDelays),
                 sandboxPolicy: sandboxPolicy, circuitBreaker: circuitBreaker),
             verifyReceipt: VerifyReceiptClient.Settings(endpoints: .apple, bundleIds: [bundleId], timeout: appleTimeout),
-            finisher: FinisherSettings(names: names, alerts: alerts), fakeAppStoreHost: "127.0.0.1", fakeAppStorePort: 0,
+            finisher: FinisherSettings(names: names, alerts: alerts, catalog: testCatalog), fakeAppStoreHost: "127.0.0.1", fakeAppStorePort: 0,
             ops: withOps ? OpsSettings(host: "127.0.0.1", port: 0) : nil)
 
         let ports = NIOLockedValueBox([Role: Int]())
         let report: @Sendable (Role, Int) async -> Void = { role, port in ports.withLockedValue { $0[role] = port } }
 
-        let fake = try Pipeline(roles: [.fakeAppStore], settings: settings, logger: logger, onListening: report)
+        // A harness sharing another's store and queues uses that one's fake App Store.
+        let fake = try Pipeline(roles: shared == nil ? [.fakeAppStore] : [], settings: settings, logger: logger, onListening: report)
         let fakeGroup = fake.makeServiceGroup(gracefulShutdownSignals: [], logger: logger)
         let fakeTask = Task { try await fakeGroup.run() }
-        guard try await eventually(timeout: .seconds(10), { ports.withLockedValue { $0[.fakeAppStore] } != nil }) else {
-            throw HarnessError("the fake App Store did not start")
+        if shared == nil {
+            guard try await eventually(timeout: .seconds(10), { ports.withLockedValue { $0[.fakeAppStore] } != nil }) else {
+                throw HarnessError("the fake App Store did not start")
+            }
         }
-        let fakeURL = "http://127.0.0.1:\(ports.withLockedValue { $0[.fakeAppStore]! })"
+        let fakeURL = shared?.fakeURL ?? "http://127.0.0.1:\(ports.withLockedValue { $0[.fakeAppStore]! })"
         settings.verifyReceipt.endpoints = VerifyReceiptEndpoints(
             production: fakeURL + "/verifyReceipt", sandbox: fakeURL + "/sandbox/verifyReceipt")
 
@@ -223,11 +237,13 @@ enum HTTP {
         try await send(url, method: .GET, body: nil)
     }
 
-    static func send(_ url: String, method: HTTPMethod, body: Data?, contentType: String = "application/json")
-        async throws -> Answer
-    {
+    static func send(
+        _ url: String, method: HTTPMethod, body: Data?, contentType: String = "application/json",
+        headers: [String: String] = [:]
+    ) async throws -> Answer {
         var request = HTTPClientRequest(url: url)
         request.method = method
+        for (name, value) in headers where name != "Content-Type" { request.headers.add(name: name, value: value) }
         if let body {
             request.headers.add(name: "Content-Type", value: contentType)
             request.body = .bytes(ByteBuffer(data: body))

@@ -16,6 +16,7 @@ final class ProcessDrill: Sendable {
     private let children = NIOLockedValueBox([String: Process]())
     /// The operators' port of each role (`/metrics`, `/readyz`), fixed across restarts.
     let opsPorts: [String: Int]
+    private let catalogPath: String
     private let extraEnvironment: [String: String]
 
     var intakeURL: String { "http://127.0.0.1:\(intakePort)" }
@@ -36,6 +37,9 @@ final class ProcessDrill: Sendable {
         prefix = TestBroker.uniquePrefix(name)
         folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-drill-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        let catalog = folder.appendingPathComponent("catalog.json")
+        try JSONEncoder().encode(PipelineHarness.testCatalog).write(to: catalog)
+        catalogPath = catalog.path
         intakePort = try Self.freePort()
         fakePort = try Self.freePort()
         var opsPorts: [String: Int] = [:]
@@ -63,6 +67,7 @@ final class ProcessDrill: Sendable {
                 "IAP_RETRY_DELAYS": "1,2",
                 "IAP_AMQP_HEARTBEAT_SECONDS": "5",
                 "IAP_LOG_LEVEL": "warning",
+                "IAP_CATALOG": catalogPath,
             ]
         ) { $1 }
         environment.merge(extraEnvironment) { $1 }

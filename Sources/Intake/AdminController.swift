@@ -1,0 +1,157 @@
+import Crypto
+import Foundation
+import Hummingbird
+import IAPCore
+import OrderStore
+
+/// Customer service, behind `Authorization: Bearer <IAP_ADMIN_TOKEN>` (compared in constant
+/// time): look a purchase up, grant by hand, revoke, mark a stuck upload finishable, read the
+/// audit log. Every change needs a `reason` and lands in the append-only audit log.
+struct AdminController: Sendable {
+    let store: OrderStore
+    let settings: IntakeSettings
+
+    var policy: CreditPolicy { CreditPolicy(catalog: settings.catalog, eventsExchange: settings.names.events) }
+
+    func addRoutes(to router: Router<BasicRequestContext>, changed: @escaping @Sendable () -> Void) {
+        router.get("/v1/admin/purchases/{transactionId}") { request, context in
+            try authorize(request)
+            let id = try context.parameters.require("transactionId")
+            guard let purchase = try await store.purchase(id) else {
+                throw APIError(.notFound, code: "purchase_not_found", message: "no purchase \(id) in this store")
+            }
+            return try JSONResponse.make(PurchaseBody(purchase))
+        }
+        router.post("/v1/admin/grants") { request, _ in
+            try authorize(request)
+            let fields = try JSONFields(try await IntakeBody.collect(request, limit: 16 * 1024))
+            let userId = try fields.requiredString("userId")
+            let productId = try fields.requiredString("productId")
+            let quantity = try fields.int("quantity") ?? 1
+            guard (1...10_000).contains(quantity) else { throw APIError.invalidField("quantity", "must be 1 to 10000") }
+            var grant: [String: Catalog.GrantValue] = [:]
+            if let catalog = settings.catalog {
+                guard let product = catalog.product(productId) else {
+                    throw APIError(.badRequest, code: "unknown_product", message: "no product \(productId) in the catalog")
+                }
+                grant = product.grant(quantity: quantity)
+            }
+            let granted = try await mapped {
+                try await store.grantManually(
+                    userId: userId, productId: productId, quantity: quantity, grant: grant,
+                    transactionId: try fields.string("transactionId"), actor: try fields.string("actor") ?? "admin",
+                    reason: try fields.requiredString("reason", maxLength: 1000), policy: policy)
+            }
+            changed()
+            return try JSONResponse.make(GrantBody(granted), status: .created)
+        }
+        router.post("/v1/admin/grants/{transactionId}/revoke") { request, context in
+            try authorize(request)
+            let id = try context.parameters.require("transactionId")
+            let fields = try JSONFields(try await IntakeBody.collect(request, limit: 16 * 1024))
+            let revoked = try await mapped {
+                try await store.revoke(
+                    transactionId: id, actor: try fields.string("actor") ?? "admin",
+                    reason: try fields.requiredString("reason", maxLength: 1000), policy: policy)
+            }
+            changed()
+            return try JSONResponse.make(GrantBody(revoked))
+        }
+        router.post("/v1/admin/submissions/{submissionId}/finishable") { request, context in
+            try authorize(request)
+            guard let id = UUID(uuidString: try context.parameters.require("submissionId")) else {
+                throw APIError(.notFound, code: "submission_not_found", message: "no such submission")
+            }
+            let fields = try JSONFields(try await IntakeBody.collect(request, limit: 16 * 1024))
+            try await mapped {
+                try await store.markFinishable(
+                    id, actor: try fields.string("actor") ?? "admin", reason: try fields.requiredString("reason", maxLength: 1000))
+            }
+            guard let status = try await store.status(of: id) else {
+                throw APIError(.notFound, code: "submission_not_found", message: "no such submission")
+            }
+            return try JSONResponse.make(SubmissionStatusBody(status))
+        }
+        router.get("/v1/admin/audit") { request, _ in
+            try authorize(request)
+            let limit = min(max(request.uri.queryParameters.get("limit").flatMap { Int($0) } ?? 100, 1), 1000)
+            let entries = try await store.auditLog(limit: limit).map(AuditBody.init)
+            return try JSONResponse.make(["entries": entries])
+        }
+    }
+
+    /// Refuses requests without the admin token; the comparison takes the same time whatever matches.
+    private func authorize(_ request: Request) throws(APIError) {
+        guard let expected = settings.adminToken else {
+            throw APIError(.serviceUnavailable, code: "admin_disabled", message: "IAP_ADMIN_TOKEN is not set")
+        }
+        guard let header = request.headers[.authorization], header.hasPrefix("Bearer ") else {
+            throw APIError(.unauthorized, code: "unauthorized", message: "admin routes need Authorization: Bearer <token>")
+        }
+        let given = SHA256.hash(data: Data(header.dropFirst("Bearer ".count).utf8))
+        let wanted = SHA256.hash(data: Data(expected.utf8))
+        // Fixed-length digests, compared byte by byte without an early exit.
+        var difference: UInt8 = 0
+        for (left, right) in zip(given, wanted) { difference |= left ^ right }
+        guard difference == 0 else {
+            throw APIError(.forbidden, code: "forbidden", message: "this token may not use admin routes")
+        }
+    }
+
+    /// The store's errors as API answers.
+    private func mapped<T>(_ body: () async throws -> T) async throws -> T {
+        do {
+            return try await body()
+        } catch let error as OrderStoreError {
+            switch error.code {
+            case .notFound: throw APIError(.notFound, code: "not_found", message: error.message)
+            case .conflict: throw APIError(.conflict, code: "conflict", message: error.message)
+            default: throw error
+            }
+        }
+    }
+}
+
+struct PurchaseBody: Encodable {
+    var transactionId: String
+    var originalTransactionId: String
+    var productId: String
+    var quantity: Int
+    var environment: String
+    var userId: String
+    var orderId: String?
+    var submissionId: String
+    var heldReason: String?
+    var grant: GrantBody?
+
+    init(_ record: PurchaseRecord) {
+        transactionId = record.transactionId
+        originalTransactionId = record.originalTransactionId
+        productId = record.productId
+        quantity = record.quantity
+        environment = record.environment
+        userId = record.userId
+        orderId = record.orderId
+        submissionId = record.submissionId
+        heldReason = record.heldReason
+        grant = record.grant.map(GrantBody.init)
+    }
+}
+
+struct AuditBody: Encodable {
+    var at: Date
+    var actor: String
+    var action: String
+    var subject: String
+    var reason: String
+    var details: String?
+
+    init(_ entry: AuditEntry) {
+        at = entry.at
+        actor = entry.actor
+        action = entry.action
+        subject = entry.subject
+        reason = entry.reason
+        details = entry.details
+    }
+}

@@ -1,0 +1,122 @@
+import Foundation
+import Hummingbird
+import IAPCore
+import OrderStore
+
+/// `GET /v1/products`, `POST /v1/orders`, `GET /v1/orders/{orderId}`, `GET /v1/users/{userId}/grants`.
+///
+/// Until authentication lands, the user is the body's `userId` (on GETs, the path or `?userId=`).
+struct OrdersController: Sendable {
+    let store: OrderStore
+    let settings: IntakeSettings
+
+    func addRoutes(to router: Router<BasicRequestContext>) {
+        router.get("/v1/products") { _, _ in
+            guard let catalog = settings.catalog else {
+                return try JSONResponse.make(["products": [Catalog.Product]()])
+            }
+            return try JSONResponse.make(catalog)
+        }
+        router.post("/v1/orders") { request, _ in
+            let body = try await IntakeBody.collect(request, limit: 16 * 1024)
+            let fields = try JSONFields(body)
+            let userId = try fields.requiredString("userId")
+            let productId = try fields.requiredString("productId")
+            if let catalog = settings.catalog, catalog.product(productId) == nil {
+                throw APIError(.badRequest, code: "unknown_product", message: "no product \(productId) in the catalog")
+            }
+            let order = try await store.createOrder(userId: userId, productId: productId)
+            return try JSONResponse.make(OrderBody(order), status: .created)
+        }
+        router.get("/v1/orders/{orderId}") { request, context in
+            let orderId = try context.parameters.require("orderId")
+            guard let order = try await store.order(orderId),
+                request.uri.queryParameters.get("userId").map({ $0 == order.userId }) ?? true
+            else {
+                throw APIError(.notFound, code: "order_not_found", message: "no such order")
+            }
+            return try JSONResponse.make(OrderBody(order))
+        }
+        router.get("/v1/users/{userId}/grants") { _, context in
+            let userId = try context.parameters.require("userId")
+            let grants = try await store.grants(ofUser: userId)
+            return try JSONResponse.make(["grants": grants.map(GrantBody.init)])
+        }
+    }
+}
+
+/// An order as the app reads it.
+struct OrderBody: Encodable {
+    var orderId: String
+    var userId: String
+    var productId: String
+    var state: String
+    var transactionId: String?
+    var createdAt: Date
+    var updatedAt: Date
+
+    init(_ order: Order) {
+        orderId = order.orderId
+        userId = order.userId
+        productId = order.productId
+        state = order.state
+        transactionId = order.transactionId
+        createdAt = order.createdAt
+        updatedAt = order.updatedAt
+    }
+}
+
+/// A grant as the app and customer service read it.
+struct GrantBody: Encodable {
+    var transactionId: String
+    var productId: String
+    var orderId: String?
+    var quantity: Int
+    var grant: [String: Catalog.GrantValue]
+    var state: String
+    var environment: String
+    var source: String
+    var grantedAt: Date
+
+    init(_ grant: Grant) {
+        transactionId = grant.transactionId
+        productId = grant.productId
+        orderId = grant.orderId
+        quantity = grant.quantity
+        self.grant = (try? JSONDecoder().decode([String: Catalog.GrantValue].self, from: Data(grant.grantJSON.utf8))) ?? [:]
+        state = grant.state
+        environment = grant.environment
+        source = grant.source
+        grantedAt = grant.grantedAt
+    }
+}
+
+/// A JSON object body, read field by field with the intake's error codes.
+struct JSONFields {
+    let fields: [String: Any]
+
+    init(_ data: Data) throws(APIError) {
+        guard let object = try? JSONSerialization.jsonObject(with: data), let fields = object as? [String: Any] else {
+            throw .invalidJSON("the body must be a JSON object")
+        }
+        self.fields = fields
+    }
+
+    func string(_ name: String, maxLength: Int = 256) throws(APIError) -> String? {
+        guard let value = fields[name], !(value is NSNull) else { return nil }
+        guard let string = value as? String else { throw .invalidField(name, "must be a string") }
+        guard string.utf8.count <= maxLength else { throw .invalidField(name, "is longer than \(maxLength) bytes") }
+        return string.isEmpty ? nil : string
+    }
+
+    func requiredString(_ name: String, maxLength: Int = 256) throws(APIError) -> String {
+        guard let value = try string(name, maxLength: maxLength) else { throw .missingField(name) }
+        return value
+    }
+
+    func int(_ name: String) throws(APIError) -> Int? {
+        guard let value = fields[name], !(value is NSNull) else { return nil }
+        guard let number = value as? Int, !(value is Bool) else { throw .invalidField(name, "must be a whole number") }
+        return number
+    }
+}

@@ -1,0 +1,177 @@
+import Foundation
+import GRDB
+import IAPCore
+
+/// What crediting needs beyond the result itself.
+public struct CreditPolicy: Sendable {
+    /// What each product grants; nil credits every purchase with its quantity only (no catalog).
+    public var catalog: Catalog?
+    /// The topic exchange for `grant.created`, `grant.revoked` and `order.paid`; nil publishes none.
+    public var eventsExchange: String?
+
+    /// Creates a policy.
+    public init(catalog: Catalog? = nil, eventsExchange: String? = nil) {
+        self.catalog = catalog
+        self.eventsExchange = eventsExchange
+    }
+}
+
+extension ReasonCode {
+    /// The product is not in the catalog: nothing to grant until a person decides.
+    public static let unknownProduct = ReasonCode("unknown_product")
+    /// The purchase names our order, but for another product.
+    public static let productMismatch = ReasonCode("product_mismatch")
+    /// The purchase names an order of another user.
+    public static let orderOfOtherUser = ReasonCode("order_of_other_user")
+}
+
+/// The upload a purchase came in.
+struct Upload {
+    var userId: String
+    var submissionId: String
+    var orderId: String?
+    var transactionId: String?
+    var bundleId: String
+}
+
+extension OrderStore {
+    /// Credits one verified purchase unless it was credited before; binds it to its order;
+    /// holds it for review when it cannot be granted as is. Says what happened.
+    static func credit(
+        _ purchase: VerifiedPurchase, upload: Upload, policy: CreditPolicy, now: Date, in db: Database
+    ) throws -> (TransactionCreditState, ReasonCode?) {
+        if let owner = try Row.fetchOne(
+            db, sql: "SELECT userId, submissionId, heldReason FROM purchase WHERE transactionId = ?",
+            arguments: [purchase.transactionId])
+        {
+            if (owner["userId"] as String) != upload.userId { return (.replayedFromOtherUser, nil) }
+            if let held: String = owner["heldReason"] { return (.held, ReasonCode(held)) }
+            return ((owner["submissionId"] as String) == upload.submissionId ? .credited : .alreadyCredited, nil)
+        }
+
+        // Which of our orders it pays for: the token Apple carries, else the upload's order.
+        var order: Row?
+        if let token = purchase.appAccountToken {
+            order = try Row.fetchOne(db, sql: "SELECT * FROM orders WHERE lower(id) = lower(?)", arguments: [token])
+        }
+        if order == nil, let orderId = upload.orderId,
+            upload.transactionId == nil || upload.transactionId == purchase.transactionId
+        {
+            order = try Row.fetchOne(
+                db, sql: "SELECT * FROM orders WHERE lower(id) = lower(?) AND state = 'created'", arguments: [orderId])
+        }
+
+        var heldReason: ReasonCode?
+        let product = policy.catalog?.product(purchase.productId)
+        if policy.catalog != nil && product == nil {
+            heldReason = .unknownProduct
+        } else if let order, (order["userId"] as String) != upload.userId {
+            heldReason = .orderOfOtherUser
+        } else if let order, (order["productId"] as String) != purchase.productId {
+            heldReason = .productMismatch
+        }
+        let boundOrder: String? =
+            heldReason == nil && order.map { ($0["state"] as String) == "created" } == true ? order?["id"] : nil
+
+        try db.execute(
+            sql: """
+                INSERT INTO purchase (transactionId, originalTransactionId, productId, quantity, environment, bundleId,
+                    purchaseDate, userId, orderId, submissionId, appAccountToken, heldReason, creditedAt)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                """,
+            arguments: [
+                purchase.transactionId, purchase.originalTransactionId, purchase.productId, max(purchase.quantity, 1),
+                purchase.environment.rawValue, upload.bundleId, purchase.purchaseDate, upload.userId,
+                boundOrder ?? (order?["id"] as String?), upload.submissionId, purchase.appAccountToken,
+                heldReason?.rawValue, now,
+            ])
+        if let heldReason {
+            try audit(
+                actor: "system", action: "purchase_held", subject: "transaction:\(purchase.transactionId)",
+                reason: heldReason.rawValue, details: ["userId": upload.userId, "productId": purchase.productId],
+                now: now, in: db)
+            return (.held, heldReason)
+        }
+        if let boundOrder {
+            try db.execute(
+                sql: "UPDATE orders SET state = 'paid', transactionId = ?, updatedAt = ? WHERE id = ?",
+                arguments: [purchase.transactionId, now, boundOrder])
+            try event(
+                "order.paid",
+                [
+                    "orderId": boundOrder, "userId": upload.userId, "productId": purchase.productId,
+                    "transactionId": purchase.transactionId, "paidAt": iso8601(now),
+                ], id: "order.paid:\(boundOrder)", policy: policy, now: now, in: db)
+        }
+        try grant(
+            transactionId: purchase.transactionId, originalTransactionId: purchase.originalTransactionId,
+            userId: upload.userId, productId: purchase.productId, orderId: boundOrder,
+            quantity: max(purchase.quantity, 1), grant: product?.grant(quantity: purchase.quantity) ?? [:],
+            environment: purchase.environment, source: "apple", policy: policy, now: now, in: db)
+        return (.credited, nil)
+    }
+
+    /// Writes a grant and its `grant.created` event.
+    static func grant(
+        transactionId: String, originalTransactionId: String, userId: String, productId: String, orderId: String?,
+        quantity: Int, grant: [String: Catalog.GrantValue], environment: AppStoreEnvironment, source: String,
+        policy: CreditPolicy, now: Date, in db: Database
+    ) throws {
+        let grantJSON = String(decoding: try JSONEncoder.sorted.encode(grant), as: UTF8.self)
+        try db.execute(
+            sql: """
+                INSERT INTO grants (transactionId, userId, productId, orderId, quantity, grantJSON, environment, source,
+                    state, grantedAt)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'active', ?)
+                """,
+            arguments: [
+                transactionId, userId, productId, orderId, quantity, grantJSON, environment.rawValue, source, now,
+            ])
+        try event(
+            "grant.created",
+            [
+                "transactionId": transactionId, "originalTransactionId": originalTransactionId, "userId": userId,
+                "productId": productId, "orderId": orderId as Any? ?? NSNull(), "quantity": quantity,
+                "grant": try JSONSerialization.jsonObject(with: Data(grantJSON.utf8)),
+                "environment": environment.rawValue, "source": source, "grantedAt": iso8601(now),
+            ], id: "grant.created:\(transactionId)", policy: policy, now: now, in: db)
+    }
+
+    /// Queues an event in the outbox, in the same transaction as the change it reports.
+    static func event(
+        _ name: String, _ fields: [String: Any], id: String, policy: CreditPolicy, now: Date, in db: Database
+    ) throws {
+        guard let exchange = policy.eventsExchange else { return }
+        var body = fields
+        body["event"] = name
+        body["eventId"] = id
+        let bytes = try JSONSerialization.data(withJSONObject: body, options: [.sortedKeys])
+        // Not mandatory: an events exchange with no subscriber yet is fine.
+        var message = OutboxMessage(exchange: exchange, routingKey: name, body: [UInt8](bytes), messageId: id)
+        message.mandatory = false
+        try insert(message, now: now, in: db)
+    }
+
+    /// Appends to the audit log.
+    static func audit(
+        actor: String, action: String, subject: String, reason: String, details: [String: String], now: Date,
+        in db: Database
+    ) throws {
+        let json = String(decoding: try JSONEncoder.sorted.encode(details), as: UTF8.self)
+        try db.execute(
+            sql: "INSERT INTO audit_log (at, actor, action, subject, reason, details) VALUES (?, ?, ?, ?, ?, ?)",
+            arguments: [now, actor, action, subject, reason, json])
+    }
+
+    static func iso8601(_ date: Date) -> String {
+        date.formatted(.iso8601.year().month().day().time(includingFractionalSeconds: true))
+    }
+}
+
+extension JSONEncoder {
+    static var sorted: JSONEncoder {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys]
+        return encoder
+    }
+}
