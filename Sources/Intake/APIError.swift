@@ -1,6 +1,7 @@
 import Foundation
 import Hummingbird
 import Logging
+import OrderStore
 import NIOCore
 
 /// An error answer of the intake: `{"error": {"code": "...", "message": "..."}}` with a
@@ -65,6 +66,14 @@ struct APIErrorMiddleware<Context: RequestContext>: RouterMiddleware {
             return try await next(request, context)
         } catch let error as APIError {
             return error.makeResponse()
+        } catch let error as OrderStoreError where error.code == .unavailable {
+            // Nothing was accepted: the app keeps its transaction and tries again.
+            context.logger.error("order store unavailable", metadata: ["error": "\(error.message)"])
+            var response = APIError(
+                .serviceUnavailable, code: "store_unavailable", message: "the upload could not be stored; try again"
+            ).makeResponse()
+            response.headers[.retryAfter] = "1"
+            return response
         } catch let error as HTTPError {
             let code: String
             switch error.status {

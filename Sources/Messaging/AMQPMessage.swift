@@ -55,6 +55,8 @@ public struct AMQPDelivery: Sendable {
     let deliveryTag: UInt64
     let channel: UInt16
     let generation: UInt64
+    /// Which opening of its channel it came on (a channel can be reopened within a connection).
+    let channelEpoch: UInt64
     let mailbox: Mailbox
 
     /// Tells the broker the message is handled; it will not be delivered again.

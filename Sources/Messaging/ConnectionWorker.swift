@@ -26,6 +26,9 @@ final class ConnectionWorker {
     private var queryChannelOpen = false
     /// Counts connections; deliveries remember theirs so acks for a dead one are refused.
     private var generation: UInt64 = 0
+    /// Counts reopenings of the query channel within a connection: a `get` from before a
+    /// reopening cannot be settled (its tag now means another message).
+    private var queryChannelEpoch: UInt64 = 0
     private var nextDeliveryTag: UInt64 = 1
     /// Sent publishes by delivery tag, waiting for the broker's ack or nack.
     private var unconfirmed: [UInt64: PendingPublish] = [:]
@@ -133,8 +136,9 @@ final class ConnectionWorker {
             case .cancelConsumer(let id, let done):
                 cancelConsumer(id: id)
                 done.resume()
-            case .settle(let settlement, let channel, let generation, let deliveryTag, let done):
-                done.resume(returning: settle(settlement, channel: channel, generation: generation, tag: deliveryTag))
+            case .settle(let settlement, let channel, let generation, let epoch, let deliveryTag, let done):
+                done.resume(
+                    returning: settle(settlement, channel: channel, generation: generation, epoch: epoch, tag: deliveryTag))
             case .queueStatus(let queue, let done):
                 done.resume(returning: queueStatus(queue))
             case .get(let queue, let done):
@@ -195,10 +199,12 @@ final class ConnectionWorker {
         nextDeliveryTag += 1
     }
 
-    private func settle(_ settlement: Settlement, channel: UInt16, generation: UInt64, tag: UInt64)
+    private func settle(_ settlement: Settlement, channel: UInt16, generation: UInt64, epoch: UInt64, tag: UInt64)
         -> Result<Void, AMQPError>
     {
-        guard let connection, generation == self.generation else {
+        guard let connection, generation == self.generation,
+            channel != Self.queryChannel || epoch == queryChannelEpoch
+        else {
             return .failure(AMQPError(.staleDelivery, "the connection of this delivery is gone; it will be redelivered"))
         }
         let status: Int32
@@ -221,6 +227,7 @@ final class ConnectionWorker {
             return .failure(AMQPError(.connectionFailed, "not connected to the broker"))
         }
         if !queryChannelOpen {
+            queryChannelEpoch += 1
             amqp_channel_open(connection, Self.queryChannel)
             if let failure = Self.failure(of: amqp_get_rpc_reply(connection)) {
                 lose("could not open the query channel: \(failure)")
@@ -283,7 +290,8 @@ final class ConnectionWorker {
         return AMQPDelivery(
             body: message.body.array, headers: headers, exchange: exchange, routingKey: routingKey,
             redelivered: redelivered, messageId: messageId, deliveryTag: tag, channel: channel,
-            generation: generation, mailbox: mailbox)
+            generation: generation, channelEpoch: channel == Self.queryChannel ? queryChannelEpoch : 0,
+            mailbox: mailbox)
     }
 
     private func queueStatus(_ queue: String) -> Result<QueueStatus, AMQPError> {
@@ -583,7 +591,7 @@ final class ConnectionWorker {
             case .cancelPublish: break
             case .consume(let registration): registration.deliveries.finish()
             case .cancelConsumer(_, let done): done.resume()
-            case .settle(_, _, _, _, let done): done.resume(returning: .failure(error))
+            case .settle(_, _, _, _, _, let done): done.resume(returning: .failure(error))
             case .queueStatus(_, let done): done.resume(returning: .failure(error))
             case .get(_, let done): done.resume(returning: .failure(error))
             case .shutdown(let done): shutdownWaiters.append(done)

@@ -15,7 +15,7 @@ enum Command: Sendable {
     case consume(ConsumerRegistration)
     case cancelConsumer(id: Int, done: CheckedContinuation<Void, Never>)
     case settle(
-        Settlement, channel: UInt16, generation: UInt64, deliveryTag: UInt64,
+        Settlement, channel: UInt16, generation: UInt64, channelEpoch: UInt64, deliveryTag: UInt64,
         done: CheckedContinuation<Result<Void, AMQPError>, Never>)
     case queueStatus(String, done: CheckedContinuation<Result<QueueStatus, AMQPError>, Never>)
     case get(String, done: CheckedContinuation<Result<AMQPDelivery?, AMQPError>, Never>)
@@ -117,7 +117,7 @@ final class Mailbox: Sendable {
         let result = await withCheckedContinuation { done in
             let command = Command.settle(
                 settlement, channel: delivery.channel, generation: delivery.generation,
-                deliveryTag: delivery.deliveryTag, done: done)
+                channelEpoch: delivery.channelEpoch, deliveryTag: delivery.deliveryTag, done: done)
             if !post(command) {
                 done.resume(returning: .failure(AMQPError(.shutdown, "the connection is closed")))
             }

@@ -54,11 +54,18 @@ extension OrderStore {
         if let token = purchase.appAccountToken {
             order = try Row.fetchOne(db, sql: "SELECT * FROM orders WHERE lower(id) = lower(?)", arguments: [token])
         }
-        if order == nil, let orderId = upload.orderId,
-            upload.transactionId == nil || upload.transactionId == purchase.transactionId
-        {
-            order = try Row.fetchOne(
-                db, sql: "SELECT * FROM orders WHERE lower(id) = lower(?) AND state = 'created'", arguments: [orderId])
+        if order == nil, let orderId = upload.orderId {
+            if upload.transactionId == purchase.transactionId {
+                // The upload names both: an explicit binding, checked below like a token.
+                order = try Row.fetchOne(
+                    db, sql: "SELECT * FROM orders WHERE lower(id) = lower(?) AND state = 'created'", arguments: [orderId])
+            } else if upload.transactionId == nil {
+                // Only the order: a receipt may also hold earlier purchases, so bind the one it fits.
+                order = try Row.fetchOne(
+                    db,
+                    sql: "SELECT * FROM orders WHERE lower(id) = lower(?) AND state = 'created' AND productId = ?",
+                    arguments: [orderId, purchase.productId])
+            }
         }
 
         var heldReason: ReasonCode?

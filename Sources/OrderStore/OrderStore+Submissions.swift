@@ -57,7 +57,18 @@ extension OrderStore {
     ///
     /// - Important: The caller answers 202 only after this returns: from then on the
     ///   upload survives any crash, and the outbox relay delivers the message.
-    public func accept(_ request: VerifyRequest, message: OutboxMessage) async throws {
+    public func accept(_ request: VerifyRequest, message: OutboxMessage) async throws(OrderStoreError) {
+        do {
+            try await insertAccepted(request, message: message)
+        } catch let error as OrderStoreError {
+            throw error
+        } catch {
+            // Disk full, a locked or broken file: the upload is not taken; the caller says so.
+            throw OrderStoreError(.unavailable, "cannot store the upload: \(error)")
+        }
+    }
+
+    private func insertAccepted(_ request: VerifyRequest, message: OutboxMessage) async throws {
         try await database.write { db in
             do {
                 try db.execute(

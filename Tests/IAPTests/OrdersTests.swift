@@ -71,6 +71,24 @@ extension BrokerTests {
             #expect(grants.first?["environment"] as? String == "Production")
         }
 
+        @Test func uploadOrderIdBindsThePurchaseItFitsAmongEarlierOnes() async throws {
+            let pipeline = try await PipelineHarness.start(name: "bindfit")
+            defer { Task { await pipeline.stop() } }
+            // An earlier purchase whose upload was lost, then the one the order is for.
+            let earlier = try await pipeline.mint(productId: "com.example.coins.60", token: nil, deviceId: "phone-7")
+            let orderId = try await pipeline.createOrder(userId: "uma", productId: "com.example.coins.120")
+            let current = try await pipeline.mint(productId: "com.example.coins.120", token: nil, deviceId: "phone-7")
+            let answer = try await HTTP.post(
+                pipeline.intakeURL + "/v1/receipts",
+                json: ["userId": "uma", "receiptData": current.receiptData, "orderId": orderId])
+            let id = try #require(answer.json["submissionId"] as? String)
+            #expect(try await pipeline.waitForState(id)["state"] as? String == "credited")
+            #expect(try await pipeline.order(orderId)["transactionId"] as? String == current.transactionId)
+            let grants = try await pipeline.grants(of: "uma")
+            #expect(Set(grants.compactMap { $0["transactionId"] as? String }) == [earlier.transactionId, current.transactionId])
+            #expect(grants.first { $0["transactionId"] as? String == earlier.transactionId }?["orderId"] == nil)
+        }
+
         @Test func purchaseOfAnotherProductThanItsOrderIsHeldForReview() async throws {
             let pipeline = try await PipelineHarness.start(name: "mismatch")
             defer { Task { await pipeline.stop() } }
