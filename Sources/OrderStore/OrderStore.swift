@@ -17,10 +17,13 @@ public final class OrderStore: Sendable {
         do {
             let directory = URL(fileURLWithPath: path).deletingLastPathComponent()
             try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-            if !FileManager.default.fileExists(atPath: path) {
-                // Receipts and user ids live here: readable by the service's user only.
-                FileManager.default.createFile(atPath: path, contents: nil, attributes: [.posixPermissions: 0o600])
+            // Receipts and user ids live here: readable by the service's user only.
+            if !FileManager.default.fileExists(atPath: path),
+                !FileManager.default.createFile(atPath: path, contents: nil, attributes: [.posixPermissions: 0o600])
+            {
+                throw OrderStoreError(.unavailable, "cannot create \(path)")
             }
+            // SQLite creates its -wal and -shm files with the database file's mode.
             database = try DatabasePool(path: path, configuration: configuration)
             try Self.migrator.migrate(database)
         } catch {

@@ -143,12 +143,17 @@ struct OrderStoreTests {
         #expect(try await store.auditLog(limit: 10).first?.reason == "settled")
     }
 
-    @Test func theFileIsReadableByItsOwnerOnly() throws {
+    @Test func theFileAndItsLogAreReadableByTheirOwnerOnly() async throws {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-store-\(UUID().uuidString)")
         let path = folder.appendingPathComponent("orders.sqlite").path
-        _ = try OrderStore(path: path)
-        let permissions = try FileManager.default.attributesOfItem(atPath: path)[.posixPermissions] as? Int
-        #expect(permissions == 0o600)
+        let store = try OrderStore(path: path)
+        _ = try await accept(store, user: "u1")
+        // SQLite gives its write-ahead log the database file's mode.
+        #expect(FileManager.default.fileExists(atPath: path + "-wal"))
+        for file in [path, path + "-wal"] {
+            let permissions = try FileManager.default.attributesOfItem(atPath: file)[.posixPermissions] as? Int
+            #expect(permissions == 0o600, "\(file)")
+        }
     }
 
     @Test func acceptedUploadAndItsOutboxMessageAreWrittenTogether() async throws {
