@@ -12,6 +12,18 @@ import UnixSignals
 import Pipeline
 import Verifier
 
+/// Settings read from the environment only (secrets, webhooks), told in `--help`.
+enum HelpText {
+    static let admin = """
+        Customer service's admin routes (/v1/admin/...) need IAP_ADMIN_TOKEN (or IAP_ADMIN_TOKEN_FILE), \
+        at least 16 characters, sent as Authorization: Bearer <token>; unset, they answer 503.
+        """
+    static let alerts = """
+        Alerts: IAP_ALERT_AFTER_ATTEMPTS (default 10) failed attempts, or needs_review, alert once per \
+        submission (error log, iap_alerts_total); IAP_ALERT_WEBHOOK, when set, receives each as a JSON POST.
+        """
+}
+
 @main
 struct IAP: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
@@ -68,10 +80,7 @@ private func alertSettings() throws -> AlertSettings {
 struct IntakeCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "intake", abstract: "Accept receipt uploads over HTTP and queue them durably (outbox relay included).",
-        discussion: """
-            Customer service's admin routes (/v1/admin/...) need IAP_ADMIN_TOKEN (or IAP_ADMIN_TOKEN_FILE),
-            at least 16 characters, sent as Authorization: Bearer <token>; unset, they answer 503.
-            """)
+        discussion: HelpText.admin)
 
     @OptionGroup var broker: BrokerOptions
     @OptionGroup var store: StoreOptions
@@ -93,7 +102,7 @@ struct VerifierCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "verifier", abstract: "Verify queued uploads with Apple and publish the results. Run as many as needed.",
         discussion: """
-            Secrets come from the environment only, never from flags (ps shows flags):
+            Secrets come from the environment only, never from flags (ps shows flags): \
             IAP_APPSTORE_SHARED_SECRET, or IAP_APPSTORE_SHARED_SECRET_FILE naming a file that holds it.
             """)
 
@@ -113,10 +122,7 @@ struct VerifierCommand: AsyncParsableCommand {
 struct FinisherCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "finisher", abstract: "Apply verification results to the order store, crediting each purchase once.",
-        discussion: """
-            Alerts: IAP_ALERT_AFTER_ATTEMPTS (default 10) failed attempts, or needs_review, alert once per
-            submission (error log, iap_alerts_total); IAP_ALERT_WEBHOOK, when set, receives each as a JSON POST.
-            """)
+        discussion: HelpText.alerts)
 
     @OptionGroup var broker: BrokerOptions
     @OptionGroup var store: StoreOptions
@@ -138,12 +144,7 @@ struct FinisherCommand: AsyncParsableCommand {
 struct OrdersCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "orders", abstract: "The order service: intake and finisher in one process, the only writer of the store.",
-        discussion: """
-            Customer service's admin routes (/v1/admin/...) need IAP_ADMIN_TOKEN (or IAP_ADMIN_TOKEN_FILE),
-            at least 16 characters, sent as Authorization: Bearer <token>; unset, they answer 503.
-            Alerts: IAP_ALERT_AFTER_ATTEMPTS (default 10) failed attempts, or needs_review, alert once per
-            submission (error log, iap_alerts_total); IAP_ALERT_WEBHOOK, when set, receives each as a JSON POST.
-            """)
+        discussion: HelpText.admin + "\n" + HelpText.alerts)
 
     @OptionGroup var broker: BrokerOptions
     @OptionGroup var store: StoreOptions
