@@ -26,8 +26,12 @@ struct AdminController: Sendable {
             try authorize(request)
             let fields = try JSONFields(try await IntakeBody.collect(request, limit: 16 * 1024))
             let userId = try fields.requiredString("userId")
-            let productId = try fields.requiredString("productId")
-            let quantity = try fields.int("quantity") ?? 1
+            // Granting a held purchase: what Apple sold, unless the body says otherwise.
+            let held = try await fields.string("transactionId").asyncFlatMap { try await store.purchase($0) }
+            guard let productId = try fields.string("productId") ?? held?.productId else {
+                throw APIError.missingField("productId")
+            }
+            let quantity = try fields.int("quantity") ?? held?.quantity ?? 1
             guard (1...10_000).contains(quantity) else { throw APIError.invalidField("quantity", "must be 1 to 10000") }
             var grant: [String: Catalog.GrantValue] = [:]
             if let catalog = settings.catalog {
@@ -153,5 +157,13 @@ struct AuditBody: Encodable {
         subject = entry.subject
         reason = entry.reason
         details = entry.details
+    }
+}
+
+extension Optional {
+    /// `flatMap` with an async transform.
+    func asyncFlatMap<U>(_ transform: (Wrapped) async throws -> U?) async rethrows -> U? {
+        guard let self else { return nil }
+        return try await transform(self)
     }
 }

@@ -116,7 +116,7 @@ struct JSONFields {
 
     func int(_ name: String) throws(APIError) -> Int? {
         guard let value = fields[name], !(value is NSNull) else { return nil }
-        guard let number = value as? Int, !(value is Bool) else { throw .invalidField(name, "must be a whole number") }
+        guard let number = value as? Int else { throw .invalidField(name, "must be a whole number") }
         return number
     }
 }

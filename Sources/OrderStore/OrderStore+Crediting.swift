@@ -21,8 +21,6 @@ extension ReasonCode {
     public static let unknownProduct = ReasonCode("unknown_product")
     /// The purchase names our order, but for another product.
     public static let productMismatch = ReasonCode("product_mismatch")
-    /// The purchase names an order of another user.
-    public static let orderOfOtherUser = ReasonCode("order_of_other_user")
 }
 
 /// The upload a purchase came in.
@@ -49,22 +47,33 @@ extension OrderStore {
             return ((owner["submissionId"] as String) == upload.submissionId ? .credited : .alreadyCredited, nil)
         }
 
-        // Which of our orders it pays for: the token Apple carries, else the upload's order.
+        // Which of our orders it pays for: the token Apple carries (signed into the receipt),
+        // else the upload's order (the client's word: only for the uploader's own orders).
         var order: Row?
+        var owner = upload.userId
         if let token = purchase.appAccountToken {
-            order = try Row.fetchOne(db, sql: "SELECT * FROM orders WHERE lower(id) = lower(?)", arguments: [token])
+            order = try Row.fetchOne(db, sql: "SELECT * FROM orders WHERE id = lower(?)", arguments: [token])
+            if let order {
+                // Apple says whose order this paid: the purchase is theirs, whoever uploads it.
+                owner = order["userId"]
+            }
         }
         if order == nil, let orderId = upload.orderId {
             if upload.transactionId == purchase.transactionId {
                 // The upload names both: an explicit binding, checked below like a token.
                 order = try Row.fetchOne(
-                    db, sql: "SELECT * FROM orders WHERE lower(id) = lower(?) AND state = 'created'", arguments: [orderId])
-            } else if upload.transactionId == nil {
-                // Only the order: a receipt may also hold earlier purchases, so bind the one it fits.
+                    db, sql: "SELECT * FROM orders WHERE id = lower(?) AND state = 'created' AND userId = ?",
+                    arguments: [orderId, upload.userId])
+            } else if upload.transactionId == nil, let purchased = purchase.purchaseDate {
+                // Only the order: a receipt may also hold earlier purchases; bind the one made
+                // after the order (a few minutes of clock skew allowed).
                 order = try Row.fetchOne(
                     db,
-                    sql: "SELECT * FROM orders WHERE lower(id) = lower(?) AND state = 'created' AND productId = ?",
-                    arguments: [orderId, purchase.productId])
+                    sql: """
+                        SELECT * FROM orders WHERE id = lower(?) AND state = 'created' AND userId = ? AND productId = ?
+                            AND createdAt <= ?
+                        """,
+                    arguments: [orderId, upload.userId, purchase.productId, purchased.addingTimeInterval(300)])
             }
         }
 
@@ -72,8 +81,6 @@ extension OrderStore {
         let product = policy.catalog?.product(purchase.productId)
         if policy.catalog != nil && product == nil {
             heldReason = .unknownProduct
-        } else if let order, (order["userId"] as String) != upload.userId {
-            heldReason = .orderOfOtherUser
         } else if let order, (order["productId"] as String) != purchase.productId {
             heldReason = .productMismatch
         }
@@ -88,16 +95,15 @@ extension OrderStore {
                 """,
             arguments: [
                 purchase.transactionId, purchase.originalTransactionId, purchase.productId, max(purchase.quantity, 1),
-                purchase.environment.rawValue, upload.bundleId, purchase.purchaseDate, upload.userId,
-                boundOrder ?? (order?["id"] as String?), upload.submissionId, purchase.appAccountToken,
-                heldReason?.rawValue, now,
+                purchase.environment.rawValue, upload.bundleId, purchase.purchaseDate, owner,
+                boundOrder, upload.submissionId, purchase.appAccountToken, heldReason?.rawValue, now,
             ])
         if let heldReason {
             try audit(
                 actor: "system", action: "purchase_held", subject: "transaction:\(purchase.transactionId)",
-                reason: heldReason.rawValue, details: ["userId": upload.userId, "productId": purchase.productId],
+                reason: heldReason.rawValue, details: ["userId": owner, "productId": purchase.productId],
                 now: now, in: db)
-            return (.held, heldReason)
+            return (owner == upload.userId ? .held : .replayedFromOtherUser, heldReason)
         }
         if let boundOrder {
             try db.execute(
@@ -106,15 +112,22 @@ extension OrderStore {
             try event(
                 "order.paid",
                 [
-                    "orderId": boundOrder, "userId": upload.userId, "productId": purchase.productId,
+                    "orderId": boundOrder, "userId": owner, "productId": purchase.productId,
                     "transactionId": purchase.transactionId, "paidAt": iso8601(now),
                 ], id: "order.paid:\(boundOrder)", policy: policy, now: now, in: db)
         }
         try grant(
             transactionId: purchase.transactionId, originalTransactionId: purchase.originalTransactionId,
-            userId: upload.userId, productId: purchase.productId, orderId: boundOrder,
+            userId: owner, productId: purchase.productId, orderId: boundOrder,
             quantity: max(purchase.quantity, 1), grant: product?.grant(quantity: purchase.quantity) ?? [:],
             environment: purchase.environment, source: "apple", policy: policy, now: now, in: db)
+        if owner != upload.userId {
+            try audit(
+                actor: "system", action: "credited_to_order_owner", subject: "transaction:\(purchase.transactionId)",
+                reason: "the purchase names an order of \(owner); uploaded by \(upload.userId)",
+                details: ["orderId": boundOrder ?? ""], now: now, in: db)
+            return (.replayedFromOtherUser, nil)
+        }
         return (.credited, nil)
     }
 

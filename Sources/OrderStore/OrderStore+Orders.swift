@@ -77,7 +77,7 @@ extension OrderStore {
     /// One order, or nil.
     public func order(_ orderId: String) async throws -> Order? {
         try await database.read { db in
-            try Row.fetchOne(db, sql: "SELECT * FROM orders WHERE lower(id) = lower(?)", arguments: [orderId]).map {
+            try Row.fetchOne(db, sql: "SELECT * FROM orders WHERE id = lower(?)", arguments: [orderId]).map {
                 Order(
                     orderId: $0["id"], userId: $0["userId"], productId: $0["productId"], state: $0["state"],
                     transactionId: $0["transactionId"], createdAt: $0["createdAt"], updatedAt: $0["updatedAt"])
@@ -160,7 +160,8 @@ extension OrderStore {
                     arguments: [now, transactionId])
                 if let orderId: String = row["orderId"] {
                     try db.execute(
-                        sql: "UPDATE orders SET state = 'refunded', updatedAt = ? WHERE id = ?", arguments: [now, orderId])
+                        sql: "UPDATE orders SET state = 'refunded', updatedAt = ? WHERE id = ? AND transactionId = ?",
+                        arguments: [now, orderId, transactionId])
                 }
                 try Self.event(
                     "grant.revoked",

@@ -104,6 +104,9 @@ extension OrderStore {
                         BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
                     CREATE TRIGGER audit_log_no_delete BEFORE DELETE ON audit_log
                         BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+                    CREATE TRIGGER audit_log_no_replace BEFORE INSERT ON audit_log
+                        WHEN NEW.id IS NOT NULL AND EXISTS (SELECT 1 FROM audit_log WHERE id = NEW.id)
+                        BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
 
                     -- Messages committed with the change that caused them, published by the relay.
                     CREATE TABLE outbox (

@@ -56,6 +56,16 @@ public final class OutboxRelay: Service, Sendable {
         }
     }
 
+    private func send(_ message: OutboxMessage) async -> (Int64, String?)? {
+        guard let id = message.id else { return nil }
+        do {
+            try await publish(message)
+            return (id, nil)
+        } catch {
+            return (id, String(describing: error))
+        }
+    }
+
     /// Publishes one batch; returns how many rows were confirmed.
     @discardableResult
     func relayBatch() async -> Int {
@@ -67,20 +77,24 @@ public final class OutboxRelay: Service, Sendable {
             return 0
         }
         guard !batch.isEmpty else { return 0 }
-        let outcomes = await withTaskGroup(of: (Int64, String?).self) { group in
-            for message in batch {
-                guard let id = message.id else { continue }
-                group.addTask {
-                    do {
-                        try await self.publish(message)
-                        return (id, nil)
-                    } catch {
-                        return (id, String(describing: error))
-                    }
+        // Work messages go out together (confirms batch themselves); events go out one after
+        // another in commit order, so no consumer sees `grant.revoked` before `grant.created`.
+        let events = batch.filter { !$0.mandatory }
+        let outcomes = await withTaskGroup(of: [(Int64, String?)].self) { group in
+            for message in batch where message.mandatory {
+                group.addTask { [await self.send(message)].compactMap { $0 } }
+            }
+            group.addTask {
+                var outcomes: [(Int64, String?)] = []
+                for message in events {
+                    guard let outcome = await self.send(message) else { continue }
+                    outcomes.append(outcome)
+                    if outcome.1 != nil { break }
                 }
+                return outcomes
             }
             var outcomes: [(Int64, String?)] = []
-            for await outcome in group { outcomes.append(outcome) }
+            for await part in group { outcomes += part }
             return outcomes
         }
         let confirmed = outcomes.filter { $0.1 == nil }.map(\.0)

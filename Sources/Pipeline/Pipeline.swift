@@ -167,7 +167,10 @@ public struct Pipeline: Sendable {
                     logger: logger))
         }
         if let ops = settings.ops {
-            let readiness = Readiness(store: store, connections: [connection, consumerConnection].compactMap { $0 })
+            // Writing the store needs no broker (the outbox holds uploads and events meanwhile);
+            // consuming does, and so does a verifier's publishing.
+            let readiness = Readiness(
+                store: store, connections: [consumerConnection, store == nil ? connection : nil].compactMap { $0 })
             first.append(
                 Application(
                     router: makeOpsRouter(readiness: readiness, exposition: ops.exposition),

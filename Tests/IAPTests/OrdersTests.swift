@@ -123,6 +123,25 @@ extension BrokerTests {
             #expect(try await pipeline.grants(of: "nina").map { $0["transactionId"] as? String } == [purchase.transactionId])
         }
 
+        @Test func purchaseNamingAnotherUsersOrderBelongsToThatUserWhoeverUploadsFirst() async throws {
+            let pipeline = try await PipelineHarness.start(name: "owner")
+            defer { Task { await pipeline.stop() } }
+            let orderId = try await pipeline.createOrder(userId: "vera", productId: "com.example.coins.60")
+            let purchase = try await pipeline.mint(productId: "com.example.coins.60", token: ("appAccountToken", orderId))
+            // Someone else signed in on Vera's phone uploads first.
+            let stranger = try await pipeline.upload(userId: "walt", receiptData: purchase.receiptData)
+            let refused = try await pipeline.waitForState(stranger)
+            #expect(refused["reason"] as? String == "replayed_from_other_user")
+            #expect(try await pipeline.grants(of: "walt").isEmpty)
+            #expect(try await pipeline.grants(of: "vera").map { $0["orderId"] as? String } == [orderId])
+            #expect(try await pipeline.order(orderId)["state"] as? String == "paid")
+
+            let own = try await pipeline.upload(userId: "vera", receiptData: purchase.receiptData)
+            let status = try await pipeline.waitForState(own)
+            #expect(status["state"] as? String == "credited")
+            #expect((status["transactions"] as? [[String: Any]])?.first?["state"] as? String == "already_credited")
+        }
+
         @Test func productsAreServedAndUnknownOnesCannotBeOrdered() async throws {
             let pipeline = try await PipelineHarness.start(name: "products")
             defer { Task { await pipeline.stop() } }
