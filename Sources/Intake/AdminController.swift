@@ -2,6 +2,7 @@ import Crypto
 import Foundation
 import Hummingbird
 import IAPCore
+import Metrics
 import OrderStore
 
 /// Customer service, behind `Authorization: Bearer <IAP_ADMIN_TOKEN>` (compared in constant
@@ -46,6 +47,7 @@ struct AdminController: Sendable {
                     transactionId: try fields.string("transactionId"), actor: try fields.string("actor") ?? "admin",
                     reason: try fields.requiredString("reason", maxLength: 1000), policy: policy)
             }
+            Counter(label: MetricNames.grants).increment()
             changed()
             return try JSONResponse.make(GrantBody(granted), status: .created)
         }
@@ -58,6 +60,7 @@ struct AdminController: Sendable {
                     transactionId: id, actor: try fields.string("actor") ?? "admin",
                     reason: try fields.requiredString("reason", maxLength: 1000), policy: policy)
             }
+            Counter(label: MetricNames.revocations).increment()
             changed()
             return try JSONResponse.make(GrantBody(revoked))
         }
