@@ -66,6 +66,17 @@ private func apply(catalog: Catalog, to settings: inout PipelineSettings) throws
     }
 }
 
+/// Runs roles until SIGTERM or SIGINT. Metrics are bootstrapped here, before any role exists,
+/// because a counter made before the bootstrap would count into nothing.
+private func serve(
+    _ roles: Set<Role>, settings: PipelineSettings, ops: OpsOptions, log: LogOptions, label: String
+) async throws {
+    var settings = settings
+    settings.ops = try ops.settings()
+    let logger = try log.makeLogger(label: label)
+    try await Pipeline(roles: roles, settings: settings, logger: logger).run(logger: logger)
+}
+
 /// Alerts: after how many failed attempts, and the optional webhook.
 private func alertSettings() throws -> AlertSettings {
     let reader = SettingReader()
@@ -92,9 +103,7 @@ struct IntakeCommand: AsyncParsableCommand {
     func run() async throws {
         var settings = try pipelineSettings(broker: broker, store: store, http: http)
         try apply(catalog: catalog.load(), to: &settings)
-        settings.ops = try ops.settings()
-        let logger = try log.makeLogger(label: "iap.intake")
-        try await Pipeline(roles: [.intake], settings: settings, logger: logger).run(logger: logger)
+        try await serve([.intake], settings: settings, ops: ops, log: log, label: "iap.intake")
     }
 }
 
@@ -112,10 +121,8 @@ struct VerifierCommand: AsyncParsableCommand {
     @OptionGroup var log: LogOptions
 
     func run() async throws {
-        var settings = try pipelineSettings(broker: broker, verifier: verifier)
-        settings.ops = try ops.settings()
-        let logger = try log.makeLogger(label: "iap.verifier")
-        try await Pipeline(roles: [.verifier], settings: settings, logger: logger).run(logger: logger)
+        let settings = try pipelineSettings(broker: broker, verifier: verifier)
+        try await serve([.verifier], settings: settings, ops: ops, log: log, label: "iap.verifier")
     }
 }
 
@@ -135,9 +142,7 @@ struct FinisherCommand: AsyncParsableCommand {
     func run() async throws {
         var settings = try pipelineSettings(broker: broker, store: store, finisherPrefetch: finisherPrefetch)
         try apply(catalog: catalog.load(), to: &settings)
-        settings.ops = try ops.settings()
-        let logger = try log.makeLogger(label: "iap.finisher")
-        try await Pipeline(roles: [.finisher], settings: settings, logger: logger).run(logger: logger)
+        try await serve([.finisher], settings: settings, ops: ops, log: log, label: "iap.finisher")
     }
 }
 
@@ -158,9 +163,7 @@ struct OrdersCommand: AsyncParsableCommand {
     func run() async throws {
         var settings = try pipelineSettings(broker: broker, store: store, http: http, finisherPrefetch: finisherPrefetch)
         try apply(catalog: catalog.load(), to: &settings)
-        settings.ops = try ops.settings()
-        let logger = try log.makeLogger(label: "iap.orders")
-        try await Pipeline(roles: [.intake, .finisher], settings: settings, logger: logger).run(logger: logger)
+        try await serve([.intake, .finisher], settings: settings, ops: ops, log: log, label: "iap.orders")
     }
 }
 
