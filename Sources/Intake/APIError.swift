@@ -13,6 +13,8 @@ public struct APIError: Error, HTTPResponseError, Sendable {
     public var code: String
     /// A human-readable explanation.
     public var message: String
+    /// Headers sent with the answer (`Retry-After`, `WWW-Authenticate`).
+    public var headers: HTTPFields = [:]
 
     /// Creates an error answer.
     public init(_ status: HTTPResponse.Status, code: String, message: String) {
@@ -34,9 +36,9 @@ public struct APIError: Error, HTTPResponseError, Sendable {
             var error: Detail
         }
         let data = (try? JSONEncoder().encode(Body(error: .init(code: code, message: message)))) ?? Data()
-        return Response(
-            status: status, headers: [.contentType: "application/json"],
-            body: .init(byteBuffer: ByteBuffer(bytes: data)))
+        var headers = headers
+        headers[.contentType] = "application/json"
+        return Response(status: status, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: data)))
     }
 
     static func invalidJSON(_ message: String) -> APIError {
@@ -49,6 +51,22 @@ public struct APIError: Error, HTTPResponseError, Sendable {
 
     static func invalidField(_ field: String, _ message: String) -> APIError {
         APIError(.badRequest, code: "invalid_field", message: "'\(field)' \(message)")
+    }
+
+    static func unauthenticated(_ failure: AuthenticationFailure) -> APIError {
+        var error: APIError
+        switch failure {
+        case .missing:
+            error = APIError(.unauthorized, code: "unauthenticated", message: "send Authorization: Bearer <token>")
+            error.headers[.wwwAuthenticate] = "Bearer"
+        case .invalid:
+            error = APIError(.unauthorized, code: "token_invalid", message: "the token is not valid")
+            error.headers[.wwwAuthenticate] = "Bearer error=\"invalid_token\""
+        case .expired:
+            error = APIError(.unauthorized, code: "token_expired", message: "the token has expired")
+            error.headers[.wwwAuthenticate] = "Bearer error=\"invalid_token\", error_description=\"expired\""
+        }
+        return error
     }
 
     static func bodyTooLarge(limit: Int) -> APIError {

@@ -14,7 +14,7 @@ struct AdminController: Sendable {
 
     var policy: CreditPolicy { CreditPolicy(catalog: settings.catalog, eventsExchange: settings.names.events) }
 
-    func addRoutes(to router: Router<BasicRequestContext>, changed: @escaping @Sendable () -> Void) {
+    func addRoutes(to router: Router<IntakeContext>, changed: @escaping @Sendable () -> Void) {
         router.get("/v1/admin/purchases/{transactionId}") { request, context in
             try authorize(request)
             let id = try context.parameters.require("transactionId")
@@ -25,7 +25,7 @@ struct AdminController: Sendable {
         }
         router.post("/v1/admin/grants") { request, _ in
             try authorize(request)
-            let fields = try JSONFields(try await IntakeBody.collect(request, limit: 16 * 1024))
+            let fields = try await fields(of: request)
             let userId = try fields.requiredString("userId")
             // Granting a held purchase: what Apple sold, unless the body says otherwise.
             let held = try await fields.string("transactionId").asyncFlatMap { try await store.purchase($0) }
@@ -54,7 +54,7 @@ struct AdminController: Sendable {
         router.post("/v1/admin/grants/{transactionId}/revoke") { request, context in
             try authorize(request)
             let id = try context.parameters.require("transactionId")
-            let fields = try JSONFields(try await IntakeBody.collect(request, limit: 16 * 1024))
+            let fields = try await fields(of: request)
             let revoked = try await mapped {
                 try await store.revoke(
                     transactionId: id, actor: try fields.string("actor") ?? "admin",
@@ -69,7 +69,7 @@ struct AdminController: Sendable {
             guard let id = UUID(uuidString: try context.parameters.require("submissionId")) else {
                 throw APIError(.notFound, code: "submission_not_found", message: "no such submission")
             }
-            let fields = try JSONFields(try await IntakeBody.collect(request, limit: 16 * 1024))
+            let fields = try await fields(of: request)
             try await mapped {
                 try await store.markFinishable(
                     id, actor: try fields.string("actor") ?? "admin", reason: try fields.requiredString("reason", maxLength: 1000))
@@ -87,20 +87,32 @@ struct AdminController: Sendable {
         }
     }
 
-    /// Refuses requests without the admin token; the comparison takes the same time whatever matches.
+    /// A change request's JSON body.
+    private func fields(of request: Request) async throws -> JSONFields {
+        try JSONFields(try await IntakeBody.collect(request, limit: 16 * 1024, timeout: settings.limits.bodyTimeout))
+    }
+
+    /// Refuses requests without an admin token (a user's token is refused too). Every
+    /// configured token is compared, each in the same time whatever matches.
     private func authorize(_ request: Request) throws(APIError) {
-        guard let expected = settings.adminToken else {
+        guard !settings.adminTokens.isEmpty else {
             throw APIError(.serviceUnavailable, code: "admin_disabled", message: "IAP_ADMIN_TOKEN is not set")
         }
-        guard let header = request.headers[.authorization], header.hasPrefix("Bearer ") else {
-            throw APIError(.unauthorized, code: "unauthorized", message: "admin routes need Authorization: Bearer <token>")
+        guard let header = request.headers[.authorization], header.count > 7, header.prefix(7).lowercased() == "bearer "
+        else {
+            var error = APIError(.unauthorized, code: "unauthorized", message: "admin routes need Authorization: Bearer <token>")
+            error.headers[.wwwAuthenticate] = "Bearer"
+            throw error
         }
-        let given = SHA256.hash(data: Data(header.dropFirst("Bearer ".count).utf8))
-        let wanted = SHA256.hash(data: Data(expected.utf8))
-        // Fixed-length digests, compared byte by byte without an early exit.
-        var difference: UInt8 = 0
-        for (left, right) in zip(given, wanted) { difference |= left ^ right }
-        guard difference == 0 else {
+        let given = SHA256.hash(data: Data(header.dropFirst(7).utf8))
+        var matched = false
+        for token in settings.adminTokens {
+            // Fixed-length digests, compared byte by byte without an early exit.
+            var difference: UInt8 = 0
+            for (left, right) in zip(given, SHA256.hash(data: Data(token.utf8))) { difference |= left ^ right }
+            matched = matched || difference == 0
+        }
+        guard matched else {
             throw APIError(.forbidden, code: "forbidden", message: "this token may not use admin routes")
         }
     }

@@ -1,4 +1,5 @@
 import Hummingbird
+import HummingbirdCore
 import IAPCore
 import Logging
 import NIOCore
@@ -19,16 +20,28 @@ public struct IntakeSettings: Sendable {
     public var sweeper: SweeperSettings
     /// What the app sells (`GET /v1/products`, order and manual-grant checks).
     public var catalog: Catalog?
-    /// The token of customer service's admin routes; nil disables them.
-    public var adminToken: String?
+    /// How app users authenticate.
+    public var authentication: UserAuthentication
+    /// Rate limits, bounded in-flight work and body timeouts.
+    public var limits: IntakeLimits
+    /// The tokens of customer service's admin routes (several while one is rotated out);
+    /// none disables them.
+    public var adminTokens: [String]
+    /// Where the admin routes listen when not beside the app's routes; nil serves them on
+    /// the intake's own port.
+    public var adminListener: (host: String, port: Int)?
 
     /// Creates settings.
     public init(
         host: String = "0.0.0.0", port: Int = 8080, maxBodyBytes: Int = 1_048_576, names: PipelineNames = .init(),
-        sweeper: SweeperSettings = .init(), catalog: Catalog? = nil, adminToken: String? = nil
+        sweeper: SweeperSettings = .init(), catalog: Catalog? = nil, authentication: UserAuthentication = .off,
+        limits: IntakeLimits = .init(), adminTokens: [String] = [], adminListener: (host: String, port: Int)? = nil
     ) {
         self.catalog = catalog
-        self.adminToken = adminToken
+        self.authentication = authentication
+        self.limits = limits
+        self.adminTokens = adminTokens
+        self.adminListener = adminListener
         self.host = host
         self.port = port
         self.maxBodyBytes = maxBodyBytes
@@ -37,36 +50,74 @@ public struct IntakeSettings: Sendable {
     }
 }
 
-/// Builds the intake's router: uploads, status and health.
+/// Builds the intake's router: uploads, status, orders, health, and the admin routes unless
+/// they have a listener of their own.
 public func makeIntakeRouter(
     settings: IntakeSettings, store: OrderStore, acceptedUpload: @escaping @Sendable () -> Void
-) -> Router<BasicRequestContext> {
-    let router = Router()
+) -> Router<IntakeContext> {
+    let router = Router(context: IntakeContext.self)
+    router.add(middleware: APIErrorMiddleware())
+    router.add(middleware: AdmissionMiddleware(limits: settings.limits))
+    router.get("/healthz") { _, _ in
+        try JSONResponse.make(["status": "ok"])
+    }
+    let orders = OrdersController(store: store, settings: settings)
+    orders.addPublicRoutes(to: router)
+    let users = router.group().add(
+        middleware: UserAuthMiddleware(authentication: settings.authentication, limit: settings.limits.perUser))
+    ReceiptsController(store: store, settings: settings, acceptedUpload: acceptedUpload).addRoutes(to: users)
+    orders.addRoutes(to: users)
+    if settings.adminListener == nil {
+        AdminController(store: store, settings: settings).addRoutes(to: router, changed: acceptedUpload)
+    }
+    return router
+}
+
+/// The admin routes alone, for their own listener.
+public func makeAdminRouter(
+    settings: IntakeSettings, store: OrderStore, changed: @escaping @Sendable () -> Void
+) -> Router<IntakeContext> {
+    let router = Router(context: IntakeContext.self)
     router.add(middleware: APIErrorMiddleware())
     router.get("/healthz") { _, _ in
         try JSONResponse.make(["status": "ok"])
     }
-    ReceiptsController(store: store, settings: settings, acceptedUpload: acceptedUpload).addRoutes(to: router)
-    OrdersController(store: store, settings: settings).addRoutes(to: router)
-    AdminController(store: store, settings: settings).addRoutes(to: router, changed: acceptedUpload)
+    AdminController(store: store, settings: settings).addRoutes(to: router, changed: changed)
     return router
 }
 
-/// The intake's services: the sweeper and the HTTP server (last). `relay` publishes what the
-/// intake writes to the outbox.
+/// The intake's services: the sweeper and the HTTP servers (the app's last). `relay`
+/// publishes what the intake writes to the outbox.
 ///
-/// `onServerRunning` reports the bound port (useful with port 0).
+/// `onServerRunning` and `onAdminServerRunning` report the bound ports (useful with port 0).
 public func makeIntakeServices(
     settings: IntakeSettings, store: OrderStore, relay: OutboxRelay, logger: Logger,
-    onServerRunning: @escaping @Sendable (Int) async -> Void = { _ in }
+    onServerRunning: @escaping @Sendable (Int) async -> Void = { _ in },
+    onAdminServerRunning: @escaping @Sendable (Int) async -> Void = { _ in }
 ) -> [any Service] {
+    if case .off = settings.authentication {
+        logger.warning(
+            "USER AUTHENTICATION IS OFF: anyone can upload and read as any user. IAP_AUTH=off is for local development only.")
+    }
     let sweeper = SubmissionSweeper(
         settings: settings.sweeper, names: settings.names, store: store, logger: logger, requeued: { relay.notify() })
+    // Idle connections are closed; a body that trickles in is cut off by the body timeout.
+    let server = HTTPServerBuilder.http1(configuration: .init(idleTimeout: .seconds(75)))
+    var services: [any Service] = [sweeper]
+    if let admin = settings.adminListener {
+        services.append(
+            Application(
+                router: makeAdminRouter(settings: settings, store: store, changed: { relay.notify() }), server: server,
+                configuration: .init(address: .hostname(admin.host, port: admin.port), serverName: "iap-admin"),
+                onServerRunning: { channel in await onAdminServerRunning(channel.localAddress?.port ?? admin.port) },
+                logger: logger))
+    }
     let router = makeIntakeRouter(settings: settings, store: store, acceptedUpload: { relay.notify() })
-    let application = Application(
-        router: router,
-        configuration: .init(address: .hostname(settings.host, port: settings.port), serverName: "iap-intake"),
-        onServerRunning: { channel in await onServerRunning(channel.localAddress?.port ?? settings.port) },
-        logger: logger)
-    return [sweeper, application]
+    services.append(
+        Application(
+            router: router, server: server,
+            configuration: .init(address: .hostname(settings.host, port: settings.port), serverName: "iap-intake"),
+            onServerRunning: { channel in await onServerRunning(channel.localAddress?.port ?? settings.port) },
+            logger: logger))
+    return services
 }

@@ -5,22 +5,29 @@ import OrderStore
 
 /// `GET /v1/products`, `POST /v1/orders`, `GET /v1/orders/{orderId}`, `GET /v1/users/{userId}/grants`.
 ///
-/// Until authentication lands, the user is the body's `userId` (on GETs, the path or `?userId=`).
+/// The user is the token's subject; with authentication off, the body's `userId` (on GETs,
+/// the path or `?userId=`). A user reads only their own orders and grants: anyone else's
+/// answer 404, as if they did not exist.
 struct OrdersController: Sendable {
     let store: OrderStore
     let settings: IntakeSettings
 
-    func addRoutes(to router: Router<BasicRequestContext>) {
+    /// The public catalog.
+    func addPublicRoutes(to router: Router<IntakeContext>) {
         router.get("/v1/products") { _, _ in
             guard let catalog = settings.catalog else {
                 return try JSONResponse.make(["products": [Catalog.Product]()])
             }
             return try JSONResponse.make(catalog)
         }
-        router.post("/v1/orders") { request, _ in
-            let body = try await IntakeBody.collect(request, limit: 16 * 1024)
+    }
+
+    /// The routes that act for a user.
+    func addRoutes(to router: RouterGroup<IntakeContext>) {
+        router.post("/v1/orders") { request, context in
+            let body = try await IntakeBody.collect(request, limit: 16 * 1024, timeout: settings.limits.bodyTimeout)
             let fields = try JSONFields(body)
-            let userId = try fields.requiredString("userId")
+            let userId = try RequestUser.resolve(token: context.userId, named: try fields.string("userId"))
             let productId = try fields.requiredString("productId")
             if let catalog = settings.catalog, catalog.product(productId) == nil {
                 throw APIError(.badRequest, code: "unknown_product", message: "no product \(productId) in the catalog")
@@ -30,15 +37,17 @@ struct OrdersController: Sendable {
         }
         router.get("/v1/orders/{orderId}") { request, context in
             let orderId = try context.parameters.require("orderId")
-            guard let order = try await store.order(orderId),
-                request.uri.queryParameters.get("userId").map({ $0 == order.userId }) ?? true
-            else {
+            let user = context.userId ?? request.uri.queryParameters.get("userId")
+            guard let order = try await store.order(orderId), user.map({ $0 == order.userId }) ?? true else {
                 throw APIError(.notFound, code: "order_not_found", message: "no such order")
             }
             return try JSONResponse.make(OrderBody(order))
         }
         router.get("/v1/users/{userId}/grants") { _, context in
             let userId = try context.parameters.require("userId")
+            guard context.userId.map({ $0 == userId }) ?? true else {
+                throw APIError(.notFound, code: "not_found", message: "no such user")
+            }
             let grants = try await store.grants(ofUser: userId)
             return try JSONResponse.make(["grants": grants.map(GrantBody.init)])
         }

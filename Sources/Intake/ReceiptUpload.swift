@@ -5,6 +5,7 @@ import IAPCore
 
 /// A validated `POST /v1/receipts` body.
 struct ReceiptUpload: Equatable {
+    /// The token's user; with authentication off, the body's `userId` (then required).
     var userId: String
     var orderId: String?
     var transactionId: String?
@@ -12,8 +13,9 @@ struct ReceiptUpload: Equatable {
 
     static let maxIdLength = 256
 
-    /// Reads and checks a body; every fault is an `APIError` with its own code.
-    init(json data: Data) throws(APIError) {
+    /// Reads and checks a body; every fault is an `APIError` with its own code. A body's
+    /// `userId` that differs from `tokenUser` is refused.
+    init(json data: Data, tokenUser: String?) throws(APIError) {
         let object: Any
         do {
             object = try JSONSerialization.jsonObject(with: data, options: [.fragmentsAllowed])
@@ -23,9 +25,8 @@ struct ReceiptUpload: Equatable {
         guard let fields = object as? [String: Any] else {
             throw .invalidJSON("the body must be a JSON object")
         }
-        guard let userId = try Self.string(fields, "userId", maxLength: Self.maxIdLength) else {
-            throw .missingField("userId")
-        }
+        let userId = try RequestUser.resolve(
+            token: tokenUser, named: try Self.string(fields, "userId", maxLength: Self.maxIdLength))
         guard let receipt = try Self.string(fields, "receiptData", maxLength: .max) else {
             throw .missingField("receiptData")
         }

@@ -13,7 +13,7 @@ struct ReceiptsController: Sendable {
     let acceptedUpload: @Sendable () -> Void
     let codec = MessageCodec()
 
-    func addRoutes(to router: Router<BasicRequestContext>) {
+    func addRoutes(to router: RouterGroup<IntakeContext>) {
         router.post("/v1/receipts") { request, context in
             try await upload(request, context: context)
         }
@@ -22,7 +22,7 @@ struct ReceiptsController: Sendable {
         }
     }
 
-    private func upload(_ request: Request, context: BasicRequestContext) async throws -> Response {
+    private func upload(_ request: Request, context: IntakeContext) async throws -> Response {
         do {
             let response = try await accept(request, context: context)
             Counter(label: MetricNames.uploads, dimensions: [("result", "accepted")]).increment()
@@ -33,9 +33,9 @@ struct ReceiptsController: Sendable {
         }
     }
 
-    private func accept(_ request: Request, context: BasicRequestContext) async throws -> Response {
-        let body = try await IntakeBody.collect(request, limit: settings.maxBodyBytes)
-        let upload = try ReceiptUpload(json: body)
+    private func accept(_ request: Request, context: IntakeContext) async throws -> Response {
+        let body = try await IntakeBody.collect(request, limit: settings.maxBodyBytes, timeout: settings.limits.bodyTimeout)
+        let upload = try ReceiptUpload(json: body, tokenUser: context.userId)
         let verifyRequest = VerifyRequest(
             submissionId: UUID(), userId: upload.userId, receiptData: upload.receiptData,
             transactionId: upload.transactionId, orderId: upload.orderId, attempt: 1, acceptedAt: Date())
@@ -53,9 +53,10 @@ struct ReceiptsController: Sendable {
         return response
     }
 
-    private func status(context: BasicRequestContext) async throws -> Response {
+    private func status(context: IntakeContext) async throws -> Response {
+        // Another user's submission is as unknown as a missing one: ids are not to be probed.
         guard let raw = context.parameters.get("submissionId"), let id = UUID(uuidString: raw),
-            let status = try await store.status(of: id)
+            let status = try await store.status(of: id), context.userId.map({ $0 == status.userId }) ?? true
         else {
             throw APIError(.notFound, code: "submission_not_found", message: "no such submission")
         }
@@ -121,16 +122,31 @@ enum JSONResponse {
 
 /// Reads a request body with a size cap.
 enum IntakeBody {
-    static func collect(_ request: Request, limit: Int) async throws -> Data {
+    /// The body, refused with 413 past `limit` bytes and 408 when it takes longer than
+    /// `timeout` to arrive (a client trickling bytes holds no server resources for long).
+    static func collect(_ request: Request, limit: Int, timeout: Duration) async throws -> Data {
         if let length = request.headers[.contentLength].flatMap(Int.init), length > limit {
             throw APIError.bodyTooLarge(limit: limit)
         }
-        var request = request
-        do {
-            let buffer = try await request.collectBody(upTo: limit)
-            return Data(buffer.readableBytesView)
-        } catch let error as HTTPError where error.status == .contentTooLarge {
-            throw APIError.bodyTooLarge(limit: limit)
+        return try await withThrowingTaskGroup(of: Data?.self) { group in
+            group.addTask {
+                var request = request
+                do {
+                    let buffer = try await request.collectBody(upTo: limit)
+                    return Data(buffer.readableBytesView)
+                } catch let error as HTTPError where error.status == .contentTooLarge {
+                    throw APIError.bodyTooLarge(limit: limit)
+                }
+            }
+            group.addTask {
+                try await Task.sleep(for: timeout)
+                return nil
+            }
+            defer { group.cancelAll() }
+            guard let first = try await group.next(), let body = first else {
+                throw APIError(.requestTimeout, code: "request_timeout", message: "the body took too long to arrive")
+            }
+            return body
         }
     }
 }

@@ -26,6 +26,8 @@ public enum Role: String, Sendable, CaseIterable {
     case fakeAppStore = "fake-appstore"
     /// The operators' endpoint (`/metrics`, `/healthz`, `/readyz`); reported, not chosen.
     case ops
+    /// The admin routes on a listener of their own (`IAP_ADMIN_PORT`); reported, not chosen.
+    case admin
 }
 
 /// Everything a process needs to know to run its roles; built by `iap` from flags and
@@ -139,7 +141,8 @@ public struct Pipeline: Sendable {
         if roles.contains(.intake), let store, let relay {
             let services = makeIntakeServices(
                 settings: settings.intake, store: store, relay: relay, logger: logger,
-                onServerRunning: { port in await onListening(.intake, port) })
+                onServerRunning: { port in await onListening(.intake, port) },
+                onAdminServerRunning: { port in await onListening(.admin, port) })
             middle.append(contentsOf: services.dropLast())
             last.append(contentsOf: services.suffix(1))
         }

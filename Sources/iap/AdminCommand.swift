@@ -16,7 +16,7 @@ struct DeadLettersCommand: AsyncParsableCommand {
         discussion: """
             list: prints one JSON object per dead message (submission id, reason, origin; never the receipt).
             redrive: moves dead messages back to the queue they came from, each acked only once re-published.
-            """)
+            """ + "\n" + HelpText.broker)
 
     enum Action: String, ExpressibleByArgument, CaseIterable {
         case list, redrive

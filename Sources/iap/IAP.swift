@@ -15,8 +15,15 @@ import Verifier
 /// Settings read from the environment only (secrets, webhooks), told in `--help`.
 enum HelpText {
     static let admin = """
-        Customer service's admin routes (/v1/admin/...) need IAP_ADMIN_TOKEN (or IAP_ADMIN_TOKEN_FILE), \
-        at least 16 characters, sent as Authorization: Bearer <token>; unset, they answer 503.
+        Customer service's admin routes (/v1/admin/...) need IAP_ADMIN_TOKEN (or IAP_ADMIN_TOKEN_FILE): \
+        one or more tokens separated by commas, each at least 16 characters, sent as Authorization: Bearer <token>; \
+        unset, they answer 503.
+        App users send Authorization: Bearer <JWT> from the app's login backend (sub is the user id): \
+        IAP_AUTH_HS256_SECRET (or IAP_AUTH_HS256_SECRET_FILE), at least 32 bytes, or --auth-public-key-path.
+        """
+    static let broker = """
+        The broker URL, amqp://user:password@host:port/vhost, comes from IAP_AMQP_URL or from the file named by \
+        IAP_AMQP_URL_FILE, never from a flag (ps shows flags); default amqp://guest:guest@127.0.0.1:5672/.
         """
     static let alerts = """
         Alerts: IAP_ALERT_AFTER_ATTEMPTS (default 10) failed attempts, or needs_review, alert once per \
@@ -56,13 +63,22 @@ private func pipelineSettings(
             alerts: try alertSettings()))
 }
 
-/// The catalog and the admin token (IAP_ADMIN_TOKEN or IAP_ADMIN_TOKEN_FILE; never a flag).
-private func apply(catalog: Catalog, to settings: inout PipelineSettings) throws {
+/// The catalog, the admin tokens (IAP_ADMIN_TOKEN or IAP_ADMIN_TOKEN_FILE; never a flag) and,
+/// for a process with the intake, how users authenticate.
+private func apply(
+    catalog: Catalog, http: HTTPOptions? = nil, authDefault: String = "jwt", to settings: inout PipelineSettings
+) async throws {
     settings.intake.catalog = catalog
     settings.finisher.catalog = catalog
-    if let token = try SettingReader().secret("IAP_ADMIN_TOKEN") {
-        guard token.utf8.count >= 16 else { throw ValidationError("IAP_ADMIN_TOKEN must be at least 16 characters") }
-        settings.intake.adminToken = token
+    if let raw = try SettingReader().secret("IAP_ADMIN_TOKEN") {
+        let tokens = raw.split(whereSeparator: { $0 == "," || $0.isWhitespace }).map(String.init)
+        guard !tokens.isEmpty, tokens.allSatisfy({ $0.utf8.count >= 16 }) else {
+            throw ValidationError("IAP_ADMIN_TOKEN: each token must be at least 16 characters")
+        }
+        settings.intake.adminTokens = tokens
+    }
+    if let http {
+        settings.intake.authentication = try await http.authentication(defaultMode: authDefault)
     }
 }
 
@@ -91,7 +107,7 @@ private func alertSettings() throws -> AlertSettings {
 struct IntakeCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "intake", abstract: "Accept receipt uploads over HTTP and queue them durably (outbox relay included).",
-        discussion: HelpText.admin)
+        discussion: HelpText.admin + "\n" + HelpText.broker)
 
     @OptionGroup var broker: BrokerOptions
     @OptionGroup var store: StoreOptions
@@ -102,7 +118,7 @@ struct IntakeCommand: AsyncParsableCommand {
 
     func run() async throws {
         var settings = try pipelineSettings(broker: broker, store: store, http: http)
-        try apply(catalog: catalog.load(), to: &settings)
+        try await apply(catalog: catalog.load(), http: http, to: &settings)
         try await serve([.intake], settings: settings, ops: ops, log: log, label: "iap.intake")
     }
 }
@@ -113,7 +129,7 @@ struct VerifierCommand: AsyncParsableCommand {
         discussion: """
             Secrets come from the environment only, never from flags (ps shows flags): \
             IAP_APPSTORE_SHARED_SECRET, or IAP_APPSTORE_SHARED_SECRET_FILE naming a file that holds it.
-            """)
+            """ + "\n" + HelpText.broker)
 
     @OptionGroup var broker: BrokerOptions
     @OptionGroup var verifier: VerifierOptions
@@ -129,7 +145,7 @@ struct VerifierCommand: AsyncParsableCommand {
 struct FinisherCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "finisher", abstract: "Apply verification results to the order store, crediting each purchase once.",
-        discussion: HelpText.alerts)
+        discussion: HelpText.alerts + "\n" + HelpText.broker)
 
     @OptionGroup var broker: BrokerOptions
     @OptionGroup var store: StoreOptions
@@ -141,7 +157,7 @@ struct FinisherCommand: AsyncParsableCommand {
 
     func run() async throws {
         var settings = try pipelineSettings(broker: broker, store: store, finisherPrefetch: finisherPrefetch)
-        try apply(catalog: catalog.load(), to: &settings)
+        try await apply(catalog: catalog.load(), to: &settings)
         try await serve([.finisher], settings: settings, ops: ops, log: log, label: "iap.finisher")
     }
 }
@@ -149,7 +165,7 @@ struct FinisherCommand: AsyncParsableCommand {
 struct OrdersCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "orders", abstract: "The order service: intake and finisher in one process, the only writer of the store.",
-        discussion: HelpText.admin + "\n" + HelpText.alerts)
+        discussion: HelpText.admin + "\n" + HelpText.alerts + "\n" + HelpText.broker)
 
     @OptionGroup var broker: BrokerOptions
     @OptionGroup var store: StoreOptions
@@ -162,7 +178,7 @@ struct OrdersCommand: AsyncParsableCommand {
 
     func run() async throws {
         var settings = try pipelineSettings(broker: broker, store: store, http: http, finisherPrefetch: finisherPrefetch)
-        try apply(catalog: catalog.load(), to: &settings)
+        try await apply(catalog: catalog.load(), http: http, to: &settings)
         try await serve([.intake, .finisher], settings: settings, ops: ops, log: log, label: "iap.orders")
     }
 }
@@ -192,7 +208,8 @@ struct DevCommand: AsyncParsableCommand {
         discussion: """
             The verifier is pointed at the fake App Store of this process; IAP_APPSTORE_*_URL are ignored.
             Bundle ids default to com.example.demo. Binds to 127.0.0.1 unless told otherwise.
-            """)
+            User authentication is off unless IAP_AUTH=jwt (with a key, as for intake).
+            """ + "\n" + HelpText.broker)
 
     @OptionGroup var broker: BrokerOptions
     @OptionGroup var store: StoreOptions
@@ -215,7 +232,7 @@ struct DevCommand: AsyncParsableCommand {
             defaultDatabase: "iap-dev.sqlite", verifyReceipt: verifyReceipt)
         settings.fakeAppStoreHost = fakeHost
         settings.fakeAppStorePort = fakePort
-        try apply(catalog: catalog.load(demoIfUnset: true), to: &settings)
+        try await apply(catalog: catalog.load(demoIfUnset: true), http: http, authDefault: "off", to: &settings)
         settings.ops = try ops.settings(defaultHost: "127.0.0.1")
         settings.fakeAppStoreDatabasePath = fake.databasePath(
             default: URL(fileURLWithPath: settings.databasePath).deletingLastPathComponent()

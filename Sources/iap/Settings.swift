@@ -93,9 +93,6 @@ struct LogOptions: ParsableArguments {
 }
 
 struct BrokerOptions: ParsableArguments {
-    @Option(name: .long, help: "Broker URL amqp://user:password@host:port/vhost. Prefer the environment: flags show in ps. (env IAP_AMQP_URL; default amqp://guest:guest@127.0.0.1:5672/)")
-    var amqpURL: String?
-
     @Option(name: .long, help: "Prefix of every queue name. (env IAP_QUEUE_PREFIX; default iap)")
     var queuePrefix: String?
 
@@ -104,7 +101,8 @@ struct BrokerOptions: ParsableArguments {
 
     func configuration() throws -> AMQPConfiguration {
         let reader = SettingReader()
-        let url = reader.string(amqpURL, "IAP_AMQP_URL", default: "amqp://guest:guest@127.0.0.1:5672/")
+        // It carries the broker password: from the environment or a file only, never a flag.
+        let url = try reader.secret("IAP_AMQP_URL") ?? "amqp://guest:guest@127.0.0.1:5672/"
         let heartbeat = try reader.int(amqpHeartbeatSeconds, "IAP_AMQP_HEARTBEAT_SECONDS", default: 10, in: 1...600)
         do {
             return try AMQPConfiguration(url: url, heartbeatSeconds: heartbeat)
@@ -198,8 +196,49 @@ struct HTTPOptions: ParsableArguments {
     @Option(name: .long, help: "A retry this many seconds overdue is queued again. (env IAP_SWEEP_RETRY_GRACE_SECONDS; default 600)")
     var sweepRetryGraceSeconds: Int?
 
+    @Option(name: .long, help: "Requests per second one user may send (bursts of twice that); 0 is unlimited. (env IAP_RATE_LIMIT_PER_USER; default 10)")
+    var rateLimitPerUser: Int?
+
+    @Option(name: .long, help: "Requests per second one client address may send (bursts of twice that); 0 is unlimited. (env IAP_RATE_LIMIT_PER_IP; default 300)")
+    var rateLimitPerIP: Int?
+
+    @Option(name: .long, help: "Header a trusted reverse proxy sets to the client's address, e.g. X-Real-IP; unset uses the TCP peer. (env IAP_CLIENT_IP_HEADER)")
+    var clientIPHeader: String?
+
+    @Option(name: .long, help: "Requests handled at once; more get 503 overloaded. (env IAP_MAX_IN_FLIGHT_REQUESTS; default 1024)")
+    var maxInFlightRequests: Int?
+
+    @Option(name: .long, help: "Seconds allowed to receive a request body; slower ones get 408. (env IAP_BODY_TIMEOUT_SECONDS; default 30)")
+    var bodyTimeoutSeconds: Int?
+
+    @Option(name: .long, help: "Address of the admin routes' own listener, used with --admin-port. (env IAP_ADMIN_HOST; default 127.0.0.1)")
+    var adminHost: String?
+
+    @Option(name: .long, help: "Serve the admin routes on this port only, not beside the app's routes. (env IAP_ADMIN_PORT; default: the intake's port)")
+    var adminPort: Int?
+
+    @Option(name: .long, help: "User authentication: jwt, or off (local development only: the body names the user). (env IAP_AUTH; default jwt, off for dev)")
+    var auth: String?
+
+    @Option(name: .long, help: "PEM public key (P-256 for ES256, RSA for RS256) or JWKS file that verifies user tokens. (env IAP_AUTH_PUBLIC_KEY_PATH)")
+    var authPublicKeyPath: String?
+
+    @Option(name: .long, help: "Audience user tokens must name in aud; unset skips the check. (env IAP_AUTH_AUDIENCE)")
+    var authAudience: String?
+
+    @Option(name: .long, help: "Issuer user tokens must name in iss; unset skips the check. (env IAP_AUTH_ISSUER)")
+    var authIssuer: String?
+
     func settings(names: PipelineNames, defaultHost: String = "0.0.0.0") throws -> IntakeSettings {
         let reader = SettingReader()
+        let perUser = try reader.int(rateLimitPerUser, "IAP_RATE_LIMIT_PER_USER", default: 10, in: 0...1_000_000)
+        let perAddress = try reader.int(rateLimitPerIP, "IAP_RATE_LIMIT_PER_IP", default: 300, in: 0...1_000_000)
+        let adminPort = try reader.optionalString(adminPort.map(String.init), "IAP_ADMIN_PORT").map { raw in
+            guard let port = Int(raw), (0...65535).contains(port) else {
+                throw ValidationError("IAP_ADMIN_PORT must be a port number, got '\(raw)'")
+            }
+            return port
+        }
         return IntakeSettings(
             host: reader.string(host, "IAP_HTTP_HOST", default: defaultHost),
             port: try reader.int(port, "IAP_HTTP_PORT", default: 8080, in: 0...65535),
@@ -210,7 +249,53 @@ struct HTTPOptions: ParsableArguments {
                 pendingAfter: .seconds(
                     try reader.int(sweepPendingAfterSeconds, "IAP_SWEEP_PENDING_AFTER_SECONDS", default: 600, in: 1...604_800)),
                 retryGrace: .seconds(
-                    try reader.int(sweepRetryGraceSeconds, "IAP_SWEEP_RETRY_GRACE_SECONDS", default: 600, in: 1...604_800))))
+                    try reader.int(sweepRetryGraceSeconds, "IAP_SWEEP_RETRY_GRACE_SECONDS", default: 600, in: 1...604_800))),
+            limits: IntakeLimits(
+                perUser: perUser == 0 ? nil : RateLimit(perSecond: perUser),
+                perAddress: perAddress == 0 ? nil : RateLimit(perSecond: perAddress),
+                maxInFlight: try reader.int(maxInFlightRequests, "IAP_MAX_IN_FLIGHT_REQUESTS", default: 1024, in: 1...1_000_000),
+                clientAddressHeader: reader.optionalString(clientIPHeader, "IAP_CLIENT_IP_HEADER"),
+                bodyTimeout: .seconds(try reader.int(bodyTimeoutSeconds, "IAP_BODY_TIMEOUT_SECONDS", default: 30, in: 1...3600))),
+            adminListener: adminPort.map { (reader.string(adminHost, "IAP_ADMIN_HOST", default: "127.0.0.1"), $0) })
+    }
+
+    /// How app users authenticate. `jwt` (the default, `off` for dev) needs exactly one key:
+    /// IAP_AUTH_HS256_SECRET (or its _FILE; never a flag) or IAP_AUTH_PUBLIC_KEY_PATH.
+    func authentication(defaultMode: String = "jwt") async throws -> UserAuthentication {
+        let reader = SettingReader()
+        switch reader.string(auth, "IAP_AUTH", default: defaultMode) {
+        case "off":
+            return .off
+        case "jwt":
+            let secret = try reader.secret("IAP_AUTH_HS256_SECRET")
+            let keyPath = reader.optionalString(authPublicKeyPath, "IAP_AUTH_PUBLIC_KEY_PATH")
+            let key: UserTokenVerifier.Key
+            switch (secret, keyPath) {
+            case (let secret?, nil):
+                key = .hs256(secret: secret)
+            case (nil, let path?):
+                do {
+                    key = .publicKey(try String(contentsOfFile: path, encoding: .utf8))
+                } catch {
+                    throw ValidationError("IAP_AUTH_PUBLIC_KEY_PATH: cannot read \(path): \(error.localizedDescription)")
+                }
+            case (nil, nil):
+                throw ValidationError(
+                    "IAP_AUTH=jwt (the default) needs IAP_AUTH_HS256_SECRET (or IAP_AUTH_HS256_SECRET_FILE) or IAP_AUTH_PUBLIC_KEY_PATH; IAP_AUTH=off is for local development only")
+            case (_?, _?):
+                throw ValidationError("set one of IAP_AUTH_HS256_SECRET and IAP_AUTH_PUBLIC_KEY_PATH, not both")
+            }
+            do {
+                return .jwt(
+                    try await UserTokenVerifier(
+                        key: key, audience: reader.optionalString(authAudience, "IAP_AUTH_AUDIENCE"),
+                        issuer: reader.optionalString(authIssuer, "IAP_AUTH_ISSUER")))
+            } catch {
+                throw ValidationError(keyPath == nil ? "IAP_AUTH_HS256_SECRET: \(error)" : "IAP_AUTH_PUBLIC_KEY_PATH: \(error)")
+            }
+        case let other:
+            throw ValidationError("IAP_AUTH must be jwt or off; got '\(other)'")
+        }
     }
 }
 

@@ -8,7 +8,7 @@ struct CommandLineTests {
         var output: String
     }
 
-    func iap(_ arguments: [String]) throws -> Run {
+    func iap(_ arguments: [String], environment: [String: String] = [:]) throws -> Run {
         guard let binary = ProcessInfo.processInfo.environment["IAP_TEST_IAP_BINARY"], !binary.isEmpty else {
             throw ProcessDrill.MissingBinary()
         }
@@ -18,6 +18,7 @@ struct CommandLineTests {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: binary)
         process.arguments = arguments
+        process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
         process.standardInput = FileHandle.nullDevice
         process.standardOutput = output
         process.standardError = output
@@ -63,5 +64,31 @@ struct CommandLineTests {
         let missing = try iap(["verifier"])
         #expect(missing.status != 0)
         #expect(missing.output.contains("IAP_BUNDLE_IDS"), "\(missing.output)")
+    }
+
+    @Test func theIntakeRefusesToStartWithoutAKeyForUserTokens() throws {
+        let catalog = FileManager.default.temporaryDirectory.appendingPathComponent("catalog-\(UUID().uuidString).json")
+        try JSONEncoder().encode(PipelineHarness.testCatalog).write(to: catalog)
+        // Unroutable settings: a role that got past its checks would fail here, not hang.
+        let base = [
+            "IAP_CATALOG": catalog.path, "IAP_OPS_PORT": "off", "IAP_AUTH": "", "IAP_AUTH_HS256_SECRET": "",
+            "IAP_AUTH_PUBLIC_KEY_PATH": "", "IAP_HTTP_PORT": "1", "IAP_AMQP_URL": "amqp://guest:guest@127.0.0.1:1/",
+        ]
+        for role in ["intake", "orders"] {
+            let run = try iap([role], environment: base)
+            #expect(run.status != 0)
+            #expect(run.output.contains("IAP_AUTH_HS256_SECRET") && run.output.contains("IAP_AUTH=off"), "\(run.output)")
+        }
+        let short = try iap(["intake"], environment: base.merging(["IAP_AUTH_HS256_SECRET": "short"]) { $1 })
+        #expect(short.status != 0 && short.output.contains("at least 32 bytes"), "\(short.output)")
+        let unknown = try iap(["intake"], environment: base.merging(["IAP_AUTH": "maybe"]) { $1 })
+        #expect(unknown.status != 0 && unknown.output.contains("IAP_AUTH must be jwt or off"), "\(unknown.output)")
+        let keyFile = FileManager.default.temporaryDirectory.appendingPathComponent("key-\(UUID().uuidString).pem")
+        try Data("-----BEGIN PUBLIC KEY-----\nnonsense\n-----END PUBLIC KEY-----\n".utf8).write(to: keyFile)
+        let badKey = try iap(["intake", "--auth-public-key-path", keyFile.path], environment: base)
+        #expect(badKey.status != 0 && badKey.output.contains("IAP_AUTH_PUBLIC_KEY_PATH"), "\(badKey.output)")
+        // The broker password has no flag: ps would show it.
+        let flag = try iap(["verifier", "--amqp-url", "amqp://user:secret@127.0.0.1/"], environment: base)
+        #expect(flag.status != 0 && flag.output.contains("--amqp-url"), "\(flag.output)")
     }
 }

@@ -8,7 +8,11 @@ usage: demo_purchase.py API_URL FAKE_APPSTORE_URL [TIMEOUT_SECONDS]
 3. GET  {API}/v1/receipts/{submissionId} until state is "credited" (bounded)
 Prints the final submission JSON on stdout; exits non-zero with a message otherwise.
 """
+import base64
+import hashlib
+import hmac
 import json
+import os
 import sys
 import time
 import urllib.error
@@ -19,10 +23,28 @@ PRODUCT_ID = "com.example.coins.60"
 USER_ID = "demo-user"
 
 
+def user_token(secret: str, user_id: str, lifetime: int = 3600) -> str:
+    """An HS256 JWT for `user_id`, as the app's login backend would issue."""
+    def b64(raw: bytes) -> str:
+        return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+    now = int(time.time())
+    header = b64(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
+    claims = b64(json.dumps({"sub": user_id, "iat": now, "exp": now + lifetime}).encode())
+    signature = hmac.new(secret.encode(), f"{header}.{claims}".encode(), hashlib.sha256).digest()
+    return f"{header}.{claims}.{b64(signature)}"
+
+
+# With IAP_AUTH_HS256_SECRET set (an intake with IAP_AUTH=jwt), requests carry a user token.
+SECRET = os.environ.get("IAP_AUTH_HS256_SECRET", "")
+TOKEN = user_token(SECRET, USER_ID) if SECRET else None
+
+
 def request(method: str, url: str, body: object = None) -> tuple[int, object]:
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method)
     req.add_header("Accept", "application/json")
+    if TOKEN and "/v1/" in url:
+        req.add_header("Authorization", f"Bearer {TOKEN}")
     if data is not None:
         req.add_header("Content-Type", "application/json")
     try:

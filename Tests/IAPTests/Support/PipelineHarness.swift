@@ -27,6 +27,8 @@ final class PipelineHarness: Sendable {
     let store: OrderStore
     /// The operators' endpoint, when started with `withOps`.
     let opsURL: String?
+    /// The admin routes' own listener, when started with `separateAdmin`.
+    let adminURL: String?
     private let groups: [ServiceGroup]
     private let tasks: [Task<Void, any Error>]
     private let pipelines: [Pipeline]
@@ -46,7 +48,8 @@ final class PipelineHarness: Sendable {
         name: String, roles: Set<Role> = [.intake, .verifier, .finisher], retryDelays: [Int] = [1],
         appleTimeout: Duration = .seconds(2), sandboxPolicy: SandboxPolicy = .accept, verifierConcurrency: Int = 32,
         circuitBreaker: CircuitBreaker.Settings = .init(), sweeper: SweeperSettings = .init(),
-        alerts: AlertSettings = .init(), withOps: Bool = false, sharing shared: PipelineHarness? = nil
+        alerts: AlertSettings = .init(), withOps: Bool = false, authentication: UserAuthentication = .off,
+        limits: IntakeLimits = .unlimited, separateAdmin: Bool = false, sharing shared: PipelineHarness? = nil
     ) async throws -> PipelineHarness {
         let logger = TestBroker.logger
         let names = shared?.names ?? PipelineNames(prefix: TestBroker.uniquePrefix(name))
@@ -56,7 +59,8 @@ final class PipelineHarness: Sendable {
             amqp: try TestBroker.configuration(), names: names, databasePath: databasePath,
             intake: IntakeSettings(
                 host: "127.0.0.1", port: 0, names: names, sweeper: sweeper, catalog: testCatalog,
-                adminToken: adminToken),
+                authentication: authentication, limits: limits, adminTokens: [adminToken],
+                adminListener: separateAdmin ? ("127.0.0.1", 0) : nil),
             verifier: VerifierSettings(
                 names: names, concurrency: verifierConcurrency, retrySchedule: RetrySchedule(delaysSeconds: retryDelays),
                 sandboxPolicy: sandboxPolicy, circuitBreaker: circuitBreaker),
@@ -84,7 +88,11 @@ final class PipelineHarness: Sendable {
         let group = pipeline.makeServiceGroup(gracefulShutdownSignals: [], logger: logger)
         let task = Task { try await group.run() }
         if roles.contains(.intake) {
-            guard try await eventually(timeout: .seconds(10), { ports.withLockedValue { $0[.intake] } != nil }) else {
+            guard
+                try await eventually(
+                    timeout: .seconds(10),
+                    { ports.withLockedValue { $0[.intake] != nil && (!separateAdmin || $0[.admin] != nil) } })
+            else {
                 throw HarnessError("the intake did not start")
             }
         }
@@ -103,14 +111,15 @@ final class PipelineHarness: Sendable {
             names: names, databasePath: databasePath,
             intakeURL: "http://127.0.0.1:\(ports.withLockedValue { $0[.intake] ?? 0 })", fakeURL: fakeURL,
             store: store, opsURL: ports.withLockedValue { $0[.ops] }.map { "http://127.0.0.1:\($0)" },
-            groups: [fakeGroup, group], tasks: [fakeTask, task], pipelines: [fake, pipeline])
+            adminURL: ports.withLockedValue { $0[.admin] }.map { "http://127.0.0.1:\($0)" }, groups: [fakeGroup, group], tasks: [fakeTask, task], pipelines: [fake, pipeline])
     }
 
     private init(
         names: PipelineNames, databasePath: String, intakeURL: String, fakeURL: String, store: OrderStore,
-        opsURL: String?, groups: [ServiceGroup], tasks: [Task<Void, any Error>], pipelines: [Pipeline]
+        opsURL: String?, adminURL: String?, groups: [ServiceGroup], tasks: [Task<Void, any Error>], pipelines: [Pipeline]
     ) {
         self.opsURL = opsURL
+        self.adminURL = adminURL
         self.names = names
         self.databasePath = databasePath
         self.intakeURL = intakeURL
@@ -189,9 +198,11 @@ final class PipelineHarness: Sendable {
         return id
     }
 
-    /// The status answer of a submission.
-    func status(_ submissionId: String) async throws -> [String: Any] {
-        let response = try await HTTP.get(intakeURL + "/v1/receipts/\(submissionId)")
+    /// The status answer of a submission (as the user of `token` when the intake checks tokens).
+    func status(_ submissionId: String, token: String? = nil) async throws -> [String: Any] {
+        let response = try await HTTP.send(
+            intakeURL + "/v1/receipts/\(submissionId)", method: .GET, body: nil,
+            headers: token.map { ["Authorization": "Bearer \($0)"] } ?? [:])
         #expect(response.status == 200)
         return try JSONSerialization.jsonObject(with: response.body) as? [String: Any] ?? [:]
     }
@@ -199,11 +210,11 @@ final class PipelineHarness: Sendable {
     /// Polls the status until its state is one of `states`, at most `timeout`.
     func waitForState(
         _ submissionId: String, _ states: Set<String> = ["credited", "rejected", "needs_review"],
-        timeout: Duration = .seconds(30)
+        timeout: Duration = .seconds(30), token: String? = nil
     ) async throws -> [String: Any] {
         var last: [String: Any] = [:]
         _ = try await eventually(timeout: timeout, interval: .milliseconds(50)) {
-            last = try await status(submissionId)
+            last = try await status(submissionId, token: token)
             return states.contains(last["state"] as? String ?? "")
         }
         return last
@@ -220,6 +231,7 @@ enum HTTP {
     struct Answer {
         var status: Int
         var body: Data
+        var headers: HTTPHeaders = [:]
         var text: String { String(decoding: body, as: UTF8.self) }
         var json: [String: Any] { (try? JSONSerialization.jsonObject(with: body)) as? [String: Any] ?? [:] }
         var errorCode: String? { (json["error"] as? [String: Any])?["code"] as? String }
@@ -250,6 +262,6 @@ enum HTTP {
         }
         let response = try await HTTPClient.shared.execute(request, timeout: .seconds(30))
         let bytes = try await response.body.collect(upTo: 64 * 1024 * 1024)
-        return Answer(status: Int(response.status.code), body: Data(buffer: bytes))
+        return Answer(status: Int(response.status.code), body: Data(buffer: bytes), headers: response.headers)
     }
 }

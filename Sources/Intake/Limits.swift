@@ -1,0 +1,150 @@
+import Foundation
+import HTTPTypes
+import Hummingbird
+import NIOConcurrencyHelpers
+import NIOCore
+
+/// A token-bucket rate: `perSecond` requests on average, bursts of up to `burst`.
+public struct RateLimit: Sendable, Equatable {
+    /// Requests per second, sustained.
+    public var perSecond: Int
+    /// Requests allowed at once after a quiet spell.
+    public var burst: Int
+
+    /// Creates a rate; the burst defaults to two seconds' worth.
+    public init(perSecond: Int, burst: Int? = nil) {
+        self.perSecond = max(1, perSecond)
+        self.burst = max(1, burst ?? 2 * perSecond)
+    }
+}
+
+/// What the intake allows one client, and itself, at a time.
+public struct IntakeLimits: Sendable {
+    /// Per authenticated user (the token's `sub`); nil is unlimited.
+    public var perUser: RateLimit?
+    /// Per client address; nil is unlimited.
+    public var perAddress: RateLimit?
+    /// Requests handled at once; more get 503 `overloaded` at once instead of queueing.
+    public var maxInFlight: Int
+    /// A header set by a trusted reverse proxy that names the client's address
+    /// (e.g. `X-Real-IP`); nil uses the TCP peer. Never set it without such a proxy:
+    /// clients could then pick their own address.
+    public var clientAddressHeader: String?
+    /// Time allowed to receive a request body.
+    public var bodyTimeout: Duration
+
+    /// Creates limits (the defaults are those of `iap`).
+    public init(
+        perUser: RateLimit? = RateLimit(perSecond: 10), perAddress: RateLimit? = RateLimit(perSecond: 300),
+        maxInFlight: Int = 1024, clientAddressHeader: String? = nil, bodyTimeout: Duration = .seconds(30)
+    ) {
+        self.perUser = perUser
+        self.perAddress = perAddress
+        self.maxInFlight = maxInFlight
+        self.clientAddressHeader = clientAddressHeader
+        self.bodyTimeout = bodyTimeout
+    }
+
+    /// No rate limits (tests and benchmarks on one address); in-flight work stays bounded.
+    public static let unlimited = IntakeLimits(perUser: nil, perAddress: nil)
+}
+
+/// Token buckets by key, in memory, with a bounded number of keys.
+final class TokenBuckets: Sendable {
+    private struct Bucket {
+        var tokens: Double
+        var updated: UInt64
+    }
+
+    private let rate: Double
+    private let burst: Double
+    private let maxKeys: Int
+    private let buckets = NIOLockedValueBox([String: Bucket]())
+
+    init(_ limit: RateLimit, maxKeys: Int = 100_000) {
+        rate = Double(limit.perSecond)
+        burst = Double(limit.burst)
+        self.maxKeys = maxKeys
+    }
+
+    /// Takes one token for `key`: nil when allowed, else the whole seconds to wait.
+    func take(_ key: String, now: UInt64 = DispatchTime.now().uptimeNanoseconds) -> Int? {
+        buckets.withLockedValue { buckets in
+            var bucket = buckets[key] ?? Bucket(tokens: burst, updated: now)
+            let elapsed = Double(now &- bucket.updated) / 1e9
+            bucket.tokens = min(burst, bucket.tokens + max(0, elapsed) * rate)
+            bucket.updated = now
+            defer {
+                if buckets[key] == nil && buckets.count >= maxKeys { evict(&buckets, now: now) }
+                buckets[key] = bucket
+            }
+            if bucket.tokens >= 1 {
+                bucket.tokens -= 1
+                return nil
+            }
+            return max(1, Int(((1 - bucket.tokens) / rate).rounded(.up)))
+        }
+    }
+
+    /// Drops buckets that have refilled (their owners are as good as new); if every key is
+    /// busy, starts over rather than grow without bound.
+    private func evict(_ buckets: inout [String: Bucket], now: UInt64) {
+        buckets = buckets.filter { _, bucket in
+            bucket.tokens + Double(now &- bucket.updated) / 1e9 * rate < burst
+        }
+        if buckets.count >= maxKeys { buckets.removeAll(keepingCapacity: true) }
+    }
+}
+
+extension APIError {
+    static func rateLimited(retryAfter seconds: Int) -> APIError {
+        var error = APIError(.tooManyRequests, code: "rate_limited", message: "too many requests; retry after \(seconds) s")
+        error.headers[.retryAfter] = String(seconds)
+        return error
+    }
+}
+
+/// Bounds the requests handled at once and applies the per-address rate limit to every
+/// route but `/healthz`.
+struct AdmissionMiddleware: RouterMiddleware {
+    typealias Context = IntakeContext
+
+    let limits: IntakeLimits
+    private let inFlight = NIOLockedValueBox(0)
+    private let addressBuckets: TokenBuckets?
+
+    init(limits: IntakeLimits) {
+        self.limits = limits
+        addressBuckets = limits.perAddress.map { TokenBuckets($0) }
+    }
+
+    func handle(
+        _ request: Request, context: Context, next: (Request, Context) async throws -> Response
+    ) async throws -> Response {
+        if request.uri.path == "/healthz" { return try await next(request, context) }
+        if let addressBuckets, let wait = addressBuckets.take(clientAddress(request, context: context)) {
+            throw APIError.rateLimited(retryAfter: wait)
+        }
+        let admitted = inFlight.withLockedValue { count in
+            guard count < limits.maxInFlight else { return false }
+            count += 1
+            return true
+        }
+        guard admitted else {
+            var error = APIError(.serviceUnavailable, code: "overloaded", message: "too many requests in progress; try again")
+            error.headers[.retryAfter] = "1"
+            throw error
+        }
+        defer { inFlight.withLockedValue { $0 -= 1 } }
+        return try await next(request, context)
+    }
+
+    private func clientAddress(_ request: Request, context: Context) -> String {
+        if let header = limits.clientAddressHeader, let name = HTTPField.Name(header),
+            let value = request.headers[name]?.split(separator: ",").last
+        {
+            return value.trimmingCharacters(in: .whitespaces)
+        }
+        return context.remoteAddress?.ipAddress ?? "unknown"
+    }
+}

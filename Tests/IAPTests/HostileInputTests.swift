@@ -1,0 +1,143 @@
+import Foundation
+import NIOHTTP1
+import OrderStore
+import Testing
+
+/// A reproducible random source (SplitMix64), so a failing body can be generated again.
+struct SeededGenerator: RandomNumberGenerator {
+    private var state: UInt64
+
+    init(seed: UInt64) { state = seed }
+
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
+
+/// Bodies nobody should send: each kind is one way a client (or an attacker) gets it wrong.
+struct HostileBodies {
+    var random: SeededGenerator
+
+    static let fields = ["userId", "receiptData", "orderId", "transactionId", "productId"]
+    static let kinds = [
+        "wrong types", "huge numbers", "deep nesting", "invalid UTF-8", "invalid base64", "truncated JWS",
+        "random receipt bytes", "random body bytes", "oversized ids", "odd JSON",
+    ]
+
+    mutating func bytes(_ count: Int) -> [UInt8] {
+        (0..<count).map { _ in UInt8.random(in: 0...255, using: &random) }
+    }
+
+    mutating func json(_ object: [String: Any]) -> Data {
+        (try? JSONSerialization.data(withJSONObject: object)) ?? Data("{}".utf8)
+    }
+
+    /// The `index`-th body: its kind and its bytes.
+    mutating func body(_ index: Int) -> (kind: String, body: Data) {
+        let kind = Self.kinds[index % Self.kinds.count]
+        let field = Self.fields.randomElement(using: &random)!
+        switch kind {
+        case "wrong types":
+            let values: [Any] = [42, true, [1, 2], ["nested": "object"], 3.25, NSNull(), [[String: Any]]()]
+            var object: [String: Any] = ["receiptData": values.randomElement(using: &random)!]
+            object[field] = values.randomElement(using: &random)!
+            if object["receiptData"] is NSNull { object["receiptData"] = 7 }
+            return (kind, json(object))
+        case "huge numbers":
+            let number = ["1e999999", "-1e400", "123456789012345678901234567890123456789", "1" + String(repeating: "0", count: 5000)]
+                .randomElement(using: &random)!
+            return (kind, Data(#"{"receiptData": \#(number), "\#(field)": \#(number)}"#.utf8))
+        case "deep nesting":
+            let depth = Int.random(in: 100...20_000, using: &random)
+            let open = Bool.random(using: &random) ? "[" : "{\"a\":"
+            let close = open == "[" ? "]" : "}"
+            return (kind, Data((#"{"receiptData": "# + String(repeating: open, count: depth) + "1"
+                + String(repeating: close, count: depth) + "}").utf8))
+        case "invalid UTF-8":
+            var body = Data(#"{"receiptData": "MIIB"#.utf8)
+            body.append(contentsOf: [0xC3, 0x28, 0xFF, 0xFE, 0xED, 0xA0, 0x80])
+            body.append(contentsOf: Data(#"", "\#(field)": "\#u{0}x"}"#.utf8))
+            return (kind, body)
+        case "invalid base64":
+            let junk = String((0..<Int.random(in: 1...400, using: &random)).map { _ in
+                Array("!@#$%^&*()<>?\\~` abcXYZ=").randomElement(using: &random)!
+            })
+            return (kind, json(["receiptData": "%" + junk]))
+        case "truncated JWS":
+            let jws = "eyJhbGciOiJFUzI1NiIsIng1YyI6WyJNSUlF" + String(repeating: "QUJD", count: Int.random(in: 1...50, using: &random))
+            let cut = String(jws.prefix(Int.random(in: 1...jws.count, using: &random)))
+            return (kind, json(["signedTransaction": cut, "receiptData": cut + "."]))
+        case "random receipt bytes":
+            return (kind, json(["receiptData": Data(bytes(Int.random(in: 1...4000, using: &random))).base64EncodedString()]))
+        case "random body bytes":
+            return (kind, Data(bytes(Int.random(in: 0...2000, using: &random))))
+        case "oversized ids":
+            let long = String(repeating: "x", count: Int.random(in: 257...100_000, using: &random))
+            return (kind, json(["receiptData": "MIIB", field == "receiptData" ? "orderId" : field: long]))
+        default:
+            let odd = ["", "null", "true", "\"a string\"", "[]", "{", "{}", "{\"receiptData\": }", "{\"receiptData\" \"x\"}",
+                "{\"receiptData\": \"AAAA\",}", String(repeating: "{\"k\":1,", count: 3000)]
+            return (kind, Data(odd.randomElement(using: &random)!.utf8))
+        }
+    }
+}
+
+extension BrokerTests {
+    @Suite("Hostile input")
+    struct HostileInputTests {
+        @Test func everyHostileBodyGetsA4xxWithACodeAndTheIntakeKeepsServing() async throws {
+            let pipeline = try await PipelineHarness.startAuthenticated(name: "hostile")
+            defer { Task { await pipeline.stop() } }
+            let token = try await TestTokens.hs256(.init("mallory"))
+            let count = 3000
+            var generator = HostileBodies(random: SeededGenerator(seed: 0x1A9_2026))
+            let bodies = (0..<count).map { generator.body($0) }
+            // Hostile headers too: tokens cut short, and tokens that are not tokens.
+            let tokens = [token, String(token.dropLast(5)), String(token.prefix(20)), "x", token + "."]
+
+            let failures = try await withThrowingTaskGroup(of: String?.self) { group in
+                var failures: [String] = []
+                var next = 0
+                func add(_ index: Int) {
+                    group.addTask {
+                        let (kind, body) = bodies[index]
+                        let bearer = tokens[index % 7 == 0 ? index % tokens.count : 0]
+                        let path = index % 11 == 0 ? "/v1/orders" : "/v1/receipts"
+                        let answer = try await HTTP.send(
+                            pipeline.intakeURL + path, method: .POST, body: body, headers: ["Authorization": "Bearer \(bearer)"])
+                        guard (400..<500).contains(answer.status), let code = answer.errorCode, !code.isEmpty else {
+                            return "#\(index) \(kind) \(path): \(answer.status) \(answer.text.prefix(200))"
+                        }
+                        return nil
+                    }
+                }
+                for _ in 0..<16 {
+                    add(next)
+                    next += 1
+                }
+                while let result = try await group.next() {
+                    if let result { failures.append(result) }
+                    if next < count {
+                        add(next)
+                        next += 1
+                    }
+                }
+                return failures
+            }
+            #expect(failures.isEmpty, "\(failures.count) of \(count) bodies were not refused with a 4xx and a code: \(failures.prefix(10))")
+
+            #expect(try await HTTP.get(pipeline.intakeURL + "/healthz").status == 200)
+            // Nothing hostile was accepted, and real work still goes through.
+            #expect(try await pipeline.store.submissionCounts().values.reduce(0, +) == 0)
+            let purchase = try await pipeline.mint()
+            let upload = try await UserHTTP.send(
+                .POST, pipeline.intakeURL + "/v1/receipts", token: token, json: ["receiptData": purchase.receiptData])
+            let id = try #require(upload.json["submissionId"] as? String, "\(upload.text)")
+            #expect(try await pipeline.waitForState(id, token: token)["state"] as? String == "credited")
+        }
+    }
+}

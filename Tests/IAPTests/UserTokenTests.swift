@@ -1,0 +1,123 @@
+import Crypto
+import Foundation
+import Intake
+import JWTKit
+import Testing
+
+/// The claims a login backend puts in a user token.
+struct TestUserClaims: JWTPayload {
+    var sub: SubjectClaim
+    var exp: ExpirationClaim
+    var nbf: NotBeforeClaim?
+    var iss: IssuerClaim?
+    var aud: AudienceClaim?
+
+    init(_ user: String, expiresIn: TimeInterval = 3600, notBefore: Date? = nil, issuer: String? = nil, audience: String? = nil) {
+        sub = .init(value: user)
+        exp = .init(value: Date().addingTimeInterval(expiresIn))
+        nbf = notBefore.map { .init(value: $0) }
+        iss = issuer.map { .init(value: $0) }
+        aud = audience.map { .init(value: [$0]) }
+    }
+
+    func verify(using algorithm: some JWTAlgorithm) async throws {}
+}
+
+/// Tokens as a login backend (or an attacker) would make them.
+enum TestTokens {
+    static let secret = "the-login-backend-shares-this-secret-0123456789"
+
+    static func hs256(_ claims: TestUserClaims, secret: String = secret) async throws -> String {
+        let keys = JWTKeyCollection()
+        await keys.add(hmac: HMACKey(from: secret), digestAlgorithm: .sha256)
+        return try await keys.sign(claims)
+    }
+
+    static func es256(_ claims: TestUserClaims, key: ES256PrivateKey, kid: String? = nil) async throws -> String {
+        let keys = JWTKeyCollection()
+        await keys.add(ecdsa: key, kid: kid.map { JWKIdentifier(string: $0) })
+        return try await keys.sign(claims, kid: kid.map { JWKIdentifier(string: $0) })
+    }
+
+    /// A compact JWS with any header, signed (or not) by HMAC-SHA256 with `hmacKey`.
+    static func handmade(header: [String: String], claims: TestUserClaims, hmacKey: Data? = nil) throws -> String {
+        let encoder = JSONEncoder()
+        let signingInput = try base64URL(encoder.encode(header)) + "." + base64URL(encoder.encode(claims))
+        guard let hmacKey else { return signingInput + "." }
+        let mac = HMAC<SHA256>.authenticationCode(for: Data(signingInput.utf8), using: SymmetricKey(data: hmacKey))
+        return signingInput + "." + base64URL(Data(mac))
+    }
+
+    static func base64URL(_ data: Data) -> String {
+        data.base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
+            .replacingOccurrences(of: "=", with: "")
+    }
+}
+
+@Suite("User tokens")
+struct UserTokenTests {
+    func failure(_ verifier: UserTokenVerifier, _ token: String) async -> AuthenticationFailure? {
+        do {
+            _ = try await verifier.userId(from: token)
+            return nil
+        } catch {
+            return error
+        }
+    }
+
+    @Test func hs256TokensNameTheirUserAndExpire() async throws {
+        let verifier = try await UserTokenVerifier(key: .hs256(secret: TestTokens.secret))
+        #expect(try await verifier.userId(from: TestTokens.hs256(.init("ana"))) == "ana")
+        #expect(await failure(verifier, try await TestTokens.hs256(.init("ana", expiresIn: -120))) == .expired)
+        // Within the 30 s clock-skew leeway an expiry is still accepted.
+        #expect(try await verifier.userId(from: TestTokens.hs256(.init("ana", expiresIn: -5))) == "ana")
+        #expect(await failure(verifier, try await TestTokens.hs256(.init("ana"), secret: String(repeating: "x", count: 40))) == .invalid)
+        #expect(await failure(verifier, try await TestTokens.hs256(.init("ana", notBefore: Date().addingTimeInterval(600)))) == .invalid)
+        #expect(await failure(verifier, try await TestTokens.hs256(.init(""))) == .invalid)
+        #expect(await failure(verifier, try await TestTokens.hs256(.init(String(repeating: "u", count: 257)))) == .invalid)
+        // alg none, and garbage.
+        #expect(await failure(verifier, try TestTokens.handmade(header: ["alg": "none"], claims: .init("ana"))) == .invalid)
+        for junk in ["", "a.b.c", "...", "eyJhbGciOiJIUzI1NiJ9", String(repeating: "A", count: 20_000)] {
+            #expect(await failure(verifier, junk) == .invalid, "\(junk.prefix(20))")
+        }
+        // A tampered payload: another user's claims under the first token's signature.
+        let good = try await TestTokens.hs256(.init("ana")).split(separator: ".")
+        let other = try await TestTokens.hs256(.init("bob")).split(separator: ".")
+        #expect(await failure(verifier, [good[0], other[1], good[2]].joined(separator: ".")) == .invalid)
+    }
+
+    @Test func shortSecretsAndUnusableKeysAreRefused() async throws {
+        await #expect(throws: UserTokenVerifierError.self) { try await UserTokenVerifier(key: .hs256(secret: "too-short")) }
+        await #expect(throws: UserTokenVerifierError.self) { try await UserTokenVerifier(key: .publicKey("not a key")) }
+    }
+
+    @Test func es256PublicKeysRefuseOtherAlgorithms() async throws {
+        let key = ES256PrivateKey()
+        let pem = key.publicKey.pemRepresentation
+        let verifier = try await UserTokenVerifier(key: .publicKey(pem))
+        #expect(try await verifier.userId(from: TestTokens.es256(.init("ana"), key: key)) == "ana")
+        #expect(await failure(verifier, try await TestTokens.es256(.init("ana"), key: ES256PrivateKey())) == .invalid)
+        // The classic confusion: HS256 "signed" with the public key as the HMAC secret.
+        let confused = try TestTokens.handmade(header: ["alg": "HS256", "typ": "JWT"], claims: .init("ana"), hmacKey: Data(pem.utf8))
+        #expect(await failure(verifier, confused) == .invalid)
+        #expect(await failure(verifier, try TestTokens.handmade(header: ["alg": "none"], claims: .init("ana"))) == .invalid)
+    }
+
+    @Test func jwksDocumentsAndAudienceAndIssuerChecks() async throws {
+        let key = ES256PrivateKey()
+        let point = try #require(key.publicKey.parameters)
+        let jwks = """
+            {"keys": [{"kty": "EC", "crv": "P-256", "alg": "ES256", "use": "sig", "kid": "login-1",
+              "x": "\(point.x)", "y": "\(point.y)"}]}
+            """
+        let verifier = try await UserTokenVerifier(key: .publicKey(jwks), audience: "our-app", issuer: "https://login.example.com")
+        let good = TestUserClaims("ana", issuer: "https://login.example.com", audience: "our-app")
+        #expect(try await verifier.userId(from: TestTokens.es256(good, key: key, kid: "login-1")) == "ana")
+        var wrongAudience = good
+        wrongAudience.aud = .init(value: ["another-app"])
+        #expect(await failure(verifier, try await TestTokens.es256(wrongAudience, key: key, kid: "login-1")) == .invalid)
+        var noIssuer = good
+        noIssuer.iss = nil
+        #expect(await failure(verifier, try await TestTokens.es256(noIssuer, key: key, kid: "login-1")) == .invalid)
+    }
+}
