@@ -1,0 +1,97 @@
+"""Schemathesis hooks of scripts/api-check (loaded with SCHEMATHESIS_HOOKS=<this file>).
+
+- Auth: the user token on the app's routes, the admin token on /v1/admin/..., nothing on the
+  public ones (each operation's `security` in docs/openapi.yaml says which).
+- Positive cases are made meaningful where JSON Schema cannot say what the server needs:
+  `receiptData` becomes a real receipt (minted by the script at the fake App Store),
+  `productId` a product of the live catalog, and the user the token's subject. Without this,
+  every "valid" upload would be a random base64 string, rightly refused as
+  `receipt_malformed`, and the success paths would never be exercised.
+- Every request must stay on the intake under test, on a documented path.
+- Against an intake that predates user authentication (IAP_CHECK_AUTH_ENFORCED=0), failures
+  of requests that lacked the user token, carried another one, or named another user's grants
+  are dropped: such an intake serves them, as expected. Schemathesis counts the dropped
+  failures in its summary.
+
+Settings come from the environment: IAP_CHECK_BASE_URL, IAP_CHECK_USER_TOKEN,
+IAP_CHECK_USER_ID, IAP_CHECK_ADMIN_TOKEN, IAP_CHECK_RECEIPT, IAP_CHECK_PRODUCTS,
+IAP_CHECK_AUTH_ENFORCED.
+"""
+
+import os
+from urllib.parse import urlsplit
+
+import schemathesis
+
+BASE_URL = os.environ["IAP_CHECK_BASE_URL"].rstrip("/")
+USER_TOKEN = os.environ["IAP_CHECK_USER_TOKEN"]
+USER_ID = os.environ["IAP_CHECK_USER_ID"]
+ADMIN_TOKEN = os.environ["IAP_CHECK_ADMIN_TOKEN"]
+RECEIPT = os.environ["IAP_CHECK_RECEIPT"]
+PRODUCTS = [p for p in os.environ.get("IAP_CHECK_PRODUCTS", "").split(",") if p]
+AUTH_ENFORCED = os.environ.get("IAP_CHECK_AUTH_ENFORCED", "1") == "1"
+
+
+def _schemes(operation) -> set[str]:
+    """The security schemes an operation requires, from its own `security` in the document."""
+    security = operation.definition.raw.get("security", [])
+    return {name for requirement in security for name in requirement}
+
+
+# No caching: the token depends on the operation.
+@schemathesis.auth(refresh_interval=None)
+class IntakeTokens:
+    def get(self, case, context):
+        schemes = _schemes(context.operation)
+        if "adminToken" in schemes:
+            return ADMIN_TOKEN
+        if "userToken" in schemes:
+            return USER_TOKEN
+        return None
+
+    def set(self, case, data, context):
+        case.headers = case.headers or {}
+        case.headers["Authorization"] = f"Bearer {data}"
+
+
+@schemathesis.hook
+def filter_path_parameters(context, path_parameters):
+    # "." and ".." would be resolved by the HTTP client into another path.
+    return not any(str(value) in (".", "..") for value in (path_parameters or {}).values())
+
+
+def _is_positive(case) -> bool:
+    meta = case.meta
+    return meta is not None and meta.generation.mode.is_positive
+
+
+@schemathesis.hook
+def before_call(context, case, kwargs):
+    path = case.operation.path
+    if _is_positive(case):
+        body = case.body if isinstance(case.body, dict) else None
+        if path in ("/v1/receipts", "/v1/orders") and body is not None:
+            body["userId"] = USER_ID
+        if path == "/v1/receipts" and body is not None:
+            body["receiptData"] = RECEIPT
+        if path in ("/v1/orders", "/v1/admin/grants") and body is not None and PRODUCTS:
+            if body.get("productId") not in PRODUCTS:
+                body["productId"] = PRODUCTS[len(str(body.get("productId"))) % len(PRODUCTS)]
+        if path == "/v1/users/{userId}/grants":
+            case.path_parameters["userId"] = USER_ID
+    target = urlsplit(BASE_URL + case.formatted_path)
+    segments = target.path.split("/")
+    if urlsplit(BASE_URL).netloc != target.netloc or "." in segments or ".." in segments:
+        raise RuntimeError(f"refusing to send a request off the intake: {target.geturl()}")
+
+
+@schemathesis.hook
+def filter_failure(context, failure, case, response):
+    if AUTH_ENFORCED or "userToken" not in _schemes(case.operation):
+        return True
+    if (case.headers or {}).get("Authorization") != f"Bearer {USER_TOKEN}":
+        return False
+    # Another user's grants answer 404 once tokens are checked; before, any user id is served.
+    if case.operation.path == "/v1/users/{userId}/grants":
+        return case.path_parameters.get("userId") == USER_ID
+    return True
