@@ -1,8 +1,9 @@
 import Foundation
 import Hummingbird
 import Logging
-import OrderStore
+import NIOConcurrencyHelpers
 import NIOCore
+import OrderStore
 
 /// An error answer of the intake: `{"error": {"code": "...", "message": "..."}}` with a
 /// stable `code` that clients can switch on.
@@ -77,11 +78,24 @@ public struct APIError: Error, HTTPResponseError, Sendable {
 /// Renders every error as the intake's JSON error shape, so no answer is ever a bare 500
 /// page or a framework-specific body.
 struct APIErrorMiddleware<Context: RequestContext>: RouterMiddleware {
+    /// The router's routes, to tell "no such path" (404) from "not with this method" (405).
+    let routes: RouteTable
+
     func handle(
         _ request: Request, context: Context, next: (Request, Context) async throws -> Response
     ) async throws -> Response {
         do {
             return try await next(request, context)
+        } catch let error as HTTPError where error.status == .notFound {
+            let allowed = routes.methods(serving: request.uri.path)
+            guard !allowed.isEmpty else {
+                return APIError(.notFound, code: "not_found", message: "no such path").makeResponse()
+            }
+            var response = APIError(
+                .methodNotAllowed, code: "method_not_allowed", message: "\(request.method) is not served here"
+            ).makeResponse()
+            response.headers[.allow] = allowed.joined(separator: ", ")
+            return response
         } catch let error as APIError {
             return error.makeResponse()
         } catch let error as OrderStoreError where error.code == .unavailable {
@@ -107,5 +121,30 @@ struct APIErrorMiddleware<Context: RequestContext>: RouterMiddleware {
             return APIError(.internalServerError, code: "internal_error", message: "the request could not be handled")
                 .makeResponse()
         }
+    }
+}
+
+/// The method and path template of every route, filled in once the routes are added.
+final class RouteTable: Sendable {
+    private let templates = NIOLockedValueBox([(method: String, segments: [Substring])]())
+
+    func record<Context>(_ router: Router<Context>) {
+        let routes = router.routes.map { (method: $0.method.rawValue, segments: Self.segments("\($0.path)")) }
+        templates.withLockedValue { $0 = routes }
+    }
+
+    /// The methods of the routes whose template matches `path` (`{name}` matches any segment).
+    func methods(serving path: String) -> [String] {
+        let segments = Self.segments(path)
+        return templates.withLockedValue { templates in
+            templates.filter { template in
+                template.segments.count == segments.count
+                    && zip(template.segments, segments).allSatisfy { $0.hasPrefix("{") || $0 == $1 }
+            }.map(\.method)
+        }.sorted()
+    }
+
+    private static func segments(_ path: String) -> [Substring] {
+        path.split(separator: "/", omittingEmptySubsequences: true)
     }
 }

@@ -81,7 +81,10 @@ struct AdminController: Sendable {
         }
         router.get("/v1/admin/audit") { request, _ in
             try authorize(request)
-            let limit = min(max(request.uri.queryParameters.get("limit").flatMap { Int($0) } ?? 100, 1), 1000)
+            let raw = request.uri.queryParameters.get("limit")
+            guard let limit = raw.map({ Int($0) }) ?? 100, (1...1000).contains(limit) else {
+                throw APIError.invalidField("limit", "must be a whole number from 1 to 1000")
+            }
             let entries = try await store.auditLog(limit: limit).map(AuditBody.init)
             return try JSONResponse.make(["entries": entries])
         }

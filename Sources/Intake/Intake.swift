@@ -56,7 +56,8 @@ public func makeIntakeRouter(
     settings: IntakeSettings, store: OrderStore, acceptedUpload: @escaping @Sendable () -> Void
 ) -> Router<IntakeContext> {
     let router = Router(context: IntakeContext.self)
-    router.add(middleware: APIErrorMiddleware())
+    let routes = RouteTable()
+    router.add(middleware: APIErrorMiddleware(routes: routes))
     router.add(middleware: AdmissionMiddleware(limits: settings.limits))
     router.get("/healthz") { _, _ in
         try JSONResponse.make(["status": "ok"])
@@ -70,6 +71,7 @@ public func makeIntakeRouter(
     if settings.adminListener == nil {
         AdminController(store: store, settings: settings).addRoutes(to: router, changed: acceptedUpload)
     }
+    routes.record(router)
     return router
 }
 
@@ -78,11 +80,13 @@ public func makeAdminRouter(
     settings: IntakeSettings, store: OrderStore, changed: @escaping @Sendable () -> Void
 ) -> Router<IntakeContext> {
     let router = Router(context: IntakeContext.self)
-    router.add(middleware: APIErrorMiddleware())
+    let routes = RouteTable()
+    router.add(middleware: APIErrorMiddleware(routes: routes))
     router.get("/healthz") { _, _ in
         try JSONResponse.make(["status": "ok"])
     }
     AdminController(store: store, settings: settings).addRoutes(to: router, changed: changed)
+    routes.record(router)
     return router
 }
 

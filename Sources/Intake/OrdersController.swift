@@ -125,7 +125,12 @@ struct JSONFields {
 
     func int(_ name: String) throws(APIError) -> Int? {
         guard let value = fields[name], !(value is NSNull) else { return nil }
-        guard let number = value as? Int else { throw .invalidField(name, "must be a whole number") }
+        // JSON's true and false arrive as NSNumber too, and would pass for 1 and 0.
+        guard type(of: value) != Self.booleanType, let number = value as? Int else {
+            throw .invalidField(name, "must be a whole number")
+        }
         return number
     }
+
+    private static let booleanType = type(of: NSNumber(value: true))
 }

@@ -1,4 +1,5 @@
 import Foundation
+import NIOHTTP1
 import OrderStore
 import Testing
 
@@ -60,5 +61,30 @@ extension BrokerTests.IntakeValidationTests {
             #expect(answer.errorCode == "receipt_malformed", "\(answer.text)")
         }
         #expect(try await pipeline.store.submissionCounts().isEmpty)
+    }
+}
+
+extension BrokerTests.IntakeValidationTests {
+    @Test func wrongMethodsAndOutOfRangeParametersAreRefused() async throws {
+        let pipeline = try await PipelineHarness.start(name: "methods")
+        defer { Task { await pipeline.stop() } }
+        let wrongMethod = try await HTTP.send(pipeline.intakeURL + "/v1/orders", method: .DELETE, body: nil)
+        #expect(wrongMethod.status == 405 && wrongMethod.errorCode == "method_not_allowed", "\(wrongMethod.text)")
+        #expect(wrongMethod.headers.first(name: "Allow") == "POST")
+        let onTemplate = try await HTTP.send(pipeline.intakeURL + "/v1/receipts/\(UUID())", method: .PUT, body: nil)
+        #expect(onTemplate.status == 405 && onTemplate.headers.first(name: "Allow") == "GET", "\(onTemplate.text)")
+        let nowhere = try await HTTP.get(pipeline.intakeURL + "/v1/nowhere")
+        #expect(nowhere.status == 404 && nowhere.errorCode == "not_found")
+
+        for limit in ["0", "1001", "-5", "abc", "1.5"] {
+            let answer = try await pipeline.admin(.GET, "/v1/admin/audit?limit=\(limit)")
+            #expect(answer.status == 400 && answer.errorCode == "invalid_field", "limit=\(limit): \(answer.text)")
+        }
+        #expect(try await pipeline.admin(.GET, "/v1/admin/audit?limit=1000").status == 200)
+        let boolean = try await HTTP.send(
+            pipeline.intakeURL + "/v1/admin/grants", method: .POST,
+            body: Data(#"{"userId": "u1", "productId": "com.example.coins.60", "quantity": true, "reason": "goodwill"}"#.utf8),
+            headers: ["Authorization": "Bearer \(PipelineHarness.adminToken)"])
+        #expect(boolean.status == 400 && boolean.errorCode == "invalid_field", "\(boolean.text)")
     }
 }

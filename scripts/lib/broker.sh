@@ -70,8 +70,13 @@ broker_pids() {
     local token
     token=$(cat "$IAP_BROKER_DIR/instance" 2>/dev/null) || return 0
     [[ -n $token ]] || return 0
-    grep -lzxF "IAP_BROKER_INSTANCE=$token" /proc/[0-9]*/environ 2>/dev/null |
-        sed -n 's|^/proc/\([0-9]*\)/environ$|\1|p' || true
+    local pid
+    # epmd is shared by every node of the machine: when this node happened to start it, it
+    # carries the marker too, but it is never this node's to stop.
+    for pid in $(grep -lzxF "IAP_BROKER_INSTANCE=$token" /proc/[0-9]*/environ 2>/dev/null |
+        sed -n 's|^/proc/\([0-9]*\)/environ$|\1|p'); do
+        [[ $(cat "/proc/$pid/comm" 2>/dev/null) == epmd ]] || echo "$pid"
+    done
 }
 
 broker_running() { [[ -n $(broker_pids) ]]; }
