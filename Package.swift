@@ -61,7 +61,10 @@ let package = Package(
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOFoundationCompat", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+                .product(name: "JWTKit", package: "jwt-kit"),
             ],
+            resources: [.copy("Resources/AppleRootCA-G3.der")],
             swiftSettings: strictSettings
         ),
         .target(

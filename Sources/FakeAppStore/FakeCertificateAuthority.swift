@@ -28,13 +28,19 @@ public struct FakeCertificateAuthority: Sendable {
     let intermediateKey: Certificate.PrivateKey
     /// The key that signs receipts (P-256).
     let leafKey: Certificate.PrivateKey
+    /// The leaf's key, for JWS.
+    private let jwsKey: P256.Signing.PrivateKey
+    /// The encoded JWS header: ES256 and the chain.
+    private let jwsHeader: String
 
-    /// Creates a fresh chain, valid from a day before `now` for `years` (the leaf for a year less).
+    /// Creates a fresh chain, valid from a day before `now` for `years` (the leaf for a year
+    /// less, or until `leafNotAfter`). Tests make broken chains by leaving out a marker.
     public static func generate(
-        name: String = "IAP Pipeline Fake App Store", now: Date = Date(), years: Int = 20
+        name: String = "IAP Pipeline Fake App Store", now: Date = Date(), years: Int = 20, leafNotAfter: Date? = nil,
+        leafMarker: Bool = true, intermediateMarker: Bool = true
     ) throws(FakeAppStoreError) -> FakeCertificateAuthority {
         let day: TimeInterval = 86_400
-        let notBefore = now.addingTimeInterval(-day)
+        let notBefore = min(now.addingTimeInterval(-day), (leafNotAfter ?? now).addingTimeInterval(-30 * day))
         let notAfter = now.addingTimeInterval(Double(years) * 365 * day)
         let rootKey = Certificate.PrivateKey(P384.Signing.PrivateKey())
         let intermediateKey = Certificate.PrivateKey(P384.Signing.PrivateKey())
@@ -79,12 +85,15 @@ public struct FakeCertificateAuthority: Sendable {
                     Critical(KeyUsage(keyCertSign: true, cRLSign: true))
                     intermediateIdentifier
                     AuthorityKeyIdentifier(keyIdentifier: rootIdentifier.keyIdentifier)
-                    Certificate.Extension(oid: intermediateMarkerOID, critical: false, value: null)
+                    if intermediateMarker {
+                        Certificate.Extension(oid: intermediateMarkerOID, critical: false, value: null)
+                    }
                 },
                 issuerPrivateKey: rootKey)
             let leaf = try Certificate(
                 version: .v3, serialNumber: .init(), publicKey: leafKey.publicKey,
-                notValidBefore: notBefore, notValidAfter: notAfter.addingTimeInterval(-365 * day),
+                notValidBefore: notBefore,
+                notValidAfter: leafNotAfter ?? notAfter.addingTimeInterval(-365 * day),
                 issuer: intermediateName, subject: leafName,
                 signatureAlgorithm: .ecdsaWithSHA384,
                 extensions: try Certificate.Extensions {
@@ -92,7 +101,9 @@ public struct FakeCertificateAuthority: Sendable {
                     Critical(KeyUsage(digitalSignature: true))
                     SubjectKeyIdentifier(hash: leafKey.publicKey)
                     AuthorityKeyIdentifier(keyIdentifier: intermediateIdentifier.keyIdentifier)
-                    Certificate.Extension(oid: receiptSigningMarkerOID, critical: false, value: null)
+                    if leafMarker {
+                        Certificate.Extension(oid: receiptSigningMarkerOID, critical: false, value: null)
+                    }
                 },
                 issuerPrivateKey: intermediateKey)
             return try FakeCertificateAuthority(
@@ -147,6 +158,40 @@ public struct FakeCertificateAuthority: Sendable {
         self.intermediateKey = intermediateKey
         self.leaf = leaf
         self.leafKey = leafKey
+        struct Header: Encodable {
+            var alg = "ES256"
+            var x5c: [String]
+        }
+        do {
+            jwsKey = try P256.Signing.PrivateKey(pemRepresentation: try leafKey.serializeAsPEM().pemString)
+            let chain = try [leaf, intermediate, root].map { certificate in
+                var serializer = DER.Serializer()
+                try serializer.serialize(certificate)
+                return Data(serializer.serializedBytes).base64EncodedString()
+            }
+            jwsHeader = Self.base64URL(try JSONEncoder().encode(Header(x5c: chain)))
+        } catch {
+            throw .certificate("the leaf cannot sign JWS: \(error)")
+        }
+    }
+
+    /// Signs `payload` as Apple signs StoreKit 2 data: a compact JWS with `alg` ES256 and the
+    /// chain (leaf, intermediate, root) in `x5c`, signed by the leaf's P-256 key.
+    public func signJWS(_ payload: some Encodable) throws(FakeAppStoreError) -> String {
+        do {
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = .sortedKeys
+            let signingInput = jwsHeader + "." + Self.base64URL(try encoder.encode(payload))
+            let signature = try jwsKey.signature(for: Data(signingInput.utf8))
+            return signingInput + "." + Self.base64URL(signature.rawRepresentation)
+        } catch {
+            throw .certificate("cannot sign: \(error)")
+        }
+    }
+
+    static func base64URL(_ data: Data) -> String {
+        data.base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
+            .replacingOccurrences(of: "=", with: "")
     }
 
     /// The chain and its keys as PEM: root, intermediate and leaf certificates, then their

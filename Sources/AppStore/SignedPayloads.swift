@@ -1,0 +1,156 @@
+import Foundation
+
+/// Apple's dates in signed payloads: milliseconds since 1970.
+extension Date {
+    public init(appleMilliseconds: Int64) {
+        self.init(timeIntervalSince1970: Double(appleMilliseconds) / 1000)
+    }
+
+    /// This date as Apple writes it: milliseconds since 1970.
+    public var appleMilliseconds: Int64 { Int64((timeIntervalSince1970 * 1000).rounded()) }
+}
+
+/// Anything Apple signs carries the date it was signed and its environment.
+public protocol SignedAppStorePayload: Decodable, Sendable {
+    /// When Apple signed it (milliseconds since 1970); chains are validated at this time.
+    var signedDate: Int64? { get }
+}
+
+/// A StoreKit 2 transaction (`JWSTransactionDecodedPayload`). Unknown fields are ignored;
+/// every field Apple may omit is optional.
+public struct JWSTransactionDecodedPayload: SignedAppStorePayload, Codable, Equatable {
+    public var transactionId: String
+    public var originalTransactionId: String
+    public var bundleId: String
+    public var productId: String
+    public var environment: String
+    public var purchaseDate: Int64?
+    public var originalPurchaseDate: Int64?
+    public var expiresDate: Int64?
+    public var quantity: Int?
+    /// "Auto-Renewable Subscription", "Non-Consumable", "Consumable" or "Non-Renewing Subscription".
+    public var type: String?
+    public var appAccountToken: String?
+    public var inAppOwnershipType: String?
+    public var signedDate: Int64?
+    public var revocationDate: Int64?
+    public var revocationReason: Int?
+    public var isUpgraded: Bool?
+    public var webOrderLineItemId: String?
+    public var subscriptionGroupIdentifier: String?
+    public var transactionReason: String?
+    public var storefront: String?
+    public var storefrontId: String?
+    public var price: Int64?
+    public var currency: String?
+    public var offerType: Int?
+    public var offerIdentifier: String?
+    public var appTransactionId: String?
+
+    /// Creates a payload (the fake App Store signs these).
+    public init(
+        transactionId: String, originalTransactionId: String, bundleId: String, productId: String, environment: String,
+        purchaseDate: Int64?, quantity: Int?, type: String?, signedDate: Int64?
+    ) {
+        self.transactionId = transactionId
+        self.originalTransactionId = originalTransactionId
+        self.bundleId = bundleId
+        self.productId = productId
+        self.environment = environment
+        self.purchaseDate = purchaseDate
+        self.originalPurchaseDate = purchaseDate
+        self.quantity = quantity
+        self.type = type
+        self.signedDate = signedDate
+    }
+}
+
+/// A subscription's renewal information (`JWSRenewalInfoDecodedPayload`).
+public struct JWSRenewalInfoDecodedPayload: SignedAppStorePayload, Codable, Equatable {
+    public var originalTransactionId: String
+    public var productId: String?
+    public var autoRenewProductId: String?
+    /// 1: renews at the end of the period; 0: the user turned renewal off.
+    public var autoRenewStatus: Int?
+    public var environment: String
+    public var expirationIntent: Int?
+    public var gracePeriodExpiresDate: Int64?
+    public var isInBillingRetryPeriod: Bool?
+    public var renewalDate: Int64?
+    public var recentSubscriptionStartDate: Int64?
+    public var signedDate: Int64?
+    public var appAccountToken: String?
+
+    /// Creates renewal information (the fake App Store signs these).
+    public init(originalTransactionId: String, productId: String?, autoRenewStatus: Int?, environment: String, signedDate: Int64?) {
+        self.originalTransactionId = originalTransactionId
+        self.productId = productId
+        self.autoRenewProductId = productId
+        self.autoRenewStatus = autoRenewStatus
+        self.environment = environment
+        self.signedDate = signedDate
+    }
+}
+
+/// An App Store Server Notification V2 (`ResponseBodyV2DecodedPayload`), delivered as
+/// `{"signedPayload": "<JWS>"}`.
+public struct ResponseBodyV2DecodedPayload: SignedAppStorePayload, Codable, Equatable {
+    public struct NotificationData: Codable, Equatable, Sendable {
+        public var appAppleId: Int64?
+        public var bundleId: String?
+        public var bundleVersion: String?
+        public var environment: String?
+        public var signedTransactionInfo: String?
+        public var signedRenewalInfo: String?
+        public var status: Int?
+        public var consumptionRequestReason: String?
+
+        /// Creates notification data.
+        public init(
+            appAppleId: Int64?, bundleId: String?, environment: String?, signedTransactionInfo: String?,
+            signedRenewalInfo: String? = nil, status: Int? = nil, consumptionRequestReason: String? = nil
+        ) {
+            self.appAppleId = appAppleId
+            self.bundleId = bundleId
+            self.environment = environment
+            self.signedTransactionInfo = signedTransactionInfo
+            self.signedRenewalInfo = signedRenewalInfo
+            self.status = status
+            self.consumptionRequestReason = consumptionRequestReason
+        }
+    }
+
+    /// The notification's summary (for requests that affect many subscriptions at once).
+    public struct Summary: Codable, Equatable, Sendable {
+        public var requestIdentifier: String?
+        public var environment: String?
+        public var appAppleId: Int64?
+        public var bundleId: String?
+        public var productId: String?
+    }
+
+    public var notificationType: String
+    public var subtype: String?
+    public var notificationUUID: String
+    public var data: NotificationData?
+    public var summary: Summary?
+    public var version: String?
+    public var signedDate: Int64?
+
+    /// Creates a notification (the fake App Store signs these).
+    public init(
+        notificationType: String, subtype: String?, notificationUUID: String, data: NotificationData?, signedDate: Int64?
+    ) {
+        self.notificationType = notificationType
+        self.subtype = subtype
+        self.notificationUUID = notificationUUID
+        self.data = data
+        self.version = "2.0"
+        self.signedDate = signedDate
+    }
+
+    /// The bundle id and environment, from `data` or else `summary`.
+    var bundleId: String? { data?.bundleId ?? summary?.bundleId }
+    var environment: String? { data?.environment ?? summary?.environment }
+    var appAppleId: Int64? { data?.appAppleId ?? summary?.appAppleId }
+}
