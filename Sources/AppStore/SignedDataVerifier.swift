@@ -35,7 +35,10 @@ public struct JWSVerificationError: Error, Equatable, CustomStringConvertible, S
     public var message: String
     public var description: String { "\(code.rawValue): \(message)" }
 
-    init(_ code: Code, _ message: String) {
+    /// Errors are equal when their codes are: the message is for people.
+    public static func == (lhs: Self, rhs: Self) -> Bool { lhs.code == rhs.code }
+
+    public init(_ code: Code, _ message: String) {
         self.code = code
         self.message = message
     }
@@ -92,11 +95,7 @@ public final class SignedDataVerifier: Sendable {
     public static let leafMarkerOID: ASN1ObjectIdentifier = [1, 2, 840, 113_635, 100, 6, 11, 1]
 
     /// A chain that validated: its leaf's key, and when all its certificates are valid.
-    private struct ValidatedChain {
-        var key: P256.Signing.PublicKey
-        var notBefore: Date
-        var notAfter: Date
-    }
+    private typealias ValidatedChain = (key: P256.Signing.PublicKey, notBefore: Date, notAfter: Date)
 
     public let settings: Settings
     private let cache = NIOLockedValueBox([String: ValidatedChain]())
@@ -207,6 +206,20 @@ public final class SignedDataVerifier: Sendable {
         guard let x5c = header.x5c, x5c.count == 3 else {
             throw JWSVerificationError(.invalidChainLength, "x5c holds \(header.x5c?.count ?? 0) certificates, not 3")
         }
+        let entry = try await validateChain(x5c, at: time)
+        cache.withLockedValue { cache in
+            if cache.count >= Self.maxCachedChains { cache.removeAll() }
+            cache[encoded] = entry
+        }
+        return entry.key
+    }
+
+    /// Checks a chain (leaf, intermediate and root, base64 DER as in `x5c`) as `verify` does,
+    /// at `time`: Apple's markers, each certificate's validity, the signatures up to a
+    /// trusted root. Returns the leaf's key and the window in which the whole chain is valid.
+    public func validateChain(_ x5c: [String], at time: Date) async throws(JWSVerificationError)
+        -> (key: P256.Signing.PublicKey, notBefore: Date, notAfter: Date)
+    {
         let chain = try readChain(x5c, at: time)
         var verifier = Verifier(rootCertificates: CertificateStore(settings.trustedRoots)) {
             RFC5280Policy(validationTime: time)
@@ -218,13 +231,7 @@ public final class SignedDataVerifier: Sendable {
         guard let key = P256.Signing.PublicKey(chain[0].publicKey) else {
             throw JWSVerificationError(.invalidCertificate, "the leaf's key is not on P-256")
         }
-        let entry = ValidatedChain(
-            key: key, notBefore: chain.map(\.notValidBefore).max()!, notAfter: chain.map(\.notValidAfter).min()!)
-        cache.withLockedValue { cache in
-            if cache.count >= Self.maxCachedChains { cache.removeAll() }
-            cache[encoded] = entry
-        }
-        return key
+        return (key, chain.map(\.notValidBefore).max()!, chain.map(\.notValidAfter).min()!)
     }
 
     /// Reads the chain and checks what the generic validation does not: Apple's markers,

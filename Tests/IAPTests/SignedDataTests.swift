@@ -108,3 +108,28 @@ struct SignedDataTests {
         #expect(await code(verifier, try Self.authority.signJWS(Self.transaction())) == .untrustedChain)
     }
 }
+
+extension SignedDataTests {
+    /// Apple's real StoreKit signing chain (the WWDR G6 intermediate and a production signing
+    /// leaf, public certificates found in any App Store JWS) validates up to the shipped root,
+    /// at a time both were valid: the markers and key types we check are Apple's own.
+    @Test func applesRealChainValidatesUpToAppleRootCAG3() async throws {
+        let fixtures = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("Fixtures")
+        let leaf = try String(contentsOf: fixtures.appendingPathComponent("apple-signing-leaf.b64"), encoding: .utf8)
+        let intermediate = try String(contentsOf: fixtures.appendingPathComponent("apple-wwdr-g6.b64"), encoding: .utf8)
+        let root = Data(try AppleRoot.g3DER()).base64EncodedString()
+        let x5c = [leaf, intermediate].map { $0.trimmingCharacters(in: .whitespacesAndNewlines) } + [root]
+        let verifier = SignedDataVerifier(settings: .init(trustedRoots: [try AppleRoot.g3()], bundleIds: []))
+        let october2025 = Date(timeIntervalSince1970: 1_761_962_975)
+        let chain = try await verifier.validateChain(x5c, at: october2025)
+        #expect(chain.notAfter == Date(timeIntervalSince1970: 1823449643))  // the leaf's end, 2027-10-13
+        // Outside the leaf's validity, and against another root, it fails with its own code.
+        await #expect(throws: JWSVerificationError(.certificateExpired, "")) {
+            _ = try await verifier.validateChain(x5c, at: Date(timeIntervalSince1970: 1_900_000_000))
+        }
+        let ours = SignedDataVerifier(settings: .init(trustedRoots: [Self.authority.root], bundleIds: []))
+        await #expect(throws: JWSVerificationError(.untrustedChain, "")) {
+            _ = try await ours.validateChain(x5c, at: october2025)
+        }
+    }
+}
