@@ -1,6 +1,7 @@
 import Foundation
 import Hummingbird
 import Logging
+import NIOConcurrencyHelpers
 import NIOCore
 import SwiftASN1
 import X509
@@ -21,15 +22,29 @@ import X509
 public struct FakeAppStore: Sendable {
     let ledger: FakeLedger
     let minter: ReceiptMinter
+    let storeKit: FakeStoreKit
+    /// Where notifications go (App Store Server Notifications V2); also set by `POST /fake/config`.
+    private let notificationURL: NIOLockedValueBox<String?>
+
+    /// The fake's App Store app id, in its notifications and Server API answers.
+    public static let defaultAppAppleId: Int64 = 1_234_567_890
 
     /// Creates a fake that remembers what it minted, and its signing identity, in the SQLite
-    /// file at `databasePath` (in memory when nil).
-    public init(databasePath: String? = nil) throws {
+    /// file at `databasePath` (in memory when nil). With `apiKey` it serves the App Store
+    /// Server API (production under `/inApps`, sandbox under `/sandbox/inApps`) to callers
+    /// whose bearer token that key verifies; notifications go to `notificationURL`.
+    public init(
+        databasePath: String? = nil, apiKey: FakeServerAPIKey? = nil, notificationURL: String? = nil,
+        appAppleId: Int64 = defaultAppAppleId
+    ) throws {
         ledger = try FakeLedger(path: databasePath)
         let bundle = try ledger.identity("certificate-authority") {
             Array(try FakeCertificateAuthority.generate().pemBundle().utf8)
         }
-        minter = ReceiptMinter(authority: try FakeCertificateAuthority(pemBundle: String(decoding: bundle, as: UTF8.self)))
+        let authority = try FakeCertificateAuthority(pemBundle: String(decoding: bundle, as: UTF8.self))
+        minter = ReceiptMinter(authority: authority)
+        storeKit = FakeStoreKit(ledger: ledger, authority: authority, apiKey: apiKey, appAppleId: appAppleId)
+        self.notificationURL = NIOLockedValueBox(notificationURL)
     }
 
     /// The root certificate the fake's receipts chain up to, as DER.
@@ -58,6 +73,39 @@ public struct FakeAppStore: Sendable {
             }
             return try json(["transactionId": id, "cancellationDateMs": String(Self.milliseconds(date))])
         }
+        router.post("/fake/purchases/{transactionId}/refund") { _, context in
+            // A refund as Apple makes it: the purchase is revoked and a REFUND notification sent.
+            let id = try context.parameters.require("transactionId")
+            guard try ledger.cancel(transactionId: id) != nil, let purchase = try ledger.purchase(transactionId: id) else {
+                throw HTTPError(.notFound, message: "no purchase \(id)")
+            }
+            try await notify("REFUND", subtype: nil, purchase: purchase)
+            return try json(["transactionId": id, "notificationType": "REFUND"])
+        }
+        router.post("/fake/purchases/{transactionId}/notify") { request, context in
+            // Any notification about a purchase: {"notificationType", "subtype"?, "consumptionRequestReason"?}.
+            let id = try context.parameters.require("transactionId")
+            let ask = try await request.decode(as: NotifyRequest.self, context: context)
+            let purchase: FakeLedger.Purchase?
+            if ask.notificationType == "REFUND_REVERSED" {
+                purchase = try ledger.reverseCancel(transactionId: id)
+            } else {
+                purchase = try ledger.purchase(transactionId: id)
+            }
+            guard let purchase else { throw HTTPError(.notFound, message: "no purchase \(id)") }
+            try await notify(
+                ask.notificationType, subtype: ask.subtype, purchase: purchase,
+                consumptionRequestReason: ask.consumptionRequestReason)
+            return try json(["transactionId": id, "notificationType": ask.notificationType])
+        }
+        router.get("/fake/consumption/{transactionId}") { _, context in
+            let id = try context.parameters.require("transactionId")
+            guard let body = ledger.consumption[id] else { throw HTTPError(.notFound, message: "nothing sent for \(id)") }
+            return Response(
+                status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(string: body)))
+        }
+        storeKit.addRoutes(to: router, prefix: "", environment: "Production")
+        storeKit.addRoutes(to: router, prefix: "/sandbox", environment: "Sandbox")
         router.post("/fake/faults") { request, context in
             ledger.addFault(try await request.decode(as: FakeLedger.Fault.self, context: context))
             return HTTPResponse.Status.noContent
@@ -67,11 +115,12 @@ public struct FakeAppStore: Sendable {
             return HTTPResponse.Status.noContent
         }
         router.get("/fake/stats") { _, _ in
-            try json(["verifyReceiptCalls": ledger.verifyReceiptCalls])
+            try json(["verifyReceiptCalls": ledger.verifyReceiptCalls, "serverAPICalls": ledger.serverAPICalls])
         }
         router.post("/fake/config") { request, context in
             let config = try await request.decode(as: FakeConfig.self, context: context)
             if let latency = config.latencyMs { ledger.setLatency(milliseconds: latency) }
+            if let url = config.notificationURL { notificationURL.withLockedValue { $0 = url.isEmpty ? nil : url } }
             return HTTPResponse.Status.noContent
         }
         router.post("/verifyReceipt") { request, _ in
@@ -96,6 +145,24 @@ public struct FakeAppStore: Sendable {
 
     private struct FakeConfig: Decodable {
         var latencyMs: Int?
+        var notificationURL: String?
+    }
+
+    private struct NotifyRequest: Decodable {
+        var notificationType: String
+        var subtype: String?
+        var consumptionRequestReason: String?
+    }
+
+    /// Signs a notification about `purchase` and sends it to the configured URL.
+    private func notify(
+        _ type: String, subtype: String?, purchase: FakeLedger.Purchase, consumptionRequestReason: String? = nil
+    ) async throws {
+        let payload = try storeKit.signedNotification(
+            type: type, subtype: subtype, purchase: purchase, consumptionRequestReason: consumptionRequestReason)
+        await storeKit.send(
+            payload, type: type, transactionId: purchase.transactionId, environment: purchase.environment,
+            to: notificationURL.withLockedValue { $0 })
     }
 
     private struct MintRequest: Decodable {
@@ -117,6 +184,10 @@ public struct FakeAppStore: Sendable {
         var transactionId: String
         var originalTransactionId: String
         var receiptData: String
+        /// The purchase as StoreKit 2 hands it to the app: a JWS signed like Apple's.
+        var signedTransaction: String
+        /// Apple's invoice order id (what the user sees on the receipt email).
+        var orderId: String
         var deviceId: String
     }
 
@@ -154,7 +225,8 @@ public struct FakeAppStore: Sendable {
         return try json(
             MintResponse(
                 transactionId: purchase.transactionId, originalTransactionId: purchase.originalTransactionId,
-                receiptData: Data(bytes).base64EncodedString(), deviceId: purchase.deviceId),
+                receiptData: Data(bytes).base64EncodedString(), signedTransaction: try storeKit.signedTransaction(purchase),
+                orderId: "F" + purchase.transactionId, deviceId: purchase.deviceId),
             status: .created)
     }
 

@@ -65,6 +65,9 @@ final class FakeLedger: Sendable {
         var faults: [Fault] = []
         var latencyMs = 0
         var verifyReceiptCalls = 0
+        var serverAPICalls = 0
+        var notifications: [SentNotification] = []
+        var consumption: [String: String] = [:]
     }
 
     private let database: DatabaseQueue
@@ -213,6 +216,76 @@ final class FakeLedger: Sendable {
         }
     }
 
+    /// One purchase, by its transaction id.
+    func purchase(transactionId: String) throws -> Purchase? {
+        try database.read { db in
+            try Row.fetchOne(db, sql: "SELECT * FROM purchase WHERE transactionId = ?", arguments: [transactionId])
+                .map(Purchase.init(row:))
+        }
+    }
+
+    /// Every purchase of the account (device) that made `transactionId`, oldest first: what
+    /// Apple's transaction history lists from any one of them.
+    func history(of transactionId: String) throws -> [Purchase] {
+        try database.read { db in
+            try Row.fetchAll(
+                db,
+                sql: """
+                    SELECT p.* FROM purchase p JOIN purchase t
+                        ON t.transactionId = ? AND p.deviceId = t.deviceId AND p.bundleId = t.bundleId
+                            AND p.environment = t.environment
+                    ORDER BY p.purchaseDate, p.transactionId
+                    """,
+                arguments: [transactionId]
+            ).map(Purchase.init(row:))
+        }
+    }
+
+    /// Undoes a refund; the purchase as it is now, nil if there is no such purchase.
+    func reverseCancel(transactionId: String) throws -> Purchase? {
+        try database.write { db in
+            try db.execute(sql: "UPDATE purchase SET cancellationDate = NULL WHERE transactionId = ?", arguments: [transactionId])
+            return try Row.fetchOne(db, sql: "SELECT * FROM purchase WHERE transactionId = ?", arguments: [transactionId])
+                .map(Purchase.init(row:))
+        }
+    }
+
+    /// A notification the fake sent (or tried to), for Get Notification History.
+    struct SentNotification: Sendable {
+        var signedPayload: String
+        var notificationType: String
+        var transactionId: String?
+        var environment: String
+        var attempts: [(date: Date, result: String)]
+    }
+
+    func recordNotification(_ notification: SentNotification) {
+        volatile.withLockedValue { $0.notifications.append(notification) }
+    }
+
+    var notifications: [SentNotification] {
+        volatile.withLockedValue { $0.notifications }
+    }
+
+    /// Consumption information received for a transaction (Send Consumption Information).
+    func recordConsumption(transactionId: String, body: [String: Any]) {
+        let text = (try? JSONSerialization.data(withJSONObject: body, options: .sortedKeys)).map { String(decoding: $0, as: UTF8.self) }
+        volatile.withLockedValue { $0.consumption[transactionId] = text ?? "{}" }
+    }
+
+    var consumption: [String: String] {
+        volatile.withLockedValue { $0.consumption }
+    }
+
+    /// Counts one Server API call.
+    func countServerAPICall() {
+        volatile.withLockedValue { $0.serverAPICalls += 1 }
+    }
+
+    var serverAPICalls: Int {
+        volatile.withLockedValue { $0.serverAPICalls }
+    }
+
     /// A value the fake keeps across restarts (its signing identity).
     func identity(_ name: String, orCreate make: () throws -> [UInt8]) throws -> [UInt8] {
         try database.write { db in
@@ -251,11 +324,12 @@ final class FakeLedger: Sendable {
     }
 
     /// The first fault that applies to a call about these transactions, counting it down.
-    func takeFault(transactionIds: Set<String>) -> Fault? {
+    func takeFault(transactionIds: Set<String>, serverAPI: Bool = false) -> Fault? {
         volatile.withLockedValue { state in
             guard
                 let index = state.faults.firstIndex(where: { fault in
-                    fault.transactionId.map(transactionIds.contains) ?? true
+                    // The Server API answers with HTTP statuses only; verifyReceipt statuses are not for it.
+                    (fault.transactionId.map(transactionIds.contains) ?? true) && (!serverAPI || fault.httpStatus != nil)
                 })
             else { return nil }
             let fault = state.faults[index]

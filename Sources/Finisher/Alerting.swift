@@ -89,7 +89,7 @@ public struct AlertSender: Sendable {
         switch result.outcome {
         case .retryLater(let code, let message), .needsReview(let code, let message), .rejected(let code, let message):
             reason = (code, message)
-        case .verified:
+        case .verified, .notification:
             reason = nil
         }
         let kind: String

@@ -59,8 +59,13 @@ public struct VerifyRequest: Codable, Sendable, Equatable {
     public var submissionId: SubmissionID
     /// The user who uploaded it (the one to credit).
     public var userId: String
-    /// The base64 app receipt, exactly as uploaded.
+    /// The base64 app receipt, exactly as uploaded; empty when the upload is a StoreKit 2
+    /// signed transaction, a transaction id alone, or a notification.
     public var receiptData: String
+    /// A StoreKit 2 signed transaction (JWS), as uploaded.
+    public var signedTransaction: String?
+    /// An App Store Server Notification V2 (`signedPayload`), as Apple sent it.
+    public var signedPayload: String?
     /// The transaction the app was finishing when it uploaded, if it said.
     public var transactionId: String?
     /// Our own order the app says this upload pays for, if it said.

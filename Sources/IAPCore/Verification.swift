@@ -102,6 +102,54 @@ public struct ReasonCode: RawRepresentable, Codable, Sendable, Hashable, CustomS
     public static let appleUnresolvable = ReasonCode("apple_unresolvable")
     /// A sandbox purchase, refused by the deployment's sandbox policy.
     public static let sandboxNotAllowed = ReasonCode("sandbox_not_allowed")
+    /// Apple knows no such transaction, in production or in the sandbox.
+    public static let transactionNotFound = ReasonCode("transaction_not_found")
+    /// The upload needs a way of verifying that this deployment has not configured.
+    public static let notConfigured = ReasonCode("not_configured")
+    /// The App Store Server API refused our token: our key, issuer or bundle id is wrong.
+    public static let serverAPIUnauthorized = ReasonCode("server_api_unauthorized")
+}
+
+/// An App Store Server Notification V2, verified: what the finisher needs to apply it.
+public struct AppStoreNotification: Codable, Sendable, Equatable {
+    /// Apple's id of the notification; the same notification applies once.
+    public var notificationUUID: String
+    /// REFUND, REVOKE, REFUND_REVERSED, DID_RENEW, SUBSCRIBED, EXPIRED, DID_FAIL_TO_RENEW,
+    /// GRACE_PERIOD_EXPIRED, CONSUMPTION_REQUEST, TEST, …
+    public var notificationType: String
+    public var subtype: String?
+    public var environment: AppStoreEnvironment
+    public var bundleId: String?
+    public var signedDate: Date?
+    /// The transaction the notification is about (verified), if any.
+    public var purchase: VerifiedPurchase?
+    /// Apple's subscription status (1 active, 2 expired, 3 billing retry, 4 grace period, 5 revoked).
+    public var subscriptionStatus: Int?
+    /// From the signed renewal info: whether the subscription renews (1) or not (0).
+    public var autoRenewStatus: Int?
+    /// From the signed renewal info: the end of a billing grace period.
+    public var gracePeriodExpiresDate: Date?
+    /// For CONSUMPTION_REQUEST: why the customer asked for a refund.
+    public var consumptionRequestReason: String?
+
+    /// Creates a notification.
+    public init(
+        notificationUUID: String, notificationType: String, subtype: String?, environment: AppStoreEnvironment,
+        bundleId: String?, signedDate: Date?, purchase: VerifiedPurchase?, subscriptionStatus: Int? = nil,
+        autoRenewStatus: Int? = nil, gracePeriodExpiresDate: Date? = nil, consumptionRequestReason: String? = nil
+    ) {
+        self.notificationUUID = notificationUUID
+        self.notificationType = notificationType
+        self.subtype = subtype
+        self.environment = environment
+        self.bundleId = bundleId
+        self.signedDate = signedDate
+        self.purchase = purchase
+        self.subscriptionStatus = subscriptionStatus
+        self.autoRenewStatus = autoRenewStatus
+        self.gracePeriodExpiresDate = gracePeriodExpiresDate
+        self.consumptionRequestReason = consumptionRequestReason
+    }
 }
 
 /// What one verification attempt concluded. A transient failure is its own case,
@@ -109,6 +157,8 @@ public struct ReasonCode: RawRepresentable, Codable, Sendable, Hashable, CustomS
 public enum VerificationOutcome: Sendable, Equatable {
     /// Apple confirmed the receipt.
     case verified(VerifiedReceipt)
+    /// A notification from Apple, verified.
+    case notification(AppStoreNotification)
     /// The receipt is definitively not acceptable.
     case rejected(ReasonCode, message: String)
     /// Apple could not answer now; try again later.
@@ -152,9 +202,9 @@ public struct VerifyResult: Codable, Sendable, Equatable {
 }
 
 extension VerificationOutcome: Codable {
-    private enum CodingKeys: String, CodingKey { case kind, receipt, reason, message }
+    private enum CodingKeys: String, CodingKey { case kind, receipt, reason, message, notification }
     private enum Kind: String, Codable {
-        case verified, rejected
+        case verified, rejected, notification
         case retryLater = "retry_later"
         case needsReview = "needs_review"
     }
@@ -164,6 +214,8 @@ extension VerificationOutcome: Codable {
         switch try container.decode(Kind.self, forKey: .kind) {
         case .verified:
             self = .verified(try container.decode(VerifiedReceipt.self, forKey: .receipt))
+        case .notification:
+            self = .notification(try container.decode(AppStoreNotification.self, forKey: .notification))
         case .rejected:
             self = .rejected(
                 try container.decode(ReasonCode.self, forKey: .reason),
@@ -185,6 +237,9 @@ extension VerificationOutcome: Codable {
         case .verified(let receipt):
             try container.encode(Kind.verified, forKey: .kind)
             try container.encode(receipt, forKey: .receipt)
+        case .notification(let notification):
+            try container.encode(Kind.notification, forKey: .kind)
+            try container.encode(notification, forKey: .notification)
         case .rejected(let reason, let message):
             try container.encode(Kind.rejected, forKey: .kind)
             try container.encode(reason, forKey: .reason)

@@ -155,25 +155,8 @@ extension OrderStore {
                 guard (row["state"] as String) == "active" else {
                     throw OrderStoreError(.conflict, "the grant for \(transactionId) is revoked already")
                 }
-                try db.execute(
-                    sql: "UPDATE grants SET state = 'revoked', revokedAt = ? WHERE transactionId = ?",
-                    arguments: [now, transactionId])
-                if let orderId: String = row["orderId"] {
-                    try db.execute(
-                        sql: "UPDATE orders SET state = 'refunded', updatedAt = ? WHERE id = ? AND transactionId = ?",
-                        arguments: [now, orderId, transactionId])
-                }
-                try Self.event(
-                    "grant.revoked",
-                    [
-                        "transactionId": transactionId, "userId": row["userId"] as String,
-                        "productId": row["productId"] as String, "quantity": row["quantity"] as Int,
-                        "grant": try JSONSerialization.jsonObject(with: Data((row["grantJSON"] as String).utf8)),
-                        "reason": reason, "revokedAt": Self.iso8601(now),
-                    ], id: "grant.revoked:\(transactionId)", policy: policy, now: now, in: db)
-                try Self.audit(
-                    actor: actor, action: "grant_revoked", subject: "transaction:\(transactionId)", reason: reason,
-                    details: ["userId": row["userId"] as String], now: now, in: db)
+                try Self.revokeGrant(
+                    row, actor: actor, reason: reason, eventId: "grant.revoked:\(transactionId)", policy: policy, now: now, in: db)
                 return try Grant(row: Row.fetchOne(db, sql: "SELECT * FROM grants WHERE transactionId = ?", arguments: [transactionId])!)
             }
         } catch let error as OrderStoreError {
@@ -211,5 +194,33 @@ extension OrderStore {
                     details: $0["details"])
             }
         }
+    }
+}
+
+extension OrderStore {
+    /// Revokes an active grant (row of `grants`): its order becomes refunded, `grant.revoked`
+    /// is published, and the audit log says who and why.
+    static func revokeGrant(
+        _ row: Row, actor: String, reason: String, eventId: String, policy: CreditPolicy, now: Date, in db: Database
+    ) throws {
+        let transactionId: String = row["transactionId"]
+        try db.execute(
+            sql: "UPDATE grants SET state = 'revoked', revokedAt = ? WHERE transactionId = ?", arguments: [now, transactionId])
+        if let orderId: String = row["orderId"] {
+            try db.execute(
+                sql: "UPDATE orders SET state = 'refunded', updatedAt = ? WHERE id = ? AND transactionId = ?",
+                arguments: [now, orderId, transactionId])
+        }
+        try Self.event(
+            "grant.revoked",
+            [
+                "transactionId": transactionId, "userId": row["userId"] as String,
+                "productId": row["productId"] as String, "quantity": row["quantity"] as Int,
+                "grant": try JSONSerialization.jsonObject(with: Data((row["grantJSON"] as String).utf8)),
+                "reason": reason, "revokedAt": Self.iso8601(now),
+            ], id: eventId, policy: policy, now: now, in: db)
+        try Self.audit(
+            actor: actor, action: "grant_revoked", subject: "transaction:\(transactionId)", reason: reason,
+            details: ["userId": row["userId"] as String], now: now, in: db)
     }
 }

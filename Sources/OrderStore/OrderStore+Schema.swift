@@ -123,6 +123,54 @@ extension OrderStore {
                     );
                     """)
         }
+        migrator.registerMigration("v2: StoreKit 2 uploads, notifications, subscriptions") { db in
+            try db.execute(
+                sql: """
+                    -- A StoreKit 2 upload keeps its signed transaction; a notification its signed payload.
+                    ALTER TABLE submission ADD COLUMN signedTransaction TEXT;
+                    ALTER TABLE submission ADD COLUMN signedPayload TEXT;
+
+                    -- Every App Store Server Notification applied, once per notificationUUID.
+                    CREATE TABLE notification (
+                        notificationUUID TEXT PRIMARY KEY NOT NULL,
+                        notificationType TEXT NOT NULL,
+                        subtype TEXT,
+                        environment TEXT NOT NULL,
+                        transactionId TEXT,
+                        submissionId TEXT NOT NULL,
+                        outcome TEXT NOT NULL,
+                        signedDate DATETIME,
+                        appliedAt DATETIME NOT NULL
+                    );
+                    CREATE INDEX notification_transaction ON notification(transactionId);
+
+                    -- The state of each auto-renewable subscription, as Apple's notifications say.
+                    CREATE TABLE subscription (
+                        originalTransactionId TEXT PRIMARY KEY NOT NULL,
+                        userId TEXT,
+                        productId TEXT NOT NULL,
+                        environment TEXT NOT NULL,
+                        state TEXT NOT NULL
+                            CHECK (state IN ('active', 'expired', 'billing_retry', 'grace_period', 'revoked')),
+                        expiresDate DATETIME,
+                        autoRenew BOOLEAN,
+                        gracePeriodExpiresDate DATETIME,
+                        lastTransactionId TEXT NOT NULL,
+                        updatedAt DATETIME NOT NULL
+                    );
+                    CREATE INDEX subscription_user ON subscription(userId);
+
+                    -- Apple asked for consumption information about a refund request.
+                    CREATE TABLE consumption_request (
+                        notificationUUID TEXT PRIMARY KEY NOT NULL,
+                        transactionId TEXT NOT NULL,
+                        userId TEXT,
+                        reason TEXT,
+                        environment TEXT NOT NULL,
+                        receivedAt DATETIME NOT NULL
+                    );
+                    """)
+        }
         return migrator
     }
 }

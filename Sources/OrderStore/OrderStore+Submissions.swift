@@ -73,12 +73,14 @@ extension OrderStore {
             do {
                 try db.execute(
                     sql: """
-                        INSERT INTO submission (id, userId, orderId, transactionId, receiptData, state, acceptedAt, updatedAt)
-                        VALUES (?, ?, ?, ?, ?, 'pending', ?, ?)
+                        INSERT INTO submission (id, userId, orderId, transactionId, receiptData, signedTransaction,
+                            signedPayload, state, acceptedAt, updatedAt)
+                        VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)
                         """,
                     arguments: [
                         request.submissionId.uuidString, request.userId, request.orderId, request.transactionId,
-                        request.receiptData, request.acceptedAt, request.acceptedAt,
+                        request.receiptData, request.signedTransaction, request.signedPayload, request.acceptedAt,
+                        request.acceptedAt,
                     ])
             } catch let error as DatabaseError where error.extendedResultCode == .SQLITE_CONSTRAINT_PRIMARYKEY {
                 throw OrderStoreError(.duplicateSubmission, "submission \(request.submissionId) exists already")
@@ -191,6 +193,12 @@ extension OrderStore {
                     id, state: .rejected, reason: reason, message: message, attempt: max(attempts, result.attempt),
                     environment: nil, now: now, in: db)
                 return .rejected
+            case .notification(let notification):
+                let state = try Self.apply(notification, submissionId: id, policy: policy, now: now, in: db)
+                try Self.finish(
+                    id, state: state.state, reason: nil, message: state.message, attempt: max(attempts, result.attempt),
+                    environment: notification.environment, now: now, in: db)
+                return state.state
             case .verified(let receipt):
                 var seen = Set<String>()
                 var replayed = 0

@@ -15,7 +15,8 @@ extension OrderStore {
             let rows = try Row.fetchAll(
                 db,
                 sql: """
-                    SELECT id, userId, orderId, transactionId, receiptData, attempts, acceptedAt FROM submission
+                    SELECT id, userId, orderId, transactionId, receiptData, signedTransaction, signedPayload, attempts, acceptedAt
+                    FROM submission
                     WHERE ((state = 'pending' AND updatedAt < ?) OR (state = 'retrying' AND nextAttemptAt < ?))
                         -- Still waiting in the outbox (broker away): not lost, do not copy it.
                         AND NOT EXISTS (SELECT 1 FROM outbox WHERE outbox.messageId = submission.id)
@@ -25,10 +26,12 @@ extension OrderStore {
             var requeued: [VerifyRequest] = []
             for row in rows {
                 guard let id = UUID(uuidString: row["id"]) else { continue }
-                let request = VerifyRequest(
+                var request = VerifyRequest(
                     submissionId: id, userId: row["userId"], receiptData: row["receiptData"],
                     transactionId: row["transactionId"], orderId: row["orderId"],
                     attempt: (row["attempts"] as Int) + 1, acceptedAt: row["acceptedAt"])
+                request.signedTransaction = row["signedTransaction"]
+                request.signedPayload = row["signedPayload"]
                 try Self.insert(try message(request), now: now, in: db)
                 try db.execute(
                     sql: """

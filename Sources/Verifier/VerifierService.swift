@@ -167,6 +167,7 @@ public final class VerifierService: Service, Sendable {
         }
         switch outcome {
         case .verified: Self.count(outcome: "verified")
+        case .notification: Self.count(outcome: "notification")
         case .rejected: Self.count(outcome: "rejected")
         case .retryLater: Self.count(outcome: "retry_later")
         case .needsReview: Self.count(outcome: "needs_review")

@@ -67,7 +67,7 @@ struct VerifyReceiptClientTests {
 
     func classify(_ outcome: VerificationOutcome) -> Class {
         switch outcome {
-        case .verified: .verified
+        case .verified, .notification: .verified
         case .rejected(let reason, _): .rejected(reason.rawValue)
         case .retryLater(let reason, _): .retryLater(reason.rawValue)
         case .needsReview(let reason, _): .needsReview(reason.rawValue)

@@ -1,0 +1,206 @@
+import Foundation
+import IAPCore
+import Logging
+
+/// Verifies every upload shape the intake takes, by the best route available:
+///
+/// - `signedPayload` (an App Store Server Notification): the JWS and the transaction and
+///   renewal info inside it, locally.
+/// - `signedTransaction` (StoreKit 2): locally, with no call to Apple; then, with
+///   `confirmWithAPI`, Apple's current view of it from Get Transaction Info.
+/// - `receiptData`: with the Server API configured, the transaction ids are read from the
+///   receipt locally and looked up (Apple's recommended way off `verifyReceipt`); else
+///   `verifyReceipt`.
+/// - `transactionId` alone: Get Transaction Info.
+///
+/// Lookups go to production first and to the sandbox when production does not know the id
+/// (4040010, 4040005) or refuses the token (401, a known quirk for sandbox ids).
+public final class AppStoreVerifier: ReceiptVerifying {
+    private let signed: SignedDataVerifier
+    private let serverAPI: AppStoreServerAPIClient?
+    private let legacy: (any ReceiptVerifying)?
+    private let confirmWithAPI: Bool
+    private let logger: Logger
+
+    /// Creates a verifier. Without `serverAPI`, transaction-id uploads and confirmations are
+    /// impossible (refused with a clear reason); without `legacy`, receipts need the Server API.
+    public init(
+        signed: SignedDataVerifier, serverAPI: AppStoreServerAPIClient?, legacy: (any ReceiptVerifying)?,
+        confirmWithAPI: Bool = false, logger: Logger
+    ) {
+        self.signed = signed
+        self.serverAPI = serverAPI
+        self.legacy = legacy
+        self.confirmWithAPI = confirmWithAPI
+        self.logger = logger
+    }
+
+    public func verify(_ request: VerifyRequest) async -> VerificationOutcome {
+        if let payload = request.signedPayload { return await notification(payload) }
+        if let jws = request.signedTransaction { return await signedTransaction(jws) }
+        if !request.receiptData.isEmpty {
+            if let serverAPI { return await receipt(request.receiptData, serverAPI) }
+            if let legacy { return await legacy.verify(request) }
+            return .needsReview(.notConfigured, message: "no way to verify receipts is configured")
+        }
+        if let transactionId = request.transactionId {
+            guard let serverAPI else {
+                return .needsReview(.notConfigured, message: "transaction ids need the App Store Server API key")
+            }
+            return await transaction(transactionId, serverAPI)
+        }
+        return .rejected(.invalidReceipt, message: "the upload holds nothing to verify")
+    }
+
+    // MARK: - Routes
+
+    private func signedTransaction(_ jws: String) async -> VerificationOutcome {
+        let payload: JWSTransactionDecodedPayload
+        do {
+            payload = try await signed.verifyTransaction(jws)
+        } catch {
+            return .rejected(ReasonCode(error.code.rawValue), message: error.message)
+        }
+        guard confirmWithAPI, let serverAPI else { return Self.verified([payload]) }
+        let environment: ServerAPIEnvironment = payload.environment == "Sandbox" ? .sandbox : .production
+        do {
+            let fresh = try await serverAPI.transactionInfo(payload.transactionId, in: environment)
+            return Self.verified([try await signed.verifyTransaction(fresh)])
+        } catch let error as ServerAPIError {
+            return Self.outcome(of: error)
+        } catch let error as JWSVerificationError {
+            return .rejected(ReasonCode(error.code.rawValue), message: "Apple's answer: \(error.message)")
+        } catch {
+            return .retryLater(.unexpectedAppleResponse, message: "\(error)")
+        }
+    }
+
+    private func transaction(_ transactionId: String, _ serverAPI: AppStoreServerAPIClient) async -> VerificationOutcome {
+        do {
+            let jws = try await inEitherEnvironment { try await serverAPI.transactionInfo(transactionId, in: $0) }
+            return Self.verified([try await signed.verifyTransaction(jws)])
+        } catch let error as ServerAPIError {
+            return Self.outcome(of: error)
+        } catch let error as JWSVerificationError {
+            return .rejected(ReasonCode(error.code.rawValue), message: "Apple's answer: \(error.message)")
+        } catch {
+            return .retryLater(.unexpectedAppleResponse, message: "\(error)")
+        }
+    }
+
+    /// The receipt's transactions, read locally, then the customer's whole history from one of them.
+    private func receipt(_ base64: String, _ serverAPI: AppStoreServerAPIClient) async -> VerificationOutcome {
+        let receipt: AppReceipt
+        do {
+            receipt = try AppReceiptParser.parse(base64: base64)
+        } catch {
+            return .rejected(.invalidReceipt, message: "the receipt cannot be read: \(error.code)")
+        }
+        guard signed.settings.bundleIds.contains(receipt.bundleId) else {
+            return .rejected(.bundleIdMismatch, message: "the receipt belongs to \(receipt.bundleId)")
+        }
+        guard let anchor = receipt.inApp.max(by: { ($0.purchaseDate ?? .distantPast) < ($1.purchaseDate ?? .distantPast) })
+        else {
+            return .verified(VerifiedReceipt(bundleId: receipt.bundleId, environment: .production, purchases: []))
+        }
+        do {
+            var payloads: [JWSTransactionDecodedPayload] = []
+            var revision: String?
+            var pages = 0
+            repeat {
+                let page = try await inEitherEnvironment(firstIn: payloads.first.map { $0.environment == "Sandbox" ? .sandbox : .production }) {
+                    try await serverAPI.transactionHistory(anchor.transactionId, revision: revision, in: $0)
+                }
+                for jws in page.signedTransactions ?? [] { payloads.append(try await signed.verifyTransaction(jws)) }
+                revision = page.revision
+                pages += 1
+                guard page.hasMore == true, pages < 500 else { break }
+            } while true
+            guard !payloads.isEmpty else {
+                return .rejected(.invalidReceipt, message: "Apple has no history for transaction \(anchor.transactionId)")
+            }
+            return Self.verified(payloads)
+        } catch let error as ServerAPIError {
+            return Self.outcome(of: error)
+        } catch let error as JWSVerificationError {
+            return .rejected(ReasonCode(error.code.rawValue), message: "Apple's answer: \(error.message)")
+        } catch {
+            return .retryLater(.unexpectedAppleResponse, message: "\(error)")
+        }
+    }
+
+    private func notification(_ jws: String) async -> VerificationOutcome {
+        do {
+            let payload = try await signed.verifyNotification(jws)
+            let transaction = try await payload.data?.signedTransactionInfo.asyncMap { try await signed.verifyTransaction($0) }
+            let renewal = try await payload.data?.signedRenewalInfo.asyncMap { try await signed.verifyRenewalInfo($0) }
+            return .notification(
+                AppStoreNotification(
+                    notificationUUID: payload.notificationUUID, notificationType: payload.notificationType,
+                    subtype: payload.subtype, environment: payload.environment == "Sandbox" ? .sandbox : .production,
+                    bundleId: payload.bundleId, signedDate: payload.signedDate.map(Date.init(appleMilliseconds:)),
+                    purchase: transaction.map(Self.purchase), subscriptionStatus: payload.data?.status,
+                    autoRenewStatus: renewal?.autoRenewStatus,
+                    gracePeriodExpiresDate: renewal?.gracePeriodExpiresDate.map(Date.init(appleMilliseconds:)),
+                    consumptionRequestReason: payload.data?.consumptionRequestReason))
+        } catch let error as JWSVerificationError {
+            return .rejected(ReasonCode(error.code.rawValue), message: error.message)
+        } catch {
+            return .rejected(.invalidReceipt, message: "\(error)")
+        }
+    }
+
+    // MARK: - Helpers
+
+    /// Production first; the sandbox when production does not know the id or refuses the token.
+    private func inEitherEnvironment<T>(
+        firstIn first: ServerAPIEnvironment? = nil, _ call: (ServerAPIEnvironment) async throws -> T
+    ) async throws -> T {
+        if let first { return try await call(first) }
+        do {
+            return try await call(.production)
+        } catch let error as ServerAPIError where error.kind == .notFound || error.kind == .unauthorized {
+            return try await call(.sandbox)
+        }
+    }
+
+    private static func outcome(of error: ServerAPIError) -> VerificationOutcome {
+        switch error.kind {
+        case .transient:
+            return .retryLater(error.httpStatus == 429 ? .appleRetryable : .appleUnavailable, message: error.description)
+        case .notFound:
+            return .rejected(.transactionNotFound, message: "Apple knows no such transaction in production or the sandbox")
+        case .unauthorized:
+            // Our key, not the user's purchase: a person must fix the configuration.
+            return .needsReview(.serverAPIUnauthorized, message: "the App Store Server API refused our token")
+        case .invalid:
+            return .rejected(.invalidReceipt, message: error.description)
+        }
+    }
+
+    private static func purchase(_ payload: JWSTransactionDecodedPayload) -> VerifiedPurchase {
+        VerifiedPurchase(
+            transactionId: payload.transactionId, originalTransactionId: payload.originalTransactionId,
+            productId: payload.productId, quantity: payload.quantity ?? 1,
+            purchaseDate: payload.purchaseDate.map(Date.init(appleMilliseconds:)),
+            environment: payload.environment == "Sandbox" ? .sandbox : .production,
+            cancellationDate: payload.revocationDate.map(Date.init(appleMilliseconds:)),
+            expiresDate: payload.expiresDate.map(Date.init(appleMilliseconds:)),
+            appAccountToken: payload.appAccountToken?.lowercased())
+    }
+
+    private static func verified(_ payloads: [JWSTransactionDecodedPayload]) -> VerificationOutcome {
+        let first = payloads[0]
+        return .verified(
+            VerifiedReceipt(
+                bundleId: first.bundleId, environment: first.environment == "Sandbox" ? .sandbox : .production,
+                purchases: payloads.map(purchase)))
+    }
+}
+
+extension Optional {
+    fileprivate func asyncMap<U>(_ transform: (Wrapped) async throws -> U) async rethrows -> U? {
+        guard let self else { return nil }
+        return try await transform(self)
+    }
+}

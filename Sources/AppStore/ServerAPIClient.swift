@@ -1,0 +1,382 @@
+import AsyncHTTPClient
+import Foundation
+import IAPCore
+import JWTKit
+import Logging
+import Metrics
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOFoundationCompat
+import NIOHTTP1
+
+/// Which App Store a call goes to.
+public enum ServerAPIEnvironment: String, Sendable, CaseIterable {
+    case production = "Production"
+    case sandbox = "Sandbox"
+}
+
+/// A failed App Store Server API call, classified for what to do next.
+public struct ServerAPIError: Error, CustomStringConvertible, Sendable {
+    public enum Kind: Sendable, Equatable {
+        /// Apple is unavailable, slow, rate-limiting or says "try again" (4040002, 4040004,
+        /// 4040006, 5000001, any 5xx, 429, a network failure or timeout).
+        case transient
+        /// Apple does not know this id here (4040010, 4040005): in production, ask the sandbox.
+        case notFound
+        /// The bearer token was refused (401); in production this also sends us to the sandbox.
+        case unauthorized
+        /// Anything else: the request is wrong and will stay wrong.
+        case invalid
+    }
+
+    public var kind: Kind
+    /// Apple's `errorCode`, when it sent one.
+    public var errorCode: Int?
+    public var httpStatus: Int?
+    public var message: String
+    /// For 429: when Apple allows the next request.
+    public var retryAfter: Date?
+
+    public var description: String {
+        "\(kind) (HTTP \(httpStatus.map(String.init) ?? "none"), errorCode \(errorCode.map(String.init) ?? "none")): \(message)"
+    }
+}
+
+/// A client of the App Store Server API: bearer tokens signed with the `.p8` key, Apple's
+/// error bodies as typed errors, and a client-side limiter that keeps each endpoint under
+/// Apple's per-app rate limits.
+public final class AppStoreServerAPIClient: Sendable {
+    public struct Settings: Sendable {
+        /// The key's id in App Store Connect (JWT header `kid`).
+        public var keyId: String
+        /// The issuer id (claim `iss`).
+        public var issuerId: String
+        /// The `.p8` private key (PEM, P-256).
+        public var privateKeyPEM: String
+        /// The app (claim `bid`).
+        public var bundleId: String
+        /// Production base URL (Apple's host since May 2026; the `…itunes.apple.com` hosts still work).
+        public var productionURL: String
+        /// Sandbox base URL.
+        public var sandboxURL: String
+        /// Time allowed for one call.
+        public var timeout: Duration
+        /// The share of Apple's per-app limits this process may use (1 for one verifier;
+        /// 1/N for N verifiers of the same app).
+        public var rateShare: Double
+
+        /// Creates settings with Apple's hosts.
+        public init(
+            keyId: String, issuerId: String, privateKeyPEM: String, bundleId: String,
+            productionURL: String = "https://api.storekit.apple.com", sandboxURL: String = "https://api.storekit-sandbox.apple.com",
+            timeout: Duration = .seconds(15), rateShare: Double = 1
+        ) {
+            self.keyId = keyId
+            self.issuerId = issuerId
+            self.privateKeyPEM = privateKeyPEM
+            self.bundleId = bundleId
+            self.productionURL = productionURL
+            self.sandboxURL = sandboxURL
+            self.timeout = timeout
+            self.rateShare = rateShare
+        }
+    }
+
+    /// Apple's limits per app, in requests per second (production; the sandbox gets 10 %).
+    enum Endpoint: String {
+        case transactionInfo, history, subscriptionStatuses, notificationHistory, consumption
+        case orderLookup, refundHistory
+        case testNotification
+
+        var productionRate: Double {
+            switch self {
+            case .transactionInfo, .history, .subscriptionStatuses, .notificationHistory, .consumption: 50
+            case .orderLookup, .refundHistory: 10
+            case .testNotification: 1
+            }
+        }
+    }
+
+    public let settings: Settings
+    private let httpClient: HTTPClient
+    private let keys: JWTKeyCollection
+    private let logger: Logger
+    private let limiter = NIOLockedValueBox([String: ContinuousClock.Instant]())
+
+    /// Creates a client; throws when the key is not a P-256 PEM private key.
+    public init(settings: Settings, httpClient: HTTPClient, logger: Logger) async throws {
+        self.settings = settings
+        self.httpClient = httpClient
+        self.logger = logger
+        keys = JWTKeyCollection()
+        await keys.add(ecdsa: try ES256PrivateKey(pem: settings.privateKeyPEM), kid: JWKIdentifier(string: settings.keyId))
+    }
+
+    // MARK: - Calls
+
+    /// One page of signed transactions (history, refund history).
+    public struct TransactionPage: Decodable, Sendable {
+        public var revision: String?
+        public var hasMore: Bool?
+        public var signedTransactions: [String]?
+    }
+
+    /// Get Transaction Info: the signed transaction.
+    public func transactionInfo(_ transactionId: String, in environment: ServerAPIEnvironment) async throws(ServerAPIError)
+        -> String
+    {
+        struct Answer: Decodable { var signedTransactionInfo: String }
+        let answer: Answer = try await call(
+            .GET, "/inApps/v1/transactions/\(try Self.pathId(transactionId))", environment, endpoint: .transactionInfo)
+        return answer.signedTransactionInfo
+    }
+
+    /// Get Transaction History v2: every transaction of the customer (finished consumables
+    /// included), page by page from `revision`.
+    public func transactionHistory(_ transactionId: String, revision: String?, in environment: ServerAPIEnvironment)
+        async throws(ServerAPIError) -> TransactionPage
+    {
+        try await call(
+            .GET, "/inApps/v2/history/\(try Self.pathId(transactionId))" + Self.query(["revision": revision]), environment,
+            endpoint: .history)
+    }
+
+    /// Look Up Order ID: the transactions of an invoice (the order id on the customer's receipt email).
+    public func lookUpOrder(_ orderId: String, in environment: ServerAPIEnvironment) async throws(ServerAPIError)
+        -> (valid: Bool, signedTransactions: [String])
+    {
+        struct Answer: Decodable {
+            var status: Int
+            var signedTransactions: [String]?
+        }
+        let answer: Answer = try await call(.GET, "/inApps/v1/lookup/\(try Self.pathId(orderId))", environment, endpoint: .orderLookup)
+        return (answer.status == 0, answer.signedTransactions ?? [])
+    }
+
+    /// Get Refund History v2.
+    public func refundHistory(_ transactionId: String, revision: String?, in environment: ServerAPIEnvironment)
+        async throws(ServerAPIError) -> TransactionPage
+    {
+        try await call(
+            .GET, "/inApps/v2/refund/lookup/\(try Self.pathId(transactionId))" + Self.query(["revision": revision]),
+            environment, endpoint: .refundHistory)
+    }
+
+    /// Get All Subscription Statuses, as Apple's JSON.
+    public struct SubscriptionStatuses: Decodable, Sendable {
+        public struct Group: Decodable, Sendable {
+            public struct Last: Decodable, Sendable {
+                public var status: Int?
+                public var originalTransactionId: String?
+                public var signedTransactionInfo: String?
+                public var signedRenewalInfo: String?
+            }
+            public var subscriptionGroupIdentifier: String?
+            public var lastTransactions: [Last]?
+        }
+        public var environment: String?
+        public var bundleId: String?
+        public var data: [Group]?
+    }
+
+    public func subscriptionStatuses(_ transactionId: String, in environment: ServerAPIEnvironment)
+        async throws(ServerAPIError) -> SubscriptionStatuses
+    {
+        try await call(
+            .GET, "/inApps/v1/subscriptions/\(try Self.pathId(transactionId))", environment, endpoint: .subscriptionStatuses)
+    }
+
+    /// Get Notification History (for reconciliation: `onlyFailures` lists what did not reach us).
+    public struct NotificationHistory: Decodable, Sendable {
+        public struct Item: Decodable, Sendable {
+            public var signedPayload: String
+        }
+        public var notificationHistory: [Item]?
+        public var hasMore: Bool?
+        public var paginationToken: String?
+    }
+
+    public func notificationHistory(
+        from start: Date, to end: Date, onlyFailures: Bool, paginationToken: String?, in environment: ServerAPIEnvironment
+    ) async throws(ServerAPIError) -> NotificationHistory {
+        struct Body: Encodable {
+            var startDate: Int64
+            var endDate: Int64
+            var onlyFailures: Bool
+        }
+        return try await call(
+            .POST, "/inApps/v1/notifications/history" + Self.query(["paginationToken": paginationToken]), environment,
+            endpoint: .notificationHistory,
+            body: Body(startDate: start.appleMilliseconds, endDate: end.appleMilliseconds, onlyFailures: onlyFailures))
+    }
+
+    /// Request a Test Notification; returns its token.
+    public func requestTestNotification(in environment: ServerAPIEnvironment) async throws(ServerAPIError) -> String {
+        struct Answer: Decodable { var testNotificationToken: String }
+        let answer: Answer = try await call(.POST, "/inApps/v1/notifications/test", environment, endpoint: .testNotification)
+        return answer.testNotificationToken
+    }
+
+    /// What Send Consumption Information tells Apple about a refund request.
+    public struct ConsumptionInformation: Encodable, Sendable {
+        public var customerConsented: Bool
+        /// DELIVERED, UNDELIVERED_QUALITY_ISSUE, UNDELIVERED_WRONG_ITEM, UNDELIVERED_SERVER_OUTAGE, UNDELIVERED_OTHER.
+        public var deliveryStatus: String
+        public var sampleContentProvided: Bool
+        /// Consumed share in milliunits (100000 is all of it), when known.
+        public var consumptionPercentage: Int?
+        /// DECLINE, GRANT_FULL or GRANT_PRORATED, when the app has a preference.
+        public var refundPreference: String?
+
+        public init(
+            customerConsented: Bool, deliveryStatus: String, sampleContentProvided: Bool, consumptionPercentage: Int?,
+            refundPreference: String?
+        ) {
+            self.customerConsented = customerConsented
+            self.deliveryStatus = deliveryStatus
+            self.sampleContentProvided = sampleContentProvided
+            self.consumptionPercentage = consumptionPercentage
+            self.refundPreference = refundPreference
+        }
+    }
+
+    /// Send Consumption Information (v2), in answer to a CONSUMPTION_REQUEST notification.
+    public func sendConsumptionInformation(
+        _ transactionId: String, _ information: ConsumptionInformation, in environment: ServerAPIEnvironment
+    ) async throws(ServerAPIError) {
+        let _: Empty = try await call(
+            .PUT, "/inApps/v2/transactions/consumption/\(try Self.pathId(transactionId))", environment,
+            endpoint: .consumption, body: information)
+    }
+
+    // MARK: - Plumbing
+
+    private struct Empty: Decodable {}
+    private struct AppleErrorBody: Decodable {
+        var errorCode: Int?
+        var errorMessage: String?
+    }
+    private struct NoBody: Encodable {}
+
+    private struct Claims: JWTPayload {
+        var iss: IssuerClaim
+        var iat: IssuedAtClaim
+        var exp: ExpirationClaim
+        var aud: AudienceClaim
+        var bid: String
+
+        func verify(using algorithm: some JWTAlgorithm) async throws {}
+    }
+
+    /// A fresh bearer token: ES256 with `kid` and `typ: JWT`; five minutes of life.
+    func bearerToken(now: Date = Date()) async throws -> String {
+        let issued = Date(timeIntervalSince1970: now.timeIntervalSince1970.rounded(.down))
+        var header = JWTHeader()
+        header.typ = "JWT"
+        return try await keys.sign(
+            Claims(
+                iss: .init(value: settings.issuerId), iat: .init(value: issued), exp: .init(value: issued.addingTimeInterval(300)),
+                aud: .init(value: ["appstoreconnect-v1"]), bid: settings.bundleId),
+            kid: JWKIdentifier(string: settings.keyId), header: header)
+    }
+
+    /// Ids go into paths: digits, letters, `-` and `_` only.
+    private static func pathId(_ id: String) throws(ServerAPIError) -> String {
+        guard !id.isEmpty, id.count <= 64, id.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "-" || $0 == "_") })
+        else {
+            throw ServerAPIError(kind: .invalid, message: "'\(id.prefix(64))' is not an id Apple issues")
+        }
+        return id
+    }
+
+    private static func query(_ items: [String: String?]) -> String {
+        let present = items.compactMap { key, value in
+            value.map { "\(key)=\($0.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? "")" }
+        }
+        return present.isEmpty ? "" : "?" + present.sorted().joined(separator: "&")
+    }
+
+    private func call<Answer: Decodable>(
+        _ method: HTTPMethod, _ path: String, _ environment: ServerAPIEnvironment, endpoint: Endpoint,
+        body: (some Encodable)? = NoBody?.none
+    ) async throws(ServerAPIError) -> Answer {
+        await pace(endpoint, environment)
+        let base = environment == .production ? settings.productionURL : settings.sandboxURL
+        var request = HTTPClientRequest(url: base + path)
+        request.method = method
+        request.headers.add(name: "Accept", value: "application/json")
+        request.headers.add(name: "User-Agent", value: "iap-pipeline")
+        let started = ContinuousClock.now
+        let response: HTTPClientResponse
+        let bytes: ByteBuffer
+        do {
+            request.headers.add(name: "Authorization", value: "Bearer \(try await bearerToken())")
+            if let body {
+                request.headers.add(name: "Content-Type", value: "application/json")
+                request.body = .bytes(ByteBuffer(data: try JSONEncoder().encode(body)))
+            }
+            response = try await httpClient.execute(request, timeout: .init(settings.timeout))
+            bytes = try await response.body.collect(upTo: 16 << 20)
+        } catch {
+            record(endpoint, "transport", since: started)
+            throw ServerAPIError(kind: .transient, message: "\(method) \(path) in \(environment.rawValue): \(error)")
+        }
+        let status = Int(response.status.code)
+        record(endpoint, String(status), since: started)
+        if (200..<300).contains(status) {
+            if Answer.self == Empty.self { return Empty() as! Answer }
+            do {
+                return try JSONDecoder().decode(Answer.self, from: Data(buffer: bytes))
+            } catch {
+                throw ServerAPIError(
+                    kind: .transient, httpStatus: status, message: "unexpected answer to \(method) \(path): \(error)")
+            }
+        }
+        let apple = try? JSONDecoder().decode(AppleErrorBody.self, from: Data(buffer: bytes))
+        let message = apple?.errorMessage ?? "HTTP \(status)"
+        var error = ServerAPIError(kind: .invalid, errorCode: apple?.errorCode, httpStatus: status, message: message)
+        switch (status, apple?.errorCode) {
+        case (429, _):
+            error.kind = .transient
+            error.retryAfter = response.headers.first(name: "Retry-After").flatMap(Int64.init).map(Date.init(appleMilliseconds:))
+        case (401, _):
+            error.kind = .unauthorized
+        case (_, 4_040_002?), (_, 4_040_004?), (_, 4_040_006?), (_, 5_000_001?):
+            error.kind = .transient
+        case (_, 4_040_010?), (_, 4_040_005?):
+            error.kind = .notFound
+        case (500..<600, _):
+            error.kind = .transient
+        default:
+            break
+        }
+        if error.kind == .unauthorized {
+            logger.warning("App Store Server API refused our token", metadata: ["appstore.environment": "\(environment.rawValue)"])
+        }
+        throw error
+    }
+
+    /// Calls to the Server API share the Apple latency histogram, as `server_api.<endpoint>`.
+    private func record(_ endpoint: Endpoint, _ status: String, since started: ContinuousClock.Instant) {
+        let statusClass = Int(status).map { "\($0 / 100)xx" } ?? "error"
+        Timer(label: MetricNames.appleRequestDuration, dimensions: [("endpoint", "server_api.\(endpoint.rawValue)"), ("status_class", statusClass)])
+            .record(duration: ContinuousClock.now - started)
+    }
+
+    /// Waits for this endpoint's turn: requests are spaced at Apple's rate (times our share),
+    /// with bursts of up to one second's worth, so a backlog never trips Apple's enforcement.
+    private func pace(_ endpoint: Endpoint, _ environment: ServerAPIEnvironment) async {
+        let rate = max(0.1, endpoint.productionRate * (environment == .production ? 1 : 0.1) * settings.rateShare)
+        let interval = Duration.seconds(1 / rate)
+        let burst = interval * max(1, Int(rate))
+        let now = ContinuousClock.now
+        let start = limiter.withLockedValue { slots -> ContinuousClock.Instant in
+            let key = "\(endpoint.rawValue).\(environment.rawValue)"
+            // The theoretical arrival time of the next request, never more than a burst behind now.
+            let next = max(slots[key] ?? now, now - burst)
+            slots[key] = next + interval
+            return next
+        }
+        if start > now { try? await Task.sleep(until: start, clock: .continuous) }
+    }
+}

@@ -1,0 +1,409 @@
+import AsyncHTTPClient
+import Crypto
+import Foundation
+import Hummingbird
+import NIOCore
+import NIOFoundationCompat
+import NIOHTTP1
+
+/// The App Store Server API key the fake checks bearer tokens against: the public half of
+/// the `.p8` key the verifier signs with, its key id, and the issuer id.
+public struct FakeServerAPIKey: Sendable {
+    public var keyId: String
+    public var issuerId: String
+    public var publicKey: P256.Signing.PublicKey
+
+    /// Reads the key from the PEM private key (`IAP_FAKE_API_KEY_PATH`).
+    public init(privateKeyPEM: String, keyId: String, issuerId: String) throws {
+        self.keyId = keyId
+        self.issuerId = issuerId
+        publicKey = try P256.Signing.PrivateKey(pemRepresentation: privateKeyPEM).publicKey
+    }
+}
+
+/// How the fake talks StoreKit 2: signed transactions, the App Store Server API and Server
+/// Notifications V2, in Apple's JSON shapes (defined here apart from the verifier's, so a
+/// mistake on one side is not mirrored on the other).
+struct FakeStoreKit: Sendable {
+    let ledger: FakeLedger
+    let authority: FakeCertificateAuthority
+    let apiKey: FakeServerAPIKey?
+    let appAppleId: Int64
+
+    /// Apple's `JWSTransactionDecodedPayload`.
+    struct Transaction: Encodable {
+        var transactionId: String
+        var originalTransactionId: String
+        var webOrderLineItemId: String?
+        var bundleId: String
+        var productId: String
+        var purchaseDate: Int64
+        var originalPurchaseDate: Int64
+        var expiresDate: Int64?
+        var quantity: Int
+        var type: String
+        var appAccountToken: String?
+        var inAppOwnershipType = "PURCHASED"
+        var signedDate: Int64
+        var revocationReason: Int?
+        var revocationDate: Int64?
+        var environment: String
+        var transactionReason: String
+        var storefront = "USA"
+        var storefrontId = "143441"
+        var price = 990
+        var currency = "USD"
+    }
+
+    /// Apple's `JWSRenewalInfoDecodedPayload`.
+    struct RenewalInfo: Encodable {
+        var originalTransactionId: String
+        var autoRenewProductId: String
+        var productId: String
+        var autoRenewStatus: Int
+        var environment: String
+        var signedDate: Int64
+        var renewalDate: Int64?
+        var recentSubscriptionStartDate: Int64
+    }
+
+    /// Apple's `ResponseBodyV2DecodedPayload`.
+    struct Notification: Encodable {
+        struct Payload: Encodable {
+            var appAppleId: Int64
+            var bundleId: String
+            var bundleVersion = "1"
+            var environment: String
+            var signedTransactionInfo: String?
+            var signedRenewalInfo: String?
+            var status: Int?
+            var consumptionRequestReason: String?
+        }
+
+        var notificationType: String
+        var subtype: String?
+        var notificationUUID: String
+        var data: Payload
+        var version = "2.0"
+        var signedDate: Int64
+    }
+
+    static func appleType(_ type: String) -> String {
+        switch type {
+        case "non_consumable": "Non-Consumable"
+        case "auto_renewable": "Auto-Renewable Subscription"
+        case "non_renewing": "Non-Renewing Subscription"
+        default: "Consumable"
+        }
+    }
+
+    func signedTransaction(_ purchase: FakeLedger.Purchase) throws -> String {
+        let now = FakeAppStore.milliseconds(Date())
+        return try authority.signJWS(
+            Transaction(
+                transactionId: purchase.transactionId, originalTransactionId: purchase.originalTransactionId,
+                webOrderLineItemId: purchase.webOrderLineItemId, bundleId: purchase.bundleId, productId: purchase.productId,
+                purchaseDate: FakeAppStore.milliseconds(purchase.purchaseDate),
+                originalPurchaseDate: FakeAppStore.milliseconds(purchase.originalPurchaseDate),
+                expiresDate: purchase.expiresDate.map(FakeAppStore.milliseconds), quantity: purchase.quantity,
+                type: Self.appleType(purchase.type),
+                appAccountToken: purchase.applicationUsername.flatMap { UUID(uuidString: $0) }?.uuidString.lowercased(),
+                signedDate: now, revocationReason: purchase.cancellationDate == nil ? nil : 0,
+                revocationDate: purchase.cancellationDate.map(FakeAppStore.milliseconds), environment: purchase.environment,
+                transactionReason: purchase.transactionId == purchase.originalTransactionId ? "PURCHASE" : "RENEWAL"))
+    }
+
+    func signedRenewalInfo(_ purchase: FakeLedger.Purchase, autoRenew: Bool = true) throws -> String {
+        try authority.signJWS(
+            RenewalInfo(
+                originalTransactionId: purchase.originalTransactionId, autoRenewProductId: purchase.productId,
+                productId: purchase.productId, autoRenewStatus: autoRenew ? 1 : 0, environment: purchase.environment,
+                signedDate: FakeAppStore.milliseconds(Date()), renewalDate: purchase.expiresDate.map(FakeAppStore.milliseconds),
+                recentSubscriptionStartDate: FakeAppStore.milliseconds(purchase.originalPurchaseDate)))
+    }
+
+    /// A signed notification of `type` about `purchase`.
+    func signedNotification(
+        type: String, subtype: String?, purchase: FakeLedger.Purchase, consumptionRequestReason: String? = nil
+    ) throws -> String {
+        let subscription = purchase.type == "auto_renewable"
+        let status: Int? =
+            subscription
+            ? (purchase.cancellationDate != nil ? 5 : (purchase.expiresDate ?? .distantFuture) < Date() ? 2 : 1) : nil
+        return try authority.signJWS(
+            Notification(
+                notificationType: type, subtype: subtype, notificationUUID: UUID().uuidString.lowercased(),
+                data: .init(
+                    appAppleId: appAppleId, bundleId: purchase.bundleId, environment: purchase.environment,
+                    signedTransactionInfo: try signedTransaction(purchase),
+                    signedRenewalInfo: subscription ? try signedRenewalInfo(purchase) : nil, status: status,
+                    consumptionRequestReason: consumptionRequestReason),
+                signedDate: FakeAppStore.milliseconds(Date())))
+    }
+
+    /// POSTs `{"signedPayload"}` to `url` once (Apple retries only in production, hours apart)
+    /// and records the attempt for Get Notification History.
+    func send(_ signedPayload: String, type: String, transactionId: String?, environment: String, to url: String?) async {
+        var result = "NO_RESPONSE"
+        if let url {
+            var request = HTTPClientRequest(url: url)
+            request.method = .POST
+            request.headers.add(name: "Content-Type", value: "application/json")
+            request.body = .bytes(ByteBuffer(data: (try? JSONEncoder().encode(["signedPayload": signedPayload])) ?? Data()))
+            do {
+                let response = try await HTTPClient.shared.execute(request, timeout: .seconds(10))
+                _ = try? await response.body.collect(upTo: 1 << 20)
+                result = response.status.code == 200 ? "SUCCESS" : "UNSUCCESSFUL_HTTP_RESPONSE_CODE"
+            } catch {
+                result = "TIMED_OUT"
+            }
+        }
+        ledger.recordNotification(
+            .init(
+                signedPayload: signedPayload, notificationType: type, transactionId: transactionId, environment: environment,
+                attempts: [(Date(), result)]))
+    }
+
+    // MARK: - The App Store Server API
+
+    struct APIError: Error {
+        var status: HTTPResponse.Status
+        var errorCode: Int?
+        var errorMessage: String?
+    }
+
+    /// Apple's error body.
+    struct ErrorBody: Encodable {
+        var errorCode: Int?
+        var errorMessage: String?
+    }
+
+    static let transactionNotFound = APIError(status: .notFound, errorCode: 4_040_010, errorMessage: "Transaction id not found.")
+
+    /// The routes of one environment; `prefix` is "" for production and "/sandbox" for sandbox.
+    func addRoutes(to router: Router<BasicRequestContext>, prefix: String, environment: String) {
+        router.get("\(prefix)/inApps/v1/transactions/{transactionId}") { request, context in
+            try await answer(request) { bundleId in
+                let purchase = try found(try context.parameters.require("transactionId"), bundleId, environment)
+                return ["signedTransactionInfo": try signedTransaction(purchase)]
+            }
+        }
+        router.get("\(prefix)/inApps/v2/history/{transactionId}") { request, context in
+            try await answer(request) { bundleId in
+                let purchase = try found(try context.parameters.require("transactionId"), bundleId, environment)
+                let all = try ledger.history(of: purchase.transactionId)
+                return try page(all, revision: request.uri.queryParameters.get("revision"), bundleId: bundleId, environment: environment)
+            }
+        }
+        router.get("\(prefix)/inApps/v2/refund/lookup/{transactionId}") { request, context in
+            try await answer(request) { bundleId in
+                let purchase = try found(try context.parameters.require("transactionId"), bundleId, environment)
+                let refunded = try ledger.history(of: purchase.transactionId).filter { $0.cancellationDate != nil }
+                return try page(refunded, revision: request.uri.queryParameters.get("revision"), bundleId: bundleId, environment: environment)
+            }
+        }
+        router.get("\(prefix)/inApps/v1/lookup/{orderId}") { request, context in
+            try await answer(request) { bundleId in
+                // The fake's invoice order ids are "F" and the transaction id.
+                let orderId = try context.parameters.require("orderId")
+                guard orderId.hasPrefix("F"), let purchase = try ledger.purchase(transactionId: String(orderId.dropFirst())),
+                    purchase.bundleId == bundleId, purchase.environment == environment
+                else {
+                    return LookupAnswer(status: 1, signedTransactions: [])
+                }
+                return LookupAnswer(status: 0, signedTransactions: [try signedTransaction(purchase)])
+            }
+        }
+        router.get("\(prefix)/inApps/v1/subscriptions/{transactionId}") { request, context in
+            try await answer(request) { bundleId in
+                let purchase = try found(try context.parameters.require("transactionId"), bundleId, environment)
+                let subscriptions = try ledger.history(of: purchase.transactionId).filter { $0.type == "auto_renewable" }
+                var latest: [String: FakeLedger.Purchase] = [:]
+                for subscription in subscriptions { latest[subscription.originalTransactionId] = subscription }
+                return StatusesAnswer(
+                    environment: environment, bundleId: bundleId, appAppleId: appAppleId,
+                    data: latest.isEmpty
+                        ? []
+                        : [
+                            .init(
+                                subscriptionGroupIdentifier: "21000000",
+                                lastTransactions: try latest.values.sorted { $0.purchaseDate < $1.purchaseDate }.map { last in
+                                    .init(
+                                        status: last.cancellationDate != nil ? 5 : (last.expiresDate ?? .distantFuture) < Date() ? 2 : 1,
+                                        originalTransactionId: last.originalTransactionId,
+                                        signedTransactionInfo: try signedTransaction(last),
+                                        signedRenewalInfo: try signedRenewalInfo(last))
+                                })
+                        ])
+            }
+        }
+        router.post("\(prefix)/inApps/v1/notifications/history") { request, context in
+            try await answer(request) { bundleId in
+                var request = request
+                let body = try await request.collectBody(upTo: 64 * 1024)
+                let filter = (try? JSONSerialization.jsonObject(with: Data(body.readableBytesView))) as? [String: Any] ?? [:]
+                let onlyFailures = filter["onlyFailures"] as? Bool ?? false
+                let history = ledger.notifications.filter { notification in
+                    notification.environment == environment
+                        && (!onlyFailures || notification.attempts.contains { $0.result != "SUCCESS" })
+                        && (filter["transactionId"] as? String).map { $0 == notification.transactionId } ?? true
+                }
+                return HistoryAnswer(
+                    notificationHistory: history.map { notification in
+                        .init(
+                            signedPayload: notification.signedPayload,
+                            sendAttempts: notification.attempts.map {
+                                .init(attemptDate: FakeAppStore.milliseconds($0.date), sendAttemptResult: $0.result)
+                            })
+                    }, hasMore: false, paginationToken: nil)
+            }
+        }
+        router.post("\(prefix)/inApps/v1/notifications/test") { request, _ in
+            try await answer(request) { bundleId in
+                ["testNotificationToken": UUID().uuidString.lowercased()]
+            }
+        }
+        router.put("\(prefix)/inApps/v2/transactions/consumption/{transactionId}") { request, context in
+            try await answer(request, status: .accepted) { bundleId in
+                let purchase = try found(try context.parameters.require("transactionId"), bundleId, environment)
+                var request = request
+                let body = try await request.collectBody(upTo: 64 * 1024)
+                guard let fields = (try? JSONSerialization.jsonObject(with: Data(body.readableBytesView))) as? [String: Any],
+                    fields["customerConsented"] as? Bool == true, fields["deliveryStatus"] is String,
+                    fields["sampleContentProvided"] is Bool
+                else {
+                    throw APIError(status: .badRequest, errorCode: 4_000_035, errorMessage: "Invalid request.")
+                }
+                ledger.recordConsumption(transactionId: purchase.transactionId, body: fields)
+                return [String: String]()
+            }
+        }
+    }
+
+    struct LookupAnswer: Encodable {
+        var status: Int
+        var signedTransactions: [String]
+    }
+
+    struct PageAnswer: Encodable {
+        var revision: String
+        var hasMore: Bool
+        var bundleId: String
+        var appAppleId: Int64
+        var environment: String
+        var signedTransactions: [String]
+    }
+
+    struct StatusesAnswer: Encodable {
+        struct Group: Encodable {
+            struct Last: Encodable {
+                var status: Int
+                var originalTransactionId: String
+                var signedTransactionInfo: String
+                var signedRenewalInfo: String
+            }
+            var subscriptionGroupIdentifier: String
+            var lastTransactions: [Last]
+        }
+        var environment: String
+        var bundleId: String
+        var appAppleId: Int64
+        var data: [Group]
+    }
+
+    struct HistoryAnswer: Encodable {
+        struct Item: Encodable {
+            struct Attempt: Encodable {
+                var attemptDate: Int64
+                var sendAttemptResult: String
+            }
+            var signedPayload: String
+            var sendAttempts: [Attempt]
+        }
+        var notificationHistory: [Item]
+        var hasMore: Bool
+        var paginationToken: String?
+    }
+
+    /// 20 signed transactions per page; the revision is where the next page starts.
+    private func page(_ purchases: [FakeLedger.Purchase], revision: String?, bundleId: String, environment: String) throws
+        -> PageAnswer
+    {
+        let start = revision.flatMap(Int.init) ?? 0
+        let slice = purchases.dropFirst(start).prefix(20)
+        return PageAnswer(
+            revision: String(start + slice.count), hasMore: start + slice.count < purchases.count, bundleId: bundleId,
+            appAppleId: appAppleId, environment: environment, signedTransactions: try slice.map(signedTransaction))
+    }
+
+    private func found(_ transactionId: String, _ bundleId: String, _ environment: String) throws -> FakeLedger.Purchase {
+        guard transactionId.allSatisfy(\.isNumber), !transactionId.isEmpty else {
+            throw APIError(status: .badRequest, errorCode: 4_000_006, errorMessage: "Invalid transaction id.")
+        }
+        guard let purchase = try ledger.purchase(transactionId: transactionId), purchase.bundleId == bundleId,
+            purchase.environment == environment
+        else { throw Self.transactionNotFound }
+        return purchase
+    }
+
+    /// Checks the bearer token, applies faults and latency, and renders Apple's answers and errors.
+    private func answer(
+        _ request: Request, status: HTTPResponse.Status = .ok, _ body: (String) async throws -> some Encodable
+    ) async throws -> Response {
+        ledger.countServerAPICall()
+        let latency = ledger.latencyMs
+        if latency > 0 { try await Task.sleep(for: .milliseconds(latency)) }
+        guard let bundleId = authorizedBundleId(request) else {
+            return Response(status: .unauthorized, body: .init(byteBuffer: ByteBuffer(string: "Unauthenticated\n")))
+        }
+        do {
+            if let fault = ledger.takeFault(transactionIds: [], serverAPI: true), let httpStatus = fault.httpStatus {
+                if let delay = fault.delayMs { try await Task.sleep(for: .milliseconds(delay)) }
+                var response = Response(status: .init(code: httpStatus))
+                if httpStatus == 429 {
+                    response.headers[.retryAfter] = String(FakeAppStore.milliseconds(Date().addingTimeInterval(1)))
+                }
+                return response
+            }
+            let value = try await body(bundleId)
+            if status == .accepted { return Response(status: .accepted) }
+            return Response(
+                status: status, headers: [.contentType: "application/json"],
+                body: .init(byteBuffer: ByteBuffer(data: try JSONEncoder().encode(value))))
+        } catch let error as APIError {
+            return Response(
+                status: error.status, headers: [.contentType: "application/json"],
+                body: .init(
+                    byteBuffer: ByteBuffer(
+                        data: try JSONEncoder().encode(ErrorBody(errorCode: error.errorCode, errorMessage: error.errorMessage)))))
+        }
+    }
+
+    /// The bundle id of a valid bearer token: ES256 by the configured key (`kid`), `typ` JWT,
+    /// `iss` the issuer, `aud` appstoreconnect-v1, `bid` set, `exp` ahead and at most an
+    /// hour after `iat`.
+    private func authorizedBundleId(_ request: Request) -> String? {
+        guard let apiKey, let header = request.headers[.authorization], header.hasPrefix("Bearer ") else { return nil }
+        let parts = header.dropFirst(7).split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 3, let headerJSON = Self.base64URLDecode(parts[0]), let claimsJSON = Self.base64URLDecode(parts[1]),
+            let signature = Self.base64URLDecode(parts[2]),
+            let jose = (try? JSONSerialization.jsonObject(with: headerJSON)) as? [String: Any],
+            let claims = (try? JSONSerialization.jsonObject(with: claimsJSON)) as? [String: Any],
+            jose["alg"] as? String == "ES256", jose["kid"] as? String == apiKey.keyId, jose["typ"] as? String == "JWT",
+            let ecdsa = try? P256.Signing.ECDSASignature(rawRepresentation: signature),
+            apiKey.publicKey.isValidSignature(ecdsa, for: Data("\(parts[0]).\(parts[1])".utf8)),
+            claims["iss"] as? String == apiKey.issuerId, claims["aud"] as? String == "appstoreconnect-v1",
+            let bundleId = claims["bid"] as? String, let issuedAt = claims["iat"] as? Double,
+            let expires = claims["exp"] as? Double
+        else { return nil }
+        let now = Date().timeIntervalSince1970
+        guard expires > now, expires - issuedAt <= 3600, issuedAt <= now + 60 else { return nil }
+        return bundleId
+    }
+
+    static func base64URLDecode(_ text: Substring) -> Data? {
+        var base64 = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
+        while base64.count % 4 != 0 { base64 += "=" }
+        return Data(base64Encoded: base64)
+    }
+}
