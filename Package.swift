@@ -144,6 +144,7 @@ let package = Package(
                 "IAPCore", "Messaging", "AppStore", "OrderStore", "FakeAppStore",
                 "Intake", "Verifier", "Finisher",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "X509", package: "swift-certificates"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),

@@ -20,14 +20,16 @@ public final class AppStoreVerifier: ReceiptVerifying {
     private let serverAPI: AppStoreServerAPIClient?
     private let legacy: (any ReceiptVerifying)?
     private let confirmWithAPI: Bool
+    private let receiptsThroughServerAPI: Bool
     private let logger: Logger
 
     /// Creates a verifier. Without `serverAPI`, transaction-id uploads and confirmations are
     /// impossible (refused with a clear reason); without `legacy`, receipts need the Server API.
     public init(
         signed: SignedDataVerifier, serverAPI: AppStoreServerAPIClient?, legacy: (any ReceiptVerifying)?,
-        confirmWithAPI: Bool = false, logger: Logger
+        confirmWithAPI: Bool = false, receiptsThroughServerAPI: Bool = true, logger: Logger
     ) {
+        self.receiptsThroughServerAPI = receiptsThroughServerAPI
         self.signed = signed
         self.serverAPI = serverAPI
         self.legacy = legacy
@@ -39,7 +41,7 @@ public final class AppStoreVerifier: ReceiptVerifying {
         if let payload = request.signedPayload { return await notification(payload) }
         if let jws = request.signedTransaction { return await signedTransaction(jws) }
         if !request.receiptData.isEmpty {
-            if let serverAPI { return await receipt(request.receiptData, serverAPI) }
+            if let serverAPI, receiptsThroughServerAPI || legacy == nil { return await receipt(request.receiptData, serverAPI) }
             if let legacy { return await legacy.verify(request) }
             return .needsReview(.notConfigured, message: "no way to verify receipts is configured")
         }

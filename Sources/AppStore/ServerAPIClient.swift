@@ -103,13 +103,16 @@ public final class AppStoreServerAPIClient: Sendable {
     private let logger: Logger
     private let limiter = NIOLockedValueBox([String: ContinuousClock.Instant]())
 
+    private let signingKey: ES256PrivateKey
+    private let keyAdded = NIOLockedValueBox(false)
+
     /// Creates a client; throws when the key is not a P-256 PEM private key.
-    public init(settings: Settings, httpClient: HTTPClient, logger: Logger) async throws {
+    public init(settings: Settings, httpClient: HTTPClient, logger: Logger) throws {
         self.settings = settings
         self.httpClient = httpClient
         self.logger = logger
+        signingKey = try ES256PrivateKey(pem: settings.privateKeyPEM)
         keys = JWTKeyCollection()
-        await keys.add(ecdsa: try ES256PrivateKey(pem: settings.privateKeyPEM), kid: JWKIdentifier(string: settings.keyId))
     }
 
     // MARK: - Calls
@@ -270,6 +273,10 @@ public final class AppStoreServerAPIClient: Sendable {
 
     /// A fresh bearer token: ES256 with `kid` and `typ: JWT`; five minutes of life.
     func bearerToken(now: Date = Date()) async throws -> String {
+        if !keyAdded.withLockedValue({ $0 }) {
+            await keys.add(ecdsa: signingKey, kid: JWKIdentifier(string: settings.keyId))
+            keyAdded.withLockedValue { $0 = true }
+        }
         let issued = Date(timeIntervalSince1970: now.timeIntervalSince1970.rounded(.down))
         var header = JWTHeader()
         header.typ = "JWT"

@@ -8,6 +8,8 @@ public enum MetricNames {
     public static let verifications = "iap_verifications_total"
     /// Calls to Apple by `endpoint` (`production`, `sandbox`) and `status_class` (`2xx`, `4xx`, `5xx`, `error`).
     public static let appleRequestDuration = "iap_apple_request_duration_seconds"
+    /// App Store Server Notifications accepted.
+    public static let notifications = "iap_notifications_total"
     /// Retries scheduled.
     public static let retries = "iap_retries_total"
     /// Messages moved to a dead-letter queue, by `queue` (`verify`, `results`).
@@ -36,6 +38,6 @@ public enum MetricNames {
     /// All of them.
     public static let all: [String] = [
         uploads, verifications, appleRequestDuration, retries, deadLetters, resultsApplied, grants, revocations,
-        replays, alerts, submissions, outboxBacklog, queueMessages, queueConsumers, breakerOpen,
+        replays, alerts, submissions, outboxBacklog, queueMessages, queueConsumers, breakerOpen, notifications,
     ]
 }

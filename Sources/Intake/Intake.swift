@@ -66,7 +66,9 @@ public func makeIntakeRouter(
     orders.addPublicRoutes(to: router)
     let users = router.group().add(
         middleware: UserAuthMiddleware(authentication: settings.authentication, limit: settings.limits.perUser))
-    ReceiptsController(store: store, settings: settings, acceptedUpload: acceptedUpload).addRoutes(to: users)
+    let receipts = ReceiptsController(store: store, settings: settings, acceptedUpload: acceptedUpload)
+    receipts.addRoutes(to: users)
+    receipts.addNotificationRoute(to: router)
     orders.addRoutes(to: users)
     if settings.adminListener == nil {
         AdminController(store: store, settings: settings).addRoutes(to: router, changed: acceptedUpload)

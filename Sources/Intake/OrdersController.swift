@@ -3,7 +3,8 @@ import Hummingbird
 import IAPCore
 import OrderStore
 
-/// `GET /v1/products`, `POST /v1/orders`, `GET /v1/orders/{orderId}`, `GET /v1/users/{userId}/grants`.
+/// `GET /v1/products`, `POST /v1/orders`, `GET /v1/orders/{orderId}`, `GET /v1/users/{userId}/grants`,
+/// `GET /v1/users/{userId}/subscriptions`.
 ///
 /// The user is the token's subject; with authentication off, the body's `userId` (on GETs,
 /// the path or `?userId=`). A user reads only their own orders and grants: anyone else's
@@ -51,6 +52,14 @@ struct OrdersController: Sendable {
             let grants = try await store.grants(ofUser: userId)
             return try JSONResponse.make(["grants": grants.map(GrantBody.init)])
         }
+        router.get("/v1/users/{userId}/subscriptions") { _, context in
+            let userId = try context.parameters.require("userId")
+            guard context.userId.map({ $0 == userId }) ?? true else {
+                throw APIError(.notFound, code: "not_found", message: "no such user")
+            }
+            let subscriptions = try await store.subscriptions(ofUser: userId)
+            return try JSONResponse.make(["subscriptions": subscriptions.map(SubscriptionBody.init)])
+        }
     }
 }
 
@@ -97,6 +106,29 @@ struct GrantBody: Encodable {
         environment = grant.environment
         source = grant.source
         grantedAt = grant.grantedAt
+    }
+}
+
+/// A subscription as the app reads it: the state Apple's notifications left it in.
+struct SubscriptionBody: Encodable {
+    var originalTransactionId: String
+    var productId: String
+    var environment: String
+    var state: String
+    var expiresDate: Date?
+    var autoRenew: Bool?
+    var gracePeriodExpiresDate: Date?
+    var updatedAt: Date
+
+    init(_ record: SubscriptionRecord) {
+        originalTransactionId = record.originalTransactionId
+        productId = record.productId
+        environment = record.environment
+        state = record.state
+        expiresDate = record.expiresDate
+        autoRenew = record.autoRenew
+        gracePeriodExpiresDate = record.gracePeriodExpiresDate
+        updatedAt = record.updatedAt
     }
 }
 

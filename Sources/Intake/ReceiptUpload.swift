@@ -3,15 +3,20 @@ import Foundation
 import Hummingbird
 import IAPCore
 
-/// A validated `POST /v1/receipts` body.
+/// A validated `POST /v1/receipts` body: a StoreKit 1 app receipt (`receiptData`), a
+/// StoreKit 2 signed transaction (`signedTransaction`), or a transaction id alone.
 struct ReceiptUpload: Equatable {
     /// The token's user; with authentication off, the body's `userId` (then required).
     var userId: String
     var orderId: String?
     var transactionId: String?
+    /// The base64 receipt, or empty.
     var receiptData: String
+    var signedTransaction: String?
 
     static let maxIdLength = 256
+    /// StoreKit 2 JWS are a few KB (three certificates and the payload).
+    static let maxJWSLength = 64 * 1024
 
     /// Reads and checks a body; every fault is an `APIError` with its own code. A body's
     /// `userId` that differs from `tokenUser` is refused.
@@ -27,12 +32,28 @@ struct ReceiptUpload: Equatable {
         }
         let userId = try RequestUser.resolve(
             token: tokenUser, named: try Self.string(fields, "userId", maxLength: Self.maxIdLength))
-        guard let receipt = try Self.string(fields, "receiptData", maxLength: .max) else {
-            throw .missingField("receiptData")
+        let receipt = try Self.string(fields, "receiptData", maxLength: .max)
+        let signed = try Self.string(fields, "signedTransaction", maxLength: Self.maxJWSLength)
+        let transactionId = try Self.string(fields, "transactionId", maxLength: Self.maxIdLength)
+        guard receipt != nil || signed != nil || transactionId != nil else {
+            throw APIError(
+                .badRequest, code: "missing_field",
+                message: "one of 'receiptData', 'signedTransaction' or 'transactionId' is required")
         }
         self.userId = userId
         self.orderId = try Self.string(fields, "orderId", maxLength: Self.maxIdLength)
-        self.transactionId = try Self.string(fields, "transactionId", maxLength: Self.maxIdLength)
+        if let transactionId, !(transactionId.count <= 32 && transactionId.allSatisfy { $0.isASCII && $0.isNumber }) {
+            throw .invalidField("transactionId", "must be Apple's numeric transaction id")
+        }
+        self.transactionId = transactionId
+        if let signed {
+            try Self.checkJWSShape(signed)
+        }
+        self.signedTransaction = signed
+        guard let receipt else {
+            self.receiptData = ""
+            return
+        }
         // Apps sometimes send base64 wrapped in lines; the bytes are what counts.
         let compact = receipt.filter { !$0.isWhitespace }
         guard let bytes = Data(base64Encoded: compact) else {
@@ -43,6 +64,22 @@ struct ReceiptUpload: Equatable {
         }
         try Self.checkShape([UInt8](bytes))
         self.receiptData = compact
+    }
+
+    /// Refuses what cannot be a compact JWS: three base64url parts with a JSON header. The
+    /// signature and chain are the verifier's to check.
+    static func checkJWSShape(_ jws: String, field: String = "signedTransaction") throws(APIError) {
+        let parts = jws.utf8.split(separator: UInt8(ascii: "."), omittingEmptySubsequences: false)
+        let base64URL = { (byte: UInt8) in
+            (byte >= 0x30 && byte <= 0x39) || (byte >= 0x41 && byte <= 0x5A) || (byte >= 0x61 && byte <= 0x7A) || byte == 0x2D
+                || byte == 0x5F
+        }
+        guard parts.count == 3, parts.allSatisfy({ !$0.isEmpty && $0.allSatisfy(base64URL) }),
+            let header = Base64URL.decode(parts[0]),
+            (try? JSONSerialization.jsonObject(with: header)) is [String: Any]
+        else {
+            throw APIError(.badRequest, code: "jws_malformed", message: "'\(field)' is not a compact JWS")
+        }
     }
 
     /// Refuses bytes that are not even a PKCS#7 container. Receipts whose content merely looks

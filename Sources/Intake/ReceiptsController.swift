@@ -36,14 +36,11 @@ struct ReceiptsController: Sendable {
     private func accept(_ request: Request, context: IntakeContext) async throws -> Response {
         let body = try await IntakeBody.collect(request, limit: settings.maxBodyBytes, timeout: settings.limits.bodyTimeout)
         let upload = try ReceiptUpload(json: body, tokenUser: context.userId)
-        let verifyRequest = VerifyRequest(
+        var verifyRequest = VerifyRequest(
             submissionId: UUID(), userId: upload.userId, receiptData: upload.receiptData,
             transactionId: upload.transactionId, orderId: upload.orderId, attempt: 1, acceptedAt: Date())
-        let message = OutboxMessage(
-            routingKey: settings.names.verify, body: try codec.encode(verifyRequest),
-            messageId: verifyRequest.submissionId.uuidString, priority: VerifyPriority.firstAttempt)
-        try await store.accept(verifyRequest, message: message)
-        acceptedUpload()
+        verifyRequest.signedTransaction = upload.signedTransaction
+        try await enqueue(verifyRequest)
         context.logger.debug(
             "upload accepted", metadata: ["iap.submission.id": "\(verifyRequest.submissionId)"])
         var response = try JSONResponse.make(
@@ -51,6 +48,35 @@ struct ReceiptsController: Sendable {
             status: .accepted)
         response.headers[.location] = "/v1/receipts/\(verifyRequest.submissionId.uuidString)"
         return response
+    }
+
+    /// Stores the request and its queue message in one transaction; durable once this returns.
+    private func enqueue(_ verifyRequest: VerifyRequest) async throws {
+        let message = OutboxMessage(
+            routingKey: settings.names.verify, body: try codec.encode(verifyRequest),
+            messageId: verifyRequest.submissionId.uuidString, priority: VerifyPriority.firstAttempt)
+        try await store.accept(verifyRequest, message: message)
+        acceptedUpload()
+    }
+
+    /// `POST /v1/notifications/appstore`: App Store Server Notifications V2. Public (the JWS
+    /// signature is what proves Apple sent it, checked by the verifier); answers 200 only
+    /// once the notification is durable, so Apple's own retries cover any downtime of ours.
+    func addNotificationRoute(to router: Router<IntakeContext>) {
+        let accepted = Counter(label: MetricNames.notifications)
+        router.post("/v1/notifications/appstore") { request, context in
+            let body = try await IntakeBody.collect(request, limit: 512 * 1024, timeout: settings.limits.bodyTimeout)
+            let fields = try JSONFields(body)
+            let payload = try fields.requiredString("signedPayload", maxLength: 256 * 1024)
+            try ReceiptUpload.checkJWSShape(payload, field: "signedPayload")
+            var verifyRequest = VerifyRequest(
+                submissionId: UUID(), userId: "", receiptData: "", attempt: 1, acceptedAt: Date())
+            verifyRequest.signedPayload = payload
+            try await enqueue(verifyRequest)
+            accepted.increment()
+            context.logger.info("App Store notification accepted", metadata: ["iap.submission.id": "\(verifyRequest.submissionId)"])
+            return try JSONResponse.make(["notificationId": verifyRequest.submissionId.uuidString])
+        }
     }
 
     private func status(context: IntakeContext) async throws -> Response {

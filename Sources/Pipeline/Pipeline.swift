@@ -13,6 +13,7 @@ import NIOCore
 import ServiceLifecycle
 import UnixSignals
 import Verifier
+import X509
 
 /// The parts of the system one process can run.
 public enum Role: String, Sendable, CaseIterable {
@@ -55,6 +56,11 @@ public struct PipelineSettings: Sendable {
     public var fakeAppStoreDatabasePath: String?
     /// Where `/metrics`, `/healthz` and `/readyz` are served; nil serves none.
     public var ops: OpsSettings?
+    /// StoreKit 2: signed data, the App Store Server API, notifications.
+    public var storeKit: StoreKitSettings = .init()
+    /// The fake App Store's Server API key and where it sends notifications (tests, dev).
+    public var fakeAppStoreAPIKey: FakeServerAPIKey?
+    public var fakeAppStoreNotificationURL: String?
 
     /// Creates settings.
     public init(
@@ -74,6 +80,37 @@ public struct PipelineSettings: Sendable {
         self.fakeAppStoreHost = fakeAppStoreHost
         self.fakeAppStorePort = fakeAppStorePort
         self.fakeAppStoreDatabasePath = fakeAppStoreDatabasePath
+    }
+}
+
+/// How the verifier reads StoreKit 2 data and talks to the App Store Server API.
+public struct StoreKitSettings: Sendable {
+    /// The roots signed data must chain to; nil is Apple Root CA - G3 (shipped).
+    public var trustedRoots: [Certificate]?
+    /// The App Store's id of the app: production notifications must name it.
+    public var appAppleId: Int64?
+    /// The Server API key and hosts; nil: no Server API (transaction-id uploads cannot be verified).
+    public var serverAPI: AppStoreServerAPIClient.Settings?
+    /// Confirm locally verified signed transactions with Get Transaction Info.
+    public var confirmWithAPI: Bool
+    /// Check certificates at the payload's `signedDate` (as Apple's library) or now.
+    public var validationTime: SignedDataVerifier.ValidationTime
+    /// With a Server API key, verify app receipts through it (transaction ids read locally,
+    /// then Get Transaction History) instead of `verifyReceipt`.
+    public var receiptsThroughServerAPI: Bool
+
+    /// Creates settings.
+    public init(
+        trustedRoots: [Certificate]? = nil, appAppleId: Int64? = nil, serverAPI: AppStoreServerAPIClient.Settings? = nil,
+        confirmWithAPI: Bool = false, validationTime: SignedDataVerifier.ValidationTime = .signedDate,
+        receiptsThroughServerAPI: Bool = true
+    ) {
+        self.receiptsThroughServerAPI = receiptsThroughServerAPI
+        self.trustedRoots = trustedRoots
+        self.appAppleId = appAppleId
+        self.serverAPI = serverAPI
+        self.confirmWithAPI = confirmWithAPI
+        self.validationTime = validationTime
     }
 }
 
@@ -119,7 +156,10 @@ public struct Pipeline: Sendable {
 
         if roles.contains(.fakeAppStore) {
             first.append(
-                try FakeAppStore(databasePath: settings.fakeAppStoreDatabasePath).makeApplication(
+                try FakeAppStore(
+                    databasePath: settings.fakeAppStoreDatabasePath, apiKey: settings.fakeAppStoreAPIKey,
+                    notificationURL: settings.fakeAppStoreNotificationURL
+                ).makeApplication(
                     host: settings.fakeAppStoreHost, port: settings.fakeAppStorePort, logger: logger,
                     onServerRunning: { channel in
                         await onListening(.fakeAppStore, channel.localAddress?.port ?? settings.fakeAppStorePort)
@@ -163,7 +203,19 @@ public struct Pipeline: Sendable {
                     httpClient: httpClient, logger: logger, eventsQueued: { [relay] in relay?.notify() }))
         }
         if roles.contains(.verifier), let connection, let consumerConnection, let client = httpClient {
-            let verifier = VerifyReceiptClient(settings: settings.verifyReceipt, httpClient: client, logger: logger)
+            let legacy = VerifyReceiptClient(settings: settings.verifyReceipt, httpClient: client, logger: logger)
+            let signed = SignedDataVerifier(
+                settings: .init(
+                    trustedRoots: try settings.storeKit.trustedRoots ?? [AppleRoot.g3()],
+                    bundleIds: settings.verifyReceipt.bundleIds, appAppleId: settings.storeKit.appAppleId,
+                    validationTime: settings.storeKit.validationTime))
+            let verifier = AppStoreVerifier(
+                signed: signed,
+                serverAPI: try settings.storeKit.serverAPI.map {
+                    try AppStoreServerAPIClient(settings: $0, httpClient: client, logger: logger)
+                },
+                legacy: legacy, confirmWithAPI: settings.storeKit.confirmWithAPI,
+                receiptsThroughServerAPI: settings.storeKit.receiptsThroughServerAPI, logger: logger)
             middle.append(
                 VerifierService(
                     settings: settings.verifier, consumer: consumerConnection, publisher: connection, verifier: verifier,

@@ -1,4 +1,5 @@
 import AppStore
+import Crypto
 import AsyncHTTPClient
 import FakeAppStore
 import Finisher
@@ -16,6 +17,8 @@ import Pipeline
 import ServiceLifecycle
 import Testing
 import Verifier
+import X509
+import SwiftASN1
 
 /// A whole pipeline (fake App Store, intake, verifier, finisher) started in this process
 /// against the test broker, on free loopback ports, with queues of its own.
@@ -49,7 +52,8 @@ final class PipelineHarness: Sendable {
         appleTimeout: Duration = .seconds(2), sandboxPolicy: SandboxPolicy = .accept, verifierConcurrency: Int = 32,
         circuitBreaker: CircuitBreaker.Settings = .init(), sweeper: SweeperSettings = .init(),
         alerts: AlertSettings = .init(), withOps: Bool = false, authentication: UserAuthentication = .off,
-        limits: IntakeLimits = .unlimited, separateAdmin: Bool = false, sharing shared: PipelineHarness? = nil
+        limits: IntakeLimits = .unlimited, separateAdmin: Bool = false, receiptsThroughServerAPI: Bool = false,
+        confirmWithAPI: Bool = false, sharing shared: PipelineHarness? = nil
     ) async throws -> PipelineHarness {
         let logger = TestBroker.logger
         let names = shared?.names ?? PipelineNames(prefix: TestBroker.uniquePrefix(name))
@@ -67,6 +71,8 @@ final class PipelineHarness: Sendable {
             verifyReceipt: VerifyReceiptClient.Settings(endpoints: .apple, bundleIds: [bundleId], timeout: appleTimeout),
             finisher: FinisherSettings(names: names, alerts: alerts, catalog: testCatalog), fakeAppStoreHost: "127.0.0.1", fakeAppStorePort: 0,
             ops: withOps ? OpsSettings(host: "127.0.0.1", port: 0) : nil)
+        settings.fakeAppStoreAPIKey = try FakeServerAPIKey(
+            privateKeyPEM: ServerAPIKey.privateKey.pemRepresentation, keyId: ServerAPIKey.keyId, issuerId: ServerAPIKey.issuerId)
 
         let ports = NIOLockedValueBox([Role: Int]())
         let report: @Sendable (Role, Int) async -> Void = { role, port in ports.withLockedValue { $0[role] = port } }
@@ -83,6 +89,12 @@ final class PipelineHarness: Sendable {
         let fakeURL = shared?.fakeURL ?? "http://127.0.0.1:\(ports.withLockedValue { $0[.fakeAppStore]! })"
         settings.verifyReceipt.endpoints = VerifyReceiptEndpoints(
             production: fakeURL + "/verifyReceipt", sandbox: fakeURL + "/sandbox/verifyReceipt")
+        // StoreKit 2 against the fake: its root, its Server API, our test key.
+        let root = try await HTTP.get(fakeURL + "/fake/root-certificate")
+        settings.storeKit = StoreKitSettings(
+            trustedRoots: [try Certificate(derEncoded: [UInt8](root.body))], appAppleId: FakeAppStore.defaultAppAppleId,
+            serverAPI: ServerAPIKey.settings(fakeURL: fakeURL), confirmWithAPI: confirmWithAPI,
+            receiptsThroughServerAPI: receiptsThroughServerAPI)
 
         let pipeline = try Pipeline(roles: roles, settings: settings, logger: logger, onListening: report)
         let group = pipeline.makeServiceGroup(gracefulShutdownSignals: [], logger: logger)
@@ -105,6 +117,11 @@ final class PipelineHarness: Sendable {
             guard try await eventually(timeout: .seconds(10), { ports.withLockedValue { $0[.ops] } != nil }) else {
                 throw HarnessError("the operators' endpoint did not start")
             }
+        }
+        if roles.contains(.intake) {
+            // The fake sends its notifications to this intake.
+            let url = "http://127.0.0.1:\(ports.withLockedValue { $0[.intake] ?? 0 })/v1/notifications/appstore"
+            _ = try await HTTP.post(fakeURL + "/fake/config", json: ["notificationURL": url])
         }
         let store = try pipeline.store ?? OrderStore(path: databasePath)
         return PipelineHarness(
@@ -145,6 +162,8 @@ final class PipelineHarness: Sendable {
         var transactionId: String
         var originalTransactionId: String
         var receiptData: String
+        var signedTransaction: String?
+        var orderId: String?
     }
 
     /// Mints a purchase at the fake App Store.
@@ -218,6 +237,20 @@ final class PipelineHarness: Sendable {
             return states.contains(last["state"] as? String ?? "")
         }
         return last
+    }
+}
+
+/// The App Store Server API key of the tests: the fake checks tokens against it, the
+/// verifier signs with it.
+enum ServerAPIKey {
+    static let privateKey = P256.Signing.PrivateKey()
+    static let keyId = "TESTKEY123"
+    static let issuerId = "57246542-96fe-1a63-e053-0824d011072a"
+
+    static func settings(fakeURL: String) -> AppStoreServerAPIClient.Settings {
+        AppStoreServerAPIClient.Settings(
+            keyId: keyId, issuerId: issuerId, privateKeyPEM: privateKey.pemRepresentation, bundleId: PipelineHarness.bundleId,
+            productionURL: fakeURL, sandboxURL: fakeURL + "/sandbox", timeout: .seconds(5))
     }
 }
 
