@@ -1,5 +1,6 @@
 import AppStore
 import ArgumentParser
+import Crypto
 import Finisher
 import Foundation
 import IAPCore
@@ -11,6 +12,8 @@ import ServiceLifecycle
 import UnixSignals
 import Pipeline
 import Verifier
+import X509
+import SwiftASN1
 
 /// Settings read from the environment only (secrets, webhooks), told in `--help`.
 enum HelpText {
@@ -133,11 +136,13 @@ struct VerifierCommand: AsyncParsableCommand {
 
     @OptionGroup var broker: BrokerOptions
     @OptionGroup var verifier: VerifierOptions
+    @OptionGroup var storeKit: StoreKitOptions
     @OptionGroup var ops: OpsOptions
     @OptionGroup var log: LogOptions
 
     func run() async throws {
-        let settings = try pipelineSettings(broker: broker, verifier: verifier)
+        var settings = try pipelineSettings(broker: broker, verifier: verifier)
+        settings.storeKit = try storeKit.settings(bundleIds: settings.verifyReceipt.bundleIds)
         try await serve([.verifier], settings: settings, ops: ops, log: log, label: "iap.verifier")
     }
 }
@@ -193,8 +198,10 @@ struct FakeAppStoreCommand: AsyncParsableCommand {
     func run() async throws {
         let (host, port) = try fake.address()
         let logger = try log.makeLogger(label: "iap.fake-appstore")
-        let application = try FakeAppStore(databasePath: fake.databasePath(default: "fake-appstore.sqlite"))
-            .makeApplication(host: host, port: port, logger: logger)
+        let application = try FakeAppStore(
+            databasePath: fake.databasePath(default: "fake-appstore.sqlite"), apiKey: fake.apiKey(),
+            notificationURL: fake.notificationURL()
+        ).makeApplication(host: host, port: port, logger: logger)
         let group = ServiceGroup(
             configuration: .init(services: [application], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
         try await group.run()
@@ -215,6 +222,7 @@ struct DevCommand: AsyncParsableCommand {
     @OptionGroup var store: StoreOptions
     @OptionGroup var http: HTTPOptions
     @OptionGroup var verifier: VerifierOptions
+    @OptionGroup var storeKit: StoreKitOptions
     @OptionGroup var fake: FakeAppStoreOptions
     @OptionGroup var ops: OpsOptions
     @OptionGroup var catalog: CatalogOptions
@@ -237,6 +245,25 @@ struct DevCommand: AsyncParsableCommand {
         settings.fakeAppStoreDatabasePath = fake.databasePath(
             default: URL(fileURLWithPath: settings.databasePath).deletingLastPathComponent()
                 .appendingPathComponent("fake-appstore.sqlite").path)
+        // StoreKit 2 against the fake: a Server API key made for this run, given to both
+        // sides; signed data trusted up to the fake's root; notifications to our intake.
+        let key = P256.Signing.PrivateKey()
+        let keyId = "DEVKEY0001"
+        let issuerId = UUID().uuidString.lowercased()
+        settings.fakeAppStoreAPIKey = try FakeServerAPIKey(privateKeyPEM: key.pemRepresentation, keyId: keyId, issuerId: issuerId)
+        let intakeHost = settings.intake.host == "0.0.0.0" ? "127.0.0.1" : settings.intake.host
+        settings.fakeAppStoreNotificationURL =
+            fake.notificationURL() ?? "http://\(intakeHost):\(settings.intake.port)/v1/notifications/appstore"
+        let fakeRoot = try FakeAppStore(databasePath: settings.fakeAppStoreDatabasePath).rootCertificateDER()
+        settings.storeKit = try storeKit.settings(
+            bundleIds: verifyReceipt.bundleIds,
+            defaults: StoreKitSettings(
+                trustedRoots: [try Certificate(derEncoded: fakeRoot)], appAppleId: FakeAppStore.defaultAppAppleId,
+                serverAPI: AppStoreServerAPIClient.Settings(
+                    keyId: keyId, issuerId: issuerId, privateKeyPEM: key.pemRepresentation,
+                    bundleId: verifyReceipt.bundleIds.sorted().first ?? "com.example.demo", productionURL: fakeURL,
+                    sandboxURL: fakeURL + "/sandbox"),
+                receiptsThroughServerAPI: false))
         let logger = try log.makeLogger(label: "iap.dev")
         let host = settings.intake.host
         let pipeline = try Pipeline(

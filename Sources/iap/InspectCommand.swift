@@ -1,12 +1,14 @@
 import AppStore
 import ArgumentParser
 import Foundation
+import SwiftASN1
+import X509
 
 /// `iap inspect …`: looks inside what the pipeline handles, without changing anything.
 struct InspectCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "inspect", abstract: "Look inside what the pipeline handles (read only).",
-        subcommands: [InspectReceiptCommand.self])
+        subcommands: [InspectReceiptCommand.self, InspectJWSCommand.self])
 }
 
 /// `iap inspect receipt FILE|-`: prints what an app receipt says, as JSON.
@@ -27,12 +29,12 @@ struct InspectReceiptCommand: AsyncParsableCommand {
         let receipt: AppReceipt
         do {
             // Base64 text of a receipt of `limit` bytes, with room for line breaks.
-            let input = try readInput(upTo: limit * 2 + 1)
+            let input = try readInput(file, upTo: limit * 2 + 1)
             receipt = try Self.parse(input)
         } catch let error as AppReceiptError {
-            throw Self.fail(error.code.rawValue, error.message)
+            throw fail(error.code.rawValue, error.message)
         } catch let error as InputError {
-            throw Self.fail(error.code, error.message)
+            throw fail(error.code, error.message)
         }
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
@@ -51,41 +53,136 @@ struct InspectReceiptCommand: AsyncParsableCommand {
         return try AppReceiptParser.parse(base64: text)
     }
 
-    private struct InputError: Error {
-        var code: String
-        var message: String
-    }
+}
 
-    private func readInput(upTo limit: Int) throws -> [UInt8] {
-        let handle: FileHandle
-        if file == "-" {
-            handle = FileHandle.standardInput
-        } else {
-            guard let opened = FileHandle(forReadingAtPath: file) else {
-                throw InputError(code: "cannot_read", message: "cannot open \(file)")
-            }
-            handle = opened
+struct InputError: Error {
+    var code: String
+    var message: String
+}
+
+/// The bytes of `file` (`-`: standard input), at most `limit`.
+func readInput(_ file: String, upTo limit: Int) throws -> [UInt8] {
+    let handle: FileHandle
+    if file == "-" {
+        handle = FileHandle.standardInput
+    } else {
+        guard let opened = FileHandle(forReadingAtPath: file) else {
+            throw InputError(code: "cannot_read", message: "cannot open \(file)")
         }
-        defer { if file != "-" { try? handle.close() } }
-        var bytes: [UInt8] = []
+        handle = opened
+    }
+    defer { if file != "-" { try? handle.close() } }
+    var bytes: [UInt8] = []
+    do {
+        while let chunk = try handle.read(upToCount: 64 * 1024), !chunk.isEmpty {
+            bytes.append(contentsOf: chunk)
+            guard bytes.count <= limit else {
+                throw AppReceiptError(.tooLarge, "the input is longer than \(limit) bytes")
+            }
+        }
+    } catch let error as AppReceiptError {
+        throw error
+    } catch {
+        throw InputError(code: "cannot_read", message: "cannot read \(file): \(error.localizedDescription)")
+    }
+    return bytes
+}
+
+/// Reports on standard error; the caller throws the exit code.
+func fail(_ code: String, _ message: String) -> ExitCode {
+    FileHandle.standardError.write(Data("error: \(code): \(message)\n".utf8))
+    return .failure
+}
+
+/// `iap inspect jws`: verifies a StoreKit 2 signed transaction, renewal info or App Store
+/// notification and prints its payload.
+struct InspectJWSCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "jws",
+        abstract: "Verify a StoreKit 2 JWS (transaction, renewal info or notification) and print its payload as JSON.",
+        discussion: """
+            The kind is told from the payload. The chain must lead to a --root (default: Apple Root CA - G3) \
+            at the payload's signedDate. A notification's signed transaction and renewal info are verified too \
+            and shown decoded. Exits 0 with the payload on standard output, or 1 with \
+            'error: <reason code>: <message>' on standard error.
+            """)
+
+    @Option(name: .long, help: "A trusted root certificate (DER or PEM); repeatable. Default: Apple Root CA - G3.")
+    var root: [String] = []
+
+    @Option(name: .long, help: "The bundle id the payload must name; default: whatever it names.")
+    var bundleId: String?
+
+    @Option(name: .long, help: "Production or Sandbox; default: either.")
+    var environment: String?
+
+    @Option(name: .long, help: "The app's App Store id that a production notification must name.")
+    var appAppleId: Int64?
+
+    @Argument(help: "A file holding the JWS, or - for standard input.")
+    var file: String
+
+    func run() async throws {
+        let jws: String
         do {
-            while let chunk = try handle.read(upToCount: 64 * 1024), !chunk.isEmpty {
-                bytes.append(contentsOf: chunk)
-                guard bytes.count <= limit else {
-                    throw AppReceiptError(.tooLarge, "the input is longer than \(limit) bytes")
-                }
-            }
-        } catch let error as AppReceiptError {
-            throw error
-        } catch {
-            throw InputError(code: "cannot_read", message: "cannot read \(file): \(error.localizedDescription)")
+            jws = String(decoding: try readInput(file, upTo: 1 << 20), as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+        } catch let error as InputError {
+            throw fail(error.code, error.message)
         }
-        return bytes
+        let parts = jws.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 3, let payloadBytes = Base64URL.decode(parts[1].utf8),
+            let payload = try? JSONSerialization.jsonObject(with: payloadBytes) as? [String: Any]
+        else {
+            throw fail(JWSVerificationError.Code.malformed.rawValue, "not a compact JWS with a JSON payload")
+        }
+        let roots: [Certificate]
+        do {
+            roots = root.isEmpty ? [try AppleRoot.g3()] : try root.map(Self.certificate)
+        } catch {
+            throw fail("cannot_read", "\(error)")
+        }
+        let named = (payload["bundleId"] as? String) ?? ((payload["data"] as? [String: Any])?["bundleId"] as? String)
+        let verifier = SignedDataVerifier(
+            settings: .init(
+                trustedRoots: roots, bundleIds: Set([bundleId ?? named ?? ""]),
+                environments: environment.map { [$0] } ?? ["Production", "Sandbox"], appAppleId: appAppleId))
+        var output = payload
+        do {
+            if payload["notificationType"] != nil {
+                let notification = try await verifier.verifyNotification(jws)
+                var data = payload["data"] as? [String: Any] ?? [:]
+                if let inner = notification.data?.signedTransactionInfo {
+                    _ = try await verifier.verifyTransaction(inner)
+                    data["decodedTransactionInfo"] = Self.payload(of: inner)
+                }
+                if let inner = notification.data?.signedRenewalInfo {
+                    _ = try await verifier.verifyRenewalInfo(inner)
+                    data["decodedRenewalInfo"] = Self.payload(of: inner)
+                }
+                if !data.isEmpty { output["data"] = data }
+            } else if payload["transactionId"] != nil {
+                _ = try await verifier.verifyTransaction(jws)
+            } else {
+                _ = try await verifier.verifyRenewalInfo(jws)
+            }
+        } catch {
+            throw fail(error.code.rawValue, error.message)
+        }
+        let json = try JSONSerialization.data(withJSONObject: output, options: [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes])
+        print(String(decoding: json, as: UTF8.self))
     }
 
-    /// Reports on standard error; the caller throws the exit code.
-    private static func fail(_ code: String, _ message: String) -> ExitCode {
-        FileHandle.standardError.write(Data("error: \(code): \(message)\n".utf8))
-        return .failure
+    private static func payload(of jws: String) -> Any? {
+        let parts = jws.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 3, let bytes = Base64URL.decode(parts[1].utf8) else { return nil }
+        return try? JSONSerialization.jsonObject(with: bytes)
+    }
+
+    private static func certificate(_ path: String) throws -> Certificate {
+        let data = try Data(contentsOf: URL(fileURLWithPath: path))
+        if let text = String(data: data, encoding: .utf8), text.contains("-----BEGIN CERTIFICATE-----") {
+            return try Certificate(pemEncoded: text)
+        }
+        return try Certificate(derEncoded: [UInt8](data))
     }
 }

@@ -1,15 +1,19 @@
 import AppStore
 import ArgumentParser
 import Finisher
+import FakeAppStore
 import Foundation
 import IAPCore
 import Intake
+import JWTKit
 import Logging
 import Messaging
 import Metrics
 import Prometheus
 import Pipeline
+import SwiftASN1
 import Verifier
+import X509
 
 /// Reads a setting: the flag if given, else the environment variable, else the default.
 /// Only this executable reads the environment.
@@ -409,11 +413,151 @@ struct FakeAppStoreOptions: ParsableArguments {
         SettingReader().string(fakeAppStoreDatabasePath, "IAP_FAKE_DATABASE_PATH", default: fallback)
     }
 
+    @Option(name: .customLong("fake-api-key-path"), help: "PEM private key whose public half checks Server API bearer tokens; unset, the fake's Server API refuses every call. (env IAP_FAKE_API_KEY_PATH)")
+    var fakeAPIKeyPath: String?
+
+    @Option(name: .customLong("fake-api-key-id"), help: "Key id the fake expects in bearer tokens. (env IAP_FAKE_API_KEY_ID)")
+    var fakeAPIKeyId: String?
+
+    @Option(name: .customLong("fake-issuer-id"), help: "Issuer id the fake expects in bearer tokens. (env IAP_FAKE_ISSUER_ID)")
+    var fakeIssuerId: String?
+
+    @Option(name: .customLong("fake-notification-url"), help: "Where the fake sends App Store Server Notifications. (env IAP_FAKE_NOTIFICATION_URL)")
+    var fakeNotificationURL: String?
+
+    /// The Server API key the fake checks tokens against, if configured.
+    func apiKey() throws -> FakeServerAPIKey? {
+        let reader = SettingReader()
+        guard let path = reader.optionalString(fakeAPIKeyPath, "IAP_FAKE_API_KEY_PATH") else { return nil }
+        guard let keyId = reader.optionalString(fakeAPIKeyId, "IAP_FAKE_API_KEY_ID"),
+            let issuerId = reader.optionalString(fakeIssuerId, "IAP_FAKE_ISSUER_ID")
+        else {
+            throw ValidationError("IAP_FAKE_API_KEY_PATH needs IAP_FAKE_API_KEY_ID and IAP_FAKE_ISSUER_ID")
+        }
+        do {
+            return try FakeServerAPIKey(
+                privateKeyPEM: try String(contentsOfFile: path, encoding: .utf8), keyId: keyId, issuerId: issuerId)
+        } catch {
+            throw ValidationError("IAP_FAKE_API_KEY_PATH: \(path) is not a readable P-256 PEM private key")
+        }
+    }
+
+    func notificationURL() -> String? {
+        SettingReader().optionalString(fakeNotificationURL, "IAP_FAKE_NOTIFICATION_URL")
+    }
+
     func address() throws -> (host: String, port: Int) {
         let reader = SettingReader()
         return (
             reader.string(fakeAppStoreHost, "IAP_FAKE_APPSTORE_HOST", default: "127.0.0.1"),
             try reader.int(fakeAppStorePort, "IAP_FAKE_APPSTORE_PORT", default: 8090, in: 0...65535)
         )
+    }
+}
+
+struct StoreKitOptions: ParsableArguments {
+    @Option(name: .long, help: "The App Store Server API key (.p8, PEM) from App Store Connect; enables transaction-id uploads and the Server API route for receipts. (env IAP_APPSTORE_KEY_PATH)")
+    var appstoreKeyPath: String?
+
+    @Option(name: .long, help: "The key's id in App Store Connect. (env IAP_APPSTORE_KEY_ID)")
+    var appstoreKeyId: String?
+
+    @Option(name: .long, help: "The issuer id of the key (App Store Connect, Keys). (env IAP_APPSTORE_ISSUER_ID)")
+    var appstoreIssuerId: String?
+
+    @Option(name: .long, help: "App Store Server API base URL. (env IAP_APPSTORE_API_URL; default https://api.storekit.apple.com)")
+    var appstoreApiURL: String?
+
+    @Option(name: .long, help: "Sandbox App Store Server API base URL. (env IAP_APPSTORE_SANDBOX_API_URL; default https://api.storekit-sandbox.apple.com)")
+    var appstoreSandboxApiURL: String?
+
+    @Option(name: .long, help: "Share of Apple's per-app Server API rate limits this process may use: 1 for one verifier, 1/N for N. (env IAP_APPSTORE_API_RATE_SHARE; default 1)")
+    var appstoreApiRateShare: Double?
+
+    @Option(name: .long, help: "The app's App Store id; production notifications must name it. (env IAP_APP_APPLE_ID)")
+    var appAppleId: Int64?
+
+    @Option(name: .long, help: "Confirm locally verified signed transactions with Get Transaction Info: true or false. (env IAP_CONFIRM_WITH_API; default false)")
+    var confirmWithAPI: String?
+
+    @Option(name: .long, help: "How app receipts are verified: server-api (transaction ids read locally, then looked up) or verify-receipt. (env IAP_RECEIPTS_VIA; default server-api with a key, else verify-receipt)")
+    var receiptsVia: String?
+
+    @Option(name: .long, help: "Comma-separated root certificate files (DER or PEM) that signed data must chain to; for tests only. (env IAP_TRUSTED_ROOTS; default Apple Root CA - G3, shipped)")
+    var trustedRoots: String?
+
+    /// StoreKit 2 settings; `bundleIds` names the app of the Server API key (exactly one).
+    func settings(bundleIds: Set<String>, defaults: StoreKitSettings = .init()) throws -> StoreKitSettings {
+        let reader = SettingReader()
+        var settings = defaults
+        if let paths = reader.optionalString(trustedRoots, "IAP_TRUSTED_ROOTS") {
+            settings.trustedRoots = try paths.split(separator: ",").map { path in
+                let path = path.trimmingCharacters(in: .whitespaces)
+                do {
+                    let data = try Data(contentsOf: URL(fileURLWithPath: path))
+                    if let text = String(data: data, encoding: .utf8), text.contains("-----BEGIN CERTIFICATE-----") {
+                        return try Certificate(pemEncoded: text)
+                    }
+                    return try Certificate(derEncoded: [UInt8](data))
+                } catch {
+                    throw ValidationError("IAP_TRUSTED_ROOTS: \(path) is not a readable certificate: \(error)")
+                }
+            }
+        }
+        if let appAppleId = try optionalInt64(appAppleId, "IAP_APP_APPLE_ID") { settings.appAppleId = appAppleId }
+        switch reader.string(confirmWithAPI, "IAP_CONFIRM_WITH_API", default: settings.confirmWithAPI ? "true" : "false") {
+        case "true": settings.confirmWithAPI = true
+        case "false": settings.confirmWithAPI = false
+        case let other: throw ValidationError("IAP_CONFIRM_WITH_API must be true or false, got '\(other)'")
+        }
+        if let keyPath = reader.optionalString(appstoreKeyPath, "IAP_APPSTORE_KEY_PATH") {
+            guard let keyId = reader.optionalString(appstoreKeyId, "IAP_APPSTORE_KEY_ID"),
+                let issuerId = reader.optionalString(appstoreIssuerId, "IAP_APPSTORE_ISSUER_ID")
+            else {
+                throw ValidationError("IAP_APPSTORE_KEY_PATH needs IAP_APPSTORE_KEY_ID and IAP_APPSTORE_ISSUER_ID")
+            }
+            guard bundleIds.count == 1, let bundleId = bundleIds.first else {
+                throw ValidationError("the App Store Server API key serves one app: set exactly one bundle id in IAP_BUNDLE_IDS")
+            }
+            let pem: String
+            do {
+                pem = try String(contentsOfFile: keyPath, encoding: .utf8)
+            } catch {
+                throw ValidationError("IAP_APPSTORE_KEY_PATH: cannot read \(keyPath): \(error.localizedDescription)")
+            }
+            let share = appstoreApiRateShare ?? Double(reader.optionalString(nil, "IAP_APPSTORE_API_RATE_SHARE") ?? "1")
+            guard let share, share > 0, share <= 1 else {
+                throw ValidationError("IAP_APPSTORE_API_RATE_SHARE must be a number above 0 and at most 1")
+            }
+            settings.serverAPI = AppStoreServerAPIClient.Settings(
+                keyId: keyId, issuerId: issuerId, privateKeyPEM: pem, bundleId: bundleId,
+                productionURL: reader.string(appstoreApiURL, "IAP_APPSTORE_API_URL", default: "https://api.storekit.apple.com"),
+                sandboxURL: reader.string(
+                    appstoreSandboxApiURL, "IAP_APPSTORE_SANDBOX_API_URL", default: "https://api.storekit-sandbox.apple.com"),
+                rateShare: share)
+            do {
+                _ = try ES256PrivateKey(pem: pem)
+            } catch {
+                throw ValidationError("IAP_APPSTORE_KEY_PATH: \(keyPath) is not a P-256 private key in PEM (.p8)")
+            }
+        }
+        switch reader.optionalString(receiptsVia, "IAP_RECEIPTS_VIA") {
+        case nil: settings.receiptsThroughServerAPI = settings.serverAPI != nil
+        case "server-api":
+            guard settings.serverAPI != nil else {
+                throw ValidationError("IAP_RECEIPTS_VIA=server-api needs the App Store Server API key (IAP_APPSTORE_KEY_PATH)")
+            }
+            settings.receiptsThroughServerAPI = true
+        case "verify-receipt": settings.receiptsThroughServerAPI = false
+        case let other?: throw ValidationError("IAP_RECEIPTS_VIA must be server-api or verify-receipt, got '\(other)'")
+        }
+        return settings
+    }
+
+    private func optionalInt64(_ flag: Int64?, _ variable: String) throws -> Int64? {
+        if let flag { return flag }
+        guard let raw = SettingReader().optionalString(nil, variable) else { return nil }
+        guard let value = Int64(raw) else { throw ValidationError("\(variable) must be a whole number, got '\(raw)'") }
+        return value
     }
 }

@@ -91,4 +91,32 @@ struct CommandLineTests {
         let flag = try iap(["verifier", "--amqp-url", "amqp://user:secret@127.0.0.1/"], environment: base)
         #expect(flag.status != 0 && flag.output.contains("--amqp-url"), "\(flag.output)")
     }
+
+    @Test func inspectJWSVerifiesAndPrintsOrSaysWhy() async throws {
+        let apple = try await VerifyReceiptClientTests.Apple.start()
+        defer { Task { await apple.stop() } }
+        let answer = try await HTTP.post(
+            apple.url + "/fake/purchases", json: ["bundleId": PipelineHarness.bundleId, "productId": "com.example.coins.60"])
+        let jws = try #require(answer.json["signedTransaction"] as? String)
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("jws-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        let file = folder.appendingPathComponent("transaction.jws")
+        try jws.write(to: file, atomically: true, encoding: .utf8)
+        let root = folder.appendingPathComponent("root.der")
+        try (try await HTTP.get(apple.url + "/fake/root-certificate")).body.write(to: root)
+
+        let run = try iap(["inspect", "jws", "--root", root.path, "--bundle-id", PipelineHarness.bundleId, file.path])
+        #expect(run.status == 0, "\(run.output)")
+        let json = try JSONSerialization.jsonObject(with: Data(run.output.utf8)) as? [String: Any]
+        #expect(json?["transactionId"] as? String == answer.json["transactionId"] as? String, "\(run.output)")
+        #expect(json?["type"] as? String == "Consumable")
+        // Apple's root by default: the fake's chain is not Apple's.
+        let untrusted = try iap(["inspect", "jws", file.path])
+        #expect(untrusted.status != 0 && untrusted.output.contains("jws_untrusted_chain"), "\(untrusted.output)")
+        let otherApp = try iap(["inspect", "jws", "--root", root.path, "--bundle-id", "com.other", file.path])
+        #expect(otherApp.status != 0 && otherApp.output.contains("bundle_id_mismatch"), "\(otherApp.output)")
+        try "not.a.jws".write(to: file, atomically: true, encoding: .utf8)
+        let junk = try iap(["inspect", "jws", "--root", root.path, file.path])
+        #expect(junk.status != 0 && junk.output.contains("jws_malformed"), "\(junk.output)")
+    }
 }

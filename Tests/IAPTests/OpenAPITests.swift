@@ -53,6 +53,7 @@ struct OpenAPITests {
             "invalid_json", "missing_field", "invalid_field", "receipt_not_base64", "receipt_empty", "receipt_malformed",
             "unauthenticated", "token_invalid", "token_expired", "user_mismatch", "forbidden", "request_timeout",
             "body_too_large", "rate_limited", "overloaded", "store_unavailable", "submission_not_found", "order_not_found",
+            "jws_malformed", "method_not_allowed",
         ] {
             #expect(yaml.contains(code), "docs/openapi.yaml does not mention the error code \(code)")
         }

@@ -48,14 +48,15 @@ def request(url: str, body: dict | None = None) -> tuple[int, bytes]:
         return error.code, error.read()
 
 
-def mint_receipt(fake_url: str, bundle_id: str) -> str:
+def mint(fake_url: str, bundle_id: str, field: str) -> str:
+    """A purchase minted at the fake App Store: its `receiptData` or `signedTransaction`."""
     status, body = request(
         f"{fake_url}/fake/purchases",
         {"bundleId": bundle_id, "productId": "com.example.coins.60", "environment": "Production"},
     )
     if status // 100 != 2:
         sys.exit(f"the fake App Store answered {status}: {body[:200]!r}")
-    return json.loads(body)["receiptData"]
+    return json.loads(body)[field]
 
 
 def products(intake_url: str) -> str:
@@ -91,7 +92,9 @@ def main() -> None:
         secret = os.environ.get("IAP_AUTH_HS256_SECRET") or sys.exit("IAP_AUTH_HS256_SECRET is not set")
         print(token(args[1], secret))
     elif len(args) == 3 and args[0] == "mint-receipt":
-        print(mint_receipt(args[1], args[2]))
+        print(mint(args[1], args[2], "receiptData"))
+    elif len(args) == 3 and args[0] == "mint-signed-transaction":
+        print(mint(args[1], args[2], "signedTransaction"))
     elif len(args) == 2 and args[0] == "products":
         print(products(args[1]))
     elif len(args) == 2 and args[0] == "auth-enforced":

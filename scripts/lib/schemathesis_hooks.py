@@ -3,14 +3,16 @@
 - Auth: the user token on the app's routes, the admin token on /v1/admin/..., nothing on the
   public ones (each operation's `security` in docs/openapi.yaml says which).
 - Positive cases are made meaningful where JSON Schema cannot say what the server needs:
-  `receiptData` becomes a real receipt (minted by the script at the fake App Store),
+  `receiptData` becomes a real receipt and `signedTransaction` a real signed transaction
+  (minted by the script at the fake App Store), `signedPayload` a well-formed notification,
   `productId` a product of the live catalog, and the user the token's subject. Without this,
   every "valid" upload would be a random base64 string, rightly refused as
   `receipt_malformed`, and the success paths would never be exercised.
 - Every request must stay on the intake under test, on a documented path.
 
 Settings come from the environment: IAP_CHECK_BASE_URL, IAP_CHECK_USER_TOKEN,
-IAP_CHECK_USER_ID, IAP_CHECK_ADMIN_TOKEN, IAP_CHECK_RECEIPT, IAP_CHECK_PRODUCTS.
+IAP_CHECK_USER_ID, IAP_CHECK_ADMIN_TOKEN, IAP_CHECK_RECEIPT, IAP_CHECK_SIGNED_TRANSACTION,
+IAP_CHECK_PRODUCTS.
 """
 
 import os
@@ -23,6 +25,10 @@ USER_TOKEN = os.environ["IAP_CHECK_USER_TOKEN"]
 USER_ID = os.environ["IAP_CHECK_USER_ID"]
 ADMIN_TOKEN = os.environ["IAP_CHECK_ADMIN_TOKEN"]
 RECEIPT = os.environ["IAP_CHECK_RECEIPT"]
+SIGNED_TRANSACTION = os.environ["IAP_CHECK_SIGNED_TRANSACTION"]
+# A well-formed but unsigned notification: the intake stores it (the signature is the
+# verifier's to check, and it will refuse this one).
+UNSIGNED_NOTIFICATION = "eyJhbGciOiJFUzI1NiJ9.eyJub3RpZmljYXRpb25UeXBlIjoiVEVTVCJ9.c2lnbmF0dXJl"
 PRODUCTS = [p for p in os.environ.get("IAP_CHECK_PRODUCTS", "").split(",") if p]
 
 
@@ -67,11 +73,16 @@ def before_call(context, case, kwargs):
         if path in ("/v1/receipts", "/v1/orders") and body is not None:
             body["userId"] = USER_ID
         if path == "/v1/receipts" and body is not None:
-            body["receiptData"] = RECEIPT
+            if "receiptData" in body:
+                body["receiptData"] = RECEIPT
+            if "signedTransaction" in body:
+                body["signedTransaction"] = SIGNED_TRANSACTION
+        if path == "/v1/notifications/appstore" and body is not None:
+            body["signedPayload"] = UNSIGNED_NOTIFICATION
         if path in ("/v1/orders", "/v1/admin/grants") and body is not None and PRODUCTS:
             if body.get("productId") not in PRODUCTS:
                 body["productId"] = PRODUCTS[len(str(body.get("productId"))) % len(PRODUCTS)]
-        if path == "/v1/users/{userId}/grants":
+        if path in ("/v1/users/{userId}/grants", "/v1/users/{userId}/subscriptions"):
             case.path_parameters["userId"] = USER_ID
     target = urlsplit(BASE_URL + case.formatted_path)
     segments = target.path.split("/")
