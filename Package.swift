@@ -11,6 +11,7 @@ let package = Package(
     platforms: [.macOS(.v15)],
     products: [
         .executable(name: "iap", targets: ["iap"]),
+        .executable(name: "iap-microbench", targets: ["IAPMicrobench"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
@@ -170,6 +171,11 @@ let package = Package(
                 .product(name: "SwiftASN1", package: "swift-asn1"),
                 .product(name: "Crypto", package: "swift-crypto"),
             ],
+            swiftSettings: strictSettings
+        ),
+        .executableTarget(
+            name: "IAPMicrobench",
+            dependencies: ["IAPCore", "AppStore", "FakeAppStore", "OrderStore"],
             swiftSettings: strictSettings
         ),
         .testTarget(

@@ -1,0 +1,127 @@
+import AppStore
+import FakeAppStore
+import Foundation
+import IAPCore
+import OrderStore
+
+/// Micro-benchmarks of the hot paths, one core, printed as operations per second. Build in
+/// release mode: `swift run -c release iap-microbench [jws|receipt|codec|finisher|all] [--seconds S]`.
+@main
+struct Microbench {
+    static func main() async throws {
+        var arguments = Array(CommandLine.arguments.dropFirst())
+        var seconds = 3.0
+        if let index = arguments.firstIndex(of: "--seconds"), index + 1 < arguments.count {
+            seconds = Double(arguments[index + 1]) ?? seconds
+            arguments.removeSubrange(index...index + 1)
+        }
+        let which = Set(arguments.isEmpty ? ["all"] : arguments)
+        let all = which.contains("all")
+        print("iap-microbench: \(ProcessInfo.processInfo.activeProcessorCount) cores, \(seconds) s per figure, one task")
+        if all || which.contains("jws") { try await jws(seconds: seconds) }
+        if all || which.contains("receipt") { try receipt(seconds: seconds) }
+        if all || which.contains("codec") { try codec(seconds: seconds) }
+        if all || which.contains("finisher") { try await finisher(seconds: seconds) }
+    }
+
+    /// Runs `body` for about `seconds`; prints and returns operations per second.
+    @discardableResult
+    static func measure(_ name: String, seconds: Double, _ body: () async throws -> Void) async rethrows -> Double {
+        for _ in 0..<50 { try await body() }  // warm-up
+        let clock = ContinuousClock()
+        let start = clock.now
+        let deadline = start + .seconds(seconds)
+        var count = 0
+        while clock.now < deadline {
+            for _ in 0..<20 { try await body() }
+            count += 20
+        }
+        let elapsed = clock.now - start
+        let perSecond = Double(count) / (Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18)
+        print(name.padding(toLength: 44, withPad: " ", startingAt: 0) + String(format: "%10.0f /s  (%.1f µs each)", perSecond, 1e6 / perSecond))
+        return perSecond
+    }
+
+    static func transaction(_ id: Int) -> JWSTransactionDecodedPayload {
+        let now = Date().appleMilliseconds
+        return JWSTransactionDecodedPayload(
+            transactionId: String(2_000_000_000_000_000 + id), originalTransactionId: String(2_000_000_000_000_000 + id),
+            bundleId: "com.example.demo", productId: "com.example.coins.60", environment: "Production", purchaseDate: now,
+            quantity: 1, type: "Consumable", signedDate: now)
+    }
+
+    static func jws(seconds: Double) async throws {
+        let authority = try FakeCertificateAuthority.generate()
+        let signed = try authority.signJWS(transaction(1))
+        let settings = SignedDataVerifier.Settings(trustedRoots: [authority.root], bundleIds: ["com.example.demo"])
+        let warm = SignedDataVerifier(settings: settings)
+        try await measure("JWS verify, chain cache warm", seconds: seconds) {
+            _ = try await warm.verifyTransaction(signed)
+        }
+        try await measure("JWS verify, chain cache cold", seconds: seconds) {
+            _ = try await SignedDataVerifier(settings: settings).verifyTransaction(signed)
+        }
+    }
+
+    static func receipt(seconds: Double) throws {
+        let minter = ReceiptMinter(authority: try FakeCertificateAuthority.generate())
+        let bytes = try minter.mint(
+            ReceiptPayload(
+                bundleId: "com.example.demo",
+                inApp: (0..<3).map {
+                    InAppPurchasePayload(productId: "com.example.coins.60", transactionId: String(2_000_000_000_000_000 + $0), purchaseDate: Date())
+                }))
+        let base64 = Data(bytes).base64EncodedString()
+        try measureSync("receipt parse (3 purchases, base64)", seconds: seconds) {
+            _ = try AppReceiptParser.parse(base64: base64)
+        }
+    }
+
+    static func codec(seconds: Double) throws {
+        let codec = MessageCodec()
+        let request = VerifyRequest(
+            submissionId: UUID(), userId: "user-1", receiptData: String(repeating: "A", count: 4000), transactionId: "2000000000000001",
+            attempt: 1, acceptedAt: Date())
+        let bytes = try codec.encode(request)
+        try measureSync("verify request encode (4 KB receipt)", seconds: seconds) { _ = try codec.encode(request) }
+        try measureSync("verify request decode (4 KB receipt)", seconds: seconds) {
+            _ = try codec.decode(VerifyRequest.self, from: bytes)
+        }
+    }
+
+    static func finisher(seconds: Double) async throws {
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("microbench-\(UUID().uuidString).sqlite").path
+        defer { for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: path + suffix) } }
+        let store = try OrderStore(path: path)
+        var next = 0
+        // Each iteration: one upload accepted, then its verified result applied (one credit).
+        try await measure("finisher transaction (accept + credit one)", seconds: seconds) {
+            next += 1
+            let id = UUID()
+            let request = VerifyRequest(submissionId: id, userId: "user-\(next % 1000)", receiptData: "AAAA", attempt: 1, acceptedAt: Date())
+            try await store.accept(request, message: OutboxMessage(routingKey: "bench", body: [1], messageId: id.uuidString))
+            let purchase = VerifiedPurchase(
+                transactionId: String(3_000_000_000_000_000 + next), originalTransactionId: String(3_000_000_000_000_000 + next),
+                productId: "com.example.coins.60", quantity: 1, purchaseDate: Date(), environment: .production)
+            _ = try await store.apply(
+                VerifyResult(
+                    submissionId: id, userId: request.userId, orderId: nil, attempt: 1,
+                    outcome: .verified(VerifiedReceipt(bundleId: "com.example.demo", environment: .production, purchases: [purchase]))))
+        }
+    }
+
+    static func measureSync(_ name: String, seconds: Double, _ body: () throws -> Void) throws {
+        for _ in 0..<50 { try body() }
+        let clock = ContinuousClock()
+        let start = clock.now
+        let deadline = start + .seconds(seconds)
+        var count = 0
+        while clock.now < deadline {
+            for _ in 0..<50 { try body() }
+            count += 50
+        }
+        let elapsed = clock.now - start
+        let perSecond = Double(count) / (Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18)
+        print(name.padding(toLength: 44, withPad: " ", startingAt: 0) + String(format: "%10.0f /s  (%.1f µs each)", perSecond, 1e6 / perSecond))
+    }
+}
