@@ -346,6 +346,7 @@ public final class AppStoreServerAPIClient: Sendable {
         case (429, _):
             error.kind = .transient
             error.retryAfter = response.headers.first(name: "Retry-After").flatMap(Int64.init).map(Date.init(appleMilliseconds:))
+            if let until = error.retryAfter { holdOff(endpoint, environment, until: until) }
         case (401, _):
             error.kind = .unauthorized
         case (_, 4_040_002?), (_, 4_040_004?), (_, 4_040_006?), (_, 5_000_001?):
@@ -368,6 +369,16 @@ public final class AppStoreServerAPIClient: Sendable {
         let statusClass = Int(status).map { "\($0 / 100)xx" } ?? "error"
         Timer(label: MetricNames.appleRequestDuration, dimensions: [("endpoint", "server_api.\(endpoint.rawValue)"), ("status_class", statusClass)])
             .record(duration: ContinuousClock.now - started)
+    }
+
+    /// After a 429, no call to this endpoint goes out before Apple's `Retry-After` (at most 10 minutes ahead).
+    private func holdOff(_ endpoint: Endpoint, _ environment: ServerAPIEnvironment, until: Date) {
+        let wait = min(max(0, until.timeIntervalSinceNow), 600)
+        let resume = ContinuousClock.now + .milliseconds(Int64(wait * 1000))
+        limiter.withLockedValue { slots in
+            let key = "\(endpoint.rawValue).\(environment.rawValue)"
+            slots[key] = max(slots[key] ?? resume, resume)
+        }
     }
 
     /// Waits for this endpoint's turn: requests are spaced at Apple's rate (times our share),

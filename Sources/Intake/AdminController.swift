@@ -79,6 +79,15 @@ struct AdminController: Sendable {
             }
             return try JSONResponse.make(SubmissionStatusBody(status))
         }
+        router.get("/v1/admin/consumption-requests") { request, _ in
+            try authorize(request)
+            let raw = request.uri.queryParameters.get("limit")
+            guard let limit = raw.map({ Int($0) }) ?? 100, (1...1000).contains(limit) else {
+                throw APIError.invalidField("limit", "must be a whole number from 1 to 1000")
+            }
+            let requests = try await store.consumptionRequests(limit: limit).map(ConsumptionRequestBody.init)
+            return try JSONResponse.make(["consumptionRequests": requests])
+        }
         router.get("/v1/admin/audit") { request, _ in
             try authorize(request)
             let raw = request.uri.queryParameters.get("limit")
@@ -157,6 +166,24 @@ struct PurchaseBody: Encodable {
         submissionId = record.submissionId
         heldReason = record.heldReason
         grant = record.grant.map(GrantBody.init)
+    }
+}
+
+struct ConsumptionRequestBody: Encodable {
+    var notificationUUID: String
+    var transactionId: String
+    var userId: String?
+    var reason: String?
+    var environment: String
+    var receivedAt: Date
+
+    init(_ record: ConsumptionRequestRecord) {
+        notificationUUID = record.notificationUUID
+        transactionId = record.transactionId
+        userId = record.userId
+        reason = record.reason
+        environment = record.environment
+        receivedAt = record.receivedAt
     }
 }
 

@@ -44,7 +44,7 @@ extension OrderStore {
             else { return "no_grant" }
             guard (grant["state"] as String) == "active" else { return "already_revoked" }
             try revokeGrant(
-                grant, actor: "apple", reason: notification.notificationType, eventId: "grant.revoked:\(tag)", policy: policy,
+                grant, actor: "apple", reason: notification.notificationType, eventId: "grant.revoked:\(purchase.transactionId):\(tag)", policy: policy,
                 now: now, in: db)
             return "revoked"
         case "REFUND_REVERSED":
@@ -53,7 +53,7 @@ extension OrderStore {
                 return try credit(purchase, owner: owner, submissionId: submissionId, bundleId: notification.bundleId, policy: policy, now: now, in: db)
             }
             guard (grant["state"] as String) == "revoked" else { return "already_active" }
-            try restoreGrant(grant, tag: tag, policy: policy, now: now, in: db)
+            try restoreGrant(grant, tag: "\(purchase.transactionId):\(tag)", policy: policy, now: now, in: db)
             try updateSubscription(notification, owner: owner, state: "active", now: now, in: db)
             return "restored"
         case "SUBSCRIBED", "DID_RENEW", "OFFER_REDEEMED", "DID_CHANGE_RENEWAL_PREF", "RENEWAL_EXTENDED", "ONE_TIME_CHARGE":
@@ -185,6 +185,17 @@ extension OrderStore {
         }
     }
 
+    /// Apple's consumption requests (a customer asked for a refund), newest first.
+    public func consumptionRequests(limit: Int) async throws -> [ConsumptionRequestRecord] {
+        try await database.read { db in
+            try Row.fetchAll(db, sql: "SELECT * FROM consumption_request ORDER BY receivedAt DESC LIMIT ?", arguments: [limit]).map {
+                ConsumptionRequestRecord(
+                    notificationUUID: $0["notificationUUID"], transactionId: $0["transactionId"], userId: $0["userId"],
+                    reason: $0["reason"], environment: $0["environment"], receivedAt: $0["receivedAt"])
+            }
+        }
+    }
+
     /// The notifications applied about a transaction, oldest first.
     public func notifications(ofTransaction transactionId: String) async throws -> [(type: String, outcome: String)] {
         try await database.read { db in
@@ -207,4 +218,15 @@ public struct SubscriptionRecord: Sendable, Equatable {
     public var autoRenew: Bool?
     public var gracePeriodExpiresDate: Date?
     public var updatedAt: Date
+}
+
+/// A consumption request Apple sent, for customer service to answer within 12 hours.
+public struct ConsumptionRequestRecord: Sendable, Equatable {
+    public var notificationUUID: String
+    public var transactionId: String
+    public var userId: String?
+    /// UNINTENDED_PURCHASE, FULFILLMENT_ISSUE, UNSATISFIED_WITH_PURCHASE, LEGAL or OTHER.
+    public var reason: String?
+    public var environment: String
+    public var receivedAt: Date
 }

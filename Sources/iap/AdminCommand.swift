@@ -1,12 +1,19 @@
+import AppStore
 import ArgumentParser
+import AsyncHTTPClient
 import Foundation
 import IAPCore
 import Logging
 import Messaging
+import Pipeline
+import NIOCore
+import NIOFoundationCompat
+import NIOHTTP1
 
 struct AdminCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
-        commandName: "admin", abstract: "Operator tools.", subcommands: [DeadLettersCommand.self])
+        commandName: "admin", abstract: "Operator tools.",
+        subcommands: [DeadLettersCommand.self, ReconcileNotificationsCommand.self])
 }
 
 struct DeadLettersCommand: AsyncParsableCommand {
@@ -82,5 +89,64 @@ struct DeadLettersCommand: AsyncParsableCommand {
         }
         let data = (try? JSONSerialization.data(withJSONObject: fields, options: [.sortedKeys])) ?? Data()
         return String(decoding: data, as: UTF8.self)
+    }
+}
+
+/// `iap admin reconcile-notifications`: asks Apple which notifications did not reach us and
+/// hands each to our own notification endpoint. Applying one twice is harmless (each
+/// `notificationUUID` applies once), so it can run on a schedule.
+struct ReconcileNotificationsCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "reconcile-notifications",
+        abstract: "Re-deliver the App Store notifications Apple could not send us (Get Notification History, onlyFailures).",
+        discussion: """
+            Needs the App Store Server API key (IAP_APPSTORE_KEY_PATH, IAP_APPSTORE_KEY_ID, IAP_APPSTORE_ISSUER_ID) \
+            and one bundle id (IAP_BUNDLE_IDS). Prints one JSON line per environment with what was found and re-delivered.
+            """)
+
+    @Option(help: "How far back to look, in hours (Apple keeps 180 days).")
+    var hours: Int = 24
+
+    @Option(help: "The intake's notification endpoint, e.g. http://127.0.0.1:8080/v1/notifications/appstore.")
+    var notificationURL: String
+
+    @Option(help: "Comma-separated bundle ids; exactly one. (env IAP_BUNDLE_IDS)")
+    var bundleIds: String?
+
+    @OptionGroup var storeKit: StoreKitOptions
+    @OptionGroup var log: LogOptions
+
+    func run() async throws {
+        let logger = try log.makeLogger(label: "iap.admin")
+        guard (1...(180 * 24)).contains(hours) else { throw ValidationError("--hours must be 1 to 4320") }
+        let ids = Set(
+            (SettingReader().optionalString(bundleIds, "IAP_BUNDLE_IDS") ?? "").split(separator: ",")
+                .map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty })
+        guard let settings = try storeKit.settings(bundleIds: ids).serverAPI else {
+            throw ValidationError("reconciling needs the App Store Server API key: IAP_APPSTORE_KEY_PATH")
+        }
+        let client = try AppStoreServerAPIClient(settings: settings, httpClient: .shared, logger: logger)
+        for environment in ServerAPIEnvironment.allCases {
+            var found = 0
+            var delivered = 0
+            var token: String?
+            repeat {
+                let page = try await client.notificationHistory(
+                    from: Date().addingTimeInterval(-Double(hours) * 3600), to: Date(), onlyFailures: true,
+                    paginationToken: token, in: environment)
+                for item in page.notificationHistory ?? [] {
+                    found += 1
+                    var request = HTTPClientRequest(url: notificationURL)
+                    request.method = .POST
+                    request.headers.add(name: "Content-Type", value: "application/json")
+                    request.body = .bytes(ByteBuffer(data: try JSONEncoder().encode(["signedPayload": item.signedPayload])))
+                    let response = try await HTTPClient.shared.execute(request, timeout: .seconds(10))
+                    _ = try? await response.body.collect(upTo: 1 << 16)
+                    if response.status.code == 200 { delivered += 1 }
+                }
+                token = page.hasMore == true ? page.paginationToken : nil
+            } while token != nil
+            print(#"{"environment": "\#(environment.rawValue)", "failedNotifications": \#(found), "redelivered": \#(delivered)}"#)
+        }
     }
 }

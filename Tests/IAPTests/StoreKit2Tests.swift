@@ -1,6 +1,7 @@
 import AppStore
 import AsyncHTTPClient
 import FakeAppStore
+import Crypto
 import Foundation
 import IAPCore
 import NIOHTTP1
@@ -171,5 +172,39 @@ extension BrokerTests {
             #expect(subscriptions?.first?["state"] as? String == "active", "\(answer.text)")
             #expect(subscriptions?.first?["originalTransactionId"] as? String == purchase.originalTransactionId)
         }
+    }
+}
+
+extension BrokerTests.StoreKit2Tests {
+    /// A notification Apple could not deliver (our endpoint was down) is found with Get
+    /// Notification History and re-delivered by `iap admin reconcile-notifications`.
+    @Test func missedNotificationsAreReconciledFromApplesHistory() async throws {
+        let pipeline = try await PipelineHarness.start(name: "sk2reconcile")
+        defer { Task { await pipeline.stop() } }
+        let purchase = try await pipeline.mintStoreKit2()
+        let id = try await pipeline.upload(["userId": "xena", "signedTransaction": try #require(purchase.signedTransaction)])
+        #expect(try await pipeline.waitForState(id)["state"] as? String == "credited")
+        // Our endpoint "down": the refund notification fails to arrive.
+        _ = try await HTTP.post(pipeline.fakeURL + "/fake/config", json: ["notificationURL": "http://127.0.0.1:1/down"])
+        _ = try await HTTP.post(pipeline.fakeURL + "/fake/purchases/\(purchase.transactionId)/refund", json: [String: String]())
+        #expect(try await pipeline.grantState(of: purchase.transactionId, user: "xena") == "active")
+
+        let binary = try #require(ProcessInfo.processInfo.environment["IAP_TEST_IAP_BINARY"])
+        let keyFile = FileManager.default.temporaryDirectory.appendingPathComponent("key-\(UUID().uuidString).p8")
+        try ServerAPIKey.privateKey.pemRepresentation.write(to: keyFile, atomically: true, encoding: .utf8)
+        let run = try CommandLineTests().iap(
+            ["admin", "reconcile-notifications", "--notification-url", pipeline.intakeURL + "/v1/notifications/appstore"],
+            environment: [
+                "IAP_APPSTORE_KEY_PATH": keyFile.path, "IAP_APPSTORE_KEY_ID": ServerAPIKey.keyId,
+                "IAP_APPSTORE_ISSUER_ID": ServerAPIKey.issuerId, "IAP_APPSTORE_API_URL": pipeline.fakeURL,
+                "IAP_APPSTORE_SANDBOX_API_URL": pipeline.fakeURL + "/sandbox", "IAP_BUNDLE_IDS": PipelineHarness.bundleId,
+            ])
+        _ = binary
+        #expect(run.status == 0, "\(run.output)")
+        #expect(run.output.contains(#""environment": "Production", "failedNotifications": 1, "redelivered": 1"#), "\(run.output)")
+        let revoked = try await eventually(timeout: .seconds(20)) {
+            try await pipeline.grantState(of: purchase.transactionId, user: "xena") == "revoked"
+        }
+        #expect(revoked)
     }
 }

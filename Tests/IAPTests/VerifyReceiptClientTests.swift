@@ -1,5 +1,6 @@
 @testable import AppStore
 import AsyncHTTPClient
+import Crypto
 import Foundation
 import IAPCore
 import FakeAppStore
@@ -20,7 +21,10 @@ struct VerifyReceiptClientTests {
 
         static func start() async throws -> Apple {
             let port = NIOLockedValueBox(0)
-            let application = try FakeAppStore().makeApplication(
+            let apiKey = try FakeServerAPIKey(
+                privateKeyPEM: ServerAPIKey.privateKey.pemRepresentation, keyId: ServerAPIKey.keyId,
+                issuerId: ServerAPIKey.issuerId)
+            let application = try FakeAppStore(apiKey: apiKey).makeApplication(
                 host: "127.0.0.1", port: 0, logger: TestBroker.logger,
                 onServerRunning: { channel in port.withLockedValue { $0 = channel.localAddress?.port ?? 0 } })
             let group = ServiceGroup(

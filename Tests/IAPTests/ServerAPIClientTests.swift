@@ -1,0 +1,102 @@
+import AppStore
+import AsyncHTTPClient
+import Crypto
+import Foundation
+import Testing
+
+/// The App Store Server API client against the fake: Apple's answers and errors, the bearer
+/// token, and the pacing that keeps us under Apple's rate limits.
+@Suite("App Store Server API client")
+struct ServerAPIClientTests {
+    func client(_ apple: VerifyReceiptClientTests.Apple, key: P256.Signing.PrivateKey = ServerAPIKey.privateKey, rateShare: Double = 1)
+        throws -> AppStoreServerAPIClient
+    {
+        var settings = ServerAPIKey.settings(fakeURL: apple.url)
+        settings.privateKeyPEM = key.pemRepresentation
+        settings.rateShare = rateShare
+        return try AppStoreServerAPIClient(settings: settings, httpClient: .shared, logger: TestBroker.logger)
+    }
+
+    func mint(_ apple: VerifyReceiptClientTests.Apple, environment: String = "Production", device: String? = nil) async throws
+        -> (transactionId: String, orderId: String)
+    {
+        var body = ["bundleId": PipelineHarness.bundleId, "productId": "com.example.coins.60", "environment": environment]
+        body["deviceId"] = device
+        let answer = try await HTTP.post(apple.url + "/fake/purchases", json: body)
+        return (try #require(answer.json["transactionId"] as? String), try #require(answer.json["orderId"] as? String))
+    }
+
+    func kind(_ call: () async throws -> Void) async -> ServerAPIError.Kind? {
+        do {
+            try await call()
+            return nil
+        } catch let error as ServerAPIError {
+            return error.kind
+        } catch {
+            return nil
+        }
+    }
+
+    @Test func callsAnswerInApplesShapesAndErrorsAreTyped() async throws {
+        let apple = try await VerifyReceiptClientTests.Apple.start()
+        defer { Task { await apple.stop() } }
+        let api = try client(apple)
+        let device = UUID().uuidString
+        let first = try await mint(apple, device: device)
+        _ = try await mint(apple, device: device)
+        let sandbox = try await mint(apple, environment: "Sandbox")
+
+        #expect(try await api.transactionInfo(first.transactionId, in: .production).split(separator: ".").count == 3)
+        let history = try await api.transactionHistory(first.transactionId, revision: nil, in: .production)
+        #expect(history.signedTransactions?.count == 2 && history.hasMore == false)
+        let order = try await api.lookUpOrder(first.orderId, in: .production)
+        #expect(order.valid && order.signedTransactions.count == 1)
+        #expect(try await api.lookUpOrder("NOSUCHORDER", in: .production).valid == false)
+        #expect(try await api.requestTestNotification(in: .production).isEmpty == false)
+
+        // Not in production (4040010): the caller asks the sandbox, which knows it.
+        #expect(await kind { _ = try await api.transactionInfo(sandbox.transactionId, in: .production) } == .notFound)
+        #expect(try await api.transactionInfo(sandbox.transactionId, in: .sandbox).isEmpty == false)
+        // Apple failing is transient; an id Apple never issues never leaves this process.
+        _ = try await HTTP.post(apple.url + "/fake/faults", json: ["httpStatus": 503, "count": 1])
+        #expect(await kind { _ = try await api.transactionInfo(first.transactionId, in: .production) } == .transient)
+        #expect(await kind { _ = try await api.transactionInfo("../../etc/passwd", in: .production) } == .invalid)
+        // A token signed with another key is refused: 401.
+        let stranger = try client(apple, key: P256.Signing.PrivateKey())
+        #expect(await kind { _ = try await stranger.transactionInfo(first.transactionId, in: .production) } == .unauthorized)
+
+        // Refund history lists what Apple refunded; consumption information is accepted (202).
+        _ = try await HTTP.post(apple.url + "/fake/purchases/\(first.transactionId)/cancel", json: [String: String]())
+        let refunds = try await api.refundHistory(first.transactionId, revision: nil, in: .production)
+        #expect(refunds.signedTransactions?.count == 1)
+        try await api.sendConsumptionInformation(
+            first.transactionId,
+            .init(customerConsented: true, deliveryStatus: "DELIVERED", sampleContentProvided: false, consumptionPercentage: 100_000, refundPreference: "DECLINE"),
+            in: .production)
+        let sent = try await HTTP.get(apple.url + "/fake/consumption/\(first.transactionId)")
+        #expect(sent.json["deliveryStatus"] as? String == "DELIVERED", "\(sent.text)")
+    }
+
+    @Test func callsArePacedBelowApplesLimitsAndWaitOutA429() async throws {
+        let apple = try await VerifyReceiptClientTests.Apple.start()
+        defer { Task { await apple.stop() } }
+        let id = try await mint(apple, environment: "Sandbox").transactionId
+        // Sandbox transaction info: 10 % of 50/s, times a share of 0.2: 1 request per second,
+        // after a burst of one.
+        let api = try client(apple, rateShare: 0.2)
+        let clock = ContinuousClock()
+        let start = clock.now
+        for _ in 0..<4 { _ = try await api.transactionInfo(id, in: .sandbox) }
+        let paced = clock.now - start
+        #expect(paced >= .milliseconds(2900), "4 calls at 1/s took \(paced)")
+        #expect(paced < .seconds(10))
+
+        // After a 429, the next call waits for Apple's Retry-After (the fake says: in one second).
+        let fast = try client(apple)
+        _ = try await HTTP.post(apple.url + "/fake/faults", json: ["httpStatus": 429, "count": 1])
+        #expect(await kind { _ = try await fast.transactionInfo(id, in: .sandbox) } == .transient)
+        let before = clock.now
+        _ = try await fast.transactionInfo(id, in: .sandbox)
+        #expect(clock.now - before >= .milliseconds(800), "the call after a 429 went out after \(clock.now - before)")
+    }
+}
