@@ -17,8 +17,8 @@ import X509
 /// Routes under `/fake/` drive it: `POST /fake/purchases` mints a purchase (and the device's new
 /// receipt), `POST /fake/purchases/{transactionId}/cancel` refunds one, `POST /fake/faults`
 /// injects a misbehaviour (`status`, `httpStatus`, `delayMs`, `count`, `transactionId`,
-/// `retryable`), `DELETE /fake/faults` clears them, `POST /fake/config {"latencyMs"}` slows
-/// every answer, `GET /fake/stats` counts the calls. `POST /verifyReceipt` and `POST /sandbox/verifyReceipt` answer as Apple's.
+/// `retryable`), `DELETE /fake/faults` clears them, `POST /fake/config {"latencyMs", "errorRate", "notificationURL"}`
+/// slows every answer, fails a share of them with 503, or sets where notifications go, `GET /fake/stats` counts the calls. `POST /verifyReceipt` and `POST /sandbox/verifyReceipt` answer as Apple's.
 public struct FakeAppStore: Sendable {
     let ledger: FakeLedger
     let minter: ReceiptMinter
@@ -121,6 +121,7 @@ public struct FakeAppStore: Sendable {
             let config = try await request.decode(as: FakeConfig.self, context: context)
             if let latency = config.latencyMs { ledger.setLatency(milliseconds: latency) }
             if let url = config.notificationURL { notificationURL.withLockedValue { $0 = url.isEmpty ? nil : url } }
+            if let rate = config.errorRate { ledger.errorRate = rate }
             return HTTPResponse.Status.noContent
         }
         router.post("/verifyReceipt") { request, _ in
@@ -145,6 +146,8 @@ public struct FakeAppStore: Sendable {
 
     private struct FakeConfig: Decodable {
         var latencyMs: Int?
+        /// The share of calls answered with 503, 0 to 1.
+        var errorRate: Double?
         var notificationURL: String?
     }
 
@@ -236,6 +239,7 @@ public struct FakeAppStore: Sendable {
         ledger.countVerifyReceiptCall()
         let latency = ledger.latencyMs
         if latency > 0 { try await Task.sleep(for: .milliseconds(latency)) }
+        if ledger.failsAtRandom() { return Response(status: .serviceUnavailable) }
 
         let object = try? JSONSerialization.jsonObject(with: Data(body.readableBytesView)) as? [String: Any]
         let bytes = (object?["receipt-data"] as? String).flatMap { Data(base64Encoded: $0) }.map { [UInt8]($0) }

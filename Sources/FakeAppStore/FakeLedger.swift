@@ -64,6 +64,7 @@ final class FakeLedger: Sendable {
     private struct Volatile {
         var faults: [Fault] = []
         var latencyMs = 0
+        var errorRate = 0.0
         var verifyReceiptCalls = 0
         var serverAPICalls = 0
         var notifications: [SentNotification] = []
@@ -317,6 +318,18 @@ final class FakeLedger: Sendable {
 
     var latencyMs: Int {
         get { volatile.withLockedValue { $0.latencyMs } }
+    }
+
+    /// The share of calls answered with HTTP 503 (benchmarks of a flaky Apple).
+    var errorRate: Double {
+        get { volatile.withLockedValue { $0.errorRate } }
+        set { volatile.withLockedValue { $0.errorRate = min(1, max(0, newValue)) } }
+    }
+
+    /// True for a call that should fail, at `errorRate`.
+    func failsAtRandom() -> Bool {
+        let rate = errorRate
+        return rate > 0 && Double.random(in: 0..<1) < rate
     }
 
     func setLatency(milliseconds: Int) {

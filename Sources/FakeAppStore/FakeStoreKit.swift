@@ -353,6 +353,7 @@ struct FakeStoreKit: Sendable {
         ledger.countServerAPICall()
         let latency = ledger.latencyMs
         if latency > 0 { try await Task.sleep(for: .milliseconds(latency)) }
+        if ledger.failsAtRandom() { return Response(status: .serviceUnavailable) }
         guard let bundleId = authorizedBundleId(request) else {
             return Response(status: .unauthorized, body: .init(byteBuffer: ByteBuffer(string: "Unauthenticated\n")))
         }

@@ -1,5 +1,6 @@
 import Hummingbird
 import HummingbirdCore
+import AppStore
 import IAPCore
 import Logging
 import NIOCore
@@ -30,6 +31,9 @@ public struct IntakeSettings: Sendable {
     /// Where the admin routes listen when not beside the app's routes; nil serves them on
     /// the intake's own port.
     public var adminListener: (host: String, port: Int)?
+    /// Benchmarks only: verify with Apple inside the HTTP request and answer with the final
+    /// state, as a first synchronous design would (no queue, no retries).
+    public var inlineVerifier: (any ReceiptVerifying)?
 
     /// Creates settings.
     public init(

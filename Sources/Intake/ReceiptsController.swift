@@ -1,5 +1,6 @@
 import Foundation
 import Hummingbird
+import AppStore
 import IAPCore
 import Logging
 import Metrics
@@ -40,6 +41,9 @@ struct ReceiptsController: Sendable {
             submissionId: UUID(), userId: upload.userId, receiptData: upload.receiptData,
             transactionId: upload.transactionId, orderId: upload.orderId, attempt: 1, acceptedAt: Date())
         verifyRequest.signedTransaction = upload.signedTransaction
+        if let verifier = settings.inlineVerifier {
+            return try await verifyInline(verifyRequest, with: verifier)
+        }
         try await enqueue(verifyRequest)
         context.logger.debug(
             "upload accepted", metadata: ["iap.submission.id": "\(verifyRequest.submissionId)"])
@@ -48,6 +52,22 @@ struct ReceiptsController: Sendable {
             status: .accepted)
         response.headers[.location] = "/v1/receipts/\(verifyRequest.submissionId.uuidString)"
         return response
+    }
+
+    /// The synchronous baseline: store, ask Apple, apply, answer 200 with the final status.
+    private func verifyInline(_ request: VerifyRequest, with verifier: any ReceiptVerifying) async throws -> Response {
+        try await store.accept(request, message: nil)
+        let outcome = await verifier.verify(request)
+        _ = try await store.apply(
+            VerifyResult(
+                submissionId: request.submissionId, userId: request.userId, orderId: request.orderId, attempt: 1,
+                outcome: outcome),
+            policy: CreditPolicy(catalog: settings.catalog, eventsExchange: settings.names.events))
+        acceptedUpload()
+        guard let status = try await store.status(of: request.submissionId) else {
+            throw APIError(.internalServerError, code: "internal_error", message: "the upload vanished")
+        }
+        return try JSONResponse.make(SubmissionStatusBody(status))
     }
 
     /// Stores the request and its queue message in one transaction; durable once this returns.

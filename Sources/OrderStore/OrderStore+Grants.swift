@@ -55,6 +55,36 @@ extension OrderStore {
             return counts
         }
     }
+
+    /// For benchmarks: when each settled submission was accepted and settled, and its state.
+    public func settlementTimes() async throws -> [(acceptedAt: Date, settledAt: Date, state: SubmissionState)] {
+        try await database.read { db in
+            try Row.fetchAll(
+                db, sql: "SELECT acceptedAt, updatedAt, state FROM submission WHERE state IN ('credited', 'rejected', 'needs_review')"
+            ).compactMap { row in
+                SubmissionState(rawValue: row["state"]).map { (row["acceptedAt"], row["updatedAt"], $0) }
+            }
+        }
+    }
+
+    /// For the loss and duplicate check: of these transactions, how many have a grant, and
+    /// how many grants they have in all (equal when nothing was credited twice).
+    public func grantCoverage(of transactionIds: [String]) async throws -> (granted: Int, grants: Int) {
+        try await database.read { db in
+            var granted = 0
+            var grants = 0
+            for start in stride(from: 0, to: transactionIds.count, by: 500) {
+                let chunk = Array(transactionIds[start..<min(start + 500, transactionIds.count)])
+                let marks = Array(repeating: "?", count: chunk.count).joined(separator: ",")
+                let row = try Row.fetchOne(
+                    db, sql: "SELECT COUNT(DISTINCT transactionId) AS d, COUNT(*) AS n FROM grants WHERE transactionId IN (\(marks))",
+                    arguments: StatementArguments(chunk))!
+                granted += row["d"] as Int
+                grants += row["n"] as Int
+            }
+            return (granted, grants)
+        }
+    }
 }
 
 extension Grant {

@@ -61,6 +61,8 @@ public struct PipelineSettings: Sendable {
     /// The fake App Store's Server API key and where it sends notifications (tests, dev).
     public var fakeAppStoreAPIKey: FakeServerAPIKey?
     public var fakeAppStoreNotificationURL: String?
+    /// Benchmarks only: the intake verifies inside the HTTP request (see `IntakeSettings.inlineVerifier`).
+    public var inlineVerification = false
 
     /// Creates settings.
     public init(
@@ -178,17 +180,10 @@ public struct Pipeline: Sendable {
             relay = outbox
             middle.append(outbox)
         }
-        if roles.contains(.intake), let store, let relay {
-            let services = makeIntakeServices(
-                settings: settings.intake, store: store, relay: relay, logger: logger,
-                onServerRunning: { port in await onListening(.intake, port) },
-                onAdminServerRunning: { port in await onListening(.admin, port) })
-            middle.append(contentsOf: services.dropLast())
-            last.append(contentsOf: services.suffix(1))
-        }
         // One HTTP client per process, for Apple and for alert webhooks.
         var httpClient: HTTPClient?
-        if roles.contains(.verifier) || (roles.contains(.finisher) && settings.finisher.alerts.webhookURL != nil) {
+        if roles.contains(.verifier) || settings.inlineVerification
+            || (roles.contains(.finisher) && settings.finisher.alerts.webhookURL != nil) {
             var configuration = HTTPClient.Configuration()
             configuration.timeout = .init(connect: .seconds(5))
             configuration.connectionPool = .init(
@@ -196,26 +191,40 @@ public struct Pipeline: Sendable {
                 concurrentHTTP1ConnectionsPerHostSoftLimit: max(8, settings.verifier.concurrency))
             httpClient = HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
         }
-        if roles.contains(.finisher), let store, let connection, let consumerConnection {
-            middle.append(
-                FinisherService(
-                    settings: settings.finisher, consumer: consumerConnection, publisher: connection, store: store,
-                    httpClient: httpClient, logger: logger, eventsQueued: { [relay] in relay?.notify() }))
-        }
-        if roles.contains(.verifier), let connection, let consumerConnection, let client = httpClient {
+        // What asks Apple: for the verifier role, and for the inline baseline of the benchmarks.
+        var appStoreVerifier: AppStoreVerifier?
+        if roles.contains(.verifier) || settings.inlineVerification, let client = httpClient {
             let legacy = VerifyReceiptClient(settings: settings.verifyReceipt, httpClient: client, logger: logger)
             let signed = SignedDataVerifier(
                 settings: .init(
                     trustedRoots: try settings.storeKit.trustedRoots ?? [AppleRoot.g3()],
                     bundleIds: settings.verifyReceipt.bundleIds, appAppleId: settings.storeKit.appAppleId,
                     validationTime: settings.storeKit.validationTime))
-            let verifier = AppStoreVerifier(
+            appStoreVerifier = AppStoreVerifier(
                 signed: signed,
                 serverAPI: try settings.storeKit.serverAPI.map {
                     try AppStoreServerAPIClient(settings: $0, httpClient: client, logger: logger)
                 },
                 legacy: legacy, confirmWithAPI: settings.storeKit.confirmWithAPI,
                 receiptsThroughServerAPI: settings.storeKit.receiptsThroughServerAPI, logger: logger)
+        }
+        if roles.contains(.intake), let store, let relay {
+            var intake = settings.intake
+            if settings.inlineVerification { intake.inlineVerifier = appStoreVerifier }
+            let services = makeIntakeServices(
+                settings: intake, store: store, relay: relay, logger: logger,
+                onServerRunning: { port in await onListening(.intake, port) },
+                onAdminServerRunning: { port in await onListening(.admin, port) })
+            middle.append(contentsOf: services.dropLast())
+            last.append(contentsOf: services.suffix(1))
+        }
+        if roles.contains(.finisher), let store, let connection, let consumerConnection {
+            middle.append(
+                FinisherService(
+                    settings: settings.finisher, consumer: consumerConnection, publisher: connection, store: store,
+                    httpClient: httpClient, logger: logger, eventsQueued: { [relay] in relay?.notify() }))
+        }
+        if roles.contains(.verifier), let connection, let consumerConnection, let verifier = appStoreVerifier {
             middle.append(
                 VerifierService(
                     settings: settings.verifier, consumer: consumerConnection, publisher: connection, verifier: verifier,

@@ -41,7 +41,7 @@ struct IAP: AsyncParsableCommand {
         abstract: "Verifies App Store purchases and credits each one exactly once.",
         subcommands: [
             IntakeCommand.self, VerifierCommand.self, FinisherCommand.self, OrdersCommand.self,
-            FakeAppStoreCommand.self, DevCommand.self, InspectCommand.self, AdminCommand.self,
+            FakeAppStoreCommand.self, DevCommand.self, InspectCommand.self, AdminCommand.self, BenchCommand.self,
         ])
 }
 
@@ -216,6 +216,8 @@ struct DevCommand: AsyncParsableCommand {
             The verifier is pointed at the fake App Store of this process; IAP_APPSTORE_*_URL are ignored.
             Bundle ids default to com.example.demo. Binds to 127.0.0.1 unless told otherwise.
             User authentication is off unless IAP_AUTH=jwt (with a key, as for intake).
+            IAP_INLINE_VERIFICATION=true makes the intake verify inside the HTTP request (the synchronous \
+            baseline of iap bench; no queue, no retries; never for production).
             """ + "\n" + HelpText.broker)
 
     @OptionGroup var broker: BrokerOptions
@@ -264,6 +266,11 @@ struct DevCommand: AsyncParsableCommand {
                     bundleId: verifyReceipt.bundleIds.sorted().first ?? "com.example.demo", productionURL: fakeURL,
                     sandboxURL: fakeURL + "/sandbox"),
                 receiptsThroughServerAPI: false))
+        switch SettingReader().string(nil, "IAP_INLINE_VERIFICATION", default: "false") {
+        case "true": settings.inlineVerification = true
+        case "false": break
+        case let other: throw ValidationError("IAP_INLINE_VERIFICATION must be true or false, got '\(other)'")
+        }
         let logger = try log.makeLogger(label: "iap.dev")
         let host = settings.intake.host
         let pipeline = try Pipeline(

@@ -1,0 +1,412 @@
+import ArgumentParser
+import AsyncHTTPClient
+import Foundation
+import Histogram
+import IAPCore
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOFoundationCompat
+import NIOHTTP1
+import OrderStore
+
+/// `iap bench`: a load generator. Mints purchases at the fake App Store ahead of time, uploads
+/// them to a running intake (queue mode) or to one that verifies inside the request (inline
+/// mode), follows every submission to its final state, and checks each purchase was
+/// credited exactly once.
+struct BenchCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "bench",
+        abstract: "Load-test the pipeline: uploads/s, intake latency, end-to-end time, verifications/s, nothing lost or doubled.",
+        discussion: """
+            With --start-dev it runs its own `iap dev` (and --verifiers - 1 more `iap verifier` processes) on free \
+            127.0.0.1 ports against the broker of IAP_AMQP_URL, with queues and files of its own; else it drives \
+            --intake-url and --fake-url and follows submissions in --database-path. Build in release mode for figures.
+            """)
+
+    enum Mode: String, ExpressibleByArgument, CaseIterable {
+        case queue, inline
+    }
+
+    @Option(help: "Purchases to mint and upload.")
+    var purchases: Int = 10_000
+
+    @Option(help: "Concurrent upload connections (closed loop). Default 64 unless --rate is given.")
+    var concurrency: Int?
+
+    @Option(help: "Uploads per second (open loop; latency counted from when each upload was due).")
+    var rate: Double?
+
+    @Option(help: "queue: the pipeline; inline: the intake asks Apple inside the request (the synchronous baseline).")
+    var mode: Mode = .queue
+
+    @Option(help: "Latency of the fake App Store's answers, in milliseconds.")
+    var appleLatencyMs: Int = 0
+
+    @Option(help: "Share of the fake App Store's answers that are HTTP 503, 0 to 1.")
+    var appleErrorRate: Double = 0
+
+    @Flag(help: "Start an `iap dev` of its own (broker from IAP_AMQP_URL).")
+    var startDev = false
+
+    @Option(help: "With --start-dev: verifier processes in all (the dev process runs one).")
+    var verifiers: Int = 1
+
+    @Option(help: "With --start-dev: verifications in flight per verifier process.")
+    var verifierConcurrency: Int = 512
+
+    @Option(help: "The intake, without --start-dev.")
+    var intakeURL: String = "http://127.0.0.1:8080"
+
+    @Option(help: "The fake App Store, without --start-dev.")
+    var fakeURL: String = "http://127.0.0.1:8090"
+
+    @Option(help: "The order store to follow submissions in, without --start-dev.")
+    var databasePath: String = "iap-dev.sqlite"
+
+    @Option(help: "Seconds to wait for every submission to settle.")
+    var settleTimeout: Int = 600
+
+    @Flag(help: "Print one JSON object instead of text.")
+    var json = false
+
+    func validate() throws {
+        guard (1...2_000_000).contains(purchases) else { throw ValidationError("--purchases must be 1 to 2000000") }
+        guard concurrency == nil || rate == nil else { throw ValidationError("give --concurrency or --rate, not both") }
+        guard (concurrency ?? 1) >= 1, (rate ?? 1) > 0 else { throw ValidationError("--concurrency and --rate must be positive") }
+        guard (0...1).contains(appleErrorRate) else { throw ValidationError("--apple-error-rate must be 0 to 1") }
+        guard (1...16).contains(verifiers) else { throw ValidationError("--verifiers must be 1 to 16") }
+    }
+
+    func run() async throws {
+        var cluster: BenchCluster?
+        if startDev {
+            cluster = try await BenchCluster.start(
+                inline: mode == .inline, verifiers: verifiers, verifierConcurrency: verifierConcurrency)
+        }
+        defer { cluster?.stop() }
+        let intake = cluster?.intakeURL ?? intakeURL
+        let fake = cluster?.fakeURL ?? fakeURL
+        let connections = concurrency ?? (rate == nil ? 64 : 1024)
+        var configuration = HTTPClient.Configuration()
+        configuration.timeout = .init(connect: .seconds(5), read: .seconds(120))
+        configuration.connectionPool = .init(idleTimeout: .seconds(60), concurrentHTTP1ConnectionsPerHostSoftLimit: connections)
+        let client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
+        defer { try? client.syncShutdown() }
+        let http = BenchHTTP(client: client)
+
+        guard try await http.post(fake + "/fake/config", ["latencyMs": appleLatencyMs, "errorRate": appleErrorRate] as [String: Any]).status == 204
+        else { throw ValidationError("the fake App Store at \(fake) refused its configuration") }
+        say("minting \(purchases) purchases at \(fake)")
+        let minted = try await mint(purchases, at: fake, http: http)
+        let statsBefore = try await http.getJSON(fake + "/fake/stats")
+
+        say("uploading to \(intake) (\(mode.rawValue) mode, \(rate.map { "\($0)/s" } ?? "\(connections) connections"))")
+        let upload = try await uploadAll(minted, to: intake, http: http, connections: connections)
+        say("accepted \(upload.accepted) of \(purchases) in \(String(format: "%.1f", upload.seconds)) s; waiting for them to settle")
+
+        let store = try OrderStore(path: cluster?.databasePath ?? databasePath)
+        let deadline = ContinuousClock.now + .seconds(settleTimeout)
+        while ContinuousClock.now < deadline {
+            let counts = try await store.submissionCounts()
+            let settled = (counts[.credited] ?? 0) + (counts[.rejected] ?? 0) + (counts[.needsReview] ?? 0)
+            if settled >= upload.accepted { break }
+            try await Task.sleep(for: .milliseconds(200))
+        }
+        let times = try await store.settlementTimes()
+        let coverage = try await store.grantCoverage(of: minted.map(\.transactionId))
+        let statsAfter = try await http.getJSON(fake + "/fake/stats")
+        let calls = (statsAfter["verifyReceiptCalls"] as? Int ?? 0) - (statsBefore["verifyReceiptCalls"] as? Int ?? 0)
+
+        var endToEnd = Histogram<UInt64>(highestTrackableValue: 3_600_000, numberOfSignificantValueDigits: .three)
+        var first = Date.distantFuture
+        var last = Date.distantPast
+        for time in times where time.state == .credited {
+            _ = endToEnd.record(UInt64(max(0, time.settledAt.timeIntervalSince(time.acceptedAt)) * 1000))
+            first = min(first, time.acceptedAt)
+            last = max(last, time.settledAt)
+        }
+        let span = max(0.001, last.timeIntervalSince(first))
+        let report = BenchReport(
+            mode: mode.rawValue, purchases: purchases, uploadsPerSecond: Double(upload.accepted) / upload.seconds,
+            intakeLatencyMs: .init(
+                p50: Double(upload.latency.valueAtPercentile(50)) / 1000, p99: Double(upload.latency.valueAtPercentile(99)) / 1000,
+                p999: Double(upload.latency.valueAtPercentile(99.9)) / 1000),
+            endToEndMs: .init(p50: Double(endToEnd.valueAtPercentile(50)), p99: Double(endToEnd.valueAtPercentile(99))),
+            verificationsPerSecond: Double(calls) / span, credited: coverage.granted, lost: purchases - coverage.granted,
+            duplicated: coverage.grants - coverage.granted, refused: purchases - upload.accepted,
+            secondsToCreditAll: span, appleCalls: calls, devPeakRSSMB: cluster?.peakRSSMegabytes())
+        if json {
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.sortedKeys]
+            print(String(decoding: try encoder.encode(report), as: UTF8.self))
+        } else {
+            print(report.text)
+        }
+        if report.lost > 0 || report.duplicated > 0 { throw ExitCode.failure }
+    }
+
+    private func say(_ text: String) {
+        FileHandle.standardError.write(Data("==> \(text)\n".utf8))
+    }
+
+    struct Minted: Sendable {
+        var transactionId: String
+        var receiptData: String
+    }
+
+    /// Purchases minted before any timing starts, 16 at a time.
+    private func mint(_ count: Int, at fake: String, http: BenchHTTP) async throws -> [Minted] {
+        try await withThrowingTaskGroup(of: [Minted].self) { group in
+            let workers = 16
+            for worker in 0..<workers {
+                group.addTask {
+                    var minted: [Minted] = []
+                    for _ in stride(from: worker, to: count, by: workers) {
+                        let answer = try await http.post(
+                            fake + "/fake/purchases",
+                            ["bundleId": "com.example.demo", "productId": "com.example.coins.60"] as [String: Any])
+                        let object = try JSONSerialization.jsonObject(with: answer.body) as? [String: Any]
+                        guard answer.status == 201, let id = object?["transactionId"] as? String,
+                            let receipt = object?["receiptData"] as? String
+                        else { throw ValidationError("the fake App Store could not mint: \(answer.status)") }
+                        minted.append(Minted(transactionId: id, receiptData: receipt))
+                    }
+                    return minted
+                }
+            }
+            var all: [Minted] = []
+            for try await part in group { all.append(contentsOf: part) }
+            return all
+        }
+    }
+
+    struct UploadResult {
+        var accepted: Int
+        var seconds: Double
+        var latency: Histogram<UInt64>
+    }
+
+    /// Uploads every purchase: `connections` workers in a closed loop, or at `rate` per second
+    /// with latency counted from when each upload was due.
+    private func uploadAll(_ minted: [Minted], to intake: String, http: BenchHTTP, connections: Int) async throws
+        -> UploadResult
+    {
+        let start = ContinuousClock.now
+        let next = NIOLockedValueBox(0)
+        let results = try await withThrowingTaskGroup(of: [(UInt64, Bool)].self) { group in
+            let workers = rate == nil ? connections : min(connections, minted.count)
+            let interval = rate.map { Duration.seconds(1 / $0) }
+            for _ in 0..<workers {
+                group.addTask {
+                    var mine: [(UInt64, Bool)] = []
+                    while true {
+                        let index = next.withLockedValue { value -> Int in
+                            defer { value += 1 }
+                            return value
+                        }
+                        guard index < minted.count else { break }
+                        var due = ContinuousClock.now
+                        if let interval {
+                            due = start + interval * index
+                            if due > .now { try await Task.sleep(until: due, clock: .continuous) }
+                        }
+                        let body = ["userId": "bench-\(index % 10_000)", "receiptData": minted[index].receiptData]
+                        let answer = try? await http.post(intake + "/v1/receipts", body)
+                        let elapsed = ContinuousClock.now - due
+                        let micros = UInt64(elapsed.components.seconds) * 1_000_000 + UInt64(elapsed.components.attoseconds / 1_000_000_000_000)
+                        let ok = answer.map { mode == .queue ? $0.status == 202 : $0.status == 200 } ?? false
+                        mine.append((micros, ok))
+                    }
+                    return mine
+                }
+            }
+            var all: [(UInt64, Bool)] = []
+            for try await part in group { all.append(contentsOf: part) }
+            return all
+        }
+        let elapsed = ContinuousClock.now - start
+        var latency = Histogram<UInt64>(highestTrackableValue: 600_000_000, numberOfSignificantValueDigits: .three)
+        for (micros, _) in results { _ = latency.record(max(1, micros)) }
+        return UploadResult(
+            accepted: results.filter(\.1).count,
+            seconds: Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18, latency: latency)
+    }
+}
+
+/// What `iap bench --json` prints.
+struct BenchReport: Encodable {
+    struct Latency: Encodable {
+        var p50: Double
+        var p99: Double
+        var p999: Double?
+    }
+
+    var mode: String
+    var purchases: Int
+    var uploadsPerSecond: Double
+    var intakeLatencyMs: Latency
+    var endToEndMs: Latency
+    var verificationsPerSecond: Double
+    var credited: Int
+    var lost: Int
+    var duplicated: Int
+    var refused: Int
+    var secondsToCreditAll: Double
+    var appleCalls: Int
+    var devPeakRSSMB: Double?
+
+    var text: String {
+        func f(_ value: Double) -> String { String(format: "%.1f", value) }
+        return """
+            mode                      \(mode)
+            purchases                 \(purchases) (refused at upload: \(refused))
+            uploads accepted/s        \(f(uploadsPerSecond))
+            intake latency ms         p50 \(f(intakeLatencyMs.p50))  p99 \(f(intakeLatencyMs.p99))  p999 \(f(intakeLatencyMs.p999 ?? 0))
+            end to end ms             p50 \(f(endToEndMs.p50))  p99 \(f(endToEndMs.p99))
+            verifications/s           \(f(verificationsPerSecond)) (\(appleCalls) calls to Apple)
+            all credited after        \(f(secondsToCreditAll)) s
+            credited once             \(credited)   lost \(lost)   duplicated \(duplicated)
+            dev process peak RSS      \(devPeakRSSMB.map { f($0) + " MB" } ?? "n/a")
+            """
+    }
+}
+
+/// JSON over HTTP for the load generator.
+struct BenchHTTP: Sendable {
+    let client: HTTPClient
+
+    struct Answer {
+        var status: Int
+        var body: Data
+    }
+
+    func post(_ url: String, _ object: Any) async throws -> Answer {
+        var request = HTTPClientRequest(url: url)
+        request.method = .POST
+        request.headers.add(name: "Content-Type", value: "application/json")
+        request.body = .bytes(ByteBuffer(data: try JSONSerialization.data(withJSONObject: object)))
+        let response = try await client.execute(request, timeout: .seconds(120))
+        return Answer(status: Int(response.status.code), body: Data(buffer: try await response.body.collect(upTo: 1 << 22)))
+    }
+
+    func getJSON(_ url: String) async throws -> [String: Any] {
+        let response = try await client.execute(HTTPClientRequest(url: url), timeout: .seconds(30))
+        let body = try await response.body.collect(upTo: 1 << 22)
+        return (try JSONSerialization.jsonObject(with: Data(buffer: body)) as? [String: Any]) ?? [:]
+    }
+}
+
+/// The processes `iap bench --start-dev` runs: one `iap dev`, and more verifiers if asked.
+final class BenchCluster: @unchecked Sendable {
+    let intakeURL: String
+    let fakeURL: String
+    let databasePath: String
+    private let processes: [Process]
+    private let folder: URL
+
+    private init(intakeURL: String, fakeURL: String, databasePath: String, processes: [Process], folder: URL) {
+        self.intakeURL = intakeURL
+        self.fakeURL = fakeURL
+        self.databasePath = databasePath
+        self.processes = processes
+        self.folder = folder
+    }
+
+    static func start(inline: Bool, verifiers: Int, verifierConcurrency: Int) async throws -> BenchCluster {
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-bench-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        let httpPort = try freePort()
+        let fakePort = try freePort()
+        let databasePath = folder.appendingPathComponent("orders.sqlite").path
+        var environment = ProcessInfo.processInfo.environment
+        environment.merge(
+            [
+                "IAP_HTTP_HOST": "127.0.0.1", "IAP_HTTP_PORT": String(httpPort), "IAP_FAKE_APPSTORE_HOST": "127.0.0.1",
+                "IAP_FAKE_APPSTORE_PORT": String(fakePort), "IAP_OPS_PORT": "off", "IAP_DATABASE_PATH": databasePath,
+                "IAP_FAKE_DATABASE_PATH": folder.appendingPathComponent("fake.sqlite").path,
+                "IAP_QUEUE_PREFIX": "bench-\(ProcessInfo.processInfo.processIdentifier)-\(Int(Date().timeIntervalSince1970))",
+                "IAP_LOG_LEVEL": "warning", "IAP_AUTH": "off", "IAP_RATE_LIMIT_PER_IP": "0", "IAP_RATE_LIMIT_PER_USER": "0",
+                "IAP_MAX_IN_FLIGHT_REQUESTS": "100000", "IAP_VERIFIER_CONCURRENCY": String(verifierConcurrency),
+                "IAP_FINISHER_PREFETCH": "512", "IAP_RETRY_DELAYS": "1,2", "IAP_INLINE_VERIFICATION": inline ? "true" : "false",
+                "IAP_BUNDLE_IDS": "com.example.demo", "IAP_APPSTORE_TIMEOUT_SECONDS": "30",
+            ]
+        ) { $1 }
+        var processes = [try launch(["dev"], environment: environment, log: folder.appendingPathComponent("dev.log"))]
+        let intakeURL = "http://127.0.0.1:\(httpPort)"
+        let fakeURL = "http://127.0.0.1:\(fakePort)"
+        let cluster = BenchCluster(
+            intakeURL: intakeURL, fakeURL: fakeURL, databasePath: databasePath, processes: processes, folder: folder)
+        guard try await waitHealthy(intakeURL), try await waitHealthy(fakeURL) else {
+            cluster.stop()
+            throw ValidationError("iap dev did not start; see \(folder.path)/dev.log")
+        }
+        if verifiers > 1 {
+            environment["IAP_APPSTORE_VERIFY_URL"] = fakeURL + "/verifyReceipt"
+            environment["IAP_APPSTORE_SANDBOX_VERIFY_URL"] = fakeURL + "/sandbox/verifyReceipt"
+            for index in 1..<verifiers {
+                processes.append(
+                    try launch(["verifier"], environment: environment, log: folder.appendingPathComponent("verifier-\(index).log")))
+            }
+            try await Task.sleep(for: .seconds(2))
+        }
+        return BenchCluster(intakeURL: intakeURL, fakeURL: fakeURL, databasePath: databasePath, processes: processes, folder: folder)
+    }
+
+    /// The dev process's peak resident memory (VmHWM), in MB.
+    func peakRSSMegabytes() -> Double? {
+        guard let dev = processes.first,
+            let status = try? String(contentsOfFile: "/proc/\(dev.processIdentifier)/status", encoding: .utf8),
+            let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmHWM:") }),
+            let kilobytes = Double(line.split(separator: " ").dropFirst().first ?? "")
+        else { return nil }
+        return kilobytes / 1024
+    }
+
+    func stop() {
+        for process in processes where process.isRunning { process.terminate() }
+        for process in processes { process.waitUntilExit() }
+    }
+
+    private static func launch(_ arguments: [String], environment: [String: String], log: URL) throws -> Process {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: Bundle.main.executablePath ?? CommandLine.arguments[0])
+        process.arguments = arguments
+        process.environment = environment
+        FileManager.default.createFile(atPath: log.path, contents: nil)
+        let handle = try FileHandle(forWritingTo: log)
+        process.standardOutput = handle
+        process.standardError = handle
+        process.standardInput = FileHandle.nullDevice
+        try process.run()
+        return process
+    }
+
+    private static func waitHealthy(_ url: String) async throws -> Bool {
+        for _ in 0..<300 {
+            if let response = try? await HTTPClient.shared.execute(HTTPClientRequest(url: url + "/healthz"), timeout: .seconds(2)),
+                response.status == .ok
+            {
+                return true
+            }
+            try await Task.sleep(for: .milliseconds(100))
+        }
+        return false
+    }
+
+    private static func freePort() throws -> Int {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        address.sin_port = 0
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0
+            }
+        }
+        guard bound else { throw ValidationError("no free port on 127.0.0.1") }
+        return Int(UInt16(bigEndian: address.sin_port))
+    }
+}
