@@ -181,7 +181,11 @@ let package = Package(
         ),
         .executableTarget(
             name: "IAPMicrobench",
-            dependencies: ["IAPCore", "AppStore", "FakeAppStore", "OrderStore"],
+            dependencies: [
+                "IAPCore", "AppStore", "FakeAppStore", "OrderStore",
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "X509", package: "swift-certificates"),
+            ],
             swiftSettings: strictSettings
         ),
         .testTarget(

@@ -1,5 +1,8 @@
 import Crypto
 import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
 import NIOConcurrencyHelpers
 import SwiftASN1
 import X509
@@ -98,8 +101,11 @@ public final class SignedDataVerifier: Sendable {
     private typealias ValidatedChain = (key: P256.Signing.PublicKey, notBefore: Date, notAfter: Date)
 
     public let settings: Settings
-    private let cache = NIOLockedValueBox([String: ValidatedChain]())
-    private static let maxCachedChains = 64
+    /// One decoder for every payload (decoding does not change it).
+    private let decoder = JSONDecoder()
+    /// Validated chains by their encoded header; a handful at most (Apple signs with one leaf at a time).
+    private let cache = NIOLockedValueBox([(header: [UInt8], chain: ValidatedChain)]())
+    private static let maxCachedChains = 16
 
     /// Creates a verifier.
     public init(settings: Settings) {
@@ -148,54 +154,76 @@ public final class SignedDataVerifier: Sendable {
         var x5c: [String]?
     }
 
-    private struct SignedDate: Decodable {
-        var signedDate: Int64?
-    }
-
     /// Verifies the signature and chain of `jws` and decodes its payload.
     public func verify<Payload: SignedAppStorePayload>(_ jws: String, as type: Payload.Type) async throws(JWSVerificationError)
         -> Payload
     {
-        let parts = jws.utf8.split(separator: UInt8(ascii: "."), omittingEmptySubsequences: false)
-        guard parts.count == 3, let payloadBytes = Base64URL.decode(parts[1]), let signature = Base64URL.decode(parts[2])
-        else {
+        var jws = jws
+        jws.makeContiguousUTF8()
+        // The two dots, found in the raw bytes (iterating a String's UTF-8 view byte by byte
+        // costs more than the rest of the parsing).
+        let dots = jws.utf8.withContiguousStorageIfAvailable { bytes -> (Int, Int)? in
+            guard let first = bytes.firstIndex(of: UInt8(ascii: ".")),
+                let second = bytes[(first + 1)...].firstIndex(of: UInt8(ascii: ".")),
+                bytes[(second + 1)...].firstIndex(of: UInt8(ascii: ".")) == nil
+            else { return nil }
+            return (first, second)
+        } ?? nil
+        guard let (firstDot, secondDot) = dots else { throw JWSVerificationError(.malformed, "not a compact JWS") }
+        let decoded = jws.utf8.withContiguousStorageIfAvailable { bytes in
+            (Base64URL.decodeBytes(UnsafeBufferPointer(rebasing: bytes[(firstDot + 1)..<secondDot])),
+             Base64URL.decodeBytes(UnsafeBufferPointer(rebasing: bytes[(secondDot + 1)...])))
+        }
+        guard let decoded, let payloadBytes = decoded.0.map({ Data($0) }), let signature = decoded.1, firstDot > 0 else {
             throw JWSVerificationError(.malformed, "not a compact JWS")
         }
-        let decoder = JSONDecoder()
-        let signedDate: Date?
+        // Decoded once, before the signature is checked: its signedDate picks the time the
+        // chain is validated at. Nothing of it is trusted until the signature verifies.
+        let payload: Payload
         do {
-            signedDate = try decoder.decode(SignedDate.self, from: payloadBytes).signedDate.map(Date.init(appleMilliseconds:))
+            payload = try decoder.decode(Payload.self, from: payloadBytes)
         } catch {
-            throw JWSVerificationError(.malformed, "the payload is not JSON")
+            throw JWSVerificationError(.malformed, "the payload is not a \(Payload.self): \(error)")
         }
-        let time = settings.validationTime == .now ? Date() : (signedDate ?? Date())
-        let key = try await chainKey(header: String(decoding: parts[0], as: UTF8.self), at: time)
-
+        let time =
+            settings.validationTime == .now ? Date() : (payload.signedDate.map(Date.init(appleMilliseconds:)) ?? Date())
+        let key = try await chainKey(jws, headerCount: firstDot, at: time)
         guard let ecdsa = try? P256.Signing.ECDSASignature(rawRepresentation: signature) else {
             throw JWSVerificationError(.invalidSignature, "the signature is not a P-256 signature")
         }
         // The signing input is the header and payload exactly as sent.
-        let signingInput = jws.utf8.prefix(parts[0].count + 1 + parts[1].count)
-        guard key.isValidSignature(ecdsa, for: Data(signingInput)) else {
+        let valid = jws.utf8.withContiguousStorageIfAvailable { bytes in
+            key.isValidSignature(ecdsa, for: UnsafeRawBufferPointer(rebasing: UnsafeRawBufferPointer(bytes)[0..<secondDot]))
+        } ?? key.isValidSignature(ecdsa, for: Data(jws.utf8.prefix(secondDot)))
+        guard valid else {
             throw JWSVerificationError(.invalidSignature, "the signature does not verify")
         }
-        do {
-            return try decoder.decode(Payload.self, from: payloadBytes)
-        } catch {
-            throw JWSVerificationError(.malformed, "the payload is not a \(Payload.self): \(error)")
-        }
+        return payload
     }
 
-    /// The leaf key of the header's chain, valid at `time`: from the cache (keyed by the
-    /// encoded header, which holds `alg` and `x5c`), or checked now.
-    private func chainKey(header encoded: String, at time: Date) async throws(JWSVerificationError) -> P256.Signing.PublicKey {
-        if let cached = cache.withLockedValue({ $0[encoded] }) {
+    /// The leaf key of the chain in the header (the first `headerCount` bytes of `jws`), valid
+    /// at `time`: from the cache (the encoded header, which holds `alg` and `x5c`, compared
+    /// byte for byte), or checked now.
+    private func chainKey(_ jws: String, headerCount: Int, at time: Date) async throws(JWSVerificationError)
+        -> P256.Signing.PublicKey
+    {
+        let cached = jws.utf8.withContiguousStorageIfAvailable { bytes -> ValidatedChain? in
+            let header = UnsafeRawBufferPointer(rebasing: UnsafeRawBufferPointer(bytes)[0..<headerCount])
+            return cache.withLockedValue { entries in
+                entries.first { entry in
+                    entry.header.count == headerCount
+                        && entry.header.withUnsafeBytes { memcmp($0.baseAddress!, header.baseAddress!, headerCount) == 0 }
+                }?.chain
+            }
+        } ?? nil
+        if let cached {
             guard time >= cached.notBefore, time <= cached.notAfter else {
                 throw JWSVerificationError(.certificateExpired, "a certificate of the chain was not valid at \(time)")
             }
             return cached.key
         }
-        guard let headerBytes = Base64URL.decode(encoded.utf8[...]),
+        let encoded = Array(jws.utf8.prefix(headerCount))
+        guard let headerBytes = Base64URL.decode(encoded),
             let header = try? JSONDecoder().decode(Header.self, from: headerBytes)
         else {
             throw JWSVerificationError(.malformed, "the header is not JSON")
@@ -207,9 +235,9 @@ public final class SignedDataVerifier: Sendable {
             throw JWSVerificationError(.invalidChainLength, "x5c holds \(header.x5c?.count ?? 0) certificates, not 3")
         }
         let entry = try await validateChain(x5c, at: time)
-        cache.withLockedValue { cache in
-            if cache.count >= Self.maxCachedChains { cache.removeAll() }
-            cache[encoded] = entry
+        cache.withLockedValue { entries in
+            if entries.count >= Self.maxCachedChains { entries.removeAll() }
+            entries.append((encoded, entry))
         }
         return entry.key
     }
@@ -265,24 +293,48 @@ public final class SignedDataVerifier: Sendable {
 public enum Base64URL {
     /// The bytes of base64url text (padding optional); nil when it is not base64url.
     public static func decode(_ text: some Collection<UInt8>) -> Data? {
-        var base64 = [UInt8]()
-        base64.reserveCapacity(text.count + 3)
-        for byte in text {
-            switch byte {
-            case UInt8(ascii: "-"): base64.append(UInt8(ascii: "+"))
-            case UInt8(ascii: "_"): base64.append(UInt8(ascii: "/"))
-            case UInt8(ascii: "+"), UInt8(ascii: "/"): return nil
-            default: base64.append(byte)
-            }
-        }
-        switch base64.count % 4 {
-        case 0: break
-        case 2: base64.append(contentsOf: [UInt8(ascii: "="), UInt8(ascii: "=")])
-        case 3: base64.append(UInt8(ascii: "="))
-        default: return nil
-        }
-        return Data(base64Encoded: Data(base64))
+        decodeBytes(text).map { Data($0) }
     }
+
+    /// The bytes of base64url text (padding optional), without Foundation: the hot path of
+    /// every JWS verification decodes the payload and the signature.
+    public static func decodeBytes(_ text: some Collection<UInt8>) -> [UInt8]? {
+        if let decoded = text.withContiguousStorageIfAvailable({ decode($0) }) { return decoded }
+        return Array(text).withUnsafeBufferPointer { decode($0) }
+    }
+
+    private static func decode(_ text: UnsafeBufferPointer<UInt8>) -> [UInt8]? {
+        var count = text.count
+        // Padding is optional; at most two trailing '='.
+        while count > 0, text.count - count < 2, text[count - 1] == UInt8(ascii: "=") { count -= 1 }
+        guard count % 4 != 1 else { return nil }
+        return table.withUnsafeBufferPointer { table -> [UInt8]? in
+            var output = [UInt8]()
+            output.reserveCapacity(count * 3 / 4)
+            var accumulator: UInt32 = 0
+            var bits: UInt32 = 0
+            for index in 0..<count {
+                let value = table[Int(text[index])]
+                guard value < 64 else { return nil }
+                accumulator = (accumulator << 6) | UInt32(value)
+                bits += 6
+                if bits >= 8 {
+                    bits -= 8
+                    output.append(UInt8(truncatingIfNeeded: accumulator >> bits))
+                }
+            }
+            return output
+        }
+    }
+
+    /// The value of each base64url character; 255 for anything else.
+    private static let table: [UInt8] = {
+        var table = [UInt8](repeating: 255, count: 256)
+        for (index, character) in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_".utf8.enumerated() {
+            table[Int(character)] = UInt8(index)
+        }
+        return table
+    }()
 
     /// Base64url text of `data`, without padding.
     public static func encode(_ data: some DataProtocol) -> String {

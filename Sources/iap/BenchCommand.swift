@@ -84,15 +84,24 @@ struct BenchCommand: AsyncParsableCommand {
                 inline: mode == .inline, verifiers: verifiers, verifierConcurrency: verifierConcurrency)
         }
         defer { cluster?.stop() }
-        let intake = cluster?.intakeURL ?? intakeURL
-        let fake = cluster?.fakeURL ?? fakeURL
         let connections = concurrency ?? (rate == nil ? 64 : 1024)
         var configuration = HTTPClient.Configuration()
         configuration.timeout = .init(connect: .seconds(5), read: .seconds(120))
         configuration.connectionPool = .init(idleTimeout: .seconds(60), concurrentHTTP1ConnectionsPerHostSoftLimit: connections)
         let client = HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
-        defer { try? client.syncShutdown() }
         let http = BenchHTTP(client: client)
+        do {
+            try await measure(http: http, cluster: cluster, connections: connections)
+            try await client.shutdown()
+        } catch {
+            try? await client.shutdown()
+            throw error
+        }
+    }
+
+    private func measure(http: BenchHTTP, cluster: BenchCluster?, connections: Int) async throws {
+        let intake = cluster?.intakeURL ?? intakeURL
+        let fake = cluster?.fakeURL ?? fakeURL
 
         guard try await http.post(fake + "/fake/config", ["latencyMs": appleLatencyMs, "errorRate": appleErrorRate] as [String: Any]).status == 204
         else { throw ValidationError("the fake App Store at \(fake) refused its configuration") }
