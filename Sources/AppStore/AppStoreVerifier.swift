@@ -65,28 +65,16 @@ public final class AppStoreVerifier: ReceiptVerifying {
         }
         guard confirmWithAPI, let serverAPI else { return Self.verified([payload]) }
         let environment: ServerAPIEnvironment = payload.environment == "Sandbox" ? .sandbox : .production
-        do {
+        return await Self.askingApple {
             let fresh = try await serverAPI.transactionInfo(payload.transactionId, in: environment)
             return Self.verified([try await signed.verifyTransaction(fresh)])
-        } catch let error as ServerAPIError {
-            return Self.outcome(of: error)
-        } catch let error as JWSVerificationError {
-            return .rejected(ReasonCode(error.code.rawValue), message: "Apple's answer: \(error.message)")
-        } catch {
-            return .retryLater(.unexpectedAppleResponse, message: "\(error)")
         }
     }
 
     private func transaction(_ transactionId: String, _ serverAPI: AppStoreServerAPIClient) async -> VerificationOutcome {
-        do {
+        await Self.askingApple {
             let jws = try await inEitherEnvironment { try await serverAPI.transactionInfo(transactionId, in: $0) }
             return Self.verified([try await signed.verifyTransaction(jws)])
-        } catch let error as ServerAPIError {
-            return Self.outcome(of: error)
-        } catch let error as JWSVerificationError {
-            return .rejected(ReasonCode(error.code.rawValue), message: "Apple's answer: \(error.message)")
-        } catch {
-            return .retryLater(.unexpectedAppleResponse, message: "\(error)")
         }
     }
 
@@ -105,7 +93,7 @@ public final class AppStoreVerifier: ReceiptVerifying {
         else {
             return .verified(VerifiedReceipt(bundleId: receipt.bundleId, environment: .production, purchases: []))
         }
-        do {
+        return await Self.askingApple {
             var payloads: [JWSTransactionDecodedPayload] = []
             var revision: String?
             var pages = 0
@@ -122,12 +110,6 @@ public final class AppStoreVerifier: ReceiptVerifying {
                 return .rejected(.invalidReceipt, message: "Apple has no history for transaction \(anchor.transactionId)")
             }
             return Self.verified(payloads)
-        } catch let error as ServerAPIError {
-            return Self.outcome(of: error)
-        } catch let error as JWSVerificationError {
-            return .rejected(ReasonCode(error.code.rawValue), message: "Apple's answer: \(error.message)")
-        } catch {
-            return .retryLater(.unexpectedAppleResponse, message: "\(error)")
         }
     }
 
@@ -163,6 +145,20 @@ public final class AppStoreVerifier: ReceiptVerifying {
             return try await call(.production)
         } catch let error as ServerAPIError where error.kind == .notFound || error.kind == .unauthorized {
             return try await call(.sandbox)
+        }
+    }
+
+    /// Runs calls to Apple; their failures become outcomes: the Server API's by kind, a JWS
+    /// in Apple's answer that does not verify as a rejection, anything else as transient.
+    private static func askingApple(_ body: () async throws -> VerificationOutcome) async -> VerificationOutcome {
+        do {
+            return try await body()
+        } catch let error as ServerAPIError {
+            return outcome(of: error)
+        } catch let error as JWSVerificationError {
+            return .rejected(ReasonCode(error.code.rawValue), message: "Apple's answer: \(error.message)")
+        } catch {
+            return .retryLater(.unexpectedAppleResponse, message: "\(error)")
         }
     }
 

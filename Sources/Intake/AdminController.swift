@@ -81,22 +81,25 @@ struct AdminController: Sendable {
         }
         router.get("/v1/admin/consumption-requests") { request, _ in
             try authorize(request)
-            let raw = request.uri.queryParameters.get("limit")
-            guard let limit = raw.map({ Int($0) }) ?? 100, (1...1000).contains(limit) else {
-                throw APIError.invalidField("limit", "must be a whole number from 1 to 1000")
-            }
+            let limit = try Self.limit(request)
             let requests = try await store.consumptionRequests(limit: limit).map(ConsumptionRequestBody.init)
             return try JSONResponse.make(["consumptionRequests": requests])
         }
         router.get("/v1/admin/audit") { request, _ in
             try authorize(request)
-            let raw = request.uri.queryParameters.get("limit")
-            guard let limit = raw.map({ Int($0) }) ?? 100, (1...1000).contains(limit) else {
-                throw APIError.invalidField("limit", "must be a whole number from 1 to 1000")
-            }
+            let limit = try Self.limit(request)
             let entries = try await store.auditLog(limit: limit).map(AuditBody.init)
             return try JSONResponse.make(["entries": entries])
         }
+    }
+
+    /// `?limit=`: 1 to 1000, 100 when absent.
+    private static func limit(_ request: Request) throws(APIError) -> Int {
+        let raw = request.uri.queryParameters.get("limit")
+        guard let limit = raw.map({ Int($0) }) ?? 100, (1...1000).contains(limit) else {
+            throw APIError.invalidField("limit", "must be a whole number from 1 to 1000")
+        }
+        return limit
     }
 
     /// A change request's JSON body.

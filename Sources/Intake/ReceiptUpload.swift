@@ -54,16 +54,27 @@ struct ReceiptUpload: Equatable {
             self.receiptData = ""
             return
         }
-        // Apps sometimes send base64 wrapped in lines; the bytes are what counts.
-        let compact = receipt.filter { !$0.isWhitespace }
-        guard let bytes = Data(base64Encoded: compact) else {
+        // Apps sometimes send base64 wrapped in lines; the bytes are what counts. Done on the
+        // UTF-8 bytes: walking Characters cost a fifth of the intake's CPU.
+        let compact = Self.withoutASCIIWhitespace(receipt)
+        guard let bytes = Base64URL.decodeStandard(compact.utf8), compact.utf8.count % 4 == 0 else {
             throw APIError(.badRequest, code: "receipt_not_base64", message: "'receiptData' is not valid base64")
         }
         guard !bytes.isEmpty else {
             throw APIError(.badRequest, code: "receipt_empty", message: "'receiptData' holds no bytes")
         }
-        try Self.checkShape([UInt8](bytes))
+        try Self.checkShape(bytes)
         self.receiptData = compact
+    }
+
+    /// `text` without spaces, tabs and line breaks (a copy only when it has some).
+    static func withoutASCIIWhitespace(_ text: String) -> String {
+        var text = text
+        text.makeContiguousUTF8()
+        let isSpace = { (byte: UInt8) in byte == 0x20 || byte == 0x0A || byte == 0x0D || byte == 0x09 }
+        let hasSpace = text.utf8.withContiguousStorageIfAvailable { $0.contains(where: isSpace) } ?? true
+        guard hasSpace else { return text }
+        return String(decoding: text.utf8.filter { !isSpace($0) }, as: UTF8.self)
     }
 
     /// Refuses what cannot be a compact JWS: three base64url parts with a JSON header. The
