@@ -162,7 +162,8 @@ struct BenchCommand: AsyncParsableCommand {
 
     struct Minted: Sendable {
         var transactionId: String
-        var receiptData: String
+        /// The upload's JSON body, built before the timed phase.
+        var body: ByteBuffer
     }
 
     /// Purchases minted before any timing starts, 16 at a time.
@@ -180,7 +181,8 @@ struct BenchCommand: AsyncParsableCommand {
                         guard answer.status == 201, let id = object?["transactionId"] as? String,
                             let receipt = object?["receiptData"] as? String
                         else { throw ValidationError("the fake App Store could not mint: \(answer.status)") }
-                        minted.append(Minted(transactionId: id, receiptData: receipt))
+                        let upload = ["userId": "bench-\(minted.count % 10_000)-\(worker)", "receiptData": receipt]
+                        minted.append(Minted(transactionId: id, body: ByteBuffer(data: try JSONSerialization.data(withJSONObject: upload))))
                     }
                     return minted
                 }
@@ -221,8 +223,7 @@ struct BenchCommand: AsyncParsableCommand {
                             due = start + interval * index
                             if due > .now { try await Task.sleep(until: due, clock: .continuous) }
                         }
-                        let body = ["userId": "bench-\(index % 10_000)", "receiptData": minted[index].receiptData]
-                        let answer = try? await http.post(intake + "/v1/receipts", body)
+                        let answer = try? await http.post(intake + "/v1/receipts", body: minted[index].body)
                         let elapsed = ContinuousClock.now - due
                         let micros = UInt64(elapsed.components.seconds) * 1_000_000 + UInt64(elapsed.components.attoseconds / 1_000_000_000_000)
                         let ok = answer.map { mode == .queue ? $0.status == 202 : $0.status == 200 } ?? false
@@ -292,10 +293,14 @@ struct BenchHTTP: Sendable {
     }
 
     func post(_ url: String, _ object: Any) async throws -> Answer {
+        try await post(url, body: ByteBuffer(data: try JSONSerialization.data(withJSONObject: object)))
+    }
+
+    func post(_ url: String, body: ByteBuffer) async throws -> Answer {
         var request = HTTPClientRequest(url: url)
         request.method = .POST
         request.headers.add(name: "Content-Type", value: "application/json")
-        request.body = .bytes(ByteBuffer(data: try JSONSerialization.data(withJSONObject: object)))
+        request.body = .bytes(body)
         let response = try await client.execute(request, timeout: .seconds(120))
         return Answer(status: Int(response.status.code), body: Data(buffer: try await response.body.collect(upTo: 1 << 22)))
     }
