@@ -39,7 +39,9 @@ extension BrokerTests {
             var orders = try await scrape(ordersPort)
             _ = try await eventually(timeout: .seconds(15)) {
                 orders = try await scrape(ordersPort)
+                // A sample holds the store's counts and, once the broker answered, the queues'.
                 return orders.value(MetricNames.submissions, ["state": "credited"]) == 20
+                    && orders.value(MetricNames.queueConsumers, ["queue": "\(drill.prefix).results"]) != nil
             }
             let verifier = try await scrape(verifierPort)
 
