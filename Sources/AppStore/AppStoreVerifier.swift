@@ -1,6 +1,5 @@
 import Foundation
 import IAPCore
-import Logging
 
 /// Verifies every upload shape the intake takes, by the best route available:
 ///
@@ -21,20 +20,18 @@ public final class AppStoreVerifier: ReceiptVerifying {
     private let legacy: (any ReceiptVerifying)?
     private let confirmWithAPI: Bool
     private let receiptsThroughServerAPI: Bool
-    private let logger: Logger
 
     /// Creates a verifier. Without `serverAPI`, transaction-id uploads and confirmations are
     /// impossible (refused with a clear reason); without `legacy`, receipts need the Server API.
     public init(
         signed: SignedDataVerifier, serverAPI: AppStoreServerAPIClient?, legacy: (any ReceiptVerifying)?,
-        confirmWithAPI: Bool = false, receiptsThroughServerAPI: Bool = true, logger: Logger
+        confirmWithAPI: Bool = false, receiptsThroughServerAPI: Bool = true
     ) {
         self.receiptsThroughServerAPI = receiptsThroughServerAPI
         self.signed = signed
         self.serverAPI = serverAPI
         self.legacy = legacy
         self.confirmWithAPI = confirmWithAPI
-        self.logger = logger
     }
 
     public func verify(_ request: VerifyRequest) async -> VerificationOutcome {

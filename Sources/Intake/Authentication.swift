@@ -1,3 +1,4 @@
+import AppStore
 import Crypto
 import Foundation
 import Hummingbird
@@ -94,7 +95,7 @@ public struct UserTokenVerifier: Sendable {
 
     /// The `alg` of a compact JWS header, or nil when the header is not readable.
     private static func algorithm(of token: String) -> String? {
-        guard let dot = token.firstIndex(of: "."), let header = Data(base64URLEncoded: String(token[..<dot])),
+        guard let dot = token.firstIndex(of: "."), let header = Base64URL.decode(token.utf8[..<dot]),
             let object = try? JSONSerialization.jsonObject(with: header) as? [String: Any]
         else { return nil }
         return object["alg"] as? String
@@ -126,20 +127,6 @@ struct UserClaims: JWTPayload {
     var aud: AudienceClaim?
 
     func verify(using algorithm: some JWTAlgorithm) async throws {}
-}
-
-extension Data {
-    /// Decodes base64url without padding, as JOSE writes it.
-    init?(base64URLEncoded text: String) {
-        var base64 = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
-        switch base64.count % 4 {
-        case 0: break
-        case 2: base64 += "=="
-        case 3: base64 += "="
-        default: return nil
-        }
-        self.init(base64Encoded: base64)
-    }
 }
 
 /// Authenticates the app-user routes: sets `context.userId` from the bearer token and applies

@@ -206,7 +206,7 @@ public struct Pipeline: Sendable {
                     try AppStoreServerAPIClient(settings: $0, httpClient: client, logger: logger)
                 },
                 legacy: legacy, confirmWithAPI: settings.storeKit.confirmWithAPI,
-                receiptsThroughServerAPI: settings.storeKit.receiptsThroughServerAPI, logger: logger)
+                receiptsThroughServerAPI: settings.storeKit.receiptsThroughServerAPI)
         }
         if roles.contains(.intake), let store, let relay {
             var intake = settings.intake

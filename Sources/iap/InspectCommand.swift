@@ -137,7 +137,7 @@ struct InspectJWSCommand: AsyncParsableCommand {
         }
         let roots: [Certificate]
         do {
-            roots = root.isEmpty ? [try AppleRoot.g3()] : try root.map(Self.certificate)
+            roots = root.isEmpty ? [try AppleRoot.g3()] : try root.map(certificate(atPath:))
         } catch {
             throw fail("cannot_read", "\(error)")
         }
@@ -177,12 +177,13 @@ struct InspectJWSCommand: AsyncParsableCommand {
         guard parts.count == 3, let bytes = Base64URL.decode(parts[1].utf8) else { return nil }
         return try? JSONSerialization.jsonObject(with: bytes)
     }
+}
 
-    private static func certificate(_ path: String) throws -> Certificate {
-        let data = try Data(contentsOf: URL(fileURLWithPath: path))
-        if let text = String(data: data, encoding: .utf8), text.contains("-----BEGIN CERTIFICATE-----") {
-            return try Certificate(pemEncoded: text)
-        }
-        return try Certificate(derEncoded: [UInt8](data))
+/// A certificate file, PEM or DER (trusted roots for `iap inspect jws` and IAP_TRUSTED_ROOTS).
+func certificate(atPath path: String) throws -> Certificate {
+    let data = try Data(contentsOf: URL(fileURLWithPath: path))
+    if let text = String(data: data, encoding: .utf8), text.contains("-----BEGIN CERTIFICATE-----") {
+        return try Certificate(pemEncoded: text)
     }
+    return try Certificate(derEncoded: [UInt8](data))
 }

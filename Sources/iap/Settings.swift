@@ -494,11 +494,7 @@ struct StoreKitOptions: ParsableArguments {
             settings.trustedRoots = try paths.split(separator: ",").map { path in
                 let path = path.trimmingCharacters(in: .whitespaces)
                 do {
-                    let data = try Data(contentsOf: URL(fileURLWithPath: path))
-                    if let text = String(data: data, encoding: .utf8), text.contains("-----BEGIN CERTIFICATE-----") {
-                        return try Certificate(pemEncoded: text)
-                    }
-                    return try Certificate(derEncoded: [UInt8](data))
+                    return try certificate(atPath: path)
                 } catch {
                     throw ValidationError("IAP_TRUSTED_ROOTS: \(path) is not a readable certificate: \(error)")
                 }
@@ -542,7 +538,9 @@ struct StoreKitOptions: ParsableArguments {
             }
         }
         switch reader.optionalString(receiptsVia, "IAP_RECEIPTS_VIA") {
-        case nil: settings.receiptsThroughServerAPI = settings.serverAPI != nil
+        case nil:
+            // A key given here sends receipts through the Server API; defaults (iap dev) keep theirs.
+            if reader.optionalString(appstoreKeyPath, "IAP_APPSTORE_KEY_PATH") != nil { settings.receiptsThroughServerAPI = true }
         case "server-api":
             guard settings.serverAPI != nil else {
                 throw ValidationError("IAP_RECEIPTS_VIA=server-api needs the App Store Server API key (IAP_APPSTORE_KEY_PATH)")
