@@ -379,11 +379,17 @@ struct AppleVerifyReceiptAnswer: Encodable {
         }
     }
 
+    /// Apple's `yyyy-MM-dd HH:mm:ss Etc/GMT`. Written by hand: a `DateFormatter` per date
+    /// was the largest item in a profile of the benchmark, and one shared is not `Sendable`.
     static func appleDate(_ date: Date) -> String {
-        let formatter = DateFormatter()
-        formatter.locale = Locale(identifier: "en_US_POSIX")
-        formatter.timeZone = TimeZone(identifier: "UTC")
-        formatter.dateFormat = "yyyy-MM-dd HH:mm:ss"
-        return formatter.string(from: date) + " Etc/GMT"
+        var seconds = time_t(date.timeIntervalSince1970.rounded(.down))
+        var parts = tm()
+        gmtime_r(&seconds, &parts)
+        func digits(_ value: Int32, _ width: Int) -> String {
+            let text = String(value)
+            return String(repeating: "0", count: max(0, width - text.count)) + text
+        }
+        return digits(parts.tm_year + 1900, 4) + "-" + digits(parts.tm_mon + 1, 2) + "-" + digits(parts.tm_mday, 2) + " "
+            + digits(parts.tm_hour, 2) + ":" + digits(parts.tm_min, 2) + ":" + digits(parts.tm_sec, 2) + " Etc/GMT"
     }
 }

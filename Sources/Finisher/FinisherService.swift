@@ -27,8 +27,8 @@ public struct FinisherSettings: Sendable {
     }
 }
 
-/// Applies verification results to the order store: one database transaction per
-/// message, acked only after the commit, idempotent under redelivery.
+/// Applies verification results to the order store: each message all or nothing (its own
+/// savepoint of a group commit), acked only after the commit, idempotent under redelivery.
 public final class FinisherService: Service, Sendable {
     private let settings: FinisherSettings
     private let consumer: AMQPConnection
@@ -61,11 +61,21 @@ public final class FinisherService: Service, Sendable {
         Counter(label: MetricNames.deadLetters, dimensions: [("queue", "results")]).increment(by: 0)
     }
 
+    /// Handles up to `prefetch` results at once: each is still applied all or nothing, and the
+    /// ones applied at the same time share the order store's group commit.
     public func run() async throws {
-        let consumer = self.consumer.consume(
-            queue: settings.names.results, prefetch: UInt16(clamping: max(1, settings.prefetch)))
-        for await delivery in consumer.cancelOnGracefulShutdown() {
-            await handle(delivery)
+        let limit = max(1, settings.prefetch)
+        let consumer = self.consumer.consume(queue: settings.names.results, prefetch: UInt16(clamping: limit))
+        await withTaskGroup(of: Void.self) { group in
+            var running = 0
+            for await delivery in consumer.cancelOnGracefulShutdown() {
+                if running == limit {
+                    await group.next()
+                    running -= 1
+                }
+                group.addTask { await self.handle(delivery) }
+                running += 1
+            }
         }
         await consumer.cancel()
     }

@@ -70,7 +70,7 @@ extension OrderStore {
     }
 
     private func insertAccepted(_ request: VerifyRequest, message: OutboxMessage?) async throws {
-        try await database.write { db in
+        try await groupCommit.write { db in
             do {
                 try db.execute(
                     sql: """
@@ -129,7 +129,8 @@ extension OrderStore {
         public var replayed: Int
     }
 
-    /// Applies one verification result in one transaction and returns the submission's new state.
+    /// Applies one verification result, all or nothing, and returns the submission's new state
+    /// (durable on return; results applied at the same time share one commit).
     ///
     /// Idempotent: a result for a submission that already reached a terminal state changes
     /// nothing, and a transaction id is credited at most once whatever arrives.
@@ -143,7 +144,7 @@ extension OrderStore {
     public func applyCounting(_ result: VerifyResult, policy: CreditPolicy = .init(), now: Date = Date()) async throws
         -> Applied
     {
-        try await database.write { db -> Applied in
+        try await groupCommit.write { db -> Applied in
             var credited = 0
             var replays = 0
             let state = try Self.apply(result, policy: policy, now: now, credited: &credited, replays: &replays, in: db)

@@ -4,10 +4,14 @@ import IAPCore
 
 /// The order store: submissions, purchases, grants, orders and the outbox, in one SQLite file.
 ///
-/// Every write method is one transaction. The schema itself enforces the invariants
-/// (a purchase row per Apple transaction id, a grant per purchase).
+/// Every write method is one all-or-nothing unit, durable when it returns: its own
+/// transaction, or, for the hot paths (accepting an upload, applying a result), its own
+/// savepoint in a group commit shared with the writes that arrived meanwhile. The schema
+/// itself enforces the invariants (a purchase row per Apple transaction id, a grant per purchase).
 public final class OrderStore: Sendable {
     let database: DatabasePool
+    /// Where uploads and results are written: each in its own savepoint of a shared commit.
+    let groupCommit: GroupCommit
 
     /// Opens (creating if needed) the store at `path` and migrates it to the current schema.
     public init(path: String) throws(OrderStoreError) {
@@ -26,6 +30,7 @@ public final class OrderStore: Sendable {
             // SQLite creates its -wal and -shm files with the database file's mode.
             database = try DatabasePool(path: path, configuration: configuration)
             try Self.migrator.migrate(database)
+            groupCommit = GroupCommit(database: database)
         } catch {
             throw OrderStoreError(.unavailable, "cannot open the order store at \(path): \(error)")
         }

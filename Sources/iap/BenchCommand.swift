@@ -48,8 +48,11 @@ struct BenchCommand: AsyncParsableCommand {
     @Flag(help: "Start an `iap dev` of its own (broker from IAP_AMQP_URL).")
     var startDev = false
 
-    @Option(help: "With --start-dev: verifier processes in all (the dev process runs one).")
+    @Option(help: "With --start-dev: verifier processes.")
     var verifiers: Int = 1
+
+    @Flag(help: "With --start-dev: start the verifiers only once every upload is accepted, to measure the intake alone and then the verifiers draining the queue.")
+    var verifyAfterUpload = false
 
     @Option(help: "With --start-dev: verifications in flight per verifier process.")
     var verifierConcurrency: Int = 512
@@ -81,7 +84,8 @@ struct BenchCommand: AsyncParsableCommand {
         var cluster: BenchCluster?
         if startDev {
             cluster = try await BenchCluster.start(
-                inline: mode == .inline, verifiers: verifiers, verifierConcurrency: verifierConcurrency)
+                inline: mode == .inline, verifiers: verifiers, verifierConcurrency: verifierConcurrency,
+                verifiersLater: verifyAfterUpload)
         }
         defer { cluster?.stop() }
         let connections = concurrency ?? (rate == nil ? 64 : 1024)
@@ -112,6 +116,12 @@ struct BenchCommand: AsyncParsableCommand {
         say("uploading to \(intake) (\(mode.rawValue) mode, \(rate.map { "\($0)/s" } ?? "\(connections) connections"))")
         let upload = try await uploadAll(minted, to: intake, http: http, connections: connections)
         say("accepted \(upload.accepted) of \(purchases) in \(String(format: "%.1f", upload.seconds)) s; waiting for them to settle")
+        var verifiersStarted: Date?
+        if verifyAfterUpload, mode == .queue, let cluster {
+            say("starting \(verifiers) verifier process(es)")
+            verifiersStarted = Date()
+            try await cluster.startVerifiers(verifiers)
+        }
 
         let store = try OrderStore(path: cluster?.databasePath ?? databasePath)
         let deadline = ContinuousClock.now + .seconds(settleTimeout)
@@ -129,11 +139,11 @@ struct BenchCommand: AsyncParsableCommand {
         }
 
         var endToEnd = Histogram<UInt64>(highestTrackableValue: 3_600_000, numberOfSignificantValueDigits: .three)
-        var first = Date.distantFuture
+        var first = verifiersStarted ?? Date.distantFuture
         var last = Date.distantPast
         for time in times where time.state == .credited {
             _ = endToEnd.record(UInt64(max(0, time.settledAt.timeIntervalSince(time.acceptedAt)) * 1000))
-            first = min(first, time.acceptedAt)
+            if verifiersStarted == nil { first = min(first, time.acceptedAt) }
             last = max(last, time.settledAt)
         }
         let span = max(0.001, last.timeIntervalSince(first))
@@ -145,7 +155,7 @@ struct BenchCommand: AsyncParsableCommand {
             endToEndMs: .init(p50: Double(endToEnd.valueAtPercentile(50)), p99: Double(endToEnd.valueAtPercentile(99))),
             verificationsPerSecond: Double(calls) / span, credited: coverage.granted, lost: purchases - coverage.granted,
             duplicated: coverage.grants - coverage.granted, refused: purchases - upload.accepted,
-            secondsToCreditAll: span, appleCalls: calls, devPeakRSSMB: cluster?.peakRSSMegabytes())
+            secondsToCreditAll: span, appleCalls: calls, peakRSSMB: cluster?.peakRSSMegabytes() ?? [:])
         if json {
             let encoder = JSONEncoder()
             encoder.outputFormatting = [.sortedKeys]
@@ -265,7 +275,8 @@ struct BenchReport: Encodable {
     var refused: Int
     var secondsToCreditAll: Double
     var appleCalls: Int
-    var devPeakRSSMB: Double?
+    /// Peak resident memory of each process `--start-dev` ran, by role.
+    var peakRSSMB: [String: Double]
 
     var text: String {
         func f(_ value: Double) -> String { String(format: "%.1f", value) }
@@ -278,7 +289,7 @@ struct BenchReport: Encodable {
             verifications/s           \(f(verificationsPerSecond)) (\(appleCalls) calls to Apple)
             all credited after        \(f(secondsToCreditAll)) s
             credited once             \(credited)   lost \(lost)   duplicated \(duplicated)
-            dev process peak RSS      \(devPeakRSSMB.map { f($0) + " MB" } ?? "n/a")
+            peak RSS MB               \(peakRSSMB.isEmpty ? "n/a" : peakRSSMB.sorted { $0.key < $1.key }.map { "\($0.key) \(f($0.value))" }.joined(separator: "  "))
             """
     }
 }
@@ -312,28 +323,38 @@ struct BenchHTTP: Sendable {
     }
 }
 
-/// The processes `iap bench --start-dev` runs: one `iap dev`, and more verifiers if asked.
+/// The processes `iap bench --start-dev` runs. Queue mode has the production shape: the fake
+/// App Store, one `iap orders` (intake, relay, finisher: the store's one writer) and
+/// `--verifiers` `iap verifier` processes. Inline mode is one `iap dev` whose intake asks
+/// Apple inside the request.
 final class BenchCluster: @unchecked Sendable {
     let intakeURL: String
     let fakeURL: String
     let databasePath: String
-    private let processes: [Process]
     private let folder: URL
+    private let environment: [String: String]
+    private let lock = NSLock()
+    private var processes: [(role: String, process: Process)]
 
-    private init(intakeURL: String, fakeURL: String, databasePath: String, processes: [Process], folder: URL) {
+    private init(intakeURL: String, fakeURL: String, databasePath: String, folder: URL, environment: [String: String]) {
         self.intakeURL = intakeURL
         self.fakeURL = fakeURL
         self.databasePath = databasePath
-        self.processes = processes
         self.folder = folder
+        self.environment = environment
+        self.processes = []
     }
 
-    static func start(inline: Bool, verifiers: Int, verifierConcurrency: Int) async throws -> BenchCluster {
+    /// Starts the cluster; verifiers too unless `verifiersLater` (then `startVerifiers`).
+    static func start(inline: Bool, verifiers: Int, verifierConcurrency: Int, verifiersLater: Bool) async throws -> BenchCluster {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-bench-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
         let httpPort = try freePort()
         let fakePort = try freePort()
+        let fakeURL = "http://127.0.0.1:\(fakePort)"
         let databasePath = folder.appendingPathComponent("orders.sqlite").path
+        let catalogPath = folder.appendingPathComponent("catalog.json")
+        try Data(DemoCatalog.json.utf8).write(to: catalogPath)
         var environment = ProcessInfo.processInfo.environment
         environment.merge(
             [
@@ -344,45 +365,68 @@ final class BenchCluster: @unchecked Sendable {
                 "IAP_LOG_LEVEL": "warning", "IAP_AUTH": "off", "IAP_RATE_LIMIT_PER_IP": "0", "IAP_RATE_LIMIT_PER_USER": "0",
                 "IAP_MAX_IN_FLIGHT_REQUESTS": "100000", "IAP_VERIFIER_CONCURRENCY": String(verifierConcurrency),
                 "IAP_FINISHER_PREFETCH": "512", "IAP_RETRY_DELAYS": "1,2", "IAP_INLINE_VERIFICATION": inline ? "true" : "false",
-                "IAP_BUNDLE_IDS": "com.example.demo", "IAP_APPSTORE_TIMEOUT_SECONDS": "30",
+                "IAP_BUNDLE_IDS": "com.example.demo", "IAP_APPSTORE_TIMEOUT_SECONDS": "30", "IAP_CATALOG": catalogPath.path,
+                "IAP_APPSTORE_VERIFY_URL": fakeURL + "/verifyReceipt",
+                "IAP_APPSTORE_SANDBOX_VERIFY_URL": fakeURL + "/sandbox/verifyReceipt",
                 // verifyReceipt: the Server API route is paced at Apple's 50 lookups/s per app.
                 "IAP_RECEIPTS_VIA": "verify-receipt",
             ]
         ) { $1 }
-        var processes = [try launch(["dev"], environment: environment, log: folder.appendingPathComponent("dev.log"))]
         let intakeURL = "http://127.0.0.1:\(httpPort)"
-        let fakeURL = "http://127.0.0.1:\(fakePort)"
         let cluster = BenchCluster(
-            intakeURL: intakeURL, fakeURL: fakeURL, databasePath: databasePath, processes: processes, folder: folder)
-        guard try await waitHealthy(intakeURL), try await waitHealthy(fakeURL) else {
-            cluster.stop()
-            throw ValidationError("iap dev did not start; see \(folder.path)/dev.log")
-        }
-        if verifiers > 1 {
-            environment["IAP_APPSTORE_VERIFY_URL"] = fakeURL + "/verifyReceipt"
-            environment["IAP_APPSTORE_SANDBOX_VERIFY_URL"] = fakeURL + "/sandbox/verifyReceipt"
-            for index in 1..<verifiers {
-                processes.append(
-                    try launch(["verifier"], environment: environment, log: folder.appendingPathComponent("verifier-\(index).log")))
+            intakeURL: intakeURL, fakeURL: fakeURL, databasePath: databasePath, folder: folder, environment: environment)
+        do {
+            if inline {
+                try cluster.launch("dev", role: "dev")
+            } else {
+                try cluster.launch("fake-appstore", role: "fake-appstore")
+                try cluster.launch("orders", role: "orders")
             }
-            try await Task.sleep(for: .seconds(2))
+            guard try await cluster.waitHealthy(intakeURL), try await cluster.waitHealthy(fakeURL) else {
+                throw ValidationError("the pipeline did not start; see the logs in \(folder.path)")
+            }
+            if !inline && !verifiersLater {
+                try await cluster.startVerifiers(verifiers)
+            }
+        } catch {
+            cluster.stop()
+            throw error
         }
-        return BenchCluster(intakeURL: intakeURL, fakeURL: fakeURL, databasePath: databasePath, processes: processes, folder: folder)
+        return cluster
     }
 
-    /// The dev process's peak resident memory (VmHWM), in MB.
-    func peakRSSMegabytes() -> Double? {
-        guard let dev = processes.first,
-            let status = try? String(contentsOfFile: "/proc/\(dev.processIdentifier)/status", encoding: .utf8),
-            let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmHWM:") }),
-            let kilobytes = Double(line.split(separator: " ").dropFirst().first ?? "")
-        else { return nil }
-        return kilobytes / 1024
+    /// Starts `count` verifier processes and waits until each consumes.
+    func startVerifiers(_ count: Int) async throws {
+        for index in 1...count {
+            try launch("verifier", role: "verifier-\(index)")
+        }
+        try await Task.sleep(for: .seconds(2))
+    }
+
+    /// Each process's peak resident memory (VmHWM) in MB, by role.
+    func peakRSSMegabytes() -> [String: Double] {
+        let running = lock.withLock { processes }
+        var peaks: [String: Double] = [:]
+        for (role, process) in running {
+            guard let status = try? String(contentsOfFile: "/proc/\(process.processIdentifier)/status", encoding: .utf8),
+                let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmHWM:") }),
+                let kilobytes = Double(line.split(separator: " ").dropFirst().first ?? "")
+            else { continue }
+            peaks[role] = kilobytes / 1024
+        }
+        return peaks
     }
 
     func stop() {
-        for process in processes where process.isRunning { process.terminate() }
-        for process in processes { process.waitUntilExit() }
+        let running = lock.withLock { processes }
+        let alive = running.map(\.process).filter(\.isRunning)
+        for process in alive { process.terminate() }
+        for process in alive { process.waitUntilExit() }
+    }
+
+    private func launch(_ command: String, role: String) throws {
+        let process = try Self.launch([command], environment: environment, log: folder.appendingPathComponent("\(role).log"))
+        lock.withLock { processes.append((role, process)) }
     }
 
     private static func launch(_ arguments: [String], environment: [String: String], log: URL) throws -> Process {
@@ -390,7 +434,7 @@ final class BenchCluster: @unchecked Sendable {
         process.executableURL = URL(fileURLWithPath: Bundle.main.executablePath ?? CommandLine.arguments[0])
         process.arguments = arguments
         process.environment = environment
-        FileManager.default.createFile(atPath: log.path, contents: nil)
+        _ = FileManager.default.createFile(atPath: log.path, contents: nil)
         let handle = try FileHandle(forWritingTo: log)
         process.standardOutput = handle
         process.standardError = handle
@@ -399,8 +443,12 @@ final class BenchCluster: @unchecked Sendable {
         return process
     }
 
-    private static func waitHealthy(_ url: String) async throws -> Bool {
+    /// Whether `url` answers `/healthz` within 30 s; false at once if a process of the cluster died.
+    private func waitHealthy(_ url: String) async throws -> Bool {
         for _ in 0..<300 {
+            if let dead = lock.withLock({ processes.first { !$0.process.isRunning } }) {
+                throw ValidationError("`iap \(dead.role)` exited; see \(folder.appendingPathComponent("\(dead.role).log").path)")
+            }
             if let response = try? await HTTPClient.shared.execute(HTTPClientRequest(url: url + "/healthz"), timeout: .seconds(2)),
                 response.status == .ok
             {

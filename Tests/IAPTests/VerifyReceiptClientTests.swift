@@ -3,7 +3,7 @@ import AsyncHTTPClient
 import Crypto
 import Foundation
 import IAPCore
-import FakeAppStore
+@testable import FakeAppStore
 import Logging
 import NIOConcurrencyHelpers
 import NIOCore
@@ -98,6 +98,29 @@ struct VerifyReceiptClientTests {
         #expect(classify(await apple.client().verify(request(receipt))) == expected)
         // The fault was for one call only: the same receipt now verifies.
         #expect(classify(await apple.client().verify(request(receipt))) == .verified)
+    }
+
+    /// The fake answers in Apple's own shape: every date twice, as `yyyy-MM-dd HH:mm:ss Etc/GMT`
+    /// and as milliseconds in a string, and the two agree.
+    @Test func answerDatesAreWrittenAsAppleWritesThem() async throws {
+        let apple = try await Apple.start()
+        defer { Task { await apple.stop() } }
+        let receipt = try await apple.mint()
+        let answer = try await HTTP.post(apple.url + "/verifyReceipt", json: ["receipt-data": receipt])
+        let inApp = try #require((answer.json["receipt"] as? [String: Any])?["in_app"] as? [[String: Any]])
+        let purchase = try #require(inApp.first)
+        let text = try #require(purchase["purchase_date"] as? String)
+        let milliseconds = try #require((purchase["purchase_date_ms"] as? String).flatMap(Int64.init))
+        let formatter = DateFormatter()
+        formatter.locale = Locale(identifier: "en_US_POSIX")
+        formatter.timeZone = TimeZone(identifier: "UTC")
+        formatter.dateFormat = "yyyy-MM-dd HH:mm:ss 'Etc/GMT'"
+        let parsed = try #require(formatter.date(from: text), "not Apple's date format: \(text)")
+        #expect(Int64(parsed.timeIntervalSince1970) == milliseconds / 1000)
+        #expect(text.utf8.count == "2026-01-02 03:04:05 Etc/GMT".utf8.count)
+        #expect(AppleVerifyReceiptAnswer.appleDate(Date(timeIntervalSince1970: 0)) == "1970-01-01 00:00:00 Etc/GMT")
+        #expect(AppleVerifyReceiptAnswer.appleDate(Date(timeIntervalSince1970: 1_700_000_000.999)) == "2023-11-14 22:13:20 Etc/GMT")
+        #expect(AppleVerifyReceiptAnswer.appleDate(Date(timeIntervalSince1970: 4_102_444_799)) == "2099-12-31 23:59:59 Etc/GMT")
     }
 
     @Test func internalAppleErrorFollowsTheRetryFlag() async throws {

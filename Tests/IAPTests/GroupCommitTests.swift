@@ -1,0 +1,88 @@
+import Foundation
+import GRDB
+import IAPCore
+@testable import OrderStore
+import Testing
+
+/// The order store's group commit: writes that arrive together share one commit, and each
+/// caller still hears only about its own unit of work, after it is durable.
+@Suite("Group commit")
+struct GroupCommitTests {
+    func makeStore() throws -> (OrderStore, String) {
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-group-\(UUID().uuidString)")
+        let path = folder.appendingPathComponent("orders.sqlite").path
+        return (try OrderStore(path: path), path)
+    }
+
+    func request(_ id: UUID = UUID()) -> VerifyRequest {
+        VerifyRequest(submissionId: id, userId: "u", receiptData: "AAAA", acceptedAt: Date())
+    }
+
+    /// 400 uploads at once, 40 of them reusing an id already stored: exactly those 40 fail,
+    /// the other 360 are stored with their messages, in far fewer commits than uploads.
+    @Test func concurrentUploadsShareCommitsAndFailAlone() async throws {
+        let (store, path) = try makeStore()
+        let taken = (0..<40).map { _ in UUID() }
+        for id in taken { try await store.accept(request(id), message: nil) }
+        let before = store.groupCommit.batches
+
+        let outcomes = await withTaskGroup(of: (UUID, OrderStoreError.Code?).self) { group in
+            for index in 0..<400 {
+                let id = index % 10 == 0 ? taken[index / 10] : UUID()
+                group.addTask {
+                    do {
+                        try await store.accept(self.request(id), message: OutboxMessage(routingKey: "q", body: [1]))
+                        return (id, nil)
+                    } catch let error as OrderStoreError {
+                        return (id, error.code)
+                    } catch {
+                        return (id, .unavailable)
+                    }
+                }
+            }
+            var all: [(UUID, OrderStoreError.Code?)] = []
+            for await outcome in group { all.append(outcome) }
+            return all
+        }
+        let failed = outcomes.filter { $0.1 != nil }
+        #expect(failed.count == 40 && failed.allSatisfy { $0.1 == .duplicateSubmission && taken.contains($0.0) })
+        let batches = store.groupCommit.batches - before
+        #expect(batches >= 1 && batches < 200, "400 uploads took \(batches) commits")
+
+        // Read back through a connection of its own: what the callers heard is what is on disk.
+        let reader = try DatabaseQueue(path: path)
+        let stored = try await reader.read { db in
+            (try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM submission") ?? 0,
+                try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM outbox") ?? 0)
+        }
+        #expect(stored.0 == 40 + 360 && stored.1 == 360)
+    }
+
+    /// A commit that fails fails everyone in it: no caller hears "stored" for a write that is
+    /// not on disk. (A deferred foreign key makes the shared COMMIT itself fail.)
+    @Test func failedCommitFailsEveryWriteOfTheBatchAndStoresNone() async throws {
+        let (store, _) = try makeStore()
+        // Holds the writer, so that the next two writes wait and share the following commit.
+        async let holder: Void = store.groupCommit.write { _ in Thread.sleep(forTimeInterval: 0.3) }
+        try await Task.sleep(for: .milliseconds(100))
+        let good = request()
+        async let first: Void = store.accept(good, message: nil)
+        async let second: Void = store.groupCommit.write { db in
+            try db.execute(sql: "PRAGMA defer_foreign_keys = ON")
+            try db.execute(
+                sql: """
+                    INSERT INTO submission_transaction (submissionId, transactionId, originalTransactionId, productId,
+                        environment, state) VALUES ('nobody', '1', '1', 'p', 'Production', 'credited')
+                    """)
+        }
+        try await holder
+        let firstFailed = await (try? first) == nil
+        let secondFailed = await (try? second) == nil
+        #expect(firstFailed && secondFailed)
+        #expect(try await store.status(of: good.submissionId) == nil)
+        // The store goes on: the next upload is stored.
+        let next = request()
+        try await store.accept(next, message: nil)
+        #expect(try await store.status(of: next.submissionId) != nil)
+    }
+}
