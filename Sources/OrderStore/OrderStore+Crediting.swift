@@ -38,8 +38,8 @@ extension OrderStore {
     static func credit(
         _ purchase: VerifiedPurchase, upload: Upload, policy: CreditPolicy, now: Date, in db: Database
     ) throws -> (TransactionCreditState, ReasonCode?) {
-        if let owner = try Row.fetchOne(
-            db, sql: "SELECT userId, submissionId, heldReason FROM purchase WHERE transactionId = ?",
+        if let owner = try db.cachedRow(
+            sql: "SELECT userId, submissionId, heldReason FROM purchase WHERE transactionId = ?",
             arguments: [purchase.transactionId])
         {
             if (owner["userId"] as String) != upload.userId { return (.replayedFromOtherUser, nil) }
@@ -52,7 +52,7 @@ extension OrderStore {
         var order: Row?
         var owner = upload.userId
         if let token = purchase.appAccountToken {
-            order = try Row.fetchOne(db, sql: "SELECT * FROM orders WHERE id = lower(?)", arguments: [token])
+            order = try db.cachedRow(sql: "SELECT * FROM orders WHERE id = lower(?)", arguments: [token])
             if let order {
                 // Apple says whose order this paid: the purchase is theirs, whoever uploads it.
                 owner = order["userId"]
@@ -61,8 +61,8 @@ extension OrderStore {
         if order == nil, let orderId = upload.orderId {
             if upload.transactionId == purchase.transactionId {
                 // The upload names both: an explicit binding, checked below like a token.
-                order = try Row.fetchOne(
-                    db, sql: "SELECT * FROM orders WHERE id = lower(?) AND state = 'created' AND userId = ?",
+                order = try db.cachedRow(
+                    sql: "SELECT * FROM orders WHERE id = lower(?) AND state = 'created' AND userId = ?",
                     arguments: [orderId, upload.userId])
             } else if upload.transactionId == nil, let purchased = purchase.purchaseDate {
                 // Only the order: a receipt may also hold earlier purchases; bind the one made
@@ -87,7 +87,7 @@ extension OrderStore {
         let boundOrder: String? =
             heldReason == nil && order.map { ($0["state"] as String) == "created" } == true ? order?["id"] : nil
 
-        try db.execute(
+        try db.executeCached(
             sql: """
                 INSERT INTO purchase (transactionId, originalTransactionId, productId, quantity, environment, bundleId,
                     purchaseDate, userId, orderId, submissionId, appAccountToken, heldReason, creditedAt)
@@ -106,14 +106,14 @@ extension OrderStore {
             return (owner == upload.userId ? .held : .replayedFromOtherUser, heldReason)
         }
         if let boundOrder {
-            try db.execute(
+            try db.executeCached(
                 sql: "UPDATE orders SET state = 'paid', transactionId = ?, updatedAt = ? WHERE id = ?",
                 arguments: [purchase.transactionId, now, boundOrder])
             try event(
                 "order.paid",
                 [
-                    "orderId": boundOrder, "userId": owner, "productId": purchase.productId,
-                    "transactionId": purchase.transactionId, "paidAt": iso8601(now),
+                    "orderId": .string(boundOrder), "userId": .string(owner), "productId": .string(purchase.productId),
+                    "transactionId": .string(purchase.transactionId), "paidAt": .string(iso8601(now)),
                 ], id: "order.paid:\(boundOrder)", policy: policy, now: now, in: db)
         }
         try grant(
@@ -138,7 +138,7 @@ extension OrderStore {
         policy: CreditPolicy, now: Date, in db: Database
     ) throws {
         let grantJSON = String(decoding: try JSONEncoder.sorted.encode(grant), as: UTF8.self)
-        try db.execute(
+        try db.executeCached(
             sql: """
                 INSERT INTO grants (transactionId, userId, productId, orderId, quantity, grantJSON, environment, source,
                     state, grantedAt)
@@ -150,24 +150,23 @@ extension OrderStore {
         try event(
             "grant.created",
             [
-                "transactionId": transactionId, "originalTransactionId": originalTransactionId, "userId": userId,
-                "productId": productId, "orderId": orderId as Any? ?? NSNull(), "quantity": quantity,
-                "grant": try JSONSerialization.jsonObject(with: Data(grantJSON.utf8)),
-                "environment": environment.rawValue, "source": source, "grantedAt": iso8601(now),
+                "transactionId": .string(transactionId), "originalTransactionId": .string(originalTransactionId),
+                "userId": .string(userId), "productId": .string(productId), "orderId": orderId.map(EventField.string) ?? .null,
+                "quantity": .int(quantity), "grant": .json(grantJSON), "environment": .string(environment.rawValue),
+                "source": .string(source), "grantedAt": .string(iso8601(now)),
             ], id: "grant.created:\(transactionId)", policy: policy, now: now, in: db)
     }
 
     /// Queues an event in the outbox, in the same transaction as the change it reports.
     static func event(
-        _ name: String, _ fields: [String: Any], id: String, policy: CreditPolicy, now: Date, in db: Database
+        _ name: String, _ fields: [String: EventField], id: String, policy: CreditPolicy, now: Date, in db: Database
     ) throws {
         guard let exchange = policy.eventsExchange else { return }
         var body = fields
-        body["event"] = name
-        body["eventId"] = id
-        let bytes = try JSONSerialization.data(withJSONObject: body, options: [.sortedKeys])
+        body["event"] = .string(name)
+        body["eventId"] = .string(id)
         // Not mandatory: an events exchange with no subscriber yet is fine.
-        var message = OutboxMessage(exchange: exchange, routingKey: name, body: [UInt8](bytes), messageId: id)
+        var message = OutboxMessage(exchange: exchange, routingKey: name, body: EventField.object(body), messageId: id)
         message.mandatory = false
         try insert(message, now: now, in: db)
     }
@@ -178,7 +177,7 @@ extension OrderStore {
         in db: Database
     ) throws {
         let json = String(decoding: try JSONEncoder.sorted.encode(details), as: UTF8.self)
-        try db.execute(
+        try db.executeCached(
             sql: "INSERT INTO audit_log (at, actor, action, subject, reason, details) VALUES (?, ?, ?, ?, ?, ?)",
             arguments: [now, actor, action, subject, reason, json])
     }
@@ -193,5 +192,55 @@ extension JSONEncoder {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys]
         return encoder
+    }
+}
+
+/// A value in an event's JSON body. Events are written by hand, keys sorted: building them
+/// through `JSONSerialization` was the largest single cost of crediting a purchase.
+enum EventField {
+    case string(String)
+    case int(Int)
+    case null
+    /// JSON written already (a grant as stored, by `JSONEncoder.sorted`).
+    case json(String)
+
+    /// `fields` as one JSON object, keys in byte order.
+    static func object(_ fields: [String: EventField]) -> [UInt8] {
+        var out: [UInt8] = [UInt8(ascii: "{")]
+        for (index, key) in fields.keys.sorted(by: { $0.utf8.lexicographicallyPrecedes($1.utf8) }).enumerated() {
+            if index > 0 { out.append(UInt8(ascii: ",")) }
+            appendString(key, to: &out)
+            out.append(UInt8(ascii: ":"))
+            switch fields[key] ?? .null {
+            case .string(let text): appendString(text, to: &out)
+            case .int(let number): out.append(contentsOf: String(number).utf8)
+            case .null: out.append(contentsOf: "null".utf8)
+            case .json(let json): out.append(contentsOf: json.utf8)
+            }
+        }
+        out.append(UInt8(ascii: "}"))
+        return out
+    }
+
+    /// A JSON string: quotes, backslashes and control characters escaped; the rest as UTF-8.
+    private static func appendString(_ text: String, to out: inout [UInt8]) {
+        let hex = Array("0123456789abcdef".utf8)
+        out.append(UInt8(ascii: "\""))
+        for byte in text.utf8 {
+            switch byte {
+            case UInt8(ascii: "\""), UInt8(ascii: "\\"):
+                out.append(UInt8(ascii: "\\"))
+                out.append(byte)
+            case UInt8(ascii: "\n"): out.append(contentsOf: "\\n".utf8)
+            case UInt8(ascii: "\r"): out.append(contentsOf: "\\r".utf8)
+            case UInt8(ascii: "\t"): out.append(contentsOf: "\\t".utf8)
+            case 0..<0x20:
+                out.append(contentsOf: "\\u00".utf8)
+                out.append(hex[Int(byte >> 4)])
+                out.append(hex[Int(byte & 0x0F)])
+            default: out.append(byte)
+            }
+        }
+        out.append(UInt8(ascii: "\""))
     }
 }

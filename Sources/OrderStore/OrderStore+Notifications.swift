@@ -129,10 +129,9 @@ extension OrderStore {
         try event(
             "grant.restored",
             [
-                "transactionId": transactionId, "userId": row["userId"] as String, "productId": row["productId"] as String,
-                "quantity": row["quantity"] as Int,
-                "grant": try JSONSerialization.jsonObject(with: Data((row["grantJSON"] as String).utf8)),
-                "restoredAt": iso8601(now),
+                "transactionId": .string(transactionId), "userId": .string(row["userId"]),
+                "productId": .string(row["productId"]), "quantity": .int(row["quantity"]),
+                "grant": .json(row["grantJSON"]), "restoredAt": .string(iso8601(now)),
             ], id: "grant.restored:\(tag)", policy: policy, now: now, in: db)
         try audit(
             actor: "apple", action: "grant_restored", subject: "transaction:\(transactionId)", reason: "REFUND_REVERSED",

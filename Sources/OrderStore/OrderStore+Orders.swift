@@ -214,10 +214,9 @@ extension OrderStore {
         try Self.event(
             "grant.revoked",
             [
-                "transactionId": transactionId, "userId": row["userId"] as String,
-                "productId": row["productId"] as String, "quantity": row["quantity"] as Int,
-                "grant": try JSONSerialization.jsonObject(with: Data((row["grantJSON"] as String).utf8)),
-                "reason": reason, "revokedAt": Self.iso8601(now),
+                "transactionId": .string(transactionId), "userId": .string(row["userId"]),
+                "productId": .string(row["productId"]), "quantity": .int(row["quantity"]),
+                "grant": .json(row["grantJSON"]), "reason": .string(reason), "revokedAt": .string(Self.iso8601(now)),
             ], id: eventId, policy: policy, now: now, in: db)
         try Self.audit(
             actor: actor, action: "grant_revoked", subject: "transaction:\(transactionId)", reason: reason,

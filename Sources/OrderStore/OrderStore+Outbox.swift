@@ -82,7 +82,7 @@ extension OrderStore {
     }
 
     static func insert(_ message: OutboxMessage, now: Date, in db: Database) throws {
-        try db.execute(
+        try db.executeCached(
             sql: """
                 INSERT INTO outbox (exchange, routingKey, body, messageId, priority, mandatory, createdAt)
                 VALUES (?, ?, ?, ?, ?, ?, ?)

@@ -72,7 +72,7 @@ extension OrderStore {
     private func insertAccepted(_ request: VerifyRequest, message: OutboxMessage?) async throws {
         try await groupCommit.write { db in
             do {
-                try db.execute(
+                try db.executeCached(
                     sql: """
                         INSERT INTO submission (id, userId, orderId, transactionId, receiptData, signedTransaction,
                             signedPayload, state, acceptedAt, updatedAt)
@@ -94,8 +94,8 @@ extension OrderStore {
     public func status(of id: SubmissionID) async throws -> SubmissionStatus? {
         try await database.read { db in
             guard
-                let row = try Row.fetchOne(
-                    db, sql: "SELECT * FROM submission WHERE id = ?", arguments: [id.uuidString])
+                let row = try db.cachedRow(
+                    sql: "SELECT * FROM submission WHERE id = ?", arguments: [id.uuidString])
             else { return nil }
             let transactions = try Row.fetchAll(
                 db,
@@ -158,8 +158,8 @@ extension OrderStore {
     ) throws -> SubmissionState {
         do {
             guard
-                let row = try Row.fetchOne(
-                    db, sql: "SELECT userId, state, attempts, transactionId FROM submission WHERE id = ?",
+                let row = try db.cachedRow(
+                    sql: "SELECT userId, state, attempts, transactionId FROM submission WHERE id = ?",
                     arguments: [result.submissionId.uuidString])
             else {
                 throw OrderStoreError(.unknownSubmission, "no submission \(result.submissionId)")
@@ -178,7 +178,7 @@ extension OrderStore {
                 return .needsReview
             case .retryLater(let reason, let message):
                 guard result.attempt >= attempts else { return current }
-                try db.execute(
+                try db.executeCached(
                     sql: """
                         UPDATE submission SET state = 'retrying', reason = ?, reasonMessage = ?, attempts = ?,
                             nextAttemptAt = ?, updatedAt = ? WHERE id = ?
@@ -221,7 +221,7 @@ extension OrderStore {
                     if state == .replayedFromOtherUser { replayed += 1 }
                     if state == .credited { credited += 1 }
                     if state == .held, held == nil, let reason { held = (reason, purchase.transactionId) }
-                    try db.execute(
+                    try db.executeCached(
                         sql: """
                             INSERT INTO submission_transaction
                                 (submissionId, transactionId, originalTransactionId, productId, environment, state, reason)
@@ -269,7 +269,7 @@ extension OrderStore {
         _ id: String, state: SubmissionState, reason: ReasonCode?, message: String?, attempt: Int,
         environment: AppStoreEnvironment?, now: Date, in db: Database
     ) throws {
-        try db.execute(
+        try db.executeCached(
             sql: """
                 UPDATE submission SET state = ?, reason = ?, reasonMessage = ?, attempts = ?, nextAttemptAt = NULL,
                     environment = ?, updatedAt = ? WHERE id = ?

@@ -76,3 +76,17 @@ public struct OrderStoreError: Error, Sendable, CustomStringConvertible {
 
     public var description: String { "OrderStoreError(\(code.rawValue)): \(message)" }
 }
+
+extension Database {
+    /// Runs one statement, compiled once per connection and kept: the hot paths (accepting an
+    /// upload, crediting) would otherwise spend more time preparing SQL than running it.
+    /// Only for fixed SQL text; each distinct text stays in the cache.
+    func executeCached(sql: String, arguments: StatementArguments = []) throws {
+        try cachedStatement(sql: sql).execute(arguments: arguments)
+    }
+
+    /// The first row of a fixed query, compiled once per connection (see `executeCached`).
+    func cachedRow(sql: String, arguments: StatementArguments = []) throws -> Row? {
+        try Row.fetchOne(cachedStatement(sql: sql), arguments: arguments)
+    }
+}
