@@ -185,6 +185,7 @@ let package = Package(
                 "IAPCore", "AppStore", "FakeAppStore", "OrderStore",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "X509", package: "swift-certificates"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
             ],
             swiftSettings: strictSettings
         ),

@@ -4,6 +4,7 @@ import X509
 import FakeAppStore
 import Foundation
 import IAPCore
+import NIOConcurrencyHelpers
 import OrderStore
 
 struct MicrobenchError: Error {
@@ -121,21 +122,36 @@ struct Microbench {
         let path = FileManager.default.temporaryDirectory.appendingPathComponent("microbench-\(UUID().uuidString).sqlite").path
         defer { for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: path + suffix) } }
         let store = try OrderStore(path: path)
-        var next = 0
-        // Each iteration: one upload accepted, then its verified result applied (one credit).
-        try await measure("finisher transaction (accept + credit one)", seconds: seconds) {
-            next += 1
+        let next = NIOLockedValueBox(0)
+        let policy = CreditPolicy(eventsExchange: "iap.events")
+        // One upload accepted, then its verified result applied (one credit and its event).
+        @Sendable func acceptAndCredit() async throws {
+            let number = next.withLockedValue { value -> Int in
+                value += 1
+                return value
+            }
             let id = UUID()
-            let request = VerifyRequest(submissionId: id, userId: "user-\(next % 1000)", receiptData: "AAAA", attempt: 1, acceptedAt: Date())
+            let request = VerifyRequest(
+                submissionId: id, userId: "user-\(number % 1000)", receiptData: "AAAA", attempt: 1, acceptedAt: Date())
             try await store.accept(request, message: OutboxMessage(routingKey: "bench", body: [1], messageId: id.uuidString))
             let purchase = VerifiedPurchase(
-                transactionId: String(3_000_000_000_000_000 + next), originalTransactionId: String(3_000_000_000_000_000 + next),
+                transactionId: String(3_000_000_000_000_000 + number), originalTransactionId: String(3_000_000_000_000_000 + number),
                 productId: "com.example.coins.60", quantity: 1, purchaseDate: Date(), environment: .production)
             _ = try await store.apply(
                 VerifyResult(
                     submissionId: id, userId: request.userId, orderId: nil, attempt: 1,
-                    outcome: .verified(VerifiedReceipt(bundleId: "com.example.demo", environment: .production, purchases: [purchase]))))
+                    outcome: .verified(VerifiedReceipt(bundleId: "com.example.demo", environment: .production, purchases: [purchase]))),
+                policy: policy)
         }
+        try await measure("finisher transaction (accept + credit one)", seconds: seconds) { try await acceptAndCredit() }
+        // 64 at once, as under load: the order store's group commit shares each commit.
+        let perSecond = try await measure("  64 at once (group commit), per 64", seconds: seconds) {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for _ in 0..<64 { group.addTask { try await acceptAndCredit() } }
+                try await group.waitForAll()
+            }
+        }
+        print("  64 at once, per upload".padding(toLength: 44, withPad: " ", startingAt: 0) + String(format: "%10.0f /s  (%.1f µs each)", perSecond * 64, 1e6 / (perSecond * 64)))
     }
 
     static func measureSync(_ name: String, seconds: Double, _ body: () throws -> Void) throws {

@@ -87,7 +87,9 @@ struct BenchCommand: AsyncParsableCommand {
                 inline: mode == .inline, verifiers: verifiers, verifierConcurrency: verifierConcurrency,
                 verifiersLater: verifyAfterUpload)
         }
-        defer { cluster?.stop() }
+        // The cluster's files (stores, logs) are kept only when the run failed, to be read.
+        var succeeded = false
+        defer { cluster?.stop(removingFiles: succeeded) }
         let connections = concurrency ?? (rate == nil ? 64 : 1024)
         var configuration = HTTPClient.Configuration()
         configuration.timeout = .init(connect: .seconds(5), read: .seconds(120))
@@ -97,6 +99,7 @@ struct BenchCommand: AsyncParsableCommand {
         do {
             try await measure(http: http, cluster: cluster, connections: connections)
             try await client.shutdown()
+            succeeded = true
         } catch {
             try? await client.shutdown()
             throw error
@@ -113,9 +116,11 @@ struct BenchCommand: AsyncParsableCommand {
         let minted = try await mint(purchases, at: fake, http: http)
         let statsBefore = try await http.getJSON(fake + "/fake/stats")
 
+        let cpuAtStart = cluster?.cpuSeconds() ?? [:]
         say("uploading to \(intake) (\(mode.rawValue) mode, \(rate.map { "\($0)/s" } ?? "\(connections) connections"))")
         let upload = try await uploadAll(minted, to: intake, http: http, connections: connections)
         say("accepted \(upload.accepted) of \(purchases) in \(String(format: "%.1f", upload.seconds)) s; waiting for them to settle")
+        let cpuAtUploaded = cluster?.cpuSeconds() ?? [:]
         var verifiersStarted: Date?
         if verifyAfterUpload, mode == .queue, let cluster {
             say("starting \(verifiers) verifier process(es)")
@@ -131,6 +136,7 @@ struct BenchCommand: AsyncParsableCommand {
             if settled >= upload.accepted { break }
             try await Task.sleep(for: .milliseconds(200))
         }
+        let cpuAtSettled = cluster?.cpuSeconds() ?? [:]
         let times = try await store.settlementTimes()
         let coverage = try await store.grantCoverage(of: minted.map(\.transactionId))
         let statsAfter = try await http.getJSON(fake + "/fake/stats")
@@ -155,7 +161,9 @@ struct BenchCommand: AsyncParsableCommand {
             endToEndMs: .init(p50: Double(endToEnd.valueAtPercentile(50)), p99: Double(endToEnd.valueAtPercentile(99))),
             verificationsPerSecond: Double(calls) / span, credited: coverage.granted, lost: purchases - coverage.granted,
             duplicated: coverage.grants - coverage.granted, refused: purchases - upload.accepted,
-            secondsToCreditAll: span, appleCalls: calls, peakRSSMB: cluster?.peakRSSMegabytes() ?? [:])
+            secondsToCreditAll: span, appleCalls: calls, peakRSSMB: cluster?.peakRSSMegabytes() ?? [:],
+            cpuSeconds: .init(
+                upload: Self.used(from: cpuAtStart, to: cpuAtUploaded), settle: Self.used(from: cpuAtUploaded, to: cpuAtSettled)))
         if json {
             let encoder = JSONEncoder()
             encoder.outputFormatting = [.sortedKeys]
@@ -164,6 +172,11 @@ struct BenchCommand: AsyncParsableCommand {
             print(report.text)
         }
         if report.lost > 0 || report.duplicated > 0 { throw ExitCode.failure }
+    }
+
+    /// CPU seconds used between two readings, by role (a process started in between counts from 0).
+    private static func used(from start: [String: Double], to end: [String: Double]) -> [String: Double] {
+        end.reduce(into: [:]) { used, entry in used[entry.key] = entry.value - (start[entry.key] ?? 0) }
     }
 
     private func say(_ text: String) {
@@ -277,6 +290,13 @@ struct BenchReport: Encodable {
     var appleCalls: Int
     /// Peak resident memory of each process `--start-dev` ran, by role.
     var peakRSSMB: [String: Double]
+    /// CPU seconds each process used while uploading and while the rest settled, by role.
+    var cpuSeconds: CPU
+
+    struct CPU: Encodable {
+        var upload: [String: Double]
+        var settle: [String: Double]
+    }
 
     var text: String {
         func f(_ value: Double) -> String { String(format: "%.1f", value) }
@@ -289,8 +309,16 @@ struct BenchReport: Encodable {
             verifications/s           \(f(verificationsPerSecond)) (\(appleCalls) calls to Apple)
             all credited after        \(f(secondsToCreditAll)) s
             credited once             \(credited)   lost \(lost)   duplicated \(duplicated)
-            peak RSS MB               \(peakRSSMB.isEmpty ? "n/a" : peakRSSMB.sorted { $0.key < $1.key }.map { "\($0.key) \(f($0.value))" }.joined(separator: "  "))
+            CPU s while uploading     \(Self.byRole(cpuSeconds.upload, f))
+            CPU s while settling      \(Self.byRole(cpuSeconds.settle, f))
+            peak RSS MB               \(Self.byRole(peakRSSMB, f))
             """
+    }
+}
+
+extension BenchReport {
+    static func byRole(_ values: [String: Double], _ format: (Double) -> String) -> String {
+        values.isEmpty ? "n/a" : values.sorted { $0.key < $1.key }.map { "\($0.key) \(format($0.value))" }.joined(separator: "  ")
     }
 }
 
@@ -403,6 +431,23 @@ final class BenchCluster: @unchecked Sendable {
         try await Task.sleep(for: .seconds(2))
     }
 
+    /// CPU seconds (user and system) each process has used so far, by role.
+    func cpuSeconds() -> [String: Double] {
+        let running = lock.withLock { processes }
+        let ticks = Double(sysconf(Int32(_SC_CLK_TCK)))
+        var seconds: [String: Double] = [:]
+        for (role, process) in running {
+            // Fields after the command name, which is in parentheses: utime and stime are the 12th and 13th.
+            guard let stat = try? String(contentsOfFile: "/proc/\(process.processIdentifier)/stat", encoding: .utf8),
+                let close = stat.lastIndex(of: ")")
+            else { continue }
+            let fields = stat[stat.index(after: close)...].split(separator: " ")
+            guard fields.count > 12, let user = Double(fields[11]), let system = Double(fields[12]) else { continue }
+            seconds[role] = (user + system) / ticks
+        }
+        return seconds
+    }
+
     /// Each process's peak resident memory (VmHWM) in MB, by role.
     func peakRSSMegabytes() -> [String: Double] {
         let running = lock.withLock { processes }
@@ -417,11 +462,16 @@ final class BenchCluster: @unchecked Sendable {
         return peaks
     }
 
-    func stop() {
+    func stop(removingFiles: Bool = false) {
         let running = lock.withLock { processes }
         let alive = running.map(\.process).filter(\.isRunning)
         for process in alive { process.terminate() }
         for process in alive { process.waitUntilExit() }
+        if removingFiles {
+            try? FileManager.default.removeItem(at: folder)
+        } else {
+            FileHandle.standardError.write(Data("==> the cluster's stores and logs are kept in \(folder.path)\n".utf8))
+        }
     }
 
     private func launch(_ command: String, role: String) throws {
