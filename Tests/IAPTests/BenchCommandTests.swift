@@ -24,5 +24,24 @@ extension BrokerTests {
             let latency = report["intakeLatencyMs"] as? [String: Any]
             #expect((latency?["p99"] as? Double ?? 0) > 0 && latency?["p999"] != nil, "\(line)")
         }
+
+        /// The production shape, verifiers held back until every upload is in: each process
+        /// is reported by role (CPU per phase, peak RSS), the verifiers used no CPU while the
+        /// intake was measured alone, and nothing is lost.
+        @Test func verifiersStartedAfterTheUploadsDrainTheQueue() throws {
+            let run = try CommandLineTests().iap(
+                ["bench", "--start-dev", "--purchases", "60", "--concurrency", "8", "--verifiers", "2",
+                    "--verify-after-upload", "--json", "--settle-timeout", "60"],
+                environment: ["IAP_AMQP_URL": try TestBroker.url()])
+            #expect(run.status == 0, "\(run.output.suffix(2000))")
+            let line = try #require(run.output.split(separator: "\n").last { $0.hasPrefix("{") }, "\(run.output.suffix(2000))")
+            let report = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
+            #expect(report["credited"] as? Int == 60 && report["lost"] as? Int == 0 && report["duplicated"] as? Int == 0, "\(line)")
+            let rss = try #require(report["peakRSSMB"] as? [String: Double], "\(line)")
+            #expect(Set(rss.keys) == ["fake-appstore", "orders", "verifier-1", "verifier-2"] && rss.values.allSatisfy { $0 > 1 })
+            let cpu = try #require(report["cpuSeconds"] as? [String: [String: Double]], "\(line)")
+            #expect(cpu["upload"]?["verifier-1"] == nil && (cpu["upload"]?["orders"] ?? 0) > 0, "\(line)")
+            #expect((cpu["settle"]?["verifier-1"] ?? 0) > 0 && (cpu["settle"]?["verifier-2"] ?? 0) > 0, "\(line)")
+        }
     }
 }
