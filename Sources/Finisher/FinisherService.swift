@@ -11,7 +11,7 @@ import ServiceLifecycle
 public struct FinisherSettings: Sendable {
     /// Queue names.
     public var names: PipelineNames
-    /// Results fetched ahead of processing.
+    /// Results fetched and applied at once (sharing the order store's group commits).
     public var prefetch: Int
     /// When and where to alert.
     public var alerts: AlertSettings

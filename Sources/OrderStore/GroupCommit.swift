@@ -93,7 +93,16 @@ final class GroupCommit: Sendable {
             if batch.isEmpty { return }
             do {
                 try await database.write { db in
-                    for pending in batch { pending.run(db) }
+                    for pending in batch {
+                        pending.run(db)
+                        // Some errors (disk full, I/O) make SQLite roll back the whole
+                        // transaction, taking the writes before them with it: fail the batch
+                        // rather than commit what follows and report the lost ones as stored.
+                        guard db.isInsideTransaction else {
+                            throw DatabaseError(
+                                resultCode: .SQLITE_ABORT, message: "the group commit's transaction was rolled back")
+                        }
+                    }
                 }
                 for pending in batch { pending.resume(nil) }
             } catch {

@@ -154,7 +154,7 @@ struct FinisherCommand: AsyncParsableCommand {
 
     @OptionGroup var broker: BrokerOptions
     @OptionGroup var store: StoreOptions
-    @Option(name: .long, help: "Results fetched ahead of processing. (env IAP_FINISHER_PREFETCH; default 64)")
+    @Option(name: .long, help: "Results fetched and applied at once (they share group commits). (env IAP_FINISHER_PREFETCH; default 64)")
     var finisherPrefetch: Int?
     @OptionGroup var ops: OpsOptions
     @OptionGroup var catalog: CatalogOptions
@@ -175,7 +175,7 @@ struct OrdersCommand: AsyncParsableCommand {
     @OptionGroup var broker: BrokerOptions
     @OptionGroup var store: StoreOptions
     @OptionGroup var http: HTTPOptions
-    @Option(name: .long, help: "Results fetched ahead of processing. (env IAP_FINISHER_PREFETCH; default 64)")
+    @Option(name: .long, help: "Results fetched and applied at once (they share group commits). (env IAP_FINISHER_PREFETCH; default 64)")
     var finisherPrefetch: Int?
     @OptionGroup var ops: OpsOptions
     @OptionGroup var catalog: CatalogOptions

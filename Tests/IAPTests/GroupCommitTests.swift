@@ -85,4 +85,30 @@ struct GroupCommitTests {
         try await store.accept(next, message: nil)
         #expect(try await store.status(of: next.submissionId) != nil)
     }
+
+    /// A write whose error rolls back the whole transaction (SQLite does so for a full disk or
+    /// an I/O error; an explicit ROLLBACK stands in for it) ends the batch there: every caller
+    /// of the batch hears the failure, and nothing of it is on disk, neither the writes the
+    /// rollback undid nor the ones queued after it.
+    @Test func aRollbackInsideTheBatchFailsTheWholeBatch() async throws {
+        let (store, _) = try makeStore()
+        async let holder: Void = store.groupCommit.write { _ in Thread.sleep(forTimeInterval: 0.3) }
+        try await Task.sleep(for: .milliseconds(100))
+        let before = request()
+        let after = request()
+        async let first: Void = store.accept(before, message: nil)
+        try await Task.sleep(for: .milliseconds(20))
+        async let rollback: Void = store.groupCommit.write { db in try db.execute(sql: "ROLLBACK") }
+        try await Task.sleep(for: .milliseconds(20))
+        async let last: Void = store.accept(after, message: nil)
+        try await holder
+        let firstStored = await (try? first) != nil
+        let lastStored = await (try? last) != nil
+        _ = await (try? rollback)
+        let beforeOnDisk = try await store.status(of: before.submissionId) != nil
+        let afterOnDisk = try await store.status(of: after.submissionId) != nil
+        // What each caller heard is what is on disk, and this batch stored nothing.
+        #expect(firstStored == beforeOnDisk && lastStored == afterOnDisk)
+        #expect(!beforeOnDisk && !afterOnDisk)
+    }
 }
