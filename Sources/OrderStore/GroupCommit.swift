@@ -106,7 +106,8 @@ final class GroupCommit: Sendable {
                 }
                 for pending in batch { pending.resume(nil) }
             } catch {
-                // The commit itself failed (disk full, I/O error): nothing of the batch is stored.
+                // The commit failed, or the transaction was rolled back under it (disk full, I/O
+                // error): nothing of the batch is stored, and every caller hears so.
                 for pending in batch { pending.resume(error) }
             }
         }

@@ -78,6 +78,9 @@ struct BenchCommand: AsyncParsableCommand {
         guard (concurrency ?? 1) >= 1, (rate ?? 1) > 0 else { throw ValidationError("--concurrency and --rate must be positive") }
         guard (0...1).contains(appleErrorRate) else { throw ValidationError("--apple-error-rate must be 0 to 1") }
         guard (1...16).contains(verifiers) else { throw ValidationError("--verifiers must be 1 to 16") }
+        guard !verifyAfterUpload || (startDev && mode == .queue) else {
+            throw ValidationError("--verify-after-upload needs --start-dev and --mode queue")
+        }
     }
 
     func run() async throws {
@@ -423,7 +426,7 @@ final class BenchCluster: @unchecked Sendable {
         return cluster
     }
 
-    /// Starts `count` verifier processes and waits until each consumes.
+    /// Starts `count` verifier processes and gives them 2 s to connect and start consuming.
     func startVerifiers(_ count: Int) async throws {
         for index in 1...count {
             try launch("verifier", role: "verifier-\(index)")
@@ -493,7 +496,7 @@ final class BenchCluster: @unchecked Sendable {
         return process
     }
 
-    /// Whether `url` answers `/healthz` within 30 s; false at once if a process of the cluster died.
+    /// Whether `url` answers `/healthz` within 30 s; throws at once if a process of the cluster died.
     private func waitHealthy(_ url: String) async throws -> Bool {
         for _ in 0..<300 {
             if let dead = lock.withLock({ processes.first { !$0.process.isRunning } }) {

@@ -25,6 +25,13 @@ extension BrokerTests {
             #expect((latency?["p99"] as? Double ?? 0) > 0 && latency?["p999"] != nil, "\(line)")
         }
 
+        /// Holding the verifiers back only means something for a cluster bench starts itself.
+        @Test(arguments: [["--verify-after-upload"], ["--start-dev", "--mode", "inline", "--verify-after-upload"]])
+        func verifyAfterUploadNeedsItsOwnQueueCluster(arguments: [String]) throws {
+            let run = try CommandLineTests().iap(["bench"] + arguments, environment: ["IAP_AMQP_URL": try TestBroker.url()])
+            #expect(run.status != 0 && run.output.contains("--verify-after-upload needs --start-dev and --mode queue"), "\(run.output)")
+        }
+
         /// The production shape, verifiers held back until every upload is in: each process
         /// is reported by role (CPU per phase, peak RSS), the verifiers used no CPU while the
         /// intake was measured alone, and nothing is lost.
