@@ -76,6 +76,9 @@ final class GroupCommit: Sendable {
     /// Batches begun so far (each one transaction).
     var batches: Int { state.withLockedValue { $0.batches } }
 
+    /// Writes queued for the next batch (not counting the one being committed).
+    var waiting: Int { state.withLockedValue { $0.pending.count } }
+
     /// Commits batches until nobody waits.
     private func drain() async {
         while true {

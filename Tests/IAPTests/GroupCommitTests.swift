@@ -63,10 +63,10 @@ struct GroupCommitTests {
     @Test func failedCommitFailsEveryWriteOfTheBatchAndStoresNone() async throws {
         let (store, _) = try makeStore()
         // Holds the writer, so that the next two writes wait and share the following commit.
-        async let holder: Void = store.groupCommit.write { _ in Thread.sleep(forTimeInterval: 0.3) }
-        try await Task.sleep(for: .milliseconds(100))
+        let writer = try await HeldWriter(store.groupCommit)
         let good = request()
         async let first: Void = store.accept(good, message: nil)
+        try await writer.waitUntilQueued(1)
         async let second: Void = store.groupCommit.write { db in
             try db.execute(sql: "PRAGMA defer_foreign_keys = ON")
             try db.execute(
@@ -75,7 +75,8 @@ struct GroupCommitTests {
                         environment, state) VALUES ('nobody', '1', '1', 'p', 'Production', 'credited')
                     """)
         }
-        try await holder
+        try await writer.waitUntilQueued(2)
+        try await writer.release()
         let firstFailed = await (try? first) == nil
         let secondFailed = await (try? second) == nil
         #expect(firstFailed && secondFailed)
@@ -92,16 +93,16 @@ struct GroupCommitTests {
     /// rollback undid nor the ones queued after it.
     @Test func aRollbackInsideTheBatchFailsTheWholeBatch() async throws {
         let (store, _) = try makeStore()
-        async let holder: Void = store.groupCommit.write { _ in Thread.sleep(forTimeInterval: 0.3) }
-        try await Task.sleep(for: .milliseconds(100))
+        let writer = try await HeldWriter(store.groupCommit)
         let before = request()
         let after = request()
         async let first: Void = store.accept(before, message: nil)
-        try await Task.sleep(for: .milliseconds(20))
+        try await writer.waitUntilQueued(1)
         async let rollback: Void = store.groupCommit.write { db in try db.execute(sql: "ROLLBACK") }
-        try await Task.sleep(for: .milliseconds(20))
+        try await writer.waitUntilQueued(2)
         async let last: Void = store.accept(after, message: nil)
-        try await holder
+        try await writer.waitUntilQueued(3)
+        try await writer.release()
         let firstStored = await (try? first) != nil
         let lastStored = await (try? last) != nil
         _ = await (try? rollback)
@@ -110,5 +111,40 @@ struct GroupCommitTests {
         // What each caller heard is what is on disk, and this batch stored nothing.
         #expect(firstStored == beforeOnDisk && lastStored == afterOnDisk)
         #expect(!beforeOnDisk && !afterOnDisk)
+    }
+}
+
+/// Keeps the group commit's writer busy until released, so that the writes queued meanwhile
+/// are known to share the next batch, in the order they were queued.
+private struct HeldWriter {
+    let groupCommit: GroupCommit
+    let gate = DispatchSemaphore(value: 0)
+    let holder: Task<Void, any Error>
+
+    init(_ groupCommit: GroupCommit) async throws {
+        self.groupCommit = groupCommit
+        let gate = gate
+        let begun = groupCommit.batches
+        holder = Task { try await groupCommit.write { _ in gate.wait() } }
+        // The holder is being committed once it has left the queue.
+        let deadline = ContinuousClock.now + .seconds(10)
+        while groupCommit.batches == begun || groupCommit.waiting > 0 {
+            guard ContinuousClock.now < deadline else { throw CancellationError() }
+            try await Task.sleep(for: .milliseconds(2))
+        }
+    }
+
+    /// Returns once `count` writes wait for the next batch.
+    func waitUntilQueued(_ count: Int) async throws {
+        let deadline = ContinuousClock.now + .seconds(10)
+        while groupCommit.waiting < count {
+            guard ContinuousClock.now < deadline else { throw CancellationError() }
+            try await Task.sleep(for: .milliseconds(2))
+        }
+    }
+
+    func release() async throws {
+        gate.signal()
+        try await holder.value
     }
 }
