@@ -53,6 +53,7 @@ public final class AppStoreVerifier: ReceiptVerifying {
 
     // MARK: - Routes
 
+    @inline(never)  // its own frame, allocated only on its route
     private func signedTransaction(_ jws: String) async -> VerificationOutcome {
         let payload: JWSTransactionDecodedPayload
         do {
@@ -68,6 +69,7 @@ public final class AppStoreVerifier: ReceiptVerifying {
         }
     }
 
+    @inline(never)  // its own frame, allocated only on its route
     private func transaction(_ transactionId: String, _ serverAPI: AppStoreServerAPIClient) async -> VerificationOutcome {
         await Self.askingApple {
             let jws = try await inEitherEnvironment { try await serverAPI.transactionInfo(transactionId, in: $0) }
@@ -76,6 +78,7 @@ public final class AppStoreVerifier: ReceiptVerifying {
     }
 
     /// The receipt's transactions, read locally, then the customer's whole history from one of them.
+    @inline(never)  // its own frame, allocated only on its route
     private func receipt(_ base64: String, _ serverAPI: AppStoreServerAPIClient) async -> VerificationOutcome {
         let receipt: AppReceipt
         do {
@@ -110,6 +113,7 @@ public final class AppStoreVerifier: ReceiptVerifying {
         }
     }
 
+    @inline(never)  // its own frame, allocated only on its route
     private func notification(_ jws: String) async -> VerificationOutcome {
         do {
             let payload = try await signed.verifyNotification(jws)

@@ -50,49 +50,70 @@ public struct VerifyReceiptClient: ReceiptVerifying {
         self.logger = logger
     }
 
+    // Only the waits are async: an async function's locals, and those of everything inlined
+    // into it, live in its task's frame for the whole call, and a verifier holds thousands of
+    // calls at once. The synchronous steps are kept out of line, so their locals stay on the
+    // thread's stack.
+
     public func verify(_ request: VerifyRequest) async -> VerificationOutcome {
         var environment = AppStoreEnvironment.production
         // At most one switch each way: production → sandbox (21007) → production (21008).
         for _ in 0..<3 {
-            let answer: VerifyReceiptResponse
             switch await call(environment, receiptData: request.receiptData) {
-            case .success(let response): answer = response
-            case .failure(let box): return box.outcome
-            }
-            let status = Int(answer.status.value) ?? -1
-            switch status {
-            case 0, 21006:
-                return verified(answer, calledIn: environment)
-            case 21007 where environment == .production:
-                environment = .sandbox
-            case 21008 where environment == .sandbox:
-                environment = .production
-            case 21000, 21003, 21010:
-                return .rejected(.invalidReceipt, message: "Apple answered status \(status)")
-            case 21002:
-                let answers = (request.malformedAnswers ?? 0) + 1
-                if answers >= settings.malformedRetryLimit {
-                    return .rejected(.invalidReceipt, message: "Apple answered 21002 \(answers) times")
+            case .success(let answer):
+                switch next(after: answer, calledIn: environment, for: request) {
+                case .done(let outcome): return outcome
+                case .ask(let other): environment = other
                 }
-                return .retryLater(.appleMalformed, message: "Apple answered 21002 (malformed or temporary)")
-            case 21004:
-                logger.error(
-                    "verifyReceipt refused the shared secret",
-                    metadata: ["iap.submission.id": "\(request.submissionId)"])
-                return .retryLater(.sharedSecretMismatch, message: "Apple answered 21004: check the shared secret")
-            case 21005, 21009:
-                return .retryLater(.appleUnavailable, message: "Apple answered status \(status)")
-            case 21100...21199:
-                // Apple's flag says whether retrying can help; without the flag, assume it can.
-                if answer.retryable == false {
-                    return .needsReview(.appleUnresolvable, message: "Apple answered status \(status), not retryable")
-                }
-                return .retryLater(.appleRetryable, message: "Apple answered status \(status)")
-            default:
-                return .retryLater(.unexpectedAppleResponse, message: "Apple answered status \(status)")
+            case .failure(let box):
+                return box.outcome
             }
         }
         return .retryLater(.unexpectedAppleResponse, message: "Apple kept switching environments")
+    }
+
+    /// What an answer means: an outcome, or the environment to ask instead.
+    private enum Step {
+        case done(VerificationOutcome)
+        case ask(AppStoreEnvironment)
+    }
+
+    @inline(never)
+    private func next(after answer: VerifyReceiptResponse, calledIn environment: AppStoreEnvironment, for request: VerifyRequest)
+        -> Step
+    {
+        let status = Int(answer.status.value) ?? -1
+        switch status {
+        case 0, 21006:
+            return .done(verified(answer, calledIn: environment))
+        case 21007 where environment == .production:
+            return .ask(.sandbox)
+        case 21008 where environment == .sandbox:
+            return .ask(.production)
+        case 21000, 21003, 21010:
+            return .done(.rejected(.invalidReceipt, message: "Apple answered status \(status)"))
+        case 21002:
+            let answers = (request.malformedAnswers ?? 0) + 1
+            if answers >= settings.malformedRetryLimit {
+                return .done(.rejected(.invalidReceipt, message: "Apple answered 21002 \(answers) times"))
+            }
+            return .done(.retryLater(.appleMalformed, message: "Apple answered 21002 (malformed or temporary)"))
+        case 21004:
+            logger.error(
+                "verifyReceipt refused the shared secret",
+                metadata: ["iap.submission.id": "\(request.submissionId)"])
+            return .done(.retryLater(.sharedSecretMismatch, message: "Apple answered 21004: check the shared secret"))
+        case 21005, 21009:
+            return .done(.retryLater(.appleUnavailable, message: "Apple answered status \(status)"))
+        case 21100...21199:
+            // Apple's flag says whether retrying can help; without the flag, assume it can.
+            if answer.retryable == false {
+                return .done(.needsReview(.appleUnresolvable, message: "Apple answered status \(status), not retryable"))
+            }
+            return .done(.retryLater(.appleRetryable, message: "Apple answered status \(status)"))
+        default:
+            return .done(.retryLater(.unexpectedAppleResponse, message: "Apple answered status \(status)"))
+        }
     }
 
     private func verified(_ answer: VerifyReceiptResponse, calledIn environment: AppStoreEnvironment)
@@ -136,15 +157,10 @@ public struct VerifyReceiptClient: ReceiptVerifying {
     private func call(_ environment: AppStoreEnvironment, receiptData: String) async
         -> Result<VerifyReceiptResponse, VerificationOutcomeBox>
     {
-        let url = environment == .production ? settings.endpoints.production : settings.endpoints.sandbox
-        let body = VerifyReceiptRequestBody(receiptData: receiptData, password: settings.sharedSecret)
-        var request = HTTPClientRequest(url: url)
-        request.method = .POST
-        request.headers.add(name: "Content-Type", value: "application/json")
         let started = ContinuousClock.now
         let endpoint = environment == .production ? "production" : "sandbox"
         do {
-            request.body = .bytes(ByteBuffer(bytes: try JSONEncoder().encode(body)))
+            let request = try makeRequest(environment, receiptData: receiptData)
             let response: HTTPClientResponse
             do {
                 response = try await httpClient.execute(request, timeout: .nanoseconds(settings.timeout.nanoseconds))
@@ -154,22 +170,38 @@ public struct VerifyReceiptClient: ReceiptVerifying {
             }
             let bytes = try await response.body.collect(upTo: 16 * 1024 * 1024)
             Self.record(endpoint: endpoint, statusClass: "\(response.status.code / 100)xx", since: started)
-            guard response.status == .ok else {
-                return .failure(
-                    VerificationOutcomeBox(
-                        .retryLater(.appleUnavailable, message: "verifyReceipt answered HTTP \(response.status.code)")))
-            }
-            do {
-                return .success(try JSONDecoder().decode(VerifyReceiptResponse.self, from: Data(buffer: bytes)))
-            } catch {
-                return .failure(
-                    VerificationOutcomeBox(
-                        .retryLater(.unexpectedAppleResponse, message: "verifyReceipt answered unreadable JSON")))
-            }
+            return Self.read(status: response.status, body: bytes)
         } catch {
             return .failure(
                 VerificationOutcomeBox(
                     .retryLater(.appleUnavailable, message: "verifyReceipt call failed: \(String(describing: error))")))
+        }
+    }
+
+    @inline(never)
+    private func makeRequest(_ environment: AppStoreEnvironment, receiptData: String) throws -> HTTPClientRequest {
+        let url = environment == .production ? settings.endpoints.production : settings.endpoints.sandbox
+        let body = VerifyReceiptRequestBody(receiptData: receiptData, password: settings.sharedSecret)
+        var request = HTTPClientRequest(url: url)
+        request.method = .POST
+        request.headers.add(name: "Content-Type", value: "application/json")
+        request.body = .bytes(ByteBuffer(bytes: try JSONEncoder().encode(body)))
+        return request
+    }
+
+    @inline(never)
+    private static func read(status: HTTPResponseStatus, body: ByteBuffer)
+        -> Result<VerifyReceiptResponse, VerificationOutcomeBox>
+    {
+        guard status == .ok else {
+            return .failure(
+                VerificationOutcomeBox(.retryLater(.appleUnavailable, message: "verifyReceipt answered HTTP \(status.code)")))
+        }
+        do {
+            return .success(try JSONDecoder().decode(VerifyReceiptResponse.self, from: Data(buffer: body)))
+        } catch {
+            return .failure(
+                VerificationOutcomeBox(.retryLater(.unexpectedAppleResponse, message: "verifyReceipt answered unreadable JSON")))
         }
     }
 }

@@ -107,51 +107,81 @@ public final class VerifierService: Service, Sendable {
     /// While the breaker is open: back to the shortest delay queue with the same attempt
     /// number, so the outage does not count against the upload's retries. The status says
     /// `retrying` with the next attempt's time, so the sweeper knows it is not stuck.
-    private func postpone(_ request: VerifyRequest, delivery: AMQPDelivery) async {
+    @inline(never)
+    private func postponement(of request: VerifyRequest) throws -> [OutgoingMessage] {
         let level = settings.retrySchedule.delaysSeconds[0]
         let wait = settings.retrySchedule.jitteredDelayMilliseconds(level: level)
         let result = VerifyResult(
             submissionId: request.submissionId, userId: request.userId, orderId: request.orderId,
             attempt: request.attempt, outcome: .retryLater(.appleUnavailable, message: "Apple is failing; verification paused"),
             nextAttemptAt: Date().addingTimeInterval(TimeInterval(wait) / 1000))
-        do {
-            try await connection.publish(
-                OutgoingMessage(
-                    routingKey: settings.names.verifyRetry(delaySeconds: level), body: try codec.encode(request),
-                    messageId: request.submissionId.uuidString, priority: VerifyPriority.retry,
-                    expiration: .milliseconds(wait)))
-            try await connection.publish(
-                OutgoingMessage(
-                    routingKey: settings.names.results, body: try codec.encode(result),
-                    messageId: request.submissionId.uuidString))
-            try await delivery.ack()
-        } catch {
-            try? await delivery.reject(requeue: true)
-        }
+        return [
+            OutgoingMessage(
+                routingKey: settings.names.verifyRetry(delaySeconds: level), body: try codec.encode(request),
+                messageId: request.submissionId.uuidString, priority: VerifyPriority.retry,
+                expiration: .milliseconds(wait)),
+            OutgoingMessage(
+                routingKey: settings.names.results, body: try codec.encode(result),
+                messageId: request.submissionId.uuidString),
+        ]
     }
+
+    // The work of one delivery is split so that only what waits (Apple, the broker) runs in
+    // async code. An async function's locals, and those of everything inlined into it, live
+    // in its task's frame for the whole call; with thousands of verifications in flight those
+    // frames were the largest part of the verifier's memory. Synchronous helpers that are
+    // never inlined keep their locals on the thread's stack instead.
 
     func handle(_ delivery: AMQPDelivery) async {
         let request: VerifyRequest
+        switch decodeRequest(delivery) {
+        case .success(let decoded):
+            request = decoded
+        case .failure(let undecodable):
+            await connection.deadLetter(delivery, to: settings.names.verifyDead, reason: undecodable.reason)
+            return
+        }
+        let messages: [OutgoingMessage]
         do {
-            request = try codec.decode(VerifyRequest.self, from: delivery.body)
+            if breaker.permit() == .wait {
+                Self.count(outcome: "postponed")
+                messages = try postponement(of: request)
+            } else {
+                let outcome = await verifier.verify(request)
+                messages = try answer(request, outcome: outcome)
+            }
+        } catch {
+            // Encoding our own types does not fail; if it ever does, the upload stays queued.
+            await requeue(delivery, request: request, error: error)
+            return
+        }
+        do {
+            for message in messages { try await connection.publish(message) }
+            try await delivery.ack()
+        } catch {
+            await requeue(delivery, request: request, error: error)
+        }
+    }
+
+    /// The upload, or why it can never be read (logged and counted here).
+    @inline(never)
+    private func decodeRequest(_ delivery: AMQPDelivery) -> Result<VerifyRequest, UndecodableRequest> {
+        do {
+            return .success(try codec.decode(VerifyRequest.self, from: delivery.body))
         } catch {
             logger.error(
                 "undecodable verify message sent to the dead-letter queue",
                 metadata: ["amqp.queue": "\(settings.names.verify)", "error": "\(error)"])
-            await connection.deadLetter(
-                delivery, to: settings.names.verifyDead, reason: "undecodable verify request: \(error)")
             Counter(label: MetricNames.deadLetters, dimensions: [("queue", "verify")]).increment()
-            return
+            return .failure(UndecodableRequest(reason: "undecodable verify request: \(error)"))
         }
-        var metadata: Logger.Metadata = [
-            "iap.submission.id": "\(request.submissionId)", "iap.attempt": "\(request.attempt)",
-        ]
-        if breaker.permit() == .wait {
-            Self.count(outcome: "postponed")
-            await postpone(request, delivery: delivery)
-            return
-        }
-        var outcome = await verifier.verify(request)
+    }
+
+    /// What to publish for Apple's answer, in order: the next attempt (for a transient
+    /// failure that is retried), then the result.
+    @inline(never)
+    private func answer(_ request: VerifyRequest, outcome verified: VerificationOutcome) throws -> [OutgoingMessage] {
+        var outcome = verified
         let transient: Bool
         if case .retryLater = outcome { transient = true } else { transient = false }
         if breaker.record(transientFailure: transient) {
@@ -175,40 +205,54 @@ public final class VerifierService: Service, Sendable {
         var result = VerifyResult(
             submissionId: request.submissionId, userId: request.userId, orderId: request.orderId,
             attempt: request.attempt, outcome: outcome)
-        do {
-            if case .retryLater(let reason, _) = outcome {
-                metadata["iap.reason"] = "\(reason)"
-                let now = Date()
-                if Duration.seconds(now.timeIntervalSince(request.acceptedAt)) >= settings.maxRetryAge {
-                    result.gaveUp = true
-                    logger.error("verification retries exhausted", metadata: metadata)
-                } else {
-                    let level = settings.retrySchedule.delaySeconds(afterAttempt: request.attempt)
-                    let wait = settings.retrySchedule.jitteredDelayMilliseconds(level: level)
-                    var next = request
-                    next.attempt += 1
-                    if reason == .appleMalformed { next.malformedAnswers = (request.malformedAnswers ?? 0) + 1 }
-                    try await connection.publish(
-                        OutgoingMessage(
-                            routingKey: settings.names.verifyRetry(delaySeconds: level), body: try codec.encode(next),
-                            messageId: request.submissionId.uuidString, priority: VerifyPriority.retry,
-                            expiration: .milliseconds(wait)))
-                    result.nextAttemptAt = now.addingTimeInterval(TimeInterval(wait) / 1000)
-                    Counter(label: MetricNames.retries).increment()
-                    logger.info("verification will be retried", metadata: metadata)
-                }
+        var messages: [OutgoingMessage] = []
+        if case .retryLater(let reason, _) = outcome {
+            let metadata: Logger.Metadata = [
+                "iap.submission.id": "\(request.submissionId)", "iap.attempt": "\(request.attempt)",
+                "iap.reason": "\(reason)",
+            ]
+            let now = Date()
+            if Duration.seconds(now.timeIntervalSince(request.acceptedAt)) >= settings.maxRetryAge {
+                result.gaveUp = true
+                logger.error("verification retries exhausted", metadata: metadata)
+            } else {
+                let level = settings.retrySchedule.delaySeconds(afterAttempt: request.attempt)
+                let wait = settings.retrySchedule.jitteredDelayMilliseconds(level: level)
+                var next = request
+                next.attempt += 1
+                if reason == .appleMalformed { next.malformedAnswers = (request.malformedAnswers ?? 0) + 1 }
+                messages.append(
+                    OutgoingMessage(
+                        routingKey: settings.names.verifyRetry(delaySeconds: level), body: try codec.encode(next),
+                        messageId: request.submissionId.uuidString, priority: VerifyPriority.retry,
+                        expiration: .milliseconds(wait)))
+                result.nextAttemptAt = now.addingTimeInterval(TimeInterval(wait) / 1000)
+                Counter(label: MetricNames.retries).increment()
+                logger.info("verification will be retried", metadata: metadata)
             }
-            try await connection.publish(
-                OutgoingMessage(
-                    routingKey: settings.names.results, body: try codec.encode(result),
-                    messageId: request.submissionId.uuidString))
-            try await delivery.ack()
-        } catch {
-            metadata["error"] = "\(error)"
-            logger.warning("verification result not delivered; the upload will be redelivered", metadata: metadata)
-            // Not at once: a broker that refuses the publish would otherwise make us call Apple in a loop.
-            try? await Task.sleep(for: .seconds(1))
-            try? await delivery.reject(requeue: true)
         }
+        messages.append(
+            OutgoingMessage(
+                routingKey: settings.names.results, body: try codec.encode(result),
+                messageId: request.submissionId.uuidString))
+        return messages
     }
+
+    /// Gives the upload back to the queue after a failed publish or ack.
+    private func requeue(_ delivery: AMQPDelivery, request: VerifyRequest, error: any Error) async {
+        logger.warning(
+            "verification result not delivered; the upload will be redelivered",
+            metadata: [
+                "iap.submission.id": "\(request.submissionId)", "iap.attempt": "\(request.attempt)",
+                "error": "\(error)",
+            ])
+        // Not at once: a broker that refuses the publish would otherwise make us call Apple in a loop.
+        try? await Task.sleep(for: .seconds(1))
+        try? await delivery.reject(requeue: true)
+    }
+}
+
+/// Why a verify message could not be read.
+private struct UndecodableRequest: Error {
+    var reason: String
 }
