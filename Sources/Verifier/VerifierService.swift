@@ -141,8 +141,8 @@ public final class VerifierService: Service, Sendable {
             await connection.deadLetter(delivery, to: settings.names.verifyDead, reason: undecodable.reason)
             return
         }
-        let messages: [OutgoingMessage]
         do {
+            let messages: [OutgoingMessage]
             if breaker.permit() == .wait {
                 Self.count(outcome: "postponed")
                 messages = try postponement(of: request)
@@ -150,12 +150,6 @@ public final class VerifierService: Service, Sendable {
                 let outcome = await verifier.verify(request)
                 messages = try answer(request, outcome: outcome)
             }
-        } catch {
-            // Encoding our own types does not fail; if it ever does, the upload stays queued.
-            await requeue(delivery, request: request, error: error)
-            return
-        }
-        do {
             for message in messages { try await connection.publish(message) }
             try await delivery.ack()
         } catch {
@@ -238,7 +232,8 @@ public final class VerifierService: Service, Sendable {
         return messages
     }
 
-    /// Gives the upload back to the queue after a failed publish or ack.
+    /// Gives the upload back to the queue after a failed publish or ack (or, should it ever
+    /// happen, a message of ours that cannot be encoded).
     private func requeue(_ delivery: AMQPDelivery, request: VerifyRequest, error: any Error) async {
         logger.warning(
             "verification result not delivered; the upload will be redelivered",
