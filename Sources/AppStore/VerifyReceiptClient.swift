@@ -172,9 +172,7 @@ public struct VerifyReceiptClient: ReceiptVerifying {
             Self.record(endpoint: endpoint, statusClass: "\(response.status.code / 100)xx", since: started)
             return Self.read(status: response.status, body: bytes)
         } catch {
-            return .failure(
-                VerificationOutcomeBox(
-                    .retryLater(.appleUnavailable, message: "verifyReceipt call failed: \(String(describing: error))")))
+            return .failure(.retryLater(.appleUnavailable, message: "verifyReceipt call failed: \(String(describing: error))"))
         }
     }
 
@@ -194,14 +192,12 @@ public struct VerifyReceiptClient: ReceiptVerifying {
         -> Result<VerifyReceiptResponse, VerificationOutcomeBox>
     {
         guard status == .ok else {
-            return .failure(
-                VerificationOutcomeBox(.retryLater(.appleUnavailable, message: "verifyReceipt answered HTTP \(status.code)")))
+            return .failure(.retryLater(.appleUnavailable, message: "verifyReceipt answered HTTP \(status.code)"))
         }
         do {
             return .success(try JSONDecoder().decode(VerifyReceiptResponse.self, from: Data(buffer: body)))
         } catch {
-            return .failure(
-                VerificationOutcomeBox(.retryLater(.unexpectedAppleResponse, message: "verifyReceipt answered unreadable JSON")))
+            return .failure(.retryLater(.unexpectedAppleResponse, message: "verifyReceipt answered unreadable JSON"))
         }
     }
 }
