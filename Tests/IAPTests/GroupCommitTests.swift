@@ -129,7 +129,7 @@ private struct HeldWriter {
         // The holder is being committed once it has left the queue.
         let deadline = ContinuousClock.now + .seconds(10)
         while groupCommit.batches == begun || groupCommit.waiting > 0 {
-            guard ContinuousClock.now < deadline else { throw CancellationError() }
+            guard ContinuousClock.now < deadline else { throw HeldWriterTimeout(what: "the holder was never committed") }
             try await Task.sleep(for: .milliseconds(2))
         }
     }
@@ -138,7 +138,7 @@ private struct HeldWriter {
     func waitUntilQueued(_ count: Int) async throws {
         let deadline = ContinuousClock.now + .seconds(10)
         while groupCommit.waiting < count {
-            guard ContinuousClock.now < deadline else { throw CancellationError() }
+            guard ContinuousClock.now < deadline else { throw HeldWriterTimeout(what: "\(count) writes never queued") }
             try await Task.sleep(for: .milliseconds(2))
         }
     }
@@ -147,4 +147,8 @@ private struct HeldWriter {
         gate.signal()
         try await holder.value
     }
+}
+
+private struct HeldWriterTimeout: Error {
+    var what: String
 }
