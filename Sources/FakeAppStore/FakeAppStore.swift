@@ -6,19 +6,50 @@ import NIOCore
 import SwiftASN1
 import X509
 
-/// A local stand-in for Apple: it mints purchases and answers `verifyReceipt` with Apple's
-/// JSON shapes, with injectable latency and faults. Used by tests, benchmarks and `iap dev`;
-/// never for production.
+/// A local stand-in for Apple: it mints purchases and answers `verifyReceipt` and the App Store
+/// Server API with Apple's JSON shapes and id semantics, with injectable latency and faults.
+/// Used by tests, benchmarks and `iap dev`; never for production.
 ///
 /// Receipts are real app receipts: DER PKCS#7 `SignedData` around Apple's ASN.1 payload,
 /// signed by the fake's own certificate chain (kept in its file, so a restarted fake keeps
-/// its identity; `GET /fake/root-certificate` serves the root as DER).
+/// its identity). Ids follow Apple's: a restore gets a new transaction id with the original
+/// transaction id and web order line item id of what it restores; a renewal a new transaction
+/// id and a new web order line item id in the same chain.
 ///
-/// Routes under `/fake/` drive it: `POST /fake/purchases` mints a purchase (and the device's new
-/// receipt), `POST /fake/purchases/{transactionId}/cancel` refunds one, `POST /fake/faults`
-/// injects a misbehaviour (`status`, `httpStatus`, `delayMs`, `count`, `transactionId`,
-/// `retryable`), `DELETE /fake/faults` clears them, `POST /fake/config {"latencyMs", "errorRate", "notificationURL"}`
-/// slows every answer, fails a share of them with 503, or sets where notifications go, `GET /fake/stats` counts the calls. `POST /verifyReceipt` and `POST /sandbox/verifyReceipt` answer as Apple's.
+/// Routes (bodies and answers are JSON; errors of `/fake/` routes are `{"error": {"message"}}`):
+/// - `POST /fake/purchases` `{"bundleId", "productId", "environment"?: "Production"|"Sandbox",
+///   "type"?: "consumable"|"non_consumable"|"auto_renewable"|"non_renewing", "quantity"?,
+///   "deviceId"?, "appAccountToken"? (a UUID), "applicationUsername"?, "expiresInSeconds"?,
+///   "familyShared"? (non-consumables and subscriptions only)}` → 201 `{"transactionId",
+///   "originalTransactionId", "webOrderLineItemId"? (subscriptions), "receiptData" (the device's
+///   new receipt, base64), "signedTransaction" (JWS), "orderId" (the invoice's), "deviceId"}`.
+/// - `POST /fake/purchases/{transactionId}/restore` `{"deviceId"?}` (body optional; a new device
+///   when absent) → 201 in the same shape: a new transaction id, the same original transaction
+///   id, web order line item id, product and expiry; 404 unknown, 409 a consumable or a
+///   refunded purchase.
+/// - `POST /fake/subscriptions/{originalTransactionId}/renew` → 201 in the same shape: the next
+///   billing period (new transaction and web order line item ids, `transactionReason` RENEWAL)
+///   on the device of the chain's latest transaction, whose receipt holds the whole chain;
+///   sends DID_RENEW. 404 unknown chain, 409 not auto-renewable.
+/// - `POST /fake/purchases/{transactionId}/cancel` → `{"transactionId", "cancellationDateMs",
+///   "revokedTransactionIds"}`: refunds as Apple does (a non-consumable or non-renewing
+///   subscription with every transaction of its original transaction id, a subscription period
+///   with every transaction of its web order line item id, a consumable alone);
+///   `.../refund` does the same and sends REFUND (`"notificationType"` in the answer).
+/// - `POST /fake/purchases/{transactionId}/notify` `{"notificationType", "subtype"?,
+///   "consumptionRequestReason"?}` → `{"transactionId", "notificationType"}`: sends any
+///   notification; REFUND_REVERSED first undoes the refund of the same set.
+/// - `GET /fake/consumption/{transactionId}`: the consumption information received for it.
+/// - `POST /fake/faults` `{"status"?, "httpStatus"?, "delayMs"?, "count"?, "transactionId"?,
+///   "retryable"?}` → 204 injects a misbehaviour; `DELETE /fake/faults` → 204 clears them.
+/// - `POST /fake/config` `{"latencyMs"?, "errorRate"?, "notificationURL"?}` → 204.
+/// - `GET /fake/stats` → `{"verifyReceiptCalls", "serverAPICalls"}`; `GET /fake/root-certificate`
+///   → the root (DER); `GET /healthz`.
+/// - `POST /verifyReceipt`, `POST /sandbox/verifyReceipt`: Apple's `verifyReceipt`.
+/// - With an API key, the App Store Server API under `/inApps` (production) and
+///   `/sandbox/inApps`: Get Transaction Info, Get Transaction History v2, Get Refund History v2,
+///   Look Up Order ID, Get All Subscription Statuses, Get
+///   Notification History, Request a Test Notification, Send Consumption Information.
 public struct FakeAppStore: Sendable {
     let ledger: FakeLedger
     let minter: ReceiptMinter
@@ -68,19 +99,41 @@ public struct FakeAppStore: Sendable {
         }
         router.post("/fake/purchases/{transactionId}/cancel") { _, context in
             let id = try context.parameters.require("transactionId")
-            guard let date = try ledger.cancel(transactionId: id) else {
+            guard let refund = try ledger.cancel(transactionId: id) else {
                 throw HTTPError(.notFound, message: "no purchase \(id)")
             }
-            return try json(["transactionId": id, "cancellationDateMs": String(Self.milliseconds(date))])
+            return try json(
+                RefundAnswer(
+                    transactionId: id, cancellationDateMs: String(Self.milliseconds(refund.date)),
+                    revokedTransactionIds: refund.revoked))
         }
         router.post("/fake/purchases/{transactionId}/refund") { _, context in
             // A refund as Apple makes it: the purchase is revoked and a REFUND notification sent.
             let id = try context.parameters.require("transactionId")
-            guard try ledger.cancel(transactionId: id) != nil, let purchase = try ledger.purchase(transactionId: id) else {
+            guard let refund = try ledger.cancel(transactionId: id), let purchase = try ledger.purchase(transactionId: id) else {
                 throw HTTPError(.notFound, message: "no purchase \(id)")
             }
             try await notify("REFUND", subtype: nil, purchase: purchase)
-            return try json(["transactionId": id, "notificationType": "REFUND"])
+            return try json(
+                RefundAnswer(
+                    transactionId: id, cancellationDateMs: String(Self.milliseconds(refund.date)),
+                    revokedTransactionIds: refund.revoked, notificationType: "REFUND"))
+        }
+        router.post("/fake/purchases/{transactionId}/restore") { request, context in
+            let id = try context.parameters.require("transactionId")
+            var request = request
+            let body = try await request.collectBody(upTo: 64 * 1024)
+            let ask =
+                body.readableBytes == 0
+                ? RestoreRequest() : try JSONDecoder().decode(RestoreRequest.self, from: Data(body.readableBytesView))
+            let restored = try ledger.restore(transactionId: id, deviceId: ask.deviceId, encode: encodeReceipt)
+            return try minted(try refused(restored, id: id))
+        }
+        router.post("/fake/subscriptions/{originalTransactionId}/renew") { _, context in
+            let id = try context.parameters.require("originalTransactionId")
+            let renewal = try refused(try ledger.renew(originalTransactionId: id, encode: encodeReceipt), id: id)
+            try await notify("DID_RENEW", subtype: nil, purchase: renewal.0)
+            return try minted(renewal)
         }
         router.post("/fake/purchases/{transactionId}/notify") { request, context in
             // Any notification about a purchase: {"notificationType", "subtype"?, "consumptionRequestReason"?}.
@@ -151,6 +204,19 @@ public struct FakeAppStore: Sendable {
         var notificationURL: String?
     }
 
+    private struct RestoreRequest: Decodable {
+        /// The device the purchase is restored on; a new one when absent.
+        var deviceId: String?
+    }
+
+    private struct RefundAnswer: Encodable {
+        var transactionId: String
+        var cancellationDateMs: String
+        /// Every transaction the refund revoked (restores, or the billing period's), oldest first.
+        var revokedTransactionIds: [String]
+        var notificationType: String?
+    }
+
     private struct NotifyRequest: Decodable {
         var notificationType: String
         var subtype: String?
@@ -181,6 +247,9 @@ public struct FakeAppStore: Sendable {
         var type: String?
         /// For `auto_renewable`: seconds until the period ends (default 30 days).
         var expiresInSeconds: Int?
+        /// A family member's access to this purchase (`FAMILY_SHARED`); Apple shares only
+        /// non-consumables and auto-renewable subscriptions.
+        var familyShared: Bool?
     }
 
     private struct MintResponse: Encodable {
@@ -192,6 +261,8 @@ public struct FakeAppStore: Sendable {
         /// Apple's invoice order id (what the user sees on the receipt email).
         var orderId: String
         var deviceId: String
+        /// A subscription's billing period (the same for a restore of that period).
+        var webOrderLineItemId: String?
     }
 
     private func mintPurchase(_ request: Request, context: BasicRequestContext) async throws -> Response {
@@ -204,33 +275,58 @@ public struct FakeAppStore: Sendable {
         guard ["consumable", "non_consumable", "auto_renewable", "non_renewing"].contains(type) else {
             throw HTTPError(.badRequest, message: "type must be consumable, non_consumable, auto_renewable or non_renewing")
         }
+        let familyShared = mint.familyShared ?? false
+        guard !familyShared || type == "non_consumable" || type == "auto_renewable" else {
+            throw HTTPError(.badRequest, message: "familyShared is only for non_consumable and auto_renewable purchases")
+        }
+        if let token = mint.appAccountToken, UUID(uuidString: token) == nil {
+            throw HTTPError(.badRequest, message: "appAccountToken must be a UUID")
+        }
         let order = FakeLedger.Order(
             bundleId: mint.bundleId, productId: mint.productId, environment: environment, type: type,
             quantity: mint.quantity ?? 1,
-            applicationUsername: mint.appAccountToken
+            applicationUsername: mint.appAccountToken?.lowercased()
                 ?? mint.applicationUsername.flatMap { UUID(uuidString: $0) != nil ? $0 : nil },
             deviceId: mint.deviceId,
-            expiresIn: mint.expiresInSeconds.map(TimeInterval.init))
-        let (purchase, bytes) = try ledger.mint(order) { receipt in
-            try minter.mint(
-                ReceiptPayload(
-                    bundleId: receipt.bundleId, creationDate: receipt.createdAt,
-                    inApp: receipt.purchases.map { purchase in
-                        InAppPurchasePayload(
-                            quantity: purchase.quantity, productId: purchase.productId,
-                            transactionId: purchase.transactionId,
-                            originalTransactionId: purchase.originalTransactionId, purchaseDate: purchase.purchaseDate,
-                            originalPurchaseDate: purchase.originalPurchaseDate, expiresDate: purchase.expiresDate,
-                            webOrderLineItemId: purchase.webOrderLineItemId.flatMap { Int64($0) },
-                            cancellationDate: purchase.cancellationDate)
-                    }))
-        }
+            expiresIn: mint.expiresInSeconds.map(TimeInterval.init), familyShared: familyShared)
+        return try minted(try ledger.mint(order, encode: encodeReceipt))
+    }
+
+    /// The device's receipt as the app would upload it.
+    private func encodeReceipt(_ receipt: FakeLedger.Receipt) throws -> [UInt8] {
+        try minter.mint(
+            ReceiptPayload(
+                bundleId: receipt.bundleId, creationDate: receipt.createdAt,
+                inApp: receipt.purchases.map { purchase in
+                    InAppPurchasePayload(
+                        quantity: purchase.quantity, productId: purchase.productId,
+                        transactionId: purchase.transactionId,
+                        originalTransactionId: purchase.originalTransactionId, purchaseDate: purchase.purchaseDate,
+                        originalPurchaseDate: purchase.originalPurchaseDate, expiresDate: purchase.expiresDate,
+                        webOrderLineItemId: purchase.webOrderLineItemId.flatMap { Int64($0) },
+                        cancellationDate: purchase.cancellationDate)
+                }))
+    }
+
+    /// The 201 answer for a minted, restored or renewed purchase.
+    private func minted(_ result: (FakeLedger.Purchase, [UInt8])) throws -> Response {
+        let (purchase, bytes) = result
         return try json(
             MintResponse(
                 transactionId: purchase.transactionId, originalTransactionId: purchase.originalTransactionId,
                 receiptData: Data(bytes).base64EncodedString(), signedTransaction: try storeKit.signedTransaction(purchase),
-                orderId: "F" + purchase.transactionId, deviceId: purchase.deviceId),
+                orderId: "F" + purchase.transactionId, deviceId: purchase.deviceId,
+                webOrderLineItemId: purchase.webOrderLineItemId),
             status: .created)
+    }
+
+    /// A refused restore or renewal as an HTTP error: 404 for an unknown id, 409 otherwise.
+    private func refused<Value>(_ result: Result<Value, FakeLedger.Refusal>, id: String) throws -> Value {
+        switch result {
+        case .success(let value): return value
+        case .failure(.notFound): throw HTTPError(.notFound, message: "no purchase \(id)")
+        case .failure(.conflict(let reason)): throw HTTPError(.conflict, message: reason)
+        }
     }
 
     private func verifyReceipt(_ request: Request, endpoint: String) async throws -> Response {
@@ -320,7 +416,7 @@ struct AppleVerifyReceiptAnswer: Encodable {
         var cancellation_reason: String?
         var app_account_token: String?
         var is_trial_period = "false"
-        var in_app_ownership_type = "PURCHASED"
+        var in_app_ownership_type: String
 
         init(_ purchase: FakeLedger.Purchase) {
             quantity = String(purchase.quantity)
@@ -338,6 +434,7 @@ struct AppleVerifyReceiptAnswer: Encodable {
             cancellation_date_ms = purchase.cancellationDate.map { String(FakeAppStore.milliseconds($0)) }
             cancellation_reason = purchase.cancellationDate == nil ? nil : "0"
             app_account_token = purchase.applicationUsername?.lowercased()
+            in_app_ownership_type = purchase.inAppOwnershipType
         }
     }
 

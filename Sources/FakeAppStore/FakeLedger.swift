@@ -22,6 +22,10 @@ final class FakeLedger: Sendable {
         var bundleId: String
         var applicationUsername: String?
         var deviceId: String
+        /// `PURCHASED`, or `FAMILY_SHARED` for a purchase a family member shares.
+        var inAppOwnershipType = "PURCHASED"
+        /// `PURCHASE` (a purchase or a restore of one), or `RENEWAL` (a period Apple billed).
+        var transactionReason = "PURCHASE"
     }
 
     /// What a receipt held when it was issued.
@@ -43,6 +47,16 @@ final class FakeLedger: Sendable {
         var applicationUsername: String?
         var deviceId: String?
         var expiresIn: TimeInterval?
+        /// Shared by a family member (`FAMILY_SHARED`); only non-consumables and subscriptions.
+        var familyShared = false
+    }
+
+    /// Why a restore or renewal was refused.
+    enum Refusal: Error, Sendable, Equatable {
+        /// No purchase (or subscription chain) with that id.
+        case notFound
+        /// The purchase cannot be restored, or the chain renewed; says why.
+        case conflict(String)
     }
 
     /// An injected misbehaviour for the next `verifyReceipt` calls.
@@ -128,6 +142,15 @@ final class FakeLedger: Sendable {
                     );
                     """)
         }
+        migrator.registerMigration("v2: ownership and transaction reason") { db in
+            try db.execute(
+                sql: """
+                    ALTER TABLE purchase ADD COLUMN inAppOwnershipType TEXT NOT NULL DEFAULT 'PURCHASED';
+                    ALTER TABLE purchase ADD COLUMN transactionReason TEXT NOT NULL DEFAULT 'PURCHASE';
+                    CREATE INDEX purchase_original ON purchase(originalTransactionId);
+                    CREATE INDEX purchase_line_item ON purchase(webOrderLineItemId);
+                    """)
+        }
         return migrator
     }
 
@@ -136,45 +159,150 @@ final class FakeLedger: Sendable {
     func mint(_ order: Order, encode: (Receipt) throws -> [UInt8]) throws -> (Purchase, [UInt8]) {
         try database.write { db in
             let now = Date()
-            let device = order.deviceId ?? UUID().uuidString
             let transactionId = try Self.nextTransactionId(db)
             let subscription = order.type == "auto_renewable"
             let purchase = Purchase(
                 transactionId: transactionId, originalTransactionId: transactionId, productId: order.productId,
                 type: order.type, quantity: max(1, order.quantity), purchaseDate: now, originalPurchaseDate: now,
                 expiresDate: subscription ? now.addingTimeInterval(order.expiresIn ?? 30 * 86400) : nil,
-                webOrderLineItemId: subscription ? String(UInt64(transactionId)! + 7_000_000_000_000_000) : nil,
+                webOrderLineItemId: subscription ? Self.lineItemId(transactionId) : nil,
                 cancellationDate: nil, environment: order.environment, bundleId: order.bundleId,
-                applicationUsername: order.applicationUsername, deviceId: device)
-            try db.execute(
-                sql: """
-                    INSERT INTO purchase VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, ?, ?, ?, ?)
-                    """,
-                arguments: [
-                    purchase.transactionId, purchase.originalTransactionId, purchase.productId, purchase.type,
-                    purchase.quantity, purchase.purchaseDate, purchase.originalPurchaseDate, purchase.expiresDate,
-                    purchase.webOrderLineItemId, purchase.environment, purchase.bundleId,
-                    purchase.applicationUsername, purchase.deviceId,
-                ])
-            let held = try Row.fetchAll(
-                db,
+                applicationUsername: order.applicationUsername, deviceId: order.deviceId ?? UUID().uuidString,
+                inAppOwnershipType: order.familyShared ? "FAMILY_SHARED" : "PURCHASED")
+            try Self.insert(purchase, db)
+            return (purchase, try Self.issueReceipt(for: purchase, at: now, db, encode: encode))
+        }
+    }
+
+    /// Restores a purchase as Apple does: a new transaction id with the same original
+    /// transaction id, web order line item id, product and expiry, on `deviceId` (a new device
+    /// when nil), and that device's new receipt. Consumables and refunded purchases cannot be
+    /// restored.
+    func restore(
+        transactionId: String, deviceId: String?, encode: (Receipt) throws -> [UInt8]
+    ) throws -> Result<(Purchase, [UInt8]), Refusal> {
+        try database.write { db in
+            guard let restored = try Self.purchase(transactionId, db) else { return .failure(.notFound) }
+            guard restored.type != "consumable" else {
+                return .failure(.conflict("a consumable cannot be restored"))
+            }
+            guard restored.cancellationDate == nil else {
+                return .failure(.conflict("the purchase was refunded; there is nothing to restore"))
+            }
+            var restore = restored
+            restore.transactionId = try Self.nextTransactionId(db)
+            restore.deviceId = deviceId ?? UUID().uuidString
+            try Self.insert(restore, db)
+            return .success((restore, try Self.issueReceipt(for: restore, at: Date(), db, encode: encode)))
+        }
+    }
+
+    /// Bills the next period of an auto-renewable chain: a new transaction id and web order line
+    /// item id, the same original transaction id, bought now, expiring one period (the first
+    /// period's length) after the chain's latest expiry (after now, once lapsed); on the device
+    /// of the chain's latest transaction, whose new receipt holds the whole chain.
+    func renew(
+        originalTransactionId: String, encode: (Receipt) throws -> [UInt8]
+    ) throws -> Result<(Purchase, [UInt8]), Refusal> {
+        try database.write { db in
+            let chain = try Row.fetchAll(
+                db, sql: "SELECT * FROM purchase WHERE originalTransactionId = ? ORDER BY rowid",
+                arguments: [originalTransactionId]
+            ).map(Purchase.init(row:))
+            guard let latest = chain.last, let first = chain.first else { return .failure(.notFound) }
+            guard latest.type == "auto_renewable", let firstExpiry = first.expiresDate,
+                let lastExpiry = chain.compactMap(\.expiresDate).max()
+            else {
+                return .failure(.conflict("\(originalTransactionId) is not an auto-renewable subscription"))
+            }
+            let now = Date()
+            let transactionId = try Self.nextTransactionId(db)
+            var renewal = latest
+            renewal.transactionId = transactionId
+            renewal.webOrderLineItemId = Self.lineItemId(transactionId)
+            renewal.purchaseDate = now
+            renewal.expiresDate = max(lastExpiry, now).addingTimeInterval(firstExpiry.timeIntervalSince(first.purchaseDate))
+            renewal.cancellationDate = nil
+            renewal.transactionReason = "RENEWAL"
+            try Self.insert(renewal, db)
+            return .success((renewal, try Self.issueReceipt(for: renewal, at: now, db, encode: encode)))
+        }
+    }
+
+    /// Stores a purchase.
+    private static func insert(_ purchase: Purchase, _ db: Database) throws {
+        try db.execute(
+            sql: """
+                INSERT INTO purchase (
+                    transactionId, originalTransactionId, productId, type, quantity, purchaseDate,
+                    originalPurchaseDate, expiresDate, webOrderLineItemId, cancellationDate, environment, bundleId,
+                    applicationUsername, deviceId, inAppOwnershipType, transactionReason
+                ) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                """,
+            arguments: [
+                purchase.transactionId, purchase.originalTransactionId, purchase.productId, purchase.type,
+                purchase.quantity, purchase.purchaseDate, purchase.originalPurchaseDate, purchase.expiresDate,
+                purchase.webOrderLineItemId, purchase.cancellationDate, purchase.environment, purchase.bundleId,
+                purchase.applicationUsername, purchase.deviceId, purchase.inAppOwnershipType, purchase.transactionReason,
+            ])
+    }
+
+    /// Issues the new receipt of `purchase`'s device: every purchase of that device (same app
+    /// and environment) and, for a subscription, every transaction of its chain.
+    private static func issueReceipt(
+        for purchase: Purchase, at now: Date, _ db: Database, encode: (Receipt) throws -> [UInt8]
+    ) throws -> [UInt8] {
+        var held = try Row.fetchAll(
+            db.cachedStatement(
                 sql: """
                     SELECT * FROM purchase WHERE deviceId = ? AND bundleId = ? AND environment = ?
                     ORDER BY purchaseDate, transactionId
-                    """,
-                arguments: [device, order.bundleId, order.environment]
-            ).map(Purchase.init(row:))
-            let receipt = Receipt(
-                bundleId: order.bundleId, environment: order.environment, deviceId: device, createdAt: now,
-                purchases: held)
-            let bytes = try encode(receipt)
-            try db.execute(
-                sql: "INSERT INTO receipt VALUES (?, ?, ?, ?, ?, ?)",
-                arguments: [
-                    Self.digest(bytes), order.bundleId, order.environment, device,
-                    held.map(\.transactionId).joined(separator: ","), now,
-                ])
-            return (purchase, bytes)
+                    """),
+            arguments: [purchase.deviceId, purchase.bundleId, purchase.environment]
+        ).map(Purchase.init(row:))
+        if purchase.type == "auto_renewable" {
+            let ids = Set(held.map(\.transactionId))
+            held += try Row.fetchAll(
+                db, sql: "SELECT * FROM purchase WHERE originalTransactionId = ?", arguments: [purchase.originalTransactionId]
+            ).map(Purchase.init(row:)).filter { !ids.contains($0.transactionId) }
+            held.sort { ($0.purchaseDate, $0.transactionId) < ($1.purchaseDate, $1.transactionId) }
+        }
+        let receipt = Receipt(
+            bundleId: purchase.bundleId, environment: purchase.environment, deviceId: purchase.deviceId, createdAt: now,
+            purchases: held)
+        let bytes = try encode(receipt)
+        try db.execute(
+            sql: "INSERT INTO receipt VALUES (?, ?, ?, ?, ?, ?)",
+            arguments: [
+                digest(bytes), purchase.bundleId, purchase.environment, purchase.deviceId,
+                held.map(\.transactionId).joined(separator: ","), now,
+            ])
+        return bytes
+    }
+
+    /// The fake's web order line item ids: the transaction id that began the period, shifted
+    /// clear of transaction ids.
+    private static func lineItemId(_ transactionId: String) -> String {
+        String(UInt64(transactionId)! + 7_000_000_000_000_000)
+    }
+
+    private static func purchase(_ transactionId: String, _ db: Database) throws -> Purchase? {
+        try Row.fetchOne(db, sql: "SELECT * FROM purchase WHERE transactionId = ?", arguments: [transactionId])
+            .map(Purchase.init(row:))
+    }
+
+    /// Every transaction a refund of `purchase` revokes, as Apple decides: for a non-consumable
+    /// or a non-renewing subscription every transaction with its original transaction id
+    /// (restores included), for an auto-renewable subscription every transaction of its billing
+    /// period (its web order line item id), for a consumable itself.
+    private static func refundSet(of purchase: Purchase) -> (sql: String, argument: String) {
+        switch (purchase.type, purchase.webOrderLineItemId) {
+        case ("non_consumable", _), ("non_renewing", _):
+            ("originalTransactionId = ?", purchase.originalTransactionId)
+        case ("auto_renewable", let lineItem?):
+            ("webOrderLineItemId = ?", lineItem)
+        default:
+            ("transactionId = ?", purchase.transactionId)
         }
     }
 
@@ -198,10 +326,11 @@ final class FakeLedger: Sendable {
         }
     }
 
-    /// Every auto-renewable purchase of the receipt's device: what `latest_receipt_info` lists.
+    /// Every auto-renewable purchase of the receipt's device, and every transaction of the
+    /// chains the receipt holds: what `latest_receipt_info` lists.
     func subscriptions(of receipt: Receipt) throws -> [Purchase] {
         try database.read { db in
-            try Row.fetchAll(
+            var all = try Row.fetchAll(
                 db.cachedStatement(
                     sql: """
                         SELECT * FROM purchase WHERE deviceId = ? AND bundleId = ? AND environment = ?
@@ -209,18 +338,31 @@ final class FakeLedger: Sendable {
                         """),
                 arguments: [receipt.deviceId, receipt.bundleId, receipt.environment]
             ).map(Purchase.init(row:))
+            var ids = Set(all.map(\.transactionId))
+            for chain in Set(receipt.purchases.filter { $0.type == "auto_renewable" }.map(\.originalTransactionId)) {
+                for purchase in try Row.fetchAll(
+                    db.cachedStatement(sql: "SELECT * FROM purchase WHERE originalTransactionId = ?"), arguments: [chain]
+                ).map(Purchase.init(row:)) where ids.insert(purchase.transactionId).inserted {
+                    all.append(purchase)
+                }
+            }
+            return all.sorted { ($0.purchaseDate, $0.transactionId) < ($1.purchaseDate, $1.transactionId) }
         }
     }
 
-    /// Marks a purchase refunded; false if there is no such purchase.
-    func cancel(transactionId: String) throws -> Date? {
+    /// Refunds a purchase and everything Apple revokes with it (see `refundSet(of:)`); the
+    /// purchase's cancellation date and the ids revoked, nil if there is no such purchase.
+    func cancel(transactionId: String) throws -> (date: Date, revoked: [String])? {
         try database.write { db in
-            let now = Date()
+            guard let purchase = try Self.purchase(transactionId, db) else { return nil }
+            let set = Self.refundSet(of: purchase)
             try db.execute(
-                sql: "UPDATE purchase SET cancellationDate = ? WHERE transactionId = ? AND cancellationDate IS NULL",
-                arguments: [now, transactionId])
-            return try Date.fetchOne(
-                db, sql: "SELECT cancellationDate FROM purchase WHERE transactionId = ?", arguments: [transactionId])
+                sql: "UPDATE purchase SET cancellationDate = ? WHERE \(set.sql) AND cancellationDate IS NULL",
+                arguments: [Date(), set.argument])
+            let revoked = try String.fetchAll(
+                db, sql: "SELECT transactionId FROM purchase WHERE \(set.sql) ORDER BY rowid", arguments: [set.argument])
+            guard let date = try Self.purchase(transactionId, db)?.cancellationDate else { return nil }
+            return (date, revoked)
         }
     }
 
@@ -249,12 +391,14 @@ final class FakeLedger: Sendable {
         }
     }
 
-    /// Undoes a refund; the purchase as it is now, nil if there is no such purchase.
+    /// Undoes a refund, for everything the refund revoked; the purchase as it is now, nil if
+    /// there is no such purchase.
     func reverseCancel(transactionId: String) throws -> Purchase? {
         try database.write { db in
-            try db.execute(sql: "UPDATE purchase SET cancellationDate = NULL WHERE transactionId = ?", arguments: [transactionId])
-            return try Row.fetchOne(db, sql: "SELECT * FROM purchase WHERE transactionId = ?", arguments: [transactionId])
-                .map(Purchase.init(row:))
+            guard let purchase = try Self.purchase(transactionId, db) else { return nil }
+            let set = Self.refundSet(of: purchase)
+            try db.execute(sql: "UPDATE purchase SET cancellationDate = NULL WHERE \(set.sql)", arguments: [set.argument])
+            return try Self.purchase(transactionId, db)
         }
     }
 
@@ -393,6 +537,7 @@ extension FakeLedger.Purchase {
             purchaseDate: row["purchaseDate"], originalPurchaseDate: row["originalPurchaseDate"],
             expiresDate: row["expiresDate"], webOrderLineItemId: row["webOrderLineItemId"],
             cancellationDate: row["cancellationDate"], environment: row["environment"], bundleId: row["bundleId"],
-            applicationUsername: row["applicationUsername"], deviceId: row["deviceId"])
+            applicationUsername: row["applicationUsername"], deviceId: row["deviceId"],
+            inAppOwnershipType: row["inAppOwnershipType"], transactionReason: row["transactionReason"])
     }
 }

@@ -43,7 +43,7 @@ struct FakeStoreKit: Sendable {
         var quantity: Int
         var type: String
         var appAccountToken: String?
-        var inAppOwnershipType = "PURCHASED"
+        var inAppOwnershipType: String
         var signedDate: Int64
         var revocationReason: Int?
         var revocationDate: Int64?
@@ -108,9 +108,9 @@ struct FakeStoreKit: Sendable {
                 expiresDate: purchase.expiresDate.map(FakeAppStore.milliseconds), quantity: purchase.quantity,
                 type: Self.appleType(purchase.type),
                 appAccountToken: purchase.applicationUsername.flatMap { UUID(uuidString: $0) }?.uuidString.lowercased(),
-                signedDate: now, revocationReason: purchase.cancellationDate == nil ? nil : 0,
+                inAppOwnershipType: purchase.inAppOwnershipType, signedDate: now, revocationReason: purchase.cancellationDate == nil ? nil : 0,
                 revocationDate: purchase.cancellationDate.map(FakeAppStore.milliseconds), environment: purchase.environment,
-                transactionReason: purchase.transactionId == purchase.originalTransactionId ? "PURCHASE" : "RENEWAL"))
+                transactionReason: purchase.transactionReason))
     }
 
     func signedRenewalInfo(_ purchase: FakeLedger.Purchase, autoRenew: Bool = true) throws -> String {
