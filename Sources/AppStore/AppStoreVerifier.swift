@@ -109,7 +109,9 @@ public final class AppStoreVerifier: ReceiptVerifying {
             guard !payloads.isEmpty else {
                 return .rejected(.invalidReceipt, message: "Apple has no history for transaction \(anchor.transactionId)")
             }
-            return Self.verified(payloads)
+            // The receipt is unsigned on this route: only what it holds is proven the uploader's.
+            let proven = Set(receipt.inApp.map(\.transactionId))
+            return Self.verified(payloads) { proven.contains($0.transactionId) }
         }
     }
 
@@ -157,7 +159,9 @@ public final class AppStoreVerifier: ReceiptVerifying {
         } catch let error as ServerAPIError {
             return outcome(of: error)
         } catch let error as JWSVerificationError {
-            return .rejected(ReasonCode(error.code.rawValue), message: "Apple's answer: \(error.message)")
+            // Apple's own answer does not pass our checks: our roots, clock or settings, or
+            // someone between us and Apple. Never the user's fault, never a rejection.
+            return .needsReview(.appleAnswerUnverified, message: "Apple's answer failed our checks: \(error.code.rawValue): \(error.message)")
         } catch {
             return .retryLater(.unexpectedAppleResponse, message: "\(error)")
         }
@@ -185,15 +189,25 @@ public final class AppStoreVerifier: ReceiptVerifying {
             environment: payload.environment == "Sandbox" ? .sandbox : .production,
             cancellationDate: payload.revocationDate.map(Date.init(appleMilliseconds:)),
             expiresDate: payload.expiresDate.map(Date.init(appleMilliseconds:)),
-            appAccountToken: payload.appAccountToken?.lowercased())
+            appAccountToken: payload.appAccountToken?.lowercased(), webOrderLineItemId: payload.webOrderLineItemId,
+            ownershipType: payload.inAppOwnershipType, isUpgraded: payload.isUpgraded,
+            signedDate: payload.signedDate.map(Date.init(appleMilliseconds:)))
     }
 
-    private static func verified(_ payloads: [JWSTransactionDecodedPayload]) -> VerificationOutcome {
+    /// Apple's transactions as one verified answer; `proven`, when given, says which of them
+    /// the upload itself proves (the others are history of the same account).
+    private static func verified(
+        _ payloads: [JWSTransactionDecodedPayload], proven: ((JWSTransactionDecodedPayload) -> Bool)? = nil
+    ) -> VerificationOutcome {
         let first = payloads[0]
         return .verified(
             VerifiedReceipt(
                 bundleId: first.bundleId, environment: first.environment == "Sandbox" ? .sandbox : .production,
-                purchases: payloads.map(purchase)))
+                purchases: payloads.map { payload in
+                    var purchase = purchase(payload)
+                    if let proven { purchase.inUploadedReceipt = proven(payload) }
+                    return purchase
+                }))
     }
 }
 

@@ -23,7 +23,7 @@ public struct VerifyReceiptClient: ReceiptVerifying {
         public var bundleIds: Set<String>
         /// Time allowed for one call to Apple.
         public var timeout: Duration
-        /// `21002` answers ("malformed, or try again") after which the receipt counts as invalid.
+        /// `21002` answers ("malformed, or try again") after which the upload waits for a person.
         public var malformedRetryLimit: Int
 
         /// Creates settings.
@@ -90,12 +90,20 @@ public struct VerifyReceiptClient: ReceiptVerifying {
             return .ask(.sandbox)
         case 21008 where environment == .sandbox:
             return .ask(.production)
-        case 21000, 21003, 21010:
+        case 21000:
+            // Our request, not the receipt: a fault of this deployment. Retried and alerted.
+            logger.error(
+                "verifyReceipt answered 21000: the request we sent is malformed",
+                metadata: ["iap.submission.id": "\(request.submissionId)"])
+            return .done(.retryLater(.appleBadRequest, message: "Apple answered 21000: our request was malformed"))
+        case 21003, 21010:
             return .done(.rejected(.invalidReceipt, message: "Apple answered status \(status)"))
         case 21002:
+            // "Malformed, or a temporary issue": Apple cannot tell us which, so it never rejects.
             let answers = (request.malformedAnswers ?? 0) + 1
             if answers >= settings.malformedRetryLimit {
-                return .done(.rejected(.invalidReceipt, message: "Apple answered 21002 \(answers) times"))
+                return .done(
+                    .needsReview(.appleMalformed, message: "Apple answered 21002 \(answers) times: a person must look"))
             }
             return .done(.retryLater(.appleMalformed, message: "Apple answered 21002 (malformed or temporary)"))
         case 21004:
@@ -139,7 +147,10 @@ public struct VerifyReceiptClient: ReceiptVerifying {
                     quantity: item.quantity.flatMap { Int($0.value) } ?? 1,
                     purchaseDate: Self.date(item.purchaseDateMs), environment: environment,
                     cancellationDate: Self.date(item.cancellationDateMs), expiresDate: Self.date(item.expiresDateMs),
-                    appAccountToken: item.appAccountToken?.value.lowercased()))
+                    appAccountToken: item.appAccountToken?.value.lowercased(),
+                    webOrderLineItemId: item.webOrderLineItemId?.value,
+                    ownershipType: item.inAppOwnershipType?.value,
+                    isUpgraded: item.isUpgraded.map { $0.value == "true" || $0.value == "1" }))
         }
         return .verified(VerifiedReceipt(bundleId: bundleId, environment: environment, purchases: purchases))
     }

@@ -23,6 +23,9 @@ struct VerifyReceiptResponse: Decodable {
         var cancellationDateMs: LenientString?
         var expiresDateMs: LenientString?
         var appAccountToken: LenientString?
+        var webOrderLineItemId: LenientString?
+        var inAppOwnershipType: LenientString?
+        var isUpgraded: LenientString?
 
         enum CodingKeys: String, CodingKey {
             case transactionId = "transaction_id"
@@ -33,6 +36,9 @@ struct VerifyReceiptResponse: Decodable {
             case cancellationDateMs = "cancellation_date_ms"
             case expiresDateMs = "expires_date_ms"
             case appAccountToken = "app_account_token"
+            case webOrderLineItemId = "web_order_line_item_id"
+            case inAppOwnershipType = "in_app_ownership_type"
+            case isUpgraded = "is_upgraded"
         }
     }
 

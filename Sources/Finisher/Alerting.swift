@@ -95,7 +95,7 @@ public struct AlertSender: Sendable {
         let kind: String
         if state == .needsReview {
             kind = "needs_review"
-        } else if reason?.0 == .sharedSecretMismatch {
+        } else if reason?.0 == .sharedSecretMismatch || reason?.0 == .appleBadRequest {
             // Our configuration, not the user's purchase: a person must act at once.
             kind = "configuration"
         } else if state == .retrying && result.attempt >= settings.afterAttempts {

@@ -18,8 +18,18 @@ public struct FinisherSettings: Sendable {
     /// What each product grants; nil credits purchases with their quantity only.
     public var catalog: Catalog?
 
+    /// Which sandbox purchases notifications may credit (uploads are checked by the verifier).
+    public var sandboxPolicy: SandboxPolicy
+    /// What a restore uploaded by another user than the owner does.
+    public var restorePolicy: RestorePolicy
+
     /// Creates settings.
-    public init(names: PipelineNames = .init(), prefetch: Int = 64, alerts: AlertSettings = .init(), catalog: Catalog? = nil) {
+    public init(
+        names: PipelineNames = .init(), prefetch: Int = 64, alerts: AlertSettings = .init(), catalog: Catalog? = nil,
+        sandboxPolicy: SandboxPolicy = .accept, restorePolicy: RestorePolicy = .keep
+    ) {
+        self.sandboxPolicy = sandboxPolicy
+        self.restorePolicy = restorePolicy
         self.names = names
         self.prefetch = prefetch
         self.alerts = alerts
@@ -46,7 +56,9 @@ public final class FinisherService: Service, Sendable {
         settings: FinisherSettings, consumer: AMQPConnection, publisher: AMQPConnection, store: OrderStore,
         httpClient: HTTPClient?, logger: Logger, eventsQueued: @escaping @Sendable () -> Void = {}
     ) {
-        self.policy = CreditPolicy(catalog: settings.catalog, eventsExchange: settings.names.events)
+        self.policy = CreditPolicy(
+            catalog: settings.catalog, eventsExchange: settings.names.events, sandbox: settings.sandboxPolicy,
+            restore: settings.restorePolicy)
         self.eventsQueued = eventsQueued
         self.settings = settings
         self.consumer = consumer

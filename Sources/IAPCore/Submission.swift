@@ -23,14 +23,6 @@ public enum SubmissionState: String, Codable, Sendable, CaseIterable {
         case .credited, .rejected, .needsReview: true
         }
     }
-
-    /// Whether the app may call `finishTransaction` for the StoreKit transactions of this upload.
-    public var finishTransaction: Bool {
-        switch self {
-        case .credited, .rejected: true
-        case .pending, .retrying, .needsReview: false
-        }
-    }
 }
 
 /// Apple's two worlds: real money, and the sandbox used by TestFlight and App Review.
@@ -47,10 +39,16 @@ public enum TransactionCreditState: String, Codable, Sendable {
     case alreadyCredited = "already_credited"
     /// The transaction was credited to another user first; this upload gets nothing.
     case replayedFromOtherUser = "replayed_from_other_user"
-    /// Apple refunded or revoked the purchase; it is not credited.
+    /// Apple refunded or revoked the purchase; it is not credited (written by earlier versions).
     case cancelled
     /// Recorded for this user but not granted until a person decides (`reason` says why).
     case held
+    /// Apple refunded or revoked it (before or after the upload): no active grant.
+    case revoked
+    /// A restore of something credited to another user, who keeps it (`IAP_RESTORE=keep`).
+    case ownedByOtherUser = "owned_by_other_user"
+    /// Replaced by an upgrade within its subscription group: never credited.
+    case superseded
 }
 
 /// The upload as the intake accepted it: what the verifier needs to do its work.

@@ -21,13 +21,31 @@ public struct VerifiedPurchase: Codable, Sendable, Equatable {
     /// The UUID the app set (`appAccountToken`, or StoreKit 1's `applicationUsername` when a UUID):
     /// our order id.
     public var appAccountToken: String?
+    /// For auto-renewable subscriptions: Apple's id of the billing period (the same for a
+    /// restore of that period, new for every renewal). What a subscription is credited by.
+    public var webOrderLineItemId: String?
+    /// `PURCHASED`, or `FAMILY_SHARED` for a family member's access to another's purchase.
+    public var ownershipType: String?
+    /// Apple replaced this subscription transaction by an upgrade: never credited.
+    public var isUpgraded: Bool?
+    /// When Apple signed what this purchase was read from (StoreKit 2), for ordering states.
+    public var signedDate: Date?
+    /// For receipts looked up through the App Store Server API: whether the uploaded receipt
+    /// itself holds this transaction (false for history the receipt does not prove); nil
+    /// when Apple's answer is about the upload itself.
+    public var inUploadedReceipt: Bool?
 
     /// Creates a purchase.
     public init(
         transactionId: String, originalTransactionId: String, productId: String, quantity: Int,
         purchaseDate: Date?, environment: AppStoreEnvironment, cancellationDate: Date? = nil, expiresDate: Date? = nil,
-        appAccountToken: String? = nil
+        appAccountToken: String? = nil, webOrderLineItemId: String? = nil, ownershipType: String? = nil,
+        isUpgraded: Bool? = nil, signedDate: Date? = nil
     ) {
+        self.webOrderLineItemId = webOrderLineItemId
+        self.ownershipType = ownershipType
+        self.isUpgraded = isUpgraded
+        self.signedDate = signedDate
         self.appAccountToken = appAccountToken
         self.transactionId = transactionId
         self.originalTransactionId = originalTransactionId
@@ -108,6 +126,60 @@ public struct ReasonCode: RawRepresentable, Codable, Sendable, Hashable, CustomS
     public static let notConfigured = ReasonCode("not_configured")
     /// The App Store Server API refused our token: our key, issuer or bundle id is wrong.
     public static let serverAPIUnauthorized = ReasonCode("server_api_unauthorized")
+    /// Apple answered 21000: our request to `verifyReceipt` was malformed. A fault of this
+    /// deployment, never of the purchase: retried and alerted.
+    public static let appleBadRequest = ReasonCode("apple_bad_request")
+    /// A signed answer from Apple's own Server API failed our checks: a person must look.
+    public static let appleAnswerUnverified = ReasonCode("apple_answer_unverified")
+    /// Apple refunded or revoked the purchase (before or after it was uploaded).
+    public static let purchaseRevoked = ReasonCode("purchase_revoked")
+    /// The purchase (a restore, or the same purchase on another device) is credited to
+    /// another user of the app, who keeps it.
+    public static let ownedByOtherUser = ReasonCode("owned_by_other_user")
+    /// Apple lists the purchase for the customer, but the uploaded receipt does not prove
+    /// that the uploader made it: held for customer service.
+    public static let ownerUnknown = ReasonCode("owner_unknown")
+
+    /// Rejections after which the app may finish its transactions: Apple said the receipt or
+    /// transaction is invalid, unknown, refunded, not ours or not real money, or it is
+    /// credited already. Any other rejection keeps the transaction unfinished.
+    public static let finishableRejections: Set<ReasonCode> = [
+        .invalidReceipt, .bundleIdMismatch, .transactionNotFound, .replayedFromOtherUser, .ownedByOtherUser,
+        .purchaseRevoked, .sandboxNotAllowed,
+        ReasonCode("jws_malformed"), ReasonCode("jws_unsupported_algorithm"), ReasonCode("jws_invalid_chain_length"),
+        ReasonCode("jws_invalid_certificate"), ReasonCode("jws_missing_apple_extension"),
+        ReasonCode("jws_certificate_expired"), ReasonCode("jws_untrusted_chain"), ReasonCode("jws_invalid_signature"),
+        ReasonCode("environment_mismatch"), ReasonCode("app_apple_id_mismatch"),
+    ]
+}
+
+/// Which sandbox purchases are credited. A sandbox purchase costs nothing, but App Review
+/// buys in the sandbox against the production server, so `accept` is the default.
+public enum SandboxPolicy: Sendable, Equatable {
+    /// Credit sandbox purchases like real ones.
+    case accept
+    /// Reject every sandbox purchase.
+    case reject
+    /// Credit sandbox purchases of these users only (testers, reviewers).
+    case allowlist(Set<String>)
+
+    /// Whether a sandbox purchase of `userId` is credited.
+    public func allows(userId: String) -> Bool {
+        switch self {
+        case .accept: true
+        case .reject: false
+        case .allowlist(let users): users.contains(userId)
+        }
+    }
+}
+
+/// What happens when another user of the app uploads a restore (a new transaction id of a
+/// non-consumable or subscription period already credited to someone).
+public enum RestorePolicy: String, Sendable, Equatable, CaseIterable {
+    /// The entitlement stays with its first owner; the other user gets nothing.
+    case keep
+    /// The entitlement moves to the user who restored it (revoked for the previous owner).
+    case transfer
 }
 
 /// An App Store Server Notification V2, verified: what the finisher needs to apply it.

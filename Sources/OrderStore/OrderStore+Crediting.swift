@@ -4,15 +4,39 @@ import IAPCore
 
 /// What crediting needs beyond the result itself.
 public struct CreditPolicy: Sendable {
-    /// What each product grants; nil credits every purchase with its quantity only (no catalog).
+    /// What each product grants, and its type (which decides what a purchase is credited once
+    /// by); nil credits every purchase once per transaction with its quantity only.
     public var catalog: Catalog?
     /// The topic exchange for `grant.created`, `grant.revoked` and `order.paid`; nil publishes none.
     public var eventsExchange: String?
+    /// Which sandbox purchases are credited (notifications obey it as uploads do).
+    public var sandbox: SandboxPolicy
+    /// What a restore uploaded by another user than the owner does.
+    public var restore: RestorePolicy
 
     /// Creates a policy.
-    public init(catalog: Catalog? = nil, eventsExchange: String? = nil) {
+    public init(
+        catalog: Catalog? = nil, eventsExchange: String? = nil, sandbox: SandboxPolicy = .accept,
+        restore: RestorePolicy = .keep
+    ) {
         self.catalog = catalog
         self.eventsExchange = eventsExchange
+        self.sandbox = sandbox
+        self.restore = restore
+    }
+
+    /// The key `purchase` is credited once by: per transaction for consumables, per original
+    /// transaction for non-consumables and non-renewing subscriptions, per billing period
+    /// (web order line item) for auto-renewable subscriptions.
+    public func creditKey(of purchase: VerifiedPurchase) -> String {
+        switch catalog?.product(purchase.productId)?.type {
+        case .nonConsumable?, .nonRenewing?:
+            "otx:\(purchase.originalTransactionId)"
+        case .autoRenewable?:
+            purchase.webOrderLineItemId.map { "wol:\($0)" } ?? "txn:\(purchase.transactionId)"
+        case .consumable?, nil:
+            "txn:\(purchase.transactionId)"
+        }
     }
 }
 
@@ -33,18 +57,69 @@ struct Upload {
 }
 
 extension OrderStore {
-    /// Credits one verified purchase unless it was credited before; binds it to its order;
+    /// Credits one verified purchase once per credit key (see `CreditPolicy.creditKey`);
+    /// binds it to its order; remembers and applies Apple's revocations whatever came first;
     /// holds it for review when it cannot be granted as is. Says what happened.
     static func credit(
         _ purchase: VerifiedPurchase, upload: Upload, policy: CreditPolicy, now: Date, in db: Database
     ) throws -> (TransactionCreditState, ReasonCode?) {
-        if let owner = try db.cachedRow(
-            sql: "SELECT userId, submissionId, heldReason FROM purchase WHERE transactionId = ?",
-            arguments: [purchase.transactionId])
+        if purchase.isUpgraded == true { return (.superseded, nil) }
+        let key = policy.creditKey(of: purchase)
+        // Apple's own answer says it is refunded or revoked: remembered, and applied to a grant.
+        if let cancelled = purchase.cancellationDate,
+            try recordRevocation(
+                key: key, transactionId: purchase.transactionId, source: "apple_answer", at: cancelled, now: now, in: db)
         {
-            if (owner["userId"] as String) != upload.userId { return (.replayedFromOtherUser, nil) }
-            if let held: String = owner["heldReason"] { return (.held, ReasonCode(held)) }
-            return ((owner["submissionId"] as String) == upload.submissionId ? .credited : .alreadyCredited, nil)
+            try revokeActiveGrant(key: key, reason: "revoked in Apple's answer", tag: "answer", policy: policy, now: now, in: db)
+            return (.revoked, .purchaseRevoked)
+        }
+        if try revocationStands(key: key, in: db) {
+            try recordBlocked(purchase, key: key, upload: upload, now: now, in: db)
+            return (.revoked, .purchaseRevoked)
+        }
+        let exact = try db.cachedRow(
+            sql: "SELECT userId, heldReason FROM purchase WHERE transactionId = ?", arguments: [purchase.transactionId])
+        if let active = try db.cachedRow(
+            sql: "SELECT * FROM grants WHERE creditKey = ? AND state = 'active'", arguments: [key])
+        {
+            let owner: String = active["userId"]
+            if owner == upload.userId { return (.alreadyCredited, nil) }
+            // The very transaction another user was credited with: a replay. Consumables are
+            // keyed per transaction, so for them this is always the case.
+            if exact.map({ ($0["userId"] as String) != upload.userId }) ?? false
+                || (active["transactionId"] as String) == purchase.transactionId || key.hasPrefix("txn:")
+            {
+                return (.replayedFromOtherUser, nil)
+            }
+            switch policy.restore {
+            case .keep:
+                try audit(
+                    actor: "system", action: "restore_kept_by_owner", subject: "transaction:\(purchase.transactionId)",
+                    reason: "restored by \(upload.userId); \(key) stays with \(owner)",
+                    details: ["owner": owner, "uploader": upload.userId, "creditKey": key], now: now, in: db)
+                return (.ownedByOtherUser, nil)
+            case .transfer:
+                try transfer(active, to: upload, purchase: purchase, key: key, policy: policy, now: now, in: db)
+                return (.credited, nil)
+            }
+        }
+        // Revoked by customer service (or Apple's revocation that nothing lifted): stays revoked.
+        if try db.cachedRow(sql: "SELECT 1 FROM grants WHERE creditKey = ? LIMIT 1", arguments: [key]) != nil {
+            return (.revoked, .purchaseRevoked)
+        }
+        if let exact {
+            if (exact["userId"] as String) != upload.userId { return (.replayedFromOtherUser, nil) }
+            if let held: String = exact["heldReason"] { return (.held, ReasonCode(held)) }
+        }
+        if purchase.inUploadedReceipt == false {
+            // Apple's history for the account holds it, but the (unsigned) receipt uploaded does
+            // not: nothing proves the uploader made it.
+            try audit(
+                actor: "system", action: "purchase_held", subject: "transaction:\(purchase.transactionId)",
+                reason: ReasonCode.ownerUnknown.rawValue,
+                details: ["uploader": upload.userId, "productId": purchase.productId, "submissionId": upload.submissionId],
+                now: now, in: db)
+            return (.held, .ownerUnknown)
         }
 
         // Which of our orders it pays for: the token Apple carries (signed into the receipt),
@@ -76,27 +151,29 @@ extension OrderStore {
                     arguments: [orderId, upload.userId, purchase.productId, purchased.addingTimeInterval(300)])
             }
         }
-
         var heldReason: ReasonCode?
         let product = policy.catalog?.product(purchase.productId)
+        let unpaidOrder = order.map { ($0["state"] as String) == "created" } == true
         if policy.catalog != nil && product == nil {
             heldReason = .unknownProduct
-        } else if let order, (order["productId"] as String) != purchase.productId {
+        } else if let order, unpaidOrder, (order["productId"] as String) != purchase.productId {
+            // A paid order's later periods (renewals, a plan change in the group) are not a mismatch.
             heldReason = .productMismatch
         }
-        let boundOrder: String? =
-            heldReason == nil && order.map { ($0["state"] as String) == "created" } == true ? order?["id"] : nil
+        let boundOrder: String? = heldReason == nil && unpaidOrder ? order?["id"] : nil
 
         try db.executeCached(
             sql: """
                 INSERT INTO purchase (transactionId, originalTransactionId, productId, quantity, environment, bundleId,
-                    purchaseDate, userId, orderId, submissionId, appAccountToken, heldReason, creditedAt)
-                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    purchaseDate, userId, orderId, submissionId, appAccountToken, heldReason, creditedAt, creditKey,
+                    webOrderLineItemId)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                 """,
             arguments: [
                 purchase.transactionId, purchase.originalTransactionId, purchase.productId, max(purchase.quantity, 1),
                 purchase.environment.rawValue, upload.bundleId, purchase.purchaseDate, owner,
-                boundOrder, upload.submissionId, purchase.appAccountToken, heldReason?.rawValue, now,
+                boundOrder, upload.submissionId, purchase.appAccountToken, heldReason?.rawValue, now, key,
+                purchase.webOrderLineItemId,
             ])
         if let heldReason {
             try audit(
@@ -118,9 +195,12 @@ extension OrderStore {
         }
         try grant(
             transactionId: purchase.transactionId, originalTransactionId: purchase.originalTransactionId,
-            userId: owner, productId: purchase.productId, orderId: boundOrder,
+            creditKey: key, userId: owner, productId: purchase.productId, orderId: boundOrder,
             quantity: max(purchase.quantity, 1), grant: product?.grant(quantity: purchase.quantity) ?? [:],
             environment: purchase.environment, source: "apple", policy: policy, now: now, in: db)
+        if product?.type == .autoRenewable || (product == nil && purchase.expiresDate != nil) {
+            try recordSubscription(of: purchase, owner: owner, now: now, in: db)
+        }
         if owner != upload.userId {
             try audit(
                 actor: "system", action: "credited_to_order_owner", subject: "transaction:\(purchase.transactionId)",
@@ -131,21 +211,77 @@ extension OrderStore {
         return (.credited, nil)
     }
 
+    /// `IAP_RESTORE=transfer`: the entitlement moves from its owner to the uploader of a
+    /// restore: revoked for the one, granted to the other, one audit entry naming both.
+    private static func transfer(
+        _ active: Row, to upload: Upload, purchase: VerifiedPurchase, key: String, policy: CreditPolicy, now: Date,
+        in db: Database
+    ) throws {
+        let previous: String = active["userId"]
+        try revokeGrant(
+            active, actor: "transfer", reason: "restored by \(upload.userId)",
+            eventId: "grant.revoked:\(active["transactionId"] as String):transfer:\(purchase.transactionId)", policy: policy,
+            now: now, in: db, audited: false)
+        if let earlier = try Row.fetchOne(
+            db, sql: "SELECT * FROM grants WHERE creditKey = ? AND userId = ?", arguments: [key, upload.userId])
+        {
+            // Moving back to a user who held it before: that grant is active again.
+            try db.execute(
+                sql: "UPDATE grants SET state = 'active', revokedAt = NULL, revokedBy = NULL WHERE id = ?",
+                arguments: [earlier["id"] as Int64])
+            try event(
+                "grant.created",
+                [
+                    "transactionId": .string(earlier["transactionId"]), "originalTransactionId": .string(purchase.originalTransactionId),
+                    "userId": .string(upload.userId), "productId": .string(earlier["productId"]), "orderId": .null,
+                    "quantity": .int(earlier["quantity"]), "grant": .json(earlier["grantJSON"]),
+                    "environment": .string(earlier["environment"]), "source": .string("transfer"),
+                    "grantedAt": .string(iso8601(now)),
+                ], id: "grant.created:\(earlier["transactionId"] as String):transfer:\(purchase.transactionId)", policy: policy,
+                now: now, in: db)
+        } else {
+            let product = policy.catalog?.product(purchase.productId)
+            try grant(
+                transactionId: purchase.transactionId, originalTransactionId: purchase.originalTransactionId, creditKey: key,
+                userId: upload.userId, productId: purchase.productId, orderId: nil, quantity: active["quantity"],
+                grant: product?.grant(quantity: active["quantity"]) ?? [:], environment: purchase.environment,
+                source: "apple", policy: policy, now: now, in: db)
+        }
+        if try db.cachedRow(sql: "SELECT 1 FROM purchase WHERE transactionId = ?", arguments: [purchase.transactionId]) == nil {
+            try db.execute(
+                sql: """
+                    INSERT INTO purchase (transactionId, originalTransactionId, productId, quantity, environment, bundleId,
+                        purchaseDate, userId, submissionId, appAccountToken, creditedAt, creditKey, webOrderLineItemId)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    """,
+                arguments: [
+                    purchase.transactionId, purchase.originalTransactionId, purchase.productId, max(purchase.quantity, 1),
+                    purchase.environment.rawValue, upload.bundleId, purchase.purchaseDate, upload.userId,
+                    upload.submissionId, purchase.appAccountToken, now, key, purchase.webOrderLineItemId,
+                ])
+        }
+        try audit(
+            actor: "system", action: "grant_transferred", subject: "transaction:\(purchase.transactionId)",
+            reason: "restored by \(upload.userId); moved from \(previous)",
+            details: ["from": previous, "to": upload.userId, "creditKey": key], now: now, in: db)
+    }
+
     /// Writes a grant and its `grant.created` event.
     static func grant(
-        transactionId: String, originalTransactionId: String, userId: String, productId: String, orderId: String?,
-        quantity: Int, grant: [String: Catalog.GrantValue], environment: AppStoreEnvironment, source: String,
-        policy: CreditPolicy, now: Date, in db: Database
+        transactionId: String, originalTransactionId: String, creditKey: String, userId: String, productId: String,
+        orderId: String?, quantity: Int, grant: [String: Catalog.GrantValue], environment: AppStoreEnvironment,
+        source: String, policy: CreditPolicy, now: Date, in db: Database
     ) throws {
         let grantJSON = String(decoding: try JSONEncoder.sorted.encode(grant), as: UTF8.self)
         try db.executeCached(
             sql: """
                 INSERT INTO grants (transactionId, userId, productId, orderId, quantity, grantJSON, environment, source,
-                    state, grantedAt)
-                VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'active', ?)
+                    state, grantedAt, creditKey)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, ?)
                 """,
             arguments: [
                 transactionId, userId, productId, orderId, quantity, grantJSON, environment.rawValue, source, now,
+                creditKey,
             ])
         try event(
             "grant.created",

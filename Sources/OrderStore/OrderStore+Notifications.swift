@@ -35,28 +35,51 @@ extension OrderStore {
         of notification: AppStoreNotification, submissionId: String, policy: CreditPolicy, now: Date, in db: Database
     ) throws -> String {
         guard let purchase = notification.purchase else { return notification.notificationType == "TEST" ? "test" : "recorded" }
-        let owner = try owner(of: purchase, in: db)
+        let key = policy.creditKey(of: purchase)
+        let owner = try owner(of: purchase, key: key, in: db)
         let tag = "\(notification.notificationType):\(notification.notificationUUID)"
         switch notification.notificationType {
         case "REFUND", "REVOKE":
             try updateSubscription(notification, owner: owner, state: "revoked", now: now, in: db)
-            guard let grant = try Row.fetchOne(db, sql: "SELECT * FROM grants WHERE transactionId = ?", arguments: [purchase.transactionId])
-            else { return "no_grant" }
-            guard (grant["state"] as String) == "active" else { return "already_revoked" }
+            let at = purchase.cancellationDate ?? notification.signedDate ?? now
+            guard
+                try recordRevocation(
+                    key: key, transactionId: purchase.transactionId, source: notification.notificationType, at: at, now: now,
+                    in: db)
+            else { return "reversed_already" }
+            guard let grant = try db.cachedRow(sql: "SELECT * FROM grants WHERE creditKey = ? AND state = 'active'", arguments: [key])
+            else { return "revocation_pending" }
             try revokeGrant(
-                grant, actor: "apple", reason: notification.notificationType, eventId: "grant.revoked:\(purchase.transactionId):\(tag)", policy: policy,
-                now: now, in: db)
+                grant, actor: "apple", reason: notification.notificationType,
+                eventId: "grant.revoked:\(grant["transactionId"] as String):\(tag)", policy: policy, now: now, in: db)
             return "revoked"
         case "REFUND_REVERSED":
-            guard let grant = try Row.fetchOne(db, sql: "SELECT * FROM grants WHERE transactionId = ?", arguments: [purchase.transactionId])
-            else {
-                return try credit(purchase, owner: owner, submissionId: submissionId, bundleId: notification.bundleId, policy: policy, now: now, in: db)
+            let lifted = try liftRevocation(key: key, at: notification.signedDate ?? now, now: now, in: db)
+            if let grant = try Row.fetchOne(
+                db,
+                sql: """
+                    SELECT * FROM grants WHERE creditKey = ? AND state = 'revoked' AND revokedBy = 'apple'
+                    ORDER BY revokedAt DESC LIMIT 1
+                    """, arguments: [key]),
+                try db.cachedRow(sql: "SELECT 1 FROM grants WHERE creditKey = ? AND state = 'active'", arguments: [key]) == nil
+            {
+                try restoreGrant(grant, tag: "\(grant["transactionId"] as String):\(tag)", policy: policy, now: now, in: db)
+                try updateSubscription(notification, owner: owner, state: "active", now: now, in: db)
+                return "restored"
             }
-            guard (grant["state"] as String) == "revoked" else { return "already_active" }
-            try restoreGrant(grant, tag: "\(purchase.transactionId):\(tag)", policy: policy, now: now, in: db)
-            try updateSubscription(notification, owner: owner, state: "active", now: now, in: db)
-            return "restored"
+            if let blocked = try Row.fetchOne(
+                db, sql: "SELECT * FROM purchase WHERE creditKey = ? AND heldReason = 'revoked' ORDER BY creditedAt, rowid LIMIT 1",
+                arguments: [key])
+            {
+                // An upload the refund stopped: what the refund took is given back to its uploader.
+                try creditBlocked(blocked, key: key, purchase: purchase, policy: policy, now: now, in: db)
+                return "credited"
+            }
+            return lifted ? "revocation_lifted" : "nothing_revoked"
         case "SUBSCRIBED", "DID_RENEW", "OFFER_REDEEMED", "DID_CHANGE_RENEWAL_PREF", "RENEWAL_EXTENDED", "ONE_TIME_CHARGE":
+            guard notification.environment == .production || policy.sandbox.allows(userId: owner ?? "") else {
+                return "sandbox_not_allowed"
+            }
             try updateSubscription(notification, owner: owner, state: nil, now: now, in: db)
             return try credit(purchase, owner: owner, submissionId: submissionId, bundleId: notification.bundleId, policy: policy, now: now, in: db)
         case "EXPIRED", "GRACE_PERIOD_EXPIRED":
@@ -85,12 +108,26 @@ extension OrderStore {
         }
     }
 
-    /// Whose purchase this is: its own record, else its subscription's first purchase, else
-    /// the order its `appAccountToken` names, else the subscription record; nil when nobody
-    /// has uploaded anything of it yet.
-    private static func owner(of purchase: VerifiedPurchase, in db: Database) throws -> String? {
+    /// Whose purchase this is: the owner of its active grant, else its subscription's owner,
+    /// else whoever uploaded it or its chain, else the order its `appAccountToken` names;
+    /// nil when nobody has uploaded anything of it yet.
+    private static func owner(of purchase: VerifiedPurchase, key: String, in db: Database) throws -> String? {
         if let user = try String.fetchOne(
-            db, sql: "SELECT userId FROM purchase WHERE transactionId = ? OR originalTransactionId = ? LIMIT 1",
+            db, sql: "SELECT userId FROM grants WHERE creditKey = ? AND state = 'active'", arguments: [key])
+        {
+            return user
+        }
+        if let user = try String.fetchOne(
+            db, sql: "SELECT userId FROM subscription WHERE originalTransactionId = ?", arguments: [purchase.originalTransactionId])
+        {
+            return user
+        }
+        if let user = try String.fetchOne(
+            db,
+            sql: """
+                SELECT userId FROM purchase WHERE transactionId = ?
+                UNION ALL SELECT userId FROM purchase WHERE originalTransactionId = ? LIMIT 1
+                """,
             arguments: [purchase.transactionId, purchase.originalTransactionId])
         {
             return user
@@ -100,8 +137,7 @@ extension OrderStore {
         {
             return user
         }
-        return try String.fetchOne(
-            db, sql: "SELECT userId FROM subscription WHERE originalTransactionId = ?", arguments: [purchase.originalTransactionId])
+        return nil
     }
 
     /// Credits a purchase Apple told us about to its owner, as an upload of it would.
@@ -110,17 +146,36 @@ extension OrderStore {
         in db: Database
     ) throws -> String {
         guard let owner else { return "owner_unknown" }
-        guard purchase.cancellationDate == nil else { return "cancelled" }
         let upload = Upload(userId: owner, submissionId: submissionId, orderId: nil, transactionId: nil, bundleId: bundleId ?? "")
         let (state, reason) = try Self.credit(purchase, upload: upload, policy: policy, now: now, in: db)
         return reason.map { "\(state.rawValue) (\($0))" } ?? state.rawValue
+    }
+
+    /// Grants a purchase whose upload a refund stopped, now that Apple reversed the refund.
+    private static func creditBlocked(
+        _ row: Row, key: String, purchase: VerifiedPurchase, policy: CreditPolicy, now: Date, in db: Database
+    ) throws {
+        let transactionId: String = row["transactionId"]
+        let productId: String = row["productId"]
+        let quantity: Int = row["quantity"]
+        try db.execute(sql: "UPDATE purchase SET heldReason = NULL WHERE transactionId = ?", arguments: [transactionId])
+        try grant(
+            transactionId: transactionId, originalTransactionId: row["originalTransactionId"], creditKey: key,
+            userId: row["userId"], productId: productId, orderId: nil, quantity: quantity,
+            grant: policy.catalog?.product(productId)?.grant(quantity: quantity) ?? [:],
+            environment: AppStoreEnvironment(rawValue: row["environment"]) ?? purchase.environment, source: "apple",
+            policy: policy, now: now, in: db)
+        try audit(
+            actor: "apple", action: "grant_restored", subject: "transaction:\(transactionId)", reason: "REFUND_REVERSED",
+            details: ["userId": row["userId"] as String], now: now, in: db)
     }
 
     /// Undoes a revocation: the grant is active again, its order paid, and `grant.restored` published.
     private static func restoreGrant(_ row: Row, tag: String, policy: CreditPolicy, now: Date, in db: Database) throws {
         let transactionId: String = row["transactionId"]
         try db.execute(
-            sql: "UPDATE grants SET state = 'active', revokedAt = NULL WHERE transactionId = ?", arguments: [transactionId])
+            sql: "UPDATE grants SET state = 'active', revokedAt = NULL, revokedBy = NULL WHERE transactionId = ?",
+            arguments: [transactionId])
         if let orderId: String = row["orderId"] {
             try db.execute(
                 sql: "UPDATE orders SET state = 'paid', updatedAt = ? WHERE id = ? AND transactionId = ?",
@@ -156,19 +211,26 @@ extension OrderStore {
         try db.execute(
             sql: """
                 INSERT INTO subscription (originalTransactionId, userId, productId, environment, state, expiresDate,
-                    autoRenew, gracePeriodExpiresDate, lastTransactionId, updatedAt)
-                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    autoRenew, gracePeriodExpiresDate, lastTransactionId, updatedAt, stateDate)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                 ON CONFLICT (originalTransactionId) DO UPDATE SET
-                    userId = coalesce(subscription.userId, excluded.userId), productId = excluded.productId,
-                    state = excluded.state, expiresDate = coalesce(excluded.expiresDate, subscription.expiresDate),
-                    autoRenew = coalesce(excluded.autoRenew, subscription.autoRenew),
-                    gracePeriodExpiresDate = excluded.gracePeriodExpiresDate,
-                    lastTransactionId = excluded.lastTransactionId, updatedAt = excluded.updatedAt
-                """,
+                    userId = coalesce(subscription.userId, excluded.userId),
+                    productId = CASE WHEN newer THEN excluded.productId ELSE subscription.productId END,
+                    state = CASE WHEN newer THEN excluded.state ELSE subscription.state END,
+                    expiresDate = CASE WHEN newer THEN coalesce(excluded.expiresDate, subscription.expiresDate)
+                        ELSE subscription.expiresDate END,
+                    autoRenew = CASE WHEN newer THEN coalesce(excluded.autoRenew, subscription.autoRenew)
+                        ELSE subscription.autoRenew END,
+                    gracePeriodExpiresDate = CASE WHEN newer THEN excluded.gracePeriodExpiresDate
+                        ELSE subscription.gracePeriodExpiresDate END,
+                    lastTransactionId = CASE WHEN newer THEN excluded.lastTransactionId ELSE subscription.lastTransactionId END,
+                    stateDate = max(coalesce(subscription.stateDate, 0), excluded.stateDate),
+                    updatedAt = excluded.updatedAt
+                """.replacingOccurrences(of: "newer", with: "excluded.stateDate >= coalesce(subscription.stateDate, 0)"),
             arguments: [
                 purchase.originalTransactionId, owner, purchase.productId, notification.environment.rawValue,
                 state ?? fromStatus ?? "active", purchase.expiresDate, notification.autoRenewStatus.map { $0 == 1 },
-                notification.gracePeriodExpiresDate, purchase.transactionId, now,
+                notification.gracePeriodExpiresDate, purchase.transactionId, now, notification.signedDate ?? now,
             ])
     }
 

@@ -111,6 +111,7 @@ extension OrderStore {
                 var id = "manual-\(UUID().uuidString.lowercased())"
                 var environment = AppStoreEnvironment.production
                 var original = id
+                var creditKey = "txn:\(id)"
                 var orderId: String?
                 if let transactionId {
                     guard
@@ -123,13 +124,17 @@ extension OrderStore {
                     guard try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM grants WHERE transactionId = ?", arguments: [transactionId]) == 0
                     else { throw OrderStoreError(.conflict, "purchase \(transactionId) is granted already") }
                     id = transactionId
+                    creditKey = purchase["creditKey"] ?? "txn:\(transactionId)"
+                    guard try Row.fetchOne(db, sql: "SELECT 1 FROM grants WHERE creditKey = ? AND state = 'active'", arguments: [creditKey]) == nil
+                    else { throw OrderStoreError(.conflict, "what purchase \(transactionId) buys is granted already") }
                     original = purchase["originalTransactionId"]
                     environment = AppStoreEnvironment(rawValue: purchase["environment"]) ?? .production
                     orderId = purchase["orderId"]
                     try db.execute(sql: "UPDATE purchase SET heldReason = NULL WHERE transactionId = ?", arguments: [transactionId])
                 }
                 try Self.grant(
-                    transactionId: id, originalTransactionId: original, userId: userId, productId: productId,
+                    transactionId: id, originalTransactionId: original, creditKey: creditKey, userId: userId,
+                    productId: productId,
                     orderId: orderId, quantity: max(1, quantity), grant: grant, environment: environment, source: "manual",
                     policy: policy, now: now, in: db)
                 try Self.audit(
@@ -201,11 +206,13 @@ extension OrderStore {
     /// Revokes an active grant (row of `grants`): its order becomes refunded, `grant.revoked`
     /// is published, and the audit log says who and why.
     static func revokeGrant(
-        _ row: Row, actor: String, reason: String, eventId: String, policy: CreditPolicy, now: Date, in db: Database
+        _ row: Row, actor: String, reason: String, eventId: String, policy: CreditPolicy, now: Date, in db: Database,
+        audited: Bool = true
     ) throws {
         let transactionId: String = row["transactionId"]
         try db.execute(
-            sql: "UPDATE grants SET state = 'revoked', revokedAt = ? WHERE transactionId = ?", arguments: [now, transactionId])
+            sql: "UPDATE grants SET state = 'revoked', revokedAt = ?, revokedBy = ? WHERE transactionId = ?",
+            arguments: [now, actor, transactionId])
         if let orderId: String = row["orderId"] {
             try db.execute(
                 sql: "UPDATE orders SET state = 'refunded', updatedAt = ? WHERE id = ? AND transactionId = ?",
@@ -218,6 +225,7 @@ extension OrderStore {
                 "productId": .string(row["productId"]), "quantity": .int(row["quantity"]),
                 "grant": .json(row["grantJSON"]), "reason": .string(reason), "revokedAt": .string(Self.iso8601(now)),
             ], id: eventId, policy: policy, now: now, in: db)
+        guard audited else { return }
         try Self.audit(
             actor: actor, action: "grant_revoked", subject: "transaction:\(transactionId)", reason: reason,
             details: ["userId": row["userId"] as String], now: now, in: db)

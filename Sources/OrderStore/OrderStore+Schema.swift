@@ -171,6 +171,46 @@ extension OrderStore {
                     );
                     """)
         }
+        migrator.registerMigration("v3: credit keys, remembered revocations, subscription order, indexes") { db in
+            try db.execute(
+                sql: """
+                    -- What a purchase is credited once by (txn:<transactionId> for consumables,
+                    -- otx:<originalTransactionId> for non-consumables and non-renewing subscriptions,
+                    -- wol:<webOrderLineItemId> for a billing period of an auto-renewable one).
+                    ALTER TABLE grants ADD COLUMN creditKey TEXT;
+                    UPDATE grants SET creditKey = 'txn:' || transactionId;
+                    -- Who revoked a revoked grant: apple (a refund or revocation), transfer, or an admin.
+                    ALTER TABLE grants ADD COLUMN revokedBy TEXT;
+                    UPDATE grants SET revokedBy = 'apple' WHERE state = 'revoked';
+                    -- At most one active grant per credit key, and one grant per key and user, ever.
+                    CREATE UNIQUE INDEX grants_active_key ON grants(creditKey) WHERE state = 'active';
+                    CREATE UNIQUE INDEX grants_key_user ON grants(creditKey, userId);
+
+                    ALTER TABLE purchase ADD COLUMN creditKey TEXT;
+                    UPDATE purchase SET creditKey = 'txn:' || transactionId;
+                    ALTER TABLE purchase ADD COLUMN webOrderLineItemId TEXT;
+                    CREATE INDEX purchase_original ON purchase(originalTransactionId);
+                    CREATE INDEX purchase_key ON purchase(creditKey);
+                    CREATE INDEX purchase_web_order ON purchase(webOrderLineItemId);
+
+                    -- What Apple took back, by credit key, whether or not anything was credited yet;
+                    -- a reversal lifts it (reversedAt later than revokedAt).
+                    CREATE TABLE revocation (
+                        creditKey TEXT PRIMARY KEY NOT NULL,
+                        transactionId TEXT NOT NULL,
+                        source TEXT NOT NULL,
+                        revokedAt DATETIME NOT NULL,
+                        reversedAt DATETIME,
+                        updatedAt DATETIME NOT NULL
+                    );
+
+                    -- Subscription states are applied newest first by Apple's signedDate.
+                    ALTER TABLE subscription ADD COLUMN stateDate DATETIME;
+
+                    CREATE INDEX outbox_message ON outbox(messageId);
+                    CREATE INDEX submission_transaction_transaction ON submission_transaction(transactionId);
+                    """)
+        }
         return migrator
     }
 }

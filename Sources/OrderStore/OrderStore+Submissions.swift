@@ -44,11 +44,17 @@ public struct SubmissionStatus: Sendable, Equatable {
     /// Customer service marked it finishable.
     public var finishable: Bool = false
 
-    /// Whether the app may finish the StoreKit transactions of this upload: not while work is
-    /// pending, and not when the named transaction is missing from the receipt (the app
-    /// must upload a refreshed receipt first), unless customer service settled it.
+    /// Whether the app may finish the StoreKit transactions of this upload: once it is
+    /// credited; after a rejection only when Apple said the purchase itself is invalid (or it
+    /// belongs to someone else, or is refunded); never while work is pending or a person has
+    /// to look; always once customer service settled it.
     public var finishTransaction: Bool {
-        finishable || (state.finishTransaction && reason != .transactionNotInReceipt)
+        if finishable { return true }
+        switch state {
+        case .credited: return true
+        case .rejected: return reason.map(ReasonCode.finishableRejections.contains) ?? false
+        case .pending, .retrying, .needsReview: return false
+        }
     }
 }
 
@@ -203,6 +209,7 @@ extension OrderStore {
                 return state.state
             case .verified(let receipt):
                 var seen = Set<String>()
+                var outcomes: [TransactionCreditState: Int] = [:]
                 var replayed = 0
                 var total = 0
                 var held: (ReasonCode, String)?
@@ -211,13 +218,8 @@ extension OrderStore {
                     bundleId: receipt.bundleId)
                 for purchase in receipt.purchases where seen.insert(purchase.transactionId).inserted {
                     total += 1
-                    let state: TransactionCreditState
-                    var reason: ReasonCode?
-                    if purchase.cancellationDate != nil {
-                        state = .cancelled
-                    } else {
-                        (state, reason) = try Self.credit(purchase, upload: upload, policy: policy, now: now, in: db)
-                    }
+                    let (state, reason) = try Self.credit(purchase, upload: upload, policy: policy, now: now, in: db)
+                    outcomes[state, default: 0] += 1
                     if state == .replayedFromOtherUser { replayed += 1 }
                     if state == .credited { credited += 1 }
                     if state == .held, held == nil, let reason { held = (reason, purchase.transactionId) }
@@ -251,9 +253,20 @@ extension OrderStore {
                     // Whatever else the receipt held is credited above; the named purchase is not here yet.
                     (state, reason) = (.rejected, .transactionNotInReceipt)
                     message = "transaction \(named) is not in this receipt yet: refresh the receipt and upload it again"
-                } else if total > 0 && replayed == total {
-                    (state, reason) = (.rejected, .replayedFromOtherUser)
-                    message = "every purchase in this receipt belongs to another user"
+                } else if total > 0, outcomes[.credited, default: 0] + outcomes[.alreadyCredited, default: 0]
+                    + outcomes[.superseded, default: 0] == 0
+                {
+                    // Nothing in it is (or was) credited to the uploader: say the strongest why.
+                    if replayed > 0 {
+                        (state, reason) = (.rejected, .replayedFromOtherUser)
+                        message = "every purchase in this receipt belongs to another user"
+                    } else if outcomes[.ownedByOtherUser, default: 0] > 0 {
+                        (state, reason) = (.rejected, .ownedByOtherUser)
+                        message = "what this restores belongs to another user of the app"
+                    } else {
+                        (state, reason) = (.rejected, .purchaseRevoked)
+                        message = "Apple refunded or revoked this purchase"
+                    }
                 } else {
                     (state, reason, message) = (.credited, nil, nil)
                 }

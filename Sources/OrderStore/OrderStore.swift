@@ -18,6 +18,9 @@ public final class OrderStore: Sendable {
         var configuration = Configuration()
         configuration.busyMode = .timeout(10)
         configuration.foreignKeysEnabled = true
+        // An answered commit must survive a power cut, not only a crash: in WAL mode NORMAL
+        // (what the pool sets up) may lose the last commits; FULL syncs the log on every commit.
+        configuration.prepareDatabase { db in try db.execute(sql: "PRAGMA synchronous = FULL") }
         do {
             let directory = URL(fileURLWithPath: path).deletingLastPathComponent()
             try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)

@@ -36,26 +36,6 @@ public struct VerifierSettings: Sendable {
     }
 }
 
-/// Which sandbox purchases are credited. A sandbox purchase costs nothing, but App Review
-/// buys in the sandbox against the production server, so `accept` is the default.
-public enum SandboxPolicy: Sendable, Equatable {
-    /// Credit sandbox purchases like real ones.
-    case accept
-    /// Reject every sandbox purchase.
-    case reject
-    /// Credit sandbox purchases of these users only (testers, reviewers).
-    case allowlist(Set<String>)
-
-    /// Whether a sandbox purchase uploaded by `userId` is credited.
-    public func allows(userId: String) -> Bool {
-        switch self {
-        case .accept: true
-        case .reject: false
-        case .allowlist(let users): users.contains(userId)
-        }
-    }
-}
-
 /// Consumes uploads, verifies each with Apple and publishes the result.
 ///
 /// - Important: An upload is acked only after its result (and, for a transient failure,

@@ -63,7 +63,9 @@ private func pipelineSettings(
         finisher: FinisherSettings(
             names: names,
             prefetch: try SettingReader().int(finisherPrefetch, "IAP_FINISHER_PREFETCH", default: 64, in: 1...10_000),
-            alerts: try alertSettings()))
+            alerts: try alertSettings(),
+            sandboxPolicy: try verifier?.sandboxPolicy() ?? VerifierOptions.sandboxPolicy(),
+            restorePolicy: try VerifierOptions.restorePolicy()))
 }
 
 /// The catalog, the admin tokens (IAP_ADMIN_TOKEN or IAP_ADMIN_TOKEN_FILE; never a flag) and,
@@ -115,6 +117,7 @@ struct IntakeCommand: AsyncParsableCommand {
     @OptionGroup var broker: BrokerOptions
     @OptionGroup var store: StoreOptions
     @OptionGroup var http: HTTPOptions
+    @OptionGroup var notifications: NotificationOptions
     @OptionGroup var ops: OpsOptions
     @OptionGroup var catalog: CatalogOptions
     @OptionGroup var log: LogOptions
@@ -122,6 +125,7 @@ struct IntakeCommand: AsyncParsableCommand {
     func run() async throws {
         var settings = try pipelineSettings(broker: broker, store: store, http: http)
         try await apply(catalog: catalog.load(), http: http, to: &settings)
+        try notifications.apply(to: &settings)
         try await serve([.intake], settings: settings, ops: ops, log: log, label: "iap.intake")
     }
 }
@@ -177,6 +181,7 @@ struct OrdersCommand: AsyncParsableCommand {
     @OptionGroup var http: HTTPOptions
     @Option(name: .long, help: "Results fetched and applied at once (they share group commits). (env IAP_FINISHER_PREFETCH; default 64)")
     var finisherPrefetch: Int?
+    @OptionGroup var notifications: NotificationOptions
     @OptionGroup var ops: OpsOptions
     @OptionGroup var catalog: CatalogOptions
     @OptionGroup var log: LogOptions
@@ -184,6 +189,7 @@ struct OrdersCommand: AsyncParsableCommand {
     func run() async throws {
         var settings = try pipelineSettings(broker: broker, store: store, http: http, finisherPrefetch: finisherPrefetch)
         try await apply(catalog: catalog.load(), http: http, to: &settings)
+        try notifications.apply(to: &settings)
         try await serve([.intake, .finisher], settings: settings, ops: ops, log: log, label: "iap.orders")
     }
 }

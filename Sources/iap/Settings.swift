@@ -215,6 +215,15 @@ struct HTTPOptions: ParsableArguments {
     @Option(name: .long, help: "Seconds allowed to receive a request body; slower ones get 408. (env IAP_BODY_TIMEOUT_SECONDS; default 30)")
     var bodyTimeoutSeconds: Int?
 
+    @Option(name: .long, help: "Largest App Store notification body in bytes; larger ones get 413. (env IAP_NOTIFICATION_MAX_BYTES; default 65536)")
+    var notificationMaxBytes: Int?
+
+    @Option(name: .long, help: "App Store notifications per second for the whole intake, any sender (bursts of twice that); more get 429; 0 is unlimited. (env IAP_NOTIFICATION_RATE; default 50)")
+    var notificationRate: Int?
+
+    @Option(name: .long, help: "Days after which rejected submissions and their receipts or signed payloads are deleted (the audit log stays); 0 keeps them. (env IAP_RETENTION_DAYS; default 30)")
+    var retentionDays: Int?
+
     @Option(name: .long, help: "Address of the admin routes' own listener, used with --admin-port. (env IAP_ADMIN_HOST; default 127.0.0.1)")
     var adminHost: String?
 
@@ -237,6 +246,8 @@ struct HTTPOptions: ParsableArguments {
         let reader = SettingReader()
         let perUser = try reader.int(rateLimitPerUser, "IAP_RATE_LIMIT_PER_USER", default: 10, in: 0...1_000_000)
         let perAddress = try reader.int(rateLimitPerIP, "IAP_RATE_LIMIT_PER_IP", default: 300, in: 0...1_000_000)
+        let notifications = try reader.int(notificationRate, "IAP_NOTIFICATION_RATE", default: 50, in: 0...1_000_000)
+        let retention = try reader.int(retentionDays, "IAP_RETENTION_DAYS", default: 30, in: 0...36_500)
         let adminPort = try reader.optionalString(adminPort.map(String.init), "IAP_ADMIN_PORT").map { raw in
             guard let port = Int(raw), (0...65535).contains(port) else {
                 throw ValidationError("IAP_ADMIN_PORT must be a port number, got '\(raw)'")
@@ -253,14 +264,18 @@ struct HTTPOptions: ParsableArguments {
                 pendingAfter: .seconds(
                     try reader.int(sweepPendingAfterSeconds, "IAP_SWEEP_PENDING_AFTER_SECONDS", default: 600, in: 1...604_800)),
                 retryGrace: .seconds(
-                    try reader.int(sweepRetryGraceSeconds, "IAP_SWEEP_RETRY_GRACE_SECONDS", default: 600, in: 1...604_800))),
+                    try reader.int(sweepRetryGraceSeconds, "IAP_SWEEP_RETRY_GRACE_SECONDS", default: 600, in: 1...604_800)),
+                retention: retention == 0 ? nil : .seconds(retention * 86_400)),
             limits: IntakeLimits(
                 perUser: perUser == 0 ? nil : RateLimit(perSecond: perUser),
                 perAddress: perAddress == 0 ? nil : RateLimit(perSecond: perAddress),
                 maxInFlight: try reader.int(maxInFlightRequests, "IAP_MAX_IN_FLIGHT_REQUESTS", default: 1024, in: 1...1_000_000),
                 clientAddressHeader: reader.optionalString(clientIPHeader, "IAP_CLIENT_IP_HEADER"),
-                bodyTimeout: .seconds(try reader.int(bodyTimeoutSeconds, "IAP_BODY_TIMEOUT_SECONDS", default: 30, in: 1...3600))),
-            adminListener: adminPort.map { (reader.string(adminHost, "IAP_ADMIN_HOST", default: "127.0.0.1"), $0) })
+                bodyTimeout: .seconds(try reader.int(bodyTimeoutSeconds, "IAP_BODY_TIMEOUT_SECONDS", default: 30, in: 1...3600)),
+                notifications: notifications == 0 ? nil : RateLimit(perSecond: notifications)),
+            adminListener: adminPort.map { (reader.string(adminHost, "IAP_ADMIN_HOST", default: "127.0.0.1"), $0) },
+            maxNotificationBytes: try reader.int(
+                notificationMaxBytes, "IAP_NOTIFICATION_MAX_BYTES", default: 65_536, in: 1024...(1 << 20)))
     }
 
     /// How app users authenticate. `jwt` (the default, `off` for dev) needs exactly one key:
@@ -332,6 +347,12 @@ struct VerifierOptions: ParsableArguments {
     var sandboxAllowlist: String?
 
     func sandboxPolicy() throws -> SandboxPolicy {
+        try Self.sandboxPolicy(flag: sandbox, allowlistFlag: sandboxAllowlist)
+    }
+
+    /// IAP_SANDBOX and IAP_SANDBOX_ALLOWLIST (or their flags): which sandbox purchases are
+    /// credited, by uploads and by notifications alike.
+    static func sandboxPolicy(flag sandbox: String? = nil, allowlistFlag sandboxAllowlist: String? = nil) throws -> SandboxPolicy {
         let reader = SettingReader()
         switch reader.string(sandbox, "IAP_SANDBOX", default: "accept") {
         case "accept": return .accept
@@ -348,6 +369,15 @@ struct VerifierOptions: ParsableArguments {
         }
     }
 
+    /// IAP_RESTORE: what a restore uploaded by another user than the owner does.
+    static func restorePolicy() throws -> RestorePolicy {
+        let raw = SettingReader().string(nil, "IAP_RESTORE", default: "keep")
+        guard let policy = RestorePolicy(rawValue: raw) else {
+            throw ValidationError("IAP_RESTORE must be keep or transfer; got '\(raw)'")
+        }
+        return policy
+    }
+
     @Option(name: .long, help: "Transient Apple failures in a row that pause verification. (env IAP_BREAKER_FAILURES; default 20)")
     var breakerFailures: Int?
 
@@ -359,11 +389,7 @@ struct VerifierOptions: ParsableArguments {
         -> VerifyReceiptClient.Settings
     {
         let reader = SettingReader()
-        guard let rawBundleIds = reader.optionalString(bundleIds, "IAP_BUNDLE_IDS") ?? defaultBundleIds else {
-            throw ValidationError("IAP_BUNDLE_IDS is required: the bundle ids whose receipts this deployment accepts")
-        }
-        let ids = Set(rawBundleIds.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty })
-        guard !ids.isEmpty else { throw ValidationError("IAP_BUNDLE_IDS names no bundle id") }
+        let ids = try readBundleIds(bundleIds, default: defaultBundleIds)
         let endpoints =
             endpointsOverride
             ?? VerifyReceiptEndpoints(
@@ -490,17 +516,8 @@ struct StoreKitOptions: ParsableArguments {
     func settings(bundleIds: Set<String>, defaults: StoreKitSettings = .init()) throws -> StoreKitSettings {
         let reader = SettingReader()
         var settings = defaults
-        if let paths = reader.optionalString(trustedRoots, "IAP_TRUSTED_ROOTS") {
-            settings.trustedRoots = try paths.split(separator: ",").map { path in
-                let path = path.trimmingCharacters(in: .whitespaces)
-                do {
-                    return try certificate(atPath: path)
-                } catch {
-                    throw ValidationError("IAP_TRUSTED_ROOTS: \(path) is not a readable certificate: \(error)")
-                }
-            }
-        }
-        if let appAppleId = try optionalInt64(appAppleId, "IAP_APP_APPLE_ID") { settings.appAppleId = appAppleId }
+        if let roots = try readTrustedRoots(trustedRoots) { settings.trustedRoots = roots }
+        if let appAppleId = try readOptionalInt64(appAppleId, "IAP_APP_APPLE_ID") { settings.appAppleId = appAppleId }
         switch reader.string(confirmWithAPI, "IAP_CONFIRM_WITH_API", default: settings.confirmWithAPI ? "true" : "false") {
         case "true": settings.confirmWithAPI = true
         case "false": settings.confirmWithAPI = false
@@ -551,11 +568,54 @@ struct StoreKitOptions: ParsableArguments {
         }
         return settings
     }
+}
 
-    private func optionalInt64(_ flag: Int64?, _ variable: String) throws -> Int64? {
-        if let flag { return flag }
-        guard let raw = SettingReader().optionalString(nil, variable) else { return nil }
-        guard let value = Int64(raw) else { throw ValidationError("\(variable) must be a whole number, got '\(raw)'") }
-        return value
+/// What the intake checks App Store notifications against, for `iap intake` and `iap orders`
+/// (`iap verifier` and `iap dev` read the same variables with their own options).
+struct NotificationOptions: ParsableArguments {
+    @Option(name: .long, help: "Comma-separated bundle ids this deployment serves; notifications for other apps get 403. Required. (env IAP_BUNDLE_IDS)")
+    var bundleIds: String?
+
+    @Option(name: .long, help: "The app's App Store id; production notifications must name it. (env IAP_APP_APPLE_ID)")
+    var appAppleId: Int64?
+
+    @Option(name: .long, help: "Comma-separated root certificate files (DER or PEM) that notifications must chain to; for tests only. (env IAP_TRUSTED_ROOTS; default Apple Root CA - G3, shipped)")
+    var trustedRoots: String?
+
+    /// Sets the bundle ids, roots and app id the intake checks each notification against.
+    func apply(to settings: inout PipelineSettings) throws {
+        settings.verifyReceipt.bundleIds = try readBundleIds(bundleIds, default: nil, purpose: "notifications")
+        if let roots = try readTrustedRoots(trustedRoots) { settings.storeKit.trustedRoots = roots }
+        if let appAppleId = try readOptionalInt64(appAppleId, "IAP_APP_APPLE_ID") { settings.storeKit.appAppleId = appAppleId }
     }
+}
+
+/// IAP_BUNDLE_IDS (or its flag): one or more bundle ids, separated by commas; required.
+private func readBundleIds(_ flag: String?, default fallback: String?, purpose: String = "receipts") throws -> Set<String> {
+    guard let raw = SettingReader().optionalString(flag, "IAP_BUNDLE_IDS") ?? fallback else {
+        throw ValidationError("IAP_BUNDLE_IDS is required: the bundle ids whose \(purpose) this deployment accepts")
+    }
+    let ids = Set(raw.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty })
+    guard !ids.isEmpty else { throw ValidationError("IAP_BUNDLE_IDS names no bundle id") }
+    return ids
+}
+
+/// IAP_TRUSTED_ROOTS (or its flag): certificate files, separated by commas; nil when unset.
+private func readTrustedRoots(_ flag: String?) throws -> [Certificate]? {
+    guard let paths = SettingReader().optionalString(flag, "IAP_TRUSTED_ROOTS") else { return nil }
+    return try paths.split(separator: ",").map { path in
+        let path = path.trimmingCharacters(in: .whitespaces)
+        do {
+            return try certificate(atPath: path)
+        } catch {
+            throw ValidationError("IAP_TRUSTED_ROOTS: \(path) is not a readable certificate: \(error)")
+        }
+    }
+}
+
+private func readOptionalInt64(_ flag: Int64?, _ variable: String) throws -> Int64? {
+    if let flag { return flag }
+    guard let raw = SettingReader().optionalString(nil, variable) else { return nil }
+    guard let value = Int64(raw) else { throw ValidationError("\(variable) must be a whole number, got '\(raw)'") }
+    return value
 }

@@ -1,4 +1,5 @@
 import Foundation
+import IAPCore
 import OrderStore
 import Testing
 import Verifier

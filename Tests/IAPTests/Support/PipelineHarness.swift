@@ -45,6 +45,9 @@ final class PipelineHarness: Sendable {
         .init(productId: "com.example.coins.120", type: .consumable, grant: ["coins": .number(120)]),
         .init(productId: "com.example.coins.300", type: .consumable, grant: ["coins": .number(300)]),
         .init(productId: "com.example.vip.month", type: .autoRenewable, grant: ["entitlement": .name("vip")]),
+        .init(productId: "com.example.vip.year", type: .autoRenewable, grant: ["entitlement": .name("vip")]),
+        .init(productId: "com.example.premium", type: .nonConsumable, grant: ["entitlement": .name("premium")]),
+        .init(productId: "com.example.pass.season", type: .nonRenewing, grant: ["entitlement": .name("season_pass")]),
     ])
 
     static func start(
@@ -53,7 +56,7 @@ final class PipelineHarness: Sendable {
         circuitBreaker: CircuitBreaker.Settings = .init(), sweeper: SweeperSettings = .init(),
         alerts: AlertSettings = .init(), withOps: Bool = false, authentication: UserAuthentication = .off,
         limits: IntakeLimits = .unlimited, separateAdmin: Bool = false, receiptsThroughServerAPI: Bool = false,
-        confirmWithAPI: Bool = false, sharing shared: PipelineHarness? = nil
+        confirmWithAPI: Bool = false, restorePolicy: RestorePolicy = .keep, sharing shared: PipelineHarness? = nil
     ) async throws -> PipelineHarness {
         let logger = TestBroker.logger
         let names = shared?.names ?? PipelineNames(prefix: TestBroker.uniquePrefix(name))
@@ -69,7 +72,9 @@ final class PipelineHarness: Sendable {
                 names: names, concurrency: verifierConcurrency, retrySchedule: RetrySchedule(delaysSeconds: retryDelays),
                 sandboxPolicy: sandboxPolicy, circuitBreaker: circuitBreaker),
             verifyReceipt: VerifyReceiptClient.Settings(endpoints: .apple, bundleIds: [bundleId], timeout: appleTimeout),
-            finisher: FinisherSettings(names: names, alerts: alerts, catalog: testCatalog), fakeAppStoreHost: "127.0.0.1", fakeAppStorePort: 0,
+            finisher: FinisherSettings(
+                names: names, alerts: alerts, catalog: testCatalog, sandboxPolicy: sandboxPolicy, restorePolicy: restorePolicy),
+            fakeAppStoreHost: "127.0.0.1", fakeAppStorePort: 0,
             ops: withOps ? OpsSettings(host: "127.0.0.1", port: 0) : nil)
         settings.fakeAppStoreAPIKey = try FakeServerAPIKey(
             privateKeyPEM: ServerAPIKey.privateKey.pemRepresentation, keyId: ServerAPIKey.keyId, issuerId: ServerAPIKey.issuerId)
