@@ -34,10 +34,13 @@ public enum MetricNames {
     public static let queueConsumers = "iap_queue_consumers"
     /// 1 while the circuit breaker toward Apple holds calls back.
     public static let breakerOpen = "iap_apple_breaker_open"
+    /// Rejected submissions deleted after `IAP_RETENTION_DAYS`.
+    public static let retentionPurged = "iap_retention_purged_total"
 
     /// All of them.
     public static let all: [String] = [
         uploads, verifications, appleRequestDuration, retries, deadLetters, resultsApplied, grants, revocations,
         replays, alerts, submissions, outboxBacklog, queueMessages, queueConsumers, breakerOpen, notifications,
+        retentionPurged,
     ]
 }

@@ -1,3 +1,4 @@
+import AppStore
 import Foundation
 import Hummingbird
 import Logging
@@ -68,6 +69,12 @@ public struct APIError: Error, HTTPResponseError, Sendable {
             error.headers[.wwwAuthenticate] = "Bearer error=\"invalid_token\", error_description=\"expired\""
         }
         return error
+    }
+
+    /// A notification that is not Apple's, or not for this app: 400 `jws_malformed` when it
+    /// cannot be read, else 403 with the verifier's code (`jws_untrusted_chain`, …).
+    static func notificationRefused(_ error: JWSVerificationError) -> APIError {
+        APIError(error.code == .malformed ? .badRequest : .forbidden, code: error.code.rawValue, message: error.message)
     }
 
     static func bodyTooLarge(limit: Int) -> APIError {

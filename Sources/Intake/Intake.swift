@@ -34,13 +34,21 @@ public struct IntakeSettings: Sendable {
     /// Benchmarks only: verify with Apple inside the HTTP request and answer with the final
     /// state, as a first synchronous design would (no queue, no retries).
     public var inlineVerifier: (any ReceiptVerifying)?
+    /// Checks each App Store notification's signature, chain, bundle id, environment and app
+    /// id before anything is stored; nil answers every notification 503 (Apple retries).
+    public var notificationVerifier: SignedDataVerifier?
+    /// Largest App Store notification body accepted, in bytes (Apple's are a few KB).
+    public var maxNotificationBytes: Int
 
     /// Creates settings.
     public init(
         host: String = "0.0.0.0", port: Int = 8080, maxBodyBytes: Int = 1_048_576, names: PipelineNames = .init(),
         sweeper: SweeperSettings = .init(), catalog: Catalog? = nil, authentication: UserAuthentication = .off,
-        limits: IntakeLimits = .init(), adminTokens: [String] = [], adminListener: (host: String, port: Int)? = nil
+        limits: IntakeLimits = .init(), adminTokens: [String] = [], adminListener: (host: String, port: Int)? = nil,
+        notificationVerifier: SignedDataVerifier? = nil, maxNotificationBytes: Int = 65_536
     ) {
+        self.notificationVerifier = notificationVerifier
+        self.maxNotificationBytes = maxNotificationBytes
         self.catalog = catalog
         self.authentication = authentication
         self.limits = limits

@@ -32,12 +32,17 @@ public struct IntakeLimits: Sendable {
     public var clientAddressHeader: String?
     /// Time allowed to receive a request body.
     public var bodyTimeout: Duration
+    /// App Store notifications, for the whole deployment (Apple sends from many addresses, so
+    /// per address would not bound them); nil is unlimited.
+    public var notifications: RateLimit?
 
     /// Creates limits (the defaults are those of `iap`).
     public init(
         perUser: RateLimit? = RateLimit(perSecond: 10), perAddress: RateLimit? = RateLimit(perSecond: 300),
-        maxInFlight: Int = 1024, clientAddressHeader: String? = nil, bodyTimeout: Duration = .seconds(30)
+        maxInFlight: Int = 1024, clientAddressHeader: String? = nil, bodyTimeout: Duration = .seconds(30),
+        notifications: RateLimit? = RateLimit(perSecond: 50)
     ) {
+        self.notifications = notifications
         self.perUser = perUser
         self.perAddress = perAddress
         self.maxInFlight = maxInFlight
@@ -46,7 +51,7 @@ public struct IntakeLimits: Sendable {
     }
 
     /// No rate limits (tests and benchmarks on one address); in-flight work stays bounded.
-    public static let unlimited = IntakeLimits(perUser: nil, perAddress: nil)
+    public static let unlimited = IntakeLimits(perUser: nil, perAddress: nil, notifications: nil)
 }
 
 /// Token buckets by key, in memory, with a bounded number of keys.

@@ -79,16 +79,28 @@ struct ReceiptsController: Sendable {
         acceptedUpload()
     }
 
-    /// `POST /v1/notifications/appstore`: App Store Server Notifications V2. Public (the JWS
-    /// signature is what proves Apple sent it, checked by the verifier); answers 200 only
-    /// once the notification is durable, so Apple's own retries cover any downtime of ours.
+    /// `POST /v1/notifications/appstore`: App Store Server Notifications V2. Public: the JWS
+    /// signature is what proves Apple sent it, so it is checked here, before anything is
+    /// stored (a forged notification costs a signature check, never disk or queue space).
+    /// Answers 200 only once the notification is durable, so Apple's own retries cover any
+    /// downtime of ours; a fault of ours (store unavailable) stays 503, never 4xx.
     func addNotificationRoute(to router: Router<IntakeContext>) {
         let accepted = Counter(label: MetricNames.notifications)
+        let buckets = settings.limits.notifications.map { TokenBuckets($0, maxKeys: 1) }
         router.post("/v1/notifications/appstore") { request, context in
-            let body = try await IntakeBody.collect(request, limit: 512 * 1024, timeout: settings.limits.bodyTimeout)
-            let fields = try JSONFields(body)
-            let payload = try fields.requiredString("signedPayload", maxLength: 256 * 1024)
-            try ReceiptUpload.checkJWSShape(payload, field: "signedPayload")
+            // One bucket for the deployment: Apple sends from many addresses.
+            if let wait = buckets?.take("appstore") {
+                context.logger.info("App Store notification refused", metadata: ["iap.error.code": "rate_limited"])
+                throw APIError.rateLimited(retryAfter: wait)
+            }
+            let payload: String
+            do {
+                payload = try await signedPayload(of: request)
+            } catch let error as APIError {
+                context.logger.info("App Store notification refused", metadata: ["iap.error.code": "\(error.code)"])
+                throw error
+            }
+            try await checkSignature(of: payload, context: context)
             var verifyRequest = VerifyRequest(
                 submissionId: UUID(), userId: "", receiptData: "", attempt: 1, acceptedAt: Date())
             verifyRequest.signedPayload = payload
@@ -96,6 +108,34 @@ struct ReceiptsController: Sendable {
             accepted.increment()
             context.logger.info("App Store notification accepted", metadata: ["iap.submission.id": "\(verifyRequest.submissionId)"])
             return try JSONResponse.make(["notificationId": verifyRequest.submissionId.uuidString])
+        }
+    }
+
+    /// The notification's `signedPayload`, in the shape of a JWS, from a body of at most
+    /// `maxNotificationBytes`.
+    private func signedPayload(of request: Request) async throws -> String {
+        let limit = settings.maxNotificationBytes
+        let body = try await IntakeBody.collect(request, limit: limit, timeout: settings.limits.bodyTimeout)
+        let payload = try JSONFields(body).requiredString("signedPayload", maxLength: limit)
+        try ReceiptUpload.checkJWSShape(payload, field: "signedPayload")
+        return payload
+    }
+
+    /// Verifies the notification as the verifier will (signature, chain up to a trusted root,
+    /// bundle id, environment, app id); refused with the verifier's code, logged without the payload.
+    private func checkSignature(of payload: String, context: IntakeContext) async throws {
+        guard let verifier = settings.notificationVerifier else {
+            context.logger.error("App Store notifications cannot be checked: no signed-data settings")
+            var error = APIError(
+                .serviceUnavailable, code: "notifications_unavailable", message: "notifications cannot be checked now; try again")
+            error.headers[.retryAfter] = "60"
+            throw error
+        }
+        do {
+            _ = try await verifier.verifyNotification(payload)
+        } catch {
+            context.logger.info("App Store notification refused", metadata: ["iap.error.code": "\(error.code.rawValue)"])
+            throw APIError.notificationRefused(error)
         }
     }
 

@@ -1,6 +1,7 @@
 import Foundation
 import IAPCore
 import Logging
+import Metrics
 import OrderStore
 import ServiceLifecycle
 
@@ -12,18 +13,29 @@ public struct SweeperSettings: Sendable {
     public var pendingAfter: Duration
     /// A `retrying` submission whose attempt is this late is queued again.
     public var retryGrace: Duration
+    /// Rejected submissions and what they carried are deleted this long after they were
+    /// rejected; nil keeps them.
+    public var retention: Duration?
+    /// Time between retention purges (the first runs at start).
+    public var retentionInterval: Duration
 
     /// Creates settings.
-    public init(interval: Duration = .seconds(60), pendingAfter: Duration = .seconds(600), retryGrace: Duration = .seconds(600)) {
+    public init(
+        interval: Duration = .seconds(60), pendingAfter: Duration = .seconds(600), retryGrace: Duration = .seconds(600),
+        retention: Duration? = .seconds(30 * 86_400), retentionInterval: Duration = .seconds(3600)
+    ) {
         self.interval = interval
         self.pendingAfter = pendingAfter
         self.retryGrace = retryGrace
+        self.retention = retention
+        self.retentionInterval = retentionInterval
     }
 }
 
 /// Lost-message recovery in the order service: submissions accepted but making no progress
 /// (their message was lost with a broker, purged, or stuck in a dead-letter queue) are
 /// queued again through the outbox. Duplicates are harmless: the finisher is idempotent.
+/// It also purges rejected submissions past their retention, at start and then periodically.
 public final class SubmissionSweeper: Service, Sendable {
     private let settings: SweeperSettings
     private let names: PipelineNames
@@ -31,6 +43,7 @@ public final class SubmissionSweeper: Service, Sendable {
     private let logger: Logger
     private let requeued: @Sendable () -> Void
     private let codec = MessageCodec()
+    private let purged = Counter(label: MetricNames.retentionPurged)
 
     /// Creates a sweeper; `requeued` is called after a sweep queued something (to wake the relay).
     public init(
@@ -45,7 +58,12 @@ public final class SubmissionSweeper: Service, Sendable {
     }
 
     public func run() async throws {
+        var nextPurge = ContinuousClock.now
         while !Task.isShuttingDownGracefully && !Task.isCancelled {
+            if settings.retention != nil, ContinuousClock.now >= nextPurge {
+                await purgeExpired()
+                nextPurge = ContinuousClock.now + settings.retentionInterval
+            }
             let interval = settings.interval
             do {
                 try await cancelWhenGracefulShutdown { try await Task.sleep(for: interval) }
@@ -54,6 +72,23 @@ public final class SubmissionSweeper: Service, Sendable {
             }
             if Task.isShuttingDownGracefully { return }
             await sweep()
+        }
+    }
+
+    /// Deletes rejected submissions older than the retention period; returns how many.
+    @discardableResult
+    public func purgeExpired(now: Date = Date()) async -> Int {
+        guard let retention = settings.retention else { return 0 }
+        do {
+            let count = try await store.purgeRejected(olderThan: now.addingTimeInterval(-Self.seconds(retention)), now: now)
+            if count > 0 {
+                purged.increment(by: count)
+                logger.info("rejected submissions purged", metadata: ["iap.count": "\(count)"])
+            }
+            return count
+        } catch {
+            logger.error("retention purge failed", metadata: ["error": "\(error)"])
+            return 0
         }
     }
 

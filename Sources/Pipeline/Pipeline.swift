@@ -44,7 +44,8 @@ public struct PipelineSettings: Sendable {
     public var intake: IntakeSettings
     /// The verifier's consumption and retry settings.
     public var verifier: VerifierSettings
-    /// How the verifier talks to Apple.
+    /// How the verifier talks to Apple; its bundle ids are also the apps whose notifications
+    /// the intake takes.
     public var verifyReceipt: VerifyReceiptClient.Settings
     /// The finisher's consumption settings.
     public var finisher: FinisherSettings
@@ -85,7 +86,8 @@ public struct PipelineSettings: Sendable {
     }
 }
 
-/// How the verifier reads StoreKit 2 data and talks to the App Store Server API.
+/// How the verifier reads StoreKit 2 data and talks to the App Store Server API (the roots
+/// and app id also check notifications at the intake).
 public struct StoreKitSettings: Sendable {
     /// The roots signed data must chain to; nil is Apple Root CA - G3 (shipped).
     public var trustedRoots: [Certificate]?
@@ -191,15 +193,20 @@ public struct Pipeline: Sendable {
                 concurrentHTTP1ConnectionsPerHostSoftLimit: max(8, settings.verifier.concurrency))
             httpClient = HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
         }
-        // What asks Apple: for the verifier role, and for the inline baseline of the benchmarks.
-        var appStoreVerifier: AppStoreVerifier?
-        if roles.contains(.verifier) || settings.inlineVerification, let client = httpClient {
-            let legacy = VerifyReceiptClient(settings: settings.verifyReceipt, httpClient: client, logger: logger)
-            let signed = SignedDataVerifier(
+        // What checks Apple's signed data: the verifier's, and the intake's check of each
+        // notification before it is stored (the same roots, bundle ids and app id).
+        var signedData: SignedDataVerifier?
+        if !roles.isDisjoint(with: [.intake, .verifier]) || settings.inlineVerification {
+            signedData = SignedDataVerifier(
                 settings: .init(
                     trustedRoots: try settings.storeKit.trustedRoots ?? [AppleRoot.g3()],
                     bundleIds: settings.verifyReceipt.bundleIds, appAppleId: settings.storeKit.appAppleId,
                     validationTime: settings.storeKit.validationTime))
+        }
+        // What asks Apple: for the verifier role, and for the inline baseline of the benchmarks.
+        var appStoreVerifier: AppStoreVerifier?
+        if roles.contains(.verifier) || settings.inlineVerification, let client = httpClient, let signed = signedData {
+            let legacy = VerifyReceiptClient(settings: settings.verifyReceipt, httpClient: client, logger: logger)
             appStoreVerifier = AppStoreVerifier(
                 signed: signed,
                 serverAPI: try settings.storeKit.serverAPI.map {
@@ -211,6 +218,7 @@ public struct Pipeline: Sendable {
         if roles.contains(.intake), let store, let relay {
             var intake = settings.intake
             if settings.inlineVerification { intake.inlineVerifier = appStoreVerifier }
+            if intake.notificationVerifier == nil { intake.notificationVerifier = signedData }
             let services = makeIntakeServices(
                 settings: intake, store: store, relay: relay, logger: logger,
                 onServerRunning: { port in await onListening(.intake, port) },

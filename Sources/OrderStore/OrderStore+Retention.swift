@@ -1,0 +1,49 @@
+import Foundation
+import GRDB
+
+extension OrderStore {
+    /// Rejected submissions deleted per transaction: a large purge takes the writer in short turns.
+    static let retentionBatchSize = 500
+
+    /// Deletes rejected submissions (uploads and notifications) last changed before
+    /// `olderThan`, with what they carried (receipt, signed transaction, signed payload) and
+    /// their per-transaction rows; returns how many were deleted. A submission that a purchase
+    /// row or an applied notification names is kept, as is everything not `rejected`. One
+    /// audit entry (actor `system`, action `retention_purge`) records each purge that deleted
+    /// something; the audit log itself is never purged.
+    public func purgeRejected(olderThan cutoff: Date, now: Date) async throws -> Int {
+        var purged = 0
+        while true {
+            let deleted = try await database.write { db in
+                let ids = try String.fetchAll(
+                    db,
+                    sql: """
+                        SELECT id FROM submission
+                        WHERE state = 'rejected' AND updatedAt < ?
+                            AND NOT EXISTS (SELECT 1 FROM purchase WHERE purchase.submissionId = submission.id)
+                            AND NOT EXISTS (SELECT 1 FROM notification WHERE notification.submissionId = submission.id)
+                        ORDER BY updatedAt LIMIT ?
+                        """,
+                    arguments: [cutoff, Self.retentionBatchSize])
+                guard !ids.isEmpty else { return 0 }
+                let list = ids.map { _ in "?" }.joined(separator: ",")
+                try db.execute(
+                    sql: "DELETE FROM submission_transaction WHERE submissionId IN (\(list))", arguments: StatementArguments(ids))
+                try db.execute(sql: "DELETE FROM submission WHERE id IN (\(list))", arguments: StatementArguments(ids))
+                return db.changesCount
+            }
+            purged += deleted
+            if deleted < Self.retentionBatchSize { break }
+        }
+        if purged > 0 {
+            let count = purged
+            try await database.write { db in
+                try Self.audit(
+                    actor: "system", action: "retention_purge", subject: "submissions",
+                    reason: "rejected submissions older than the retention period",
+                    details: ["count": String(count), "olderThan": Self.iso8601(cutoff)], now: now, in: db)
+            }
+        }
+        return purged
+    }
+}

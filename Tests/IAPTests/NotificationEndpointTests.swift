@@ -1,0 +1,252 @@
+import AppStore
+import FakeAppStore
+import Foundation
+import GRDB
+import IAPCore
+import Intake
+import Messaging
+import NIOHTTP1
+import Pipeline
+@testable import OrderStore
+import Testing
+
+/// Notifications signed by a chain that is not the App Store's (the fake's) but otherwise
+/// well formed: what an attacker can make.
+enum ForgedNotification {
+    static func make(signer: FakeCertificateAuthority, padding: Int = 0) throws -> String {
+        let now = Date().appleMilliseconds
+        let transaction = try signer.signJWS(
+            JWSTransactionDecodedPayload(
+                transactionId: "2999999999999999", originalTransactionId: "2999999999999999",
+                bundleId: PipelineHarness.bundleId, productId: "com.example.coins.300", environment: "Production",
+                purchaseDate: now, quantity: 1, type: "Consumable", signedDate: now))
+        var payload = ResponseBodyV2DecodedPayload(
+            notificationType: "REFUND", subtype: nil, notificationUUID: UUID().uuidString,
+            data: .init(
+                appAppleId: FakeAppStore.defaultAppAppleId, bundleId: PipelineHarness.bundleId, environment: "Production",
+                signedTransactionInfo: transaction),
+            signedDate: now)
+        payload.subtype = padding > 0 ? String(repeating: "A", count: padding) : nil
+        return try signer.signJWS(payload)
+    }
+}
+
+extension BrokerTests {
+    @Suite("The App Store notification endpoint checks before it stores")
+    struct NotificationEndpointTests {
+        /// Ready messages on a queue of the pipeline, seen from a connection of the test's own.
+        func readyMessages(_ queue: String) async throws -> Int {
+            let connection = AMQPConnection(
+                configuration: try TestBroker.configuration(), topology: Topology(queues: []), logger: TestBroker.logger)
+            defer { Task { await connection.close() } }
+            #expect(await connection.waitUntilConnected(timeout: .seconds(15)))
+            return Int(try await connection.queueStatus(queue).messageCount)
+        }
+
+        func storedSubmissions(_ pipeline: PipelineHarness) async throws -> Int {
+            try await pipeline.store.submissionCounts().values.reduce(0, +)
+        }
+
+        @Test func forgedNotificationsAreRefusedAndNothingIsStoredOrQueued() async throws {
+            // The intake alone: whatever it queues stays on the verify queue to be counted.
+            let pipeline = try await PipelineHarness.start(name: "notifyforged", roles: [.intake])
+            defer { Task { await pipeline.stop() } }
+            let url = pipeline.intakeURL + "/v1/notifications/appstore"
+            let stranger = try FakeCertificateAuthority.generate(name: "Not Apple")
+
+            let forged = try await HTTP.post(url, json: ["signedPayload": try ForgedNotification.make(signer: stranger)])
+            #expect(forged.status == 403 && forged.errorCode == "jws_untrusted_chain", "\(forged.text)")
+            // A chain without Apple's marker on the leaf, and a payload that is no notification.
+            let unmarked = try FakeCertificateAuthority.generate(name: "Almost Apple", leafMarker: false)
+            let noMarker = try await HTTP.post(url, json: ["signedPayload": try ForgedNotification.make(signer: unmarked)])
+            #expect(noMarker.status == 403 && noMarker.errorCode == "jws_missing_apple_extension", "\(noMarker.text)")
+            let junk = try await HTTP.post(
+                url, json: ["signedPayload": "eyJhbGciOiJFUzI1NiJ9.eyJub3RpZmljYXRpb25UeXBlIjoiVEVTVCJ9.c2lnbmF0dXJl"])
+            #expect(junk.status == 400 && junk.errorCode == "jws_malformed", "\(junk.text)")
+            // Signed by the App Store (the fake) for another app: refused for its bundle id.
+            let otherApp = try await pipeline.mint(bundleId: "com.example.someone-else")
+            _ = try await HTTP.post(pipeline.fakeURL + "/fake/purchases/\(otherApp.transactionId)/refund", json: [String: String]())
+
+            #expect(try await storedSubmissions(pipeline) == 0)
+            #expect(try await pipeline.store.outboxBacklog() == 0)
+            #expect(try await readyMessages(pipeline.names.verify) == 0)
+
+            // The same path takes the App Store's own: stored and queued once.
+            let purchase = try await pipeline.mint()
+            let refund = try await HTTP.post(
+                pipeline.fakeURL + "/fake/purchases/\(purchase.transactionId)/refund", json: [String: String]())
+            #expect(refund.status == 200, "\(refund.text)")
+            #expect(try await storedSubmissions(pipeline) == 1)
+            #expect(try await eventually(timeout: .seconds(10)) { try await readyMessages(pipeline.names.verify) == 1 })
+        }
+
+        @Test func aGenuineRefundStillRevokesTheGrant() async throws {
+            let pipeline = try await PipelineHarness.start(name: "notifygenuine")
+            defer { Task { await pipeline.stop() } }
+            let purchase = try await pipeline.mintStoreKit2()
+            let id = try await pipeline.upload(["userId": "nina", "signedTransaction": try #require(purchase.signedTransaction)])
+            #expect(try await pipeline.waitForState(id)["state"] as? String == "credited")
+            let refund = try await HTTP.post(
+                pipeline.fakeURL + "/fake/purchases/\(purchase.transactionId)/refund", json: [String: String]())
+            #expect(refund.status == 200, "\(refund.text)")
+            let revoked = try await eventually(timeout: .seconds(20)) {
+                try await pipeline.grantState(of: purchase.transactionId, user: "nina") == "revoked"
+            }
+            #expect(revoked)
+            #expect(try await pipeline.store.notifications(ofTransaction: purchase.transactionId).map(\.type) == ["REFUND"])
+        }
+
+        @Test func anOversizedNotificationGets413AndABurstGets429WhileTheServiceKeepsServing() async throws {
+            let pipeline = try await PipelineHarness.start(
+                name: "notifylimits", roles: [.intake],
+                limits: IntakeLimits(perUser: nil, perAddress: nil, notifications: RateLimit(perSecond: 2, burst: 4)))
+            defer { Task { await pipeline.stop() } }
+            let url = pipeline.intakeURL + "/v1/notifications/appstore"
+            let stranger = try FakeCertificateAuthority.generate(name: "Not Apple")
+
+            // Apple's notifications are a few KB; 208 KB is the size of the measured attack.
+            let large = try await HTTP.post(
+                url, json: ["signedPayload": try ForgedNotification.make(signer: stranger, padding: 208 * 1024)])
+            #expect(large.status == 413 && large.errorCode == "body_too_large", "\(large.text)")
+
+            let payload = try ForgedNotification.make(signer: stranger)
+            var statuses: [Int] = []
+            var retryAfter: String?
+            for _ in 0..<12 {
+                let answer = try await HTTP.post(url, json: ["signedPayload": payload])
+                statuses.append(answer.status)
+                if answer.status == 429 {
+                    #expect(answer.errorCode == "rate_limited", "\(answer.text)")
+                    retryAfter = answer.headers.first(name: "Retry-After")
+                }
+            }
+            #expect(statuses.contains(429) && Set(statuses).isSubset(of: [403, 429]), "\(statuses)")
+            #expect(Int(retryAfter ?? "") ?? 0 >= 1, "Retry-After: \(retryAfter ?? "missing")")
+            // Uploads are not held back by the notifications' bucket, and the endpoint recovers.
+            let unknown = try await HTTP.get(pipeline.intakeURL + "/v1/receipts/\(UUID().uuidString)?userId=nina")
+            #expect(unknown.status == 404 && unknown.errorCode == "submission_not_found", "\(unknown.text)")
+            let recovered = try await eventually(timeout: .seconds(5), interval: .milliseconds(250)) {
+                try await HTTP.post(url, json: ["signedPayload": payload]).status == 403
+            }
+            #expect(recovered)
+            #expect(try await storedSubmissions(pipeline) == 0)
+        }
+    }
+}
+
+@Suite("Retention of rejected submissions")
+struct RetentionTests {
+    @Test func thePurgeRemovesOldRejectedSubmissionsAndKeepsEverythingElse() async throws {
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-retention-\(UUID().uuidString)")
+        let store = try OrderStore(path: folder.appendingPathComponent("orders.sqlite").path)
+        let now = Date(timeIntervalSince1970: 1_800_000_000)
+        let old = now.addingTimeInterval(-40 * 86_400)
+        let recent = now.addingTimeInterval(-2 * 86_400)
+
+        func accept(_ user: String, at date: Date, signedPayload: String? = nil) async throws -> VerifyRequest {
+            var request = VerifyRequest(
+                submissionId: UUID(), userId: user, receiptData: signedPayload == nil ? "AAAA" : "", acceptedAt: date)
+            request.signedPayload = signedPayload
+            try await store.accept(request, message: nil)
+            return request
+        }
+        func reject(_ request: VerifyRequest, at date: Date) async throws {
+            _ = try await store.apply(
+                VerifyResult(
+                    submissionId: request.submissionId, userId: request.userId, orderId: nil, attempt: 1,
+                    outcome: .rejected(.invalidReceipt, message: "not a receipt")),
+                now: date)
+        }
+
+        // Old and rejected: an upload and a forged notification, gone after the purge.
+        var purgeable: [VerifyRequest] = []
+        for index in 0..<3 {
+            let request = try await accept("u\(index)", at: old)
+            try await reject(request, at: old)
+            purgeable.append(request)
+        }
+        let notification = try await accept("", at: old, signedPayload: "a.b.c")
+        try await reject(notification, at: old)
+        purgeable.append(notification)
+        // Kept: rejected recently; credited long ago; rejected long ago but a purchase names it.
+        let recentlyRejected = try await accept("u9", at: recent)
+        try await reject(recentlyRejected, at: recent)
+        let credited = try await accept("owner", at: old)
+        _ = try await store.apply(
+            VerifyResult(
+                submissionId: credited.submissionId, userId: "owner", orderId: nil, attempt: 1,
+                outcome: .verified(
+                    VerifiedReceipt(
+                        bundleId: "b", environment: .production,
+                        purchases: [
+                            VerifiedPurchase(
+                                transactionId: "t-credited", originalTransactionId: "t-credited", productId: "p", quantity: 1,
+                                purchaseDate: nil, environment: .production)
+                        ]))),
+            now: old)
+        let referenced = try await accept("holder", at: old)
+        _ = try await store.apply(
+            VerifyResult(
+                submissionId: referenced.submissionId, userId: "holder", orderId: nil, attempt: 1,
+                outcome: .verified(
+                    VerifiedReceipt(
+                        bundleId: "b", environment: .production,
+                        purchases: [
+                            VerifiedPurchase(
+                                transactionId: "t-referenced", originalTransactionId: "t-referenced", productId: "p",
+                                quantity: 1, purchaseDate: nil, environment: .production)
+                        ]))),
+            now: old)
+        // However it came to be rejected later, its purchase row keeps it.
+        try await store.database.write { db in
+            try db.execute(
+                sql: "UPDATE submission SET state = 'rejected', updatedAt = ? WHERE id = ?",
+                arguments: [old, referenced.submissionId.uuidString])
+        }
+        let auditBefore = try await store.auditLog(limit: 1000).count
+
+        #expect(try await store.purgeRejected(olderThan: now.addingTimeInterval(-30 * 86_400), now: now) == purgeable.count)
+
+        for request in purgeable { #expect(try await store.status(of: request.submissionId) == nil) }
+        #expect(try await store.status(of: recentlyRejected.submissionId)?.state == .rejected)
+        #expect(try await store.status(of: credited.submissionId)?.state == .credited)
+        #expect(try await store.status(of: referenced.submissionId) != nil)
+        #expect(try await store.purchase("t-referenced")?.submissionId == referenced.submissionId.uuidString)
+        let leftovers = try await store.database.read { db in
+            try Int.fetchOne(
+                db, sql: "SELECT COUNT(*) FROM submission WHERE receiptData = 'AAAA' AND state = 'rejected' AND updatedAt < ?",
+                arguments: [now.addingTimeInterval(-30 * 86_400)]) ?? -1
+        }
+        #expect(leftovers == 1, "only the one a purchase names")
+        // The audit log keeps everything it had, and says what the purge did.
+        let audit = try await store.auditLog(limit: 1000)
+        #expect(audit.count == auditBefore + 1)
+        let entry = try #require(audit.first)
+        #expect(entry.actor == "system" && entry.action == "retention_purge", "\(entry)")
+        #expect(entry.details?.contains("\"count\":\"\(purgeable.count)\"") == true, "\(entry.details ?? "")")
+
+        // Nothing left to purge: nothing deleted, nothing audited.
+        #expect(try await store.purgeRejected(olderThan: now.addingTimeInterval(-30 * 86_400), now: now) == 0)
+        #expect(try await store.auditLog(limit: 1000).count == auditBefore + 1)
+    }
+
+    @Test func aLargePurgeRunsInBatches() async throws {
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-retention-\(UUID().uuidString)")
+        let store = try OrderStore(path: folder.appendingPathComponent("orders.sqlite").path)
+        let now = Date()
+        let old = now.addingTimeInterval(-40 * 86_400)
+        let count = OrderStore.retentionBatchSize * 2 + 7
+        try await store.database.write { db in
+            for index in 0..<count {
+                try db.execute(
+                    sql: """
+                        INSERT INTO submission (id, userId, receiptData, state, reason, acceptedAt, updatedAt)
+                        VALUES (?, ?, 'AAAA', 'rejected', 'invalid_receipt', ?, ?)
+                        """,
+                    arguments: [UUID().uuidString, "u\(index)", old, old])
+            }
+        }
+        #expect(try await store.purgeRejected(olderThan: now.addingTimeInterval(-86_400), now: now) == count)
+        #expect(try await store.submissionCounts()[.rejected] ?? 0 == 0)
+    }
+}
