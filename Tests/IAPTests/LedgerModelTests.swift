@@ -1,0 +1,945 @@
+import Foundation
+import Hummingbird
+import IAPCore
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOFoundationCompat
+import OrderStore
+import ServiceLifecycle
+import Testing
+
+// A model-based randomized test of the ledger: seeded sequences of purchases, uploads by every
+// route, restores, renewals, refunds and their reversals, family sharing and sandbox
+// notifications, run through the whole pipeline and compared after every step with a small
+// reference model of the ledger's semantics.
+
+// MARK: - A seeded generator
+
+/// Draws from `SplitMix64`: every sequence from its own seed, the same on every machine and
+/// toolchain (the standard library's `random(in:using:)` may change its algorithm; these
+/// helpers do not).
+struct ModelRandom {
+    private var generator: SplitMix64
+
+    init(seed: UInt64) { generator = SplitMix64(seed: seed) }
+
+    mutating func next() -> UInt64 { generator.next() }
+
+    /// A number in `0..<bound`.
+    mutating func below(_ bound: Int) -> Int { Int(next() % UInt64(max(bound, 1))) }
+
+    /// A number in `range`.
+    mutating func within(_ range: ClosedRange<Int>) -> Int { range.lowerBound + below(range.count) }
+
+    /// True with probability `percent` / 100.
+    mutating func chance(_ percent: Int) -> Bool { below(100) < percent }
+
+    mutating func pick<T>(_ items: [T]) -> T { items[below(items.count)] }
+
+    /// A lowercased UUID made of drawn bits (an `appAccountToken`).
+    mutating func uuid() -> String {
+        let high = next()
+        let low = next()
+        let bytes = (0..<8).map { UInt8(truncatingIfNeeded: high >> (8 * $0)) } + (0..<8).map { UInt8(truncatingIfNeeded: low >> (8 * $0)) }
+        let uuid = UUID(
+            uuid: (
+                bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5], bytes[6] & 0x0F | 0x40, bytes[7],
+                bytes[8] & 0x3F | 0x80, bytes[9], bytes[10], bytes[11], bytes[12], bytes[13], bytes[14], bytes[15]
+            ))
+        return uuid.uuidString.lowercased()
+    }
+
+    /// The seed of sequence `index` of a run with `base`, distinct per restore policy.
+    static func sequenceSeed(base: UInt64, policy: RestorePolicy, index: Int) -> UInt64 {
+        var generator = ModelRandom(seed: base ^ (policy == .keep ? 0 : 0x5452_414E_5346_4552) ^ (UInt64(index) &* 0xD1B5_4A32_D192_ED03))
+        return generator.next()
+    }
+}
+
+// MARK: - The reference model
+
+/// The catalog's products as the model sees them.
+struct ModelProduct: Sendable, Equatable {
+    enum Kind: String, Sendable {
+        case consumable
+        case nonConsumable = "non_consumable"
+        case nonRenewing = "non_renewing"
+        case autoRenewable = "auto_renewable"
+    }
+
+    var id: String
+    var kind: Kind
+
+    static let all: [ModelProduct] = [
+        .init(id: "com.example.coins.60", kind: .consumable), .init(id: "com.example.coins.120", kind: .consumable),
+        .init(id: "com.example.premium", kind: .nonConsumable), .init(id: "com.example.pass.season", kind: .nonRenewing),
+        .init(id: "com.example.vip.month", kind: .autoRenewable),
+    ]
+    static let premium = all[2]
+    static let vipMonth = all[4]
+}
+
+/// How an upload reaches the intake.
+enum UploadRoute: String, Sendable, CaseIterable {
+    case signedTransaction, transactionId, receiptData
+}
+
+/// One transaction as Apple (the fake) made it, with what the app kept of it.
+struct ModelTransaction {
+    var id: String
+    var label: String
+    var originalId: String
+    var lineItemId: String?
+    var product: ModelProduct
+    /// The user whose device made it.
+    var buyer: Int
+    /// The JWS and the receipt as the app received them then (kept, never refreshed).
+    var signedTransaction: String
+    var receiptData: String
+
+    /// What the ledger credits it by.
+    var creditKey: String {
+        switch product.kind {
+        case .consumable: "txn:\(id)"
+        case .nonConsumable, .nonRenewing: "otx:\(originalId)"
+        case .autoRenewable: lineItemId.map { "wol:\($0)" } ?? "txn:\(id)"
+        }
+    }
+}
+
+/// The ledger's semantics in a few dozen lines: per credit key at most one active grant,
+/// revocations remembered whichever arrives first, restores kept (or transferred).
+struct LedgerModel {
+    struct Grant {
+        var transactionId: String
+        var user: Int
+        var key: String
+        var productId: String
+        var active: Bool
+        /// Revoked by Apple (a refund), so a reversal restores it.
+        var revokedByRefund: Bool
+    }
+
+    /// What the model expects of one upload.
+    struct UploadExpectation {
+        /// Per transaction, where the semantics say exactly which state it ends in.
+        var states: [String: String]
+        /// Every transaction the status should list.
+        var covered: Set<String>
+        var state: String
+        var reason: String?
+    }
+
+    let policy: RestorePolicy
+    private(set) var transactions: [String: ModelTransaction] = [:]
+    private(set) var order: [String] = []
+    /// Keys Apple has refunded now (what its answers say).
+    private(set) var cancelled: Set<String> = []
+    /// Keys the ledger must hold revoked (remembered even before anything is credited).
+    private(set) var revoked: Set<String> = []
+    private(set) var grants: [Grant] = []
+    /// Uploads that ended `revoked`, per key, first first: credited on a reversal.
+    private var claimants: [String: [(user: Int, transactionId: String)]] = [:]
+    /// Whoever was first credited anything of a subscription chain.
+    private var subscriptionOwner: [String: Int] = [:]
+
+    init(policy: RestorePolicy) { self.policy = policy }
+
+    mutating func add(_ transaction: ModelTransaction) {
+        transactions[transaction.id] = transaction
+        order.append(transaction.id)
+    }
+
+    /// Every transaction of a subscription chain, oldest first.
+    func chain(_ originalId: String) -> [ModelTransaction] {
+        order.compactMap { transactions[$0] }.filter { $0.originalId == originalId }
+    }
+
+    /// What an upload of `transaction` by `route` covers, with Apple's refund flag in the answer:
+    /// a kept JWS shows no refund; a lookup and a receipt show Apple's state now; a receipt of a
+    /// subscription lists its whole chain (`latest_receipt_info`).
+    func coverage(of transaction: ModelTransaction, route: UploadRoute) -> [(id: String, cancelled: Bool)] {
+        switch route {
+        case .signedTransaction: return [(transaction.id, false)]
+        case .transactionId: return [(transaction.id, cancelled.contains(transaction.creditKey))]
+        case .receiptData:
+            guard transaction.product.kind == .autoRenewable else {
+                return [(transaction.id, cancelled.contains(transaction.creditKey))]
+            }
+            return chain(transaction.originalId).map { ($0.id, cancelled.contains($0.creditKey)) }
+        }
+    }
+
+    private func activeGrant(_ key: String) -> Int? {
+        grants.firstIndex { $0.key == key && $0.active }
+    }
+
+    private mutating func credit(_ transactionId: String, to user: Int) {
+        let transaction = transactions[transactionId]!
+        if let index = grants.firstIndex(where: { $0.transactionId == transactionId && $0.user == user }) {
+            grants[index].active = true
+            grants[index].revokedByRefund = false
+        } else {
+            grants.append(
+                Grant(
+                    transactionId: transactionId, user: user, key: transaction.creditKey, productId: transaction.product.id,
+                    active: true, revokedByRefund: false))
+        }
+        if transaction.product.kind == .autoRenewable, subscriptionOwner[transaction.originalId] == nil {
+            subscriptionOwner[transaction.originalId] = user
+        }
+    }
+
+    private mutating func revokeByRefund(_ key: String) {
+        revoked.insert(key)
+        if let index = activeGrant(key) {
+            grants[index].active = false
+            grants[index].revokedByRefund = true
+        }
+    }
+
+    /// An upload by `user` of what `coverage` lists.
+    mutating func upload(by user: Int, covering: [(id: String, cancelled: Bool)]) -> UploadExpectation {
+        var states: [(id: String, key: String, state: String)] = []
+        for (id, cancelledInAnswer) in covering.sorted(by: { $0.id < $1.id }) {
+            let key = transactions[id]!.creditKey
+            if cancelledInAnswer { revokeByRefund(key) }
+            let state: String
+            if revoked.contains(key) {
+                if !(claimants[key] ?? []).contains(where: { $0.transactionId == id && $0.user == user }) {
+                    claimants[key, default: []].append((user, id))
+                }
+                state = "revoked"
+            } else if let index = activeGrant(key), grants[index].user == user {
+                state = "already_credited"
+            } else if grants.contains(where: { $0.transactionId == id && $0.user != user }) {
+                state = "replayed_from_other_user"
+            } else if let index = activeGrant(key) {
+                if policy == .transfer {
+                    grants[index].active = false
+                    credit(id, to: user)
+                    state = "credited"
+                } else {
+                    state = "owned_by_other_user"
+                }
+            } else {
+                credit(id, to: user)
+                state = "credited"
+            }
+            states.append((id, key, state))
+        }
+        // Where one key is covered by several transactions, which one comes first is Apple's
+        // order: only the grants are compared then.
+        var perKey: [String: Int] = [:]
+        for entry in states { perKey[entry.key, default: 0] += 1 }
+        let exact = Dictionary(uniqueKeysWithValues: states.filter { perKey[$0.key] == 1 }.map { ($0.id, $0.state) })
+        let all = Set(states.map(\.state))
+        let outcome: (String, String?) =
+            if !all.isDisjoint(with: ["credited", "already_credited"]) { ("credited", nil) }
+            else if all.contains("replayed_from_other_user") { ("rejected", "replayed_from_other_user") }
+            else if all.contains("owned_by_other_user") { ("rejected", "owned_by_other_user") }
+            else { ("rejected", "purchase_revoked") }
+        return UploadExpectation(states: exact, covered: Set(states.map(\.id)), state: outcome.0, reason: outcome.1)
+    }
+
+    /// Apple refunds `transactionId` (and what it revokes with it) and sends REFUND.
+    mutating func refund(_ transactionId: String) {
+        let key = transactions[transactionId]!.creditKey
+        cancelled.insert(key)
+        revokeByRefund(key)
+    }
+
+    /// Apple reverses the refund and sends REFUND_REVERSED: the revoked grant comes back, or
+    /// else the first upload that ended `revoked` is credited.
+    mutating func reverseRefund(_ transactionId: String) {
+        let key = transactions[transactionId]!.creditKey
+        cancelled.remove(key)
+        revoked.remove(key)
+        if let index = grants.lastIndex(where: { $0.key == key && !$0.active && $0.revokedByRefund }) {
+            grants[index].active = true
+            grants[index].revokedByRefund = false
+        } else if activeGrant(key) == nil, let first = claimants[key]?.first {
+            credit(first.transactionId, to: first.user)
+        }
+        claimants[key] = nil
+    }
+
+    /// A renewal Apple billed and told us of (DID_RENEW): credited to the chain's owner, if known.
+    mutating func renewed(_ renewal: ModelTransaction) {
+        add(renewal)
+        if let owner = subscriptionOwner[renewal.originalId], !revoked.contains(renewal.creditKey),
+            activeGrant(renewal.creditKey) == nil
+        {
+            credit(renewal.id, to: owner)
+        }
+    }
+
+    /// The productIds of a user's active grants, sorted.
+    func activeProducts(of user: Int) -> [String] {
+        grants.filter { $0.user == user && $0.active }.map(\.productId).sorted()
+    }
+
+    /// The credit keys of a user's active grants, sorted.
+    func activeKeys(of user: Int) -> [String] {
+        grants.filter { $0.user == user && $0.active }.map(\.key).sorted()
+    }
+}
+
+// MARK: - Notifications through a relay
+
+/// Stands between the fake App Store and the intake: forwards every notification unchanged
+/// and remembers the intake's submission id for it by transaction id, so a step can wait
+/// until exactly its notification is settled.
+final class NotificationRelay: Sendable {
+    struct Delivery: Sendable {
+        var status: Int
+        var notificationId: String?
+        var body: String
+    }
+
+    let url: String
+    private let target: NIOLockedValueBox<String>
+    private let deliveries: NIOLockedValueBox<[String: [Delivery]]>
+    private let group: ServiceGroup
+    private let task: Task<Void, any Error>
+
+    private init(
+        url: String, target: NIOLockedValueBox<String>, deliveries: NIOLockedValueBox<[String: [Delivery]]>, group: ServiceGroup,
+        task: Task<Void, any Error>
+    ) {
+        self.url = url
+        self.target = target
+        self.deliveries = deliveries
+        self.group = group
+        self.task = task
+    }
+
+    /// Starts a relay and points `pipeline`'s fake App Store at it.
+    static func start(for pipeline: PipelineHarness) async throws -> NotificationRelay {
+        let target = NIOLockedValueBox(pipeline.intakeURL + "/v1/notifications/appstore")
+        let deliveries = NIOLockedValueBox([String: [Delivery]]())
+        let port = NIOLockedValueBox(0)
+        let router = Router()
+        router.post("/notifications") { request, _ -> Response in
+            let body = Data(buffer: try await request.body.collect(upTo: 4 << 20))
+            let answer = try await HTTP.post(target.withLockedValue { $0 }, raw: body)
+            let delivery = Delivery(status: answer.status, notificationId: answer.json["notificationId"] as? String, body: answer.text)
+            let transactionId = Self.transactionId(inNotification: body) ?? "none"
+            deliveries.withLockedValue { $0[transactionId, default: []].append(delivery) }
+            return Response(
+                status: .init(code: answer.status), headers: [.contentType: "application/json"],
+                body: .init(byteBuffer: ByteBuffer(data: answer.body)))
+        }
+        let application = Application(
+            router: router, configuration: .init(address: .hostname("127.0.0.1", port: 0)),
+            onServerRunning: { channel in port.withLockedValue { $0 = channel.localAddress?.port ?? 0 } },
+            logger: TestBroker.logger)
+        let group = ServiceGroup(
+            configuration: .init(services: [application], gracefulShutdownSignals: [], logger: TestBroker.logger))
+        let task = Task { try await group.run() }
+        guard try await eventually(timeout: .seconds(10), { port.withLockedValue { $0 } != 0 }) else {
+            throw HarnessError("the notification relay did not start")
+        }
+        let relay = NotificationRelay(
+            url: "http://127.0.0.1:\(port.withLockedValue { $0 })/notifications", target: target, deliveries: deliveries,
+            group: group, task: task)
+        let configured = try await HTTP.post(pipeline.fakeURL + "/fake/config", json: ["notificationURL": relay.url])
+        guard configured.status == 204 else { throw HarnessError("the fake refused its notification URL: \(configured.text)") }
+        return relay
+    }
+
+    func stop() async {
+        await group.triggerGracefulShutdown()
+        _ = try? await task.value
+    }
+
+    /// The deliveries of notifications about `transactionId`, oldest first.
+    func deliveries(about transactionId: String) -> [Delivery] {
+        deliveries.withLockedValue { $0[transactionId] ?? [] }
+    }
+
+    /// The transaction id inside a `{"signedPayload"}` body (read, not verified: the
+    /// pipeline verifies it).
+    static func transactionId(inNotification body: Data) -> String? {
+        guard let object = try? JSONSerialization.jsonObject(with: body) as? [String: Any],
+            let payload = (object["signedPayload"] as? String).flatMap(jwsPayload),
+            let data = payload["data"] as? [String: Any],
+            let transaction = (data["signedTransactionInfo"] as? String).flatMap(jwsPayload)
+        else { return nil }
+        return transaction["transactionId"] as? String
+    }
+
+    private static func jwsPayload(_ jws: String) -> [String: Any]? {
+        let parts = jws.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 3 else { return nil }
+        var base64 = parts[1].replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
+        while base64.count % 4 != 0 { base64 += "=" }
+        return Data(base64Encoded: base64).flatMap { try? JSONSerialization.jsonObject(with: $0) as? [String: Any] }
+    }
+}
+
+// MARK: - Driving one sequence
+
+/// What the fake answers for a mint, a restore and a renewal.
+struct FakePurchaseAnswer: Decodable {
+    var transactionId: String
+    var originalTransactionId: String
+    var receiptData: String
+    var signedTransaction: String
+    var webOrderLineItemId: String?
+}
+
+/// A sequence that went differently from the model.
+struct Divergence: Error, CustomStringConvertible {
+    var seed: UInt64
+    var policy: RestorePolicy
+    var steps: [String]
+    var problem: String
+
+    var description: String {
+        "seed \(LedgerModelRun.hex(seed)) (restore policy \(policy.rawValue)): \(problem)\nsteps:\n"
+            + steps.enumerated().map { "  \($0.offset + 1). \($0.element)" }.joined(separator: "\n")
+    }
+}
+
+/// One seeded sequence of 20–60 steps against a shared pipeline, with users of its own.
+struct LedgerModelRun {
+    let seed: UInt64
+    let pipeline: PipelineHarness
+    let relay: NotificationRelay
+    let deadline: ContinuousClock.Instant
+    private var random: ModelRandom
+    private var model: LedgerModel
+    private var users: [String]
+    private var steps: [String] = []
+    private var uploads: [(transactionId: String, user: Int, route: UploadRoute)] = []
+    private var labels = 0
+
+    init(seed: UInt64, policy: RestorePolicy, pipeline: PipelineHarness, relay: NotificationRelay, deadline: ContinuousClock.Instant) {
+        self.seed = seed
+        self.pipeline = pipeline
+        self.relay = relay
+        self.deadline = deadline
+        random = ModelRandom(seed: seed)
+        model = LedgerModel(policy: policy)
+        // Fresh ids every run: a seed replayed twice in one run must not meet its own users.
+        let run = UUID().uuidString.prefix(8).lowercased()
+        users = (0..<3).map { "lm-\(Self.hex(seed).dropFirst(2).prefix(8))-\(run)-u\($0)" }
+    }
+
+    static func hex(_ seed: UInt64) -> String { "0x" + String(seed, radix: 16, uppercase: false) }
+
+    private func name(_ user: Int) -> String { "u\(user)" }
+
+    private func divergence(_ problem: String) -> Divergence {
+        Divergence(seed: seed, policy: model.policy, steps: steps, problem: problem)
+    }
+
+    /// Runs every step, comparing after each; throws the first divergence.
+    mutating func run() async throws {
+        let count = random.within(20...60)
+        for _ in 0..<count {
+            guard ContinuousClock.now < deadline else {
+                throw divergence("the time bound was exceeded after \(steps.count) of \(count) steps")
+            }
+            do {
+                try await step()
+            } catch let divergence as Divergence {
+                throw divergence
+            } catch {
+                throw divergence("step \(steps.count) failed: \(error)")
+            }
+            try await compare()
+        }
+    }
+
+    // MARK: Steps
+
+    private enum Kind: CaseIterable {
+        case purchase, upload, duplicateUpload, restore, renew, refund, refundReversed, familyShared, sandboxNotification,
+            reuploadAfterRefund
+        var weight: Int {
+            switch self {
+            case .purchase: 14
+            case .upload: 22
+            case .duplicateUpload: 6
+            case .restore: 10
+            case .renew: 7
+            case .refund: 9
+            case .refundReversed: 6
+            case .familyShared: 5
+            case .sandboxNotification: 3
+            case .reuploadAfterRefund: 6
+            }
+        }
+    }
+
+    private mutating func nextKind() -> Kind {
+        var roll = random.below(Kind.allCases.map(\.weight).reduce(0, +))
+        for kind in Kind.allCases {
+            if roll < kind.weight { return kind }
+            roll -= kind.weight
+        }
+        return .purchase
+    }
+
+    private var all: [ModelTransaction] { model.order.compactMap { model.transactions[$0] } }
+
+    private mutating func otherUser(than user: Int) -> Int { (user + 1 + random.below(users.count - 1)) % users.count }
+
+    private mutating func uploader(of transaction: ModelTransaction, ownerPercent: Int) -> Int {
+        random.chance(ownerPercent) ? transaction.buyer : otherUser(than: transaction.buyer)
+    }
+
+    private mutating func step() async throws {
+        switch nextKind() {
+        case .purchase:
+            try await purchase()
+        case .upload:
+            let candidates = all
+            guard !candidates.isEmpty else { return try await purchase() }
+            let transaction = random.pick(candidates)
+            let user = uploader(of: transaction, ownerPercent: 65)
+            let route = random.pick(UploadRoute.allCases)
+            try await upload(transaction, by: user, via: route, what: "upload")
+        case .duplicateUpload:
+            let earlier = uploads
+            guard !earlier.isEmpty else { return try await purchase() }
+            let again = random.pick(earlier)
+            let transaction = model.transactions[again.transactionId]!
+            try await upload(transaction, by: again.user, via: again.route, what: "duplicate upload")
+        case .restore:
+            let restorable = all.filter { $0.product.kind != .consumable && !model.cancelled.contains($0.creditKey) }
+            guard !restorable.isEmpty else { return try await purchase() }
+            let source = random.pick(restorable)
+            let answer = try await fake("/fake/purchases/\(source.id)/restore", [String: String](), expect: 201)
+            let restore = try transaction(answer, product: source.product, buyer: source.buyer)
+            #expect(restore.originalId == source.originalId && restore.lineItemId == source.lineItemId)
+            model.add(restore)
+            steps.append("restore \(source.label) on a new device -> \(restore.label)")
+            let user = uploader(of: restore, ownerPercent: 50)
+            let route = random.pick(UploadRoute.allCases)
+            try await upload(restore, by: user, via: route, what: "upload restore")
+        case .renew:
+            let chains = all.filter { $0.product.kind == .autoRenewable && $0.id == $0.originalId }
+            guard !chains.isEmpty else { return try await purchase() }
+            let chain = random.pick(chains)
+            let answer = try await fake("/fake/subscriptions/\(chain.originalId)/renew", [String: String](), expect: 201)
+            let renewal = try transaction(answer, product: chain.product, buyer: chain.buyer)
+            steps.append("renew \(chain.label) -> \(renewal.label) (DID_RENEW)")
+            try await settleNotification(about: renewal.id, before: 0)
+            model.renewed(renewal)
+        case .refund:
+            let refundable = all.filter { !model.cancelled.contains($0.creditKey) }
+            guard !refundable.isEmpty else { return try await purchase() }
+            let refunded = random.pick(refundable)
+            let before = relay.deliveries(about: refunded.id).count
+            steps.append("refund \(refunded.label) (\(refunded.product.id); REFUND)")
+            _ = try await fake("/fake/purchases/\(refunded.id)/refund", [String: String](), expect: 200)
+            try await settleNotification(about: refunded.id, before: before)
+            model.refund(refunded.id)
+        case .refundReversed:
+            let reversible = all.filter { model.cancelled.contains($0.creditKey) }
+            guard !reversible.isEmpty else { return try await purchase() }
+            let reversed = random.pick(reversible)
+            let before = relay.deliveries(about: reversed.id).count
+            steps.append("refund reversed on \(reversed.label) (REFUND_REVERSED)")
+            _ = try await fake("/fake/purchases/\(reversed.id)/notify", ["notificationType": "REFUND_REVERSED"], expect: 200)
+            try await settleNotification(about: reversed.id, before: before)
+            model.reverseRefund(reversed.id)
+        case .familyShared:
+            let product = random.chance(50) ? ModelProduct.premium : ModelProduct.vipMonth
+            let member = random.below(users.count)
+            let answer = try await fake(
+                "/fake/purchases",
+                MintBody(productId: product.id, type: product.kind.rawValue, appAccountToken: nil, familyShared: true), expect: 201)
+            let shared = try transaction(answer, product: product, buyer: member)
+            model.add(shared)
+            steps.append("family-shared \(product.id) for \(name(member)) -> \(shared.label)")
+            let route = random.pick(UploadRoute.allCases)
+            try await upload(shared, by: member, via: route, what: "upload family-shared")
+        case .sandboxNotification:
+            try await sandboxNotification()
+        case .reuploadAfterRefund:
+            let refunded = all.filter { model.revoked.contains($0.creditKey) }
+            guard !refunded.isEmpty else { return try await purchase() }
+            let kept = random.pick(refunded)
+            let route: UploadRoute = random.chance(50) ? .signedTransaction : .receiptData
+            let user = uploader(of: kept, ownerPercent: 60)
+            try await upload(kept, by: user, via: route, what: "re-upload kept")
+        }
+    }
+
+    private struct MintBody: Encodable {
+        var bundleId = PipelineHarness.bundleId
+        var productId: String
+        var type: String
+        var environment = "Production"
+        var appAccountToken: String?
+        var familyShared: Bool?
+    }
+
+    private mutating func purchase() async throws {
+        let product = random.pick(ModelProduct.all)
+        let buyer = random.below(users.count)
+        let token = random.chance(50) ? random.uuid() : nil
+        let answer = try await fake(
+            "/fake/purchases", MintBody(productId: product.id, type: product.kind.rawValue, appAccountToken: token), expect: 201)
+        let purchase = try transaction(answer, product: product, buyer: buyer)
+        model.add(purchase)
+        steps.append("purchase \(product.id) by \(name(buyer))\(token == nil ? "" : " with an appAccountToken") -> \(purchase.label)")
+    }
+
+    /// A sandbox subscription of an order of ours, and SUBSCRIBED about it: the pipeline
+    /// rejects sandbox purchases, so nothing is granted (and an upload of it is refused).
+    private mutating func sandboxNotification() async throws {
+        let user = random.below(users.count)
+        let orderId = try await pipeline.createOrder(userId: users[user], productId: ModelProduct.vipMonth.id)
+        let answer = try await fake(
+            "/fake/purchases",
+            MintBody(productId: ModelProduct.vipMonth.id, type: "auto_renewable", environment: "Sandbox", appAccountToken: orderId),
+            expect: 201)
+        labels += 1
+        steps.append("sandbox vip.month for an order of \(name(user)) -> S\(labels); SUBSCRIBED")
+        _ = try await fake("/fake/purchases/\(answer.transactionId)/notify", ["notificationType": "SUBSCRIBED"], expect: 200)
+        try await settleNotification(about: answer.transactionId, before: 0)
+        if random.chance(50) {
+            let status = try await settle(try await pipeline.upload(["userId": users[user], "signedTransaction": answer.signedTransaction]))
+            let got = "\(status["state"] as? String ?? "?") \(status["reason"] as? String ?? "")"
+            steps.append("upload S\(labels) by \(name(user)) via signedTransaction: expected rejected sandbox_not_allowed, got \(got)")
+            guard status["state"] as? String == "rejected", status["reason"] as? String == "sandbox_not_allowed" else {
+                throw divergence("a sandbox upload under sandboxPolicy .reject ended \(got)")
+            }
+        }
+    }
+
+    private mutating func transaction(_ answer: FakePurchaseAnswer, product: ModelProduct, buyer: Int) throws -> ModelTransaction {
+        labels += 1
+        return ModelTransaction(
+            id: answer.transactionId, label: "T\(labels)", originalId: answer.originalTransactionId,
+            lineItemId: answer.webOrderLineItemId, product: product, buyer: buyer, signedTransaction: answer.signedTransaction,
+            receiptData: answer.receiptData)
+    }
+
+    private func fake(_ path: String, _ body: some Encodable, expect status: Int) async throws -> FakePurchaseAnswer {
+        let answer = try await HTTP.post(pipeline.fakeURL + path, json: body)
+        guard answer.status == status else { throw HarnessError("POST \(path) answered \(answer.status): \(answer.text)") }
+        guard status == 201 else {
+            return FakePurchaseAnswer(transactionId: "", originalTransactionId: "", receiptData: "", signedTransaction: "")
+        }
+        return try JSONDecoder().decode(FakePurchaseAnswer.self, from: answer.body)
+    }
+
+    // MARK: Uploads and settling
+
+    private mutating func upload(_ transaction: ModelTransaction, by user: Int, via route: UploadRoute, what: String) async throws {
+        uploads.append((transaction.id, user, route))
+        var body = ["userId": users[user]]
+        switch route {
+        case .signedTransaction: body["signedTransaction"] = transaction.signedTransaction
+        case .transactionId: body["transactionId"] = transaction.id
+        case .receiptData: body["receiptData"] = transaction.receiptData
+        }
+        let expected = model.upload(by: user, covering: model.coverage(of: transaction, route: route))
+        let status = try await settle(try await pipeline.upload(body))
+        let listed = (status["transactions"] as? [[String: Any]] ?? []).reduce(into: [String: String]()) {
+            $0[$1["transactionId"] as? String ?? "?"] = $1["state"] as? String ?? "?"
+        }
+        let transactions = model.transactions
+        let label = { (id: String) in transactions[id]?.label ?? id }
+        let describe = { (state: String?, reason: String?, states: [String: String]) in
+            "\(state ?? "?")\(reason.map { " \($0)" } ?? "") [\(states.sorted { $0.key < $1.key }.map { "\(label($0.key)) \($0.value)" }.joined(separator: ", "))]"
+        }
+        let want = describe(expected.state, expected.reason, expected.states)
+        let got = describe(status["state"] as? String, status["reason"] as? String, listed)
+        steps.append("\(what) \(transaction.label) (\(transaction.product.id)) by \(name(user)) via \(route.rawValue): expected \(want), got \(got)")
+
+        var problems: [String] = []
+        if status["state"] as? String != expected.state || (expected.reason != nil && status["reason"] as? String != expected.reason) {
+            problems.append("the upload ended \(got), the model says \(want)")
+        }
+        if Set(listed.keys) != expected.covered {
+            problems.append(
+                "the status lists \(listed.keys.map(label).sorted()), the model expects \(expected.covered.map(label).sorted())")
+        }
+        for (id, state) in expected.states where listed[id] != nil && listed[id] != state {
+            problems.append("\(label(id)) ended \(listed[id]!), the model says \(state)")
+        }
+        if !problems.isEmpty { throw divergence(problems.joined(separator: "; ")) }
+    }
+
+    /// Polls a submission (an upload or a notification) until it is settled, bounded.
+    private func settle(_ submissionId: String) async throws -> [String: Any] {
+        let terminal: Set<String> = ["credited", "rejected", "needs_review"]
+        var last: [String: Any] = [:]
+        let settled = try await eventually(timeout: .seconds(30), interval: .milliseconds(40)) {
+            last = try await HTTP.get(pipeline.intakeURL + "/v1/receipts/\(submissionId)").json
+            return terminal.contains(last["state"] as? String ?? "")
+        }
+        guard settled else { throw HarnessError("submission \(submissionId) did not settle in 30 s: \(last)") }
+        return last
+    }
+
+    /// Waits until the notification about `transactionId` that the fake just sent is settled.
+    private mutating func settleNotification(about transactionId: String, before: Int) async throws {
+        let deliveries = relay.deliveries(about: transactionId)
+        guard deliveries.count > before, let delivery = deliveries.last else {
+            throw divergence("no notification about \(transactionId) reached the intake")
+        }
+        guard let id = delivery.notificationId else {
+            steps[steps.count - 1] += " [the intake answered \(delivery.status): \(delivery.body)]"
+            return
+        }
+        let status = try await settle(id)
+        steps[steps.count - 1] += " [\(status["state"] as? String ?? "?")\((status["reason"] as? String).map { " \($0)" } ?? "")]"
+    }
+
+    // MARK: Comparing
+
+    /// Every user's active grants against the model's; at most one active grant per key.
+    private func compare() async throws {
+        var activePerKey: [String: [String]] = [:]
+        for (index, user) in users.enumerated() {
+            let grants = try await pipeline.grants(of: user).filter { $0["state"] as? String == "active" }
+            let products = grants.map { $0["productId"] as? String ?? "?" }.sorted()
+            let keys = grants.map { grant -> String in
+                let id = grant["transactionId"] as? String ?? "?"
+                return model.transactions[id]?.creditKey ?? "unknown:\(id)"
+            }.sorted()
+            for key in keys { activePerKey[key, default: []].append(name(index)) }
+            let expectedProducts = model.activeProducts(of: index)
+            let expectedKeys = model.activeKeys(of: index)
+            if products != expectedProducts || keys != expectedKeys {
+                let label = { (key: String) in
+                    let holders = model.order.compactMap { model.transactions[$0] }.filter { $0.creditKey == key }.map(\.label)
+                    return holders.isEmpty ? key : holders.joined(separator: "/")
+                }
+                throw divergence(
+                    "\(name(index)) (\(user)) has active \(products) (keys of \(keys.map(label))); the model expects \(expectedProducts) (keys of \(expectedKeys.map(label)))"
+                )
+            }
+        }
+        if let doubled = activePerKey.first(where: { $0.value.count > 1 }) {
+            throw divergence("key \(doubled.key) has \(doubled.value.count) active grants (\(doubled.value))")
+        }
+    }
+}
+
+// MARK: - Seeds
+
+/// The run's seeds: the regression file first, then seeded random ones.
+enum ModelSeeds {
+    static let fixture = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
+        .appendingPathComponent("Fixtures/ledger-model-seeds.txt")
+    static let fixtureName = "Tests/IAPTests/Fixtures/ledger-model-seeds.txt"
+
+    /// The base of the random seeds: fixed (reproducible CI) unless IAP_TEST_MODEL_SEED says.
+    static var base: UInt64 {
+        ProcessInfo.processInfo.environment["IAP_TEST_MODEL_SEED"].flatMap(parse) ?? 0x1ED6_E5A0_DE15_0001
+    }
+
+    /// How many random sequences in all (a quarter of them with IAP_RESTORE=transfer).
+    static var sequences: Int {
+        ProcessInfo.processInfo.environment["IAP_TEST_MODEL_SEQUENCES"].flatMap { Int($0) } ?? 200
+    }
+
+    static func parse(_ text: String) -> UInt64? {
+        let trimmed = text.trimmingCharacters(in: .whitespaces).lowercased()
+        return trimmed.hasPrefix("0x") ? UInt64(trimmed.dropFirst(2), radix: 16) : UInt64(trimmed)
+    }
+
+    /// The regression seeds of `policy`: lines `<seed> <keep|transfer>`, `#` comments.
+    static func regressions(for policy: RestorePolicy) throws -> [UInt64] {
+        try String(contentsOf: fixture, encoding: .utf8).split(separator: "\n").compactMap { line in
+            let fields = line.split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false).first?
+                .split(separator: " ", omittingEmptySubsequences: true) ?? []
+            guard fields.count >= 2, fields[1] == policy.rawValue else { return nil }
+            return parse(String(fields[0]))
+        }
+    }
+}
+
+extension BrokerTests {
+    @Suite("Ledger: random sequences against a reference model, and its cases")
+    struct LedgerModelTests {
+        /// Runs `seeds` a few at a time against one pipeline; the divergences, in seed order.
+        static func run(
+            _ seeds: [UInt64], policy: RestorePolicy, pipeline: PipelineHarness, relay: NotificationRelay,
+            deadline: ContinuousClock.Instant, concurrency: Int = 12
+        ) async -> [Divergence] {
+            await withTaskGroup(of: (Int, Divergence?).self) { group in
+                var next = 0
+                var found: [(Int, Divergence)] = []
+                func launch() {
+                    let index = next
+                    let seed = seeds[index]
+                    next += 1
+                    group.addTask {
+                        var sequence = LedgerModelRun(seed: seed, policy: policy, pipeline: pipeline, relay: relay, deadline: deadline)
+                        do {
+                            try await sequence.run()
+                            return (index, nil)
+                        } catch let divergence as Divergence {
+                            return (index, divergence)
+                        } catch {
+                            return (index, Divergence(seed: seed, policy: policy, steps: [], problem: "\(error)"))
+                        }
+                    }
+                }
+                while next < min(concurrency, seeds.count) { launch() }
+                while let (index, divergence) = await group.next() {
+                    if let divergence { found.append((index, divergence)) }
+                    if next < seeds.count { launch() }
+                }
+                return found.sorted { $0.0 < $1.0 }.map(\.1)
+            }
+        }
+
+        @Test(arguments: [RestorePolicy.keep, .transfer])
+        func randomSequencesMatchTheReferenceModel(policy: RestorePolicy) async throws {
+            let total = ModelSeeds.sequences
+            let count = policy == .keep ? total - total / 4 : total / 4
+            let regressions = try ModelSeeds.regressions(for: policy)
+            let random = (0..<count).map { ModelRandom.sequenceSeed(base: ModelSeeds.base, policy: policy, index: $0) }
+            let pipeline = try await PipelineHarness.start(name: "model-\(policy.rawValue)", sandboxPolicy: .reject, restorePolicy: policy)
+            let relay = try await NotificationRelay.start(for: pipeline)
+            defer {
+                Task {
+                    await relay.stop()
+                    await pipeline.stop()
+                }
+            }
+            // The whole test is bounded: both policies together within about five minutes.
+            let started = ContinuousClock.now
+            let deadline = started + .seconds(policy == .keep ? 160 : 100)
+            for divergence in await Self.run(regressions, policy: policy, pipeline: pipeline, relay: relay, deadline: deadline) {
+                Issue.record("regression seed from \(ModelSeeds.fixtureName) diverges: \(divergence)")
+            }
+            let divergences = await Self.run(random, policy: policy, pipeline: pipeline, relay: relay, deadline: deadline)
+            for divergence in divergences {
+                Issue.record(
+                    """
+                    \(divergence)
+                    Keep it as a regression case: add the line `\(LedgerModelRun.hex(divergence.seed)) \(policy.rawValue)` to \
+                    \(ModelSeeds.fixtureName) (base seed \(LedgerModelRun.hex(ModelSeeds.base)); IAP_TEST_MODEL_SEED overrides it).
+                    """)
+            }
+            let elapsed = ContinuousClock.now - started
+            #expect(
+                ContinuousClock.now < deadline,
+                "\(regressions.count + count) sequences with restore policy \(policy.rawValue) took \(elapsed), over the bound")
+        }
+
+        // MARK: The cases the model stands on
+
+        enum RefundedUploadRoute: String, CaseIterable, Sendable {
+            case signedTransaction, transactionId, receiptThroughVerifyReceipt, receiptThroughServerAPI
+        }
+
+        /// A purchase refunded before its upload is never credited, whichever way it is uploaded:
+        /// the kept JWS (Apple's word from before the refund), the id, or the kept receipt.
+        @Test(arguments: RefundedUploadRoute.allCases)
+        func aPurchaseRefundedBeforeItsUploadIsNeverCredited(route: RefundedUploadRoute) async throws {
+            let pipeline = try await PipelineHarness.start(
+                name: "refundfirst", receiptsThroughServerAPI: route == .receiptThroughServerAPI)
+            defer { Task { await pipeline.stop() } }
+            for product in [ModelProduct.all[0], .premium, ModelProduct.all[3], .vipMonth] {
+                let purchase = try await pipeline.mintStoreKit2(productId: product.id, type: product.kind.rawValue)
+                let refund = try await HTTP.post(
+                    pipeline.fakeURL + "/fake/purchases/\(purchase.transactionId)/refund", json: [String: String]())
+                #expect(refund.status == 200, "\(refund.text)")
+                let applied = try await eventually {
+                    try await pipeline.store.notifications(ofTransaction: purchase.transactionId).map(\.type) == ["REFUND"]
+                }
+                #expect(applied, "the REFUND of \(product.id) was not applied")
+
+                var body = ["userId": "rita"]
+                switch route {
+                case .signedTransaction: body["signedTransaction"] = try #require(purchase.signedTransaction as String?)
+                case .transactionId: body["transactionId"] = purchase.transactionId
+                case .receiptThroughVerifyReceipt, .receiptThroughServerAPI: body["receiptData"] = purchase.receiptData
+                }
+                let status = try await pipeline.waitForState(try await pipeline.upload(body))
+                #expect(
+                    status["state"] as? String == "rejected" && status["reason"] as? String == "purchase_revoked",
+                    "\(product.id): \(status)")
+                let states = (status["transactions"] as? [[String: Any]] ?? []).map { $0["state"] as? String }
+                #expect(states == ["revoked"], "\(product.id): \(status)")
+                #expect(try await pipeline.store.grants(ofTransaction: purchase.transactionId).allSatisfy { $0.state != "active" })
+            }
+            #expect(try await pipeline.grants(of: "rita").filter { $0["state"] as? String == "active" }.isEmpty)
+        }
+
+        /// A non-consumable restored on a second device is one entitlement: its owner's upload of
+        /// the restore changes nothing, another user's gets nothing (keep) or takes it over
+        /// (transfer), and never are two grants active.
+        @Test(arguments: [RestorePolicy.keep, .transfer])
+        func aRestoredNonConsumableStaysOneGrant(policy: RestorePolicy) async throws {
+            let pipeline = try await PipelineHarness.start(name: "restore-\(policy.rawValue)", restorePolicy: policy)
+            defer { Task { await pipeline.stop() } }
+            let purchase = try await pipeline.mintStoreKit2(productId: ModelProduct.premium.id, type: "non_consumable")
+            let first = try await pipeline.waitForState(
+                try await pipeline.upload(["userId": "olga", "signedTransaction": try #require(purchase.signedTransaction)]))
+            #expect(first["state"] as? String == "credited", "\(first)")
+
+            let answer = try await HTTP.post(
+                pipeline.fakeURL + "/fake/purchases/\(purchase.transactionId)/restore", json: [String: String]())
+            #expect(answer.status == 201, "\(answer.text)")
+            let restore = try JSONDecoder().decode(FakePurchaseAnswer.self, from: answer.body)
+            #expect(restore.transactionId != purchase.transactionId && restore.originalTransactionId == purchase.originalTransactionId)
+
+            let own = try await pipeline.waitForState(try await pipeline.upload(["userId": "olga", "receiptData": restore.receiptData]))
+            #expect(own["state"] as? String == "credited", "\(own)")
+            #expect((own["transactions"] as? [[String: Any]])?.first?["state"] as? String == "already_credited", "\(own)")
+
+            let other = try await pipeline.waitForState(
+                try await pipeline.upload(["userId": "pavel", "signedTransaction": restore.signedTransaction]))
+            let otherState = (other["transactions"] as? [[String: Any]])?.first?["state"] as? String
+            switch policy {
+            case .keep:
+                #expect(other["state"] as? String == "rejected" && other["reason"] as? String == "owned_by_other_user", "\(other)")
+                #expect(otherState == "owned_by_other_user", "\(other)")
+            case .transfer:
+                #expect(other["state"] as? String == "credited" && otherState == "credited", "\(other)")
+            }
+            let replay = try await pipeline.waitForState(try await pipeline.upload(["userId": "quentin", "transactionId": purchase.transactionId]))
+            #expect(replay["reason"] as? String == "replayed_from_other_user", "\(replay)")
+
+            let olga = try await pipeline.grants(of: "olga").filter { $0["state"] as? String == "active" }
+            let pavel = try await pipeline.grants(of: "pavel").filter { $0["state"] as? String == "active" }
+            let quentin = try await pipeline.grants(of: "quentin").filter { $0["state"] as? String == "active" }
+            #expect(olga.count + pavel.count + quentin.count == 1, "olga \(olga), pavel \(pavel), quentin \(quentin)")
+            #expect((policy == .keep ? olga : pavel).count == 1)
+        }
+
+        /// SUBSCRIBED about a sandbox subscription of a known owner (its token names our order)
+        /// grants it with sandboxPolicy .accept and nothing with .reject.
+        @Test func aSandboxSubscribedGrantsNothingWhenTheSandboxIsRejected() async throws {
+            for policy in [SandboxPolicy.accept, .reject] {
+                let pipeline = try await PipelineHarness.start(name: "sandboxnote", sandboxPolicy: policy)
+                let relay = try await NotificationRelay.start(for: pipeline)
+                let orderId = try await pipeline.createOrder(userId: "sven", productId: ModelProduct.vipMonth.id)
+                let purchase = try await pipeline.mintStoreKit2(
+                    productId: ModelProduct.vipMonth.id, environment: "Sandbox", type: "auto_renewable", appAccountToken: orderId)
+                let sent = try await HTTP.post(
+                    pipeline.fakeURL + "/fake/purchases/\(purchase.transactionId)/notify", json: ["notificationType": "SUBSCRIBED"])
+                #expect(sent.status == 200, "\(sent.text)")
+                let delivery = try #require(relay.deliveries(about: purchase.transactionId).last, "no SUBSCRIBED reached the intake")
+                if let id = delivery.notificationId {
+                    let settled = try await pipeline.waitForState(id)
+                    #expect(["credited", "rejected", "needs_review"].contains(settled["state"] as? String ?? ""), "\(settled)")
+                }
+                let active = try await pipeline.grants(of: "sven").filter { $0["state"] as? String == "active" }
+                switch policy {
+                case .reject:
+                    #expect(active.isEmpty, "\(active)")
+                    #expect(try await pipeline.store.grants(ofTransaction: purchase.transactionId).isEmpty)
+                default:
+                    #expect(active.map { $0["transactionId"] as? String } == [purchase.transactionId], "\(active)")
+                }
+                await relay.stop()
+                await pipeline.stop()
+            }
+        }
+    }
+}
