@@ -1,3 +1,4 @@
+import AppStore
 import Foundation
 import Hummingbird
 import IAPCore
@@ -38,6 +39,13 @@ struct OpenAPITests {
         return operations
     }
 
+    /// Why the notification endpoint refuses a notification (each is the verifier's code).
+    static let notificationRefusals: [JWSVerificationError.Code] = [
+        .malformed, .unsupportedAlgorithm, .invalidChainLength, .invalidCertificate, .missingAppleExtension,
+        .certificateExpired, .untrustedChain, .invalidSignature, .bundleIdMismatch, .environmentMismatch,
+        .appAppleIdMismatch,
+    ]
+
     @Test func everyRouteIsDocumentedAndNothingElse() async throws {
         let yaml = try String(contentsOf: Self.document, encoding: .utf8)
         let documented = Self.documentedOperations(yaml)
@@ -53,8 +61,8 @@ struct OpenAPITests {
             "invalid_json", "missing_field", "invalid_field", "receipt_not_base64", "receipt_empty", "receipt_malformed",
             "unauthenticated", "token_invalid", "token_expired", "user_mismatch", "forbidden", "request_timeout",
             "body_too_large", "rate_limited", "overloaded", "store_unavailable", "submission_not_found", "order_not_found",
-            "jws_malformed", "method_not_allowed",
-        ] {
+            "jws_malformed", "method_not_allowed", "notifications_unavailable",
+        ] + Self.notificationRefusals.map(\.rawValue) {
             #expect(yaml.contains(code), "docs/openapi.yaml does not mention the error code \(code)")
         }
     }

@@ -142,7 +142,7 @@ extension BrokerTests {
             #expect(applied && notifications.map(\.type) == ["REFUND", "REFUND_REVERSED"], "\(notifications)")
             #expect(notifications.map(\.outcome) == ["revoked", "restored"], "\(notifications)")
 
-            // A notification that is not Apple's is refused by the verifier, not applied.
+            // A notification that is not Apple's is refused at the intake, never stored.
             let junk = try await HTTP.post(pipeline.intakeURL + "/v1/notifications/appstore", json: ["signedPayload": "x"])
             #expect(junk.status == 400 && junk.errorCode == "jws_malformed", "\(junk.text)")
         }
