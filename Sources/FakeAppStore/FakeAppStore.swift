@@ -47,7 +47,8 @@ import X509
 ///   → the root (DER); `GET /healthz`.
 /// - `POST /verifyReceipt`, `POST /sandbox/verifyReceipt`: Apple's `verifyReceipt`.
 /// - With an API key, the App Store Server API under `/inApps` (production) and
-///   `/sandbox/inApps`: Get Transaction Info, Get Transaction History v2, Get Refund History v2,
+///   `/sandbox/inApps`: Get Transaction Info, Get Transaction History (v1 and v2 alike, with
+///   Apple's filters), Get Refund History v2,
 ///   Look Up Order ID, Get All Subscription Statuses, Get
 ///   Notification History, Request a Test Notification, Send Consumption Information.
 public struct FakeAppStore: Sendable {

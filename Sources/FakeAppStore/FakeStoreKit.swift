@@ -37,6 +37,7 @@ struct FakeStoreKit: Sendable {
         var webOrderLineItemId: String?
         var bundleId: String
         var productId: String
+        var subscriptionGroupIdentifier: String?
         var purchaseDate: Int64
         var originalPurchaseDate: Int64
         var expiresDate: Int64?
@@ -103,6 +104,7 @@ struct FakeStoreKit: Sendable {
             Transaction(
                 transactionId: purchase.transactionId, originalTransactionId: purchase.originalTransactionId,
                 webOrderLineItemId: purchase.webOrderLineItemId, bundleId: purchase.bundleId, productId: purchase.productId,
+                subscriptionGroupIdentifier: purchase.type == "auto_renewable" ? Self.subscriptionGroup : nil,
                 purchaseDate: FakeAppStore.milliseconds(purchase.purchaseDate),
                 originalPurchaseDate: FakeAppStore.milliseconds(purchase.originalPurchaseDate),
                 expiresDate: purchase.expiresDate.map(FakeAppStore.milliseconds), quantity: purchase.quantity,
@@ -188,11 +190,14 @@ struct FakeStoreKit: Sendable {
                 return ["signedTransactionInfo": try signedTransaction(purchase)]
             }
         }
-        router.get("\(prefix)/inApps/v2/history/{transactionId}") { request, context in
-            try await answer(request) { bundleId in
-                let purchase = try found(try context.parameters.require("transactionId"), bundleId, environment)
-                let all = try ledger.history(of: purchase.transactionId)
-                return try page(all, revision: request.uri.queryParameters.get("revision"), bundleId: bundleId, environment: environment)
+        // Apple's client libraries still default to v1; the fake answers both alike.
+        for version in ["v1", "v2"] {
+            router.get("\(prefix)/inApps/\(version)/history/{transactionId}") { request, context in
+                try await answer(request) { bundleId in
+                    let purchase = try found(try context.parameters.require("transactionId"), bundleId, environment)
+                    let all = try HistoryFilter(request.uri.queryParameters).apply(to: try ledger.history(of: purchase.transactionId))
+                    return try page(all, revision: request.uri.queryParameters.get("revision"), bundleId: bundleId, environment: environment)
+                }
             }
         }
         router.get("\(prefix)/inApps/v2/refund/lookup/{transactionId}") { request, context in
@@ -220,16 +225,19 @@ struct FakeStoreKit: Sendable {
                 let subscriptions = try ledger.history(of: purchase.transactionId).filter { $0.type == "auto_renewable" }
                 var latest: [String: FakeLedger.Purchase] = [:]
                 for subscription in subscriptions { latest[subscription.originalTransactionId] = subscription }
+                // `status` may repeat: only subscriptions in one of those states.
+                let wanted = Set(request.uri.queryParameters[values: "status"].compactMap { Int($0) })
+                if !wanted.isEmpty { latest = latest.filter { wanted.contains(Self.status(of: $0.value)) } }
                 return StatusesAnswer(
                     environment: environment, bundleId: bundleId, appAppleId: appAppleId,
                     data: latest.isEmpty
                         ? []
                         : [
                             .init(
-                                subscriptionGroupIdentifier: "21000000",
+                                subscriptionGroupIdentifier: Self.subscriptionGroup,
                                 lastTransactions: try latest.values.sorted { $0.purchaseDate < $1.purchaseDate }.map { last in
                                     .init(
-                                        status: last.cancellationDate != nil ? 5 : (last.expiresDate ?? .distantFuture) < Date() ? 2 : 1,
+                                        status: Self.status(of: last),
                                         originalTransactionId: last.originalTransactionId,
                                         signedTransactionInfo: try signedTransaction(last),
                                         signedRenewalInfo: try signedRenewalInfo(last))
@@ -243,10 +251,15 @@ struct FakeStoreKit: Sendable {
                 let body = try await request.collectBody(upTo: 64 * 1024)
                 let filter = (try? JSONSerialization.jsonObject(with: Data(body.readableBytesView))) as? [String: Any] ?? [:]
                 let onlyFailures = filter["onlyFailures"] as? Bool ?? false
+                // Apple requires the time span (milliseconds); the fake lets either end open.
+                let start = (filter["startDate"] as? NSNumber)?.int64Value ?? .min
+                let end = (filter["endDate"] as? NSNumber)?.int64Value ?? .max
                 let history = ledger.notifications.filter { notification in
-                    notification.environment == environment
+                    let sent = notification.attempts.first.map { FakeAppStore.milliseconds($0.date) } ?? 0
+                    return notification.environment == environment && sent >= start && sent <= end
                         && (!onlyFailures || notification.attempts.contains { $0.result != "SUCCESS" })
                         && (filter["transactionId"] as? String).map { $0 == notification.transactionId } ?? true
+                        && (filter["notificationType"] as? String).map { $0 == notification.notificationType } ?? true
                 }
                 return HistoryAnswer(
                     notificationHistory: history.map { notification in
@@ -279,6 +292,65 @@ struct FakeStoreKit: Sendable {
             }
         }
     }
+
+    /// Apple's subscription status: 1 active, 2 expired, 5 revoked.
+    static func status(of purchase: FakeLedger.Purchase) -> Int {
+        purchase.cancellationDate != nil ? 5 : (purchase.expiresDate ?? .distantFuture) < Date() ? 2 : 1
+    }
+
+    /// Get Transaction History's query: `productId`, `productType` and
+    /// `subscriptionGroupIdentifier` may repeat; `revoked` is a boolean in any case (Apple's
+    /// Python library sends `True`); dates are milliseconds; `sort` is ASCENDING (default) or
+    /// DESCENDING.
+    struct HistoryFilter {
+        var productIds: Set<String>
+        var productTypes: Set<String>
+        var groups: Set<String>
+        var ownership: String?
+        var revoked: Bool?
+        var start: Int64?
+        var end: Int64?
+        var descending: Bool
+
+        init(_ query: some Collection<(key: Substring, value: Substring)>) {
+            func all(_ name: String) -> [String] { query.filter { $0.key == name }.map { String($0.value) } }
+            productIds = Set(all("productId"))
+            productTypes = Set(all("productType").map { $0.uppercased() })
+            groups = Set(all("subscriptionGroupIdentifier"))
+            ownership = all("inAppOwnershipType").first
+            revoked = all("revoked").first.flatMap { ["true": true, "false": false][$0.lowercased()] }
+            start = all("startDate").first.flatMap { Int64($0) }
+            end = all("endDate").first.flatMap { Int64($0) }
+            descending = all("sort").first?.uppercased() == "DESCENDING"
+        }
+
+        /// Apple's product type names in this query.
+        static func productType(_ type: String) -> String {
+            switch type {
+            case "auto_renewable": "AUTO_RENEWABLE"
+            case "non_renewing": "NON_RENEWABLE"
+            case "non_consumable": "NON_CONSUMABLE"
+            default: "CONSUMABLE"
+            }
+        }
+
+        func apply(to purchases: [FakeLedger.Purchase]) -> [FakeLedger.Purchase] {
+            let kept = purchases.filter { purchase in
+                let date = FakeAppStore.milliseconds(purchase.purchaseDate)
+                return (productIds.isEmpty || productIds.contains(purchase.productId))
+                    && (productTypes.isEmpty || productTypes.contains(Self.productType(purchase.type)))
+                    // Every subscription of the fake is in one group.
+                    && (groups.isEmpty || (purchase.type == "auto_renewable" && groups.contains(FakeStoreKit.subscriptionGroup)))
+                    && (ownership.map { $0 == purchase.inAppOwnershipType } ?? true)
+                    && (revoked.map { $0 == (purchase.cancellationDate != nil) } ?? true)
+                    && (start.map { date >= $0 } ?? true) && (end.map { date < $0 } ?? true)
+            }
+            return descending ? kept.reversed() : kept
+        }
+    }
+
+    /// The one subscription group of the fake's app.
+    static let subscriptionGroup = "21000000"
 
     struct LookupAnswer: Encodable {
         var status: Int
@@ -381,8 +453,9 @@ struct FakeStoreKit: Sendable {
     }
 
     /// The bundle id of a valid bearer token: ES256 by the configured key (`kid`), `typ` JWT,
-    /// `iss` the issuer, `aud` appstoreconnect-v1, `bid` set, `exp` ahead and at most an
-    /// hour after `iat`.
+    /// `iss` the issuer, `aud` appstoreconnect-v1, `bid` set, `exp` ahead (at most an hour
+    /// after `iat` when there is one: Apple's own libraries send none) and at most an hour
+    /// from now.
     private func authorizedBundleId(_ request: Request) -> String? {
         guard let apiKey, let header = request.headers[.authorization], header.hasPrefix("Bearer ") else { return nil }
         let parts = header.dropFirst(7).split(separator: ".", omittingEmptySubsequences: false)
@@ -394,11 +467,13 @@ struct FakeStoreKit: Sendable {
             let ecdsa = try? P256.Signing.ECDSASignature(rawRepresentation: signature),
             apiKey.publicKey.isValidSignature(ecdsa, for: Data("\(parts[0]).\(parts[1])".utf8)),
             claims["iss"] as? String == apiKey.issuerId, claims["aud"] as? String == "appstoreconnect-v1",
-            let bundleId = claims["bid"] as? String, let issuedAt = claims["iat"] as? Double,
-            let expires = claims["exp"] as? Double
+            let bundleId = claims["bid"] as? String, let expires = claims["exp"] as? Double
         else { return nil }
         let now = Date().timeIntervalSince1970
-        guard expires > now, expires - issuedAt <= 3600, issuedAt <= now + 60 else { return nil }
+        guard expires > now, expires <= now + 3600 + 60 else { return nil }
+        if let claim = claims["iat"] {
+            guard let issuedAt = claim as? Double, expires - issuedAt <= 3600, issuedAt <= now + 60 else { return nil }
+        }
         return bundleId
     }
 

@@ -1,0 +1,52 @@
+import Crypto
+import FakeAppStore
+import Foundation
+import Testing
+
+extension BrokerTests {
+    /// Apple's own App Store Server Library for Python, unmodified, is the referee: everything
+    /// it sends the fake accepts, everything the fake answers it accepts.
+    @Suite("Apple's App Store Server Library against the fake App Store")
+    struct AppleLibraryTests {
+        @Test func appleServerLibraryAcceptsTheFakeAppStore() async throws {
+            let python = try #require(
+                ProcessInfo.processInfo.environment["IAP_TEST_APPLE_PYTHON"].flatMap { $0.isEmpty ? nil : $0 },
+                """
+                IAP_TEST_APPLE_PYTHON must name a Python with Apple's library: `scripts/dev test` makes one \
+                (.run/venv-apple); by hand: python3 -m venv .run/venv-apple && \
+                .run/venv-apple/bin/pip install app-store-server-library, then \
+                IAP_TEST_APPLE_PYTHON=.run/venv-apple/bin/python
+                """)
+            let pipeline = try await PipelineHarness.start(name: "applelib", roles: [])
+            defer { Task { await pipeline.stop() } }
+
+            let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-apple-\(UUID().uuidString)")
+            try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+            defer { try? FileManager.default.removeItem(at: folder) }
+            let key = folder.appendingPathComponent("key.pem")
+            try Data(ServerAPIKey.privateKey.pemRepresentation.utf8).write(to: key)
+            let root = folder.appendingPathComponent("root.der")
+            try await HTTP.get(pipeline.fakeURL + "/fake/root-certificate").body.write(to: root)
+
+            let process = Process()
+            process.executableURL =
+                python.hasPrefix("/") ? URL(fileURLWithPath: python) : repositoryRoot.appendingPathComponent(python)
+            process.arguments = [
+                repositoryRoot.appendingPathComponent("scripts/lib/apple_library_check.py").path,
+                "--url", pipeline.fakeURL, "--key", key.path, "--key-id", ServerAPIKey.keyId,
+                "--issuer-id", ServerAPIKey.issuerId, "--bundle-id", PipelineHarness.bundleId,
+                "--app-apple-id", String(FakeAppStore.defaultAppAppleId), "--root", root.path,
+            ]
+            process.currentDirectoryURL = repositoryRoot
+            let output = Pipe()
+            process.standardOutput = output
+            process.standardError = output
+            try process.run()
+            // Read before waiting: a full pipe would block the script.
+            let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+            process.waitUntilExit()
+            #expect(process.terminationStatus == 0, "Apple's library refused the fake:\n\(text)")
+            #expect(text.contains("\"check\": \"request_test_notification\", \"ok\": true"), "\(text)")
+        }
+    }
+}

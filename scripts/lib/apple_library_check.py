@@ -1,0 +1,307 @@
+#!/usr/bin/env python3
+"""The referee: Apple's App Store Server Library for Python, unmodified, against the fake App Store.
+
+    apple_library_check.py --url URL --key KEY.pem --key-id ID --issuer-id ID --bundle-id B \
+        --app-apple-id N --root ROOT.der
+
+Mints what it needs at the fake (POST /fake/purchases and friends), then calls the library's
+AppStoreServerAPIClient (pointed at the fake), SignedDataVerifier (trusting the fake's root) and
+ReceiptUtility the way an app's server would. Where the fake and the library disagree, the
+library is right. Prints one JSON line per check; exits 1 at the first failure, with the
+library's error.
+"""
+
+import argparse
+import base64
+import json
+import sys
+import time
+import traceback
+import urllib.error
+import urllib.request
+
+import attr
+
+from appstoreserverlibrary.api_client import APIError, APIException, AppStoreServerAPIClient, GetTransactionHistoryVersion
+from appstoreserverlibrary.models.Environment import Environment
+from appstoreserverlibrary.models.InAppOwnershipType import InAppOwnershipType
+from appstoreserverlibrary.models.NotificationHistoryRequest import NotificationHistoryRequest
+from appstoreserverlibrary.models.OrderLookupStatus import OrderLookupStatus
+from appstoreserverlibrary.models.Status import Status
+from appstoreserverlibrary.models.TransactionHistoryRequest import Order, ProductType, TransactionHistoryRequest
+from appstoreserverlibrary.models.TransactionReason import TransactionReason
+from appstoreserverlibrary.receipt_utility import ReceiptUtility
+from appstoreserverlibrary.signed_data_verifier import SignedDataVerifier
+
+
+class CheckFailed(Exception):
+    pass
+
+
+def expect(condition, message):
+    if not condition:
+        raise CheckFailed(message)
+
+
+def mapped(decoded, what):
+    """Fails when the library kept a raw value it could not map to its enum (an unknown spelling)."""
+    values = attr.asdict(decoded, recurse=False)
+    unknown = {name: value for name, value in values.items()
+               if name.startswith("raw") and value is not None and values.get(name[3].lower() + name[4:]) is None}
+    expect(not unknown, f"{what}: values the library does not know: {unknown}")
+    return decoded
+
+
+def report(name, **fields):
+    print(json.dumps({"check": name, "ok": True, **fields}, sort_keys=True), flush=True)
+
+
+def run(name, body):
+    """Runs one check; on any failure prints it with the library's error and exits 1."""
+    try:
+        fields = body() or {}
+    except Exception as error:  # the library's own exception, unchanged, is the point
+        print(json.dumps({
+            "check": name, "ok": False, "error": f"{type(error).__name__}: {error}",
+            "details": {key: str(value) for key, value in vars(error).items()} if hasattr(error, "__dict__") else {},
+            "traceback": traceback.format_exc(),
+        }, sort_keys=True), flush=True)
+        sys.exit(1)
+    report(name, **fields)
+
+
+def mapped_txn(verifier, jws):
+    return mapped(verifier.verify_and_decode_signed_transaction(jws), "signed transaction")
+
+
+def mapped_renewal(verifier, jws):
+    return mapped(verifier.verify_and_decode_renewal_info(jws), "renewal info")
+
+
+def mapped_notification(verifier, jws):
+    notification = mapped(verifier.verify_and_decode_notification(jws), "notification")
+    mapped(notification.data, "notification data")
+    return notification
+
+
+class Fake:
+    """The fake's own /fake/ routes (not Apple's API: plain HTTP)."""
+
+    def __init__(self, url):
+        self.url = url.rstrip("/")
+
+    def post(self, path, body=None, status=201):
+        data = json.dumps(body).encode() if body is not None else b""
+        request = urllib.request.Request(self.url + path, data=data, method="POST",
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                code, text = answer.status, answer.read()
+        except urllib.error.HTTPError as error:
+            code, text = error.code, error.read()
+        expect(code == status, f"POST {path} answered {code}, not {status}: {text[:500]!r}")
+        return json.loads(text) if text else {}
+
+    def mint(self, bundle_id, product_id, kind, environment="Production", **extra):
+        return self.post("/fake/purchases", {"bundleId": bundle_id, "productId": product_id, "type": kind,
+                                             "environment": environment, **extra})
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", required=True, help="the fake App Store, e.g. http://127.0.0.1:8090")
+    parser.add_argument("--key", required=True, help="the Server API private key (PEM)")
+    parser.add_argument("--key-id", required=True)
+    parser.add_argument("--issuer-id", required=True)
+    parser.add_argument("--bundle-id", required=True)
+    parser.add_argument("--app-apple-id", required=True, type=int)
+    parser.add_argument("--root", required=True, help="the fake's root certificate (DER, GET /fake/root-certificate)")
+    args = parser.parse_args()
+
+    fake = Fake(args.url)
+    with open(args.key, "rb") as file:
+        key = file.read()
+    with open(args.root, "rb") as file:
+        root = file.read()
+    bundle = args.bundle_id
+
+    # The library's clients, unmodified, pointed at the fake: the base URL is an attribute the
+    # constructor sets from the environment (api.storekit[-sandbox].apple.com).
+    production = AppStoreServerAPIClient(key, args.key_id, args.issuer_id, bundle, Environment.PRODUCTION)
+    production._base_url = fake.url
+    sandbox = AppStoreServerAPIClient(key, args.key_id, args.issuer_id, bundle, Environment.SANDBOX)
+    sandbox._base_url = fake.url + "/sandbox"
+    verifier = SignedDataVerifier([root], False, Environment.PRODUCTION, bundle, args.app_apple_id)
+    sandbox_verifier = SignedDataVerifier([root], False, Environment.SANDBOX, bundle, args.app_apple_id)
+
+    minted = {}
+
+    def mint_everything():
+        device = f"referee-{time.time_ns()}"
+        minted["consumable"] = fake.mint(bundle, "com.example.coins.60", "consumable", deviceId=device)
+        minted["subscription"] = fake.mint(bundle, "com.example.vip.month", "auto_renewable", deviceId=device,
+                                           appAccountToken="9F1C2D3E-4B5A-4C6D-8E7F-0A1B2C3D4E5F")
+        minted["premium"] = fake.mint(bundle, "com.example.premium", "non_consumable", deviceId=device)
+        minted["family"] = fake.mint(bundle, "com.example.premium", "non_consumable", familyShared=True)
+        minted["restore"] = fake.post(f"/fake/purchases/{minted['premium']['transactionId']}/restore", {})
+        minted["renewal"] = fake.post(f"/fake/subscriptions/{minted['subscription']['originalTransactionId']}/renew")
+        minted["refund"] = fake.post(f"/fake/purchases/{minted['consumable']['transactionId']}/refund", status=200)
+        minted["sandbox"] = fake.mint(bundle, "com.example.vip.month", "auto_renewable", "Sandbox")
+        minted["sandboxRenewal"] = fake.post(f"/fake/subscriptions/{minted['sandbox']['originalTransactionId']}/renew")
+        expect(minted["restore"]["originalTransactionId"] == minted["premium"]["transactionId"], "restore lost its original id")
+        expect(minted["renewal"]["webOrderLineItemId"] != minted["subscription"]["webOrderLineItemId"],
+               "a renewal kept the period's webOrderLineItemId")
+        return {name: answer.get("transactionId") for name, answer in minted.items()}
+
+    run("mint at the fake", mint_everything)
+
+    def receipt_utility():
+        utility = ReceiptUtility()
+        found = utility.extract_transaction_id_from_app_receipt(minted["consumable"]["receiptData"])
+        expect(found == minted["consumable"]["transactionId"], f"the receipt's first transaction is {found}")
+        restored = utility.extract_transaction_id_from_app_receipt(minted["restore"]["receiptData"])
+        expect(restored == minted["restore"]["transactionId"], f"the restore's receipt holds {restored}")
+        return {"transactionId": found, "restoreTransactionId": restored}
+
+    run("ReceiptUtility.extract_transaction_id_from_app_receipt", receipt_utility)
+
+    def minted_jws():
+        restore = mapped_txn(verifier, minted["restore"]["signedTransaction"])
+        expect(restore.transactionId == minted["restore"]["transactionId"], "restore: wrong transactionId")
+        expect(restore.originalTransactionId == minted["premium"]["transactionId"], "restore: wrong originalTransactionId")
+        family = mapped_txn(verifier, minted["family"]["signedTransaction"])
+        expect(family.inAppOwnershipType == InAppOwnershipType.FAMILY_SHARED, f"family: {family.rawInAppOwnershipType}")
+        subscription = mapped_txn(verifier, minted["subscription"]["signedTransaction"])
+        expect(subscription.appAccountToken == "9f1c2d3e-4b5a-4c6d-8e7f-0a1b2c3d4e5f",
+               f"appAccountToken {subscription.appAccountToken}")
+        renewal = mapped_txn(verifier, minted["renewal"]["signedTransaction"])
+        expect(renewal.transactionReason == TransactionReason.RENEWAL, f"renewal: {renewal.rawTransactionReason}")
+        expect(renewal.webOrderLineItemId == minted["renewal"]["webOrderLineItemId"], "renewal: webOrderLineItemId")
+        sandboxed = mapped_txn(sandbox_verifier, minted["sandbox"]["signedTransaction"])
+        expect(sandboxed.environment == Environment.SANDBOX, f"sandbox: {sandboxed.rawEnvironment}")
+        return {"verified": 5}
+
+    run("SignedDataVerifier.verify_and_decode_signed_transaction (minted JWS)", minted_jws)
+
+    def transaction_info():
+        answer = production.get_transaction_info(minted["consumable"]["transactionId"])
+        decoded = mapped_txn(verifier, answer.signedTransactionInfo)
+        expect(decoded.transactionId == minted["consumable"]["transactionId"], "wrong transaction")
+        expect(decoded.revocationDate is not None, "the refunded consumable has no revocationDate")
+        sandboxed = sandbox.get_transaction_info(minted["sandbox"]["transactionId"])
+        mapped_txn(sandbox_verifier, sandboxed.signedTransactionInfo)
+        return {"transactionId": decoded.transactionId, "revocationDate": decoded.revocationDate}
+
+    run("get_transaction_info", transaction_info)
+
+    def transaction_info_unknown():
+        try:
+            production.get_transaction_info("2000000000000001")
+        except APIException as error:
+            expect(error.http_status_code == 404 and error.api_error == APIError.TRANSACTION_ID_NOT_FOUND,
+                   f"unknown id: HTTP {error.http_status_code}, {error.raw_api_error} {error.error_message}")
+            return {"httpStatus": error.http_status_code, "errorCode": error.raw_api_error}
+        raise CheckFailed("an unknown transaction id was found")
+
+    run("get_transaction_info (unknown id: Apple's JSON error)", transaction_info_unknown)
+
+    def history_v1():
+        answer = production.get_transaction_history(minted["consumable"]["transactionId"], None, TransactionHistoryRequest())
+        ids = [mapped_txn(verifier, jws).transactionId for jws in answer.signedTransactions]
+        for name in ("consumable", "subscription", "premium", "renewal"):
+            expect(minted[name]["transactionId"] in ids, f"v1 history lacks the {name}: {ids}")
+        expect(answer.environment == Environment.PRODUCTION and answer.bundleId == bundle, "v1 history: wrong app")
+        return {"transactions": len(ids), "hasMore": answer.hasMore}
+
+    run("get_transaction_history (v1, the library's default)", history_v1)
+
+    def history_v2():
+        request = TransactionHistoryRequest(
+            productTypes=[ProductType.AUTO_RENEWABLE, ProductType.NON_CONSUMABLE], productIds=["com.example.vip.month"],
+            sort=Order.DESCENDING, revoked=False)
+        answer = production.get_transaction_history(
+            minted["subscription"]["transactionId"], None, request, GetTransactionHistoryVersion.V2)
+        decoded = [mapped_txn(verifier, jws) for jws in answer.signedTransactions]
+        ids = [transaction.transactionId for transaction in decoded]
+        expect(ids == [minted["renewal"]["transactionId"], minted["subscription"]["transactionId"]],
+               f"v2 history with filters: {ids}")
+        expect(len({transaction.webOrderLineItemId for transaction in decoded}) == 2, "one period for two transactions")
+        revoked = production.get_transaction_history(
+            minted["consumable"]["transactionId"], None, TransactionHistoryRequest(revoked=True),
+            GetTransactionHistoryVersion.V2)
+        revoked_ids = [mapped_txn(verifier, jws).transactionId for jws in revoked.signedTransactions]
+        expect(revoked_ids == [minted["consumable"]["transactionId"]], f"revoked=True: {revoked_ids}")
+        return {"transactions": ids, "revoked": revoked_ids}
+
+    run("get_transaction_history (v2, filters, repeated keys, revoked=True/False)", history_v2)
+
+    def order_lookup():
+        known = production.look_up_order_id(minted["premium"]["orderId"])
+        expect(known.status == OrderLookupStatus.VALID, f"known order: {known.rawStatus}")
+        ids = [mapped_txn(verifier, jws).transactionId for jws in known.signedTransactions]
+        expect(ids == [minted["premium"]["transactionId"]], f"order lookup: {ids}")
+        unknown = production.look_up_order_id("MQ0000NOSUCHORDER")
+        expect(unknown.status == OrderLookupStatus.INVALID, f"unknown order: {unknown.rawStatus}")
+        return {"known": ids, "unknownStatus": int(unknown.status)}
+
+    run("look_up_order_id (known and unknown)", order_lookup)
+
+    def statuses():
+        answer = production.get_all_subscription_statuses(minted["subscription"]["transactionId"])
+        expect(answer.environment == Environment.PRODUCTION and answer.appAppleId == args.app_apple_id, "wrong app")
+        last = [item for group in answer.data for item in group.lastTransactions]
+        expect(len(last) == 1 and last[0].originalTransactionId == minted["subscription"]["originalTransactionId"],
+               f"statuses: {last}")
+        transaction = mapped_txn(verifier, last[0].signedTransactionInfo)
+        renewal = mapped_renewal(verifier, last[0].signedRenewalInfo)
+        expect(transaction.transactionId == minted["renewal"]["transactionId"], "not the latest period")
+        expect(renewal.originalTransactionId == minted["subscription"]["originalTransactionId"], "renewal info")
+        filtered = production.get_all_subscription_statuses(minted["subscription"]["transactionId"], [Status.EXPIRED])
+        expect(all(not group.lastTransactions for group in filtered.data), "status=EXPIRED listed an active one")
+        sandboxed = sandbox.get_all_subscription_statuses(minted["sandbox"]["transactionId"], [Status.ACTIVE])
+        item = sandboxed.data[0].lastTransactions[0]
+        mapped_renewal(sandbox_verifier, item.signedRenewalInfo)
+        mapped_txn(sandbox_verifier, item.signedTransactionInfo)
+        return {"status": int(last[0].status), "expiresDate": transaction.expiresDate}
+
+    run("get_all_subscription_statuses + verify_and_decode_renewal_info", statuses)
+
+    def refunds():
+        answer = production.get_refund_history(minted["consumable"]["transactionId"], None)
+        ids = [mapped_txn(verifier, jws).transactionId for jws in answer.signedTransactions]
+        expect(ids == [minted["consumable"]["transactionId"]], f"refund history: {ids}")
+        return {"refunded": ids, "hasMore": answer.hasMore}
+
+    run("get_refund_history", refunds)
+
+    def notifications():
+        now = int(time.time() * 1000)
+        request = NotificationHistoryRequest(startDate=now - 3_600_000, endDate=now + 60_000)
+        answer = production.get_notification_history(None, request)
+        decoded = [mapped_notification(verifier, item.signedPayload) for item in answer.notificationHistory]
+        kinds = {(notification.rawNotificationType,
+                  mapped_txn(verifier, notification.data.signedTransactionInfo).transactionId)
+                 for notification in decoded}
+        expect(("REFUND", minted["consumable"]["transactionId"]) in kinds, f"no REFUND: {kinds}")
+        expect(("DID_RENEW", minted["renewal"]["transactionId"]) in kinds, f"no DID_RENEW: {kinds}")
+        for notification in decoded:
+            if notification.data.signedRenewalInfo:
+                mapped_renewal(verifier, notification.data.signedRenewalInfo)
+        sandboxed = sandbox.get_notification_history(None, request)
+        sandbox_kinds = [mapped_notification(sandbox_verifier, item.signedPayload).rawNotificationType
+                         for item in sandboxed.notificationHistory]
+        expect("DID_RENEW" in sandbox_kinds, f"sandbox notifications: {sandbox_kinds}")
+        return {"production": sorted(kind for kind, _ in kinds), "sandbox": sandbox_kinds}
+
+    run("get_notification_history + verify_and_decode_notification", notifications)
+
+    def test_notification():
+        answer = production.request_test_notification()
+        expect(bool(answer.testNotificationToken), "no token")
+        return {"testNotificationToken": answer.testNotificationToken}
+
+    run("request_test_notification", test_notification)
+
+
+if __name__ == "__main__":
+    main()
