@@ -208,7 +208,46 @@ extension OrderStore {
                     ALTER TABLE subscription ADD COLUMN stateDate DATETIME;
 
                     CREATE INDEX outbox_message ON outbox(messageId);
+
+                    -- New transaction states: rebuilt, as SQLite cannot change a CHECK in place.
+                    CREATE TABLE submission_transaction_v3 (
+                        submissionId TEXT NOT NULL REFERENCES submission(id),
+                        transactionId TEXT NOT NULL,
+                        originalTransactionId TEXT NOT NULL,
+                        productId TEXT NOT NULL,
+                        environment TEXT NOT NULL,
+                        state TEXT NOT NULL CHECK (
+                            state IN ('credited', 'already_credited', 'replayed_from_other_user', 'cancelled', 'held',
+                                'revoked', 'owned_by_other_user', 'superseded')),
+                        reason TEXT,
+                        PRIMARY KEY (submissionId, transactionId)
+                    );
+                    INSERT INTO submission_transaction_v3 SELECT submissionId, transactionId, originalTransactionId,
+                        productId, environment, state, reason FROM submission_transaction ORDER BY rowid;
+                    DROP TABLE submission_transaction;
+                    ALTER TABLE submission_transaction_v3 RENAME TO submission_transaction;
                     CREATE INDEX submission_transaction_transaction ON submission_transaction(transactionId);
+                    """)
+        }
+        migrator.registerMigration("v4: reconciliation runs, re-delivered notifications, due subscriptions") { db in
+            try db.execute(
+                sql: """
+                    -- When each reconciliation task (subscriptions, notifications) last ran to its end:
+                    -- the next run is due an interval later and asks Apple's history from there.
+                    CREATE TABLE reconciliation_run (
+                        task TEXT PRIMARY KEY NOT NULL,
+                        lastRunAt DATETIME NOT NULL
+                    );
+
+                    -- Notifications from Apple's history (onlyFailures) queued again, once each.
+                    CREATE TABLE redelivered_notification (
+                        notificationUUID TEXT PRIMARY KEY NOT NULL,
+                        submissionId TEXT NOT NULL,
+                        redeliveredAt DATETIME NOT NULL
+                    );
+
+                    -- The reconciliation reads subscriptions by state and expiry.
+                    CREATE INDEX subscription_due ON subscription(state, expiresDate);
                     """)
         }
         return migrator

@@ -14,13 +14,21 @@ public final class OrderStore: Sendable {
     let groupCommit: GroupCommit
 
     /// Opens (creating if needed) the store at `path` and migrates it to the current schema.
-    public init(path: String) throws(OrderStoreError) {
+    /// `statementObserver`, for tests, hears the SQL text of every statement the store runs.
+    public init(path: String, statementObserver: (@Sendable (String) -> Void)? = nil) throws(OrderStoreError) {
         var configuration = Configuration()
         configuration.busyMode = .timeout(10)
         configuration.foreignKeysEnabled = true
         // An answered commit must survive a power cut, not only a crash: in WAL mode NORMAL
         // (what the pool sets up) may lose the last commits; FULL syncs the log on every commit.
-        configuration.prepareDatabase { db in try db.execute(sql: "PRAGMA synchronous = FULL") }
+        configuration.prepareDatabase { db in
+            try db.execute(sql: "PRAGMA synchronous = FULL")
+            if let statementObserver {
+                db.trace(options: .statement) { event in
+                    if case .statement(let statement) = event { statementObserver(statement.sql) }
+                }
+            }
+        }
         do {
             let directory = URL(fileURLWithPath: path).deletingLastPathComponent()
             try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
@@ -32,10 +40,20 @@ public final class OrderStore: Sendable {
             }
             // SQLite creates its -wal and -shm files with the database file's mode.
             database = try DatabasePool(path: path, configuration: configuration)
+            // The pool sets NORMAL on its writer while it sets WAL up, after `prepareDatabase`.
+            try database.writeWithoutTransaction { db in try db.execute(sql: "PRAGMA synchronous = FULL") }
             try Self.migrator.migrate(database)
             groupCommit = GroupCommit(database: database)
         } catch {
             throw OrderStoreError(.unavailable, "cannot open the order store at \(path): \(error)")
+        }
+    }
+
+    /// How the writer's connection syncs commits (`PRAGMA synchronous`: 2 is FULL) and its
+    /// journal mode: what "an answered commit is on disk" rests on.
+    public func durability() async throws -> (synchronous: Int, journalMode: String) {
+        try await database.write { db in
+            (try Int.fetchOne(db, sql: "PRAGMA synchronous") ?? -1, try String.fetchOne(db, sql: "PRAGMA journal_mode") ?? "")
         }
     }
 

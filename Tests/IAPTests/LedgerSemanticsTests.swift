@@ -1,0 +1,303 @@
+import Foundation
+import GRDB
+import IAPCore
+import NIOConcurrencyHelpers
+import OrderStore
+import Testing
+
+/// The ledger's rules, one store and one rule at a time: what each product type is credited
+/// once by, what Apple takes back, who keeps a restore, and what the app may finish.
+@Suite("Ledger semantics")
+struct LedgerSemanticsTests {
+    let policy = CreditPolicy(catalog: PipelineHarness.testCatalog)
+
+    func makeStore(observer: (@Sendable (String) -> Void)? = nil) throws -> (OrderStore, String) {
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-ledger-\(UUID().uuidString)")
+        let path = folder.appendingPathComponent("orders.sqlite").path
+        return (try OrderStore(path: path, statementObserver: observer), path)
+    }
+
+    func purchase(
+        _ transactionId: String, original: String? = nil, product: String, period: String? = nil,
+        environment: AppStoreEnvironment = .production, cancelled: Date? = nil, token: String? = nil,
+        expires: Date? = nil, signed: Date? = nil
+    ) -> VerifiedPurchase {
+        VerifiedPurchase(
+            transactionId: transactionId, originalTransactionId: original ?? transactionId, productId: product, quantity: 1,
+            purchaseDate: Date(), environment: environment, cancellationDate: cancelled, expiresDate: expires,
+            appAccountToken: token, webOrderLineItemId: period, signedDate: signed)
+    }
+
+    /// Uploads `purchases` as `user` and applies Apple's answer; the upload's status after it.
+    @discardableResult
+    func upload(
+        _ purchases: [VerifiedPurchase], by user: String, to store: OrderStore, policy: CreditPolicy? = nil
+    ) async throws -> SubmissionStatus {
+        let request = VerifyRequest(submissionId: UUID(), userId: user, receiptData: "AAAA", acceptedAt: Date())
+        try await store.accept(request, message: nil)
+        let result = VerifyResult(
+            submissionId: request.submissionId, userId: user, orderId: nil, attempt: 1,
+            outcome: .verified(VerifiedReceipt(bundleId: "b", environment: .production, purchases: purchases)))
+        _ = try await store.apply(result, policy: policy ?? self.policy)
+        return try #require(try await store.status(of: request.submissionId))
+    }
+
+    /// Applies a notification of `type` about `purchase`, as the finisher does.
+    func notify(
+        _ type: String, _ purchase: VerifiedPurchase, to store: OrderStore, signed: Date = Date(),
+        environment: AppStoreEnvironment = .production, status: Int? = nil, policy: CreditPolicy? = nil
+    ) async throws -> String? {
+        var request = VerifyRequest(submissionId: UUID(), userId: "", receiptData: "", acceptedAt: Date())
+        request.signedPayload = "x.y.z"
+        try await store.accept(request, message: nil)
+        let notification = AppStoreNotification(
+            notificationUUID: UUID().uuidString, notificationType: type, subtype: nil, environment: environment,
+            bundleId: "b", signedDate: signed, purchase: purchase, subscriptionStatus: status)
+        _ = try await store.apply(
+            VerifyResult(
+                submissionId: request.submissionId, userId: "", orderId: nil, attempt: 1, outcome: .notification(notification)),
+            policy: policy ?? self.policy)
+        return try await store.status(of: request.submissionId)?.reasonMessage
+    }
+
+    func active(_ store: OrderStore, _ user: String) async throws -> [String] {
+        try await store.grants(ofUser: user).filter { $0.state == "active" }.map(\.transactionId)
+    }
+
+    @Test func aRestoreCreditsNothingNewAndAnotherUsersRestoreStaysWithTheOwner() async throws {
+        let (store, _) = try makeStore()
+        let bought = try await upload([purchase("t1", product: "com.example.premium")], by: "ana", to: store)
+        #expect(bought.transactions.map(\.state) == [.credited])
+        // The same purchase restored on a second device: a new transaction id, the same original.
+        let restored = try await upload([purchase("t2", original: "t1", product: "com.example.premium")], by: "ana", to: store)
+        #expect(restored.state == .credited && restored.transactions.map(\.state) == [.alreadyCredited])
+        let other = try await upload([purchase("t3", original: "t1", product: "com.example.premium")], by: "ben", to: store)
+        #expect(other.transactions.map(\.state) == [.ownedByOtherUser])
+        #expect(other.state == .rejected && other.reason == .ownedByOtherUser && other.finishTransaction)
+        #expect(try await active(store, "ana") == ["t1"])
+        #expect(try await active(store, "ben").isEmpty)
+        #expect(try await store.auditLog(limit: 10).contains { $0.action == "restore_kept_by_owner" })
+    }
+
+    @Test func underTransferTheRestoringUserTakesTheEntitlement() async throws {
+        let (store, _) = try makeStore()
+        let transfer = CreditPolicy(catalog: PipelineHarness.testCatalog, restore: .transfer)
+        try await upload([purchase("t1", product: "com.example.premium")], by: "ana", to: store, policy: transfer)
+        let moved = try await upload(
+            [purchase("t2", original: "t1", product: "com.example.premium")], by: "ben", to: store, policy: transfer)
+        #expect(moved.state == .credited && moved.transactions.map(\.state) == [.credited])
+        #expect(try await active(store, "ana").isEmpty)
+        #expect(try await active(store, "ben") == ["t2"])
+        #expect(try await store.grants(ofUser: "ana").first?.state == "revoked")
+        // And back: the first owner's grant is active again; still one in all.
+        try await upload([purchase("t3", original: "t1", product: "com.example.premium")], by: "ana", to: store, policy: transfer)
+        #expect(try await active(store, "ana") == ["t1"])
+        #expect(try await active(store, "ben").isEmpty)
+        #expect(try await store.auditLog(limit: 20).filter { $0.action == "grant_transferred" }.count == 2)
+        // Consumables never move: a replay stays a replay.
+        try await upload([purchase("c1", product: "com.example.coins.60")], by: "ana", to: store, policy: transfer)
+        let replay = try await upload([purchase("c1", product: "com.example.coins.60")], by: "ben", to: store, policy: transfer)
+        #expect(replay.transactions.map(\.state) == [.replayedFromOtherUser])
+    }
+
+    @Test func aRefundThatArrivesBeforeTheUploadIsRemembered() async throws {
+        let (store, _) = try makeStore()
+        let coins = purchase("t1", product: "com.example.coins.60")
+        #expect(try await notify("REFUND", coins, to: store) == "REFUND: revocation_pending")
+        // The signed transaction saved before the refund carries no revocation date.
+        let late = try await upload([coins], by: "ana", to: store)
+        #expect(late.transactions.map(\.state) == [.revoked])
+        #expect(late.state == .rejected && late.reason == .purchaseRevoked && late.finishTransaction)
+        #expect(try await active(store, "ana").isEmpty)
+        // Apple reverses the refund: what the refund took is given back to its uploader.
+        #expect(try await notify("REFUND_REVERSED", coins, to: store) == "REFUND_REVERSED: credited")
+        #expect(try await active(store, "ana") == ["t1"])
+        // A reversal of something never taken credits nothing.
+        #expect(
+            try await notify("REFUND_REVERSED", purchase("t9", product: "com.example.coins.60"), to: store)
+                == "REFUND_REVERSED: nothing_revoked")
+    }
+
+    @Test func aRefundOfANonConsumableCoversItsRestores() async throws {
+        let (store, _) = try makeStore()
+        try await upload([purchase("t1", product: "com.example.premium")], by: "ana", to: store)
+        #expect(try await notify("REFUND", purchase("t1", product: "com.example.premium"), to: store) == "REFUND: revoked")
+        let restored = try await upload([purchase("t2", original: "t1", product: "com.example.premium")], by: "ana", to: store)
+        #expect(restored.transactions.map(\.state) == [.revoked])
+        #expect(try await active(store, "ana").isEmpty)
+        #expect(try await notify("REFUND_REVERSED", purchase("t1", product: "com.example.premium"), to: store) == "REFUND_REVERSED: restored")
+        #expect(try await active(store, "ana") == ["t1"])
+    }
+
+    @Test func aRevocationInALaterAnswerRevokesTheGrant() async throws {
+        let (store, _) = try makeStore()
+        try await upload([purchase("t1", product: "com.example.coins.60")], by: "ana", to: store)
+        let refundedAt = Date().addingTimeInterval(-60)
+        let again = try await upload([purchase("t1", product: "com.example.coins.60", cancelled: refundedAt)], by: "ana", to: store)
+        #expect(again.transactions.map(\.state) == [.revoked])
+        #expect(try await store.grants(ofUser: "ana").map(\.state) == ["revoked"])
+        // Reversed after that answer: an answer signed before the reversal does not take it again.
+        #expect(try await notify("REFUND_REVERSED", purchase("t1", product: "com.example.coins.60"), to: store) == "REFUND_REVERSED: restored")
+        try await upload([purchase("t1", product: "com.example.coins.60", cancelled: refundedAt)], by: "ana", to: store)
+        #expect(try await active(store, "ana") == ["t1"])
+    }
+
+    @Test func subscriptionsAreCreditedOncePerBillingPeriod() async throws {
+        let (store, _) = try makeStore()
+        let month = "com.example.vip.month"
+        let first = try await upload(
+            [purchase("t1", product: month, period: "w1", expires: Date().addingTimeInterval(3600))], by: "ana", to: store)
+        #expect(first.transactions.map(\.state) == [.credited])
+        // The subscription has its owner and expiry from the upload, without any notification.
+        let subscription = try #require(try await store.subscriptions(ofUser: "ana").first)
+        #expect(subscription.originalTransactionId == "t1" && subscription.state == "active" && subscription.expiresDate != nil)
+        // A restore of that period: nothing new. A renewal: a new period, credited.
+        let restore = try await upload([purchase("t2", original: "t1", product: month, period: "w1")], by: "ana", to: store)
+        #expect(restore.transactions.map(\.state) == [.alreadyCredited])
+        let renewal = try await upload(
+            [purchase("t3", original: "t1", product: month, period: "w2", expires: Date().addingTimeInterval(7200))],
+            by: "ana", to: store)
+        #expect(renewal.transactions.map(\.state) == [.credited])
+        #expect(try await active(store, "ana") == ["t1", "t3"])
+        // A renewal notification goes to the owner whoever uploaded first; a late, older
+        // notification does not overwrite the newer state.
+        let now = Date()
+        _ = try await notify(
+            "DID_RENEW", purchase("t4", original: "t1", product: month, period: "w3", expires: now.addingTimeInterval(9000)),
+            to: store, signed: now, status: 1)
+        #expect(try await active(store, "ana") == ["t1", "t3", "t4"])
+        _ = try await notify(
+            "EXPIRED", purchase("t3", original: "t1", product: month, period: "w2"), to: store, signed: now.addingTimeInterval(-600),
+            status: 2)
+        #expect(try await store.subscriptions(ofUser: "ana").first?.state == "active")
+        _ = try await notify(
+            "EXPIRED", purchase("t4", original: "t1", product: month, period: "w3"), to: store, signed: now.addingTimeInterval(60),
+            status: 2)
+        #expect(try await store.subscriptions(ofUser: "ana").first?.state == "expired")
+    }
+
+    @Test func aSandboxNotificationGrantsNothingWhenTheSandboxIsRefused() async throws {
+        let (store, _) = try makeStore()
+        let strict = CreditPolicy(catalog: PipelineHarness.testCatalog, sandbox: .reject)
+        let order = try await store.createOrder(userId: "ana", productId: "com.example.vip.month")
+        let sandbox = purchase(
+            "s1", product: "com.example.vip.month", period: "w1", environment: .sandbox, token: order.orderId,
+            expires: Date().addingTimeInterval(3600))
+        let outcome = try await notify("SUBSCRIBED", sandbox, to: store, environment: .sandbox, status: 1, policy: strict)
+        #expect(outcome == "SUBSCRIBED: sandbox_not_allowed")
+        #expect(try await store.grants(ofUser: "ana").isEmpty)
+        #expect(try await store.subscriptions(ofUser: "ana").isEmpty)
+        // The same notification under the default policy credits the order's owner.
+        _ = try await notify("SUBSCRIBED", sandbox, to: store, environment: .sandbox, status: 1)
+        #expect(try await active(store, "ana") == ["s1"])
+    }
+
+    @Test func renewalsOfAPaidOrderAreNotHeldAfterAPlanChange() async throws {
+        let (store, _) = try makeStore()
+        let order = try await store.createOrder(userId: "ana", productId: "com.example.vip.month")
+        try await upload([purchase("t1", product: "com.example.vip.month", period: "w1", token: order.orderId)], by: "ana", to: store)
+        #expect(try await store.order(order.orderId)?.state == "paid")
+        let yearly = try await upload(
+            [purchase("t2", original: "t1", product: "com.example.vip.year", period: "w2", token: order.orderId)], by: "ana",
+            to: store)
+        #expect(yearly.state == .credited && yearly.transactions.map(\.state) == [.credited])
+        #expect(try await active(store, "ana") == ["t1", "t2"])
+    }
+
+    @Test func anUpgradedTransactionIsNeverCredited() async throws {
+        let (store, _) = try makeStore()
+        var superseded = purchase("t1", product: "com.example.vip.month", period: "w1")
+        superseded.isUpgraded = true
+        let status = try await upload([superseded, purchase("t2", product: "com.example.vip.year", period: "w2")], by: "ana", to: store)
+        #expect(status.transactions.map(\.state) == [.superseded, .credited])
+        #expect(try await active(store, "ana") == ["t2"])
+    }
+
+    @Test func historyTheReceiptDoesNotProveIsHeldForCustomerService() async throws {
+        let (store, _) = try makeStore()
+        var unproven = purchase("t1", product: "com.example.coins.60")
+        unproven.inUploadedReceipt = false
+        var proven = purchase("t2", product: "com.example.coins.60")
+        proven.inUploadedReceipt = true
+        let status = try await upload([unproven, proven], by: "eve", to: store)
+        #expect(status.transactions.map(\.state) == [.held, .credited])
+        #expect(status.state == .needsReview && status.reason == .ownerUnknown && !status.finishTransaction)
+        #expect(try await active(store, "eve") == ["t2"])
+        // Its real owner uploads a receipt that holds it: credited to them.
+        unproven.inUploadedReceipt = true
+        #expect(try await upload([unproven], by: "ana", to: store).transactions.map(\.state) == [.credited])
+        #expect(try await active(store, "ana") == ["t1"])
+    }
+
+    @Test func theAppFinishesARejectionOnlyWhenApplesAnswerSettlesIt() async throws {
+        let (store, _) = try makeStore()
+        func rejected(_ reason: ReasonCode) async throws -> Bool {
+            let request = VerifyRequest(submissionId: UUID(), userId: "ana", receiptData: "AAAA", acceptedAt: Date())
+            try await store.accept(request, message: nil)
+            _ = try await store.apply(
+                VerifyResult(
+                    submissionId: request.submissionId, userId: "ana", orderId: nil, attempt: 1,
+                    outcome: .rejected(reason, message: "")))
+            return try #require(try await store.status(of: request.submissionId)).finishTransaction
+        }
+        #expect(try await rejected(.invalidReceipt))
+        #expect(try await rejected(.transactionNotFound))
+        #expect(try await rejected(ReasonCode("jws_untrusted_chain")))
+        #expect(try await !rejected(.transactionNotInReceipt))
+        #expect(try await !rejected(.unexpectedAppleResponse))
+        #expect(try await !rejected(.notConfigured))
+    }
+
+    @Test func answeredCommitsAreSyncedToDisk() async throws {
+        let (store, _) = try makeStore()
+        let durability = try await store.durability()
+        #expect(durability.synchronous == 2, "PRAGMA synchronous must be FULL (2)")
+        #expect(durability.journalMode == "wal")
+    }
+
+    @Test func theFinishersAndSweepersLookupsNeverScanATable() async throws {
+        let statements = NIOLockedValueBox(Set<String>())
+        let (store, path) = try makeStore { sql in statements.withLockedValue { _ = $0.insert(sql) } }
+        statements.withLockedValue { $0.removeAll() }  // the migrations' statements run once, at start
+        // Every path of crediting, revoking, restoring and sweeping at least once.
+        let transfer = CreditPolicy(catalog: PipelineHarness.testCatalog, restore: .transfer)
+        try await upload([purchase("t1", product: "com.example.premium")], by: "ana", to: store)
+        try await upload([purchase("t2", original: "t1", product: "com.example.premium")], by: "ben", to: store)
+        try await upload([purchase("t3", original: "t1", product: "com.example.premium")], by: "ben", to: store, policy: transfer)
+        _ = try await notify("REFUND", purchase("t3", original: "t1", product: "com.example.premium"), to: store)
+        _ = try await notify("REFUND_REVERSED", purchase("t3", original: "t1", product: "com.example.premium"), to: store)
+        _ = try await notify("REFUND", purchase("c1", product: "com.example.coins.60"), to: store)
+        try await upload([purchase("c1", product: "com.example.coins.60")], by: "ana", to: store)
+        _ = try await notify("REFUND_REVERSED", purchase("c1", product: "com.example.coins.60"), to: store)
+        try await upload([purchase("w1", product: "com.example.vip.month", period: "p1")], by: "ana", to: store)
+        _ = try await notify("DID_RENEW", purchase("w2", original: "w1", product: "com.example.vip.month", period: "p2"), to: store, status: 1)
+        _ = try await notify("EXPIRED", purchase("w2", original: "w1", product: "com.example.vip.month", period: "p2"), to: store, status: 2)
+        let pending = VerifyRequest(submissionId: UUID(), userId: "ana", receiptData: "AAAA", acceptedAt: Date())
+        try await store.accept(pending, message: OutboxMessage(routingKey: "q", body: [1], messageId: pending.submissionId.uuidString))
+        _ = try await store.requeueStuck(pendingBefore: Date(), retryDueBefore: Date(), limit: 10) { request in
+            OutboxMessage(routingKey: "q", body: [1], messageId: request.submissionId.uuidString)
+        }
+
+        let ledgerTables = ["purchase", "grants", "revocation", "subscription", "notification", "outbox", "submission_transaction", "orders"]
+        let reader = try DatabaseQueue(path: path)
+        var scans: [String] = []
+        let seen = statements.withLockedValue { $0 }
+        #expect(seen.count > 20, "the workload ran too few statements to judge")
+        let queries = seen.filter { sql in
+            let verb = sql.trimmingCharacters(in: .whitespacesAndNewlines).prefix(6).uppercased()
+            return ["SELECT", "UPDATE", "DELETE", "INSERT"].contains(verb) && sql.contains("WHERE")
+        }
+        for sql in queries {
+            let plan = try await reader.read { db in
+                try Row.fetchAll(db, sql: "EXPLAIN QUERY PLAN " + sql, arguments: StatementArguments(
+                    Array(repeating: nil as String?, count: sql.filter { $0 == "?" }.count)))
+                    .map { $0["detail"] as String }
+            }
+            for step in plan where step.hasPrefix("SCAN ") && !step.contains("USING") {
+                let table = step.dropFirst(5).split(separator: " ").first.map(String.init) ?? ""
+                if ledgerTables.contains(table) { scans.append("\(step)  <-  \(sql)") }
+            }
+        }
+        #expect(scans.isEmpty, "full scans on hot paths:\n\(scans.joined(separator: "\n"))")
+    }
+}
