@@ -92,6 +92,23 @@ struct CommandLineTests {
         #expect(flag.status != 0 && flag.output.contains("--amqp-url"), "\(flag.output)")
     }
 
+    @Test func theIntakeNeedsTheBundleIdsItTakesNotificationsForAndTypedLimits() throws {
+        let catalog = FileManager.default.temporaryDirectory.appendingPathComponent("catalog-\(UUID().uuidString).json")
+        try JSONEncoder().encode(PipelineHarness.testCatalog).write(to: catalog)
+        let base = [
+            "IAP_CATALOG": catalog.path, "IAP_OPS_PORT": "off", "IAP_AUTH": "off", "IAP_BUNDLE_IDS": "",
+            "IAP_HTTP_PORT": "1", "IAP_AMQP_URL": "amqp://guest:guest@127.0.0.1:1/",
+        ]
+        for role in ["intake", "orders"] {
+            let run = try iap([role], environment: base)
+            #expect(run.status != 0 && run.output.contains("IAP_BUNDLE_IDS"), "\(run.output)")
+        }
+        for (variable, value) in [("IAP_NOTIFICATION_RATE", "fast"), ("IAP_NOTIFICATION_MAX_BYTES", "10"), ("IAP_RETENTION_DAYS", "-1")] {
+            let run = try iap(["orders"], environment: base.merging(["IAP_BUNDLE_IDS": "com.example.tests", variable: value]) { $1 })
+            #expect(run.status != 0 && run.output.contains(variable), "\(run.output)")
+        }
+    }
+
     @Test func inspectJWSVerifiesAndPrintsOrSaysWhy() async throws {
         let apple = try await VerifyReceiptClientTests.Apple.start()
         defer { Task { await apple.stop() } }
