@@ -5,6 +5,10 @@
                                               (key: the UTF-8 bytes of $IAP_AUTH_HS256_SECRET)
   api_check.py mint-receipt FAKE_URL BUNDLE   print the base64 receipt of a new purchase minted
                                               at the fake App Store of `iap dev`
+  api_check.py mint-signed-notification FAKE_URL BUNDLE INTAKE_NOTIFICATION_URL
+                                              print the signedPayload of a REFUND notification
+                                              the fake App Store signed (caught on a loopback
+                                              port, then the fake points at the intake again)
   api_check.py products INTAKE_URL            print the catalog's product ids, comma-separated
   api_check.py auth-enforced INTAKE_URL       exit 0 if a user route refuses a request without
                                               a token with 401, 1 if it serves it
@@ -14,7 +18,9 @@
 import base64
 import hashlib
 import hmac
+import http.server
 import json
+import threading
 import os
 import re
 import sys
@@ -59,6 +65,39 @@ def mint(fake_url: str, bundle_id: str, field: str) -> str:
     return json.loads(body)[field]
 
 
+def signed_notification(fake_url: str, bundle_id: str, intake_notification_url: str) -> str:
+    """A genuine notification: the fake refunds a new purchase and sends its REFUND here."""
+    caught: list[bytes] = []
+
+    class Catch(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            caught.append(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Catch)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        request(f"{fake_url}/fake/config", {"notificationURL": f"http://127.0.0.1:{server.server_port}/"})
+        transaction = mint(fake_url, bundle_id, "transactionId")
+        status, body = request(f"{fake_url}/fake/purchases/{transaction}/refund", {})
+        if status != 200:
+            sys.exit(f"the fake App Store answered {status} to a refund: {body[:200]!r}")
+        deadline = time.time() + 10
+        while not caught and time.time() < deadline:
+            time.sleep(0.05)
+    finally:
+        request(f"{fake_url}/fake/config", {"notificationURL": intake_notification_url})
+        server.shutdown()
+    if not caught:
+        sys.exit("the fake App Store sent no notification")
+    return json.loads(caught[0])["signedPayload"]
+
+
 def products(intake_url: str) -> str:
     status, body = request(f"{intake_url}/v1/products")
     if status != 200:
@@ -95,6 +134,8 @@ def main() -> None:
         print(mint(args[1], args[2], "receiptData"))
     elif len(args) == 3 and args[0] == "mint-signed-transaction":
         print(mint(args[1], args[2], "signedTransaction"))
+    elif len(args) == 4 and args[0] == "mint-signed-notification":
+        print(signed_notification(args[1], args[2], args[3]))
     elif len(args) == 2 and args[0] == "products":
         print(products(args[1]))
     elif len(args) == 2 and args[0] == "auth-enforced":

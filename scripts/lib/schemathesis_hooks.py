@@ -4,7 +4,7 @@
   public ones (each operation's `security` in docs/openapi.yaml says which).
 - Positive cases are made meaningful where JSON Schema cannot say what the server needs:
   `receiptData` becomes a real receipt and `signedTransaction` a real signed transaction
-  (minted by the script at the fake App Store), `signedPayload` a well-formed notification,
+  (minted by the script at the fake App Store), `signedPayload` a notification the fake signed,
   `productId` a product of the live catalog, and the user the token's subject. Without this,
   every "valid" upload would be a random base64 string, rightly refused as
   `receipt_malformed`, and the success paths would never be exercised.
@@ -12,7 +12,7 @@
 
 Settings come from the environment: IAP_CHECK_BASE_URL, IAP_CHECK_USER_TOKEN,
 IAP_CHECK_USER_ID, IAP_CHECK_ADMIN_TOKEN, IAP_CHECK_RECEIPT, IAP_CHECK_SIGNED_TRANSACTION,
-IAP_CHECK_PRODUCTS.
+IAP_CHECK_SIGNED_NOTIFICATION, IAP_CHECK_PRODUCTS.
 """
 
 import os
@@ -26,9 +26,9 @@ USER_ID = os.environ["IAP_CHECK_USER_ID"]
 ADMIN_TOKEN = os.environ["IAP_CHECK_ADMIN_TOKEN"]
 RECEIPT = os.environ["IAP_CHECK_RECEIPT"]
 SIGNED_TRANSACTION = os.environ["IAP_CHECK_SIGNED_TRANSACTION"]
-# A well-formed but unsigned notification: the intake stores it (the signature is the
-# verifier's to check, and it will refuse this one).
-UNSIGNED_NOTIFICATION = "eyJhbGciOiJFUzI1NiJ9.eyJub3RpZmljYXRpb25UeXBlIjoiVEVTVCJ9.c2lnbmF0dXJl"
+# A notification the fake App Store signed: the intake checks the signature before it
+# stores anything, so only a genuine one is accepted (the same one again is harmless).
+SIGNED_NOTIFICATION = os.environ["IAP_CHECK_SIGNED_NOTIFICATION"]
 PRODUCTS = [p for p in os.environ.get("IAP_CHECK_PRODUCTS", "").split(",") if p]
 
 
@@ -78,7 +78,7 @@ def before_call(context, case, kwargs):
             if "signedTransaction" in body:
                 body["signedTransaction"] = SIGNED_TRANSACTION
         if path == "/v1/notifications/appstore" and body is not None:
-            body["signedPayload"] = UNSIGNED_NOTIFICATION
+            body["signedPayload"] = SIGNED_NOTIFICATION
         if path in ("/v1/orders", "/v1/admin/grants") and body is not None and PRODUCTS:
             if body.get("productId") not in PRODUCTS:
                 body["productId"] = PRODUCTS[len(str(body.get("productId"))) % len(PRODUCTS)]
