@@ -28,6 +28,17 @@ enum HelpText {
         The broker URL, amqp://user:password@host:port/vhost, comes from IAP_AMQP_URL or from the file named by \
         IAP_AMQP_URL_FILE, never from a flag (ps shows flags); default amqp://guest:guest@127.0.0.1:5672/.
         """
+    static let reconcile = """
+        Reconciliation (IAP_RECONCILE_INTERVAL) asks the App Store Server API with the key of the environment: \
+        IAP_APPSTORE_KEY_PATH, IAP_APPSTORE_KEY_ID, IAP_APPSTORE_ISSUER_ID (and IAP_APPSTORE_API_URL, \
+        IAP_APPSTORE_SANDBOX_API_URL, IAP_APPSTORE_API_RATE_SHARE; see iap verifier --help), with exactly one \
+        bundle id in IAP_BUNDLE_IDS; without a key it does not run. `iap admin reconcile` runs it once now.
+        """
+    static let ledger = """
+        Crediting: IAP_RESTORE=keep (default: a restore uploaded by another user leaves the entitlement with its \
+        first owner) or transfer (the entitlement moves to the user who restored it); IAP_SANDBOX and \
+        IAP_SANDBOX_ALLOWLIST (see iap verifier --help) also decide which sandbox notifications grant anything.
+        """
     static let alerts = """
         Alerts: IAP_ALERT_AFTER_ATTEMPTS (default 10) failed attempts, or needs_review, alert once per \
         submission (error log, iap_alerts_total); IAP_ALERT_WEBHOOK, when set, receives each as a JSON POST.
@@ -154,7 +165,7 @@ struct VerifierCommand: AsyncParsableCommand {
 struct FinisherCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "finisher", abstract: "Apply verification results to the order store, crediting each purchase once.",
-        discussion: HelpText.alerts + "\n" + HelpText.broker)
+        discussion: HelpText.ledger + "\n" + HelpText.alerts + "\n" + HelpText.broker)
 
     @OptionGroup var broker: BrokerOptions
     @OptionGroup var store: StoreOptions
@@ -174,7 +185,8 @@ struct FinisherCommand: AsyncParsableCommand {
 struct OrdersCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "orders", abstract: "The order service: intake and finisher in one process, the only writer of the store.",
-        discussion: HelpText.admin + "\n" + HelpText.alerts + "\n" + HelpText.broker)
+        discussion: HelpText.admin + "\n" + HelpText.ledger + "\n" + HelpText.alerts + "\n" + HelpText.reconcile + "\n"
+            + HelpText.broker)
 
     @OptionGroup var broker: BrokerOptions
     @OptionGroup var store: StoreOptions
@@ -182,6 +194,7 @@ struct OrdersCommand: AsyncParsableCommand {
     @Option(name: .long, help: "Results fetched and applied at once (they share group commits). (env IAP_FINISHER_PREFETCH; default 64)")
     var finisherPrefetch: Int?
     @OptionGroup var notifications: NotificationOptions
+    @OptionGroup var reconcile: ReconcileOptions
     @OptionGroup var ops: OpsOptions
     @OptionGroup var catalog: CatalogOptions
     @OptionGroup var log: LogOptions
@@ -190,6 +203,12 @@ struct OrdersCommand: AsyncParsableCommand {
         var settings = try pipelineSettings(broker: broker, store: store, http: http, finisherPrefetch: finisherPrefetch)
         try await apply(catalog: catalog.load(), http: http, to: &settings)
         try notifications.apply(to: &settings)
+        settings.reconciliation = try reconcile.settings()
+        if settings.reconciliation != nil {
+            // The Server API key, from the environment only (the verifier's flags would clash here).
+            settings.storeKit = try StoreKitOptions.parse([]).settings(
+                bundleIds: settings.verifyReceipt.bundleIds, defaults: settings.storeKit)
+        }
         try await serve([.intake, .finisher], settings: settings, ops: ops, log: log, label: "iap.orders")
     }
 }
@@ -232,6 +251,7 @@ struct DevCommand: AsyncParsableCommand {
     @OptionGroup var verifier: VerifierOptions
     @OptionGroup var storeKit: StoreKitOptions
     @OptionGroup var fake: FakeAppStoreOptions
+    @OptionGroup var reconcile: ReconcileOptions
     @OptionGroup var ops: OpsOptions
     @OptionGroup var catalog: CatalogOptions
     @OptionGroup var log: LogOptions
@@ -272,6 +292,7 @@ struct DevCommand: AsyncParsableCommand {
                     bundleId: verifyReceipt.bundleIds.sorted().first ?? "com.example.demo", productionURL: fakeURL,
                     sandboxURL: fakeURL + "/sandbox"),
                 receiptsThroughServerAPI: false))
+        settings.reconciliation = try reconcile.settings()
         switch SettingReader().string(nil, "IAP_INLINE_VERIFICATION", default: "false") {
         case "true": settings.inlineVerification = true
         case "false": break
