@@ -44,7 +44,7 @@ extension BrokerTests {
             let states = (status["transactions"] as? [[String: Any]] ?? []).reduce(into: [String: String]()) {
                 $0[$1["transactionId"] as? String ?? ""] = $1["state"] as? String
             }
-            #expect(states == [refunded.transactionId: "cancelled", kept.transactionId: "credited"])
+            #expect(states == [refunded.transactionId: "revoked", kept.transactionId: "credited"])
             #expect(try await pipeline.store.grants(ofUser: "gina").map(\.transactionId) == [kept.transactionId])
         }
 
