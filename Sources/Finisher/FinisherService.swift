@@ -127,6 +127,7 @@ public final class FinisherService: Service, Sendable {
             Counter(label: MetricNames.resultsApplied, dimensions: [("state", state.rawValue)]).increment()
             Counter(label: MetricNames.grants).increment(by: applied.credited)
             Counter(label: MetricNames.replays).increment(by: applied.replayed)
+            Counter(label: MetricNames.revocations).increment(by: applied.revoked)
             if applied.replayed > 0 {
                 logger.warning(
                     "purchase uploaded by another user than its owner",

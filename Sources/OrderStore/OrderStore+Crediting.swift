@@ -47,13 +47,23 @@ extension ReasonCode {
     public static let productMismatch = ReasonCode("product_mismatch")
 }
 
-/// The upload a purchase came in.
-struct Upload {
-    var userId: String
-    var submissionId: String
-    var orderId: String?
-    var transactionId: String?
-    var bundleId: String
+/// The upload a purchase came in, and the grants crediting it revoked (for the metrics).
+final class Upload {
+    let userId: String
+    let submissionId: String
+    let orderId: String?
+    let transactionId: String?
+    let bundleId: String
+    /// Grants revoked while applying it (Apple's answer said refunded, or a restore moved one).
+    var revocations = 0
+
+    init(userId: String, submissionId: String, orderId: String?, transactionId: String?, bundleId: String) {
+        self.userId = userId
+        self.submissionId = submissionId
+        self.orderId = orderId
+        self.transactionId = transactionId
+        self.bundleId = bundleId
+    }
 }
 
 extension OrderStore {
@@ -70,7 +80,9 @@ extension OrderStore {
             try recordRevocation(
                 key: key, transactionId: purchase.transactionId, source: "apple_answer", at: cancelled, now: now, in: db)
         {
-            try revokeActiveGrant(key: key, reason: "revoked in Apple's answer", tag: "answer", policy: policy, now: now, in: db)
+            if try revokeActiveGrant(key: key, reason: "revoked in Apple's answer", tag: "answer", policy: policy, now: now, in: db) {
+                upload.revocations += 1
+            }
             return (.revoked, .purchaseRevoked)
         }
         if try revocationStands(key: key, in: db) {
@@ -100,6 +112,7 @@ extension OrderStore {
                 return (.ownedByOtherUser, nil)
             case .transfer:
                 try transfer(active, to: upload, purchase: purchase, key: key, policy: policy, now: now, in: db)
+                upload.revocations += 1
                 return (.credited, nil)
             }
         }
@@ -197,7 +210,8 @@ extension OrderStore {
             transactionId: purchase.transactionId, originalTransactionId: purchase.originalTransactionId,
             creditKey: key, userId: owner, productId: purchase.productId, orderId: boundOrder,
             quantity: max(purchase.quantity, 1), grant: product?.grant(quantity: purchase.quantity) ?? [:],
-            environment: purchase.environment, source: "apple", policy: policy, now: now, in: db)
+            environment: purchase.environment, source: "apple",
+            expiresAt: product?.type == .autoRenewable ? purchase.expiresDate : nil, policy: policy, now: now, in: db)
         if product?.type == .autoRenewable || (product == nil && purchase.expiresDate != nil) {
             try recordSubscription(of: purchase, owner: owner, now: now, in: db)
         }
@@ -245,7 +259,7 @@ extension OrderStore {
                 transactionId: purchase.transactionId, originalTransactionId: purchase.originalTransactionId, creditKey: key,
                 userId: upload.userId, productId: purchase.productId, orderId: nil, quantity: active["quantity"],
                 grant: product?.grant(quantity: active["quantity"]) ?? [:], environment: purchase.environment,
-                source: "apple", policy: policy, now: now, in: db)
+                source: "apple", expiresAt: active["expiresAt"], policy: policy, now: now, in: db)
         }
         if try db.cachedRow(sql: "SELECT 1 FROM purchase WHERE transactionId = ?", arguments: [purchase.transactionId]) == nil {
             try db.execute(
@@ -270,18 +284,18 @@ extension OrderStore {
     static func grant(
         transactionId: String, originalTransactionId: String, creditKey: String, userId: String, productId: String,
         orderId: String?, quantity: Int, grant: [String: Catalog.GrantValue], environment: AppStoreEnvironment,
-        source: String, policy: CreditPolicy, now: Date, in db: Database
+        source: String, expiresAt: Date? = nil, policy: CreditPolicy, now: Date, in db: Database
     ) throws {
         let grantJSON = String(decoding: try JSONEncoder.sorted.encode(grant), as: UTF8.self)
         try db.executeCached(
             sql: """
                 INSERT INTO grants (transactionId, userId, productId, orderId, quantity, grantJSON, environment, source,
-                    state, grantedAt, creditKey)
-                VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, ?)
+                    state, grantedAt, creditKey, originalTransactionId, expiresAt)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, ?, ?, ?)
                 """,
             arguments: [
                 transactionId, userId, productId, orderId, quantity, grantJSON, environment.rawValue, source, now,
-                creditKey,
+                creditKey, originalTransactionId, expiresAt,
             ])
         try event(
             "grant.created",

@@ -24,6 +24,27 @@ public struct Grant: Sendable, Equatable {
     public var environment: String
     /// `apple` or `manual`.
     public var source: String
+    /// For a subscription period: when it ends (Apple's `expiresDate`); nil for what never ends.
+    public var expiresAt: Date? = nil
+    /// For a subscription period in Apple's billing grace period: when the grace ends.
+    public var gracePeriodExpiresAt: Date? = nil
+
+    /// Whether the user may use it at `now`: active, and not past its period (or grace).
+    public func isInForce(at now: Date) -> Bool {
+        guard state == "active" else { return false }
+        guard let expiresAt else { return true }
+        return max(expiresAt, gracePeriodExpiresAt ?? expiresAt) > now
+    }
+}
+
+/// What a user may use right now: the one answer most apps need.
+public struct Entitlements: Sendable, Equatable {
+    /// Active grants, not past their period.
+    public var grants: [Grant]
+    /// Subscriptions not expired (active, in grace period or in billing retry before expiry).
+    public var subscriptions: [SubscriptionRecord]
+    /// Consumables credited, summed by what they grant (e.g. `["coins": 180]`).
+    public var balances: [String: Int]
 }
 
 extension OrderStore {
@@ -34,6 +55,26 @@ extension OrderStore {
                 db, sql: "SELECT * FROM grants WHERE userId = ? ORDER BY id", arguments: [userId]
             ).map(Grant.init(row:))
         }
+    }
+
+    /// What `userId` may use at `now`: grants in force, live subscriptions, and consumable
+    /// balances (numeric grant values of active consumable grants, summed; `catalog` says
+    /// which products are consumable, and without one every grant without an expiry counts).
+    public func entitlements(ofUser userId: String, catalog: Catalog?, now: Date = Date()) async throws -> Entitlements {
+        let grants = try await grants(ofUser: userId).filter { $0.isInForce(at: now) }
+        let subscriptions = try await subscriptions(ofUser: userId).filter { subscription in
+            subscription.state != "expired" && subscription.state != "revoked"
+                && max(subscription.expiresDate ?? .distantFuture, subscription.gracePeriodExpiresDate ?? .distantPast) > now
+        }
+        var balances: [String: Int] = [:]
+        for grant in grants {
+            let type = catalog?.product(grant.productId)?.type
+            guard type == .consumable || (catalog == nil && grant.expiresAt == nil) else { continue }
+            guard let values = try? JSONDecoder().decode([String: Catalog.GrantValue].self, from: Data(grant.grantJSON.utf8))
+            else { continue }
+            for case let (name, .number(amount)) in values { balances[name, default: 0] += amount }
+        }
+        return Entitlements(grants: grants, subscriptions: subscriptions, balances: balances)
     }
 
     /// The grants for one Apple transaction: zero or one, by construction.
@@ -92,6 +133,7 @@ extension Grant {
         self.init(
             transactionId: row["transactionId"], userId: row["userId"], productId: row["productId"],
             quantity: row["quantity"], state: row["state"], grantedAt: row["grantedAt"], orderId: row["orderId"],
-            grantJSON: row["grantJSON"], environment: row["environment"], source: row["source"])
+            grantJSON: row["grantJSON"], environment: row["environment"], source: row["source"],
+            expiresAt: row["expiresAt"], gracePeriodExpiresAt: row["gracePeriodExpiresAt"])
     }
 }

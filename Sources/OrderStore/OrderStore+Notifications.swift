@@ -9,7 +9,7 @@ extension OrderStore {
     /// Apple's word. Consumption requests are recorded for the app to answer.
     static func apply(
         _ notification: AppStoreNotification, submissionId: String, policy: CreditPolicy, now: Date, in db: Database
-    ) throws -> (state: SubmissionState, message: String) {
+    ) throws -> (state: SubmissionState, message: String, revoked: Int) {
         let purchase = notification.purchase
         try db.execute(
             sql: """
@@ -22,13 +22,13 @@ extension OrderStore {
                 notification.environment.rawValue, purchase?.transactionId, submissionId, notification.signedDate, now,
             ])
         guard db.changesCount > 0 else {
-            return (.credited, "notification \(notification.notificationUUID) was applied before")
+            return (.credited, "notification \(notification.notificationUUID) was applied before", 0)
         }
         let outcome = try outcome(of: notification, submissionId: submissionId, policy: policy, now: now, in: db)
         try db.execute(
             sql: "UPDATE notification SET outcome = ? WHERE notificationUUID = ?",
             arguments: [outcome, notification.notificationUUID])
-        return (.credited, "\(notification.notificationType): \(outcome)")
+        return (.credited, "\(notification.notificationType): \(outcome)", outcome == "revoked" ? 1 : 0)
     }
 
     private static func outcome(
@@ -164,6 +164,7 @@ extension OrderStore {
             userId: row["userId"], productId: productId, orderId: nil, quantity: quantity,
             grant: policy.catalog?.product(productId)?.grant(quantity: quantity) ?? [:],
             environment: AppStoreEnvironment(rawValue: row["environment"]) ?? purchase.environment, source: "apple",
+            expiresAt: policy.catalog?.product(productId)?.type == .autoRenewable ? purchase.expiresDate : nil,
             policy: policy, now: now, in: db)
         try audit(
             actor: "apple", action: "grant_restored", subject: "transaction:\(transactionId)", reason: "REFUND_REVERSED",
@@ -199,6 +200,15 @@ extension OrderStore {
     ) throws {
         guard let purchase = notification.purchase, purchase.expiresDate != nil || notification.subscriptionStatus != nil
         else { return }
+        if let grace = notification.gracePeriodExpiresDate {
+            // The newest period's grant lasts into Apple's billing grace period.
+            try db.execute(
+                sql: """
+                    UPDATE grants SET gracePeriodExpiresAt = ?
+                    WHERE id = (SELECT max(id) FROM grants WHERE originalTransactionId = ?)
+                    """,
+                arguments: [grace, purchase.originalTransactionId])
+        }
         let fromStatus: String? =
             switch notification.subscriptionStatus {
             case 1: "active"

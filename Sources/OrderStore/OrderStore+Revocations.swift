@@ -46,15 +46,18 @@ extension OrderStore {
         return db.changesCount > 0
     }
 
-    /// Revokes the active grant of `key`, if any, as Apple's doing (`grant.revoked`, audited).
+    /// Revokes the active grant of `key`, if any, as Apple's doing (`grant.revoked`, audited);
+    /// says whether there was one.
+    @discardableResult
     static func revokeActiveGrant(
         key: String, reason: String, tag: String, policy: CreditPolicy, now: Date, in db: Database
-    ) throws {
+    ) throws -> Bool {
         guard let row = try db.cachedRow(sql: "SELECT * FROM grants WHERE creditKey = ? AND state = 'active'", arguments: [key])
-        else { return }
+        else { return false }
         try revokeGrant(
             row, actor: "apple", reason: reason, eventId: "grant.revoked:\(row["transactionId"] as String):\(tag)",
             policy: policy, now: now, in: db)
+        return true
     }
 
     /// An upload that a standing revocation stopped: kept (held as `revoked`) so that Apple's

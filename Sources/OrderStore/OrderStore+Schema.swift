@@ -250,6 +250,22 @@ extension OrderStore {
                     CREATE INDEX subscription_due ON subscription(state, expiresDate);
                     """)
         }
+        migrator.registerMigration("v5: grant expiry and chain") { db in
+            try db.execute(
+                sql: """
+                    -- A subscription period's grant ends with the period (and its grace period).
+                    ALTER TABLE grants ADD COLUMN originalTransactionId TEXT;
+                    UPDATE grants SET originalTransactionId =
+                        (SELECT originalTransactionId FROM purchase WHERE purchase.transactionId = grants.transactionId);
+                    ALTER TABLE grants ADD COLUMN expiresAt DATETIME;
+                    ALTER TABLE grants ADD COLUMN gracePeriodExpiresAt DATETIME;
+                    CREATE INDEX grants_original ON grants(originalTransactionId);
+
+                    -- The status an app polls follows what happened to each transaction later.
+                    ALTER TABLE submission_transaction ADD COLUMN creditKey TEXT;
+                    CREATE INDEX audit_log_subject ON audit_log(subject);
+                    """)
+        }
         return migrator
     }
 }

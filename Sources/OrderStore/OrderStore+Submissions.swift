@@ -18,6 +18,9 @@ public struct SubmissionStatus: Sendable, Equatable {
         public var state: TransactionCreditState
         /// Why it is held, when it is.
         public var reason: ReasonCode?
+        /// Who granted it when that was not Apple's answer to this upload: a customer service
+        /// operator, or `apple` (a reversed refund); nil otherwise.
+        public var grantedBy: String? = nil
     }
 
     /// The submission.
@@ -107,21 +110,65 @@ extension OrderStore {
                 db,
                 sql: "SELECT * FROM submission_transaction WHERE submissionId = ? ORDER BY rowid",
                 arguments: [id.uuidString]
-            ).map { row in
-                SubmissionStatus.Transaction(
-                    transactionId: row["transactionId"], originalTransactionId: row["originalTransactionId"],
-                    productId: row["productId"],
-                    environment: AppStoreEnvironment(rawValue: row["environment"]) ?? .production,
-                    state: TransactionCreditState(rawValue: row["state"]) ?? .alreadyCredited,
-                    reason: (row["reason"] as String?).map(ReasonCode.init(rawValue:)))
+            ).map { transaction in
+                var current = SubmissionStatus.Transaction(
+                    transactionId: transaction["transactionId"], originalTransactionId: transaction["originalTransactionId"],
+                    productId: transaction["productId"],
+                    environment: AppStoreEnvironment(rawValue: transaction["environment"]) ?? .production,
+                    state: TransactionCreditState(rawValue: transaction["state"]) ?? .alreadyCredited,
+                    reason: (transaction["reason"] as String?).map(ReasonCode.init(rawValue:)))
+                try Self.followLaterEvents(&current, key: transaction["creditKey"], userId: row["userId"], in: db)
+                return current
             }
-            return SubmissionStatus(
+            var status = SubmissionStatus(
                 submissionId: id, userId: row["userId"],
                 state: SubmissionState(rawValue: row["state"]) ?? .pending,
                 reason: (row["reason"] as String?).map(ReasonCode.init(rawValue:)),
                 reasonMessage: row["reasonMessage"], attempts: row["attempts"], nextAttemptAt: row["nextAttemptAt"],
                 environment: (row["environment"] as String?).flatMap(AppStoreEnvironment.init(rawValue:)),
                 acceptedAt: row["acceptedAt"], transactions: transactions, finishable: row["finishable"])
+            // Held or refunded before, everything in it is credited now (by customer service, or
+            // a reversed refund): the upload is settled and the app may finish it.
+            if status.state == .needsReview || status.reason == .purchaseRevoked, !transactions.isEmpty,
+                transactions.allSatisfy({ [.credited, .alreadyCredited, .superseded].contains($0.state) })
+            {
+                status.state = .credited
+                status.reason = nil
+                status.reasonMessage = transactions.compactMap(\.grantedBy).first.map { "granted by \($0)" }
+            }
+            return status
+        }
+    }
+
+    /// What happened to a transaction since its upload was answered: granted by customer
+    /// service or by a reversed refund (`credited`), or revoked since (`revoked`).
+    private static func followLaterEvents(
+        _ transaction: inout SubmissionStatus.Transaction, key: String?, userId: String, in db: Database
+    ) throws {
+        guard let key,
+            let grant = try db.cachedRow(
+                sql: "SELECT transactionId, state, source, revokedBy FROM grants WHERE creditKey = ? AND userId = ?",
+                arguments: [key, userId])
+        else { return }
+        let active = (grant["state"] as String) == "active"
+        switch transaction.state {
+        case .held, .revoked where active:
+            transaction.state = .credited
+            transaction.reason = nil
+            if (grant["source"] as String) == "manual" {
+                transaction.grantedBy = try String.fetchOne(
+                    db,
+                    sql: """
+                        SELECT actor FROM audit_log WHERE subject = ? AND action = 'grant_manual' ORDER BY id DESC LIMIT 1
+                        """, arguments: ["transaction:\(grant["transactionId"] as String)"]) ?? "customer service"
+            } else {
+                transaction.grantedBy = "apple"
+            }
+        case .credited, .alreadyCredited where !active:
+            transaction.state = .revoked
+            transaction.reason = (grant["revokedBy"] as String?) == "apple" ? .purchaseRevoked : ReasonCode("revoked_by_customer_service")
+        default:
+            break
         }
     }
 
@@ -133,6 +180,9 @@ extension OrderStore {
         public var credited: Int
         /// Purchases in it that belong to another user.
         public var replayed: Int
+        /// Grants it revoked (a refund or revocation, by a notification or in Apple's answer;
+        /// a grant moved away by a restore).
+        public var revoked: Int = 0
     }
 
     /// Applies one verification result, all or nothing, and returns the submission's new state
@@ -151,16 +201,14 @@ extension OrderStore {
         -> Applied
     {
         try await groupCommit.write { db -> Applied in
-            var credited = 0
-            var replays = 0
-            let state = try Self.apply(result, policy: policy, now: now, credited: &credited, replays: &replays, in: db)
-            return Applied(state: state, credited: credited, replayed: replays)
+            var counts = Applied(state: .pending, credited: 0, replayed: 0)
+            counts.state = try Self.apply(result, policy: policy, now: now, counts: &counts, in: db)
+            return counts
         }
     }
 
     private static func apply(
-        _ result: VerifyResult, policy: CreditPolicy, now: Date, credited: inout Int, replays: inout Int,
-        in db: Database
+        _ result: VerifyResult, policy: CreditPolicy, now: Date, counts: inout Applied, in db: Database
     ) throws -> SubmissionState {
         do {
             guard
@@ -203,6 +251,7 @@ extension OrderStore {
                 return .rejected
             case .notification(let notification):
                 let state = try Self.apply(notification, submissionId: id, policy: policy, now: now, in: db)
+                counts.revoked += state.revoked
                 try Self.finish(
                     id, state: state.state, reason: nil, message: state.message, attempt: max(attempts, result.attempt),
                     environment: notification.environment, now: now, in: db)
@@ -221,20 +270,22 @@ extension OrderStore {
                     let (state, reason) = try Self.credit(purchase, upload: upload, policy: policy, now: now, in: db)
                     outcomes[state, default: 0] += 1
                     if state == .replayedFromOtherUser { replayed += 1 }
-                    if state == .credited { credited += 1 }
+                    if state == .credited { counts.credited += 1 }
                     if state == .held, held == nil, let reason { held = (reason, purchase.transactionId) }
                     try db.executeCached(
                         sql: """
                             INSERT INTO submission_transaction
-                                (submissionId, transactionId, originalTransactionId, productId, environment, state, reason)
-                            VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING
+                                (submissionId, transactionId, originalTransactionId, productId, environment, state, reason,
+                                    creditKey)
+                            VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING
                             """,
                         arguments: [
                             id, purchase.transactionId, purchase.originalTransactionId, purchase.productId,
-                            purchase.environment.rawValue, state.rawValue, reason?.rawValue,
+                            purchase.environment.rawValue, state.rawValue, reason?.rawValue, policy.creditKey(of: purchase),
                         ])
                 }
-                replays = replayed
+                counts.replayed = replayed
+                counts.revoked += upload.revocations
                 if replayed > 0 {
                     try Self.audit(
                         actor: "system", action: "replay_refused", subject: "submission:\(id)",
