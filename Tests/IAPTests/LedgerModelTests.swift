@@ -17,7 +17,7 @@ import Testing
 
 /// Draws from `SplitMix64`: every sequence from its own seed, the same on every machine and
 /// toolchain (the standard library's `random(in:using:)` may change its algorithm; these
-/// helpers do not).
+/// functions do not).
 struct ModelRandom {
     private var generator: SplitMix64
 
@@ -140,6 +140,9 @@ struct LedgerModel {
     private(set) var grants: [Grant] = []
     /// Uploads that ended `revoked`, per key, first first: credited on a reversal.
     private var claimants: [String: [(user: Int, transactionId: String)]] = [:]
+    /// The first user a transaction id was credited to or stopped for (revoked): the same id
+    /// from anyone else is a replay.
+    private var claimedBy: [String: Int] = [:]
     /// Whoever was first credited anything of a subscription chain.
     private var subscriptionOwner: [String: Int] = [:]
 
@@ -176,6 +179,7 @@ struct LedgerModel {
 
     private mutating func credit(_ transactionId: String, to user: Int) {
         let transaction = transactions[transactionId]!
+        if claimedBy[transactionId] == nil { claimedBy[transactionId] = user }
         if let index = grants.firstIndex(where: { $0.transactionId == transactionId && $0.user == user }) {
             grants[index].active = true
             grants[index].revokedByRefund = false
@@ -206,13 +210,14 @@ struct LedgerModel {
             if cancelledInAnswer { revokeByRefund(key) }
             let state: String
             if revoked.contains(key) {
+                if claimedBy[id] == nil { claimedBy[id] = user }
                 if !(claimants[key] ?? []).contains(where: { $0.transactionId == id && $0.user == user }) {
                     claimants[key, default: []].append((user, id))
                 }
                 state = "revoked"
             } else if let index = activeGrant(key), grants[index].user == user {
                 state = "already_credited"
-            } else if grants.contains(where: { $0.transactionId == id && $0.user != user }) {
+            } else if let first = claimedBy[id], first != user {
                 state = "replayed_from_other_user"
             } else if let index = activeGrant(key) {
                 if policy == .transfer {
