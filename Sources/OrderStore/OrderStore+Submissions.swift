@@ -152,7 +152,7 @@ extension OrderStore {
         else { return }
         let active = (grant["state"] as String) == "active"
         switch transaction.state {
-        case .held, .revoked where active:
+        case .held where active, .revoked where active:
             transaction.state = .credited
             transaction.reason = nil
             if (grant["source"] as String) == "manual" {
@@ -164,7 +164,7 @@ extension OrderStore {
             } else {
                 transaction.grantedBy = "apple"
             }
-        case .credited, .alreadyCredited where !active:
+        case .credited where !active, .alreadyCredited where !active:
             transaction.state = .revoked
             transaction.reason = (grant["revokedBy"] as String?) == "apple" ? .purchaseRevoked : ReasonCode("revoked_by_customer_service")
         default:

@@ -248,6 +248,55 @@ struct LedgerSemanticsTests {
         #expect(try await !rejected(.notConfigured))
     }
 
+    @Test func theStatusAnAppPollsFollowsWhatHappenedLater() async throws {
+        let (store, _) = try makeStore()
+        // Held (not in the catalog), then granted by customer service: the upload is settled.
+        let held = try await upload([purchase("h1", product: "com.example.unknown")], by: "ana", to: store)
+        #expect(held.state == .needsReview && !held.finishTransaction)
+        _ = try await store.grantManually(
+            userId: "ana", productId: "com.example.unknown", quantity: 1, grant: ["coins": .number(10)], transactionId: "h1",
+            actor: "carla", reason: "paid, product missing from the catalog", policy: policy)
+        let granted = try #require(try await store.status(of: held.submissionId))
+        #expect(granted.state == .credited && granted.finishTransaction)
+        #expect(granted.transactions.map(\.state) == [.credited])
+        #expect(granted.transactions.first?.grantedBy == "carla")
+        // Credited, then refunded: the upload's transaction reads revoked.
+        let coins = try await upload([purchase("c1", product: "com.example.coins.60")], by: "ana", to: store)
+        _ = try await notify("REFUND", purchase("c1", product: "com.example.coins.60"), to: store)
+        let refunded = try #require(try await store.status(of: coins.submissionId))
+        #expect(refunded.transactions.map(\.state) == [.revoked])
+        #expect(refunded.transactions.first?.reason == .purchaseRevoked)
+        // Refunded before the upload, then reversed: credited by Apple's reversal.
+        _ = try await notify("REFUND", purchase("c2", product: "com.example.coins.60"), to: store)
+        let early = try await upload([purchase("c2", product: "com.example.coins.60")], by: "ana", to: store)
+        _ = try await notify("REFUND_REVERSED", purchase("c2", product: "com.example.coins.60"), to: store)
+        let reversed = try #require(try await store.status(of: early.submissionId))
+        #expect(reversed.state == .credited && reversed.transactions.first?.grantedBy == "apple")
+    }
+
+    @Test func entitlementsAreWhatTheUserMayUseNow() async throws {
+        let (store, _) = try makeStore()
+        let now = Date()
+        try await upload(
+            [
+                purchase("c1", product: "com.example.coins.60"), purchase("c2", product: "com.example.coins.120"),
+                purchase("p1", product: "com.example.premium"),
+                purchase("w1", product: "com.example.vip.month", period: "a1", expires: now.addingTimeInterval(-3600)),
+                purchase("w2", original: "w1", product: "com.example.vip.month", period: "a2", expires: now.addingTimeInterval(3600)),
+            ], by: "ana", to: store)
+        let grants = try await store.grants(ofUser: "ana")
+        #expect(grants.first { $0.transactionId == "w2" }?.expiresAt != nil)
+        #expect(grants.first { $0.transactionId == "p1" }?.expiresAt == nil)
+        let entitlements = try await store.entitlements(ofUser: "ana", catalog: PipelineHarness.testCatalog, now: now)
+        #expect(Set(entitlements.grants.map(\.transactionId)) == ["c1", "c2", "p1", "w2"])
+        #expect(entitlements.balances == ["coins": 180])
+        #expect(entitlements.subscriptions.map(\.originalTransactionId) == ["w1"])
+        #expect(entitlements.subscriptions.first?.expiresDate.map { $0 > now } == true)
+        // Past the period (and any grace): nothing of the subscription is in force.
+        let later = try await store.entitlements(ofUser: "ana", catalog: PipelineHarness.testCatalog, now: now.addingTimeInterval(7200))
+        #expect(Set(later.grants.map(\.transactionId)) == ["c1", "c2", "p1"] && later.subscriptions.isEmpty)
+    }
+
     @Test func answeredCommitsAreSyncedToDisk() async throws {
         let (store, _) = try makeStore()
         let durability = try await store.durability()
