@@ -181,7 +181,8 @@ public final class AppStoreVerifier: ReceiptVerifying {
         }
     }
 
-    private static func purchase(_ payload: JWSTransactionDecodedPayload) -> VerifiedPurchase {
+    /// A verified signed transaction as the ledger reads it (also what reconciliation applies).
+    static func purchase(_ payload: JWSTransactionDecodedPayload) -> VerifiedPurchase {
         VerifiedPurchase(
             transactionId: payload.transactionId, originalTransactionId: payload.originalTransactionId,
             productId: payload.productId, quantity: payload.quantity ?? 1,

@@ -36,11 +36,19 @@ public enum MetricNames {
     public static let breakerOpen = "iap_apple_breaker_open"
     /// Rejected submissions deleted after `IAP_RETENTION_DAYS`.
     public static let retentionPurged = "iap_retention_purged_total"
+    /// Reconciliation runs by `result` (`ok`, or `failed` when a call to Apple or a check of
+    /// its answer failed; what could be applied was applied).
+    public static let reconciliationRuns = "iap_reconciliation_runs_total"
+    /// Changes a reconciliation made (a grant credited or revoked, a subscription's state
+    /// corrected), by the notification `type` it applied them as.
+    public static let reconciliationCorrections = "iap_reconciliation_corrections_total"
+    /// Notifications Apple could not deliver, re-delivered by a reconciliation.
+    public static let reconciliationRedelivered = "iap_reconciliation_redelivered_total"
 
     /// All of them.
     public static let all: [String] = [
         uploads, verifications, appleRequestDuration, retries, deadLetters, resultsApplied, grants, revocations,
         replays, alerts, submissions, outboxBacklog, queueMessages, queueConsumers, breakerOpen, notifications,
-        retentionPurged,
+        retentionPurged, reconciliationRuns, reconciliationCorrections, reconciliationRedelivered,
     ]
 }

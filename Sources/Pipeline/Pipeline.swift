@@ -64,6 +64,9 @@ public struct PipelineSettings: Sendable {
     public var fakeAppStoreNotificationURL: String?
     /// Benchmarks only: the intake verifies inside the HTTP request (see `IntakeSettings.inlineVerifier`).
     public var inlineVerification = false
+    /// Scheduled reconciliation with Apple in the process that runs the finisher, when the
+    /// Server API is configured too; nil runs none.
+    public var reconciliation: ReconciliationSettings?
 
     /// Creates settings.
     public init(
@@ -182,9 +185,11 @@ public struct Pipeline: Sendable {
             relay = outbox
             middle.append(outbox)
         }
+        // The order service asks Apple itself only to reconcile.
+        let reconciles = roles.contains(.finisher) && settings.reconciliation != nil && settings.storeKit.serverAPI != nil
         // One HTTP client per process, for Apple and for alert webhooks.
         var httpClient: HTTPClient?
-        if roles.contains(.verifier) || settings.inlineVerification
+        if roles.contains(.verifier) || settings.inlineVerification || reconciles
             || (roles.contains(.finisher) && settings.finisher.alerts.webhookURL != nil) {
             var configuration = HTTPClient.Configuration()
             configuration.timeout = .init(connect: .seconds(5))
@@ -196,7 +201,7 @@ public struct Pipeline: Sendable {
         // What checks Apple's signed data: the verifier's, and the intake's check of each
         // notification before it is stored (the same roots, bundle ids and app id).
         var signedData: SignedDataVerifier?
-        if !roles.isDisjoint(with: [.intake, .verifier]) || settings.inlineVerification {
+        if !roles.isDisjoint(with: [.intake, .verifier]) || settings.inlineVerification || reconciles {
             signedData = SignedDataVerifier(
                 settings: .init(
                     trustedRoots: try settings.storeKit.trustedRoots ?? [AppleRoot.g3()],
@@ -231,6 +236,20 @@ public struct Pipeline: Sendable {
                 FinisherService(
                     settings: settings.finisher, consumer: consumerConnection, publisher: connection, store: store,
                     httpClient: httpClient, logger: logger, eventsQueued: { [relay] in relay?.notify() }))
+            Reconciliation.exportMetrics()
+        }
+        if reconciles, let store, let client = httpClient, let signed = signedData,
+            let serverAPI = settings.storeKit.serverAPI, let schedule = settings.reconciliation
+        {
+            let reconciliation = Reconciliation(
+                store: store,
+                reader: SubscriptionStatusReader(
+                    client: try AppStoreServerAPIClient(settings: serverAPI, httpClient: client, logger: logger), verifier: signed),
+                policy: CreditPolicy(
+                    catalog: settings.finisher.catalog, eventsExchange: settings.names.events,
+                    sandbox: settings.finisher.sandboxPolicy, restore: settings.finisher.restorePolicy),
+                verifyQueue: settings.names.verify, settings: schedule, logger: logger, queued: { [relay] in relay?.notify() })
+            middle.append(ReconciliationService(reconciliation: reconciliation, interval: schedule.interval, logger: logger))
         }
         if roles.contains(.verifier), let connection, let consumerConnection, let verifier = appStoreVerifier {
             middle.append(

@@ -7,13 +7,14 @@ import Logging
 import Messaging
 import Pipeline
 import NIOCore
+import OrderStore
 import NIOFoundationCompat
 import NIOHTTP1
 
 struct AdminCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "admin", abstract: "Operator tools.",
-        subcommands: [DeadLettersCommand.self, ReconcileNotificationsCommand.self])
+        subcommands: [DeadLettersCommand.self, ReconcileCommand.self, ReconcileNotificationsCommand.self])
 }
 
 struct DeadLettersCommand: AsyncParsableCommand {
@@ -92,6 +93,64 @@ struct DeadLettersCommand: AsyncParsableCommand {
     }
 }
 
+/// `iap admin reconcile`: the order service's scheduled reconciliation, once now, against the
+/// store file; what it queues (re-delivered notifications, events) waits in the outbox for the
+/// order service's relay.
+struct ReconcileCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "reconcile",
+        abstract: "Reconcile with Apple once now: the order service's scheduled run (IAP_RECONCILE_INTERVAL); prints what it did.",
+        discussion: """
+            Asks Get Refund History and Get All Subscription Statuses about every subscription in the order store \
+            that is due to renew (active and ending within a day, or ended), in billing retry or in a grace period, \
+            and applies what Apple says as the notification Apple would have sent (each once); then re-delivers \
+            the notifications Apple could not send since the last run (Get Notification History, onlyFailures) \
+            through the notification path. Every change is audited (actor reconciliation). Needs the App Store \
+            Server API key (IAP_APPSTORE_KEY_PATH, IAP_APPSTORE_KEY_ID, IAP_APPSTORE_ISSUER_ID), one bundle id \
+            (IAP_BUNDLE_IDS), the catalog and the order store the order service uses; the order service's relay \
+            publishes what this queues. Prints one JSON object; exits 1 when part of it failed.
+            """)
+
+    @Option(help: "Comma-separated bundle ids; exactly one. (env IAP_BUNDLE_IDS)")
+    var bundleIds: String?
+
+    @OptionGroup var store: StoreOptions
+    @OptionGroup var catalog: CatalogOptions
+    @OptionGroup var broker: BrokerOptions
+    @OptionGroup var storeKit: StoreKitOptions
+    @OptionGroup var log: LogOptions
+
+    func run() async throws {
+        let logger = try log.makeLogger(label: "iap.admin")
+        let ids = Set(
+            (SettingReader().optionalString(bundleIds, "IAP_BUNDLE_IDS") ?? "").split(separator: ",")
+                .map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty })
+        let settings = try storeKit.settings(bundleIds: ids)
+        guard let serverAPI = settings.serverAPI else {
+            throw ValidationError("reconciling needs the App Store Server API key: IAP_APPSTORE_KEY_PATH")
+        }
+        let names = try broker.names()
+        let orders = try OrderStore(path: store.path())
+        let verifier = SignedDataVerifier(
+            settings: .init(
+                trustedRoots: try settings.trustedRoots ?? [AppleRoot.g3()], bundleIds: ids, appAppleId: settings.appAppleId,
+                validationTime: settings.validationTime))
+        let reconciliation = Reconciliation(
+            store: orders,
+            reader: SubscriptionStatusReader(
+                client: try AppStoreServerAPIClient(settings: serverAPI, httpClient: .shared, logger: logger), verifier: verifier),
+            policy: CreditPolicy(
+                catalog: try catalog.load(), eventsExchange: names.events, sandbox: try VerifierOptions.sandboxPolicy(),
+                restore: try VerifierOptions.restorePolicy()),
+            verifyQueue: names.verify, logger: logger)
+        let report = await reconciliation.run()
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys]
+        print(String(decoding: try encoder.encode(report), as: UTF8.self))
+        if !report.errors.isEmpty { throw ExitCode(1) }
+    }
+}
+
 /// `iap admin reconcile-notifications`: asks Apple which notifications did not reach us and
 /// hands each to our own notification endpoint. Applying one twice is harmless (each
 /// `notificationUUID` applies once), so it can run on a schedule.
@@ -127,26 +186,19 @@ struct ReconcileNotificationsCommand: AsyncParsableCommand {
         }
         let client = try AppStoreServerAPIClient(settings: settings, httpClient: .shared, logger: logger)
         for environment in ServerAPIEnvironment.allCases {
-            var found = 0
+            let payloads = try await client.failedNotifications(
+                from: Date().addingTimeInterval(-Double(hours) * 3600), to: Date(), in: environment)
             var delivered = 0
-            var token: String?
-            repeat {
-                let page = try await client.notificationHistory(
-                    from: Date().addingTimeInterval(-Double(hours) * 3600), to: Date(), onlyFailures: true,
-                    paginationToken: token, in: environment)
-                for item in page.notificationHistory ?? [] {
-                    found += 1
-                    var request = HTTPClientRequest(url: notificationURL)
-                    request.method = .POST
-                    request.headers.add(name: "Content-Type", value: "application/json")
-                    request.body = .bytes(ByteBuffer(data: try JSONEncoder().encode(["signedPayload": item.signedPayload])))
-                    let response = try await HTTPClient.shared.execute(request, timeout: .seconds(10))
-                    _ = try? await response.body.collect(upTo: 1 << 16)
-                    if response.status.code == 200 { delivered += 1 }
-                }
-                token = page.hasMore == true ? page.paginationToken : nil
-            } while token != nil
-            print(#"{"environment": "\#(environment.rawValue)", "failedNotifications": \#(found), "redelivered": \#(delivered)}"#)
+            for payload in payloads {
+                var request = HTTPClientRequest(url: notificationURL)
+                request.method = .POST
+                request.headers.add(name: "Content-Type", value: "application/json")
+                request.body = .bytes(ByteBuffer(data: try JSONEncoder().encode(["signedPayload": payload])))
+                let response = try await HTTPClient.shared.execute(request, timeout: .seconds(10))
+                _ = try? await response.body.collect(upTo: 1 << 16)
+                if response.status.code == 200 { delivered += 1 }
+            }
+            print(#"{"environment": "\#(environment.rawValue)", "failedNotifications": \#(payloads.count), "redelivered": \#(delivered)}"#)
         }
     }
 }

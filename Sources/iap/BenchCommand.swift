@@ -401,6 +401,8 @@ final class BenchCluster: @unchecked Sendable {
                 "IAP_APPSTORE_SANDBOX_VERIFY_URL": fakeURL + "/sandbox/verifyReceipt",
                 // verifyReceipt: the Server API route is paced at Apple's 50 lookups/s per app.
                 "IAP_RECEIPTS_VIA": "verify-receipt",
+                // No reconciliation calls to the fake while it is measured.
+                "IAP_RECONCILE_INTERVAL": "0",
             ]
         ) { $1 }
         let intakeURL = "http://127.0.0.1:\(httpPort)"

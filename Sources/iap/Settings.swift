@@ -181,6 +181,27 @@ struct StoreOptions: ParsableArguments {
     }
 }
 
+struct ReconcileOptions: ParsableArguments {
+    @Option(name: .long, help: "How often the order service asks Apple about subscriptions due to renew, in billing retry or in a grace period, and re-delivers the notifications Apple could not send (needs IAP_APPSTORE_KEY_PATH): e.g. 24h, 30m, 90s; 0 turns it off. (env IAP_RECONCILE_INTERVAL; default 24h)")
+    var reconcileInterval: String?
+
+    /// IAP_RECONCILE_INTERVAL as settings; nil when it is 0 (off).
+    func settings() throws -> ReconciliationSettings? {
+        let raw = SettingReader().string(reconcileInterval, "IAP_RECONCILE_INTERVAL", default: "24h")
+        let units: [Character: Int64] = ["s": 1, "m": 60, "h": 3600, "d": 86_400]
+        let unit = raw.last.flatMap { units[$0] }
+        guard let count = Int64(unit == nil ? raw : String(raw.dropLast())), count >= 0, count <= 366 * 86_400 else {
+            throw ValidationError("IAP_RECONCILE_INTERVAL must be a duration such as 24h, 30m or 90s (0 turns it off); got '\(raw)'")
+        }
+        let seconds = count * (unit ?? 1)
+        guard seconds > 0 else { return nil }
+        guard seconds >= 60, seconds <= 366 * 86_400 else {
+            throw ValidationError("IAP_RECONCILE_INTERVAL must be between 1m and 366d (or 0); got '\(raw)'")
+        }
+        return ReconciliationSettings(interval: .seconds(seconds))
+    }
+}
+
 struct HTTPOptions: ParsableArguments {
     @Option(name: .long, help: "Address the intake listens on. (env IAP_HTTP_HOST; default 0.0.0.0, 127.0.0.1 for dev)")
     var host: String?

@@ -1,0 +1,197 @@
+import Foundation
+import GRDB
+import IAPCore
+
+/// A subscription the reconciliation asks Apple about: due to renew, or in billing retry or
+/// a grace period.
+public struct DueSubscription: Sendable, Equatable {
+    /// The subscription's chain.
+    public var originalTransactionId: String
+    /// Its newest transaction the store knows.
+    public var lastTransactionId: String
+    /// Where it was bought.
+    public var environment: AppStoreEnvironment
+    /// active, billing_retry or grace_period.
+    public var state: String
+    /// The end of its current period, as the store knows it.
+    public var expiresDate: Date?
+    /// Its owner, when known.
+    public var userId: String?
+}
+
+/// What applying one notification the reconciliation built from Apple's answer did.
+public struct ReconciliationChange: Sendable, Equatable, Encodable {
+    /// The subscription's chain.
+    public var originalTransactionId: String
+    /// The transaction Apple's answer was about.
+    public var transactionId: String
+    /// The notification it was applied as (DID_RENEW, EXPIRED, DID_FAIL_TO_RENEW, REVOKE, REFUND).
+    public var notificationType: String
+    /// GRACE_PERIOD for a subscription in its grace period.
+    public var subtype: String?
+    /// What the notification path did: credited, already_credited, revoked, expired, ….
+    public var outcome: String
+    /// The subscription's state before and after.
+    public var stateBefore: String?
+    public var stateAfter: String?
+    /// The subscription's owner, when known.
+    public var userId: String?
+    /// Whether it changed the ledger (a grant credited, revoked or restored) or the
+    /// subscription's state, expiry or last transaction: a correction, audited.
+    public var corrected: Bool
+}
+
+extension OrderStore {
+    /// The reconciliation's tasks, each with its own last run.
+    public enum ReconciliationTask: String, Sendable {
+        /// Subscription statuses and refunds asked of Apple.
+        case subscriptions
+        /// Notifications Apple could not deliver, re-delivered.
+        case notifications
+    }
+
+    /// Subscriptions to ask Apple about: active ones whose period ends before `horizon` (or
+    /// ended already), and those in billing retry or a grace period; soonest expiry first.
+    public func subscriptionsDue(before horizon: Date) async throws -> [DueSubscription] {
+        try await database.read { db in
+            try Row.fetchAll(
+                db,
+                sql: """
+                    SELECT * FROM subscription
+                    WHERE (state = 'active' AND expiresDate < ?) OR state IN ('billing_retry', 'grace_period')
+                    ORDER BY expiresDate, originalTransactionId
+                    """,
+                arguments: [horizon]
+            ).map { row in
+                DueSubscription(
+                    originalTransactionId: row["originalTransactionId"], lastTransactionId: row["lastTransactionId"],
+                    environment: AppStoreEnvironment(rawValue: row["environment"]) ?? .production, state: row["state"],
+                    expiresDate: row["expiresDate"], userId: row["userId"])
+            }
+        }
+    }
+
+    /// Applies a notification built from Apple's answer (not sent by Apple) exactly as the
+    /// notification path applies one: a submission records it, then the notification is applied,
+    /// all in one transaction. Returns nil when there is nothing to do: its `notificationUUID`
+    /// was applied before, or it is a refund or revocation the store already holds. A change to
+    /// the ledger or to the subscription's state is audited (actor `reconciliation`).
+    public func applyReconciliation(
+        _ notification: AppStoreNotification, signedTransaction: String?, policy: CreditPolicy = .init(), now: Date = Date()
+    ) async throws -> ReconciliationChange? {
+        try await groupCommit.write { db -> ReconciliationChange? in
+            guard let purchase = notification.purchase,
+                try db.cachedRow(
+                    sql: "SELECT 1 FROM notification WHERE notificationUUID = ?", arguments: [notification.notificationUUID]) == nil
+            else { return nil }
+            let key = policy.creditKey(of: purchase)
+            if ["REFUND", "REVOKE"].contains(notification.notificationType), try Self.revocationStands(key: key, in: db),
+                try db.cachedRow(sql: "SELECT 1 FROM grants WHERE creditKey = ? AND state = 'active'", arguments: [key]) == nil
+            {
+                return nil
+            }
+            let subscriptionSQL = "SELECT state, expiresDate, lastTransactionId, userId FROM subscription WHERE originalTransactionId = ?"
+            let before = try Row.fetchOne(db, sql: subscriptionSQL, arguments: [purchase.originalTransactionId])
+            let submissionId = UUID().uuidString
+            try db.execute(
+                sql: """
+                    INSERT INTO submission (id, userId, receiptData, signedTransaction, state, acceptedAt, updatedAt)
+                    VALUES (?, '', '', ?, 'pending', ?, ?)
+                    """,
+                arguments: [submissionId, signedTransaction, now, now])
+            let applied = try Self.apply(notification, submissionId: submissionId, policy: policy, now: now, in: db)
+            try db.execute(
+                sql: """
+                    UPDATE submission SET state = ?, reasonMessage = ?, attempts = 1, environment = ?, updatedAt = ?
+                    WHERE id = ?
+                    """,
+                arguments: [applied.state.rawValue, applied.message, notification.environment.rawValue, now, submissionId])
+            let outcome =
+                try String.fetchOne(
+                    db, sql: "SELECT outcome FROM notification WHERE notificationUUID = ?", arguments: [notification.notificationUUID])
+                ?? ""
+            let after = try Row.fetchOne(db, sql: subscriptionSQL, arguments: [purchase.originalTransactionId])
+            let subscriptionChanged =
+                before?["state"] as String? != after?["state"] as String?
+                || before?["expiresDate"] as Date? != after?["expiresDate"] as Date?
+                || before?["lastTransactionId"] as String? != after?["lastTransactionId"] as String?
+            let owner =
+                try (after?["userId"] as String?)
+                ?? String.fetchOne(db, sql: "SELECT userId FROM grants WHERE creditKey = ? ORDER BY id DESC LIMIT 1", arguments: [key])
+            let change = ReconciliationChange(
+                originalTransactionId: purchase.originalTransactionId, transactionId: purchase.transactionId,
+                notificationType: notification.notificationType, subtype: notification.subtype, outcome: outcome,
+                stateBefore: before?["state"], stateAfter: after?["state"], userId: owner,
+                corrected: ["credited", "revoked", "restored"].contains(outcome) || subscriptionChanged)
+            if change.corrected {
+                var details = ["transactionId": purchase.transactionId, "outcome": outcome]
+                details["userId"] = owner
+                details["stateBefore"] = change.stateBefore
+                details["stateAfter"] = change.stateAfter
+                details["expiresBefore"] = (before?["expiresDate"] as Date?).map(Self.iso8601)
+                details["expiresAfter"] = (after?["expiresDate"] as Date?).map(Self.iso8601)
+                let type = notification.notificationType + (notification.subtype.map { "/\($0)" } ?? "")
+                try Self.audit(
+                    actor: "reconciliation", action: "subscription_reconciled",
+                    subject: "subscription:\(purchase.originalTransactionId)",
+                    reason: "Apple's answer applied as \(type): \(outcome)", details: details, now: now, in: db)
+            }
+            return change
+        }
+    }
+
+    /// When `task` last ran to its end, nil if never.
+    public func lastReconciliation(_ task: ReconciliationTask) async throws -> Date? {
+        try await database.read { db in
+            try Date.fetchOne(db, sql: "SELECT lastRunAt FROM reconciliation_run WHERE task = ?", arguments: [task.rawValue])
+        }
+    }
+
+    /// Records that `task` ran to its end at `date`.
+    public func recordReconciliation(_ task: ReconciliationTask, at date: Date) async throws {
+        try await database.write { db in
+            try db.execute(
+                sql: """
+                    INSERT INTO reconciliation_run (task, lastRunAt) VALUES (?, ?)
+                    ON CONFLICT (task) DO UPDATE SET lastRunAt = max(lastRunAt, excluded.lastRunAt)
+                    """,
+                arguments: [task.rawValue, date])
+        }
+    }
+
+    /// Whether a notification was applied already or re-delivered already.
+    public func knowsNotification(_ notificationUUID: String) async throws -> Bool {
+        try await database.read { db in
+            try Bool.fetchOne(
+                db,
+                sql: """
+                    SELECT EXISTS (SELECT 1 FROM notification WHERE notificationUUID = ?)
+                        OR EXISTS (SELECT 1 FROM redelivered_notification WHERE notificationUUID = ?)
+                    """,
+                arguments: [notificationUUID, notificationUUID]) ?? false
+        }
+    }
+
+    /// Queues a notification from Apple's history exactly as the intake's notification route
+    /// does (a submission carrying the signed payload, and its message to the verify queue, in
+    /// one transaction), then remembers its `notificationUUID` so it is re-delivered once. A
+    /// crash between the two re-delivers it again at worst: each notification applies once.
+    public func acceptRedelivered(
+        signedPayload: String, notificationUUID: String, now: Date = Date(),
+        message: (VerifyRequest) throws -> OutboxMessage
+    ) async throws -> SubmissionID {
+        var request = VerifyRequest(submissionId: UUID(), userId: "", receiptData: "", attempt: 1, acceptedAt: now)
+        request.signedPayload = signedPayload
+        try await accept(request, message: try message(request))
+        let submissionId = request.submissionId
+        try await database.write { db in
+            try db.execute(
+                sql: """
+                    INSERT INTO redelivered_notification (notificationUUID, submissionId, redeliveredAt) VALUES (?, ?, ?)
+                    ON CONFLICT DO NOTHING
+                    """,
+                arguments: [notificationUUID, submissionId.uuidString, now])
+        }
+        return submissionId
+    }
+}

@@ -1,0 +1,261 @@
+import AppStore
+import Foundation
+import IAPCore
+import Logging
+import Metrics
+import OrderStore
+import ServiceLifecycle
+
+/// When and how far the order service reconciles its subscriptions with Apple.
+public struct ReconciliationSettings: Sendable {
+    /// Time between runs, counted from the last run recorded in the store.
+    public var interval: Duration
+    /// An active subscription whose period ends within this is due to be asked about.
+    public var horizon: Duration
+    /// How far back the first run looks for notifications Apple could not deliver.
+    public var firstLookback: Duration
+    /// How far each later run looks back before the previous one's end (Apple may record a
+    /// failed delivery late); a notification is re-delivered once all the same.
+    public var overlap: Duration
+
+    /// Creates settings.
+    public init(
+        interval: Duration = .seconds(86_400), horizon: Duration = .seconds(86_400),
+        firstLookback: Duration = .seconds(7 * 86_400), overlap: Duration = .seconds(300)
+    ) {
+        self.interval = interval
+        self.horizon = horizon
+        self.firstLookback = firstLookback
+        self.overlap = overlap
+    }
+}
+
+/// What one reconciliation run did.
+public struct ReconciliationReport: Sendable, Encodable {
+    /// Subscriptions asked about (due to renew, in billing retry or a grace period).
+    public var subscriptionsChecked = 0
+    /// Notifications built from Apple's answers and applied for the first time.
+    public var notificationsApplied = 0
+    /// Those of them that changed something (each audited).
+    public var corrections: [ReconciliationChange] = []
+    /// Notifications Apple lists as not delivered since the last run.
+    public var failedNotificationsFound = 0
+    /// Those of them queued again (the rest were applied or re-delivered before).
+    public var notificationsRedelivered = 0
+    /// What failed (a call to Apple, an answer that did not verify); the rest was applied.
+    public var errors: [String] = []
+
+    /// Creates an empty report.
+    public init() {}
+}
+
+/// Subscription truth without notifications: asks Apple about every subscription that is due
+/// to renew, in billing retry or in a grace period, and applies what it finds exactly as the
+/// notification would have been applied; then re-delivers the notifications Apple could not
+/// send us. Every change is audited (actor `reconciliation`) and counted.
+public final class Reconciliation: Sendable {
+    private let store: OrderStore
+    private let reader: SubscriptionStatusReader
+    private let policy: CreditPolicy
+    private let verifyQueue: String
+    private let settings: ReconciliationSettings
+    private let logger: Logger
+    private let queued: @Sendable () -> Void
+    private let codec = MessageCodec()
+
+    /// Creates a reconciliation over `store`; re-delivered notifications go to `verifyQueue`
+    /// through the outbox, and `queued` is called after a run queued some (to wake the relay).
+    public init(
+        store: OrderStore, reader: SubscriptionStatusReader, policy: CreditPolicy, verifyQueue: String,
+        settings: ReconciliationSettings = .init(), logger: Logger, queued: @escaping @Sendable () -> Void = {}
+    ) {
+        self.store = store
+        self.reader = reader
+        self.policy = policy
+        self.verifyQueue = verifyQueue
+        self.settings = settings
+        self.logger = logger
+        self.queued = queued
+    }
+
+    /// The reconciliation's metrics, exported at 0 by every order service (also when it is off).
+    public static func exportMetrics() {
+        Counter(label: MetricNames.reconciliationRuns, dimensions: [("result", "ok")]).increment(by: 0)
+        Counter(label: MetricNames.reconciliationRuns, dimensions: [("result", "failed")]).increment(by: 0)
+        Counter(label: MetricNames.reconciliationCorrections).increment(by: 0)
+        Counter(label: MetricNames.reconciliationRedelivered).increment(by: 0)
+    }
+
+    /// Runs once now; what could be applied is applied even when some of it failed.
+    public func run(now: Date = Date()) async -> ReconciliationReport {
+        var report = ReconciliationReport()
+        await reconcileSubscriptions(now: now, into: &report)
+        await redeliverFailedNotifications(now: now, into: &report)
+        Counter(label: MetricNames.reconciliationRuns, dimensions: [("result", report.errors.isEmpty ? "ok" : "failed")])
+            .increment()
+        let metadata: Logger.Metadata = [
+            "iap.count": "\(report.subscriptionsChecked)", "iap.corrections": "\(report.corrections.count)",
+            "iap.redelivered": "\(report.notificationsRedelivered)",
+        ]
+        if report.errors.isEmpty {
+            logger.info("reconciliation done", metadata: metadata)
+        } else {
+            logger.error("reconciliation incomplete", metadata: metadata.merging(["error": "\(report.errors[0])"]) { $1 })
+        }
+        return report
+    }
+
+    /// When the last run ended, nil if none did.
+    public func lastRun() async throws -> Date? {
+        try await store.lastReconciliation(.subscriptions)
+    }
+
+    /// (a) Asks Apple about each due subscription and applies its refunds and status.
+    private func reconcileSubscriptions(now: Date, into report: inout ReconciliationReport) async {
+        let due: [DueSubscription]
+        do {
+            due = try await store.subscriptionsDue(before: now.addingTimeInterval(Self.seconds(settings.horizon)))
+        } catch {
+            report.errors.append("cannot read the subscriptions: \(error)")
+            return
+        }
+        for subscription in due {
+            report.subscriptionsChecked += 1
+            do {
+                let findings = try await reader.notifications(
+                    originalTransactionId: subscription.originalTransactionId, transactionId: subscription.lastTransactionId,
+                    in: ServerAPIEnvironment(rawValue: subscription.environment.rawValue) ?? .production)
+                for finding in findings {
+                    guard
+                        let change = try await store.applyReconciliation(
+                            finding.notification, signedTransaction: finding.signedTransaction, policy: policy)
+                    else { continue }
+                    report.notificationsApplied += 1
+                    guard change.corrected else { continue }
+                    report.corrections.append(change)
+                    Counter(label: MetricNames.reconciliationCorrections).increment()
+                    logger.notice(
+                        "subscription corrected from Apple's answer",
+                        metadata: [
+                            "iap.subscription.id": "\(change.originalTransactionId)", "iap.transaction.id": "\(change.transactionId)",
+                            "iap.notification.type": "\(change.notificationType)", "iap.outcome": "\(change.outcome)",
+                        ])
+                }
+            } catch {
+                logger.warning(
+                    "subscription not reconciled",
+                    metadata: ["iap.subscription.id": "\(subscription.originalTransactionId)", "error": "\(error)"])
+                report.errors.append("subscription \(subscription.originalTransactionId): \(error)")
+            }
+        }
+        do {
+            try await store.recordReconciliation(.subscriptions, at: now)
+        } catch {
+            report.errors.append("cannot record the run: \(error)")
+        }
+    }
+
+    /// (b) Re-delivers what Get Notification History (onlyFailures) lists since the last run,
+    /// through the notification path (a submission and its message to the verify queue).
+    private func redeliverFailedNotifications(now: Date, into report: inout ReconciliationReport) async {
+        let start: Date
+        do {
+            start =
+                try await store.lastReconciliation(.notifications)?.addingTimeInterval(-Self.seconds(settings.overlap))
+                ?? now.addingTimeInterval(-Self.seconds(settings.firstLookback))
+        } catch {
+            report.errors.append("cannot read the last run: \(error)")
+            return
+        }
+        var complete = true
+        let codec = self.codec
+        let verifyQueue = self.verifyQueue
+        for environment in ServerAPIEnvironment.allCases {
+            do {
+                let payloads = try await reader.client.failedNotifications(from: start, to: now, in: environment)
+                report.failedNotificationsFound += payloads.count
+                for payload in payloads {
+                    let notification: ResponseBodyV2DecodedPayload
+                    do {
+                        notification = try await reader.verifier.verifyNotification(payload)
+                    } catch {
+                        // It will not verify next time either: reported, and the window moves on.
+                        report.errors.append("a notification in Apple's history does not verify: \(error)")
+                        continue
+                    }
+                    guard try await !store.knowsNotification(notification.notificationUUID) else { continue }
+                    let submission = try await store.acceptRedelivered(
+                        signedPayload: payload, notificationUUID: notification.notificationUUID, now: Date()
+                    ) { request in
+                        OutboxMessage(
+                            routingKey: verifyQueue, body: try codec.encode(request), messageId: request.submissionId.uuidString,
+                            priority: VerifyPriority.firstAttempt)
+                    }
+                    report.notificationsRedelivered += 1
+                    Counter(label: MetricNames.reconciliationRedelivered).increment()
+                    logger.notice(
+                        "undelivered App Store notification queued again",
+                        metadata: [
+                            "iap.submission.id": "\(submission)", "iap.notification.type": "\(notification.notificationType)",
+                        ])
+                }
+            } catch {
+                complete = false
+                report.errors.append("notification history (\(environment.rawValue)): \(error)")
+            }
+        }
+        if report.notificationsRedelivered > 0 { queued() }
+        // The next run asks from here only once this window was read in full.
+        if complete {
+            do {
+                try await store.recordReconciliation(.notifications, at: now)
+            } catch {
+                report.errors.append("cannot record the run: \(error)")
+            }
+        }
+    }
+
+    static func seconds(_ duration: Duration) -> TimeInterval {
+        TimeInterval(duration.components.seconds) + TimeInterval(duration.components.attoseconds) / 1e18
+    }
+}
+
+/// Runs the reconciliation every `interval`, counted from the last run recorded in the store
+/// (so a restart neither skips nor repeats one); a run that failed is tried again within an hour.
+public final class ReconciliationService: Service, Sendable {
+    private let reconciliation: Reconciliation
+    private let interval: Duration
+    private let logger: Logger
+
+    /// Creates the service.
+    public init(reconciliation: Reconciliation, interval: Duration, logger: Logger) {
+        self.reconciliation = reconciliation
+        self.interval = interval
+        self.logger = logger
+    }
+
+    public func run() async throws {
+        var retryAfter: Duration? = nil
+        while !Task.isShuttingDownGracefully && !Task.isCancelled {
+            var wait = interval
+            if let retryAfter {
+                wait = min(interval, retryAfter)
+            } else if let last = try? await reconciliation.lastRun() {
+                let due = last.addingTimeInterval(Reconciliation.seconds(interval)).timeIntervalSinceNow
+                wait = .milliseconds(Int64(max(0, due) * 1000))
+            } else {
+                wait = .zero
+            }
+            // A few seconds after start at the soonest: the rest of the process comes up first.
+            let delay = max(wait, .seconds(10))
+            do {
+                try await cancelWhenGracefulShutdown { try await Task.sleep(for: delay) }
+            } catch {
+                return
+            }
+            if Task.isShuttingDownGracefully { return }
+            let report = await reconciliation.run()
+            retryAfter = report.errors.isEmpty ? nil : .seconds(3600)
+        }
+    }
+}

@@ -1,0 +1,201 @@
+import AppStore
+import AsyncHTTPClient
+import FakeAppStore
+import Foundation
+import IAPCore
+import OrderStore
+import Pipeline
+import SwiftASN1
+import Testing
+import X509
+
+extension BrokerTests {
+    @Suite("Reconciliation finds what notifications missed")
+    struct ReconciliationTests {
+        /// A subscription bought at the fake App Store: a month that ends within the hour.
+        struct SubscriptionMint: Encodable {
+            var bundleId = PipelineHarness.bundleId
+            var productId = "com.example.vip.month"
+            var type = "auto_renewable"
+            var expiresInSeconds = 3600
+        }
+
+        /// The reconciliation the order service runs, against the harness's store and fake App Store.
+        static func reconciliation(_ pipeline: PipelineHarness) async throws -> Reconciliation {
+            let root = try await HTTP.get(pipeline.fakeURL + "/fake/root-certificate")
+            let verifier = SignedDataVerifier(
+                settings: .init(
+                    trustedRoots: [try Certificate(derEncoded: [UInt8](root.body))], bundleIds: [PipelineHarness.bundleId],
+                    appAppleId: FakeAppStore.defaultAppAppleId))
+            return Reconciliation(
+                store: pipeline.store,
+                reader: SubscriptionStatusReader(
+                    client: try AppStoreServerAPIClient(
+                        settings: ServerAPIKey.settings(fakeURL: pipeline.fakeURL), httpClient: .shared, logger: TestBroker.logger),
+                    verifier: verifier),
+                policy: CreditPolicy(catalog: PipelineHarness.testCatalog, eventsExchange: pipeline.names.events),
+                verifyQueue: pipeline.names.verify, logger: TestBroker.logger)
+        }
+
+        /// Apple's notifications stop reaching the intake (the fake records them as failed).
+        static func stopNotifications(_ pipeline: PipelineHarness) async throws {
+            #expect(try await HTTP.post(pipeline.fakeURL + "/fake/config", json: ["notificationURL": ""]).status == 204)
+        }
+
+        static func reconciliationAudit(_ store: OrderStore) async throws -> [AuditEntry] {
+            try await store.auditLog(limit: 1000).filter { $0.actor == "reconciliation" }
+        }
+
+        @Test func aMissedRenewalIsCreditedAndAMissedRefundRevokedOnce() async throws {
+            let pipeline = try await PipelineHarness.start(name: "reconcilesub")
+            defer { Task { await pipeline.stop() } }
+            let minted = try await HTTP.post(pipeline.fakeURL + "/fake/purchases", json: SubscriptionMint())
+            #expect(minted.status == 201, "\(minted.text)")
+            let first = try #require(minted.json["transactionId"] as? String)
+            let original = try #require(minted.json["originalTransactionId"] as? String)
+            let submission = try await pipeline.upload(
+                userId: "ana", receiptData: try #require(minted.json["receiptData"] as? String))
+            #expect(try await pipeline.waitForState(submission)["state"] as? String == "credited")
+            #expect(try await pipeline.store.grants(ofUser: "ana").map(\.state) == ["active"])
+
+            // Apple renews the subscription and refunds its first month; neither notification arrives.
+            try await Self.stopNotifications(pipeline)
+            let renewed = try await HTTP.post(
+                pipeline.fakeURL + "/fake/subscriptions/\(original)/renew", json: [String: String]())
+            #expect(renewed.status == 201, "\(renewed.text)")
+            let second = try #require(renewed.json["transactionId"] as? String)
+            let refund = try await HTTP.post(pipeline.fakeURL + "/fake/purchases/\(first)/refund", json: [String: String]())
+            #expect(refund.status == 200, "\(refund.text)")
+            #expect(try await pipeline.store.grants(ofUser: "ana").map(\.transactionId) == [first])
+
+            let reconciliation = try await Self.reconciliation(pipeline)
+            let report = await reconciliation.run()
+            #expect(report.errors.isEmpty, "\(report.errors)")
+            #expect(report.subscriptionsChecked == 1)
+            #expect(
+                report.corrections.map { "\($0.notificationType) \($0.transactionId) \($0.outcome)" }
+                    == ["REFUND \(first) revoked", "DID_RENEW \(second) credited"], "\(report.corrections)")
+            #expect(report.corrections.allSatisfy { $0.userId == "ana" && $0.originalTransactionId == original })
+            let grants = try await pipeline.store.grants(ofUser: "ana")
+            #expect(grants.map { "\($0.transactionId) \($0.state)" } == ["\(first) revoked", "\(second) active"])
+            let subscription = try #require(try await pipeline.store.subscriptions(ofUser: "ana").first)
+            #expect(subscription.state == "active" && (subscription.expiresDate ?? .distantPast) > Date().addingTimeInterval(3600))
+            let audited = try await Self.reconciliationAudit(pipeline.store)
+            #expect(audited.count == 2 && audited.allSatisfy { $0.subject == "subscription:\(original)" }, "\(audited)")
+            #expect(audited.contains { $0.reason.contains("DID_RENEW: credited") && $0.details?.contains(second) == true })
+            #expect(audited.contains { $0.reason.contains("REFUND: revoked") && $0.details?.contains(first) == true })
+            // The two notifications Apple could not deliver are queued again too; they change nothing more.
+            #expect(report.failedNotificationsFound == 2 && report.notificationsRedelivered == 2)
+            #expect(
+                try await eventually(timeout: .seconds(20)) {
+                    let renewals = try await pipeline.store.notifications(ofTransaction: second).map(\.type)
+                    let refunds = try await pipeline.store.notifications(ofTransaction: first).map(\.type)
+                    return renewals.count == 2 && refunds.count == 2
+                })
+
+            // A second run finds Apple saying the same: nothing is applied twice.
+            let again = await reconciliation.run()
+            #expect(again.errors.isEmpty, "\(again.errors)")
+            #expect(again.subscriptionsChecked == 1 && again.notificationsApplied == 0 && again.corrections.isEmpty)
+            #expect(again.notificationsRedelivered == 0)
+            #expect(try await pipeline.store.grants(ofUser: "ana") == grants)
+            #expect(try await Self.reconciliationAudit(pipeline.store).count == 2)
+            #expect(try await pipeline.store.subscriptions(ofUser: "ana").first?.state == "active")
+        }
+
+        @Test func notificationsAppleCouldNotDeliverAreRedeliveredAndAppliedOnce() async throws {
+            let pipeline = try await PipelineHarness.start(name: "reconcilenote")
+            defer { Task { await pipeline.stop() } }
+            let purchase = try await pipeline.mint()
+            let submission = try await pipeline.upload(userId: "ben", receiptData: purchase.receiptData)
+            #expect(try await pipeline.waitForState(submission)["state"] as? String == "credited")
+
+            try await Self.stopNotifications(pipeline)
+            let refund = try await HTTP.post(
+                pipeline.fakeURL + "/fake/purchases/\(purchase.transactionId)/refund", json: [String: String]())
+            #expect(refund.status == 200, "\(refund.text)")
+            #expect(try await pipeline.store.grants(ofTransaction: purchase.transactionId).map(\.state) == ["active"])
+
+            let reconciliation = try await Self.reconciliation(pipeline)
+            let report = await reconciliation.run()
+            #expect(report.errors.isEmpty, "\(report.errors)")
+            #expect(report.failedNotificationsFound == 1 && report.notificationsRedelivered == 1)
+            #expect(report.subscriptionsChecked == 0)
+            #expect(
+                try await eventually(timeout: .seconds(20)) {
+                    try await pipeline.store.grants(ofTransaction: purchase.transactionId).map(\.state) == ["revoked"]
+                })
+
+            // Apple still lists it as undelivered (the run looks back a little before its last
+            // one): it is not queued again.
+            let again = await reconciliation.run()
+            #expect(again.errors.isEmpty, "\(again.errors)")
+            #expect(again.failedNotificationsFound == 1 && again.notificationsRedelivered == 0)
+            try await Task.sleep(for: .seconds(2))
+            #expect(try await pipeline.store.notifications(ofTransaction: purchase.transactionId).map(\.type) == ["REFUND"])
+            #expect(try await pipeline.store.grants(ofTransaction: purchase.transactionId).map(\.state) == ["revoked"])
+        }
+    }
+}
+
+@Suite("Reconciliation speaks Apple's subscription statuses as notifications")
+struct ReconciliationNotificationTests {
+    @Test func eachStatusBecomesTheNotificationAppleSendsForIt() throws {
+        var transaction = JWSTransactionDecodedPayload(
+            transactionId: "2000000000000042", originalTransactionId: "2000000000000007", bundleId: "com.example.tests",
+            productId: "com.example.vip.month", environment: "Sandbox", purchaseDate: 1_700_000_000_000, quantity: 1,
+            type: "Auto-Renewable Subscription", signedDate: 1_700_000_100_000)
+        transaction.webOrderLineItemId = "2000000000000043"
+        var renewal = JWSRenewalInfoDecodedPayload(
+            originalTransactionId: "2000000000000007", productId: "com.example.vip.month", autoRenewStatus: 1,
+            environment: "Sandbox", signedDate: 1_700_000_100_000)
+        renewal.gracePeriodExpiresDate = 1_700_000_200_000
+        let expected: [Int: String] = [
+            1: "DID_RENEW", 2: "EXPIRED", 3: "DID_FAIL_TO_RENEW", 4: "DID_FAIL_TO_RENEW/GRACE_PERIOD", 5: "REVOKE",
+        ]
+        for (status, type) in expected {
+            let notification = try #require(
+                SubscriptionStatusReader.notification(status: status, transaction: transaction, renewal: renewal))
+            #expect(notification.notificationType + (notification.subtype.map { "/\($0)" } ?? "") == type)
+            #expect(notification.notificationUUID == "reconcile:2000000000000007:2000000000000042:\(status)")
+            #expect(notification.signedDate == Date(appleMilliseconds: 1_700_000_100_000))
+            #expect(notification.environment == .sandbox && notification.subscriptionStatus == status)
+            #expect(notification.purchase?.webOrderLineItemId == "2000000000000043")
+            #expect(notification.gracePeriodExpiresDate == Date(appleMilliseconds: 1_700_000_200_000))
+        }
+        #expect(SubscriptionStatusReader.notification(status: 9, transaction: transaction, renewal: renewal) == nil)
+        #expect(SubscriptionStatusReader.refund(transaction).notificationUUID == "reconcile:2000000000000007:2000000000000042:refund")
+    }
+
+    @Test func aSubscriptionInBillingRetryIsCorrectedOnceAndAudited() async throws {
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("iap-reconcile-\(UUID().uuidString).sqlite").path
+        let store = try OrderStore(path: path)
+        let policy = CreditPolicy(catalog: PipelineHarness.testCatalog)
+        let now = Date()
+        let bought = VerifiedPurchase(
+            transactionId: "2000000000000100", originalTransactionId: "2000000000000100", productId: "com.example.vip.month",
+            quantity: 1, purchaseDate: now.addingTimeInterval(-3600), environment: .production,
+            expiresDate: now.addingTimeInterval(600), webOrderLineItemId: "2000000000000101",
+            signedDate: now.addingTimeInterval(-3600))
+        let subscribed = AppStoreNotification(
+            notificationUUID: UUID().uuidString, notificationType: "SUBSCRIBED", subtype: nil, environment: .production,
+            bundleId: "com.example.tests", signedDate: now.addingTimeInterval(-3600), purchase: bought, subscriptionStatus: 1)
+        _ = try #require(try await store.applyReconciliation(subscribed, signedTransaction: nil, policy: policy))
+        // Nobody uploaded it: the owner is unknown and nothing is granted, but its state is kept.
+        #expect(try await store.subscriptionsDue(before: now.addingTimeInterval(86_400)).map(\.state) == ["active"])
+
+        var retrying = bought
+        retrying.signedDate = now
+        let failed = AppStoreNotification(
+            notificationUUID: "reconcile:2000000000000100:2000000000000100:3", notificationType: "DID_FAIL_TO_RENEW", subtype: nil,
+            environment: .production, bundleId: "com.example.tests", signedDate: now, purchase: retrying, subscriptionStatus: 3)
+        let change = try #require(try await store.applyReconciliation(failed, signedTransaction: nil, policy: policy))
+        #expect(change.corrected && change.stateBefore == "active" && change.stateAfter == "billing_retry")
+        #expect(change.outcome == "billing_retry")
+        #expect(try await store.applyReconciliation(failed, signedTransaction: nil, policy: policy) == nil)
+        let audit = try await store.auditLog(limit: 10).filter { $0.actor == "reconciliation" }
+        #expect(audit.map(\.subject) == ["subscription:2000000000000100", "subscription:2000000000000100"])
+        #expect(audit.first?.reason == "Apple's answer applied as DID_FAIL_TO_RENEW: billing_retry")
+        #expect(try await store.subscriptionsDue(before: now).map(\.state) == ["billing_retry"])
+    }
+}
