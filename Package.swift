@@ -28,6 +28,7 @@ let package = Package(
         .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.4.1"),
         .package(url: "https://github.com/vapor/jwt-kit", from: "5.8.0"),
         .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift", from: "0.2.0"),
+        .package(url: "https://github.com/hummingbird-project/swift-mustache", from: "2.1.1"),
     ],
     targets: [
         .systemLibrary(
@@ -139,12 +140,26 @@ let package = Package(
             swiftSettings: strictSettings
         ),
         .target(
+            name: "Console",
+            dependencies: [
+                "IAPCore", "OrderStore", "AppStore", "Messaging",
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "Mustache", package: "swift-mustache"),
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+            ],
+            resources: [.copy("Templates"), .copy("Static")],
+            swiftSettings: strictSettings
+        ),
+        .target(
             name: "Pipeline",
             dependencies: [
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 "IAPCore", "Messaging", "AppStore", "OrderStore", "FakeAppStore",
-                "Intake", "Verifier", "Finisher",
+                "Intake", "Verifier", "Finisher", "Console",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "X509", package: "swift-certificates"),
                 .product(name: "Logging", package: "swift-log"),
@@ -158,7 +173,7 @@ let package = Package(
             name: "iap",
             dependencies: [
                 "IAPCore", "Messaging", "AppStore", "OrderStore", "FakeAppStore",
-                "Intake", "Verifier", "Finisher", "Pipeline",
+                "Intake", "Verifier", "Finisher", "Pipeline", "Console",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -193,7 +208,7 @@ let package = Package(
             name: "IAPTests",
             dependencies: [
                 "IAPCore", "Messaging", "AppStore", "OrderStore", "FakeAppStore",
-                "Intake", "Verifier", "Finisher", "Pipeline",
+                "Intake", "Verifier", "Finisher", "Pipeline", "Console",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Hummingbird", package: "hummingbird"),

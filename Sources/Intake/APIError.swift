@@ -7,22 +7,22 @@ import NIOCore
 import OrderStore
 
 /// An error answer of the intake: `{"error": {"code": "...", "message": "..."}}` with a
-/// stable `code` that clients can switch on.
+/// stable `code` from `APIErrorCode`, which also fixes the HTTP status.
 public struct APIError: Error, HTTPResponseError, Sendable {
-    /// The HTTP status.
-    public var status: HTTPResponse.Status
     /// The stable, machine-readable code.
-    public var code: String
+    public var code: APIErrorCode
     /// A human-readable explanation.
     public var message: String
-    /// Headers sent with the answer (`Retry-After`, `WWW-Authenticate`).
+    /// Headers sent with the answer (`Retry-After`, `WWW-Authenticate`, `Allow`).
     public var headers: HTTPFields = [:]
 
-    /// Creates an error answer.
-    public init(_ status: HTTPResponse.Status, code: String, message: String) {
-        self.status = status
+    /// The HTTP status, the code's.
+    public var status: HTTPResponse.Status { code.status }
+
+    /// Creates an error answer; the message defaults to the code's meaning.
+    public init(_ code: APIErrorCode, _ message: String? = nil) {
         self.code = code
-        self.message = message
+        self.message = message ?? code.meaning
     }
 
     public func response(from request: Request, context: some RequestContext) throws -> Response {
@@ -37,48 +37,44 @@ public struct APIError: Error, HTTPResponseError, Sendable {
             }
             var error: Detail
         }
-        let data = (try? JSONEncoder().encode(Body(error: .init(code: code, message: message)))) ?? Data()
+        let data = (try? JSONEncoder().encode(Body(error: .init(code: code.rawValue, message: message)))) ?? Data()
         var headers = headers
         headers[.contentType] = "application/json"
         return Response(status: status, headers: headers, body: .init(byteBuffer: ByteBuffer(bytes: data)))
     }
 
     static func invalidJSON(_ message: String) -> APIError {
-        APIError(.badRequest, code: "invalid_json", message: message)
+        APIError(.invalidJSON, message)
     }
 
     static func missingField(_ field: String) -> APIError {
-        APIError(.badRequest, code: "missing_field", message: "the field '\(field)' is required")
+        APIError(.missingField, "the field '\(field)' is required")
     }
 
     static func invalidField(_ field: String, _ message: String) -> APIError {
-        APIError(.badRequest, code: "invalid_field", message: "'\(field)' \(message)")
+        APIError(.invalidField, "'\(field)' \(message)")
     }
 
-    static func unauthenticated(_ failure: AuthenticationFailure) -> APIError {
-        var error: APIError
-        switch failure {
-        case .missing:
-            error = APIError(.unauthorized, code: "unauthenticated", message: "send Authorization: Bearer <token>")
+    /// 401 with `WWW-Authenticate` (RFC 6750): no token, or why the token was refused.
+    static func unauthenticated(_ failure: AuthenticationFailure?) -> APIError {
+        guard let failure else {
+            var error = APIError(.unauthenticated, "send Authorization: Bearer <token>")
             error.headers[.wwwAuthenticate] = "Bearer"
-        case .invalid:
-            error = APIError(.unauthorized, code: "token_invalid", message: "the token is not valid")
-            error.headers[.wwwAuthenticate] = "Bearer error=\"invalid_token\""
-        case .expired:
-            error = APIError(.unauthorized, code: "token_expired", message: "the token has expired")
-            error.headers[.wwwAuthenticate] = "Bearer error=\"invalid_token\", error_description=\"expired\""
+            return error
         }
+        var error = APIError(failure.code, failure.code.meaning)
+        error.headers[.wwwAuthenticate] = "Bearer error=\"invalid_token\", error_description=\"\(failure.code.rawValue)\""
         return error
     }
 
     /// A notification that is not Apple's, or not for this app: 400 `jws_malformed` when it
     /// cannot be read, else 403 with the verifier's code (`jws_untrusted_chain`, …).
     static func notificationRefused(_ error: JWSVerificationError) -> APIError {
-        APIError(error.code == .malformed ? .badRequest : .forbidden, code: error.code.rawValue, message: error.message)
+        APIError(APIErrorCode(error.code), error.message)
     }
 
     static func bodyTooLarge(limit: Int) -> APIError {
-        APIError(.contentTooLarge, code: "body_too_large", message: "the body is larger than \(limit) bytes")
+        APIError(.bodyTooLarge, "the body is larger than \(limit) bytes")
     }
 }
 
@@ -96,11 +92,9 @@ struct APIErrorMiddleware<Context: RequestContext>: RouterMiddleware {
         } catch let error as HTTPError where error.status == .notFound {
             let allowed = routes.methods(serving: request.uri.path)
             guard !allowed.isEmpty else {
-                return APIError(.notFound, code: "not_found", message: "no such path").makeResponse()
+                return APIError(.notFound, "no such path").makeResponse()
             }
-            var response = APIError(
-                .methodNotAllowed, code: "method_not_allowed", message: "\(request.method) is not served here"
-            ).makeResponse()
+            var response = APIError(.methodNotAllowed, "\(request.method) is not served here").makeResponse()
             response.headers[.allow] = allowed.joined(separator: ", ")
             return response
         } catch let error as APIError {
@@ -108,25 +102,23 @@ struct APIErrorMiddleware<Context: RequestContext>: RouterMiddleware {
         } catch let error as OrderStoreError where error.code == .unavailable {
             // Nothing was accepted: the app keeps its transaction and tries again.
             context.logger.error("order store unavailable", metadata: ["error": "\(error.message)"])
-            var response = APIError(
-                .serviceUnavailable, code: "store_unavailable", message: "the upload could not be stored; try again"
-            ).makeResponse()
+            var response = APIError(.storeUnavailable, "the upload could not be stored; try again").makeResponse()
             response.headers[.retryAfter] = "1"
             return response
         } catch let error as HTTPError {
-            let code: String
+            // The framework's own refusals, in the catalogue's words.
+            let code: APIErrorCode
             switch error.status {
-            case .notFound: code = "not_found"
-            case .methodNotAllowed: code = "method_not_allowed"
-            case .contentTooLarge: code = "body_too_large"
-            case .unsupportedMediaType: code = "unsupported_media_type"
-            default: code = error.status.code < 500 ? "bad_request" : "internal_error"
+            case .notFound: code = .notFound
+            case .methodNotAllowed: code = .methodNotAllowed
+            case .contentTooLarge: code = .bodyTooLarge
+            case .requestTimeout: code = .requestTimeout
+            default: code = error.status.code < 500 ? .badRequest : .internalError
             }
-            return APIError(error.status, code: code, message: error.body ?? error.status.reasonPhrase).makeResponse()
+            return APIError(code, error.body ?? error.status.reasonPhrase).makeResponse()
         } catch {
             context.logger.error("request failed", metadata: ["error": "\(String(reflecting: error))"])
-            return APIError(.internalServerError, code: "internal_error", message: "the request could not be handled")
-                .makeResponse()
+            return APIError(.internalError, "the request could not be handled").makeResponse()
         }
     }
 }

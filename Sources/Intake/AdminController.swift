@@ -19,7 +19,7 @@ struct AdminController: Sendable {
             try authorize(request)
             let id = try context.parameters.require("transactionId")
             guard let purchase = try await store.purchase(id) else {
-                throw APIError(.notFound, code: "purchase_not_found", message: "no purchase \(id) in this store")
+                throw APIError(.purchaseNotFound, "no purchase \(id) in this store")
             }
             return try JSONResponse.make(PurchaseBody(purchase))
         }
@@ -37,11 +37,11 @@ struct AdminController: Sendable {
             var grant: [String: Catalog.GrantValue] = [:]
             if let catalog = settings.catalog {
                 guard let product = catalog.product(productId) else {
-                    throw APIError(.badRequest, code: "unknown_product", message: "no product \(productId) in the catalog")
+                    throw APIError(.unknownProduct, "no product \(productId) in the catalog")
                 }
                 grant = product.grant(quantity: quantity)
             }
-            let granted = try await mapped {
+            let granted = try await mapped(notFound: .purchaseNotFound) {
                 try await store.grantManually(
                     userId: userId, productId: productId, quantity: quantity, grant: grant,
                     transactionId: try fields.string("transactionId"), actor: try fields.string("actor") ?? "admin",
@@ -55,7 +55,7 @@ struct AdminController: Sendable {
             try authorize(request)
             let id = try context.parameters.require("transactionId")
             let fields = try await fields(of: request)
-            let revoked = try await mapped {
+            let revoked = try await mapped(notFound: .purchaseNotFound) {
                 try await store.revoke(
                     transactionId: id, actor: try fields.string("actor") ?? "admin",
                     reason: try fields.requiredString("reason", maxLength: 1000), policy: policy)
@@ -67,15 +67,15 @@ struct AdminController: Sendable {
         router.post("/v1/admin/submissions/{submissionId}/finishable") { request, context in
             try authorize(request)
             guard let id = UUID(uuidString: try context.parameters.require("submissionId")) else {
-                throw APIError(.notFound, code: "submission_not_found", message: "no such submission")
+                throw APIError(.submissionNotFound, "no such submission")
             }
             let fields = try await fields(of: request)
-            try await mapped {
+            try await mapped(notFound: .submissionNotFound) {
                 try await store.markFinishable(
                     id, actor: try fields.string("actor") ?? "admin", reason: try fields.requiredString("reason", maxLength: 1000))
             }
             guard let status = try await store.status(of: id) else {
-                throw APIError(.notFound, code: "submission_not_found", message: "no such submission")
+                throw APIError(.submissionNotFound, "no such submission")
             }
             return try JSONResponse.make(SubmissionStatusBody(status))
         }
@@ -111,11 +111,11 @@ struct AdminController: Sendable {
     /// configured token is compared, each in the same time whatever matches.
     private func authorize(_ request: Request) throws(APIError) {
         guard !settings.adminTokens.isEmpty else {
-            throw APIError(.serviceUnavailable, code: "admin_disabled", message: "IAP_ADMIN_TOKEN is not set")
+            throw APIError(.adminDisabled, "IAP_ADMIN_TOKEN is not set")
         }
         guard let header = request.headers[.authorization], header.count > 7, header.prefix(7).lowercased() == "bearer "
         else {
-            var error = APIError(.unauthorized, code: "unauthorized", message: "admin routes need Authorization: Bearer <token>")
+            var error = APIError(.unauthenticated, "admin routes need Authorization: Bearer <admin token>")
             error.headers[.wwwAuthenticate] = "Bearer"
             throw error
         }
@@ -128,18 +128,19 @@ struct AdminController: Sendable {
             matched = matched || difference == 0
         }
         guard matched else {
-            throw APIError(.forbidden, code: "forbidden", message: "this token may not use admin routes")
+            throw APIError(.forbidden, "this token may not use admin routes")
         }
     }
 
-    /// The store's errors as API answers.
-    private func mapped<T>(_ body: () async throws -> T) async throws -> T {
+    /// The store's errors as API answers: what the store lacks is answered with the route's
+    /// own code (an unknown transaction is `purchase_not_found` on every route).
+    private func mapped<T>(notFound: APIErrorCode, _ body: () async throws -> T) async throws -> T {
         do {
             return try await body()
         } catch let error as OrderStoreError {
             switch error.code {
-            case .notFound: throw APIError(.notFound, code: "not_found", message: error.message)
-            case .conflict: throw APIError(.conflict, code: "conflict", message: error.message)
+            case .notFound: throw APIError(notFound, error.message)
+            case .conflict: throw APIError(.conflict, error.message)
             default: throw error
             }
         }

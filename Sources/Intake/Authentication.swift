@@ -3,6 +3,7 @@ import Crypto
 import Foundation
 import Hummingbird
 import JWTKit
+import Logging
 
 /// How app users prove who they are to the intake.
 public enum UserAuthentication: Sendable {
@@ -71,25 +72,44 @@ public struct UserTokenVerifier: Sendable {
         self.issuer = issuer
     }
 
-    /// The user id of a valid token.
+    /// The user id of a valid token; a refusal says which check failed.
     public func userId(from token: String, now: Date = Date()) async throws(AuthenticationFailure) -> String {
-        guard token.utf8.count <= 16 * 1024, let algorithm = Self.algorithm(of: token) else {
-            throw .invalid
-        }
+        guard token.utf8.count <= 16 * 1024 else { throw .init(.malformed, "longer than 16 KiB") }
+        guard let algorithm = Self.algorithm(of: token) else { throw .init(.malformed, "no readable JWS header") }
         // Only the configured key's algorithm: `none`, or HS256 signed with a public key, never verify.
-        guard algorithms.contains(algorithm) else { throw .invalid }
+        guard algorithms.contains(algorithm) else {
+            throw .init(.algorithmRefused, "alg \(algorithm.prefix(20)) is not \(algorithms.sorted().joined(separator: " or "))")
+        }
         let claims: UserClaims
         do {
             claims = try await keys.verify(token, as: UserClaims.self)
+        } catch let error as JWTError {
+            switch error.errorType {
+            case .malformedToken, .invalidHeaderField, .invalidBool:
+                throw .init(.malformed, error.reason ?? "\(error.errorType)")
+            case .unsupportedAlgorithm:
+                throw .init(.algorithmRefused, "\(error.errorType)")
+            default:
+                // A bad signature, or a `kid` no configured key has.
+                throw .init(.signatureInvalid, "\(error.errorType)")
+            }
         } catch {
-            throw .invalid
+            throw .init(.signatureInvalid, "\(type(of: error))")
         }
-        guard claims.exp.value.addingTimeInterval(leeway) > now else { throw .expired }
-        if let notBefore = claims.nbf?.value, notBefore.addingTimeInterval(-leeway) > now { throw .invalid }
-        if let audience, !(claims.aud?.value.contains(audience) ?? false) { throw .invalid }
-        if let issuer, claims.iss?.value != issuer { throw .invalid }
+        guard claims.exp.value.addingTimeInterval(leeway) > now else {
+            throw .init(.expired, "exp \(Int(claims.exp.value.timeIntervalSince1970)) is past")
+        }
+        if let notBefore = claims.nbf?.value, notBefore.addingTimeInterval(-leeway) > now {
+            throw .init(.notYetValid, "nbf \(Int(notBefore.timeIntervalSince1970)) is ahead")
+        }
+        if let audience, !(claims.aud?.value.contains(audience) ?? false) {
+            throw .init(.audienceMismatch, "aud lacks the configured audience")
+        }
+        if let issuer, claims.iss?.value != issuer { throw .init(.issuerMismatch, "iss is not the configured issuer") }
         let subject = claims.sub.value
-        guard !subject.isEmpty, subject.utf8.count <= Self.maxSubjectLength else { throw .invalid }
+        guard !subject.isEmpty, subject.utf8.count <= Self.maxSubjectLength else {
+            throw .init(.malformed, "sub is empty or longer than \(Self.maxSubjectLength) bytes")
+        }
         return subject
     }
 
@@ -102,11 +122,39 @@ public struct UserTokenVerifier: Sendable {
     }
 }
 
-/// Why a token was refused; the answer is 401 either way.
-public enum AuthenticationFailure: Error, Sendable {
-    case missing
-    case invalid
-    case expired
+/// Why a token was refused (the answer is 401 either way, with the reason's own code), and
+/// the detail logged at info. Never the token itself.
+public struct AuthenticationFailure: Error, Sendable, Equatable {
+    /// Which check failed.
+    public enum Reason: Sendable, Equatable {
+        case expired, notYetValid, signatureInvalid, malformed, algorithmRefused, audienceMismatch, issuerMismatch
+    }
+
+    /// Which check failed.
+    public var reason: Reason
+    /// What exactly, for the log.
+    public var detail: String
+
+    init(_ reason: Reason, _ detail: String) {
+        self.reason = reason
+        self.detail = detail
+    }
+
+    /// The answer's error code.
+    public var code: APIErrorCode {
+        switch reason {
+        case .expired: .tokenExpired
+        case .notYetValid: .tokenNotYetValid
+        case .signatureInvalid: .tokenSignatureInvalid
+        case .malformed: .tokenMalformed
+        case .algorithmRefused: .tokenAlgorithmRefused
+        case .audienceMismatch: .tokenAudienceMismatch
+        case .issuerMismatch: .tokenIssuerMismatch
+        }
+    }
+
+    /// Failures are equal when their reasons are: the detail is for people.
+    public static func == (lhs: Self, rhs: Self) -> Bool { lhs.reason == rhs.reason }
 }
 
 /// A verification key that cannot be used.
@@ -129,8 +177,11 @@ struct UserClaims: JWTPayload {
     func verify(using algorithm: some JWTAlgorithm) async throws {}
 }
 
-/// Authenticates the app-user routes: sets `context.userId` from the bearer token and applies
-/// the per-user rate limit. With authentication off it lets requests through as they are.
+/// Establishes the user of the app-user routes and applies the per-user rate limit. With a
+/// token, the user is its `sub`. With authentication off (development), the user is the one
+/// the request names, `?userId=` or the path's `/v1/users/{userId}/…` (a body's `userId` is
+/// admitted by the handler that reads it): the rate limit and the ownership rules are then the
+/// same as with tokens; only the source of the user id differs.
 struct UserAuthMiddleware: RouterMiddleware {
     typealias Context = IntakeContext
 
@@ -145,38 +196,72 @@ struct UserAuthMiddleware: RouterMiddleware {
     func handle(
         _ request: Request, context: Context, next: (Request, Context) async throws -> Response
     ) async throws -> Response {
-        guard case .jwt(let verifier) = authentication else { return try await next(request, context) }
-        guard let header = request.headers[.authorization], header.count > 7,
-            header.prefix(7).lowercased() == "bearer "
-        else {
-            throw APIError.unauthenticated(.missing)
+        var context = context
+        switch authentication {
+        case .jwt(let verifier):
+            guard let header = request.headers[.authorization], header.count > 7,
+                header.prefix(7).lowercased() == "bearer "
+            else {
+                throw APIError.unauthenticated(nil)
+            }
+            let userId: String
+            do {
+                userId = try await verifier.userId(from: String(header.dropFirst(7)).trimmingCharacters(in: .whitespaces))
+            } catch {
+                // The cause tells a clock problem from a key problem; the token itself is never logged.
+                context.logger.info(
+                    "user token refused",
+                    metadata: ["iap.error.code": "\(error.code.rawValue)", "iap.error.cause": "\(error.detail)"])
+                throw APIError.unauthenticated(error)
+            }
+            try admit(userId)
+            context.userId = userId
+        case .off:
+            if let named = try Self.namedUser(request) {
+                try admit(named)
+                context.userId = named
+            } else {
+                context.pendingUserLimit = userBuckets
+            }
         }
-        let userId: String
-        do {
-            userId = try await verifier.userId(from: String(header.dropFirst(7)).trimmingCharacters(in: .whitespaces))
-        } catch {
-            throw APIError.unauthenticated(error)
-        }
+        return try await next(request, context)
+    }
+
+    private func admit(_ userId: String) throws(APIError) {
         if let userBuckets, let wait = userBuckets.take(userId) {
             throw APIError.rateLimited(retryAfter: wait)
         }
-        var context = context
-        context.userId = userId
-        return try await next(request, context)
+    }
+
+    /// With authentication off: `?userId=`, else the user of a `/v1/users/{userId}/…` path.
+    static func namedUser(_ request: Request) throws(APIError) -> String? {
+        if let query = request.uri.queryParameters.get("userId"), !query.isEmpty {
+            guard query.utf8.count <= UserTokenVerifier.maxSubjectLength else {
+                throw APIError.invalidField("userId", "is longer than \(UserTokenVerifier.maxSubjectLength) bytes")
+            }
+            return query
+        }
+        let segments = request.uri.path.split(separator: "/")
+        guard segments.count >= 3, segments[0] == "v1", segments[1] == "users" else { return nil }
+        return String(segments[2]).removingPercentEncoding ?? String(segments[2])
     }
 }
 
-/// The user a request acts for: the token's subject, else (authentication off) what the
-/// request names. A named user that differs from the token's is refused.
-enum RequestUser {
-    static func resolve(token: String?, named: String?) throws(APIError) -> String {
-        if let token {
-            if let named, named != token {
-                throw APIError(.forbidden, code: "user_mismatch", message: "'userId' differs from the token's user")
+extension IntakeContext {
+    /// The user a request acts for: the established one (token, or with authentication off
+    /// `?userId=` or the path), else the one the body names, which then takes its turn of the
+    /// per-user rate limit. A body naming another user than the established one is refused.
+    func resolveUser(named: String?) throws(APIError) -> String {
+        if let userId {
+            if let named, named != userId {
+                throw APIError(.userMismatch, "'userId' differs from the user of the token (or of ?userId=)")
             }
-            return token
+            return userId
         }
         guard let named else { throw APIError.missingField("userId") }
+        if let pendingUserLimit, let wait = pendingUserLimit.take(named) {
+            throw APIError.rateLimited(retryAfter: wait)
+        }
         return named
     }
 }

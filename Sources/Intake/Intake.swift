@@ -39,6 +39,9 @@ public struct IntakeSettings: Sendable {
     public var notificationVerifier: SignedDataVerifier?
     /// Largest App Store notification body accepted, in bytes (Apple's are a few KB).
     public var maxNotificationBytes: Int
+    /// More routes served where the admin routes are (beside the app's routes, or on the
+    /// admin listener): customer service's console pages, added by the process that runs it.
+    public var adminPages: (@Sendable (Router<IntakeContext>) -> Void)?
 
     /// Creates settings.
     public init(
@@ -84,6 +87,7 @@ public func makeIntakeRouter(
     orders.addRoutes(to: users)
     if settings.adminListener == nil {
         AdminController(store: store, settings: settings).addRoutes(to: router, changed: acceptedUpload)
+        settings.adminPages?(router)
     }
     routes.record(router)
     return router
@@ -100,6 +104,7 @@ public func makeAdminRouter(
         try JSONResponse.make(["status": "ok"])
     }
     AdminController(store: store, settings: settings).addRoutes(to: router, changed: changed)
+    settings.adminPages?(router)
     routes.record(router)
     return router
 }

@@ -7,8 +7,11 @@ public struct IntakeContext: RequestContext, RemoteAddressRequestContext {
     public var coreContext: CoreRequestContextStorage
     /// The TCP peer.
     public let remoteAddress: SocketAddress?
-    /// The authenticated user (the token's `sub`); nil when authentication is off.
+    /// The user the request acts for: the token's `sub`, or with authentication off the user
+    /// the query or path names; nil when neither says.
     public var userId: String?
+    /// With authentication off, the per-user rate limit still to apply once a body names the user.
+    var pendingUserLimit: TokenBuckets?
 
     public init(source: ApplicationRequestContextSource) {
         coreContext = .init(source: source)

@@ -103,7 +103,7 @@ final class TokenBuckets: Sendable {
 
 extension APIError {
     static func rateLimited(retryAfter seconds: Int) -> APIError {
-        var error = APIError(.tooManyRequests, code: "rate_limited", message: "too many requests; retry after \(seconds) s")
+        var error = APIError(.rateLimited, "too many requests; retry after \(seconds) s")
         error.headers[.retryAfter] = String(seconds)
         return error
     }
@@ -137,7 +137,7 @@ struct AdmissionMiddleware: RouterMiddleware {
             return true
         }
         guard admitted else {
-            var error = APIError(.serviceUnavailable, code: "overloaded", message: "too many requests in progress; try again")
+            var error = APIError(.overloaded, "too many requests in progress; try again")
             error.headers[.retryAfter] = "1"
             throw error
         }

@@ -4,11 +4,11 @@ import IAPCore
 import OrderStore
 
 /// `GET /v1/products`, `POST /v1/orders`, `GET /v1/orders/{orderId}`, `GET /v1/users/{userId}/grants`,
-/// `GET /v1/users/{userId}/subscriptions`.
+/// `GET /v1/users/{userId}/subscriptions`, `GET /v1/users/{userId}/entitlements`.
 ///
-/// The user is the token's subject; with authentication off, the body's `userId` (on GETs,
-/// the path or `?userId=`). A user reads only their own orders and grants: anyone else's
-/// answer 404, as if they did not exist.
+/// The user is the token's subject; with authentication off, the one the request names
+/// (`?userId=`, the path, or the body's `userId`). A user reads only their own orders, grants,
+/// subscriptions and entitlements: anyone else's answer 404, as if they did not exist.
 struct OrdersController: Sendable {
     let store: OrderStore
     let settings: IntakeSettings
@@ -28,26 +28,25 @@ struct OrdersController: Sendable {
         router.post("/v1/orders") { request, context in
             let body = try await IntakeBody.collect(request, limit: 16 * 1024, timeout: settings.limits.bodyTimeout)
             let fields = try JSONFields(body)
-            let userId = try RequestUser.resolve(token: context.userId, named: try fields.string("userId"))
+            let userId = try context.resolveUser(named: try fields.string("userId"))
             let productId = try fields.requiredString("productId")
             if let catalog = settings.catalog, catalog.product(productId) == nil {
-                throw APIError(.badRequest, code: "unknown_product", message: "no product \(productId) in the catalog")
+                throw APIError(.unknownProduct, "no product \(productId) in the catalog")
             }
             let order = try await store.createOrder(userId: userId, productId: productId)
             return try JSONResponse.make(OrderBody(order), status: .created)
         }
-        router.get("/v1/orders/{orderId}") { request, context in
+        router.get("/v1/orders/{orderId}") { _, context in
             let orderId = try context.parameters.require("orderId")
-            let user = context.userId ?? request.uri.queryParameters.get("userId")
-            guard let order = try await store.order(orderId), user.map({ $0 == order.userId }) ?? true else {
-                throw APIError(.notFound, code: "order_not_found", message: "no such order")
+            guard let order = try await store.order(orderId), context.userId.map({ $0 == order.userId }) ?? true else {
+                throw APIError(.orderNotFound, "no such order")
             }
             return try JSONResponse.make(OrderBody(order))
         }
         router.get("/v1/users/{userId}/grants") { _, context in
             let userId = try context.parameters.require("userId")
             guard context.userId.map({ $0 == userId }) ?? true else {
-                throw APIError(.notFound, code: "not_found", message: "no such user")
+                throw APIError(.userNotFound, "no such user")
             }
             let grants = try await store.grants(ofUser: userId)
             return try JSONResponse.make(["grants": grants.map(GrantBody.init)])
@@ -55,10 +54,18 @@ struct OrdersController: Sendable {
         router.get("/v1/users/{userId}/subscriptions") { _, context in
             let userId = try context.parameters.require("userId")
             guard context.userId.map({ $0 == userId }) ?? true else {
-                throw APIError(.notFound, code: "not_found", message: "no such user")
+                throw APIError(.userNotFound, "no such user")
             }
             let subscriptions = try await store.subscriptions(ofUser: userId)
             return try JSONResponse.make(["subscriptions": subscriptions.map(SubscriptionBody.init)])
+        }
+        router.get("/v1/users/{userId}/entitlements") { _, context in
+            let userId = try context.parameters.require("userId")
+            guard context.userId.map({ $0 == userId }) ?? true else {
+                throw APIError(.userNotFound, "no such user")
+            }
+            let entitlements = try await store.entitlements(ofUser: userId, catalog: settings.catalog, now: Date())
+            return try JSONResponse.make(EntitlementsBody(entitlements))
         }
     }
 }
@@ -95,6 +102,8 @@ struct GrantBody: Encodable {
     var environment: String
     var source: String
     var grantedAt: Date
+    var expiresAt: Date?
+    var gracePeriodExpiresAt: Date?
 
     init(_ grant: Grant) {
         transactionId = grant.transactionId
@@ -106,10 +115,26 @@ struct GrantBody: Encodable {
         environment = grant.environment
         source = grant.source
         grantedAt = grant.grantedAt
+        expiresAt = grant.expiresAt
+        gracePeriodExpiresAt = grant.gracePeriodExpiresAt
     }
 }
 
-/// A subscription as the app reads it: the state Apple's notifications left it in.
+/// What the user may use right now: grants in force, live subscriptions, consumable balances.
+struct EntitlementsBody: Encodable {
+    var grants: [GrantBody]
+    var subscriptions: [SubscriptionBody]
+    var balances: [String: Int]
+
+    init(_ entitlements: Entitlements) {
+        grants = entitlements.grants.map(GrantBody.init)
+        subscriptions = entitlements.subscriptions.map(SubscriptionBody.init)
+        balances = entitlements.balances
+    }
+}
+
+/// A subscription as the app reads it: state, product, expiry, auto-renew status and
+/// environment, as the newest of uploads and Apple's notifications left them.
 struct SubscriptionBody: Encodable {
     var originalTransactionId: String
     var productId: String

@@ -6,7 +6,7 @@ import IAPCore
 /// A validated `POST /v1/receipts` body: a StoreKit 1 app receipt (`receiptData`), a
 /// StoreKit 2 signed transaction (`signedTransaction`), or a transaction id alone.
 struct ReceiptUpload: Equatable {
-    /// The token's user; with authentication off, the body's `userId` (then required).
+    /// The request's user (`IntakeContext.resolveUser`): the token's, else the body's `userId`.
     var userId: String
     var orderId: String?
     var transactionId: String?
@@ -19,8 +19,8 @@ struct ReceiptUpload: Equatable {
     static let maxJWSLength = 64 * 1024
 
     /// Reads and checks a body; every fault is an `APIError` with its own code. A body's
-    /// `userId` that differs from `tokenUser` is refused.
-    init(json data: Data, tokenUser: String?) throws(APIError) {
+    /// `userId` that differs from the request's established user is refused.
+    init(json data: Data, context: IntakeContext) throws(APIError) {
         let object: Any
         do {
             object = try JSONSerialization.jsonObject(with: data, options: [.fragmentsAllowed])
@@ -30,15 +30,12 @@ struct ReceiptUpload: Equatable {
         guard let fields = object as? [String: Any] else {
             throw .invalidJSON("the body must be a JSON object")
         }
-        let userId = try RequestUser.resolve(
-            token: tokenUser, named: try Self.string(fields, "userId", maxLength: Self.maxIdLength))
+        let userId = try context.resolveUser(named: try Self.string(fields, "userId", maxLength: Self.maxIdLength))
         let receipt = try Self.string(fields, "receiptData", maxLength: .max)
         let signed = try Self.string(fields, "signedTransaction", maxLength: Self.maxJWSLength)
         let transactionId = try Self.string(fields, "transactionId", maxLength: Self.maxIdLength)
         guard receipt != nil || signed != nil || transactionId != nil else {
-            throw APIError(
-                .badRequest, code: "missing_field",
-                message: "one of 'receiptData', 'signedTransaction' or 'transactionId' is required")
+            throw APIError(.missingField, "one of 'receiptData', 'signedTransaction' or 'transactionId' is required")
         }
         self.userId = userId
         self.orderId = try Self.string(fields, "orderId", maxLength: Self.maxIdLength)
@@ -58,10 +55,10 @@ struct ReceiptUpload: Equatable {
         // UTF-8 bytes: walking Characters cost a fifth of the intake's CPU.
         let compact = Self.withoutASCIIWhitespace(receipt)
         guard let bytes = Base64URL.decodeStandard(compact.utf8), compact.utf8.count % 4 == 0 else {
-            throw APIError(.badRequest, code: "receipt_not_base64", message: "'receiptData' is not valid base64")
+            throw APIError(.receiptNotBase64, "'receiptData' is not valid base64")
         }
         guard !bytes.isEmpty else {
-            throw APIError(.badRequest, code: "receipt_empty", message: "'receiptData' holds no bytes")
+            throw APIError(.receiptEmpty, "'receiptData' holds no bytes")
         }
         try Self.checkShape(bytes)
         self.receiptData = compact
@@ -89,7 +86,7 @@ struct ReceiptUpload: Equatable {
             let header = Base64URL.decode(parts[0]),
             (try? JSONSerialization.jsonObject(with: header)) is [String: Any]
         else {
-            throw APIError(.badRequest, code: "jws_malformed", message: "'\(field)' is not a compact JWS")
+            throw APIError(.jwsMalformed, "'\(field)' is not a compact JWS")
         }
     }
 
@@ -104,8 +101,7 @@ struct ReceiptUpload: Equatable {
             case .notAReceipt, .invalidField:
                 return
             default:
-                throw APIError(
-                    .badRequest, code: "receipt_malformed", message: "'receiptData' is not an app receipt (\(error.code))")
+                throw APIError(.receiptMalformed, "'receiptData' is not an app receipt (\(error.code))")
             }
         }
     }

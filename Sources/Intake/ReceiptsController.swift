@@ -29,14 +29,14 @@ struct ReceiptsController: Sendable {
             Counter(label: MetricNames.uploads, dimensions: [("result", "accepted")]).increment()
             return response
         } catch let error as APIError {
-            Counter(label: MetricNames.uploads, dimensions: [("result", "refused"), ("reason", error.code)]).increment()
+            Counter(label: MetricNames.uploads, dimensions: [("result", "refused"), ("reason", error.code.rawValue)]).increment()
             throw error
         }
     }
 
     private func accept(_ request: Request, context: IntakeContext) async throws -> Response {
         let body = try await IntakeBody.collect(request, limit: settings.maxBodyBytes, timeout: settings.limits.bodyTimeout)
-        let upload = try ReceiptUpload(json: body, tokenUser: context.userId)
+        let upload = try ReceiptUpload(json: body, context: context)
         var verifyRequest = VerifyRequest(
             submissionId: UUID(), userId: upload.userId, receiptData: upload.receiptData,
             transactionId: upload.transactionId, orderId: upload.orderId, attempt: 1, acceptedAt: Date())
@@ -65,7 +65,7 @@ struct ReceiptsController: Sendable {
             policy: CreditPolicy(catalog: settings.catalog, eventsExchange: settings.names.events))
         acceptedUpload()
         guard let status = try await store.status(of: request.submissionId) else {
-            throw APIError(.internalServerError, code: "internal_error", message: "the upload vanished")
+            throw APIError(.internalError, "the upload vanished")
         }
         return try JSONResponse.make(SubmissionStatusBody(status))
     }
@@ -97,7 +97,7 @@ struct ReceiptsController: Sendable {
             do {
                 payload = try await signedPayload(of: request)
             } catch let error as APIError {
-                context.logger.info("App Store notification refused", metadata: ["iap.error.code": "\(error.code)"])
+                context.logger.info("App Store notification refused", metadata: ["iap.error.code": "\(error.code.rawValue)"])
                 throw error
             }
             try await checkSignature(of: payload, context: context)
@@ -126,8 +126,7 @@ struct ReceiptsController: Sendable {
     private func checkSignature(of payload: String, context: IntakeContext) async throws {
         guard let verifier = settings.notificationVerifier else {
             context.logger.error("App Store notifications cannot be checked: no signed-data settings")
-            var error = APIError(
-                .serviceUnavailable, code: "notifications_unavailable", message: "notifications cannot be checked now; try again")
+            var error = APIError(.notificationsUnavailable, "notifications cannot be checked now; try again")
             error.headers[.retryAfter] = "60"
             throw error
         }
@@ -144,7 +143,7 @@ struct ReceiptsController: Sendable {
         guard let raw = context.parameters.get("submissionId"), let id = UUID(uuidString: raw),
             let status = try await store.status(of: id), context.userId.map({ $0 == status.userId }) ?? true
         else {
-            throw APIError(.notFound, code: "submission_not_found", message: "no such submission")
+            throw APIError(.submissionNotFound, "no such submission")
         }
         return try JSONResponse.make(SubmissionStatusBody(status))
     }
@@ -163,6 +162,8 @@ struct SubmissionStatusBody: Encodable {
         var productId: String
         var environment: String
         var state: String
+        var reason: String?
+        var grantedBy: String?
     }
 
     var submissionId: String
@@ -183,7 +184,8 @@ struct SubmissionStatusBody: Encodable {
         transactions = status.transactions.map {
             Transaction(
                 transactionId: $0.transactionId, originalTransactionId: $0.originalTransactionId,
-                productId: $0.productId, environment: $0.environment.rawValue, state: $0.state.rawValue)
+                productId: $0.productId, environment: $0.environment.rawValue, state: $0.state.rawValue,
+                reason: $0.reason?.rawValue, grantedBy: $0.grantedBy)
         }
         reason = status.reason?.rawValue
         message = status.reasonMessage
@@ -230,7 +232,7 @@ enum IntakeBody {
             }
             defer { group.cancelAll() }
             guard let first = try await group.next(), let body = first else {
-                throw APIError(.requestTimeout, code: "request_timeout", message: "the body took too long to arrive")
+                throw APIError(.requestTimeout, "the body took too long to arrive")
             }
             return body
         }

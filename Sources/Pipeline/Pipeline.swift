@@ -1,5 +1,6 @@
 import AppStore
 import AsyncHTTPClient
+import Console
 import FakeAppStore
 import Hummingbird
 import Finisher
@@ -64,6 +65,8 @@ public struct PipelineSettings: Sendable {
     public var fakeAppStoreNotificationURL: String?
     /// Benchmarks only: the intake verifies inside the HTTP request (see `IntakeSettings.inlineVerifier`).
     public var inlineVerification = false
+    /// Customer service's console (`/admin/`, beside the admin routes): viewer tokens, cookies, sessions.
+    public var console = ConsoleSettings()
     /// Scheduled reconciliation with Apple in the process that runs the finisher, when the
     /// Server API is configured too; nil runs none.
     public var reconciliation: ReconciliationSettings?
@@ -189,7 +192,9 @@ public struct Pipeline: Sendable {
         let reconciles = roles.contains(.finisher) && settings.reconciliation != nil && settings.storeKit.serverAPI != nil
         // One HTTP client per process, for Apple and for alert webhooks.
         var httpClient: HTTPClient?
-        if roles.contains(.verifier) || settings.inlineVerification || reconciles
+        // The console looks Apple's order ids up (when the intake has the admin tokens and a Server API key).
+        let consoleAsksApple = roles.contains(.intake) && !settings.intake.adminTokens.isEmpty && settings.storeKit.serverAPI != nil
+        if roles.contains(.verifier) || settings.inlineVerification || reconciles || consoleAsksApple
             || (roles.contains(.finisher) && settings.finisher.alerts.webhookURL != nil) {
             var configuration = HTTPClient.Configuration()
             configuration.timeout = .init(connect: .seconds(5))
@@ -224,6 +229,20 @@ public struct Pipeline: Sendable {
             var intake = settings.intake
             if settings.inlineVerification { intake.inlineVerifier = appStoreVerifier }
             if intake.notificationVerifier == nil { intake.notificationVerifier = signedData }
+            if !intake.adminTokens.isEmpty {
+                let console = try Console(
+                    settings: ConsoleSettings(
+                        operatorTokens: intake.adminTokens, viewerTokens: settings.console.viewerTokens,
+                        insecureCookies: settings.console.insecureCookies, sessionLifetime: settings.console.sessionLifetime),
+                    dependencies: ConsoleDependencies(
+                        store: store, catalog: intake.catalog, names: settings.names, broker: connection,
+                        appStore: try settings.storeKit.serverAPI.flatMap { serverAPI in
+                            try httpClient.map { try AppStoreServerAPIClient(settings: serverAPI, httpClient: $0, logger: logger) }
+                        },
+                        signedData: signedData, changed: { [relay] in relay.notify() }),
+                    logger: logger)
+                intake.adminPages = { router in console.addRoutes(to: router) }
+            }
             let services = makeIntakeServices(
                 settings: intake, store: store, relay: relay, logger: logger,
                 onServerRunning: { port in await onListening(.intake, port) },

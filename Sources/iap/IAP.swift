@@ -1,5 +1,6 @@
 import AppStore
 import ArgumentParser
+import Console
 import Crypto
 import Finisher
 import Foundation
@@ -20,7 +21,10 @@ enum HelpText {
     static let admin = """
         Customer service's admin routes (/v1/admin/...) need IAP_ADMIN_TOKEN (or IAP_ADMIN_TOKEN_FILE): \
         one or more tokens separated by commas, each at least 16 characters, sent as Authorization: Bearer <token>; \
-        unset, they answer 503.
+        unset, they answer 503. The same tokens sign an operator in to the console at /admin/ (beside the admin routes); \
+        IAP_VIEWER_TOKEN (or IAP_VIEWER_TOKEN_FILE; same form) signs in read-only support. Console sessions are \
+        cookies (HttpOnly, SameSite=Strict, Secure unless IAP_ADMIN_INSECURE_COOKIES=1, for plain HTTP on loopback; \
+        iap dev defaults to 1), last 8 hours and live in memory: a restart signs everyone out.
         App users send Authorization: Bearer <JWT> from the app's login backend (sub is the user id): \
         IAP_AUTH_HS256_SECRET (or IAP_AUTH_HS256_SECRET_FILE), at least 32 bytes, or --auth-public-key-path.
         """
@@ -92,6 +96,18 @@ private func apply(
             throw ValidationError("IAP_ADMIN_TOKEN: each token must be at least 16 characters")
         }
         settings.intake.adminTokens = tokens
+    }
+    if let raw = try SettingReader().secret("IAP_VIEWER_TOKEN") {
+        let tokens = raw.split(whereSeparator: { $0 == "," || $0.isWhitespace }).map(String.init)
+        guard !tokens.isEmpty, tokens.allSatisfy({ $0.utf8.count >= 16 }) else {
+            throw ValidationError("IAP_VIEWER_TOKEN: each token must be at least 16 characters")
+        }
+        settings.console.viewerTokens = tokens
+    }
+    switch SettingReader().string(nil, "IAP_ADMIN_INSECURE_COOKIES", default: authDefault == "off" ? "1" : "0") {
+    case "1", "true": settings.console.insecureCookies = true
+    case "0", "false": settings.console.insecureCookies = false
+    case let other: throw ValidationError("IAP_ADMIN_INSECURE_COOKIES must be 1 or 0, got '\(other)'")
     }
     if let http {
         settings.intake.authentication = try await http.authentication(defaultMode: authDefault)

@@ -48,8 +48,8 @@ extension BrokerTests {
                 (.GET, "/v1/users/ana/grants", nil),
             ]
             for (method, path, body) in routes {
-                for (token, code) in [(nil, "unauthenticated"), (expired, "token_expired"), (forged, "token_invalid"),
-                    (unsigned, "token_invalid"), ("not.a.token", "token_invalid")] as [(String?, String)]
+                for (token, code) in [(nil, "unauthenticated"), (expired, "token_expired"), (forged, "token_signature_invalid"),
+                    (unsigned, "token_algorithm_refused"), ("not.a.token", "token_malformed")] as [(String?, String)]
                 {
                     let answer = try await UserHTTP.send(method, base + path, token: token, json: body)
                     #expect(answer.status == 401, "\(method) \(path) \(code): \(answer.text)")

@@ -39,10 +39,18 @@ enum TestTokens {
         return try await keys.sign(claims, kid: kid.map { JWKIdentifier(string: $0) })
     }
 
-    /// A compact JWS with any header, signed (or not) by HMAC-SHA256 with `hmacKey`.
-    static func handmade(header: [String: String], claims: TestUserClaims, hmacKey: Data? = nil) throws -> String {
+    /// A compact JWS with any header, signed (or not) by HMAC-SHA256 with `hmacKey`, its
+    /// claims without the one named `dropping`.
+    static func handmade(header: [String: String], claims: TestUserClaims, hmacKey: Data? = nil, dropping: String? = nil)
+        throws -> String
+    {
         let encoder = JSONEncoder()
-        let signingInput = try base64URL(encoder.encode(header)) + "." + base64URL(encoder.encode(claims))
+        var payload = try encoder.encode(claims)
+        if let dropping, var object = try JSONSerialization.jsonObject(with: payload) as? [String: Any] {
+            object[dropping] = nil
+            payload = try JSONSerialization.data(withJSONObject: object)
+        }
+        let signingInput = try base64URL(encoder.encode(header)) + "." + base64URL(payload)
         guard let hmacKey else { return signingInput + "." }
         let mac = HMAC<SHA256>.authenticationCode(for: Data(signingInput.utf8), using: SymmetricKey(data: hmacKey))
         return signingInput + "." + base64URL(Data(mac))
@@ -56,12 +64,12 @@ enum TestTokens {
 
 @Suite("User tokens")
 struct UserTokenTests {
-    func failure(_ verifier: UserTokenVerifier, _ token: String) async -> AuthenticationFailure? {
+    func failure(_ verifier: UserTokenVerifier, _ token: String) async -> AuthenticationFailure.Reason? {
         do {
             _ = try await verifier.userId(from: token)
             return nil
         } catch {
-            return error
+            return error.reason
         }
     }
 
@@ -71,19 +79,24 @@ struct UserTokenTests {
         #expect(await failure(verifier, try await TestTokens.hs256(.init("ana", expiresIn: -120))) == .expired)
         // Within the 30 s clock-skew leeway an expiry is still accepted.
         #expect(try await verifier.userId(from: TestTokens.hs256(.init("ana", expiresIn: -5))) == "ana")
-        #expect(await failure(verifier, try await TestTokens.hs256(.init("ana"), secret: String(repeating: "x", count: 40))) == .invalid)
-        #expect(await failure(verifier, try await TestTokens.hs256(.init("ana", notBefore: Date().addingTimeInterval(600)))) == .invalid)
-        #expect(await failure(verifier, try await TestTokens.hs256(.init(""))) == .invalid)
-        #expect(await failure(verifier, try await TestTokens.hs256(.init(String(repeating: "u", count: 257)))) == .invalid)
+        // Each refusal says which check failed: a clock problem is not a key problem.
+        #expect(await failure(verifier, try await TestTokens.hs256(.init("ana"), secret: String(repeating: "x", count: 40))) == .signatureInvalid)
+        #expect(await failure(verifier, try await TestTokens.hs256(.init("ana", notBefore: Date().addingTimeInterval(600)))) == .notYetValid)
+        #expect(await failure(verifier, try await TestTokens.hs256(.init(""))) == .malformed)
+        #expect(await failure(verifier, try await TestTokens.hs256(.init(String(repeating: "u", count: 257)))) == .malformed)
+        // No exp at all: not a token this intake takes.
+        let noExpiry = try TestTokens.handmade(
+            header: ["alg": "HS256", "typ": "JWT"], claims: .init("ana"), hmacKey: Data(TestTokens.secret.utf8), dropping: "exp")
+        #expect(await failure(verifier, noExpiry) == .malformed)
         // alg none, and garbage.
-        #expect(await failure(verifier, try TestTokens.handmade(header: ["alg": "none"], claims: .init("ana"))) == .invalid)
+        #expect(await failure(verifier, try TestTokens.handmade(header: ["alg": "none"], claims: .init("ana"))) == .algorithmRefused)
         for junk in ["", "a.b.c", "...", "eyJhbGciOiJIUzI1NiJ9", String(repeating: "A", count: 20_000)] {
-            #expect(await failure(verifier, junk) == .invalid, "\(junk.prefix(20))")
+            #expect(await failure(verifier, junk) == .malformed, "\(junk.prefix(20))")
         }
         // A tampered payload: another user's claims under the first token's signature.
         let good = try await TestTokens.hs256(.init("ana")).split(separator: ".")
         let other = try await TestTokens.hs256(.init("bob")).split(separator: ".")
-        #expect(await failure(verifier, [good[0], other[1], good[2]].joined(separator: ".")) == .invalid)
+        #expect(await failure(verifier, [good[0], other[1], good[2]].joined(separator: ".")) == .signatureInvalid)
     }
 
     @Test func shortSecretsAndUnusableKeysAreRefused() async throws {
@@ -96,11 +109,11 @@ struct UserTokenTests {
         let pem = key.publicKey.pemRepresentation
         let verifier = try await UserTokenVerifier(key: .publicKey(pem))
         #expect(try await verifier.userId(from: TestTokens.es256(.init("ana"), key: key)) == "ana")
-        #expect(await failure(verifier, try await TestTokens.es256(.init("ana"), key: ES256PrivateKey())) == .invalid)
+        #expect(await failure(verifier, try await TestTokens.es256(.init("ana"), key: ES256PrivateKey())) == .signatureInvalid)
         // The classic confusion: HS256 "signed" with the public key as the HMAC secret.
         let confused = try TestTokens.handmade(header: ["alg": "HS256", "typ": "JWT"], claims: .init("ana"), hmacKey: Data(pem.utf8))
-        #expect(await failure(verifier, confused) == .invalid)
-        #expect(await failure(verifier, try TestTokens.handmade(header: ["alg": "none"], claims: .init("ana"))) == .invalid)
+        #expect(await failure(verifier, confused) == .algorithmRefused)
+        #expect(await failure(verifier, try TestTokens.handmade(header: ["alg": "none"], claims: .init("ana"))) == .algorithmRefused)
     }
 
     @Test func jwksDocumentsAndAudienceAndIssuerChecks() async throws {
@@ -115,9 +128,11 @@ struct UserTokenTests {
         #expect(try await verifier.userId(from: TestTokens.es256(good, key: key, kid: "login-1")) == "ana")
         var wrongAudience = good
         wrongAudience.aud = .init(value: ["another-app"])
-        #expect(await failure(verifier, try await TestTokens.es256(wrongAudience, key: key, kid: "login-1")) == .invalid)
+        #expect(await failure(verifier, try await TestTokens.es256(wrongAudience, key: key, kid: "login-1")) == .audienceMismatch)
         var noIssuer = good
         noIssuer.iss = nil
-        #expect(await failure(verifier, try await TestTokens.es256(noIssuer, key: key, kid: "login-1")) == .invalid)
+        #expect(await failure(verifier, try await TestTokens.es256(noIssuer, key: key, kid: "login-1")) == .issuerMismatch)
+        // Signed by a key the JWKS does not hold: a key problem, not a clock problem.
+        #expect(await failure(verifier, try await TestTokens.es256(good, key: ES256PrivateKey(), kid: "login-2")) == .signatureInvalid)
     }
 }

@@ -82,7 +82,7 @@ def before_call(context, case, kwargs):
         if path in ("/v1/orders", "/v1/admin/grants") and body is not None and PRODUCTS:
             if body.get("productId") not in PRODUCTS:
                 body["productId"] = PRODUCTS[len(str(body.get("productId"))) % len(PRODUCTS)]
-        if path in ("/v1/users/{userId}/grants", "/v1/users/{userId}/subscriptions"):
+        if path in ("/v1/users/{userId}/grants", "/v1/users/{userId}/subscriptions", "/v1/users/{userId}/entitlements"):
             case.path_parameters["userId"] = USER_ID
     target = urlsplit(BASE_URL + case.formatted_path)
     segments = target.path.split("/")

@@ -1,4 +1,5 @@
 import AppStore
+import Console
 import Crypto
 import AsyncHTTPClient
 import FakeAppStore
@@ -38,6 +39,8 @@ final class PipelineHarness: Sendable {
 
     static let bundleId = "com.example.tests"
     static let adminToken = "test-admin-token-0123456789"
+    /// Signs read-only support in to the console.
+    static let viewerToken = "test-viewer-token-0123456789"
 
     /// What the tests' app sells.
     static let testCatalog = Catalog(products: [
@@ -76,6 +79,7 @@ final class PipelineHarness: Sendable {
                 names: names, alerts: alerts, catalog: testCatalog, sandboxPolicy: sandboxPolicy, restorePolicy: restorePolicy),
             fakeAppStoreHost: "127.0.0.1", fakeAppStorePort: 0,
             ops: withOps ? OpsSettings(host: "127.0.0.1", port: 0) : nil)
+        settings.console = ConsoleSettings(viewerTokens: [viewerToken], insecureCookies: true)
         settings.fakeAppStoreAPIKey = try FakeServerAPIKey(
             privateKeyPEM: ServerAPIKey.privateKey.pemRepresentation, keyId: ServerAPIKey.keyId, issuerId: ServerAPIKey.issuerId)
 

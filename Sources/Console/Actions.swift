@@ -1,0 +1,218 @@
+import AppStore
+import Foundation
+import Hummingbird
+import IAPCore
+import Logging
+import Messaging
+import OrderStore
+
+/// The console's changes; each is a form posted to `/admin/actions/<name>`.
+enum ConsoleAction: String, CaseIterable, Sendable {
+    /// Grants a held purchase to its owner.
+    case grant
+    /// Grants the transaction of an Apple order id to a customer.
+    case appleGrant = "apple-grant"
+    /// Revokes a grant.
+    case revoke
+    /// Lets the app finish an upload's transactions.
+    case finishable
+    /// Queues an upload for verification again.
+    case reverify
+    /// Moves a dead-letter queue's messages back.
+    case redrive
+    /// A note about a customer.
+    case note
+}
+
+/// What an action did, shown on the next page.
+private struct Outcome {
+    var kind: String
+    var text: String
+}
+
+extension Console {
+    /// Runs one action for an operator: a reason is required, the form's one-time key makes a
+    /// second post of the same form say what the first did, and the store's own refusals
+    /// ("granted already") read as "already done".
+    func perform(_ action: ConsoleAction, form: [String: String], session: ConsoleSession) async -> Response {
+        let rawBack = form["back"] ?? "/admin/"
+        let back = rawBack.hasPrefix("/admin/") && !rawBack.hasPrefix("//") ? rawBack : "/admin/"
+        let reason = (action == .note ? form["text"] : form["reason"])?.trimmingCharacters(in: .whitespacesAndNewlines) ?? ""
+        guard !reason.isEmpty, reason.count <= 1000 else {
+            sessions.setFlash(
+                session.id, kind: "error",
+                text: action == .note ? "A note needs text (at most 1000 characters)." : "Say why (a reason of at most 1000 characters): nothing was changed.")
+            return Self.redirect(back)
+        }
+        let key = form["key"] ?? ""
+        if !key.isEmpty {
+            switch keys.claim(key) {
+            case .first: break
+            case .inProgress:
+                sessions.setFlash(session.id, kind: "info", text: "Already being done: this form was sent twice.")
+                return Self.redirect(back)
+            case .done(let text):
+                sessions.setFlash(session.id, kind: "info", text: "Already done: \(text)")
+                return Self.redirect(back)
+            }
+        }
+        let outcome: Outcome
+        var location = back
+        do {
+            (outcome, location) = try await run(action, form: form, reason: reason, actor: session.actor, back: back)
+        } catch let error as OrderStoreError where error.code == .conflict {
+            outcome = Outcome(kind: "info", text: "Already done: \(error.message).")
+        } catch let error as OrderStoreError where error.code == .notFound {
+            outcome = Outcome(kind: "error", text: "Not found: \(error.message). Nothing was changed.")
+        } catch let error as ActionRefused {
+            if !key.isEmpty { keys.release(key) }
+            sessions.setFlash(session.id, kind: "error", text: error.text)
+            return Self.redirect(back)
+        } catch {
+            if !key.isEmpty { keys.release(key) }
+            logger.error("console action failed", metadata: ["iap.action": "\(action.rawValue)", "error": "\(error)"])
+            sessions.setFlash(session.id, kind: "error", text: "Nothing was changed: \(error). Try again.")
+            return Self.redirect(back)
+        }
+        if !key.isEmpty { keys.finish(key, outcome: outcome.text) }
+        logger.info(
+            "console action", metadata: ["iap.action": "\(action.rawValue)", "iap.actor": "\(session.actor)", "iap.outcome": "\(outcome.text)"])
+        sessions.setFlash(session.id, kind: outcome.kind, text: outcome.text)
+        return Self.redirect(location)
+    }
+
+    private var policy: CreditPolicy { CreditPolicy(catalog: deps.catalog, eventsExchange: deps.names.events) }
+
+    private func required(_ form: [String: String], _ name: String) throws -> String {
+        guard let value = form[name]?.trimmingCharacters(in: .whitespacesAndNewlines), !value.isEmpty, value.count <= 256 else {
+            throw ActionRefused(text: "The form lacks \(name): nothing was changed.")
+        }
+        return value
+    }
+
+    private func run(_ action: ConsoleAction, form: [String: String], reason: String, actor: String, back: String) async throws
+        -> (Outcome, String)
+    {
+        let store = deps.store
+        switch action {
+        case .grant:
+            let transactionId = try required(form, "transactionId")
+            let userId = try required(form, "userId")
+            let productId = form["productId"].flatMap { $0.isEmpty ? nil : $0 }
+            return (try await grantHeld(transactionId, userId: userId, productId: productId, reason: reason, actor: actor), back)
+        case .appleGrant:
+            let orderId = try required(form, "orderId")
+            let transactionId = try required(form, "transactionId")
+            let userId = try required(form, "userId")
+            // The form's word is not enough: Apple must list this transaction under this order now.
+            guard case .found(let transactions, _) = await lookUpOrder(orderId) else {
+                throw ActionRefused(text: "Apple could not confirm order \(orderId) now: nothing was changed. Try again shortly.")
+            }
+            guard transactions.contains(where: { $0.transactionId == transactionId }) else {
+                throw ActionRefused(text: "Apple does not list transaction \(transactionId) under order \(orderId): nothing was changed.")
+            }
+            if let known = try await store.consolePurchases([transactionId])[transactionId] {
+                guard known.userId == userId else {
+                    throw ActionRefused(
+                        text: "Transaction \(transactionId) belongs to user \(known.userId), not \(userId): nothing was changed.")
+                }
+                return (try await grantHeld(transactionId, userId: userId, productId: nil, reason: reason, actor: actor), Self.userPath(userId))
+            }
+            // Never uploaded: verified through the pipeline like the app's own upload of it.
+            let request = VerifyRequest(
+                submissionId: UUID(), userId: userId, receiptData: "", transactionId: transactionId, acceptedAt: Date())
+            let message = OutboxMessage(
+                routingKey: deps.names.verify, body: try MessageCodec().encode(request),
+                messageId: request.submissionId.uuidString, priority: VerifyPriority.firstAttempt)
+            try await store.acceptForCustomer(request, message: message, actor: actor, reason: reason)
+            deps.changed()
+            return (
+                Outcome(
+                    kind: "success",
+                    text: "Transaction \(transactionId) of order \(orderId) was queued for verification for \(userId) (upload \(request.submissionId.uuidString)); it is credited once Apple confirms it."),
+                Self.userPath(userId)
+            )
+        case .revoke:
+            let transactionId = try required(form, "transactionId")
+            let grant = try await store.revoke(transactionId: transactionId, actor: actor, reason: reason, policy: policy)
+            deps.changed()
+            return (Outcome(kind: "success", text: "Revoked the grant of transaction \(grant.transactionId) (\(grant.productId))."), back)
+        case .finishable:
+            guard let id = UUID(uuidString: try required(form, "submissionId")) else {
+                throw ActionRefused(text: "That is not a submission id: nothing was changed.")
+            }
+            if let status = try await store.status(of: id), status.finishable {
+                return (Outcome(kind: "info", text: "Already done: upload \(id.uuidString) is finishable already."), back)
+            }
+            try await store.markFinishable(id, actor: actor, reason: reason)
+            return (Outcome(kind: "success", text: "Upload \(id.uuidString) is finishable: the app may finish its transactions."), back)
+        case .reverify:
+            guard let id = UUID(uuidString: try required(form, "submissionId")) else {
+                throw ActionRefused(text: "That is not a submission id: nothing was changed.")
+            }
+            let verify = deps.names.verify
+            let request = try await store.requeueSubmission(id, actor: actor, reason: reason) { request in
+                OutboxMessage(
+                    routingKey: verify, body: try MessageCodec().encode(request),
+                    messageId: request.submissionId.uuidString, priority: VerifyPriority.retry)
+            }
+            deps.changed()
+            return (Outcome(kind: "success", text: "Upload \(request.submissionId.uuidString) was queued for verification again."), back)
+        case .redrive:
+            let which = try required(form, "queue")
+            guard let broker = deps.broker else { throw ActionRefused(text: "No broker connection here: nothing was redriven.") }
+            guard broker.isConnected else {
+                throw ActionRefused(text: "The broker (RabbitMQ) is unreachable: nothing was redriven. Try again once it is back.")
+            }
+            let names = deps.names
+            let (dead, home, priority): (String, String, UInt8?) =
+                which == "results" ? (names.resultsDead, names.results, nil) : (names.verifyDead, names.verify, VerifyPriority.retry)
+            let moved = await withTimeout(seconds: 15) {
+                try await DeadLetters(connection: broker).redrive(dead, fallback: home, limit: 1000, priority: priority)
+            }
+            guard let moved else {
+                throw ActionRefused(text: "The broker did not finish the redrive in time; look at the dead-letter count before trying again.")
+            }
+            try await store.recordConsoleAction(
+                actor: actor, action: "dead_letters_redriven", subject: "queue:\(dead)", reason: reason,
+                details: ["count": String(moved)])
+            guard moved > 0 else {
+                return (Outcome(kind: "info", text: "Already done: \(dead) holds nothing to redrive."), back)
+            }
+            return (Outcome(kind: "success", text: "Redrove \(moved) message(s) from \(dead) back to \(home)."), back)
+        case .note:
+            let userId = try required(form, "userId")
+            try await store.addNote(userId: userId, actor: actor, text: reason)
+            return (Outcome(kind: "success", text: "Note added."), back)
+        }
+    }
+
+    /// Grants a held purchase to its owner, with the product Apple sold unless the operator
+    /// chose a catalog product (a product missing from the catalog).
+    private func grantHeld(_ transactionId: String, userId: String, productId: String?, reason: String, actor: String) async throws
+        -> Outcome
+    {
+        guard let purchase = try await deps.store.purchase(transactionId) else {
+            throw OrderStoreError(.notFound, "no purchase \(transactionId) in this store")
+        }
+        let productId = productId ?? purchase.productId
+        var grant: [String: Catalog.GrantValue] = [:]
+        if let catalog = deps.catalog {
+            guard let product = catalog.product(productId) else {
+                throw ActionRefused(text: "\(productId) is not in the catalog: choose the catalog product to grant.")
+            }
+            grant = product.grant(quantity: purchase.quantity)
+        }
+        let granted = try await deps.store.grantManually(
+            userId: userId, productId: productId, quantity: purchase.quantity, grant: grant, transactionId: transactionId,
+            actor: actor, reason: reason, policy: policy)
+        deps.changed()
+        return Outcome(
+            kind: "success", text: "Granted \(granted.productId) ×\(granted.quantity) to \(userId) for transaction \(transactionId).")
+    }
+}
+
+/// An action refused before anything changed, with what to tell the operator.
+struct ActionRefused: Error {
+    var text: String
+}

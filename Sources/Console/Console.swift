@@ -1,0 +1,299 @@
+import AppStore
+import Foundation
+import HTTPTypes
+import Hummingbird
+import IAPCore
+import Logging
+import Messaging
+import Mustache
+import NIOCore
+import OrderStore
+
+/// How customer service's console runs.
+public struct ConsoleSettings: Sendable {
+    /// Tokens that sign an operator in (reads and acts); none disables the console.
+    public var operatorTokens: [String]
+    /// Tokens that sign read-only support in.
+    public var viewerTokens: [String]
+    /// Session cookies without `Secure`, for plain HTTP on loopback (`iap dev`, tests).
+    public var insecureCookies: Bool
+    /// How long a sign-in lasts.
+    public var sessionLifetime: Duration
+
+    /// Creates settings.
+    public init(
+        operatorTokens: [String] = [], viewerTokens: [String] = [], insecureCookies: Bool = false,
+        sessionLifetime: Duration = .seconds(8 * 3600)
+    ) {
+        self.operatorTokens = operatorTokens
+        self.viewerTokens = viewerTokens
+        self.insecureCookies = insecureCookies
+        self.sessionLifetime = sessionLifetime
+    }
+}
+
+/// What the console reaches besides the order store; each part may be missing (then the page
+/// says so instead of failing).
+public struct ConsoleDependencies: Sendable {
+    /// The order store.
+    public var store: OrderStore
+    /// What the app sells (products offered when granting).
+    public var catalog: Catalog?
+    /// Queue and exchange names.
+    public var names: PipelineNames
+    /// The broker connection for dead letters; nil: dead letters are not shown.
+    public var broker: AMQPConnection?
+    /// The App Store Server API (Look Up Order ID); nil: order ids cannot be looked up.
+    public var appStore: AppStoreServerAPIClient?
+    /// Checks what the Server API answers.
+    public var signedData: SignedDataVerifier?
+    /// Called after a change wrote to the outbox (wakes the relay).
+    public var changed: @Sendable () -> Void
+
+    /// Creates the dependencies.
+    public init(
+        store: OrderStore, catalog: Catalog?, names: PipelineNames, broker: AMQPConnection?,
+        appStore: AppStoreServerAPIClient?, signedData: SignedDataVerifier?, changed: @escaping @Sendable () -> Void
+    ) {
+        self.store = store
+        self.catalog = catalog
+        self.names = names
+        self.broker = broker
+        self.appStore = appStore
+        self.signedData = signedData
+        self.changed = changed
+    }
+}
+
+/// Customer service's console: server-rendered pages under `/admin/` on the admin listener.
+/// Sign-in with a token sets a session cookie; every change form carries the session's CSRF
+/// token and a one-time key, asks for a reason and lands in the audit log.
+public final class Console: Sendable {
+    let settings: ConsoleSettings
+    let deps: ConsoleDependencies
+    let logger: Logger
+    let templates: MustacheLibrary
+    let stylesheet: String
+    let sessions: ConsoleSessions
+    let limiter = SignInLimiter()
+    let keys = IdempotencyKeys()
+
+    static let cookieName = "iap_console"
+
+    /// Loads the templates shipped with the module.
+    public init(settings: ConsoleSettings, dependencies: ConsoleDependencies, logger: Logger) throws {
+        self.settings = settings
+        self.deps = dependencies
+        self.logger = logger
+        guard let templatesURL = Bundle.module.url(forResource: "Templates", withExtension: nil),
+            let cssURL = Bundle.module.url(forResource: "Static/console", withExtension: "css")
+                ?? Bundle.module.resourceURL?.appendingPathComponent("Static/console.css")
+        else { throw ConsoleError("the console's templates are missing from the bundle") }
+        var library = MustacheLibrary()
+        let files = try FileManager.default.contentsOfDirectory(atPath: templatesURL.path).filter { $0.hasSuffix(".mustache") }
+        for file in files {
+            let text = try String(contentsOf: templatesURL.appendingPathComponent(file), encoding: .utf8)
+            try library.register(text, named: String(file.dropLast(".mustache".count)))
+        }
+        templates = library
+        stylesheet = try String(contentsOf: cssURL, encoding: .utf8)
+        let lifetime = settings.sessionLifetime.components
+        sessions = ConsoleSessions(lifetime: TimeInterval(lifetime.seconds))
+    }
+
+    /// Adds the console's routes (`/admin/…`) to a router.
+    public func addRoutes<Context: RemoteAddressRequestContext>(to router: Router<Context>) {
+        router.get("/admin/static/console.css") { _, _ in
+            var headers = HTTPFields()
+            headers[.contentType] = "text/css; charset=utf-8"
+            headers[.cacheControl] = "max-age=300"
+            return Response(status: .ok, headers: headers, body: .init(byteBuffer: ByteBuffer(string: self.stylesheet)))
+        }
+        router.get("/admin/login") { request, _ in
+            if self.session(of: request) != nil { return Self.redirect("/admin/") }
+            return self.page("login", title: "Sign in", session: nil, ["next": request.uri.queryParameters.get("next") ?? ""])
+        }
+        router.post("/admin/login") { request, context in
+            await self.signIn(request, address: Self.address(context))
+        }
+        router.post("/admin/logout") { request, _ in
+            await self.guarded(request, change: false) { session, _ in
+                self.sessions.end(session.id)
+                self.logger.info("console sign-out", metadata: ["iap.actor": "\(session.actor)"])
+                var response = Self.redirect("/admin/login")
+                response.headers[.setCookie] = self.cookie(value: "", maxAge: 0)
+                return response
+            }
+        }
+        router.get("/admin/") { request, _ in
+            await self.reading(request) { session in await self.home(request, session: session) }
+        }
+        router.get("/admin/users/{userId}") { request, context in
+            let userId = context.parameters.get("userId") ?? ""
+            return await self.reading(request) { session in await self.customer(userId, session: session) }
+        }
+        router.get("/admin/apple-orders/{orderId}") { request, context in
+            let orderId = context.parameters.get("orderId") ?? ""
+            return await self.reading(request) { session in await self.appleOrder(orderId, session: session) }
+        }
+        for action in ConsoleAction.allCases {
+            router.post("/admin/actions/\(action.rawValue)") { request, _ in
+                await self.guarded(request, change: true) { session, form in
+                    await self.perform(action, form: form, session: session)
+                }
+            }
+        }
+    }
+
+    // MARK: - Sign-in
+
+    private func signIn(_ request: Request, address: String) async -> Response {
+        if let wait = limiter.retryAfter(address) {
+            var response = message(
+                status: .tooManyRequests, title: "Too many failed sign-ins",
+                text: "Too many failed sign-ins from this address. Try again in \(wait) seconds.", session: nil)
+            response.headers[.retryAfter] = String(wait)
+            return response
+        }
+        let form = await Self.form(request)
+        let token = form["token"] ?? ""
+        let role: ConsoleRole?
+        if !token.isEmpty, settings.operatorTokens.contains(where: { ConsoleSessions.constantTimeEqual($0, token) }) {
+            role = .operator_
+        } else if !token.isEmpty, settings.viewerTokens.contains(where: { ConsoleSessions.constantTimeEqual($0, token) }) {
+            role = .viewer
+        } else {
+            role = nil
+        }
+        guard let role else {
+            limiter.recordFailure(address)
+            // Never the token itself.
+            logger.warning("console sign-in failed", metadata: ["iap.address": "\(address)"])
+            var context = ["error": "That token is not valid. Check it and try again."]
+            if settings.operatorTokens.isEmpty && settings.viewerTokens.isEmpty {
+                context["error"] = "The console is disabled: IAP_ADMIN_TOKEN is not set."
+            }
+            return page("login", title: "Sign in", status: .unauthorized, session: nil, context)
+        }
+        let name = String((form["name"] ?? "").trimmingCharacters(in: .whitespacesAndNewlines).prefix(80))
+        let session = sessions.create(role: role, actor: name.isEmpty ? role.rawValue : name)
+        logger.info(
+            "console sign-in", metadata: ["iap.actor": "\(session.actor)", "iap.role": "\(role.rawValue)", "iap.address": "\(address)"])
+        let next = form["next"] ?? ""
+        var response = Self.redirect(next.hasPrefix("/admin/") && !next.hasPrefix("//") ? next : "/admin/")
+        response.headers[.setCookie] = cookie(value: session.id, maxAge: Int(sessions.lifetime))
+        return response
+    }
+
+    private func cookie(value: String, maxAge: Int) -> String {
+        var cookie = "\(Self.cookieName)=\(value); Path=/admin; Max-Age=\(maxAge); HttpOnly; SameSite=Strict"
+        if !settings.insecureCookies { cookie += "; Secure" }
+        return cookie
+    }
+
+    func session(of request: Request) -> ConsoleSession? {
+        sessions.session(request.cookies[Self.cookieName]?.value)
+    }
+
+    /// A page that needs a signed-in person.
+    private func reading(_ request: Request, _ body: (ConsoleSession) async -> Response) async -> Response {
+        guard let session = session(of: request) else {
+            let next = request.uri.path + (request.uri.query.map { "?" + $0 } ?? "")
+            return Self.redirect("/admin/login?next=" + (next.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? ""))
+        }
+        return await body(session)
+    }
+
+    /// A form post: a session, its CSRF token, and for changes the operator role.
+    private func guarded(
+        _ request: Request, change: Bool, _ body: (ConsoleSession, [String: String]) async -> Response
+    ) async -> Response {
+        guard let session = session(of: request) else {
+            return message(
+                status: .unauthorized, title: "Signed out", text: "Your session has ended. Sign in again.", session: nil)
+        }
+        let form = await Self.form(request)
+        guard let given = form["csrf"], ConsoleSessions.constantTimeEqual(given, session.csrfToken) else {
+            logger.warning("console form without a valid CSRF token", metadata: ["iap.actor": "\(session.actor)"])
+            return message(
+                status: .forbidden, title: "403 Forbidden: form refused",
+                text: "This form did not carry this session's CSRF token, so nothing was changed. Reload the page and try again.",
+                session: session)
+        }
+        if change && session.role != .operator_ {
+            logger.warning("console change refused to a viewer", metadata: ["iap.actor": "\(session.actor)"])
+            return message(
+                status: .forbidden, title: "403 Forbidden: read-only",
+                text: "You are signed in as read-only support; only an operator can change anything. Nothing was changed.",
+                session: session)
+        }
+        return await body(session, form)
+    }
+
+    // MARK: - Rendering
+
+    func page(
+        _ template: String, title: String, status: HTTPResponse.Status = .ok, session: ConsoleSession?,
+        _ context: [String: Any]
+    ) -> Response {
+        var context = context
+        context["title"] = title
+        if let session {
+            context["session"] = [
+                "actor": session.actor, "role": session.role.rawValue, "csrf": session.csrfToken,
+                "isOperator": session.role == .operator_,
+            ] as [String: Any]
+            if let flash = sessions.takeFlash(session.id) {
+                context["flash"] = ["kind": flash.kind, "text": flash.text]
+            }
+        }
+        let html = templates.render(context, withTemplate: template) ?? "<!doctype html><title>Error</title><p>template \(template) missing"
+        var headers = HTTPFields()
+        headers[.contentType] = "text/html; charset=utf-8"
+        headers[.cacheControl] = "no-store"
+        headers[.contentSecurityPolicy] =
+            "default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+        headers[HTTPField.Name("X-Frame-Options")!] = "DENY"
+        headers[HTTPField.Name("Referrer-Policy")!] = "no-referrer"
+        headers[HTTPField.Name("X-Content-Type-Options")!] = "nosniff"
+        return Response(status: status, headers: headers, body: .init(byteBuffer: ByteBuffer(string: html)))
+    }
+
+    func message(status: HTTPResponse.Status, title: String, text: String, session: ConsoleSession?) -> Response {
+        page("message", title: title, status: status, session: session, ["heading": title, "text": text])
+    }
+
+    static func redirect(_ location: String) -> Response {
+        var headers = HTTPFields()
+        headers[.location] = location
+        return Response(status: .seeOther, headers: headers)
+    }
+
+    static func address(_ context: some RemoteAddressRequestContext) -> String {
+        context.remoteAddress?.ipAddress ?? "unknown"
+    }
+
+    /// An `application/x-www-form-urlencoded` body (64 KiB at most).
+    static func form(_ request: Request) async -> [String: String] {
+        guard let buffer = try? await request.body.collect(upTo: 64 * 1024) else { return [:] }
+        return parseForm(String(buffer: buffer))
+    }
+
+    static func parseForm(_ text: String) -> [String: String] {
+        var fields: [String: String] = [:]
+        for pair in text.split(separator: "&") {
+            let parts = pair.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
+            let decode = { (part: Substring) in
+                String(part).replacingOccurrences(of: "+", with: " ").removingPercentEncoding ?? ""
+            }
+            guard let name = parts.first.map(decode), !name.isEmpty else { continue }
+            fields[name] = parts.count > 1 ? decode(parts[1]) : ""
+        }
+        return fields
+    }
+}
+
+struct ConsoleError: Error, CustomStringConvertible {
+    var description: String
+    init(_ description: String) { self.description = description }
+}

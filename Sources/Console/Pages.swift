@@ -1,0 +1,320 @@
+import AppStore
+import Foundation
+import Hummingbird
+import IAPCore
+import Logging
+import Messaging
+import NIOConcurrencyHelpers
+import OrderStore
+
+/// What Apple's Look Up Order ID said.
+enum AppleLookup {
+    case found([JWSTransactionDecodedPayload], environment: String)
+    case notFound
+    case unavailable(String)
+    case notConfigured
+}
+
+extension Console {
+    // MARK: - Home: search, work queues, chart, dead letters
+
+    func home(_ request: Request, session: ConsoleSession) async -> Response {
+        var context: [String: Any] = [:]
+        var notices: [String] = []
+        let query = (request.uri.queryParameters.get("q") ?? "").trimmingCharacters(in: .whitespacesAndNewlines)
+        if !query.isEmpty {
+            context["query"] = query
+            do {
+                var hits = try await deps.store.consoleSearch(query)
+                if hits.isEmpty, Self.looksLikeAppleOrderId(query) {
+                    switch await lookUpOrder(query) {
+                    case .found(let transactions, _):
+                        let known = try await deps.store.consolePurchases(transactions.map(\.transactionId))
+                        let owners = Set(known.values.map(\.userId))
+                        if owners.count == 1, known.count == transactions.count, let owner = owners.first {
+                            return Self.redirect(Self.userPath(owner))
+                        }
+                        return Self.redirect("/admin/apple-orders/" + Self.pathComponent(query))
+                    case .notFound:
+                        notices.append("Apple knows no order \(query) (production or sandbox).")
+                    case .unavailable(let why):
+                        notices.append("Apple could not be reached to look up order \(query): \(why). Only this store was searched; try again shortly.")
+                    case .notConfigured:
+                        notices.append("Apple order ids cannot be looked up: the App Store Server API key is not configured.")
+                    }
+                }
+                if hits.count == 1 { return Self.redirect(Self.userPath(hits[0].userId)) }
+                hits.sort { $0.userId < $1.userId }
+                context["hits"] = hits.map {
+                    ["userId": $0.userId, "href": Self.userPath($0.userId), "matched": $0.matched.replacingOccurrences(of: "_", with: " "),
+                     "subject": $0.subject]
+                }
+                context["searched"] = true
+                context["noHits"] = hits.isEmpty
+            } catch {
+                notices.append("The order store could not be read: \(error).")
+            }
+        }
+        do {
+            let queues = try await deps.store.consoleWorkQueues(alertsSince: Date().addingTimeInterval(-7 * 86_400))
+            context["needsReview"] = queues.needsReview.map(Self.submissionContext)
+            context["needsReviewCount"] = queues.needsReviewCount
+            context["held"] = queues.held.map(Self.purchaseContext)
+            context["heldCount"] = queues.heldCount
+            context["alerts"] = queues.alerts.map(Self.submissionContext)
+            context["alertCount"] = queues.alertCount
+            let hours = try await deps.store.consoleHourlyActivity()
+            context["chart"] = ActivityChart.svg(hours)
+            context["chartRows"] = hours.filter { $0.uploads > 0 || $0.credits > 0 }.map {
+                ["hour": Self.when($0.start), "uploads": $0.uploads, "credits": $0.credits] as [String: Any]
+            }
+            context["chartTotals"] = [
+                "uploads": hours.reduce(0) { $0 + $1.uploads }, "credits": hours.reduce(0) { $0 + $1.credits },
+            ]
+        } catch {
+            notices.append("The order store could not be read: \(error).")
+        }
+        let dead = await deadLetters()
+        context["deadQueues"] = dead.queues
+        if let problem = dead.problem { notices.append(problem) }
+        context["notices"] = notices
+        context["back"] = "/admin/"
+        context["key"] = ConsoleSessions.randomToken()
+        return page("home", title: "Customer service", session: session, context)
+    }
+
+    /// The dead-letter queues with their first messages, or why they cannot be read.
+    func deadLetters() async -> (queues: [[String: Any]], problem: String?) {
+        guard let broker = deps.broker else { return ([], "Dead letters are not shown: this process has no broker connection.") }
+        guard broker.isConnected else {
+            return ([], "The broker (RabbitMQ) is unreachable: dead letters cannot be listed or redriven right now.")
+        }
+        var queues: [[String: Any]] = []
+        for (label, queue) in [("verify", deps.names.verifyDead), ("results", deps.names.resultsDead)] {
+            let count = await withTimeout(seconds: 5) { try await broker.queueStatus(queue).messageCount }
+            let listing = await withTimeout(seconds: 5) { try await DeadLetters(connection: broker).list(queue, limit: 20) }
+            guard let entries = listing else {
+                return (queues, "The broker (RabbitMQ) did not answer in time: dead letters cannot be listed right now.")
+            }
+            queues.append([
+                "queue": label, "name": queue, "count": count.map { Int($0) } ?? entries.count, "key": ConsoleSessions.randomToken(),
+                "empty": entries.isEmpty,
+                "entries": entries.map { entry -> [String: Any] in
+                    var fields: [String: Any] = [
+                        "reason": entry.reason ?? "unknown", "messageId": entry.messageId ?? "", "bytes": entry.body.count,
+                    ]
+                    let codec = MessageCodec()
+                    if let request = try? codec.decode(VerifyRequest.self, from: entry.body) {
+                        fields["submissionId"] = request.submissionId.uuidString
+                        fields["userId"] = request.userId
+                        fields["href"] = Self.userPath(request.userId)
+                    } else if let result = try? codec.decode(VerifyResult.self, from: entry.body) {
+                        fields["submissionId"] = result.submissionId.uuidString
+                    }
+                    return fields
+                },
+            ])
+        }
+        return (queues, nil)
+    }
+
+    // MARK: - Customer
+
+    func customer(_ userId: String, session: ConsoleSession) async -> Response {
+        let customer: ConsoleCustomer
+        do {
+            customer = try await deps.store.consoleCustomer(userId)
+        } catch {
+            return message(
+                status: .serviceUnavailable, title: "Order store unavailable",
+                text: "The order store could not be read: \(error). Try again shortly.", session: session)
+        }
+        let back = Self.userPath(userId)
+        let products = (deps.catalog?.products ?? []).map(\.productId)
+        var context: [String: Any] = ["userId": userId, "back": back, "known": !customer.isEmpty]
+        let granted = Set(customer.grants.map(\.grant.transactionId))
+        let held = customer.purchases.filter { $0.heldReason != nil && !granted.contains($0.transactionId) }
+        context["held"] = held.map { purchase -> [String: Any] in
+            var fields = Self.purchaseContext(purchase)
+            fields["key"] = ConsoleSessions.randomToken()
+            fields["products"] = products.map { ["productId": $0, "selected": $0 == purchase.productId] }
+            fields["inCatalog"] = products.contains(purchase.productId)
+            return fields
+        }
+        context["grants"] = customer.grants.map { entry -> [String: Any] in
+            let grant = entry.grant
+            var fields: [String: Any] = [
+                "transactionId": grant.transactionId, "productId": grant.productId, "quantity": grant.quantity,
+                "state": grant.state, "active": grant.state == "active", "source": grant.source,
+                "environment": grant.environment, "grantedAt": Self.when(grant.grantedAt),
+                "revokedAt": entry.revokedAt.map(Self.when) ?? "", "key": ConsoleSessions.randomToken(),
+            ]
+            if let revokedBy = entry.revokedBy, !revokedBy.isEmpty { fields["revokedBy"] = revokedBy }
+            return fields
+        }
+        context["subscriptions"] = customer.subscriptions.map {
+            [
+                "originalTransactionId": $0.originalTransactionId, "productId": $0.productId, "state": $0.state,
+                "expires": $0.expiresDate.map(Self.when) ?? "—", "autoRenew": $0.autoRenew.map { $0 ? "on" : "off" } ?? "—",
+                "environment": $0.environment,
+            ]
+        }
+        context["orders"] = customer.orders.map {
+            [
+                "orderId": $0.orderId, "productId": $0.productId, "state": $0.state, "transactionId": $0.transactionId ?? "—",
+                "createdAt": Self.when($0.createdAt),
+            ]
+        }
+        context["submissions"] = customer.submissions.map { submission -> [String: Any] in
+            var fields = Self.submissionContext(submission)
+            fields["canFinish"] = !submission.finishable && submission.state != "credited"
+            fields["canReverify"] = ["pending", "retrying", "needs_review"].contains(submission.state)
+            fields["finishKey"] = ConsoleSessions.randomToken()
+            fields["reverifyKey"] = ConsoleSessions.randomToken()
+            return fields
+        }
+        context["timeline"] = customer.timeline.map { event -> [String: Any] in
+            var fields: [String: Any] = [
+                "at": Self.when(event.at), "iso": Self.iso(event.at), "kind": event.kind, "summary": event.summary,
+            ]
+            // Absent, not empty: an empty string still opens a Mustache section.
+            if let actor = event.actor, !actor.isEmpty { fields["actor"] = actor }
+            if let reason = event.reason, !reason.isEmpty { fields["reason"] = reason }
+            return fields
+        }
+        context["noteKey"] = ConsoleSessions.randomToken()
+        context["hasHeld"] = !held.isEmpty
+        context["hasGrants"] = !customer.grants.isEmpty
+        context["hasSubmissions"] = !customer.submissions.isEmpty
+        return page("customer", title: "Customer \(userId)", session: session, context)
+    }
+
+    // MARK: - An Apple order
+
+    func appleOrder(_ orderId: String, session: ConsoleSession) async -> Response {
+        var context: [String: Any] = ["orderId": orderId, "back": "/admin/apple-orders/" + Self.pathComponent(orderId)]
+        switch await lookUpOrder(orderId) {
+        case .found(let transactions, let environment):
+            let known: [String: ConsolePurchase]
+            do {
+                known = try await deps.store.consolePurchases(transactions.map(\.transactionId))
+            } catch {
+                return message(
+                    status: .serviceUnavailable, title: "Order store unavailable",
+                    text: "The order store could not be read: \(error).", session: session)
+            }
+            context["environment"] = environment
+            context["hasTransactions"] = !transactions.isEmpty
+            context["transactions"] = transactions.map { transaction -> [String: Any] in
+                var fields: [String: Any] = [
+                    "transactionId": transaction.transactionId, "productId": transaction.productId,
+                    "purchased": transaction.purchaseDate.map { Self.when(Date(timeIntervalSince1970: Double($0) / 1000)) } ?? "—",
+                    "revoked": transaction.revocationDate != nil, "key": ConsoleSessions.randomToken(),
+                ]
+                if let purchase = known[transaction.transactionId] {
+                    fields["owner"] = purchase.userId
+                    fields["href"] = Self.userPath(purchase.userId)
+                    fields["held"] = purchase.heldReason ?? ""
+                    fields["isHeld"] = purchase.heldReason != nil
+                } else {
+                    fields["unknown"] = true
+                }
+                return fields
+            }
+        case .notFound:
+            context["problem"] = "Apple knows no order \(orderId), in production or in the sandbox."
+        case .unavailable(let why):
+            context["problem"] = "Apple could not be reached: \(why). Nothing was changed; try again shortly."
+        case .notConfigured:
+            context["problem"] = "The App Store Server API key is not configured: order ids cannot be looked up."
+        }
+        return page("apple_order", title: "Apple order \(orderId)", session: session, context)
+    }
+
+    /// Look Up Order ID, production first, then the sandbox; each transaction checked.
+    func lookUpOrder(_ orderId: String) async -> AppleLookup {
+        guard let client = deps.appStore, let verifier = deps.signedData else { return .notConfigured }
+        for environment in ServerAPIEnvironment.allCases {
+            do {
+                let answer = try await client.lookUpOrder(orderId, in: environment)
+                guard answer.valid, !answer.signedTransactions.isEmpty else { continue }
+                var transactions: [JWSTransactionDecodedPayload] = []
+                for jws in answer.signedTransactions {
+                    do {
+                        transactions.append(try await verifier.verifyTransaction(jws))
+                    } catch {
+                        return .unavailable("Apple's answer failed our checks (\(error.code))")
+                    }
+                }
+                return .found(transactions, environment: environment.rawValue)
+            } catch {
+                switch error.kind {
+                case .notFound, .unauthorized: continue
+                case .transient, .invalid:
+                    return .unavailable(error.httpStatus.map { "HTTP \($0)" } ?? error.message)
+                }
+            }
+        }
+        return .notFound
+    }
+
+    // MARK: - Helpers
+
+    static func looksLikeAppleOrderId(_ text: String) -> Bool {
+        (1...64).contains(text.count) && text.allSatisfy { $0.isASCII && ($0.isLetter || $0.isNumber) }
+    }
+
+    static func userPath(_ userId: String) -> String { "/admin/users/" + pathComponent(userId) }
+
+    static func pathComponent(_ text: String) -> String {
+        text.addingPercentEncoding(withAllowedCharacters: .alphanumerics.union(CharacterSet(charactersIn: "-_.~"))) ?? text
+    }
+
+    static func when(_ date: Date) -> String {
+        date.formatted(
+            .iso8601.year().month().day().dateSeparator(.dash).dateTimeSeparator(.space).time(includingFractionalSeconds: false)
+                .timeSeparator(.colon)) + " UTC"
+    }
+
+    static func iso(_ date: Date) -> String {
+        date.formatted(.iso8601)
+    }
+
+    static func submissionContext(_ submission: ConsoleSubmission) -> [String: Any] {
+        [
+            "submissionId": submission.submissionId, "userId": submission.userId, "href": userPath(submission.userId),
+            "state": submission.state, "reason": submission.reason ?? "", "attempts": submission.attempts,
+            "acceptedAt": when(submission.acceptedAt), "updatedAt": when(submission.updatedAt),
+            "alertedAt": submission.alertedAt.map(when) ?? "", "finishable": submission.finishable,
+        ]
+    }
+
+    static func purchaseContext(_ purchase: ConsolePurchase) -> [String: Any] {
+        [
+            "transactionId": purchase.transactionId, "originalTransactionId": purchase.originalTransactionId,
+            "productId": purchase.productId, "quantity": purchase.quantity, "environment": purchase.environment,
+            "userId": purchase.userId, "href": userPath(purchase.userId), "submissionId": purchase.submissionId,
+            "heldReason": purchase.heldReason ?? "", "recordedAt": when(purchase.recordedAt),
+        ]
+    }
+}
+
+/// Runs `operation`, giving up after `seconds` (nil then, or when it throws); what it was
+/// doing goes on in the background and its answer is dropped.
+func withTimeout<T: Sendable>(seconds: Double, _ operation: @escaping @Sendable () async throws -> T) async -> T? {
+    let resumed = NIOLockedValueBox(false)
+    return await withCheckedContinuation { (continuation: CheckedContinuation<T?, Never>) in
+        let finish: @Sendable (T?) -> Void = { value in
+            let first = resumed.withLockedValue { done in
+                defer { done = true }
+                return !done
+            }
+            if first { continuation.resume(returning: value) }
+        }
+        Task { finish(try? await operation()) }
+        Task {
+            try? await Task.sleep(for: .seconds(seconds))
+            finish(nil)
+        }
+    }
+}

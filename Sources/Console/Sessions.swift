@@ -1,0 +1,154 @@
+import Crypto
+import Foundation
+import NIOConcurrencyHelpers
+
+/// What a signed-in person may do.
+public enum ConsoleRole: String, Sendable {
+    /// Reads and acts (grants, revokes, redrives, notes).
+    case operator_ = "operator"
+    /// Reads only: every change answers 403.
+    case viewer
+}
+
+/// One signed-in person: kept in memory only, so a restart signs everyone out.
+struct ConsoleSession: Sendable {
+    var id: String
+    var role: ConsoleRole
+    /// Who, for the audit log: the name given at sign-in, else the role.
+    var actor: String
+    /// Every form that changes something carries it; compared in constant time.
+    var csrfToken: String
+    var expiresAt: Date
+    /// A message for the next page (what the last action did).
+    var flash: Flash?
+
+    struct Flash: Sendable {
+        var kind: String
+        var text: String
+    }
+}
+
+/// Sessions in memory, by a random id (the cookie's value).
+final class ConsoleSessions: Sendable {
+    private let sessions = NIOLockedValueBox([String: ConsoleSession]())
+    let lifetime: TimeInterval
+
+    init(lifetime: TimeInterval) {
+        self.lifetime = lifetime
+    }
+
+    func create(role: ConsoleRole, actor: String, now: Date = Date()) -> ConsoleSession {
+        let session = ConsoleSession(
+            id: Self.randomToken(), role: role, actor: actor, csrfToken: Self.randomToken(),
+            expiresAt: now.addingTimeInterval(lifetime))
+        sessions.withLockedValue { all in
+            all = all.filter { $0.value.expiresAt > now }
+            all[session.id] = session
+        }
+        return session
+    }
+
+    func session(_ id: String?, now: Date = Date()) -> ConsoleSession? {
+        guard let id else { return nil }
+        return sessions.withLockedValue { all in
+            guard let session = all[id] else { return nil }
+            guard session.expiresAt > now else {
+                all[id] = nil
+                return nil
+            }
+            return session
+        }
+    }
+
+    /// Takes the session's pending message, once.
+    func takeFlash(_ id: String) -> ConsoleSession.Flash? {
+        sessions.withLockedValue { all in
+            let flash = all[id]?.flash
+            all[id]?.flash = nil
+            return flash
+        }
+    }
+
+    func setFlash(_ id: String, kind: String, text: String) {
+        sessions.withLockedValue { $0[id]?.flash = .init(kind: kind, text: text) }
+    }
+
+    func end(_ id: String) {
+        sessions.withLockedValue { $0[id] = nil }
+    }
+
+    /// 32 random bytes, base64url.
+    static func randomToken() -> String {
+        let bytes = SymmetricKey(size: .bits256).withUnsafeBytes { Data($0) }
+        return bytes.base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
+            .replacingOccurrences(of: "=", with: "")
+    }
+
+    /// Equal strings, compared through fixed-length digests without an early exit.
+    static func constantTimeEqual(_ left: String, _ right: String) -> Bool {
+        var difference: UInt8 = 0
+        for (a, b) in zip(SHA256.hash(data: Data(left.utf8)), SHA256.hash(data: Data(right.utf8))) { difference |= a ^ b }
+        return difference == 0
+    }
+}
+
+/// Failed sign-ins per address: after `limit` failures within `window`, that address waits.
+final class SignInLimiter: Sendable {
+    private let failures = NIOLockedValueBox([String: [Date]]())
+    let limit: Int
+    let window: TimeInterval
+
+    init(limit: Int = 5, window: TimeInterval = 300) {
+        self.limit = limit
+        self.window = window
+    }
+
+    /// Seconds to wait before the next try, or nil when the address may try now.
+    func retryAfter(_ address: String, now: Date = Date()) -> Int? {
+        failures.withLockedValue { all in
+            let recent = (all[address] ?? []).filter { now.timeIntervalSince($0) < window }
+            all[address] = recent.isEmpty ? nil : recent
+            guard recent.count >= limit, let oldest = recent.first else { return nil }
+            return max(1, Int((window - now.timeIntervalSince(oldest)).rounded(.up)))
+        }
+    }
+
+    func recordFailure(_ address: String, now: Date = Date()) {
+        failures.withLockedValue { all in
+            if all.count > 10_000 { all = all.filter { ($0.value.last.map { now.timeIntervalSince($0) } ?? window) < window } }
+            all[address, default: []].append(now)
+        }
+    }
+}
+
+/// Each change form carries a one-time key: the first post does the work, a second post of the
+/// same form (a double click, a reload) is told what the first did.
+final class IdempotencyKeys: Sendable {
+    enum Claim {
+        case first
+        case inProgress
+        case done(String)
+    }
+
+    private let keys = NIOLockedValueBox([String: (outcome: String?, at: Date)]())
+
+    func claim(_ key: String, now: Date = Date()) -> Claim {
+        keys.withLockedValue { all in
+            if let existing = all[key] {
+                return existing.outcome.map(Claim.done) ?? .inProgress
+            }
+            if all.count > 50_000 { all = all.filter { now.timeIntervalSince($0.value.at) < 86_400 } }
+            all[key] = (nil, now)
+            return .first
+        }
+    }
+
+    func finish(_ key: String, outcome: String) {
+        keys.withLockedValue { $0[key] = (outcome, Date()) }
+    }
+
+    /// The work failed before it changed anything: the form may be sent again.
+    func release(_ key: String) {
+        keys.withLockedValue { $0[key] = nil }
+    }
+}

@@ -1,0 +1,83 @@
+import Foundation
+import IAPCore
+import Messaging
+import OrderStore
+import Testing
+
+extension BrokerTests {
+    /// Customer service's console in a real browser (headless Chromium through Selenium):
+    /// a viewer finds a held purchase by Apple's order id and may not grant it, an operator
+    /// grants it and the app sees the grant, a form without its CSRF token is refused, a dead
+    /// letter is redriven and credited.
+    @Suite("Customer service console in a browser")
+    struct ConsoleBrowserTests {
+        @Test func consoleDrivenInHeadlessChromium() async throws {
+            let python = try #require(
+                ProcessInfo.processInfo.environment["IAP_TEST_CONSOLE_PYTHON"].flatMap { $0.isEmpty ? nil : $0 },
+                """
+                IAP_TEST_CONSOLE_PYTHON must name a Python with Selenium, and Debian's chromium and chromium-driver \
+                must be installed: `scripts/dev test` makes both (.run/venv-console); by hand: \
+                apt-get install chromium chromium-driver && python3 -m venv .run/venv-console && \
+                .run/venv-console/bin/pip install selenium, then IAP_TEST_CONSOLE_PYTHON=.run/venv-console/bin/python
+                """)
+            let pipeline = try await PipelineHarness.start(name: "console", separateAdmin: true)
+            defer { Task { await pipeline.stop() } }
+            let adminURL = try #require(pipeline.adminURL)
+
+            // A purchase of a product the catalog lacks: held (unknown_product), the upload needs review.
+            let held = try await pipeline.mint(productId: "com.example.gems.legacy")
+            let heldUpload = try await pipeline.upload(userId: "carol", receiptData: held.receiptData)
+            #expect(try await pipeline.waitForState(heldUpload)["state"] as? String == "needs_review")
+            let orderId = try #require(held.orderId)
+
+            // An accepted upload whose message ended up dead (as after an operator's purge or a bug).
+            let dead = try await pipeline.mint()
+            let request = VerifyRequest(submissionId: UUID(), userId: "dave", receiptData: dead.receiptData, acceptedAt: Date())
+            try await pipeline.store.accept(
+                request, message: OutboxMessage(routingKey: pipeline.names.verifyDead, body: try MessageCodec().encode(request)))
+            let connection = AMQPConnection(
+                configuration: try TestBroker.configuration(),
+                topology: .pipeline(pipeline.names, retrySchedule: RetrySchedule(delaysSeconds: [1])), logger: TestBroker.logger)
+            #expect(await connection.waitUntilConnected(timeout: .seconds(15)))
+            #expect(try await eventually { try await connection.queueStatus(pipeline.names.verifyDead).messageCount == 1 })
+            await connection.close()
+
+            let out = repositoryRoot.appendingPathComponent(".run/console")
+            let process = Process()
+            process.executableURL =
+                python.hasPrefix("/") ? URL(fileURLWithPath: python) : repositoryRoot.appendingPathComponent(python)
+            process.arguments = [
+                repositoryRoot.appendingPathComponent("scripts/lib/console_check.py").path,
+                "--admin-url", adminURL, "--intake-url", pipeline.intakeURL,
+                "--operator-token", PipelineHarness.adminToken, "--viewer-token", PipelineHarness.viewerToken,
+                "--order-id", orderId, "--held-user", "carol", "--held-transaction", held.transactionId,
+                "--product", "com.example.coins.60", "--dead-user", "dave",
+                "--dead-submission", request.submissionId.uuidString, "--out", out.path,
+            ]
+            process.currentDirectoryURL = repositoryRoot
+            let output = Pipe()
+            process.standardOutput = output
+            process.standardError = output
+            try process.run()
+            // Read before waiting: a full pipe would block the script.
+            let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+            process.waitUntilExit()
+            #expect(process.terminationStatus == 0, "the console failed in the browser:\n\(text)")
+            #expect(!text.contains("\"ok\": false"), "\(text)")
+
+            // What the browser did, as the ledger and the audit log hold it.
+            let grants = try await pipeline.store.grants(ofTransaction: held.transactionId)
+            #expect(grants.map(\.userId) == ["carol"])
+            #expect(grants.map(\.state) == ["active"])
+            let audit = try await pipeline.store.auditLog(limit: 100)
+            #expect(audit.contains { $0.action == "grant_manual" && $0.actor == "Olga (operator)" && $0.reason.contains("ticket 4711") })
+            #expect(audit.contains { $0.action == "note" && $0.subject == "user:carol" })
+            #expect(!audit.contains { $0.reason.contains("must not be stored") })
+            #expect(audit.contains { $0.action == "dead_letters_redriven" && $0.details?.contains("\"count\":\"1\"") == true })
+            #expect(try await pipeline.status(request.submissionId.uuidString)["state"] as? String == "credited")
+            for name in ["console-viewer-refused", "console-customer", "console-csrf-refused", "console-redriven"] {
+                #expect(FileManager.default.fileExists(atPath: out.appendingPathComponent(name + ".png").path), "\(name).png")
+            }
+        }
+    }
+}

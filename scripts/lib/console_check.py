@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""Drives customer service's console in headless Chromium (Debian's chromium and
+chromium-driver, through Selenium) against a live pipeline with the fake App Store.
+
+Run by Tests/IAPTests/ConsoleBrowserTests.swift, which starts the pipeline, makes a held
+purchase and a dead-lettered upload, and passes their ids. Each scenario saves a screenshot
+of its final page under --out. Prints one JSON line per check; exits 1 if any failed.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+import urllib.request
+
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+FAILED = []
+
+
+def check(name, ok, detail=""):
+    print(json.dumps({"check": name, "ok": bool(ok), "detail": detail}), flush=True)
+    if not ok:
+        FAILED.append(name)
+    return ok
+
+
+def browser():
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1366,900"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+    driver.implicitly_wait(2)
+    return driver
+
+
+def sign_in(driver, base, token, name):
+    driver.get(base + "/admin/login")
+    driver.find_element(By.ID, "name").send_keys(name)
+    driver.find_element(By.ID, "token").send_keys(token)
+    submit(driver, driver.find_element(By.CSS_SELECTOR, "form button[type=submit]"))
+
+
+def search(driver, base, term):
+    driver.get(base + "/admin/")
+    box = driver.find_element(By.ID, "q")
+    box.clear()
+    box.send_keys(term)
+    submit(driver, driver.find_element(By.CSS_SELECTOR, "form[role=search] button"))
+
+
+def submit(driver, button):
+    """Clicks a submit button and waits until the next page replaced this one."""
+    page = driver.find_element(By.TAG_NAME, "html")
+    button.click()
+    WebDriverWait(driver, 10).until(expected_conditions.staleness_of(page))
+
+
+def text(driver):
+    return driver.find_element(By.TAG_NAME, "body").text
+
+
+def shoot(driver, out, name):
+    path = os.path.join(out, name + ".png")
+    # The whole page, as tall as it is, at the laptop's width.
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    driver.set_window_size(1366, max(900, min(int(height) + 40, 4000)))
+    driver.save_screenshot(path)
+    driver.set_window_size(1366, 900)
+    print(json.dumps({"screenshot": path}), flush=True)
+
+
+def get_json(url):
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        return json.loads(answer.read())
+
+
+def viewer_is_refused(args):
+    driver = browser()
+    try:
+        sign_in(driver, args.admin_url, args.viewer_token, "Vera (support)")
+        check("viewer signed in", "Signed in as Vera (support) (viewer)" in text(driver), driver.current_url)
+        search(driver, args.admin_url, args.order_id)
+        check(
+            "order id search goes to the customer",
+            driver.current_url.endswith("/admin/users/" + args.held_user), driver.current_url)
+        timeline = driver.find_element(By.ID, "timeline").text
+        check(
+            "timeline shows the held purchase",
+            args.held_transaction in timeline and "held (unknown_product)" in timeline, timeline[:400])
+        check("viewer sees no grant form", not driver.find_elements(By.ID, "grant-" + args.held_transaction))
+        # Post the grant anyway, with this session's own CSRF token (from the sign-out form).
+        csrf = driver.find_element(By.CSS_SELECTOR, "form[action='/admin/logout'] input[name=csrf]").get_attribute("value")
+        driver.execute_script(
+            """
+            const form = document.createElement('form');
+            form.method = 'post'; form.action = '/admin/actions/grant';
+            for (const [name, value] of Object.entries(arguments[0])) {
+                const input = document.createElement('input');
+                input.type = 'hidden'; input.name = name; input.value = value; form.appendChild(input);
+            }
+            document.body.appendChild(form); form.submit();
+            """,
+            {"csrf": csrf, "transactionId": args.held_transaction, "userId": args.held_user,
+             "productId": args.product, "reason": "viewer tries", "key": "viewer-try"})
+        time.sleep(0.5)
+        heading = driver.find_element(By.ID, "message-heading").text
+        check("viewer's grant is refused with 403", "403" in heading and "read-only" in heading, heading)
+        shoot(driver, args.out, "console-viewer-refused")
+    finally:
+        driver.quit()
+
+
+def operator_grants(args):
+    driver = browser()
+    try:
+        sign_in(driver, args.admin_url, args.operator_token, "Olga (operator)")
+        search(driver, args.admin_url, args.order_id)
+        check("operator lands on the customer", driver.current_url.endswith("/admin/users/" + args.held_user), driver.current_url)
+        form = driver.find_element(By.ID, "grant-" + args.held_transaction)
+        Select(form.find_element(By.TAG_NAME, "select")).select_by_value(args.product)
+        form.find_element(By.NAME, "reason").send_keys("Customer paid; product missing from the catalog (ticket 4711)")
+        submit(driver, form.find_element(By.TAG_NAME, "button"))
+        flash = driver.find_element(By.ID, "flash").text
+        check("grant confirmed", "Granted " + args.product in flash, flash)
+        grants = get_json(f"{args.intake_url}/v1/users/{args.held_user}/grants?userId={args.held_user}")["grants"]
+        check(
+            "the app sees the grant",
+            any(g["transactionId"] == args.held_transaction and g["state"] == "active" for g in grants), json.dumps(grants))
+        timeline = driver.find_element(By.ID, "timeline").text
+        check("the grant is audited with its reason", "ticket 4711" in timeline and "Olga (operator)" in timeline, timeline[-400:])
+        # A note, kept in the audit log.
+        driver.find_element(By.ID, "note-text").send_keys("Customer wrote on 2026-11-23: paid, got nothing. Granted by hand.")
+        submit(driver, driver.find_element(By.CSS_SELECTOR, "#note-form button"))
+        check("note added", "Note added" in driver.find_element(By.ID, "flash").text)
+        shoot(driver, args.out, "console-customer")
+    finally:
+        driver.quit()
+
+
+def form_without_csrf_is_refused(args):
+    driver = browser()
+    try:
+        sign_in(driver, args.admin_url, args.operator_token, "Olga (operator)")
+        driver.get(args.admin_url + "/admin/users/" + args.held_user)
+        driver.execute_script("document.querySelector('#note-form input[name=csrf]').remove()")
+        driver.find_element(By.ID, "note-text").send_keys("This note must not be stored")
+        submit(driver, driver.find_element(By.CSS_SELECTOR, "#note-form button"))
+        heading = driver.find_element(By.ID, "message-heading").text
+        check("form without CSRF token refused with 403", "403" in heading and "refused" in heading, heading)
+        shoot(driver, args.out, "console-csrf-refused")
+        driver.get(args.admin_url + "/admin/users/" + args.held_user)
+        check("nothing was stored", "must not be stored" not in driver.find_element(By.ID, "timeline").text)
+    finally:
+        driver.quit()
+
+
+def dead_letter_is_redriven(args):
+    driver = browser()
+    try:
+        sign_in(driver, args.admin_url, args.operator_token, "Olga (operator)")
+        driver.get(args.admin_url + "/admin/")
+        section = driver.find_element(By.ID, "dead-heading").find_element(By.XPATH, "..")
+        check("dead letter listed", args.dead_submission in section.text, section.text[:400])
+        form = driver.find_element(By.ID, "redrive-verify")
+        form.find_element(By.NAME, "reason").send_keys("Message dead-lettered by a purge; redrive")
+        submit(driver, form.find_element(By.TAG_NAME, "button"))
+        flash = driver.find_element(By.ID, "flash").text
+        check("redrive confirmed", "Redrove 1 message" in flash, flash)
+        state = ""
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            state = get_json(f"{args.intake_url}/v1/receipts/{args.dead_submission}?userId={args.dead_user}")["state"]
+            if state == "credited":
+                break
+            time.sleep(0.3)
+        check("redriven upload ends credited", state == "credited", state)
+        driver.get(args.admin_url + "/admin/users/" + args.dead_user)
+        timeline = driver.find_element(By.ID, "timeline").text
+        check("timeline shows the credit", "credited" in timeline and "Credited" in timeline, timeline[-400:])
+        shoot(driver, args.out, "console-redriven")
+    finally:
+        driver.quit()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    for name in ("admin-url", "intake-url", "operator-token", "viewer-token", "order-id", "held-user",
+                 "held-transaction", "product", "dead-user", "dead-submission", "out"):
+        parser.add_argument("--" + name, required=True)
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    for scenario in (viewer_is_refused, operator_grants, form_without_csrf_is_refused, dead_letter_is_redriven):
+        try:
+            scenario(args)
+        except Exception as error:  # a missing element, a browser that did not start
+            check(scenario.__name__, False, repr(error))
+    sys.exit(1 if FAILED else 0)
+
+
+if __name__ == "__main__":
+    main()
