@@ -5,6 +5,7 @@ import Logging
 import Metrics
 import NIOCore
 import NIOHTTP1
+import OrderStore
 
 /// Something a person has to look at: a submission that keeps failing or needs review.
 public struct Alert: Sendable, Codable, Equatable {
@@ -22,6 +23,22 @@ public struct Alert: Sendable, Codable, Equatable {
     public var reason: String?
     /// The last reason's text.
     public var message: String?
+}
+
+extension Alert {
+    /// Takes `reason` and `message` from the submission's stored status: its own reason, else
+    /// that of its first held transaction (`unknown_product`, `owner_unknown`, …).
+    mutating func fill(from status: SubmissionStatus) {
+        if let reason = status.reason {
+            self.reason = reason.rawValue
+            message = message ?? status.reasonMessage ?? reason.rawValue
+            return
+        }
+        let held = status.transactions.filter { $0.state == .held }
+        guard let first = held.first else { return }
+        reason = first.reason?.rawValue ?? "held"
+        message = message ?? "\(held.count) purchase(s) held for review, first \(first.transactionId) (\(first.productId)): \(reason ?? "held")"
+    }
 }
 
 /// When the finisher alerts, and where to.
@@ -63,7 +80,7 @@ public struct AlertSender: Sendable {
             metadata: [
                 "iap.alert": "\(alert.kind)", "iap.submission.id": "\(alert.submissionId)",
                 "iap.attempt": "\(alert.attempts)", "iap.state": "\(alert.state)",
-                "iap.reason": "\(alert.reason ?? "")",
+                "iap.reason": "\(alert.reason ?? "")", "iap.message": "\(alert.message ?? "")",
             ])
         guard let url = settings.webhookURL, let httpClient else { return }
         for attempt in 1...3 {

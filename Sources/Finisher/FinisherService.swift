@@ -94,9 +94,14 @@ public final class FinisherService: Service, Sendable {
 
     /// Alerting never holds up crediting: a failure here is logged and the result still acked.
     private func alertIfNeeded(_ result: VerifyResult, state: SubmissionState) async {
-        guard let alert = alerts.alert(for: result, state: state) else { return }
+        guard var alert = alerts.alert(for: result, state: state) else { return }
         do {
             guard try await store.claimAlert(for: result.submissionId) else { return }
+            // A verified answer with held purchases carries no reason of its own: the stored
+            // status says why (the submission's reason, else the first held transaction's).
+            if alert.reason == nil, let status = try await store.status(of: result.submissionId) {
+                alert.fill(from: status)
+            }
         } catch {
             logger.error("alert not recorded", metadata: ["iap.submission.id": "\(result.submissionId)", "error": "\(error)"])
             return

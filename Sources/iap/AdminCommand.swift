@@ -22,8 +22,10 @@ struct DeadLettersCommand: AsyncParsableCommand {
         commandName: "dead-letters",
         abstract: "Show or re-queue messages that could not be processed.",
         discussion: """
-            list: prints one JSON object per dead message (submission id, reason, origin; never the receipt).
+            list: prints one JSON object per dead message (submission id, reason, origin; never the receipt), \
+            and says so on standard error when there is none.
             redrive: moves dead messages back to the queue they came from, each acked only once re-published.
+            Against `scripts/dev up`: load its settings first, set -a; . .run/dev/env; set +a.
             """ + "\n" + HelpText.broker)
 
     enum Action: String, ExpressibleByArgument, CaseIterable {
@@ -60,8 +62,13 @@ struct DeadLettersCommand: AsyncParsableCommand {
         let deadLetters = DeadLetters(connection: connection)
         switch action {
         case .list:
-            for entry in try await deadLetters.list(dead, limit: max(1, limit)) {
+            let entries = try await deadLetters.list(dead, limit: max(1, limit))
+            for entry in entries {
                 print(Self.describe(entry, queue: dead))
+            }
+            if entries.isEmpty {
+                // On standard error: standard output stays one JSON object per message.
+                FileHandle.standardError.write(Data("no dead letters in \(dead)\n".utf8))
             }
         case .redrive:
             let moved = try await deadLetters.redrive(

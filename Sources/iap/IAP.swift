@@ -256,10 +256,11 @@ struct DevCommand: AsyncParsableCommand {
         discussion: """
             The verifier is pointed at the fake App Store of this process; IAP_APPSTORE_*_URL are ignored.
             Bundle ids default to com.example.demo. Binds to 127.0.0.1 unless told otherwise.
-            User authentication is off unless IAP_AUTH=jwt (with a key, as for intake).
+            User authentication is off unless IAP_AUTH=jwt (with a key, as for intake): the request then names \
+            its user (the body's userId, ?userId= or the path) and gets the same rate limits and ownership rules.
             IAP_INLINE_VERIFICATION=true makes the intake verify inside the HTTP request (the synchronous \
             baseline of iap bench; no queue, no retries; never for production).
-            """ + "\n" + HelpText.broker)
+            """ + "\n" + HelpText.admin + "\n" + HelpText.broker)
 
     @OptionGroup var broker: BrokerOptions
     @OptionGroup var store: StoreOptions
