@@ -82,6 +82,9 @@ extension OrderStore {
         {
             if try revokeActiveGrant(key: key, reason: "revoked in Apple's answer", tag: "answer", policy: policy, now: now, in: db) {
                 upload.revocations += 1
+            } else {
+                // Nothing was credited: kept, so that Apple's reversal credits this upload.
+                try recordBlocked(purchase, key: key, upload: upload, now: now, in: db)
             }
             return (.revoked, .purchaseRevoked)
         }

@@ -109,8 +109,9 @@ extension OrderStore {
     }
 
     /// Whose purchase this is: the owner of its active grant, else its subscription's owner,
-    /// else whoever uploaded it or its chain, else the order its `appAccountToken` names;
-    /// nil when nobody has uploaded anything of it yet.
+    /// else whoever it or its chain was credited to, else the order its `appAccountToken`
+    /// names; nil when nothing of it was credited yet (an upload a refund stopped or a person
+    /// holds does not make its uploader the owner).
     private static func owner(of purchase: VerifiedPurchase, key: String, in db: Database) throws -> String? {
         if let user = try String.fetchOne(
             db, sql: "SELECT userId FROM grants WHERE creditKey = ? AND state = 'active'", arguments: [key])
@@ -125,8 +126,8 @@ extension OrderStore {
         if let user = try String.fetchOne(
             db,
             sql: """
-                SELECT userId FROM purchase WHERE transactionId = ?
-                UNION ALL SELECT userId FROM purchase WHERE originalTransactionId = ? LIMIT 1
+                SELECT userId FROM purchase WHERE transactionId = ? AND heldReason IS NULL
+                UNION ALL SELECT userId FROM purchase WHERE originalTransactionId = ? AND heldReason IS NULL LIMIT 1
                 """,
             arguments: [purchase.transactionId, purchase.originalTransactionId])
         {
