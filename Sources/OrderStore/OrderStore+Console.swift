@@ -424,12 +424,7 @@ extension OrderStore {
                 guard ["pending", "retrying", "needs_review"].contains(state) else {
                     throw OrderStoreError(.conflict, "submission \(id) is \(state) already")
                 }
-                var request = VerifyRequest(
-                    submissionId: id, userId: row["userId"], receiptData: row["receiptData"],
-                    transactionId: row["transactionId"], orderId: row["orderId"],
-                    attempt: (row["attempts"] as Int) + 1, acceptedAt: row["acceptedAt"])
-                request.signedTransaction = row["signedTransaction"]
-                request.signedPayload = row["signedPayload"]
+                let request = Self.nextAttempt(of: row, id: id)
                 try Self.insert(try message(request), now: now, in: db)
                 try db.execute(
                     sql: """
@@ -458,17 +453,7 @@ extension OrderStore {
     ) async throws(OrderStoreError) {
         do {
             try await database.write { db in
-                try db.execute(
-                    sql: """
-                        INSERT INTO submission (id, userId, orderId, transactionId, receiptData, signedTransaction,
-                            signedPayload, state, acceptedAt, updatedAt)
-                        VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)
-                        """,
-                    arguments: [
-                        request.submissionId.uuidString, request.userId, request.orderId, request.transactionId,
-                        request.receiptData, request.signedTransaction, request.signedPayload, request.acceptedAt,
-                        request.acceptedAt,
-                    ])
+                try Self.insertSubmission(request, in: db)
                 try Self.insert(message, now: now, in: db)
                 try Self.audit(
                     actor: actor, action: "upload_for_customer", subject: "submission:\(request.submissionId.uuidString)",

@@ -81,22 +81,27 @@ extension OrderStore {
     private func insertAccepted(_ request: VerifyRequest, message: OutboxMessage?) async throws {
         try await groupCommit.write { db in
             do {
-                try db.executeCached(
-                    sql: """
-                        INSERT INTO submission (id, userId, orderId, transactionId, receiptData, signedTransaction,
-                            signedPayload, state, acceptedAt, updatedAt)
-                        VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)
-                        """,
-                    arguments: [
-                        request.submissionId.uuidString, request.userId, request.orderId, request.transactionId,
-                        request.receiptData, request.signedTransaction, request.signedPayload, request.acceptedAt,
-                        request.acceptedAt,
-                    ])
+                try Self.insertSubmission(request, in: db)
             } catch let error as DatabaseError where error.extendedResultCode == .SQLITE_CONSTRAINT_PRIMARYKEY {
                 throw OrderStoreError(.duplicateSubmission, "submission \(request.submissionId) exists already")
             }
             if let message { try Self.insert(message, now: request.acceptedAt, in: db) }
         }
+    }
+
+    /// Writes an accepted upload as a `pending` submission.
+    static func insertSubmission(_ request: VerifyRequest, in db: Database) throws {
+        try db.executeCached(
+            sql: """
+                INSERT INTO submission (id, userId, orderId, transactionId, receiptData, signedTransaction,
+                    signedPayload, state, acceptedAt, updatedAt)
+                VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)
+                """,
+            arguments: [
+                request.submissionId.uuidString, request.userId, request.orderId, request.transactionId,
+                request.receiptData, request.signedTransaction, request.signedPayload, request.acceptedAt,
+                request.acceptedAt,
+            ])
     }
 
     /// The status of one submission, or nil if this store has never accepted it.

@@ -26,12 +26,7 @@ extension OrderStore {
             var requeued: [VerifyRequest] = []
             for row in rows {
                 guard let id = UUID(uuidString: row["id"]) else { continue }
-                var request = VerifyRequest(
-                    submissionId: id, userId: row["userId"], receiptData: row["receiptData"],
-                    transactionId: row["transactionId"], orderId: row["orderId"],
-                    attempt: (row["attempts"] as Int) + 1, acceptedAt: row["acceptedAt"])
-                request.signedTransaction = row["signedTransaction"]
-                request.signedPayload = row["signedPayload"]
+                let request = Self.nextAttempt(of: row, id: id)
                 try Self.insert(try message(request), now: now, in: db)
                 try db.execute(
                     sql: """
@@ -55,5 +50,18 @@ extension OrderStore {
                 arguments: [now, id.uuidString])
             return db.changesCount > 0
         }
+    }
+}
+
+extension OrderStore {
+    /// The verify request for the next attempt at a stored submission (a row of `submission`).
+    static func nextAttempt(of row: Row, id: SubmissionID) -> VerifyRequest {
+        var request = VerifyRequest(
+            submissionId: id, userId: row["userId"], receiptData: row["receiptData"],
+            transactionId: row["transactionId"], orderId: row["orderId"],
+            attempt: (row["attempts"] as Int) + 1, acceptedAt: row["acceptedAt"])
+        request.signedTransaction = row["signedTransaction"]
+        request.signedPayload = row["signedPayload"]
+        return request
     }
 }
