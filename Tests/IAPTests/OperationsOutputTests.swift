@@ -45,6 +45,15 @@ extension BrokerTests {
             #expect(Set(MetricNames.all).subtracting(documented).isEmpty, "exported, not documented: \(Set(MetricNames.all).subtracting(documented).sorted())")
         }
 
+        @Test func anEmptyDeadLetterListingSaysSo() throws {
+            let prefix = TestBroker.uniquePrefix("deadempty")
+            let run = try CommandLineTests().iap(
+                ["admin", "dead-letters", "list", "--queue", "results"],
+                environment: ["IAP_AMQP_URL": try TestBroker.url(), "IAP_QUEUE_PREFIX": prefix, "IAP_LOG_LEVEL": "error"])
+            #expect(run.status == 0, "\(run.output)")
+            #expect(run.output.contains("no dead letters in \(prefix).results.dead"), "\(run.output)")
+        }
+
         @Test func everyDocumentedMetricAndWebhookFieldShowsAfterARunThatExercisesIt() async throws {
             let fields = try Self.documentedWebhookFields()
             #expect(fields.contains("reason") && fields.contains("message") && fields.count >= 6, "\(fields)")
