@@ -76,6 +76,13 @@ public final class FinisherService: Service, Sendable {
     /// Handles up to `prefetch` results at once: each is still applied all or nothing, and the
     /// ones applied at the same time share the order store's group commit.
     public func run() async throws {
+        // Grants from before credit keys: keyed by product type before the first result applies.
+        do {
+            let rekeyed = try await store.rekeyEarlierGrants(policy: policy)
+            if rekeyed > 0 { logger.info("earlier grants re-keyed by product type", metadata: ["iap.count": "\(rekeyed)"]) }
+        } catch {
+            logger.error("earlier grants not re-keyed", metadata: ["error": "\(error)"])
+        }
         let limit = max(1, settings.prefetch)
         let consumer = self.consumer.consume(queue: settings.names.results, prefetch: UInt16(clamping: limit))
         await withTaskGroup(of: Void.self) { group in

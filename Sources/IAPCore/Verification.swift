@@ -141,15 +141,18 @@ public struct ReasonCode: RawRepresentable, Codable, Sendable, Hashable, CustomS
     public static let ownerUnknown = ReasonCode("owner_unknown")
 
     /// Rejections after which the app may finish its transactions: Apple said the receipt or
-    /// transaction is invalid, unknown, refunded, not ours or not real money, or it is
-    /// credited already. Any other rejection keeps the transaction unfinished.
+    /// transaction is invalid, unknown or refunded, it is not real money, it is credited (to
+    /// another user), or the signed data cannot be Apple's. Any other rejection, including
+    /// those our own settings could cause, keeps the transaction unfinished.
     public static let finishableRejections: Set<ReasonCode> = [
-        .invalidReceipt, .bundleIdMismatch, .transactionNotFound, .replayedFromOtherUser, .ownedByOtherUser,
-        .purchaseRevoked, .sandboxNotAllowed,
+        .invalidReceipt, .transactionNotFound, .replayedFromOtherUser, .ownedByOtherUser, .purchaseRevoked,
+        .sandboxNotAllowed,
+        // Signed data that cannot be Apple's, whatever our settings: malformed or forged.
         ReasonCode("jws_malformed"), ReasonCode("jws_unsupported_algorithm"), ReasonCode("jws_invalid_chain_length"),
-        ReasonCode("jws_invalid_certificate"), ReasonCode("jws_missing_apple_extension"),
-        ReasonCode("jws_certificate_expired"), ReasonCode("jws_untrusted_chain"), ReasonCode("jws_invalid_signature"),
-        ReasonCode("environment_mismatch"), ReasonCode("app_apple_id_mismatch"),
+        ReasonCode("jws_missing_apple_extension"), ReasonCode("jws_invalid_signature"),
+        // Not here, on purpose: bundle_id_mismatch, environment_mismatch, app_apple_id_mismatch,
+        // jws_untrusted_chain, jws_certificate_expired and jws_invalid_certificate also follow from
+        // our own settings (bundle ids, app id, trusted roots) or clock: a genuine purchase is held.
     ]
 }
 

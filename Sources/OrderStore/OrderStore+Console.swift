@@ -342,7 +342,7 @@ extension OrderStore {
             let needsReviewCount =
                 try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM submission WHERE state = 'needs_review' AND finishable = 0") ?? 0
             let heldFilter = """
-                FROM purchase WHERE heldReason IS NOT NULL
+                FROM purchase WHERE heldReason IS NOT NULL AND heldReason <> 'revoked'
                     AND NOT EXISTS (SELECT 1 FROM grants WHERE grants.transactionId = purchase.transactionId)
                 """
             let held = try Row.fetchAll(db, sql: "SELECT * \(heldFilter) ORDER BY creditedAt LIMIT ?", arguments: [limit])

@@ -80,7 +80,10 @@ extension OrderStore {
             try recordRevocation(
                 key: key, transactionId: purchase.transactionId, source: "apple_answer", at: cancelled, now: now, in: db)
         {
-            if try revokeActiveGrant(key: key, reason: "revoked in Apple's answer", tag: "answer", policy: policy, now: now, in: db) {
+            if try revokeActiveGrant(
+                key: key, reason: "revoked in Apple's answer", tag: "answer:\(upload.submissionId)", policy: policy, now: now,
+                in: db)
+            {
                 upload.revocations += 1
             } else {
                 // Nothing was credited: kept, so that Apple's reversal credits this upload.
@@ -126,6 +129,8 @@ extension OrderStore {
         if let exact {
             if (exact["userId"] as String) != upload.userId { return (.replayedFromOtherUser, nil) }
             if let held: String = exact["heldReason"] { return (.held, ReasonCode(held)) }
+            // Recorded and credited before, under a key of an older version: nothing new.
+            return (.alreadyCredited, nil)
         }
         if purchase.inUploadedReceipt == false {
             // Apple's history for the account holds it, but the (unsigned) receipt uploaded does
@@ -237,7 +242,7 @@ extension OrderStore {
         let previous: String = active["userId"]
         try revokeGrant(
             active, actor: "transfer", reason: "restored by \(upload.userId)",
-            eventId: "grant.revoked:\(active["transactionId"] as String):transfer:\(purchase.transactionId)", policy: policy,
+            eventId: "grant.revoked:\(active["transactionId"] as String):transfer:\(upload.submissionId)", policy: policy,
             now: now, in: db, audited: false)
         if let earlier = try Row.fetchOne(
             db, sql: "SELECT * FROM grants WHERE creditKey = ? AND userId = ?", arguments: [key, upload.userId])
@@ -254,7 +259,7 @@ extension OrderStore {
                     "quantity": .int(earlier["quantity"]), "grant": .json(earlier["grantJSON"]),
                     "environment": .string(earlier["environment"]), "source": .string("transfer"),
                     "grantedAt": .string(iso8601(now)),
-                ], id: "grant.created:\(earlier["transactionId"] as String):transfer:\(purchase.transactionId)", policy: policy,
+                ], id: "grant.created:\(earlier["transactionId"] as String):transfer:\(upload.submissionId)", policy: policy,
                 now: now, in: db)
         } else {
             let product = policy.catalog?.product(purchase.productId)

@@ -67,7 +67,10 @@ extension OrderStore {
                 try updateSubscription(notification, owner: owner, state: "active", now: now, in: db)
                 return "restored"
             }
-            if let blocked = try Row.fetchOne(
+            // Only what the refund stopped, and only if nothing else holds it or took it back since.
+            if lifted,
+                try db.cachedRow(sql: "SELECT 1 FROM grants WHERE creditKey = ? LIMIT 1", arguments: [key]) == nil,
+                let blocked = try Row.fetchOne(
                 db, sql: "SELECT * FROM purchase WHERE creditKey = ? AND heldReason = 'revoked' ORDER BY creditedAt, rowid LIMIT 1",
                 arguments: [key])
             {
@@ -206,7 +209,9 @@ extension OrderStore {
             try db.execute(
                 sql: """
                     UPDATE grants SET gracePeriodExpiresAt = ?
-                    WHERE id = (SELECT max(id) FROM grants WHERE originalTransactionId = ?)
+                    WHERE id = (
+                        SELECT id FROM grants WHERE originalTransactionId = ? AND state = 'active'
+                        ORDER BY expiresAt DESC, id DESC LIMIT 1)
                     """,
                 arguments: [grace, purchase.originalTransactionId])
         }

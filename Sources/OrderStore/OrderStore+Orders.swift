@@ -125,6 +125,9 @@ extension OrderStore {
                     else { throw OrderStoreError(.conflict, "purchase \(transactionId) is granted already") }
                     id = transactionId
                     creditKey = purchase["creditKey"] ?? "txn:\(transactionId)"
+                    guard try !Self.revocationStands(key: creditKey, in: db) else {
+                        throw OrderStoreError(.conflict, "Apple refunded or revoked purchase \(transactionId)")
+                    }
                     guard try Row.fetchOne(db, sql: "SELECT 1 FROM grants WHERE creditKey = ? AND state = 'active'", arguments: [creditKey]) == nil
                     else { throw OrderStoreError(.conflict, "what purchase \(transactionId) buys is granted already") }
                     original = purchase["originalTransactionId"]
@@ -161,7 +164,9 @@ extension OrderStore {
                     throw OrderStoreError(.conflict, "the grant for \(transactionId) is revoked already")
                 }
                 try Self.revokeGrant(
-                    row, actor: actor, reason: reason, eventId: "grant.revoked:\(transactionId)", policy: policy, now: now, in: db)
+                    row, actor: Self.reservedActors.contains(actor) ? "admin:\(actor)" : actor, reason: reason,
+                    eventId: "grant.revoked:\(transactionId):admin:\(UUID().uuidString.lowercased())", policy: policy, now: now,
+                    in: db)
                 return try Grant(row: Row.fetchOne(db, sql: "SELECT * FROM grants WHERE transactionId = ?", arguments: [transactionId])!)
             }
         } catch let error as OrderStoreError {
@@ -203,6 +208,9 @@ extension OrderStore {
 }
 
 extension OrderStore {
+    /// Actor names that stand for the ledger's own doings; a person's name never takes them.
+    static let reservedActors: Set<String> = ["apple", "transfer", "system", "reconciliation"]
+
     /// Revokes an active grant (row of `grants`): its order becomes refunded, `grant.revoked`
     /// is published, and the audit log says who and why.
     static func revokeGrant(
@@ -210,9 +218,11 @@ extension OrderStore {
         audited: Bool = true
     ) throws {
         let transactionId: String = row["transactionId"]
+        // What took it back, not who typed it: only Apple's revocations are undone by Apple's reversal.
+        let revokedBy = ["apple", "transfer"].contains(actor) ? actor : "admin"
         try db.execute(
             sql: "UPDATE grants SET state = 'revoked', revokedAt = ?, revokedBy = ? WHERE transactionId = ?",
-            arguments: [now, actor, transactionId])
+            arguments: [now, revokedBy, transactionId])
         if let orderId: String = row["orderId"] {
             try db.execute(
                 sql: "UPDATE orders SET state = 'refunded', updatedAt = ? WHERE id = ? AND transactionId = ?",

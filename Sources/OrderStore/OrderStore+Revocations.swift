@@ -63,6 +63,11 @@ extension OrderStore {
     /// An upload that a standing revocation stopped: kept (held as `revoked`) so that Apple's
     /// reversal of the refund credits its uploader.
     static func recordBlocked(_ purchase: VerifiedPurchase, key: String, upload: Upload, now: Date, in db: Database) throws {
+        // Whose it is, as crediting would say: the user whose order Apple's token names, else the uploader.
+        let owner =
+            try purchase.appAccountToken.flatMap {
+                try String.fetchOne(db, sql: "SELECT userId FROM orders WHERE id = lower(?)", arguments: [$0])
+            } ?? upload.userId
         try db.executeCached(
             sql: """
                 INSERT INTO purchase (transactionId, originalTransactionId, productId, quantity, environment, bundleId,
@@ -72,7 +77,7 @@ extension OrderStore {
                 """,
             arguments: [
                 purchase.transactionId, purchase.originalTransactionId, purchase.productId, max(purchase.quantity, 1),
-                purchase.environment.rawValue, upload.bundleId, purchase.purchaseDate, upload.userId, upload.submissionId,
+                purchase.environment.rawValue, upload.bundleId, purchase.purchaseDate, owner, upload.submissionId,
                 purchase.appAccountToken, now, key, purchase.webOrderLineItemId,
             ])
     }

@@ -181,7 +181,12 @@ extension OrderStore {
                     UPDATE grants SET creditKey = 'txn:' || transactionId;
                     -- Who revoked a revoked grant: apple (a refund or revocation), transfer, or an admin.
                     ALTER TABLE grants ADD COLUMN revokedBy TEXT;
-                    UPDATE grants SET revokedBy = 'apple' WHERE state = 'revoked';
+                    -- Customer service's revocations name a person in the audit log; the rest were Apple's.
+                    UPDATE grants SET revokedBy = CASE
+                        WHEN (SELECT actor FROM audit_log WHERE subject = 'transaction:' || grants.transactionId
+                            AND action = 'grant_revoked' ORDER BY id DESC LIMIT 1) IN ('apple', 'system')
+                        THEN 'apple' ELSE 'admin' END
+                    WHERE state = 'revoked';
                     -- At most one active grant per credit key, and one grant per key and user, ever.
                     CREATE UNIQUE INDEX grants_active_key ON grants(creditKey) WHERE state = 'active';
                     CREATE UNIQUE INDEX grants_key_user ON grants(creditKey, userId);
