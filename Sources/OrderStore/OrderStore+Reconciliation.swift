@@ -33,6 +33,7 @@ public struct ReconciliationChange: Sendable, Equatable, Encodable {
     public var outcome: String
     /// The subscription's state before and after.
     public var stateBefore: String?
+    /// The subscription's state after the correction.
     public var stateAfter: String?
     /// The subscription's owner, when known.
     public var userId: String?

@@ -234,6 +234,7 @@ public final class ReconciliationService: Service, Sendable {
         self.logger = logger
     }
 
+    /// Runs a reconciliation whenever one is due, until graceful shutdown.
     public func run() async throws {
         var retryAfter: Duration? = nil
         while !Task.isShuttingDownGracefully && !Task.isCancelled {
