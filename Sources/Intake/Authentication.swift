@@ -220,6 +220,9 @@ struct UserAuthMiddleware: RouterMiddleware {
             if let named = try Self.namedUser(request) {
                 try admit(named)
                 context.userId = named
+            } else if request.method == .get {
+                // A read acts for a user as in production; only the source of the id changes.
+                throw APIError(.unauthenticated, "with IAP_AUTH=off, name the user with ?userId=")
             } else {
                 context.pendingUserLimit = userBuckets
             }

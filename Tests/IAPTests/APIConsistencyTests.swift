@@ -62,9 +62,14 @@ extension BrokerTests {
             let purchase = try await pipeline.mint()
             let id = try await pipeline.upload(userId: "ana", receiptData: purchase.receiptData)
             _ = try await pipeline.waitForState(id)
+            // Polling the status as ana used her bucket (1/s, burst 3): let it fill again.
+            try await Task.sleep(for: .seconds(3.2))
 
             // Ownership: the user the request names reads only their own.
             #expect(try await HTTP.get(base + "/v1/receipts/\(id)?userId=ana").status == 200)
+            // A read that names no user is refused as production refuses one without a token.
+            let nobody = try await HTTP.get(base + "/v1/receipts/\(id)")
+            #expect(nobody.status == 401 && nobody.errorCode == "unauthenticated", "\(nobody.text)")
             let theirs = try await HTTP.get(base + "/v1/receipts/\(id)?userId=bob")
             #expect(theirs.status == 404 && theirs.errorCode == "submission_not_found", "\(theirs.text)")
             let grants = try await HTTP.get(base + "/v1/users/ana/grants?userId=bob")

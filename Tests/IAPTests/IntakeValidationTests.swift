@@ -33,7 +33,7 @@ extension BrokerTests {
             #expect(tooLarge.status == 413)
             #expect(tooLarge.errorCode == "body_too_large")
 
-            let unknown = try await HTTP.get(pipeline.intakeURL + "/v1/receipts/not-a-submission")
+            let unknown = try await HTTP.get(pipeline.intakeURL + "/v1/receipts/not-a-submission?userId=u")
             #expect(unknown.status == 404)
             #expect(unknown.errorCode == "submission_not_found")
 

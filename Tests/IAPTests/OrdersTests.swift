@@ -16,8 +16,10 @@ extension PipelineHarness {
         return try #require(answer.json["orderId"] as? String)
     }
 
+    /// An order as its owner reads it (`?userId=`, as the app names its user with authentication off).
     func order(_ orderId: String) async throws -> [String: Any] {
-        try await HTTP.get(intakeURL + "/v1/orders/\(orderId)").json
+        let owner = try await store.order(orderId)?.userId ?? ""
+        return try await HTTP.get(intakeURL + "/v1/orders/\(orderId)?userId=\(owner)").json
     }
 
     func grants(of userId: String) async throws -> [[String: Any]] {
@@ -151,7 +153,7 @@ extension BrokerTests {
                 pipeline.intakeURL + "/v1/orders", json: ["userId": "u", "productId": "com.example.nothing"])
             #expect(refused.status == 400)
             #expect(refused.errorCode == "unknown_product")
-            let missing = try await HTTP.get(pipeline.intakeURL + "/v1/orders/\(UUID().uuidString)")
+            let missing = try await HTTP.get(pipeline.intakeURL + "/v1/orders/\(UUID().uuidString)?userId=u")
             #expect(missing.status == 404)
         }
 

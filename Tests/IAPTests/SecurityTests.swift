@@ -143,7 +143,7 @@ extension BrokerTests {
             var addressStatuses: [Int] = []
             for _ in 0..<6 { addressStatuses.append(try await HTTP.get(perAddress.intakeURL + "/v1/products").status) }
             #expect(addressStatuses == [200, 200, 200, 200, 200, 429])
-            let blocked = try await HTTP.get(perAddress.intakeURL + "/v1/receipts/\(UUID())")
+            let blocked = try await HTTP.get(perAddress.intakeURL + "/v1/receipts/\(UUID())?userId=ana")
             #expect(blocked.status == 429 && blocked.headers.first(name: "Retry-After") != nil)
             // Health checks are never limited.
             #expect(try await HTTP.get(perAddress.intakeURL + "/healthz").status == 200)

@@ -88,7 +88,9 @@ def main() -> None:
     deadline = time.monotonic() + timeout
     state = submission.get("state")
     while True:
-        status, submission = request("GET", f"{api}/v1/receipts/{submission_id}")
+        # With authentication off the app names its user; with it on, the token does.
+        query = "" if TOKEN else f"?userId={USER_ID}"
+        status, submission = request("GET", f"{api}/v1/receipts/{submission_id}{query}")
         expect(status == 200 and isinstance(submission, dict), "submission lookup", status, submission)
         if submission.get("state") != state:
             state = submission.get("state")
