@@ -230,8 +230,13 @@ final class PipelineHarness: Sendable {
     /// intake checks tokens, else `?userId=` (what the app names with authentication off).
     func status(_ submissionId: String, token: String? = nil) async throws -> [String: Any] {
         var query = ""
-        if token == nil, let id = UUID(uuidString: submissionId), let owner = try await store.status(of: id)?.userId {
-            query = "?userId=" + (owner.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? owner)
+        if token == nil, let id = UUID(uuidString: submissionId), let stored = try await store.status(of: id) {
+            // A notification belongs to no app user: no route shows it; read where the finisher left it.
+            if stored.userId.isEmpty {
+                return ["submissionId": submissionId, "state": stored.state.rawValue, "reason": stored.reason?.rawValue as Any,
+                    "message": stored.reasonMessage as Any]
+            }
+            query = "?userId=" + (stored.userId.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? stored.userId)
         }
         let response = try await HTTP.send(
             intakeURL + "/v1/receipts/\(submissionId)" + query, method: .GET, body: nil,
