@@ -214,8 +214,10 @@ final class ProcessDrill: Sendable {
         let store = try OrderStore(path: databasePath)
         let ids = Set(submissions.values.compactMap(UUID.init(uuidString:)))
         _ = try await eventually(timeout: timeout, interval: .milliseconds(250)) {
+            // Every accepted submission, the ones a phone sent again after a lost 202 included.
             let counts = try await store.submissionCounts()
             return counts.filter { $0.key.isTerminal }.values.reduce(0, +) >= ids.count
+                && counts.filter { !$0.key.isTerminal }.values.reduce(0, +) == 0
         }
         var states: [String: Int] = [:]
         for (state, count) in try await store.submissionCounts() { states[state.rawValue] = count }
