@@ -28,24 +28,12 @@ extension BrokerTests {
             let root = folder.appendingPathComponent("root.der")
             try await HTTP.get(pipeline.fakeURL + "/fake/root-certificate").body.write(to: root)
 
-            let process = Process()
-            process.executableURL =
-                python.hasPrefix("/") ? URL(fileURLWithPath: python) : repositoryRoot.appendingPathComponent(python)
-            process.arguments = [
-                repositoryRoot.appendingPathComponent("scripts/lib/apple_library_check.py").path,
+            let (status, text) = try runPythonScript(python, "scripts/lib/apple_library_check.py", [
                 "--url", pipeline.fakeURL, "--key", key.path, "--key-id", ServerAPIKey.keyId,
                 "--issuer-id", ServerAPIKey.issuerId, "--bundle-id", PipelineHarness.bundleId,
                 "--app-apple-id", String(FakeAppStore.defaultAppAppleId), "--root", root.path,
-            ]
-            process.currentDirectoryURL = repositoryRoot
-            let output = Pipe()
-            process.standardOutput = output
-            process.standardError = output
-            try process.run()
-            // Read before waiting: a full pipe would block the script.
-            let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-            process.waitUntilExit()
-            #expect(process.terminationStatus == 0, "Apple's library refused the fake:\n\(text)")
+            ])
+            #expect(status == 0, "Apple's library refused the fake:\n\(text)")
             #expect(text.contains("\"check\": \"request_test_notification\", \"ok\": true"), "\(text)")
         }
     }

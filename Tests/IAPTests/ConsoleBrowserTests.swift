@@ -43,26 +43,14 @@ extension BrokerTests {
             await connection.close()
 
             let out = repositoryRoot.appendingPathComponent(".run/console")
-            let process = Process()
-            process.executableURL =
-                python.hasPrefix("/") ? URL(fileURLWithPath: python) : repositoryRoot.appendingPathComponent(python)
-            process.arguments = [
-                repositoryRoot.appendingPathComponent("scripts/lib/console_check.py").path,
+            let (status, text) = try runPythonScript(python, "scripts/lib/console_check.py", [
                 "--admin-url", adminURL, "--intake-url", pipeline.intakeURL,
                 "--operator-token", PipelineHarness.adminToken, "--viewer-token", PipelineHarness.viewerToken,
                 "--order-id", orderId, "--held-user", "carol", "--held-transaction", held.transactionId,
                 "--product", "com.example.coins.60", "--dead-user", "dave",
                 "--dead-submission", request.submissionId.uuidString, "--out", out.path,
-            ]
-            process.currentDirectoryURL = repositoryRoot
-            let output = Pipe()
-            process.standardOutput = output
-            process.standardError = output
-            try process.run()
-            // Read before waiting: a full pipe would block the script.
-            let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-            process.waitUntilExit()
-            #expect(process.terminationStatus == 0, "the console failed in the browser:\n\(text)")
+            ])
+            #expect(status == 0, "the console failed in the browser:\n\(text)")
             #expect(!text.contains("\"ok\": false"), "\(text)")
 
             // What the browser did, as the ledger and the audit log hold it.

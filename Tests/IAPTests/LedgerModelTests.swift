@@ -323,7 +323,6 @@ final class NotificationRelay: Sendable {
     static func start(for pipeline: PipelineHarness) async throws -> NotificationRelay {
         let target = NIOLockedValueBox(pipeline.intakeURL + "/v1/notifications/appstore")
         let deliveries = NIOLockedValueBox([String: [Delivery]]())
-        let port = NIOLockedValueBox(0)
         let router = Router()
         router.post("/notifications") { request, _ -> Response in
             let body = Data(buffer: try await request.body.collect(upTo: 4 << 20))
@@ -335,19 +334,9 @@ final class NotificationRelay: Sendable {
                 status: .init(code: answer.status), headers: [.contentType: "application/json"],
                 body: .init(byteBuffer: ByteBuffer(data: answer.body)))
         }
-        let application = Application(
-            router: router, configuration: .init(address: .hostname("127.0.0.1", port: 0)),
-            onServerRunning: { channel in port.withLockedValue { $0 = channel.localAddress?.port ?? 0 } },
-            logger: TestBroker.logger)
-        let group = ServiceGroup(
-            configuration: .init(services: [application], gracefulShutdownSignals: [], logger: TestBroker.logger))
-        let task = Task { try await group.run() }
-        guard try await eventually(timeout: .seconds(10), { port.withLockedValue { $0 } != 0 }) else {
-            throw HarnessError("the notification relay did not start")
-        }
+        let server = try await LoopbackServer.start(router, name: "the notification relay")
         let relay = NotificationRelay(
-            url: "http://127.0.0.1:\(port.withLockedValue { $0 })/notifications", target: target, deliveries: deliveries,
-            group: group, task: task)
+            url: server.base + "/notifications", target: target, deliveries: deliveries, group: server.group, task: server.task)
         let configured = try await HTTP.post(pipeline.fakeURL + "/fake/config", json: ["notificationURL": relay.url])
         guard configured.status == 204 else { throw HarnessError("the fake refused its notification URL: \(configured.text)") }
         return relay

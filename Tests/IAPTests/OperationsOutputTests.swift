@@ -149,7 +149,6 @@ extension BrokerTests {
 
         static func start() async throws -> RawWebhook {
             let received = NIOLockedValueBox([Data]())
-            let port = NIOLockedValueBox(0)
             let router = Router()
             router.post("/alerts") { request, _ in
                 var request = request
@@ -157,18 +156,8 @@ extension BrokerTests {
                 received.withLockedValue { $0.append(Data(buffer.readableBytesView)) }
                 return HTTPResponse.Status.noContent
             }
-            let application = Application(
-                router: router, configuration: .init(address: .hostname("127.0.0.1", port: 0)),
-                onServerRunning: { channel in port.withLockedValue { $0 = channel.localAddress?.port ?? 0 } },
-                logger: TestBroker.logger)
-            let group = ServiceGroup(
-                configuration: .init(services: [application], gracefulShutdownSignals: [], logger: TestBroker.logger))
-            let task = Task { try await group.run() }
-            guard try await eventually(timeout: .seconds(10), { port.withLockedValue { $0 } != 0 }) else {
-                throw HarnessError("the webhook receiver did not start")
-            }
-            return RawWebhook(
-                url: "http://127.0.0.1:\(port.withLockedValue { $0 })/alerts", received: received, group: group, task: task)
+            let server = try await LoopbackServer.start(router, name: "the webhook receiver")
+            return RawWebhook(url: server.base + "/alerts", received: received, group: server.group, task: server.task)
         }
 
         /// Each body received, as a JSON object.

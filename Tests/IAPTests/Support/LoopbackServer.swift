@@ -1,0 +1,47 @@
+import Foundation
+import Hummingbird
+import Logging
+import NIOConcurrencyHelpers
+import ServiceLifecycle
+
+/// A stand-in HTTP server of the tests (a webhook receiver, a notification relay) on a free
+/// loopback port, started and running when `start` returns.
+struct LoopbackServer: Sendable {
+    /// `http://127.0.0.1:<port>`.
+    let base: String
+    let group: ServiceGroup
+    let task: Task<Void, any Error>
+
+    /// Serves `router`; `name` says what failed to start.
+    static func start(_ router: Router<BasicRequestContext>, name: String) async throws -> LoopbackServer {
+        let port = NIOLockedValueBox(0)
+        let application = Application(
+            router: router, configuration: .init(address: .hostname("127.0.0.1", port: 0)),
+            onServerRunning: { channel in port.withLockedValue { $0 = channel.localAddress?.port ?? 0 } },
+            logger: TestBroker.logger)
+        let group = ServiceGroup(
+            configuration: .init(services: [application], gracefulShutdownSignals: [], logger: TestBroker.logger))
+        let task = Task { try await group.run() }
+        guard try await eventually(timeout: .seconds(10), { port.withLockedValue { $0 } != 0 }) else {
+            throw HarnessError("\(name) did not start")
+        }
+        return LoopbackServer(base: "http://127.0.0.1:\(port.withLockedValue { $0 })", group: group, task: task)
+    }
+}
+
+/// Runs one of the repository's Python scripts with the interpreter at `python` (absolute, or
+/// relative to the repository); its exit status and everything it printed.
+func runPythonScript(_ python: String, _ script: String, _ arguments: [String]) throws -> (status: Int32, output: String) {
+    let process = Process()
+    process.executableURL = python.hasPrefix("/") ? URL(fileURLWithPath: python) : repositoryRoot.appendingPathComponent(python)
+    process.arguments = [repositoryRoot.appendingPathComponent(script).path] + arguments
+    process.currentDirectoryURL = repositoryRoot
+    let output = Pipe()
+    process.standardOutput = output
+    process.standardError = output
+    try process.run()
+    // Read before waiting: a full pipe would block the script.
+    let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+    process.waitUntilExit()
+    return (process.terminationStatus, text)
+}
