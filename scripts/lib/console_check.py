@@ -14,6 +14,7 @@ import time
 import urllib.request
 
 from selenium import webdriver
+from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
@@ -34,7 +35,16 @@ def browser():
     options.binary_location = "/usr/bin/chromium"
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1366,900"):
         options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+    # Starting Chromium can fail on a machine busy with the rest of the suite (an empty
+    # WebDriverException): a few tries, bounded, before the scenario counts as failed.
+    for attempt in range(3):
+        try:
+            driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+            break
+        except WebDriverException:
+            if attempt == 2:
+                raise
+            time.sleep(2)
     driver.implicitly_wait(2)
     return driver
 
