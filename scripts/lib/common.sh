@@ -1,5 +1,6 @@
 # shellcheck shell=bash
-# Small helpers shared by scripts/dev and scripts/lib/broker.sh (sourced, not executed).
+# Small helpers shared by scripts/dev, scripts/lib/broker.sh and scripts/lib/postgres.sh
+# (sourced, not executed).
 
 # Print a progress line on stderr.
 say() { printf '==> %s\n' "$*" >&2; }
@@ -7,8 +8,9 @@ say() { printf '==> %s\n' "$*" >&2; }
 # Print an error and exit non-zero.
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
-# The node and the apt installs need root: Debian's rabbitmq scripts only switch to
-# user `rabbitmq` when started by root, and the node's folder must be chowned to it.
+# The servers and the apt installs need root: Debian's rabbitmq scripts only switch to
+# user `rabbitmq` when started by root, PostgreSQL runs as user `postgres` through runuser,
+# and their folders must be chowned to those users.
 require_root() {
     [[ $EUID -eq 0 ]] || die "run this as root (e.g. sudo $0 $*)"
 }
