@@ -1,4 +1,3 @@
-import GRDB
 import NIOConcurrencyHelpers
 
 /// Group commit: writes that arrive while a commit is on disk wait for the next one and share
@@ -13,7 +12,9 @@ final class GroupCommit: Sendable {
     /// One caller's unit of work and how to answer it.
     private struct Pending: Sendable {
         /// Runs the work in a savepoint of the shared transaction and keeps its outcome.
-        let run: @Sendable (Database) -> Void
+        /// Runs the work in a savepoint of the shared transaction, keeps its outcome, and
+        /// returns its error if it failed.
+        let run: @Sendable (any SQLConnection) -> (any Error)?
         /// After the commit: answers with the kept outcome, or with the commit's own error.
         let resume: @Sendable ((any Error)?) -> Void
     }
@@ -24,32 +25,30 @@ final class GroupCommit: Sendable {
         var batches = 0
     }
 
-    private let database: DatabasePool
+    private let database: any SQLDatabase
     private let maxBatch: Int
     private let state = NIOLockedValueBox(State())
 
-    init(database: DatabasePool, maxBatch: Int = 512) {
+    init(database: any SQLDatabase, maxBatch: Int = 512) {
         self.database = database
         self.maxBatch = maxBatch
     }
 
     /// Runs `work` in a savepoint of the next group commit and returns its value once that
     /// commit is durable. An error thrown by `work` rolls back its own savepoint only.
-    func write<T: Sendable>(_ work: @escaping @Sendable (Database) throws -> T) async throws -> T {
+    func write<T: Sendable>(_ work: @escaping @Sendable (any SQLConnection) throws -> T) async throws -> T {
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
             // Written on the writer's queue, read after the commit: never at the same time.
             let outcome = NIOLockedValueBox<Result<T, any Error>?>(nil)
             let pending = Pending(
                 run: { db in
                     do {
-                        var value: T?
-                        try db.inSavepoint {
-                            value = try work(db)
-                            return .commit
-                        }
-                        outcome.withLockedValue { $0 = value.map { .success($0) } }
+                        let value = try db.inSavepoint { try work(db) }
+                        outcome.withLockedValue { $0 = .success(value) }
+                        return nil
                     } catch {
                         outcome.withLockedValue { $0 = .failure(error) }
+                        return error
                     }
                 },
                 resume: { commitError in
@@ -58,7 +57,7 @@ final class GroupCommit: Sendable {
                     } else if let result = outcome.withLockedValue({ $0 }) {
                         continuation.resume(with: result)
                     } else {
-                        continuation.resume(throwing: DatabaseError(resultCode: .SQLITE_ERROR, message: "no outcome"))
+                        continuation.resume(throwing: SQLError(.other, "the group commit ran no outcome for this write"))
                     }
                 })
             let startDrain = state.withLockedValue { state in
@@ -97,13 +96,13 @@ final class GroupCommit: Sendable {
             do {
                 try await database.write { db in
                     for pending in batch {
-                        pending.run(db)
-                        // Some errors (disk full, I/O) make SQLite roll back the whole
+                        let error = pending.run(db)
+                        // Some errors (disk full, I/O, a lost connection) roll back the whole
                         // transaction, taking the writes before them with it: fail the batch
                         // rather than commit what follows and report the lost ones as stored.
+                        // (On PostgreSQL a lost connection or a conflict runs the batch again.)
                         guard db.isInsideTransaction else {
-                            throw DatabaseError(
-                                resultCode: .SQLITE_ABORT, message: "the group commit's transaction was rolled back")
+                            throw (error as? SQLError) ?? SQLError(.other, "the group commit's transaction was rolled back")
                         }
                     }
                 }

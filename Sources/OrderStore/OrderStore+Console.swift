@@ -1,5 +1,4 @@
 import Foundation
-import GRDB
 import IAPCore
 
 /// A user that a console search matched, and by what.
@@ -140,8 +139,8 @@ extension OrderStore {
         guard !term.isEmpty else { return [] }
         return try await database.read { db in
             var hits: [ConsoleSearchHit] = []
-            func add(_ sql: String, _ matched: String, _ arguments: StatementArguments) throws {
-                for row in try Row.fetchAll(db, sql: sql, arguments: arguments) {
+            func add(_ sql: String, _ matched: String, _ arguments: SQLArguments) throws {
+                for row in try db.rows(sql: sql, arguments: arguments) {
                     let hit = ConsoleSearchHit(userId: row["userId"], matched: matched, subject: row["subject"])
                     if !hits.contains(where: { $0.userId == hit.userId }) { hits.append(hit) }
                 }
@@ -178,10 +177,9 @@ extension OrderStore {
     public func consolePurchases(_ transactionIds: [String]) async throws -> [String: ConsolePurchase] {
         guard !transactionIds.isEmpty else { return [:] }
         return try await database.read { db in
-            let marks = Array(repeating: "?", count: transactionIds.count).joined(separator: ",")
+            let marks = sqlMarks(transactionIds.count)
             var found: [String: ConsolePurchase] = [:]
-            for row in try Row.fetchAll(
-                db, sql: "SELECT * FROM purchase WHERE transactionId IN (\(marks))", arguments: StatementArguments(transactionIds))
+            for row in try db.rows(sql: "SELECT * FROM purchase WHERE transactionId IN (\(marks))", arguments: SQLArguments(transactionIds))
             {
                 let purchase = ConsolePurchase(row: row)
                 found[purchase.transactionId] = purchase
@@ -194,29 +192,24 @@ extension OrderStore {
     /// uploads, and one timeline of everything that happened to their purchases.
     public func consoleCustomer(_ userId: String, limit: Int = 500) async throws -> ConsoleCustomer {
         try await database.read { db in
-            let grants = try Row.fetchAll(
-                db, sql: "SELECT * FROM grants WHERE userId = ? ORDER BY id LIMIT ?", arguments: [userId, limit]
+            let grants = try db.rows(sql: "SELECT * FROM grants WHERE userId = ? ORDER BY id LIMIT ?", arguments: [userId, limit]
             ).map { ConsoleGrant(grant: Grant(row: $0), revokedAt: $0["revokedAt"], revokedBy: $0["revokedBy"]) }
-            let purchases = try Row.fetchAll(
-                db, sql: "SELECT * FROM purchase WHERE userId = ? ORDER BY creditedAt LIMIT ?", arguments: [userId, limit]
+            let purchases = try db.rows(sql: "SELECT * FROM purchase WHERE userId = ? ORDER BY creditedAt LIMIT ?", arguments: [userId, limit]
             ).map(ConsolePurchase.init(row:))
-            let subscriptions = try Row.fetchAll(
-                db, sql: "SELECT * FROM subscription WHERE userId = ? ORDER BY updatedAt DESC LIMIT ?", arguments: [userId, limit]
+            let subscriptions = try db.rows(sql: "SELECT * FROM subscription WHERE userId = ? ORDER BY updatedAt DESC LIMIT ?", arguments: [userId, limit]
             ).map {
                 SubscriptionRecord(
                     originalTransactionId: $0["originalTransactionId"], productId: $0["productId"],
                     environment: $0["environment"], state: $0["state"], expiresDate: $0["expiresDate"],
                     autoRenew: $0["autoRenew"], gracePeriodExpiresDate: $0["gracePeriodExpiresDate"], updatedAt: $0["updatedAt"])
             }
-            let orders = try Row.fetchAll(
-                db, sql: "SELECT * FROM orders WHERE userId = ? ORDER BY createdAt LIMIT ?", arguments: [userId, limit]
+            let orders = try db.rows(sql: "SELECT * FROM orders WHERE userId = ? ORDER BY createdAt LIMIT ?", arguments: [userId, limit]
             ).map {
                 Order(
                     orderId: $0["id"], userId: $0["userId"], productId: $0["productId"], state: $0["state"],
                     transactionId: $0["transactionId"], createdAt: $0["createdAt"], updatedAt: $0["updatedAt"])
             }
-            let submissions = try Row.fetchAll(
-                db, sql: "SELECT * FROM submission WHERE userId = ? ORDER BY acceptedAt LIMIT ?", arguments: [userId, limit]
+            let submissions = try db.rows(sql: "SELECT * FROM submission WHERE userId = ? ORDER BY acceptedAt LIMIT ?", arguments: [userId, limit]
             ).map(ConsoleSubmission.init(row:))
 
             var timeline: [ConsoleEvent] = []
@@ -239,9 +232,7 @@ extension OrderStore {
                             subject: submission.submissionId))
                 }
             }
-            for row in try Row.fetchAll(
-                db,
-                sql: """
+            for row in try db.rows(sql: """
                     SELECT submission_transaction.*, submission.updatedAt AS at FROM submission_transaction
                     JOIN submission ON submission.id = submission_transaction.submissionId
                     WHERE submission.userId = ? ORDER BY submission.acceptedAt, submission_transaction.rowid LIMIT ?
@@ -265,9 +256,7 @@ extension OrderStore {
                             actor: entry.revokedBy, subject: grant.transactionId))
                 }
             }
-            for row in try Row.fetchAll(
-                db,
-                sql: """
+            for row in try db.rows(sql: """
                     SELECT * FROM notification WHERE transactionId IN (
                         SELECT transactionId FROM purchase WHERE userId = ? UNION SELECT transactionId FROM grants WHERE userId = ?)
                     ORDER BY appliedAt LIMIT ?
@@ -281,9 +270,7 @@ extension OrderStore {
                         summary: "App Store notification \(type) on transaction \(row["transactionId"] as String? ?? "?"): \(row["outcome"] as String)",
                         actor: "apple", subject: row["transactionId"]))
             }
-            for row in try Row.fetchAll(
-                db,
-                sql: """
+            for row in try db.rows(sql: """
                     SELECT * FROM revocation WHERE creditKey IN (
                         SELECT creditKey FROM purchase WHERE userId = ? UNION SELECT creditKey FROM grants WHERE userId = ?)
                     LIMIT ?
@@ -302,16 +289,16 @@ extension OrderStore {
                             actor: "apple", subject: transactionId))
                 }
             }
-            for row in try Row.fetchAll(
-                db,
-                sql: """
+            for row in try db.rows(sql: """
                     SELECT * FROM audit_log WHERE subject = 'user:' || ?
                         OR subject IN (
                             SELECT 'transaction:' || transactionId FROM purchase WHERE userId = ?
                             UNION SELECT 'transaction:' || transactionId FROM grants WHERE userId = ?
                             UNION SELECT 'submission:' || id FROM submission WHERE userId = ?
                             UNION SELECT 'subscription:' || originalTransactionId FROM subscription WHERE userId = ?)
-                        OR (json_valid(details) AND json_extract(details, '$.userId') = ?)
+                        OR \(db.dialect == .sqlite
+                            ? "(json_valid(details) AND json_extract(details, '$.userId') = ?)"
+                            : "iap_json_field(details, 'userId') = ?")
                     ORDER BY id LIMIT ?
                     """, arguments: [userId, userId, userId, userId, userId, userId, limit])
             {
@@ -335,8 +322,7 @@ extension OrderStore {
     /// held purchases not granted, and submissions alerted since `alertsSince`.
     public func consoleWorkQueues(limit: Int = 50, alertsSince: Date) async throws -> ConsoleWorkQueues {
         try await database.read { db in
-            let needsReview = try Row.fetchAll(
-                db, sql: "SELECT * FROM submission WHERE state = 'needs_review' AND finishable = 0 ORDER BY updatedAt LIMIT ?",
+            let needsReview = try db.rows(sql: "SELECT * FROM submission WHERE state = 'needs_review' AND finishable = 0 ORDER BY updatedAt LIMIT ?",
                 arguments: [limit]
             ).map(ConsoleSubmission.init(row:))
             let needsReviewCount =
@@ -345,11 +331,10 @@ extension OrderStore {
                 FROM purchase WHERE heldReason IS NOT NULL AND heldReason <> 'revoked'
                     AND NOT EXISTS (SELECT 1 FROM grants WHERE grants.transactionId = purchase.transactionId)
                 """
-            let held = try Row.fetchAll(db, sql: "SELECT * \(heldFilter) ORDER BY creditedAt LIMIT ?", arguments: [limit])
+            let held = try db.rows(sql: "SELECT * \(heldFilter) ORDER BY creditedAt LIMIT ?", arguments: [limit])
                 .map(ConsolePurchase.init(row:))
             let heldCount = try Int.fetchOne(db, sql: "SELECT COUNT(*) \(heldFilter)") ?? 0
-            let alerts = try Row.fetchAll(
-                db, sql: "SELECT * FROM submission WHERE alertedAt >= ? ORDER BY alertedAt LIMIT ?",
+            let alerts = try db.rows(sql: "SELECT * FROM submission WHERE alertedAt >= ? ORDER BY alertedAt LIMIT ?",
                 arguments: [alertsSince, limit]
             ).map(ConsoleSubmission.init(row:))
             let alertCount =
@@ -368,7 +353,7 @@ extension OrderStore {
         let counts = try await database.read { db -> (uploads: [Int: Int], credits: [Int: Int]) in
             func perHour(_ sql: String) throws -> [Int: Int] {
                 var result: [Int: Int] = [:]
-                for row in try Row.fetchAll(db, sql: sql, arguments: [since]) {
+                for row in try db.rows(sql: sql, arguments: [since]) {
                     let at: Date = row["at"]
                     let index = Int((at.timeIntervalSince(since) / 3600).rounded(.down))
                     result[index, default: 0] += 1
@@ -413,9 +398,7 @@ extension OrderStore {
         do {
             return try await database.write { db throws -> VerifyRequest in
                 guard
-                    let row = try Row.fetchOne(
-                        db,
-                        sql: """
+                    let row = try db.row(sql: """
                             SELECT id, userId, orderId, transactionId, receiptData, signedTransaction, signedPayload, attempts,
                                 acceptedAt, state FROM submission WHERE id = ?
                             """, arguments: [id.uuidString])
@@ -469,7 +452,7 @@ extension OrderStore {
 }
 
 extension ConsoleSubmission {
-    init(row: Row) {
+    init(row: SQLRow) {
         self.init(
             submissionId: row["id"], userId: row["userId"], state: row["state"], reason: row["reason"],
             finishable: row["finishable"], attempts: row["attempts"], acceptedAt: row["acceptedAt"],
@@ -478,7 +461,7 @@ extension ConsoleSubmission {
 }
 
 extension ConsolePurchase {
-    init(row: Row) {
+    init(row: SQLRow) {
         self.init(
             transactionId: row["transactionId"], originalTransactionId: row["originalTransactionId"],
             productId: row["productId"], quantity: row["quantity"], environment: row["environment"], userId: row["userId"],

@@ -1,5 +1,4 @@
 import Foundation
-import GRDB
 import IAPCore
 
 /// What crediting needs beyond the result itself.
@@ -71,7 +70,7 @@ extension OrderStore {
     /// binds it to its order; remembers and applies Apple's revocations whatever came first;
     /// holds it for review when it cannot be granted as is. Says what happened.
     static func credit(
-        _ purchase: VerifiedPurchase, upload: Upload, policy: CreditPolicy, now: Date, in db: Database
+        _ purchase: VerifiedPurchase, upload: Upload, policy: CreditPolicy, now: Date, in db: any SQLConnection
     ) throws -> (TransactionCreditState, ReasonCode?) {
         if purchase.isUpgraded == true { return (.superseded, nil) }
         let key = policy.creditKey(of: purchase)
@@ -145,7 +144,7 @@ extension OrderStore {
 
         // Which of our orders it pays for: the token Apple carries (signed into the receipt),
         // else the upload's order (the client's word: only for the uploader's own orders).
-        var order: Row?
+        var order: SQLRow?
         var owner = upload.userId
         if let token = purchase.appAccountToken {
             order = try db.cachedRow(sql: "SELECT * FROM orders WHERE id = lower(?)", arguments: [token])
@@ -163,9 +162,7 @@ extension OrderStore {
             } else if upload.transactionId == nil, let purchased = purchase.purchaseDate {
                 // Only the order: a receipt may also hold earlier purchases; bind the one made
                 // after the order (a few minutes of clock skew allowed).
-                order = try Row.fetchOne(
-                    db,
-                    sql: """
+                order = try db.row(sql: """
                         SELECT * FROM orders WHERE id = lower(?) AND state = 'created' AND userId = ? AND productId = ?
                             AND createdAt <= ?
                         """,
@@ -236,16 +233,15 @@ extension OrderStore {
     /// `IAP_RESTORE=transfer`: the entitlement moves from its owner to the uploader of a
     /// restore: revoked for the one, granted to the other, one audit entry naming both.
     private static func transfer(
-        _ active: Row, to upload: Upload, purchase: VerifiedPurchase, key: String, policy: CreditPolicy, now: Date,
-        in db: Database
+        _ active: SQLRow, to upload: Upload, purchase: VerifiedPurchase, key: String, policy: CreditPolicy, now: Date,
+        in db: any SQLConnection
     ) throws {
         let previous: String = active["userId"]
         try revokeGrant(
             active, actor: "transfer", reason: "restored by \(upload.userId)",
             eventId: "grant.revoked:\(active["transactionId"] as String):transfer:\(upload.submissionId)", policy: policy,
             now: now, in: db, audited: false)
-        if let earlier = try Row.fetchOne(
-            db, sql: "SELECT * FROM grants WHERE creditKey = ? AND userId = ?", arguments: [key, upload.userId])
+        if let earlier = try db.row(sql: "SELECT * FROM grants WHERE creditKey = ? AND userId = ?", arguments: [key, upload.userId])
         {
             // Moving back to a user who held it before: that grant is active again.
             try db.execute(
@@ -292,7 +288,7 @@ extension OrderStore {
     static func grant(
         transactionId: String, originalTransactionId: String, creditKey: String, userId: String, productId: String,
         orderId: String?, quantity: Int, grant: [String: Catalog.GrantValue], environment: AppStoreEnvironment,
-        source: String, expiresAt: Date? = nil, policy: CreditPolicy, now: Date, in db: Database
+        source: String, expiresAt: Date? = nil, policy: CreditPolicy, now: Date, in db: any SQLConnection
     ) throws {
         let grantJSON = String(decoding: try JSONEncoder.sorted.encode(grant), as: UTF8.self)
         try db.executeCached(
@@ -317,7 +313,7 @@ extension OrderStore {
 
     /// Queues an event in the outbox, in the same transaction as the change it reports.
     static func event(
-        _ name: String, _ fields: [String: EventField], id: String, policy: CreditPolicy, now: Date, in db: Database
+        _ name: String, _ fields: [String: EventField], id: String, policy: CreditPolicy, now: Date, in db: any SQLConnection
     ) throws {
         guard let exchange = policy.eventsExchange else { return }
         var body = fields
@@ -332,7 +328,7 @@ extension OrderStore {
     /// Appends to the audit log.
     static func audit(
         actor: String, action: String, subject: String, reason: String, details: [String: String], now: Date,
-        in db: Database
+        in db: any SQLConnection
     ) throws {
         let json = String(decoding: try JSONEncoder.sorted.encode(details), as: UTF8.self)
         try db.executeCached(

@@ -1,5 +1,4 @@
 import Foundation
-import GRDB
 import IAPCore
 
 /// One credit of one Apple transaction to one user.
@@ -51,8 +50,7 @@ extension OrderStore {
     /// Every grant of a user, oldest first.
     public func grants(ofUser userId: String) async throws -> [Grant] {
         try await database.read { db in
-            try Row.fetchAll(
-                db, sql: "SELECT * FROM grants WHERE userId = ? ORDER BY id", arguments: [userId]
+            try db.rows(sql: "SELECT * FROM grants WHERE userId = ? ORDER BY id", arguments: [userId]
             ).map(Grant.init(row:))
         }
     }
@@ -80,8 +78,7 @@ extension OrderStore {
     /// The grants for one Apple transaction: zero or one, by construction.
     public func grants(ofTransaction transactionId: String) async throws -> [Grant] {
         try await database.read { db in
-            try Row.fetchAll(
-                db, sql: "SELECT * FROM grants WHERE transactionId = ?", arguments: [transactionId]
+            try db.rows(sql: "SELECT * FROM grants WHERE transactionId = ?", arguments: [transactionId]
             ).map(Grant.init(row:))
         }
     }
@@ -90,7 +87,7 @@ extension OrderStore {
     public func submissionCounts() async throws -> [SubmissionState: Int] {
         try await database.read { db in
             var counts: [SubmissionState: Int] = [:]
-            for row in try Row.fetchAll(db, sql: "SELECT state, COUNT(*) AS n FROM submission GROUP BY state") {
+            for row in try db.rows(sql: "SELECT state, COUNT(*) AS n FROM submission GROUP BY state") {
                 if let state = SubmissionState(rawValue: row["state"]) { counts[state] = row["n"] }
             }
             return counts
@@ -100,8 +97,7 @@ extension OrderStore {
     /// For benchmarks: when each settled submission was accepted and settled, and its state.
     public func settlementTimes() async throws -> [(acceptedAt: Date, settledAt: Date, state: SubmissionState)] {
         try await database.read { db in
-            try Row.fetchAll(
-                db, sql: "SELECT acceptedAt, updatedAt, state FROM submission WHERE state IN ('credited', 'rejected', 'needs_review')"
+            try db.rows(sql: "SELECT acceptedAt, updatedAt, state FROM submission WHERE state IN ('credited', 'rejected', 'needs_review')"
             ).compactMap { row in
                 SubmissionState(rawValue: row["state"]).map { (row["acceptedAt"], row["updatedAt"], $0) }
             }
@@ -116,10 +112,9 @@ extension OrderStore {
             var grants = 0
             for start in stride(from: 0, to: transactionIds.count, by: 500) {
                 let chunk = Array(transactionIds[start..<min(start + 500, transactionIds.count)])
-                let marks = Array(repeating: "?", count: chunk.count).joined(separator: ",")
-                let row = try Row.fetchOne(
-                    db, sql: "SELECT COUNT(DISTINCT transactionId) AS d, COUNT(*) AS n FROM grants WHERE transactionId IN (\(marks))",
-                    arguments: StatementArguments(chunk))!
+                let marks = sqlMarks(chunk.count)
+                let row = try db.row(sql: "SELECT COUNT(DISTINCT transactionId) AS d, COUNT(*) AS n FROM grants WHERE transactionId IN (\(marks))",
+                    arguments: SQLArguments(chunk))!
                 granted += row["d"] as Int
                 grants += row["n"] as Int
             }
@@ -129,7 +124,7 @@ extension OrderStore {
 }
 
 extension Grant {
-    init(row: Row) {
+    init(row: SQLRow) {
         self.init(
             transactionId: row["transactionId"], userId: row["userId"], productId: row["productId"],
             quantity: row["quantity"], state: row["state"], grantedAt: row["grantedAt"], orderId: row["orderId"],

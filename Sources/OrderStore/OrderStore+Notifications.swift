@@ -1,5 +1,4 @@
 import Foundation
-import GRDB
 import IAPCore
 
 extension OrderStore {
@@ -8,7 +7,7 @@ extension OrderStore {
     /// credited to the subscription's owner, and the subscription's state and expiry follow
     /// Apple's word. Consumption requests are recorded for the app to answer.
     static func apply(
-        _ notification: AppStoreNotification, submissionId: String, policy: CreditPolicy, now: Date, in db: Database
+        _ notification: AppStoreNotification, submissionId: String, policy: CreditPolicy, now: Date, in db: any SQLConnection
     ) throws -> (state: SubmissionState, message: String, revoked: Int) {
         let purchase = notification.purchase
         try db.execute(
@@ -32,7 +31,7 @@ extension OrderStore {
     }
 
     private static func outcome(
-        of notification: AppStoreNotification, submissionId: String, policy: CreditPolicy, now: Date, in db: Database
+        of notification: AppStoreNotification, submissionId: String, policy: CreditPolicy, now: Date, in db: any SQLConnection
     ) throws -> String {
         guard let purchase = notification.purchase else { return notification.notificationType == "TEST" ? "test" : "recorded" }
         let key = policy.creditKey(of: purchase)
@@ -55,9 +54,7 @@ extension OrderStore {
             return "revoked"
         case "REFUND_REVERSED":
             let lifted = try liftRevocation(key: key, at: notification.signedDate ?? now, now: now, in: db)
-            if let grant = try Row.fetchOne(
-                db,
-                sql: """
+            if let grant = try db.row(sql: """
                     SELECT * FROM grants WHERE creditKey = ? AND state = 'revoked' AND revokedBy = 'apple'
                     ORDER BY revokedAt DESC LIMIT 1
                     """, arguments: [key]),
@@ -70,8 +67,7 @@ extension OrderStore {
             // Only what the refund stopped, and only if nothing else holds it or took it back since.
             if lifted,
                 try db.cachedRow(sql: "SELECT 1 FROM grants WHERE creditKey = ? LIMIT 1", arguments: [key]) == nil,
-                let blocked = try Row.fetchOne(
-                db, sql: "SELECT * FROM purchase WHERE creditKey = ? AND heldReason = 'revoked' ORDER BY creditedAt, rowid LIMIT 1",
+                let blocked = try db.row(sql: "SELECT * FROM purchase WHERE creditKey = ? AND heldReason = 'revoked' ORDER BY creditedAt, rowid LIMIT 1",
                 arguments: [key])
             {
                 // An upload the refund stopped: what the refund took is given back to its uploader.
@@ -115,7 +111,7 @@ extension OrderStore {
     /// else whoever it or its chain was credited to, else the order its `appAccountToken`
     /// names; nil when nothing of it was credited yet (an upload a refund stopped or a person
     /// holds does not make its uploader the owner).
-    private static func owner(of purchase: VerifiedPurchase, key: String, in db: Database) throws -> String? {
+    private static func owner(of purchase: VerifiedPurchase, key: String, in db: any SQLConnection) throws -> String? {
         if let user = try String.fetchOne(
             db, sql: "SELECT userId FROM grants WHERE creditKey = ? AND state = 'active'", arguments: [key])
         {
@@ -147,7 +143,7 @@ extension OrderStore {
     /// Credits a purchase Apple told us about to its owner, as an upload of it would.
     private static func credit(
         _ purchase: VerifiedPurchase, owner: String?, submissionId: String, bundleId: String?, policy: CreditPolicy, now: Date,
-        in db: Database
+        in db: any SQLConnection
     ) throws -> String {
         guard let owner else { return "owner_unknown" }
         let upload = Upload(userId: owner, submissionId: submissionId, orderId: nil, transactionId: nil, bundleId: bundleId ?? "")
@@ -157,7 +153,7 @@ extension OrderStore {
 
     /// Grants a purchase whose upload a refund stopped, now that Apple reversed the refund.
     private static func creditBlocked(
-        _ row: Row, key: String, purchase: VerifiedPurchase, policy: CreditPolicy, now: Date, in db: Database
+        _ row: SQLRow, key: String, purchase: VerifiedPurchase, policy: CreditPolicy, now: Date, in db: any SQLConnection
     ) throws {
         let transactionId: String = row["transactionId"]
         let productId: String = row["productId"]
@@ -176,7 +172,7 @@ extension OrderStore {
     }
 
     /// Undoes a revocation: the grant is active again, its order paid, and `grant.restored` published.
-    private static func restoreGrant(_ row: Row, tag: String, policy: CreditPolicy, now: Date, in db: Database) throws {
+    private static func restoreGrant(_ row: SQLRow, tag: String, policy: CreditPolicy, now: Date, in db: any SQLConnection) throws {
         let transactionId: String = row["transactionId"]
         try db.execute(
             sql: "UPDATE grants SET state = 'active', revokedAt = NULL, revokedBy = NULL WHERE transactionId = ?",
@@ -200,7 +196,7 @@ extension OrderStore {
 
     /// Records a subscription's state and expiry: `state`, else Apple's status, else active.
     private static func updateSubscription(
-        _ notification: AppStoreNotification, owner: String?, state: String?, now: Date, in db: Database
+        _ notification: AppStoreNotification, owner: String?, state: String?, now: Date, in db: any SQLConnection
     ) throws {
         guard let purchase = notification.purchase, purchase.expiresDate != nil || notification.subscriptionStatus != nil
         else { return }
@@ -240,9 +236,11 @@ extension OrderStore {
                     gracePeriodExpiresDate = CASE WHEN newer THEN excluded.gracePeriodExpiresDate
                         ELSE subscription.gracePeriodExpiresDate END,
                     lastTransactionId = CASE WHEN newer THEN excluded.lastTransactionId ELSE subscription.lastTransactionId END,
-                    stateDate = max(coalesce(subscription.stateDate, 0), excluded.stateDate),
+                    stateDate = CASE WHEN excluded.stateDate IS NULL THEN NULL
+                        WHEN excluded.stateDate >= coalesce(subscription.stateDate, '') THEN excluded.stateDate
+                        ELSE subscription.stateDate END,
                     updatedAt = excluded.updatedAt
-                """.replacingOccurrences(of: "newer", with: "excluded.stateDate >= coalesce(subscription.stateDate, 0)"),
+                """.replacingOccurrences(of: "newer", with: "excluded.stateDate >= coalesce(subscription.stateDate, '')"),
             arguments: [
                 purchase.originalTransactionId, owner, purchase.productId, notification.environment.rawValue,
                 state ?? fromStatus ?? "active", purchase.expiresDate, notification.autoRenewStatus.map { $0 == 1 },
@@ -253,7 +251,7 @@ extension OrderStore {
     /// The subscriptions of a user, as the notifications left them.
     public func subscriptions(ofUser userId: String) async throws -> [SubscriptionRecord] {
         try await database.read { db in
-            try Row.fetchAll(db, sql: "SELECT * FROM subscription WHERE userId = ? ORDER BY updatedAt DESC", arguments: [userId]).map {
+            try db.rows(sql: "SELECT * FROM subscription WHERE userId = ? ORDER BY updatedAt DESC", arguments: [userId]).map {
                 SubscriptionRecord(
                     originalTransactionId: $0["originalTransactionId"], productId: $0["productId"], environment: $0["environment"],
                     state: $0["state"], expiresDate: $0["expiresDate"], autoRenew: $0["autoRenew"],
@@ -265,7 +263,7 @@ extension OrderStore {
     /// Apple's consumption requests (a customer asked for a refund), newest first.
     public func consumptionRequests(limit: Int) async throws -> [ConsumptionRequestRecord] {
         try await database.read { db in
-            try Row.fetchAll(db, sql: "SELECT * FROM consumption_request ORDER BY receivedAt DESC LIMIT ?", arguments: [limit]).map {
+            try db.rows(sql: "SELECT * FROM consumption_request ORDER BY receivedAt DESC LIMIT ?", arguments: [limit]).map {
                 ConsumptionRequestRecord(
                     notificationUUID: $0["notificationUUID"], transactionId: $0["transactionId"], userId: $0["userId"],
                     reason: $0["reason"], environment: $0["environment"], receivedAt: $0["receivedAt"])
@@ -276,8 +274,7 @@ extension OrderStore {
     /// The notifications applied about a transaction, oldest first.
     public func notifications(ofTransaction transactionId: String) async throws -> [(type: String, outcome: String)] {
         try await database.read { db in
-            try Row.fetchAll(
-                db, sql: "SELECT notificationType, outcome FROM notification WHERE transactionId = ? ORDER BY appliedAt, rowid",
+            try db.rows(sql: "SELECT notificationType, outcome FROM notification WHERE transactionId = ? ORDER BY appliedAt, rowid",
                 arguments: [transactionId]
             ).map { ($0["notificationType"], $0["outcome"]) }
         }

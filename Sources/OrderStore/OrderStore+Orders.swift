@@ -1,5 +1,4 @@
 import Foundation
-import GRDB
 import IAPCore
 
 /// Our order: what a user meant to buy, before Apple's transaction pays it.
@@ -77,7 +76,7 @@ extension OrderStore {
     /// One order, or nil.
     public func order(_ orderId: String) async throws -> Order? {
         try await database.read { db in
-            try Row.fetchOne(db, sql: "SELECT * FROM orders WHERE id = lower(?)", arguments: [orderId]).map {
+            try db.row(sql: "SELECT * FROM orders WHERE id = lower(?)", arguments: [orderId]).map {
                 Order(
                     orderId: $0["id"], userId: $0["userId"], productId: $0["productId"], state: $0["state"],
                     transactionId: $0["transactionId"], createdAt: $0["createdAt"], updatedAt: $0["updatedAt"])
@@ -88,9 +87,9 @@ extension OrderStore {
     /// What the store knows of one Apple transaction.
     public func purchase(_ transactionId: String) async throws -> PurchaseRecord? {
         try await database.read { db in
-            guard let row = try Row.fetchOne(db, sql: "SELECT * FROM purchase WHERE transactionId = ?", arguments: [transactionId])
+            guard let row = try db.row(sql: "SELECT * FROM purchase WHERE transactionId = ?", arguments: [transactionId])
             else { return nil }
-            let grant = try Row.fetchOne(db, sql: "SELECT * FROM grants WHERE transactionId = ?", arguments: [transactionId])
+            let grant = try db.row(sql: "SELECT * FROM grants WHERE transactionId = ?", arguments: [transactionId])
                 .map(Grant.init(row:))
             return PurchaseRecord(
                 transactionId: row["transactionId"], originalTransactionId: row["originalTransactionId"],
@@ -115,8 +114,7 @@ extension OrderStore {
                 var orderId: String?
                 if let transactionId {
                     guard
-                        let purchase = try Row.fetchOne(
-                            db, sql: "SELECT * FROM purchase WHERE transactionId = ?", arguments: [transactionId])
+                        let purchase = try db.row(sql: "SELECT * FROM purchase WHERE transactionId = ?", arguments: [transactionId])
                     else { throw OrderStoreError(.notFound, "no purchase \(transactionId)") }
                     guard (purchase["userId"] as String) == userId else {
                         throw OrderStoreError(.conflict, "purchase \(transactionId) belongs to another user")
@@ -128,7 +126,7 @@ extension OrderStore {
                     guard try !Self.revocationStands(key: creditKey, in: db) else {
                         throw OrderStoreError(.conflict, "Apple refunded or revoked purchase \(transactionId)")
                     }
-                    guard try Row.fetchOne(db, sql: "SELECT 1 FROM grants WHERE creditKey = ? AND state = 'active'", arguments: [creditKey]) == nil
+                    guard try db.row(sql: "SELECT 1 FROM grants WHERE creditKey = ? AND state = 'active'", arguments: [creditKey]) == nil
                     else { throw OrderStoreError(.conflict, "what purchase \(transactionId) buys is granted already") }
                     original = purchase["originalTransactionId"]
                     environment = AppStoreEnvironment(rawValue: purchase["environment"]) ?? .production
@@ -143,7 +141,7 @@ extension OrderStore {
                 try Self.audit(
                     actor: actor, action: "grant_manual", subject: "transaction:\(id)", reason: reason,
                     details: ["userId": userId, "productId": productId, "quantity": "\(max(1, quantity))"], now: now, in: db)
-                return try Grant(row: Row.fetchOne(db, sql: "SELECT * FROM grants WHERE transactionId = ?", arguments: [id])!)
+                return try Grant(row: db.row(sql: "SELECT * FROM grants WHERE transactionId = ?", arguments: [id])!)
             }
         } catch let error as OrderStoreError {
             throw error
@@ -158,7 +156,7 @@ extension OrderStore {
     {
         do {
             return try await database.write { db throws -> Grant in
-                guard let row = try Row.fetchOne(db, sql: "SELECT * FROM grants WHERE transactionId = ?", arguments: [transactionId])
+                guard let row = try db.row(sql: "SELECT * FROM grants WHERE transactionId = ?", arguments: [transactionId])
                 else { throw OrderStoreError(.notFound, "no grant for \(transactionId)") }
                 guard (row["state"] as String) == "active" else {
                     throw OrderStoreError(.conflict, "the grant for \(transactionId) is revoked already")
@@ -167,7 +165,7 @@ extension OrderStore {
                     row, actor: Self.reservedActors.contains(actor) ? "admin:\(actor)" : actor, reason: reason,
                     eventId: "grant.revoked:\(transactionId):admin:\(UUID().uuidString.lowercased())", policy: policy, now: now,
                     in: db)
-                return try Grant(row: Row.fetchOne(db, sql: "SELECT * FROM grants WHERE transactionId = ?", arguments: [transactionId])!)
+                return try Grant(row: db.row(sql: "SELECT * FROM grants WHERE transactionId = ?", arguments: [transactionId])!)
             }
         } catch let error as OrderStoreError {
             throw error
@@ -198,7 +196,7 @@ extension OrderStore {
     /// The newest audit entries first.
     public func auditLog(limit: Int) async throws -> [AuditEntry] {
         try await database.read { db in
-            try Row.fetchAll(db, sql: "SELECT * FROM audit_log ORDER BY id DESC LIMIT ?", arguments: [limit]).map {
+            try db.rows(sql: "SELECT * FROM audit_log ORDER BY id DESC LIMIT ?", arguments: [limit]).map {
                 AuditEntry(
                     at: $0["at"], actor: $0["actor"], action: $0["action"], subject: $0["subject"], reason: $0["reason"],
                     details: $0["details"])
@@ -214,7 +212,7 @@ extension OrderStore {
     /// Revokes an active grant (row of `grants`): its order becomes refunded, `grant.revoked`
     /// is published, and the audit log says who and why.
     static func revokeGrant(
-        _ row: Row, actor: String, reason: String, eventId: String, policy: CreditPolicy, now: Date, in db: Database,
+        _ row: SQLRow, actor: String, reason: String, eventId: String, policy: CreditPolicy, now: Date, in db: any SQLConnection,
         audited: Bool = true
     ) throws {
         let transactionId: String = row["transactionId"]

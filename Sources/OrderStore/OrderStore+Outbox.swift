@@ -1,5 +1,4 @@
 import Foundation
-import GRDB
 
 /// A message to be published once the transaction that wrote it has committed.
 public struct OutboxMessage: Sendable, Equatable {
@@ -39,9 +38,7 @@ extension OrderStore {
     /// The oldest unpublished messages, at most `limit`.
     public func unpublishedMessages(limit: Int) async throws -> [OutboxMessage] {
         try await database.read { db in
-            try Row.fetchAll(
-                db,
-                sql: """
+            try db.rows(sql: """
                     SELECT id, exchange, routingKey, body, messageId, priority, mandatory, attempts FROM outbox
                     ORDER BY id LIMIT ?
                     """,
@@ -63,8 +60,8 @@ extension OrderStore {
         guard !ids.isEmpty else { return }
         try await database.write { db in
             try db.execute(
-                sql: "DELETE FROM outbox WHERE id IN (\(databaseQuestionMarks(count: ids.count)))",
-                arguments: StatementArguments(ids))
+                sql: "DELETE FROM outbox WHERE id IN (\(sqlMarks(ids.count)))",
+                arguments: SQLArguments(ids))
         }
     }
 
@@ -81,7 +78,7 @@ extension OrderStore {
         try await database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM outbox") ?? 0 }
     }
 
-    static func insert(_ message: OutboxMessage, now: Date, in db: Database) throws {
+    static func insert(_ message: OutboxMessage, now: Date, in db: any SQLConnection) throws {
         try db.executeCached(
             sql: """
                 INSERT INTO outbox (exchange, routingKey, body, messageId, priority, mandatory, createdAt)

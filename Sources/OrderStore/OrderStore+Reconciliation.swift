@@ -1,5 +1,4 @@
 import Foundation
-import GRDB
 import IAPCore
 
 /// A subscription the reconciliation asks Apple about: due to renew, or in billing retry or
@@ -55,9 +54,7 @@ extension OrderStore {
     /// ended already), and those in billing retry or a grace period; soonest expiry first.
     public func subscriptionsDue(before horizon: Date) async throws -> [DueSubscription] {
         try await database.read { db in
-            try Row.fetchAll(
-                db,
-                sql: """
+            try db.rows(sql: """
                     SELECT * FROM subscription
                     WHERE (state = 'active' AND expiresDate < ?) OR state IN ('billing_retry', 'grace_period')
                     ORDER BY expiresDate, originalTransactionId
@@ -92,7 +89,7 @@ extension OrderStore {
                 return nil
             }
             let subscriptionSQL = "SELECT state, expiresDate, lastTransactionId, userId FROM subscription WHERE originalTransactionId = ?"
-            let before = try Row.fetchOne(db, sql: subscriptionSQL, arguments: [purchase.originalTransactionId])
+            let before = try db.row(sql: subscriptionSQL, arguments: [purchase.originalTransactionId])
             let submissionId = UUID().uuidString
             try db.execute(
                 sql: """
@@ -111,7 +108,7 @@ extension OrderStore {
                 try String.fetchOne(
                     db, sql: "SELECT outcome FROM notification WHERE notificationUUID = ?", arguments: [notification.notificationUUID])
                 ?? ""
-            let after = try Row.fetchOne(db, sql: subscriptionSQL, arguments: [purchase.originalTransactionId])
+            let after = try db.row(sql: subscriptionSQL, arguments: [purchase.originalTransactionId])
             let subscriptionChanged =
                 before?["state"] as String? != after?["state"] as String?
                 || before?["expiresDate"] as Date? != after?["expiresDate"] as Date?
@@ -154,7 +151,8 @@ extension OrderStore {
             try db.execute(
                 sql: """
                     INSERT INTO reconciliation_run (task, lastRunAt) VALUES (?, ?)
-                    ON CONFLICT (task) DO UPDATE SET lastRunAt = max(lastRunAt, excluded.lastRunAt)
+                    ON CONFLICT (task) DO UPDATE SET lastRunAt = CASE WHEN excluded.lastRunAt > reconciliation_run.lastRunAt
+                        THEN excluded.lastRunAt ELSE reconciliation_run.lastRunAt END
                     """,
                 arguments: [task.rawValue, date])
         }

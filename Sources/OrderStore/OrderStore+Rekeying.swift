@@ -1,5 +1,4 @@
 import Foundation
-import GRDB
 import IAPCore
 
 extension OrderStore {
@@ -11,12 +10,10 @@ extension OrderStore {
         guard let catalog = policy.catalog else { return 0 }
         let task = "rekey:" + catalog.products.map { "\($0.productId)=\($0.type.rawValue)" }.sorted().joined(separator: ",")
         return try await database.write { db in
-            guard try Row.fetchOne(db, sql: "SELECT 1 FROM reconciliation_run WHERE task = ?", arguments: [task]) == nil
+            guard try db.row(sql: "SELECT 1 FROM reconciliation_run WHERE task = ?", arguments: [task]) == nil
             else { return 0 }
             var rekeyed = 0
-            let rows = try Row.fetchAll(
-                db,
-                sql: """
+            let rows = try db.rows(sql: """
                     SELECT g.id, g.transactionId, g.userId, g.productId, g.state, g.originalTransactionId,
                         p.webOrderLineItemId
                     FROM grants g LEFT JOIN purchase p ON p.transactionId = g.transactionId

@@ -1,5 +1,4 @@
 import Foundation
-import GRDB
 
 extension OrderStore {
     /// Rejected submissions deleted per transaction: a large purge takes the writer in short turns.
@@ -26,10 +25,10 @@ extension OrderStore {
                         """,
                     arguments: [cutoff, Self.retentionBatchSize])
                 guard !ids.isEmpty else { return 0 }
-                let list = ids.map { _ in "?" }.joined(separator: ",")
+                let list = sqlMarks(ids.count)
                 try db.execute(
-                    sql: "DELETE FROM submission_transaction WHERE submissionId IN (\(list))", arguments: StatementArguments(ids))
-                try db.execute(sql: "DELETE FROM submission WHERE id IN (\(list))", arguments: StatementArguments(ids))
+                    sql: "DELETE FROM submission_transaction WHERE submissionId IN (\(list))", arguments: SQLArguments(ids))
+                try db.execute(sql: "DELETE FROM submission WHERE id IN (\(list))", arguments: SQLArguments(ids))
                 return db.changesCount
             }
             purged += deleted

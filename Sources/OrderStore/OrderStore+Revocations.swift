@@ -1,5 +1,4 @@
 import Foundation
-import GRDB
 import IAPCore
 
 extension OrderStore {
@@ -8,7 +7,7 @@ extension OrderStore {
     /// when a reversal later than `at` lifted it already (an answer Apple signed before the
     /// reversal arrived after it).
     static func recordRevocation(
-        key: String, transactionId: String, source: String, at revokedAt: Date, now: Date, in db: Database
+        key: String, transactionId: String, source: String, at revokedAt: Date, now: Date, in db: any SQLConnection
     ) throws -> Bool {
         if let row = try db.cachedRow(sql: "SELECT revokedAt, reversedAt FROM revocation WHERE creditKey = ?", arguments: [key]) {
             if let reversed: Date = row["reversedAt"] {
@@ -34,12 +33,12 @@ extension OrderStore {
     }
 
     /// Whether Apple's revocation of `key` stands (recorded and not reversed).
-    static func revocationStands(key: String, in db: Database) throws -> Bool {
+    static func revocationStands(key: String, in db: any SQLConnection) throws -> Bool {
         try db.cachedRow(sql: "SELECT 1 FROM revocation WHERE creditKey = ? AND reversedAt IS NULL", arguments: [key]) != nil
     }
 
     /// Lifts Apple's revocation of `key` (REFUND_REVERSED); false when none stood.
-    static func liftRevocation(key: String, at reversedAt: Date, now: Date, in db: Database) throws -> Bool {
+    static func liftRevocation(key: String, at reversedAt: Date, now: Date, in db: any SQLConnection) throws -> Bool {
         try db.executeCached(
             sql: "UPDATE revocation SET reversedAt = ?, updatedAt = ? WHERE creditKey = ? AND reversedAt IS NULL",
             arguments: [max(reversedAt, now), now, key])
@@ -50,7 +49,7 @@ extension OrderStore {
     /// says whether there was one.
     @discardableResult
     static func revokeActiveGrant(
-        key: String, reason: String, tag: String, policy: CreditPolicy, now: Date, in db: Database
+        key: String, reason: String, tag: String, policy: CreditPolicy, now: Date, in db: any SQLConnection
     ) throws -> Bool {
         guard let row = try db.cachedRow(sql: "SELECT * FROM grants WHERE creditKey = ? AND state = 'active'", arguments: [key])
         else { return false }
@@ -62,7 +61,7 @@ extension OrderStore {
 
     /// An upload that a standing revocation stopped: kept (held as `revoked`) so that Apple's
     /// reversal of the refund credits its uploader.
-    static func recordBlocked(_ purchase: VerifiedPurchase, key: String, upload: Upload, now: Date, in db: Database) throws {
+    static func recordBlocked(_ purchase: VerifiedPurchase, key: String, upload: Upload, now: Date, in db: any SQLConnection) throws {
         // Whose it is, as crediting would say: the user whose order Apple's token names, else the uploader.
         let owner =
             try purchase.appAccountToken.flatMap {
@@ -84,7 +83,7 @@ extension OrderStore {
 
     /// Records an auto-renewable subscription credited through any route: its owner (the
     /// first one credited), product, expiry and state, unless a newer state is recorded.
-    static func recordSubscription(of purchase: VerifiedPurchase, owner: String, now: Date, in db: Database) throws {
+    static func recordSubscription(of purchase: VerifiedPurchase, owner: String, now: Date, in db: any SQLConnection) throws {
         let stateDate = purchase.signedDate ?? purchase.purchaseDate ?? now
         let state = (purchase.expiresDate ?? .distantFuture) > now ? "active" : "expired"
         try db.executeCached(
@@ -94,15 +93,17 @@ extension OrderStore {
                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
                 ON CONFLICT (originalTransactionId) DO UPDATE SET
                     userId = coalesce(subscription.userId, excluded.userId),
-                    productId = CASE WHEN excluded.stateDate >= coalesce(subscription.stateDate, 0)
+                    productId = CASE WHEN excluded.stateDate >= coalesce(subscription.stateDate, '')
                         THEN excluded.productId ELSE subscription.productId END,
-                    state = CASE WHEN excluded.stateDate >= coalesce(subscription.stateDate, 0)
+                    state = CASE WHEN excluded.stateDate >= coalesce(subscription.stateDate, '')
                         THEN excluded.state ELSE subscription.state END,
-                    expiresDate = CASE WHEN excluded.stateDate >= coalesce(subscription.stateDate, 0)
+                    expiresDate = CASE WHEN excluded.stateDate >= coalesce(subscription.stateDate, '')
                         THEN coalesce(excluded.expiresDate, subscription.expiresDate) ELSE subscription.expiresDate END,
-                    lastTransactionId = CASE WHEN excluded.stateDate >= coalesce(subscription.stateDate, 0)
+                    lastTransactionId = CASE WHEN excluded.stateDate >= coalesce(subscription.stateDate, '')
                         THEN excluded.lastTransactionId ELSE subscription.lastTransactionId END,
-                    stateDate = max(coalesce(subscription.stateDate, 0), excluded.stateDate),
+                    stateDate = CASE WHEN excluded.stateDate IS NULL THEN NULL
+                        WHEN excluded.stateDate >= coalesce(subscription.stateDate, '') THEN excluded.stateDate
+                        ELSE subscription.stateDate END,
                     updatedAt = excluded.updatedAt
                 """,
             arguments: [

@@ -2,7 +2,7 @@ import GRDB
 
 extension OrderStore {
     /// Frozen history of the schema: add migrations, never edit one that shipped.
-    static var migrator: DatabaseMigrator {
+    static var sqliteMigrator: DatabaseMigrator {
         var migrator = DatabaseMigrator()
         migrator.registerMigration("v1: submissions, purchases, grants, orders, outbox") { db in
             try db.execute(

@@ -1,5 +1,4 @@
 import Foundation
-import GRDB
 import IAPCore
 
 /// What the status endpoint tells the app about one upload.
@@ -82,7 +81,7 @@ extension OrderStore {
         try await groupCommit.write { db in
             do {
                 try Self.insertSubmission(request, in: db)
-            } catch let error as DatabaseError where error.extendedResultCode == .SQLITE_CONSTRAINT_PRIMARYKEY {
+            } catch let error as SQLError where error.kind == .uniqueViolation {
                 throw OrderStoreError(.duplicateSubmission, "submission \(request.submissionId) exists already")
             }
             if let message { try Self.insert(message, now: request.acceptedAt, in: db) }
@@ -90,7 +89,7 @@ extension OrderStore {
     }
 
     /// Writes an accepted upload as a `pending` submission.
-    static func insertSubmission(_ request: VerifyRequest, in db: Database) throws {
+    static func insertSubmission(_ request: VerifyRequest, in db: any SQLConnection) throws {
         try db.executeCached(
             sql: """
                 INSERT INTO submission (id, userId, orderId, transactionId, receiptData, signedTransaction,
@@ -111,9 +110,7 @@ extension OrderStore {
                 let row = try db.cachedRow(
                     sql: "SELECT * FROM submission WHERE id = ?", arguments: [id.uuidString])
             else { return nil }
-            let transactions = try Row.fetchAll(
-                db,
-                sql: "SELECT * FROM submission_transaction WHERE submissionId = ? ORDER BY rowid",
+            let transactions = try db.rows(sql: "SELECT * FROM submission_transaction WHERE submissionId = ? ORDER BY rowid",
                 arguments: [id.uuidString]
             ).map { transaction in
                 var current = SubmissionStatus.Transaction(
@@ -148,7 +145,7 @@ extension OrderStore {
     /// What happened to a transaction since its upload was answered: granted by customer
     /// service or by a reversed refund (`credited`), or revoked since (`revoked`).
     private static func followLaterEvents(
-        _ transaction: inout SubmissionStatus.Transaction, key: String?, userId: String, in db: Database
+        _ transaction: inout SubmissionStatus.Transaction, key: String?, userId: String, in db: any SQLConnection
     ) throws {
         guard let key,
             let grant = try db.cachedRow(
@@ -213,7 +210,7 @@ extension OrderStore {
     }
 
     private static func apply(
-        _ result: VerifyResult, policy: CreditPolicy, now: Date, counts: inout Applied, in db: Database
+        _ result: VerifyResult, policy: CreditPolicy, now: Date, counts: inout Applied, in db: any SQLConnection
     ) throws -> SubmissionState {
         do {
             guard
@@ -336,7 +333,7 @@ extension OrderStore {
 
     private static func finish(
         _ id: String, state: SubmissionState, reason: ReasonCode?, message: String?, attempt: Int,
-        environment: AppStoreEnvironment?, now: Date, in db: Database
+        environment: AppStoreEnvironment?, now: Date, in db: any SQLConnection
     ) throws {
         try db.executeCached(
             sql: """

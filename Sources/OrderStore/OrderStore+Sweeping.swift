@@ -1,5 +1,4 @@
 import Foundation
-import GRDB
 import IAPCore
 
 extension OrderStore {
@@ -12,9 +11,7 @@ extension OrderStore {
         message: @escaping @Sendable (VerifyRequest) throws -> OutboxMessage
     ) async throws -> [VerifyRequest] {
         try await database.write { db in
-            let rows = try Row.fetchAll(
-                db,
-                sql: """
+            let rows = try db.rows(sql: """
                     SELECT id, userId, orderId, transactionId, receiptData, signedTransaction, signedPayload, attempts, acceptedAt
                     FROM submission
                     WHERE ((state = 'pending' AND updatedAt < ?) OR (state = 'retrying' AND nextAttemptAt < ?))
@@ -55,7 +52,7 @@ extension OrderStore {
 
 extension OrderStore {
     /// The verify request for the next attempt at a stored submission (a row of `submission`).
-    static func nextAttempt(of row: Row, id: SubmissionID) -> VerifyRequest {
+    static func nextAttempt(of row: SQLRow, id: SubmissionID) -> VerifyRequest {
         var request = VerifyRequest(
             submissionId: id, userId: row["userId"], receiptData: row["receiptData"],
             transactionId: row["transactionId"], orderId: row["orderId"],

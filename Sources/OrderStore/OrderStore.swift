@@ -1,59 +1,93 @@
 import Foundation
-import GRDB
 import IAPCore
 
-/// The order store: submissions, purchases, grants, orders and the outbox, in one SQLite file.
+/// Where the order store lives: one SQLite file (the embedded default) or a PostgreSQL
+/// database shared by several order services.
+public enum StoreLocation: Sendable, Equatable, CustomStringConvertible {
+    case sqlite(path: String)
+    case postgres(PostgresLocation)
+
+    /// `IAP_DATABASE_URL` when given (PostgreSQL), else the SQLite file at `path`.
+    public static func from(url: String?, passwordFile: String? = nil, path: String) throws(OrderStoreError) -> StoreLocation {
+        guard let url, !url.isEmpty else { return .sqlite(path: path) }
+        return .postgres(try PostgresLocation(url: url, passwordFile: passwordFile))
+    }
+
+    public var description: String {
+        switch self {
+        case .sqlite(let path): "sqlite:\(path)"
+        case .postgres(let location): location.description
+        }
+    }
+}
+
+/// The order store: submissions, purchases, grants, orders and the outbox, in one SQLite file
+/// or in PostgreSQL. One set of operations runs on both.
 ///
 /// Every write method is one all-or-nothing unit, durable when it returns: its own
 /// transaction, or, for the hot paths (accepting an upload, applying a result), its own
 /// savepoint in a group commit shared with the writes that arrived meanwhile. The schema
-/// itself enforces the invariants (a purchase row per Apple transaction id, a grant per purchase).
+/// itself enforces the invariants (a purchase row per Apple transaction id, a grant per
+/// credit key), so that several order services on one PostgreSQL cannot credit twice either.
 public final class OrderStore: Sendable {
-    let database: DatabasePool
+    let database: any SQLDatabase
     /// Where uploads and results are written: each in its own savepoint of a shared commit.
     let groupCommit: GroupCommit
+    /// Where this store lives.
+    public let location: StoreLocation
 
-    /// Opens (creating if needed) the store at `path` and migrates it to the current schema.
+    /// Opens (creating if needed) the SQLite store at `path` and migrates it.
     /// `statementObserver`, for tests, hears the SQL text of every statement the store runs.
-    public init(path: String, statementObserver: (@Sendable (String) -> Void)? = nil) throws(OrderStoreError) {
-        var configuration = Configuration()
-        configuration.busyMode = .timeout(10)
-        configuration.foreignKeysEnabled = true
-        // An answered commit must survive a power cut, not only a crash: in WAL mode NORMAL
-        // (what the pool sets up) may lose the last commits; FULL syncs the log on every commit.
-        configuration.prepareDatabase { db in
-            try db.execute(sql: "PRAGMA synchronous = FULL")
-            if let statementObserver {
-                db.trace(options: .statement) { event in
-                    if case .statement(let statement) = event { statementObserver(statement.sql) }
-                }
-            }
-        }
-        do {
-            let directory = URL(fileURLWithPath: path).deletingLastPathComponent()
-            try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-            // Receipts and user ids live here: readable by the service's user only.
-            if !FileManager.default.fileExists(atPath: path),
-                !FileManager.default.createFile(atPath: path, contents: nil, attributes: [.posixPermissions: 0o600])
-            {
-                throw OrderStoreError(.unavailable, "cannot create \(path)")
-            }
-            // SQLite creates its -wal and -shm files with the database file's mode.
-            database = try DatabasePool(path: path, configuration: configuration)
-            // The pool sets NORMAL on its writer while it sets WAL up, after `prepareDatabase`.
-            try database.writeWithoutTransaction { db in try db.execute(sql: "PRAGMA synchronous = FULL") }
-            try Self.migrator.migrate(database)
-            groupCommit = GroupCommit(database: database)
-        } catch {
-            throw OrderStoreError(.unavailable, "cannot open the order store at \(path): \(error)")
-        }
+    public convenience init(path: String, statementObserver: (@Sendable (String) -> Void)? = nil) throws(OrderStoreError) {
+        try self.init(location: .sqlite(path: path), statementObserver: statementObserver)
     }
 
-    /// How the writer's connection syncs commits (`PRAGMA synchronous`: 2 is FULL) and its
-    /// journal mode: what "an answered commit is on disk" rests on.
-    public func durability() async throws -> (synchronous: Int, journalMode: String) {
+    /// Opens the store at `location` and migrates it to the current schema (on PostgreSQL
+    /// under an advisory lock: the first service to start migrates, the others wait).
+    /// `statementObserver` (SQLite only) hears the SQL text of every statement the store runs.
+    public init(location: StoreLocation, statementObserver: (@Sendable (String) -> Void)? = nil) throws(OrderStoreError) {
+        self.location = location
+        do {
+            switch location {
+            case .sqlite(let path):
+                database = try SQLiteDatabase(path: path, statementObserver: statementObserver)
+            case .postgres(let postgres):
+                database = try PostgresDatabase(location: postgres)
+            }
+        } catch let error as OrderStoreError {
+            throw error
+        } catch {
+            throw OrderStoreError(.unavailable, "cannot open the order store at \(location): \(error)")
+        }
+        groupCommit = GroupCommit(database: database)
+    }
+
+    /// Which backend runs this store.
+    public var dialect: SQLDialect { database.dialect }
+
+    /// Closes the store's connections (PostgreSQL); the store is not used afterwards.
+    public func close() async {
+        await database.close()
+    }
+
+    /// The settings an answered commit's durability rests on: on SQLite the writer's
+    /// `synchronous` (2 is FULL) and `journal_mode`; on PostgreSQL `fsync`,
+    /// `synchronous_commit` and `full_page_writes`.
+    public func durability() async throws -> [String: String] {
         try await database.write { db in
-            (try Int.fetchOne(db, sql: "PRAGMA synchronous") ?? -1, try String.fetchOne(db, sql: "PRAGMA journal_mode") ?? "")
+            switch db.dialect {
+            case .sqlite:
+                [
+                    "synchronous": String(try Int.fetchOne(db, sql: "PRAGMA synchronous") ?? -1),
+                    "journal_mode": try String.fetchOne(db, sql: "PRAGMA journal_mode") ?? "",
+                ]
+            case .postgres:
+                [
+                    "fsync": try String.fetchOne(db, sql: "SHOW fsync") ?? "",
+                    "synchronous_commit": try String.fetchOne(db, sql: "SHOW synchronous_commit") ?? "",
+                    "full_page_writes": try String.fetchOne(db, sql: "SHOW full_page_writes") ?? "",
+                ]
+            }
         }
     }
 
@@ -96,18 +130,4 @@ public struct OrderStoreError: Error, Sendable, CustomStringConvertible {
     }
 
     public var description: String { "OrderStoreError(\(code.rawValue)): \(message)" }
-}
-
-extension Database {
-    /// Runs one statement, compiled once per connection and kept: the hot paths (accepting an
-    /// upload, crediting) would otherwise spend more time preparing SQL than running it.
-    /// Only for fixed SQL text; each distinct text stays in the cache.
-    func executeCached(sql: String, arguments: StatementArguments = []) throws {
-        try cachedStatement(sql: sql).execute(arguments: arguments)
-    }
-
-    /// The first row of a fixed query, compiled once per connection (see `executeCached`).
-    func cachedRow(sql: String, arguments: StatementArguments = []) throws -> Row? {
-        try Row.fetchOne(cachedStatement(sql: sql), arguments: arguments)
-    }
 }

@@ -39,8 +39,12 @@ public struct PipelineSettings: Sendable {
     public var amqp: AMQPConfiguration
     /// Queue names.
     public var names: PipelineNames
-    /// The SQLite file of the order store (intake and finisher).
+    /// The SQLite file of the order store (intake and finisher), unless `postgres` is set.
     public var databasePath: String
+    /// The PostgreSQL order store, shared by several order services; nil uses `databasePath`.
+    public var postgres: PostgresLocation?
+    /// Where the order store lives.
+    public var storeLocation: StoreLocation { postgres.map { .postgres($0) } ?? .sqlite(path: databasePath) }
     /// The intake's HTTP settings.
     public var intake: IntakeSettings
     /// The verifier's consumption and retry settings.
@@ -162,7 +166,7 @@ public struct Pipeline: Sendable {
         if let connection { first.append(connection) }
 
         let needsStore = !roles.isDisjoint(with: [.intake, .finisher])
-        let store = needsStore ? try OrderStore(path: settings.databasePath) : nil
+        let store = needsStore ? try OrderStore(location: settings.storeLocation) : nil
 
         if roles.contains(.fakeAppStore) {
             first.append(

@@ -67,7 +67,7 @@ private func pipelineSettings(
     verifyReceipt: VerifyReceiptClient.Settings? = nil
 ) throws -> PipelineSettings {
     let names = try broker.names()
-    return PipelineSettings(
+    var settings = PipelineSettings(
         amqp: try broker.configuration(),
         names: names,
         databasePath: store?.path(default: defaultDatabase) ?? defaultDatabase,
@@ -81,6 +81,8 @@ private func pipelineSettings(
             alerts: try alertSettings(),
             sandboxPolicy: try verifier?.sandboxPolicy() ?? VerifierOptions.sandboxPolicy(),
             restorePolicy: try VerifierOptions.restorePolicy()))
+    settings.postgres = try store?.postgres()
+    return settings
 }
 
 /// The catalog, the admin tokens (IAP_ADMIN_TOKEN or IAP_ADMIN_TOKEN_FILE; never a flag) and,

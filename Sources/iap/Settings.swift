@@ -8,6 +8,7 @@ import Intake
 import JWTKit
 import Logging
 import Messaging
+import OrderStore
 import Metrics
 import Prometheus
 import Pipeline
@@ -176,8 +177,31 @@ struct StoreOptions: ParsableArguments {
     @Option(name: .long, help: "SQLite file of the order store; created with mode 0600. (env IAP_DATABASE_PATH; default iap-orders.sqlite)")
     var databasePath: String?
 
+    @Option(name: .long, help: "PostgreSQL order store instead of the SQLite file: postgres://USER:PASSWORD@HOST:PORT/DB; several order services may share it. (env IAP_DATABASE_URL)")
+    var databaseURL: String?
+
+    @Option(name: .long, help: "File whose first line is the PostgreSQL password, when the URL leaves it out. (env IAP_DATABASE_PASSWORD_FILE)")
+    var databasePasswordFile: String?
+
     func path(default fallback: String = "iap-orders.sqlite") -> String {
         SettingReader().string(databasePath, "IAP_DATABASE_PATH", default: fallback)
+    }
+
+    /// IAP_DATABASE_URL parsed; nil when unset (the SQLite file is used).
+    func postgres() throws -> PostgresLocation? {
+        let reader = SettingReader()
+        guard let url = reader.optionalString(databaseURL, "IAP_DATABASE_URL"), !url.isEmpty else { return nil }
+        do {
+            return try PostgresLocation(
+                url: url, passwordFile: reader.optionalString(databasePasswordFile, "IAP_DATABASE_PASSWORD_FILE"))
+        } catch {
+            throw ValidationError("IAP_DATABASE_URL: \(error.message)")
+        }
+    }
+
+    /// Where the order store lives: PostgreSQL when IAP_DATABASE_URL is set, else the SQLite file.
+    func location(default fallback: String = "iap-orders.sqlite") throws -> StoreLocation {
+        try postgres().map { .postgres($0) } ?? .sqlite(path: path(default: fallback))
     }
 }
 

@@ -1,5 +1,4 @@
 import Foundation
-import GRDB
 import IAPCore
 @testable import OrderStore
 import Testing
@@ -11,7 +10,7 @@ struct GroupCommitTests {
     func makeStore() throws -> (OrderStore, String) {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-group-\(UUID().uuidString)")
         let path = folder.appendingPathComponent("orders.sqlite").path
-        return (try OrderStore(path: path), path)
+        return (try TestStore.open(in: folder), path)
     }
 
     func request(_ id: UUID = UUID()) -> VerifyRequest {
@@ -50,11 +49,10 @@ struct GroupCommitTests {
         #expect(batches >= 1 && batches < 200, "400 uploads took \(batches) commits")
 
         // Read back through a connection of its own: what the callers heard is what is on disk.
-        let reader = try DatabaseQueue(path: path)
-        let stored = try await reader.read { db in
-            (try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM submission") ?? 0,
-                try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM outbox") ?? 0)
-        }
+        let reopened = try TestStore.open(in: URL(fileURLWithPath: path).deletingLastPathComponent())
+        let stored: (Int?, Int?) = (
+            try await reopened.testValue("SELECT COUNT(*) FROM submission"), try await reopened.testValue("SELECT COUNT(*) FROM outbox")
+        )
         #expect(stored.0 == 40 + 360 && stored.1 == 360)
     }
 
@@ -62,12 +60,31 @@ struct GroupCommitTests {
     /// not on disk. (A deferred foreign key makes the shared COMMIT itself fail.)
     @Test func failedCommitFailsEveryWriteOfTheBatchAndStoresNone() async throws {
         let (store, _) = try makeStore()
+        if store.dialect == .postgres {
+            // PostgreSQL's foreign keys here are not deferrable: a deferred constraint trigger
+            // that refuses every row of a table of the test's own fails the COMMIT instead.
+            _ = try await store.testRows("CREATE TABLE fails_at_commit (x BIGINT)")
+            _ = try await store.testRows(
+                """
+                CREATE FUNCTION refuse_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+                    BEGIN RAISE EXCEPTION 'refused at commit'; END; $$
+                """)
+            _ = try await store.testRows(
+                """
+                CREATE CONSTRAINT TRIGGER refuse AFTER INSERT ON fails_at_commit DEFERRABLE INITIALLY DEFERRED
+                    FOR EACH ROW EXECUTE FUNCTION refuse_at_commit()
+                """)
+        }
         // Holds the writer, so that the next two writes wait and share the following commit.
         let writer = try await HeldWriter(store.groupCommit)
         let good = request()
         async let first: Void = store.accept(good, message: nil)
         try await writer.waitUntilQueued(1)
         async let second: Void = store.groupCommit.write { db in
+            if db.dialect == .postgres {
+                try db.execute(sql: "INSERT INTO fails_at_commit (x) VALUES (1)")
+                return
+            }
             try db.execute(sql: "PRAGMA defer_foreign_keys = ON")
             try db.execute(
                 sql: """

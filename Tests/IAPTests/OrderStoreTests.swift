@@ -1,14 +1,13 @@
 import Foundation
-import GRDB
 import IAPCore
-import OrderStore
+@testable import OrderStore
 import Testing
 
 @Suite("Order store invariants")
 struct OrderStoreTests {
     func makeStore() throws -> OrderStore {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-store-\(UUID().uuidString)")
-        return try OrderStore(path: folder.appendingPathComponent("orders.sqlite").path)
+        return try TestStore.open(in: folder)
     }
 
     func accept(_ store: OrderStore, user: String) async throws -> VerifyRequest {
@@ -83,14 +82,12 @@ struct OrderStoreTests {
 
     @Test func theSchemaRefusesASecondPurchaseRowForOneTransaction() async throws {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-store-\(UUID().uuidString)")
-        let path = folder.appendingPathComponent("orders.sqlite").path
-        let store = try OrderStore(path: path)
+        let store = try TestStore.open(in: folder)
         let request = try await accept(store, user: "u1")
         #expect(try await store.apply(verified(request, transactions: ["t1"])) == .credited)
         // Even a writer that skipped the store's checks cannot credit the transaction again.
-        let database = try DatabaseQueue(path: path)
-        #expect(throws: DatabaseError.self) {
-            try database.write { db in
+        await #expect(throws: SQLError.self) {
+            try await store.database.write { db in
                 try db.execute(
                     sql: """
                         INSERT INTO purchase (transactionId, originalTransactionId, productId, quantity, environment,
@@ -100,7 +97,7 @@ struct OrderStoreTests {
             }
         }
         // The same rows for a fresh transaction id go in: only the uniqueness refuses the ones above.
-        try await database.write { db in
+        try await store.database.write { db in
             try db.execute(
                 sql: """
                     INSERT INTO purchase (transactionId, originalTransactionId, productId, quantity, environment,
@@ -114,8 +111,8 @@ struct OrderStoreTests {
                     VALUES ('t9', 'u2', 'p', 1, '{}', 'Production', 'apple', 'active', CURRENT_TIMESTAMP)
                     """)
         }
-        #expect(throws: DatabaseError.self) {
-            try database.write { db in
+        await #expect(throws: SQLError.self) {
+            try await store.database.write { db in
                 try db.execute(
                     sql: """
                         INSERT INTO grants (transactionId, userId, productId, quantity, grantJSON, environment, source,
@@ -128,22 +125,21 @@ struct OrderStoreTests {
 
     @Test func theAuditLogIsAppendOnly() async throws {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-store-\(UUID().uuidString)")
-        let path = folder.appendingPathComponent("orders.sqlite").path
-        let store = try OrderStore(path: path)
+        let store = try TestStore.open(in: folder)
         let request = try await accept(store, user: "u1")
         try await store.markFinishable(request.submissionId, actor: "ann", reason: "settled")
         #expect(try await store.auditLog(limit: 10).map(\.action) == ["submission_finishable"])
-        let database = try DatabaseQueue(path: path)
-        #expect(throws: DatabaseError.self) {
-            try database.write { db in try db.execute(sql: "UPDATE audit_log SET reason = 'nothing happened'") }
+        await #expect(throws: SQLError.self) {
+            try await store.database.write { db in try db.execute(sql: "UPDATE audit_log SET reason = 'nothing happened'") }
         }
-        #expect(throws: DatabaseError.self) {
-            try database.write { db in try db.execute(sql: "DELETE FROM audit_log") }
+        await #expect(throws: SQLError.self) {
+            try await store.database.write { db in try db.execute(sql: "DELETE FROM audit_log") }
         }
         #expect(try await store.auditLog(limit: 10).first?.reason == "settled")
     }
 
-    @Test func theFileAndItsLogAreReadableByTheirOwnerOnly() async throws {
+    /// SQLite only: on PostgreSQL the server's roles and passwords guard the data.
+    @Test(.enabled(if: !TestStore.usesPostgres)) func theFileAndItsLogAreReadableByTheirOwnerOnly() async throws {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-store-\(UUID().uuidString)")
         let path = folder.appendingPathComponent("orders.sqlite").path
         let store = try OrderStore(path: path)

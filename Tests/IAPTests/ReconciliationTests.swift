@@ -168,8 +168,8 @@ struct ReconciliationNotificationTests {
     }
 
     @Test func aSubscriptionInBillingRetryIsCorrectedOnceAndAudited() async throws {
-        let path = FileManager.default.temporaryDirectory.appendingPathComponent("iap-reconcile-\(UUID().uuidString).sqlite").path
-        let store = try OrderStore(path: path)
+        let store = try TestStore.open(
+            in: FileManager.default.temporaryDirectory.appendingPathComponent("iap-reconcile-\(UUID().uuidString)"))
         let policy = CreditPolicy(catalog: PipelineHarness.testCatalog)
         let now = Date()
         let bought = VerifiedPurchase(

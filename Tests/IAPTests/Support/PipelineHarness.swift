@@ -65,6 +65,7 @@ final class PipelineHarness: Sendable {
         let names = shared?.names ?? PipelineNames(prefix: TestBroker.uniquePrefix(name))
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-tests-\(UUID().uuidString)")
         let databasePath = shared?.databasePath ?? folder.appendingPathComponent("orders.sqlite").path
+        let location = try TestStore.location(in: URL(fileURLWithPath: databasePath).deletingLastPathComponent())
         var settings = PipelineSettings(
             amqp: try TestBroker.configuration(), names: names, databasePath: databasePath,
             intake: IntakeSettings(
@@ -79,6 +80,7 @@ final class PipelineHarness: Sendable {
                 names: names, alerts: alerts, catalog: testCatalog, sandboxPolicy: sandboxPolicy, restorePolicy: restorePolicy),
             fakeAppStoreHost: "127.0.0.1", fakeAppStorePort: 0,
             ops: withOps ? OpsSettings(host: "127.0.0.1", port: 0) : nil)
+        if case .postgres(let postgres) = location { settings.postgres = postgres }
         settings.console = ConsoleSettings(viewerTokens: [viewerToken], insecureCookies: true)
         settings.fakeAppStoreAPIKey = try FakeServerAPIKey(
             privateKeyPEM: ServerAPIKey.privateKey.pemRepresentation, keyId: ServerAPIKey.keyId, issuerId: ServerAPIKey.issuerId)
@@ -132,7 +134,7 @@ final class PipelineHarness: Sendable {
             let url = "http://127.0.0.1:\(ports.withLockedValue { $0[.intake] ?? 0 })/v1/notifications/appstore"
             _ = try await HTTP.post(fakeURL + "/fake/config", json: ["notificationURL": url])
         }
-        let store = try pipeline.store ?? OrderStore(path: databasePath)
+        let store = try pipeline.store ?? OrderStore(location: location)
         return PipelineHarness(
             names: names, databasePath: databasePath,
             intakeURL: "http://127.0.0.1:\(ports.withLockedValue { $0[.intake] ?? 0 })", fakeURL: fakeURL,

@@ -74,6 +74,10 @@ final class ProcessDrill: Sendable {
                 "IAP_RATE_LIMIT_PER_USER": "0",
             ]
         ) { $1 }
+        // The store the test asked for (a PostgreSQL database of this drill's own, or the file).
+        if let location = try? TestStore.location(in: folder) {
+            environment.merge(TestStore.environment(for: location)) { $1 }
+        }
         environment.merge(extraEnvironment) { $1 }
         return environment
     }
@@ -211,7 +215,7 @@ final class ProcessDrill: Sendable {
 
     /// Waits until every accepted submission is terminal (or the timeout passes) and reports.
     func settle(_ submissions: [String: String], timeout: Duration = .seconds(120)) async throws -> Outcome {
-        let store = try OrderStore(path: databasePath)
+        let store = try TestStore.open(in: folder)
         let ids = Set(submissions.values.compactMap(UUID.init(uuidString:)))
         _ = try await eventually(timeout: timeout, interval: .milliseconds(250)) {
             // Every accepted submission, the ones a phone sent again after a lost 202 included.
@@ -228,6 +232,7 @@ final class ProcessDrill: Sendable {
             grants += count
             if count > 1 { doubled += 1 }
         }
+        await store.close()
         return Outcome(accepted: ids.count, states: states, grants: grants, transactionsWithTwoGrants: doubled)
     }
 

@@ -1,0 +1,367 @@
+import Foundation
+
+/// A value as the order store writes and reads it: the same five kinds on SQLite and
+/// PostgreSQL, so that one set of store operations runs on either.
+public enum SQLValue: Sendable, Equatable {
+    case null
+    case integer(Int64)
+    case real(Double)
+    case text(String)
+    case blob(Data)
+}
+
+/// A Swift value the store binds as an argument and reads back from a column.
+public protocol SQLValueConvertible: Sendable {
+    /// The value to bind.
+    var sqlValue: SQLValue { get }
+    /// The Swift value of a column, or nil when the column holds something else.
+    static func fromSQL(_ value: SQLValue) -> Self?
+}
+
+extension String: SQLValueConvertible {
+    public var sqlValue: SQLValue { .text(self) }
+    public static func fromSQL(_ value: SQLValue) -> String? {
+        switch value {
+        case .text(let text): text
+        case .integer(let integer): String(integer)
+        case .real(let real): String(real)
+        case .blob(let data): String(decoding: data, as: UTF8.self)
+        case .null: nil
+        }
+    }
+}
+
+extension Int64: SQLValueConvertible {
+    public var sqlValue: SQLValue { .integer(self) }
+    public static func fromSQL(_ value: SQLValue) -> Int64? {
+        switch value {
+        case .integer(let integer): integer
+        case .real(let real): Int64(exactly: real.rounded(.towardZero))
+        // PostgreSQL answers SUM and AVG of integers as numeric, read as text.
+        case .text(let text): Int64(text) ?? Double(text).flatMap { Int64(exactly: $0.rounded(.towardZero)) }
+        case .blob, .null: nil
+        }
+    }
+}
+
+extension Int: SQLValueConvertible {
+    public var sqlValue: SQLValue { .integer(Int64(self)) }
+    public static func fromSQL(_ value: SQLValue) -> Int? { Int64.fromSQL(value).map { Int($0) } }
+}
+
+extension Double: SQLValueConvertible {
+    public var sqlValue: SQLValue { .real(self) }
+    public static func fromSQL(_ value: SQLValue) -> Double? {
+        switch value {
+        case .real(let real): real
+        case .integer(let integer): Double(integer)
+        case .text(let text): Double(text)
+        case .blob, .null: nil
+        }
+    }
+}
+
+extension Bool: SQLValueConvertible {
+    /// Booleans are integers 0 and 1 on both backends, as SQLite has always stored them.
+    public var sqlValue: SQLValue { .integer(self ? 1 : 0) }
+    public static func fromSQL(_ value: SQLValue) -> Bool? { Int64.fromSQL(value).map { $0 != 0 } }
+}
+
+extension Data: SQLValueConvertible {
+    public var sqlValue: SQLValue { .blob(self) }
+    public static func fromSQL(_ value: SQLValue) -> Data? {
+        switch value {
+        case .blob(let data): data
+        case .text(let text): Data(text.utf8)
+        case .integer, .real, .null: nil
+        }
+    }
+}
+
+extension Date: SQLValueConvertible {
+    /// Dates are text `yyyy-MM-dd HH:mm:ss.SSS` in UTC on both backends: the format SQLite
+    /// files of this store have always held, which sorts and compares as the dates do.
+    public var sqlValue: SQLValue { .text(SQLDate.format(self)) }
+    public static func fromSQL(_ value: SQLValue) -> Date? {
+        switch value {
+        case .text(let text): SQLDate.parse(text)
+        case .integer(let seconds): Date(timeIntervalSince1970: TimeInterval(seconds))
+        case .real(let seconds): Date(timeIntervalSince1970: seconds)
+        case .blob, .null: nil
+        }
+    }
+}
+
+/// The text form of dates in the store, written and read without a `DateFormatter` (the hot
+/// paths write several dates per purchase).
+enum SQLDate {
+    static func format(_ date: Date) -> String {
+        // Milliseconds, rounded down, as the store has always kept them.
+        let milliseconds = Int64((date.timeIntervalSince1970 * 1000).rounded(.down))
+        var days = milliseconds >= 0 ? milliseconds / 86_400_000 : (milliseconds - 86_399_999) / 86_400_000
+        let inDay = milliseconds - days * 86_400_000
+        // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+        days += 719_468
+        let era = (days >= 0 ? days : days - 146_096) / 146_097
+        let dayOfEra = days - era * 146_097
+        let yearOfEra = (dayOfEra - dayOfEra / 1460 + dayOfEra / 36524 - dayOfEra / 146_096) / 365
+        let dayOfYear = dayOfEra - (365 * yearOfEra + yearOfEra / 4 - yearOfEra / 100)
+        let monthIndex = (5 * dayOfYear + 2) / 153
+        let day = dayOfYear - (153 * monthIndex + 2) / 5 + 1
+        let month = monthIndex < 10 ? monthIndex + 3 : monthIndex - 9
+        let year = yearOfEra + era * 400 + (month <= 2 ? 1 : 0)
+        var text = ""
+        text.reserveCapacity(23)
+        func append(_ value: Int64, width: Int) {
+            let digits = String(value)
+            if digits.count < width { text += String(repeating: "0", count: width - digits.count) }
+            text += digits
+        }
+        append(year, width: 4)
+        text += "-"
+        append(month, width: 2)
+        text += "-"
+        append(day, width: 2)
+        text += " "
+        append(inDay / 3_600_000, width: 2)
+        text += ":"
+        append(inDay / 60_000 % 60, width: 2)
+        text += ":"
+        append(inDay / 1000 % 60, width: 2)
+        text += "."
+        append(inDay % 1000, width: 3)
+        return text
+    }
+
+    /// Reads `yyyy-MM-dd`, optionally followed by ` HH:mm`, `:ss`, `.SSS…` (a `T` also separates
+    /// date and time) and `Z`: UTC.
+    static func parse(_ text: String) -> Date? {
+        let bytes = Array(text.utf8)
+        var index = 0
+        func number(_ width: Int) -> Int64? {
+            guard index + width <= bytes.count else { return nil }
+            var value: Int64 = 0
+            for byte in bytes[index..<index + width] {
+                guard byte >= 48, byte <= 57 else { return nil }
+                value = value * 10 + Int64(byte - 48)
+            }
+            index += width
+            return value
+        }
+        func expect(_ byte: UInt8) -> Bool {
+            guard index < bytes.count, bytes[index] == byte else { return false }
+            index += 1
+            return true
+        }
+        guard let year = number(4), expect(45), let month = number(2), expect(45), let day = number(2),
+            (1...12).contains(month), (1...31).contains(day)
+        else { return nil }
+        var hour: Int64 = 0
+        var minute: Int64 = 0
+        var second: Int64 = 0
+        var fraction = 0.0
+        if index < bytes.count, bytes[index] == 32 || bytes[index] == 84 {
+            index += 1
+            guard let h = number(2), expect(58), let m = number(2) else { return nil }
+            hour = h
+            minute = m
+            if expect(58) {
+                guard let s = number(2) else { return nil }
+                second = s
+                if expect(46) {
+                    var scale = 0.1
+                    while index < bytes.count, bytes[index] >= 48, bytes[index] <= 57 {
+                        fraction += Double(bytes[index] - 48) * scale
+                        scale /= 10
+                        index += 1
+                    }
+                }
+            }
+        }
+        _ = expect(90)
+        guard index == bytes.count else { return nil }
+        // Days since 1970-01-01 from the civil date (the inverse of `format`).
+        let y = month <= 2 ? year - 1 : year
+        let era = (y >= 0 ? y : y - 399) / 400
+        let yearOfEra = y - era * 400
+        let dayOfYear = (153 * (month > 2 ? month - 3 : month + 9) + 2) / 5 + day - 1
+        let dayOfEra = yearOfEra * 365 + yearOfEra / 4 - yearOfEra / 100 + dayOfYear
+        let days = era * 146_097 + dayOfEra - 719_468
+        let seconds = days * 86_400 + hour * 3600 + minute * 60 + second
+        return Date(timeIntervalSince1970: TimeInterval(seconds) + fraction)
+    }
+}
+
+/// The arguments of one statement, in the order of its `?` marks.
+public struct SQLArguments: Sendable, ExpressibleByArrayLiteral {
+    public var values: [SQLValue]
+
+    public init(arrayLiteral elements: (any SQLValueConvertible)?...) {
+        values = elements.map { $0?.sqlValue ?? .null }
+    }
+
+    public init(_ elements: [some SQLValueConvertible]) {
+        values = elements.map(\.sqlValue)
+    }
+
+    public init(values: [SQLValue]) {
+        self.values = values
+    }
+}
+
+/// One row of a result, its columns found by name whatever their case (PostgreSQL folds
+/// unquoted names to lower case; SQLite keeps them as written).
+public struct SQLRow: Sendable {
+    public let columns: [String]
+    public let values: [SQLValue]
+
+    public init(columns: [String], values: [SQLValue]) {
+        self.columns = columns
+        self.values = values
+    }
+
+    func index(of column: String) -> Int? {
+        if let exact = columns.firstIndex(of: column) { return exact }
+        let folded = column.lowercased()
+        return columns.firstIndex { $0.lowercased() == folded }
+    }
+
+    /// The raw value of `column`, `.null` when there is no such column.
+    public func value(_ column: String) -> SQLValue {
+        index(of: column).map { values[$0] } ?? .null
+    }
+
+    /// The value of `column`; stops the program when it is missing, NULL or of another kind, as
+    /// reading a NOT NULL column the schema guarantees should never fail.
+    public subscript<T: SQLValueConvertible>(_ column: String) -> T {
+        guard let index = index(of: column) else { fatalError("no column \(column) in \(columns)") }
+        guard let value = T.fromSQL(values[index]) else {
+            fatalError("column \(column) holds \(values[index]), not \(T.self)")
+        }
+        return value
+    }
+
+    /// The value of `column`, nil when NULL or missing.
+    public subscript<T: SQLValueConvertible>(_ column: String) -> T? {
+        guard let index = index(of: column) else { return nil }
+        return T.fromSQL(values[index])
+    }
+
+    /// The value of the column at `position`.
+    public subscript<T: SQLValueConvertible>(_ position: Int) -> T {
+        guard let value = T.fromSQL(values[position]) else {
+            fatalError("column \(position) holds \(values[position]), not \(T.self)")
+        }
+        return value
+    }
+
+    /// Whether `column` is in the row and not NULL.
+    public func hasValue(_ column: String) -> Bool {
+        if case .null = value(column) { return false }
+        return index(of: column) != nil
+    }
+}
+
+/// Which SQL the connection speaks, where the two differ.
+public enum SQLDialect: String, Sendable {
+    case sqlite
+    case postgres
+}
+
+/// One connection inside one transaction: what every store operation is written against.
+///
+/// Statements use `?` marks; the PostgreSQL connection numbers them. Both backends accept the
+/// SQL the store writes (`INSERT … ON CONFLICT`, `RETURNING`, `excluded.`); where they differ
+/// the store asks `dialect`.
+public protocol SQLConnection: AnyObject {
+    var dialect: SQLDialect { get }
+    /// Runs one statement and returns how many rows it changed.
+    @discardableResult
+    func execute(sql: String, arguments: SQLArguments) throws -> Int
+    /// Runs one query and returns all its rows.
+    func rows(sql: String, arguments: SQLArguments) throws -> [SQLRow]
+    /// Runs `body` in a savepoint: its changes stay if it returns, vanish if it throws.
+    func inSavepoint<T>(_ body: () throws -> T) throws -> T
+    /// Rows changed by the last statement.
+    var changesCount: Int { get }
+    /// False once the backend has rolled the transaction back under the caller (disk full,
+    /// a serialization failure): nothing more may be written in it.
+    var isInsideTransaction: Bool { get }
+}
+
+extension SQLConnection {
+    @discardableResult
+    func execute(sql: String) throws -> Int { try execute(sql: sql, arguments: []) }
+
+    /// Runs one statement whose text is fixed (the backends keep it prepared).
+    func executeCached(sql: String, arguments: SQLArguments = []) throws {
+        try execute(sql: sql, arguments: arguments)
+    }
+
+    /// The first row of a query.
+    func row(sql: String, arguments: SQLArguments = []) throws -> SQLRow? {
+        try rows(sql: sql, arguments: arguments).first
+    }
+
+    /// The first row of a fixed query.
+    func cachedRow(sql: String, arguments: SQLArguments = []) throws -> SQLRow? {
+        try row(sql: sql, arguments: arguments)
+    }
+
+    func rows(sql: String) throws -> [SQLRow] { try rows(sql: sql, arguments: []) }
+}
+
+extension SQLValueConvertible {
+    /// The first column of the first row, nil when there is no row or it is NULL.
+    static func fetchOne(_ db: any SQLConnection, sql: String, arguments: SQLArguments = []) throws -> Self? {
+        guard let row = try db.row(sql: sql, arguments: arguments), let first = row.values.first else { return nil }
+        return fromSQL(first)
+    }
+
+    /// The first column of every row (NULLs left out).
+    static func fetchAll(_ db: any SQLConnection, sql: String, arguments: SQLArguments = []) throws -> [Self] {
+        try db.rows(sql: sql, arguments: arguments).compactMap { $0.values.first.flatMap(fromSQL) }
+    }
+}
+
+/// A failure of the database under the store, classified the same on both backends.
+public struct SQLError: Error, Sendable, CustomStringConvertible {
+    public enum Kind: Sendable {
+        /// A unique or primary key refused the row.
+        case uniqueViolation
+        /// Another writer's transaction conflicts (PostgreSQL 40001, 40P01): run it again.
+        case serializationFailure
+        /// The server cannot be reached or the connection broke.
+        case connection
+        /// Anything else (a constraint, a trigger, a full disk, a bug).
+        case other
+    }
+
+    public var kind: Kind
+    public var message: String
+
+    public init(_ kind: Kind, _ message: String) {
+        self.kind = kind
+        self.message = message
+    }
+
+    public var description: String { message }
+}
+
+/// What the store runs transactions on: SQLite through GRDB, or PostgreSQL.
+protocol SQLDatabase: Sendable {
+    var dialect: SQLDialect { get }
+    /// Runs `body` in a read-only transaction that sees one consistent state.
+    func read<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) throws -> T) async throws -> T
+    /// Runs `body` in a write transaction and commits it; on PostgreSQL a serialization failure
+    /// runs `body` again, so `body` must only change the database and its own locals.
+    @discardableResult
+    func write<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) throws -> T) async throws -> T
+    /// Closes the connections.
+    func close() async
+}
+
+/// `?,?,?`: the marks of an `IN (…)` list of `count` arguments.
+func sqlMarks(_ count: Int) -> String {
+    Array(repeating: "?", count: count).joined(separator: ",")
+}

@@ -1,0 +1,145 @@
+import Foundation
+import GRDB
+
+/// The embedded backend: one SQLite file in WAL mode through a GRDB pool (one writer,
+/// concurrent readers).
+final class SQLiteDatabase: SQLDatabase {
+    let pool: DatabasePool
+    var dialect: SQLDialect { .sqlite }
+
+    /// Opens (creating with mode 0600 if needed) the file at `path`, commits synced to disk
+    /// (`synchronous = FULL`), and migrates it. `statementObserver` hears every statement.
+    init(path: String, statementObserver: (@Sendable (String) -> Void)?) throws {
+        var configuration = Configuration()
+        configuration.busyMode = .timeout(10)
+        configuration.foreignKeysEnabled = true
+        // An answered commit must survive a power cut, not only a crash: in WAL mode NORMAL
+        // (what the pool sets up) may lose the last commits; FULL syncs the log on every commit.
+        configuration.prepareDatabase { db in
+            try db.execute(sql: "PRAGMA synchronous = FULL")
+            if let statementObserver {
+                db.trace(options: .statement) { event in
+                    if case .statement(let statement) = event { statementObserver(statement.sql) }
+                }
+            }
+        }
+        let directory = URL(fileURLWithPath: path).deletingLastPathComponent()
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        // Receipts and user ids live here: readable by the service's user only.
+        if !FileManager.default.fileExists(atPath: path),
+            !FileManager.default.createFile(atPath: path, contents: nil, attributes: [.posixPermissions: 0o600])
+        {
+            throw OrderStoreError(.unavailable, "cannot create \(path)")
+        }
+        // SQLite creates its -wal and -shm files with the database file's mode.
+        pool = try DatabasePool(path: path, configuration: configuration)
+        // The pool sets NORMAL on its writer while it sets WAL up, after `prepareDatabase`.
+        try pool.writeWithoutTransaction { db in try db.execute(sql: "PRAGMA synchronous = FULL") }
+        try OrderStore.sqliteMigrator.migrate(pool)
+    }
+
+    func read<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) throws -> T) async throws -> T {
+        try await Self.translatingErrors { try await pool.read { db in try body(SQLiteConnection(db)) } }
+    }
+
+    func write<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) throws -> T) async throws -> T {
+        try await Self.translatingErrors { try await pool.write { db in try body(SQLiteConnection(db)) } }
+    }
+
+    func close() async {
+        try? pool.close()
+    }
+
+    private static func translatingErrors<T>(_ body: () async throws -> T) async throws -> T {
+        do {
+            return try await body()
+        } catch let error as DatabaseError {
+            throw SQLiteConnection.translate(error)
+        }
+    }
+}
+
+/// A GRDB connection inside one of its transactions.
+final class SQLiteConnection: SQLConnection {
+    let db: Database
+
+    init(_ db: Database) {
+        self.db = db
+    }
+
+    var dialect: SQLDialect { .sqlite }
+    var changesCount: Int { db.changesCount }
+    var isInsideTransaction: Bool { db.isInsideTransaction }
+
+    @discardableResult
+    func execute(sql: String, arguments: SQLArguments) throws -> Int {
+        do {
+            try statement(sql).execute(arguments: Self.arguments(arguments))
+            return db.changesCount
+        } catch let error as DatabaseError {
+            throw Self.translate(error)
+        }
+    }
+
+    func rows(sql: String, arguments: SQLArguments) throws -> [SQLRow] {
+        do {
+            let rows = try Row.fetchAll(statement(sql), arguments: Self.arguments(arguments))
+            guard let first = rows.first else { return [] }
+            let columns = Array(first.columnNames)
+            return rows.map { row in SQLRow(columns: columns, values: row.databaseValues.map(Self.value)) }
+        } catch let error as DatabaseError {
+            throw Self.translate(error)
+        }
+    }
+
+    func inSavepoint<T>(_ body: () throws -> T) throws -> T {
+        var value: T?
+        do {
+            try db.inSavepoint {
+                value = try body()
+                return .commit
+            }
+        } catch let error as DatabaseError {
+            throw Self.translate(error)
+        }
+        return value!
+    }
+
+    /// Fixed texts stay compiled in the connection's cache; texts built per call (an `IN`
+    /// list of some length) are compiled each time rather than filling the cache.
+    private func statement(_ sql: String) throws -> Statement {
+        sql.contains("IN (?,") ? try db.makeStatement(sql: sql) : try db.cachedStatement(sql: sql)
+    }
+
+    private static func arguments(_ arguments: SQLArguments) -> StatementArguments {
+        StatementArguments(
+            arguments.values.map { value -> DatabaseValue in
+                switch value {
+                case .null: .null
+                case .integer(let integer): integer.databaseValue
+                case .real(let real): real.databaseValue
+                case .text(let text): text.databaseValue
+                case .blob(let data): data.databaseValue
+                }
+            })
+    }
+
+    private static func value(_ value: DatabaseValue) -> SQLValue {
+        switch value.storage {
+        case .null: .null
+        case .int64(let integer): .integer(integer)
+        case .double(let real): .real(real)
+        case .string(let text): .text(text)
+        case .blob(let data): .blob(data)
+        }
+    }
+
+    static func translate(_ error: DatabaseError) -> SQLError {
+        let kind: SQLError.Kind =
+            switch error.extendedResultCode {
+            case .SQLITE_CONSTRAINT_PRIMARYKEY, .SQLITE_CONSTRAINT_UNIQUE: .uniqueViolation
+            default: .other
+            }
+        return SQLError(kind, "\(error)")
+    }
+}

@@ -1,0 +1,73 @@
+import Crypto
+import Foundation
+import Logging
+@testable import OrderStore
+
+/// The order store every test runs against: SQLite files, or, with `IAP_TEST_STORE=postgres`
+/// (`scripts/dev test` runs the whole suite a second time so), a database of its own per
+/// store on the private PostgreSQL server at `IAP_TEST_DATABASE_URL`.
+enum TestStore {
+    static var usesPostgres: Bool { ProcessInfo.processInfo.environment["IAP_TEST_STORE"] == "postgres" }
+
+    struct MissingServer: Error, CustomStringConvertible {
+        var description: String {
+            "IAP_TEST_STORE=postgres needs IAP_TEST_DATABASE_URL: run the suite with `scripts/dev test`, which starts PostgreSQL"
+        }
+    }
+
+    /// The store of `name` in `folder`: the same location each time it is asked for (a test
+    /// reopens a store after a crash), a new one for each folder.
+    static func location(in folder: URL, name: String = "orders") throws -> StoreLocation {
+        let path = folder.appendingPathComponent("\(name).sqlite").path
+        guard usesPostgres else { return .sqlite(path: path) }
+        guard let url = ProcessInfo.processInfo.environment["IAP_TEST_DATABASE_URL"] else { throw MissingServer() }
+        let admin = try PostgresLocation(url: url)
+        let digest = SHA256.hash(data: Data(path.utf8)).prefix(12).map { String(format: "%02x", $0) }.joined()
+        var location = admin
+        location.database = "iap_test_\(digest)"
+        let session = PostgresSession(location: admin, logger: Logger(label: "iap.tests.store"))
+        try session.connect()
+        defer { session.close() }
+        let exists =
+            try Int.fetchOne(session, sql: "SELECT 1 FROM pg_database WHERE datname = ?", arguments: [location.database]) != nil
+        if !exists {
+            do {
+                try session.execute(sql: "CREATE DATABASE \(location.database)")
+            } catch {
+                // Created meanwhile by another test asking for the same folder, or a real failure.
+                guard try Int.fetchOne(
+                    session, sql: "SELECT 1 FROM pg_database WHERE datname = ?", arguments: [location.database]) != nil
+                else { throw error }
+            }
+        }
+        return .postgres(location)
+    }
+
+    /// A store at `location(in:name:)`.
+    static func open(
+        in folder: URL, name: String = "orders", statementObserver: (@Sendable (String) -> Void)? = nil
+    ) throws -> OrderStore {
+        try OrderStore(location: location(in: folder, name: name), statementObserver: statementObserver)
+    }
+
+    /// The environment that points an `iap` process at `location`.
+    static func environment(for location: StoreLocation) -> [String: String] {
+        switch location {
+        case .sqlite(let path): ["IAP_DATABASE_PATH": path, "IAP_DATABASE_URL": ""]
+        case .postgres(let postgres): ["IAP_DATABASE_URL": postgres.url]
+        }
+    }
+}
+
+extension OrderStore {
+    /// Runs `sql` in a write transaction of this store and returns its rows (tests only: they
+    /// look at and damage what the store holds, on either backend).
+    func testRows(_ sql: String, _ arguments: SQLArguments = []) async throws -> [SQLRow] {
+        try await database.write { db in try db.rows(sql: sql, arguments: arguments) }
+    }
+
+    /// The first column of the first row of `sql`.
+    func testValue<T: SQLValueConvertible>(_ sql: String, _ arguments: SQLArguments = []) async throws -> T? {
+        try await testRows(sql, arguments).first.flatMap { $0.values.first.flatMap(T.fromSQL) }
+    }
+}
