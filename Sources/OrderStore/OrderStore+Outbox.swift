@@ -35,15 +35,45 @@ public struct OutboxMessage: Sendable, Equatable {
 }
 
 extension OrderStore {
-    /// The oldest unpublished messages, at most `limit`.
-    public func unpublishedMessages(limit: Int) async throws -> [OutboxMessage] {
-        try await database.read { db in
-            try db.rows(sql: """
-                    SELECT id, exchange, routingKey, body, messageId, priority, mandatory, attempts FROM outbox
-                    ORDER BY id LIMIT ?
-                    """,
-                arguments: [limit]
-            ).map { row in
+    /// The oldest unpublished messages, at most `limit`, claimed for `relay` until `lease` has
+    /// passed: several order services relay one PostgreSQL outbox at once.
+    ///
+    /// Work messages (verify requests) go to whichever relay claims them first; rows another
+    /// relay holds are skipped (`FOR UPDATE SKIP LOCKED`), and a relay that died lets its
+    /// claims lapse. Events keep their commit order across relays: a relay claims the oldest
+    /// events only while no other relay holds a claim on any of them.
+    ///
+    /// A SQLite store has one order service, so one relay: a restarted relay takes its
+    /// predecessor's claims at once.
+    public func claimUnpublished(
+        limit: Int, relay: String, lease: TimeInterval = 30, now: Date = Date()
+    ) async throws -> [OutboxMessage] {
+        try await database.write { db in
+            let shared = db.dialect == .postgres
+            let work = try db.rows(
+                sql: shared
+                    ? """
+                    SELECT * FROM outbox
+                    WHERE mandatory = 1 AND (claimedUntil IS NULL OR claimedUntil < ? OR claimedBy = ?)
+                    ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED
+                    """
+                    : "SELECT * FROM outbox WHERE mandatory = 1 ORDER BY id LIMIT ?",
+                arguments: shared ? [now, relay, limit] : [limit])
+            var events = try db.rows(
+                sql: "SELECT * FROM outbox WHERE mandatory = 0 ORDER BY id LIMIT ? \(shared ? "FOR UPDATE" : "")",
+                arguments: [max(1, limit - work.count)])
+            if shared, events.contains(where: { row in
+                (row["claimedUntil"] as Date?).map { $0 >= now } == true && (row["claimedBy"] as String?) != relay
+            }) {
+                events = []
+            }
+            let rows = (work + events).sorted { ($0["id"] as Int64) < ($1["id"] as Int64) }
+            guard !rows.isEmpty else { return [] }
+            let ids = rows.map { $0["id"] as Int64 }
+            try db.execute(
+                sql: "UPDATE outbox SET claimedBy = ?, claimedUntil = ? WHERE id IN (\(sqlMarks(ids.count)))",
+                arguments: SQLArguments(values: [relay.sqlValue, now.addingTimeInterval(lease).sqlValue] + ids.map(\.sqlValue)))
+            return rows.map { row in
                 var message = OutboxMessage(
                     exchange: row["exchange"], routingKey: row["routingKey"], body: [UInt8](row["body"] as Data),
                     messageId: row["messageId"], priority: (row["priority"] as Int?).map { UInt8(clamping: $0) })
@@ -65,11 +95,12 @@ extension OrderStore {
         }
     }
 
-    /// Records a failed publish; the message stays for the next round.
+    /// Records a failed publish; the message stays, unclaimed, for the next round.
     public func markPublishFailed(_ id: Int64, error: String) async throws {
         try await database.write { db in
             try db.execute(
-                sql: "UPDATE outbox SET attempts = attempts + 1, lastError = ? WHERE id = ?", arguments: [error, id])
+                sql: "UPDATE outbox SET attempts = attempts + 1, lastError = ?, claimedUntil = NULL WHERE id = ?",
+                arguments: [error, id])
         }
     }
 

@@ -145,6 +145,19 @@ extension OrderStore {
         }
     }
 
+    /// Takes the lease on `name` until `until`, if nobody holds it now: how one of several order
+    /// services sharing the store becomes the one that runs a scheduled task. True when taken.
+    public func takeLease(_ name: String, until: Date, now: Date = Date()) async throws -> Bool {
+        try await database.write { db in
+            try db.execute(
+                sql: """
+                    INSERT INTO reconciliation_run (task, lastRunAt) VALUES (?, ?)
+                    ON CONFLICT (task) DO UPDATE SET lastRunAt = excluded.lastRunAt WHERE reconciliation_run.lastRunAt < ?
+                    """,
+                arguments: ["lease:" + name, until, now]) > 0
+        }
+    }
+
     /// Records that `task` ran to its end at `date`.
     public func recordReconciliation(_ task: ReconciliationTask, at date: Date) async throws {
         try await database.write { db in

@@ -271,6 +271,16 @@ extension OrderStore {
                     CREATE INDEX audit_log_subject ON audit_log(subject);
                     """)
         }
+        migrator.registerMigration("v6: outbox claims") { db in
+            try db.execute(
+                sql: """
+                    -- Which relay is publishing a row, until when (several order services share
+                    -- one PostgreSQL store; the columns are the same on both backends).
+                    ALTER TABLE outbox ADD COLUMN claimedBy TEXT;
+                    ALTER TABLE outbox ADD COLUMN claimedUntil DATETIME;
+                    CREATE INDEX outbox_kind ON outbox(mandatory, id);
+                    """)
+        }
         return migrator
     }
 }

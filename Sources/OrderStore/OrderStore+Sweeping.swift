@@ -11,6 +11,8 @@ extension OrderStore {
         message: @escaping @Sendable (VerifyRequest) throws -> OutboxMessage
     ) async throws -> [VerifyRequest] {
         try await database.write { db in
+            // One sweeper at a time among the order services sharing the store.
+            guard try db.takeExclusive("sweeper") else { return [] }
             let rows = try db.rows(sql: """
                     SELECT id, userId, orderId, transactionId, receiptData, signedTransaction, signedPayload, attempts, acceptedAt
                     FROM submission

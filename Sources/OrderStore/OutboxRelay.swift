@@ -18,6 +18,8 @@ public final class OutboxRelay: Service, Sendable {
     private let batchSize: Int
     private let pollInterval: Duration
     private let signal = WakeupSignal()
+    /// This relay's name in the rows it claims.
+    private let relayId = "relay-\(ProcessInfo.processInfo.processIdentifier)-\(UUID().uuidString.prefix(8))"
 
     /// Creates a relay over `store`.
     public init(
@@ -71,7 +73,7 @@ public final class OutboxRelay: Service, Sendable {
     func relayBatch() async -> Int {
         let batch: [OutboxMessage]
         do {
-            batch = try await store.unpublishedMessages(limit: batchSize)
+            batch = try await store.claimUnpublished(limit: batchSize, relay: relayId)
         } catch {
             logger.error("outbox read failed", metadata: ["error": "\(error)"])
             return 0

@@ -309,6 +309,14 @@ extension SQLConnection {
     }
 
     func rows(sql: String) throws -> [SQLRow] { try rows(sql: sql, arguments: []) }
+
+    /// Whether this transaction is the only one doing `task` now, across every order service
+    /// sharing the store (a PostgreSQL advisory lock held until the transaction ends). On
+    /// SQLite, whose one writer runs one transaction at a time, always true.
+    func takeExclusive(_ task: String) throws -> Bool {
+        guard dialect == .postgres else { return true }
+        return try Bool.fetchOne(self, sql: "SELECT pg_try_advisory_xact_lock(hashtext(?))", arguments: ["iap:" + task]) ?? false
+    }
 }
 
 extension SQLValueConvertible {

@@ -105,6 +105,16 @@ public final class Reconciliation: Sendable {
         return report
     }
 
+    /// Runs once now if no other order service sharing the store is running one (a lease held
+    /// for `lease`); nil when another one is.
+    public func runIfNoOtherIs(lease: Duration, now: Date = Date()) async throws -> ReconciliationReport? {
+        guard try await store.takeLease("reconciliation", until: now.addingTimeInterval(Self.seconds(lease)), now: now) else {
+            logger.info("reconciliation skipped: another order service is running it")
+            return nil
+        }
+        return await run(now: now)
+    }
+
     /// When the last run ended, nil if none did.
     public func lastRun() async throws -> Date? {
         try await store.lastReconciliation(.subscriptions)
@@ -255,7 +265,11 @@ public final class ReconciliationService: Service, Sendable {
                 return
             }
             if Task.isShuttingDownGracefully { return }
-            let report = await reconciliation.run()
+            guard let report = try? await reconciliation.runIfNoOtherIs(lease: min(interval, .seconds(3600))) else {
+                // Another order service runs it (or the store is away): look again later.
+                retryAfter = min(interval, .seconds(3600))
+                continue
+            }
             retryAfter = report.errors.isEmpty ? nil : .seconds(3600)
         }
     }

@@ -156,7 +156,7 @@ struct OrderStoreTests {
         let store = try makeStore()
         _ = try await accept(store, user: "u1")
         _ = try await accept(store, user: "u2")
-        let messages = try await store.unpublishedMessages(limit: 10)
+        let messages = try await store.claimUnpublished(limit: 10, relay: "test")
         #expect(messages.count == 2)
         try await store.markPublished(messages.compactMap(\.id))
         #expect(try await store.outboxBacklog() == 0)

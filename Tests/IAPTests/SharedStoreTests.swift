@@ -1,0 +1,134 @@
+import Foundation
+import IAPCore
+import NIOConcurrencyHelpers
+@testable import OrderStore
+import Testing
+
+/// Several order services on one PostgreSQL store: each store object here is one service's,
+/// with its own connections, all racing for the same rows.
+@Suite("Order services sharing one PostgreSQL store", .enabled(if: TestStore.usesPostgres))
+struct SharedStoreTests {
+    let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-shared-\(UUID().uuidString)")
+
+    func services(_ count: Int) async throws -> [OrderStore] {
+        // Opened at once: the first migrates under the advisory lock, the others wait for it.
+        try await withThrowingTaskGroup(of: OrderStore.self) { group in
+            for _ in 0..<count { group.addTask { try TestStore.open(in: folder) } }
+            var stores: [OrderStore] = []
+            for try await store in group { stores.append(store) }
+            return stores
+        }
+    }
+
+    func upload(_ user: String, _ transactionId: String, to store: OrderStore) async throws -> VerifyResult {
+        let request = VerifyRequest(submissionId: UUID(), userId: user, receiptData: "AAAA", acceptedAt: Date())
+        try await store.accept(request, message: OutboxMessage(routingKey: "q", body: [1]))
+        let purchase = VerifiedPurchase(
+            transactionId: transactionId, originalTransactionId: transactionId, productId: "com.example.coins.60",
+            quantity: 1, purchaseDate: nil, environment: .production)
+        return VerifyResult(
+            submissionId: request.submissionId, userId: user, orderId: nil, attempt: 1,
+            outcome: .verified(VerifiedReceipt(bundleId: "b", environment: .production, purchases: [purchase])))
+    }
+
+    @Test func servicesStartingTogetherMigrateOnce() async throws {
+        let stores = try await services(4)
+        let applied: Int? = try await stores[0].testValue("SELECT COUNT(*) FROM iap_schema_migration")
+        #expect(applied == PostgresSchema.migrations.count)
+        for store in stores { await store.close() }
+    }
+
+    /// Two services apply results for the same purchases at the same moment (a result
+    /// redelivered to the other finisher, two users replaying one transaction): one grant each.
+    @Test func twoServicesCreditingTheSamePurchasesCreditEachOnce() async throws {
+        let stores = try await services(2)
+        let policy = CreditPolicy(catalog: PipelineHarness.testCatalog)
+        let count = 150
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for index in 0..<count {
+                let transactionId = "shared-\(index)"
+                // The same upload's result at both services, and another user's replay.
+                let mine = try await upload("ana-\(index % 7)", transactionId, to: stores[index % 2])
+                let replay = try await upload("eve", transactionId, to: stores[(index + 1) % 2])
+                group.addTask { _ = try await stores[0].apply(mine, policy: policy) }
+                group.addTask { _ = try await stores[1].apply(mine, policy: policy) }
+                group.addTask { _ = try await stores[index % 2].apply(replay, policy: policy) }
+            }
+            try await group.waitForAll()
+        }
+        let grants: Int? = try await stores[0].testValue("SELECT COUNT(*) FROM grants WHERE transactionId LIKE 'shared-%'")
+        let distinct: Int? = try await stores[0].testValue(
+            "SELECT COUNT(DISTINCT transactionId) FROM grants WHERE transactionId LIKE 'shared-%'")
+        #expect(grants == count && distinct == count)
+        // Whoever won a race owns the purchase, and only they hold its grant.
+        let mismatched: Int? = try await stores[1].testValue(
+            "SELECT COUNT(*) FROM grants g JOIN purchase p ON p.transactionId = g.transactionId WHERE p.userId <> g.userId")
+        #expect(mismatched == 0)
+        let settled = try await stores[0].submissionCounts()
+        #expect((settled[.credited] ?? 0) >= count, "\(settled)")
+        for store in stores { await store.close() }
+    }
+
+    /// Two relays publish one outbox at once: every message once, events in commit order.
+    @Test func twoRelaysPublishEachMessageOnceAndEventsInOrder() async throws {
+        let stores = try await services(2)
+        let count = 120
+        for index in 0..<count {
+            _ = try await upload("u\(index)", "relay-\(index)", to: stores[index % 2])
+            if index.isMultiple(of: 3) {
+                try await stores[index % 2].groupCommit.write { db in
+                    var event = OutboxMessage(exchange: "events", routingKey: "grant.created", body: Array("\(index)".utf8))
+                    event.mandatory = false
+                    try OrderStore.insert(event, now: Date(), in: db)
+                }
+            }
+        }
+        let published = NIOLockedValueBox([Int64]())
+        let events = NIOLockedValueBox([Int64]())
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            for (index, store) in stores.enumerated() {
+                group.addTask {
+                    while true {
+                        let batch = try await store.claimUnpublished(limit: 7, relay: "relay-\(index)")
+                        if batch.isEmpty { return }
+                        for message in batch {
+                            published.withLockedValue { $0.append(message.id!) }
+                            if !message.mandatory { events.withLockedValue { $0.append(message.id!) } }
+                        }
+                        try await store.markPublished(batch.compactMap(\.id))
+                    }
+                }
+            }
+            try await group.waitForAll()
+        }
+        let ids = published.withLockedValue { $0 }
+        #expect(ids.count == count + count / 3, "every message once: \(ids.count)")
+        #expect(Set(ids).count == ids.count, "no message twice")
+        let eventOrder = events.withLockedValue { $0 }
+        #expect(eventOrder == eventOrder.sorted(), "events leave in commit order")
+        #expect(try await stores[0].outboxBacklog() == 0)
+        for store in stores { await store.close() }
+    }
+
+    /// A relay that died holding claims: another takes its rows once the claims lapse.
+    @Test func claimsOfADeadRelayLapse() async throws {
+        let stores = try await services(2)
+        _ = try await upload("u1", "lapse-1", to: stores[0])
+        let now = Date()
+        let taken = try await stores[0].claimUnpublished(limit: 10, relay: "dead", lease: 30, now: now)
+        #expect(taken.count == 1)
+        #expect(try await stores[1].claimUnpublished(limit: 10, relay: "alive", now: now.addingTimeInterval(5)).isEmpty)
+        let later = try await stores[1].claimUnpublished(limit: 10, relay: "alive", now: now.addingTimeInterval(31))
+        #expect(later.map(\.id) == taken.map(\.id))
+        for store in stores { await store.close() }
+    }
+
+    @Test func oneServiceAtATimeHoldsALease() async throws {
+        let stores = try await services(2)
+        let now = Date()
+        #expect(try await stores[0].takeLease("reconciliation", until: now.addingTimeInterval(60), now: now))
+        #expect(try await !stores[1].takeLease("reconciliation", until: now.addingTimeInterval(70), now: now.addingTimeInterval(10)))
+        #expect(try await stores[1].takeLease("reconciliation", until: now.addingTimeInterval(130), now: now.addingTimeInterval(61)))
+        for store in stores { await store.close() }
+    }
+}
