@@ -124,7 +124,7 @@ final class SQLiteConnection: SQLConnection {
             })
     }
 
-    private static func value(_ value: DatabaseValue) -> SQLValue {
+    static func value(_ value: DatabaseValue) -> SQLValue {
         switch value.storage {
         case .null: .null
         case .int64(let integer): .integer(integer)

@@ -14,7 +14,7 @@ import NIOHTTP1
 struct AdminCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "admin", abstract: "Operator tools.",
-        subcommands: [DeadLettersCommand.self, ReconcileCommand.self, ReconcileNotificationsCommand.self])
+        subcommands: [DeadLettersCommand.self, ReconcileCommand.self, ReconcileNotificationsCommand.self, MigrateStoreCommand.self])
 }
 
 struct DeadLettersCommand: AsyncParsableCommand {

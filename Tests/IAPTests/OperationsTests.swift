@@ -42,6 +42,7 @@ extension BrokerTests {
                 // A sample holds the store's counts and, once the broker answered, the queues'.
                 return orders.value(MetricNames.submissions, ["state": "credited"]) == 20
                     && orders.value(MetricNames.queueConsumers, ["queue": "\(drill.prefix).results"]) != nil
+                    && orders.value(MetricNames.queueConsumers, ["queue": "\(drill.prefix).verify"]) == 1
             }
             let verifier = try await scrape(verifierPort)
 

@@ -59,13 +59,15 @@ final class PipelineHarness: Sendable {
         circuitBreaker: CircuitBreaker.Settings = .init(), sweeper: SweeperSettings = .init(),
         alerts: AlertSettings = .init(), withOps: Bool = false, authentication: UserAuthentication = .off,
         limits: IntakeLimits = .unlimited, separateAdmin: Bool = false, receiptsThroughServerAPI: Bool = false,
-        confirmWithAPI: Bool = false, restorePolicy: RestorePolicy = .keep, sharing shared: PipelineHarness? = nil
+        confirmWithAPI: Bool = false, restorePolicy: RestorePolicy = .keep, sharing shared: PipelineHarness? = nil,
+        store chosenStore: StoreLocation? = nil
     ) async throws -> PipelineHarness {
         let logger = TestBroker.logger
         let names = shared?.names ?? PipelineNames(prefix: TestBroker.uniquePrefix(name))
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-tests-\(UUID().uuidString)")
-        let databasePath = shared?.databasePath ?? folder.appendingPathComponent("orders.sqlite").path
-        let location = try TestStore.location(in: URL(fileURLWithPath: databasePath).deletingLastPathComponent())
+        var databasePath = shared?.databasePath ?? folder.appendingPathComponent("orders.sqlite").path
+        if case .sqlite(let path)? = chosenStore { databasePath = path }
+        let location = try chosenStore ?? TestStore.location(in: URL(fileURLWithPath: databasePath).deletingLastPathComponent())
         var settings = PipelineSettings(
             amqp: try TestBroker.configuration(), names: names, databasePath: databasePath,
             intake: IntakeSettings(

@@ -21,10 +21,21 @@ enum TestStore {
         let path = folder.appendingPathComponent("\(name).sqlite").path
         guard usesPostgres else { return .sqlite(path: path) }
         guard let url = ProcessInfo.processInfo.environment["IAP_TEST_DATABASE_URL"] else { throw MissingServer() }
-        let admin = try PostgresLocation(url: url)
         let digest = SHA256.hash(data: Data(path.utf8)).prefix(12).map { String(format: "%02x", $0) }.joined()
+        return .postgres(try postgresDatabase(named: "iap_test_\(digest)"))
+    }
+
+    /// An empty database of its own on the test server (no schema yet).
+    static func emptyPostgresDatabase() throws -> PostgresLocation {
+        try postgresDatabase(named: "iap_empty_\(UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: ""))")
+    }
+
+    /// The database `name` on the test server, created if it is not there.
+    static func postgresDatabase(named name: String) throws -> PostgresLocation {
+        guard let url = ProcessInfo.processInfo.environment["IAP_TEST_DATABASE_URL"] else { throw MissingServer() }
+        let admin = try PostgresLocation(url: url)
         var location = admin
-        location.database = "iap_test_\(digest)"
+        location.database = name
         let session = PostgresSession(location: admin, logger: Logger(label: "iap.tests.store"))
         try session.connect()
         defer { session.close() }
@@ -40,7 +51,7 @@ enum TestStore {
                 else { throw error }
             }
         }
-        return .postgres(location)
+        return location
     }
 
     /// A store at `location(in:name:)`.
