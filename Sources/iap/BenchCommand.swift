@@ -66,6 +66,15 @@ struct BenchCommand: AsyncParsableCommand {
     @Option(help: "The order store to follow submissions in, without --start-dev.")
     var databasePath: String = "iap-dev.sqlite"
 
+    @Option(help: "A PostgreSQL order store (postgres://USER:PASSWORD@HOST:PORT/DB) instead of SQLite: with --start-dev the order services use it and it must hold no submissions yet; without, submissions are followed there.")
+    var databaseURL: String?
+
+    @Option(help: "With --start-dev: the brokers, comma-separated amqp:// URLs (the services go to the next when one is lost); default IAP_AMQP_URL.")
+    var amqpURL: String?
+
+    @Option(help: "With --start-dev: order services (`iap orders`), each with its own intake; uploads go round-robin. More than one needs --database-url.")
+    var orders: Int = 1
+
     @Option(help: "Seconds to wait for every submission to settle.")
     var settleTimeout: Int = 600
 
@@ -78,6 +87,10 @@ struct BenchCommand: AsyncParsableCommand {
         guard (concurrency ?? 1) >= 1, (rate ?? 1) > 0 else { throw ValidationError("--concurrency and --rate must be positive") }
         guard (0...1).contains(appleErrorRate) else { throw ValidationError("--apple-error-rate must be 0 to 1") }
         guard (1...16).contains(verifiers) else { throw ValidationError("--verifiers must be 1 to 16") }
+        guard (1...8).contains(orders) else { throw ValidationError("--orders must be 1 to 8") }
+        guard orders == 1 || (databaseURL != nil && startDev && mode == .queue) else {
+            throw ValidationError("several --orders share one store: they need --database-url, --start-dev and --mode queue")
+        }
         guard !verifyAfterUpload || (startDev && mode == .queue) else {
             throw ValidationError("--verify-after-upload needs --start-dev and --mode queue")
         }
@@ -88,7 +101,7 @@ struct BenchCommand: AsyncParsableCommand {
         if startDev {
             cluster = try await BenchCluster.start(
                 inline: mode == .inline, verifiers: verifiers, verifierConcurrency: verifierConcurrency,
-                verifiersLater: verifyAfterUpload)
+                verifiersLater: verifyAfterUpload, orders: orders, databaseURL: databaseURL, amqpURL: amqpURL)
         }
         // The cluster's files (stores, logs) are kept only when the run failed, to be read.
         var succeeded = false
@@ -110,7 +123,8 @@ struct BenchCommand: AsyncParsableCommand {
     }
 
     private func measure(http: BenchHTTP, cluster: BenchCluster?, connections: Int) async throws {
-        let intake = cluster?.intakeURL ?? intakeURL
+        let intakes = cluster?.intakeURLs ?? [intakeURL]
+        let intake = intakes.joined(separator: ", ")
         let fake = cluster?.fakeURL ?? fakeURL
 
         guard try await http.post(fake + "/fake/config", ["latencyMs": appleLatencyMs, "errorRate": appleErrorRate] as [String: Any]).status == 204
@@ -121,7 +135,7 @@ struct BenchCommand: AsyncParsableCommand {
 
         let cpuAtStart = cluster?.cpuSeconds() ?? [:]
         say("uploading to \(intake) (\(mode.rawValue) mode, \(rate.map { "\($0)/s" } ?? "\(connections) connections"))")
-        let upload = try await uploadAll(minted, to: intake, http: http, connections: connections)
+        let upload = try await uploadAll(minted, to: intakes, http: http, connections: connections)
         say("accepted \(upload.accepted) of \(purchases) in \(String(format: "%.1f", upload.seconds)) s; waiting for them to settle")
         let cpuAtUploaded = cluster?.cpuSeconds() ?? [:]
         var verifiersStarted: Date?
@@ -131,7 +145,9 @@ struct BenchCommand: AsyncParsableCommand {
             try await cluster.startVerifiers(verifiers)
         }
 
-        let store = try OrderStore(path: cluster?.databasePath ?? databasePath)
+        let store = try OrderStore(
+            location: try databaseURL.map { .postgres(try PostgresLocation(url: $0)) }
+                ?? .sqlite(path: cluster?.databasePath ?? databasePath))
         let deadline = ContinuousClock.now + .seconds(settleTimeout)
         while ContinuousClock.now < deadline {
             let counts = try await store.submissionCounts()
@@ -227,7 +243,7 @@ struct BenchCommand: AsyncParsableCommand {
 
     /// Uploads every purchase: `connections` workers in a closed loop, or at `rate` per second
     /// with latency counted from when each upload was due.
-    private func uploadAll(_ minted: [Minted], to intake: String, http: BenchHTTP, connections: Int) async throws
+    private func uploadAll(_ minted: [Minted], to intakes: [String], http: BenchHTTP, connections: Int) async throws
         -> UploadResult
     {
         let start = ContinuousClock.now
@@ -249,7 +265,7 @@ struct BenchCommand: AsyncParsableCommand {
                             due = start + interval * index
                             if due > .now { try await Task.sleep(until: due, clock: .continuous) }
                         }
-                        let answer = try? await http.post(intake + "/v1/receipts", body: minted[index].body)
+                        let answer = try? await http.post(intakes[index % intakes.count] + "/v1/receipts", body: minted[index].body)
                         let elapsed = ContinuousClock.now - due
                         let micros = UInt64(elapsed.components.seconds) * 1_000_000 + UInt64(elapsed.components.attoseconds / 1_000_000_000_000)
                         let ok = answer.map { mode == .queue ? $0.status == 202 : $0.status == 200 } ?? false
@@ -359,7 +375,7 @@ struct BenchHTTP: Sendable {
 /// `--verifiers` `iap verifier` processes. Inline mode is one `iap dev` whose intake asks
 /// Apple inside the request.
 final class BenchCluster: @unchecked Sendable {
-    let intakeURL: String
+    let intakeURLs: [String]
     let fakeURL: String
     let databasePath: String
     private let folder: URL
@@ -367,8 +383,8 @@ final class BenchCluster: @unchecked Sendable {
     private let lock = NSLock()
     private var processes: [(role: String, process: Process)]
 
-    private init(intakeURL: String, fakeURL: String, databasePath: String, folder: URL, environment: [String: String]) {
-        self.intakeURL = intakeURL
+    private init(intakeURLs: [String], fakeURL: String, databasePath: String, folder: URL, environment: [String: String]) {
+        self.intakeURLs = intakeURLs
         self.fakeURL = fakeURL
         self.databasePath = databasePath
         self.folder = folder
@@ -377,10 +393,14 @@ final class BenchCluster: @unchecked Sendable {
     }
 
     /// Starts the cluster; verifiers too unless `verifiersLater` (then `startVerifiers`).
-    static func start(inline: Bool, verifiers: Int, verifierConcurrency: Int, verifiersLater: Bool) async throws -> BenchCluster {
+    static func start(
+        inline: Bool, verifiers: Int, verifierConcurrency: Int, verifiersLater: Bool, orders: Int = 1, databaseURL: String? = nil,
+        amqpURL: String? = nil
+    ) async throws -> BenchCluster {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-bench-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
-        let httpPort = try freePort()
+        let httpPorts = try (0..<orders).map { _ in try freePort() }
+        let httpPort = httpPorts[0]
         let fakePort = try freePort()
         let fakeURL = "http://127.0.0.1:\(fakePort)"
         let databasePath = folder.appendingPathComponent("orders.sqlite").path
@@ -405,17 +425,36 @@ final class BenchCluster: @unchecked Sendable {
                 "IAP_RECONCILE_INTERVAL": "0",
             ]
         ) { $1 }
-        let intakeURL = "http://127.0.0.1:\(httpPort)"
+        if let databaseURL {
+            environment["IAP_DATABASE_URL"] = databaseURL
+            let location = try PostgresLocation(url: databaseURL)
+            let store = try OrderStore(location: .postgres(location))
+            let held = try await store.submissionCounts().values.reduce(0, +)
+            await store.close()
+            guard held == 0 else {
+                throw ValidationError("--database-url: \(location) holds \(held) submissions; give the benchmark an empty database")
+            }
+        }
+        if let amqpURL { environment["IAP_AMQP_URL"] = amqpURL }
+        let intakeURLs = httpPorts.map { "http://127.0.0.1:\($0)" }
         let cluster = BenchCluster(
-            intakeURL: intakeURL, fakeURL: fakeURL, databasePath: databasePath, folder: folder, environment: environment)
+            intakeURLs: intakeURLs, fakeURL: fakeURL, databasePath: databasePath, folder: folder, environment: environment)
         do {
             if inline {
                 try cluster.launch("dev", role: "dev")
             } else {
                 try cluster.launch("fake-appstore", role: "fake-appstore")
-                try cluster.launch("orders", role: "orders")
+                for (index, port) in httpPorts.enumerated() {
+                    try cluster.launch(
+                        "orders", role: orders == 1 ? "orders" : "orders-\(index + 1)", extra: ["IAP_HTTP_PORT": String(port)])
+                }
             }
-            guard try await cluster.waitHealthy(intakeURL), try await cluster.waitHealthy(fakeURL) else {
+            for intakeURL in intakeURLs {
+                guard try await cluster.waitHealthy(intakeURL) else {
+                    throw ValidationError("the pipeline did not start; see the logs in \(folder.path)")
+                }
+            }
+            guard try await cluster.waitHealthy(fakeURL) else {
                 throw ValidationError("the pipeline did not start; see the logs in \(folder.path)")
             }
             if !inline && !verifiersLater {
@@ -479,8 +518,9 @@ final class BenchCluster: @unchecked Sendable {
         }
     }
 
-    private func launch(_ command: String, role: String) throws {
-        let process = try Self.launch([command], environment: environment, log: folder.appendingPathComponent("\(role).log"))
+    private func launch(_ command: String, role: String, extra: [String: String] = [:]) throws {
+        let process = try Self.launch(
+            [command], environment: environment.merging(extra) { $1 }, log: folder.appendingPathComponent("\(role).log"))
         lock.withLock { processes.append((role, process)) }
     }
 
