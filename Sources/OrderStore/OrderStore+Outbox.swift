@@ -43,26 +43,29 @@ extension OrderStore {
     /// claims lapse. Events keep their commit order across relays: a relay claims the oldest
     /// events only while no other relay holds a claim on any of them.
     ///
-    /// A SQLite store has one order service, so one relay: a restarted relay takes its
-    /// predecessor's claims at once.
+    /// A SQLite store has one order service, so one relay, which claims nothing: it reads the
+    /// oldest rows, as a restart after a crash must too (and writes nothing the writer of
+    /// uploads and results would wait for).
     public func claimUnpublished(
         limit: Int, relay: String, lease: TimeInterval = 30, now: Date = Date()
     ) async throws -> [OutboxMessage] {
-        try await database.write { db in
-            let shared = db.dialect == .postgres
+        if database.dialect == .sqlite {
+            return try await database.read { db in
+                try db.rows(sql: "SELECT * FROM outbox ORDER BY id LIMIT ?", arguments: [limit]).map(Self.outboxMessage)
+            }
+        }
+        return try await database.write { db in
             let work = try db.rows(
-                sql: shared
-                    ? """
+                sql: """
                     SELECT * FROM outbox
                     WHERE mandatory = 1 AND (claimedUntil IS NULL OR claimedUntil < ? OR claimedBy = ?)
                     ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED
-                    """
-                    : "SELECT * FROM outbox WHERE mandatory = 1 ORDER BY id LIMIT ?",
-                arguments: shared ? [now, relay, limit] : [limit])
+                    """,
+                arguments: [now, relay, limit])
             var events = try db.rows(
-                sql: "SELECT * FROM outbox WHERE mandatory = 0 ORDER BY id LIMIT ? \(shared ? "FOR UPDATE" : "")",
+                sql: "SELECT * FROM outbox WHERE mandatory = 0 ORDER BY id LIMIT ? FOR UPDATE",
                 arguments: [max(1, limit - work.count)])
-            if shared, events.contains(where: { row in
+            if events.contains(where: { row in
                 (row["claimedUntil"] as Date?).map { $0 >= now } == true && (row["claimedBy"] as String?) != relay
             }) {
                 events = []
@@ -73,16 +76,19 @@ extension OrderStore {
             try db.execute(
                 sql: "UPDATE outbox SET claimedBy = ?, claimedUntil = ? WHERE id IN (\(sqlMarks(ids.count)))",
                 arguments: SQLArguments(values: [relay.sqlValue, now.addingTimeInterval(lease).sqlValue] + ids.map(\.sqlValue)))
-            return rows.map { row in
-                var message = OutboxMessage(
-                    exchange: row["exchange"], routingKey: row["routingKey"], body: [UInt8](row["body"] as Data),
-                    messageId: row["messageId"], priority: (row["priority"] as Int?).map { UInt8(clamping: $0) })
-                message.id = row["id"]
-                message.mandatory = row["mandatory"]
-                message.attempts = row["attempts"]
-                return message
-            }
+            return rows.map(Self.outboxMessage)
         }
+    }
+
+    /// A row of `outbox` as a message.
+    private static func outboxMessage(_ row: SQLRow) -> OutboxMessage {
+        var message = OutboxMessage(
+            exchange: row["exchange"], routingKey: row["routingKey"], body: [UInt8](row["body"] as Data),
+            messageId: row["messageId"], priority: (row["priority"] as Int?).map { UInt8(clamping: $0) })
+        message.id = row["id"]
+        message.mandatory = row["mandatory"]
+        message.attempts = row["attempts"]
+        return message
     }
 
     /// Forgets messages the broker confirmed.

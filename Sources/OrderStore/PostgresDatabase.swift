@@ -373,8 +373,18 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
         output.reserveCapacity(sql.utf8.count + 16)
         var count = 0
         var quote: Character?
+        var comment = false
+        var previous: Character = " "
         for character in sql {
-            if let open = quote {
+            defer { previous = character }
+            if comment {
+                // A `--` comment runs to the end of its line: its quotes and marks are text.
+                if character == "\n" { comment = false }
+                output.append(character)
+            } else if quote == nil, character == "-", previous == "-" {
+                comment = true
+                output.append(character)
+            } else if let open = quote {
                 if character == open { quote = nil }
                 output.append(character)
             } else if character == "'" || character == "\"" {
@@ -387,8 +397,11 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
                 output.append(character)
             }
         }
-        // Texts built per call (IN lists) are not kept: the map would grow without bound.
-        if !sql.contains("IN (?,") { placeholders.withLockedValue { $0[sql] = output } }
+        placeholders.withLockedValue { known in
+            // The store's texts are fixed or built from a bounded set; the bound is a safeguard.
+            if known.count >= 4096 { known.removeAll(keepingCapacity: true) }
+            known[sql] = output
+        }
         return output
     }
 

@@ -105,10 +105,10 @@ final class SQLiteConnection: SQLConnection {
         return value!
     }
 
-    /// Fixed texts stay compiled in the connection's cache; texts built per call (an `IN`
-    /// list of some length) are compiled each time rather than filling the cache.
+    /// Every text stays compiled in the connection's cache: the store's texts are fixed, or
+    /// built from a bounded set (an `IN` list of at most a batch's length).
     private func statement(_ sql: String) throws -> Statement {
-        sql.contains("IN (?,") ? try db.makeStatement(sql: sql) : try db.cachedStatement(sql: sql)
+        try db.cachedStatement(sql: sql)
     }
 
     private static func arguments(_ arguments: SQLArguments) -> StatementArguments {

@@ -82,16 +82,19 @@ final class ProcessDrill: Sendable {
         return environment
     }
 
-    /// Starts `iap <role>`; its output goes to a log file in the drill's folder.
-    func start(_ role: String) throws {
+    /// Starts `iap <role>` as `name` (a second order service, say), with `extra` settings; its
+    /// output goes to a log file in the drill's folder.
+    func start(_ role: String, as name: String? = nil, environment extra: [String: String] = [:]) throws {
+        let name = name ?? role
         let process = Process()
         process.executableURL = URL(fileURLWithPath: binary)
         process.arguments = [role]
         var environment = self.environment
         environment["IAP_OPS_HOST"] = "127.0.0.1"
-        environment["IAP_OPS_PORT"] = opsPorts[role].map(String.init) ?? "off"
+        environment["IAP_OPS_PORT"] = opsPorts[name].map(String.init) ?? "off"
+        environment.merge(extra) { $1 }
         process.environment = environment
-        let logPath = folder.appendingPathComponent("\(role).log").path
+        let logPath = folder.appendingPathComponent("\(name).log").path
         if !FileManager.default.fileExists(atPath: logPath) {
             FileManager.default.createFile(atPath: logPath, contents: nil)
         }
@@ -101,7 +104,7 @@ final class ProcessDrill: Sendable {
         process.standardError = log
         process.standardInput = FileHandle.nullDevice
         try process.run()
-        children.withLockedValue { $0[role] = process }
+        children.withLockedValue { $0[name] = process }
     }
 
     /// Kills a role at once, as a crash would.
@@ -172,9 +175,13 @@ final class ProcessDrill: Sendable {
 
     /// Uploads every purchase like a phone would: retrying until the intake answers 202.
     /// Returns the submission ids by transaction id.
-    func upload(_ purchases: [PipelineHarness.Purchase], concurrency: Int = 16, deadline: Duration = .seconds(120))
-        async throws -> [String: String]
-    {
+    /// With several `intakes` (order services behind a balancer), each phone starts at one and
+    /// goes to the next when an upload fails.
+    func upload(
+        _ purchases: [PipelineHarness.Purchase], concurrency: Int = 16, deadline: Duration = .seconds(120),
+        intakes: [String]? = nil
+    ) async throws -> [String: String] {
+        let intakes = intakes ?? [intakeURL]
         let end = ContinuousClock.now + deadline
         return try await withThrowingTaskGroup(of: [String: String].self) { group in
             for worker in 0..<concurrency {
@@ -182,9 +189,11 @@ final class ProcessDrill: Sendable {
                     var accepted: [String: String] = [:]
                     for index in stride(from: worker, to: purchases.count, by: concurrency) {
                         let purchase = purchases[index]
+                        var target = index
                         while true {
+                            defer { target += 1 }
                             if let answer = try? await HTTP.post(
-                                self.intakeURL + "/v1/receipts",
+                                intakes[target % intakes.count] + "/v1/receipts",
                                 json: ["userId": "user-\(index)", "receiptData": purchase.receiptData]),
                                 answer.status == 202, let id = answer.json["submissionId"] as? String
                             {
@@ -214,8 +223,11 @@ final class ProcessDrill: Sendable {
     }
 
     /// Waits until every accepted submission is terminal (or the timeout passes) and reports.
-    func settle(_ submissions: [String: String], timeout: Duration = .seconds(120)) async throws -> Outcome {
-        let store = try TestStore.open(in: folder)
+    /// `store`: where the drill's services keep it, when not the test store of its folder.
+    func settle(_ submissions: [String: String], timeout: Duration = .seconds(120), store location: StoreLocation? = nil)
+        async throws -> Outcome
+    {
+        let store = try location.map { try OrderStore(location: $0) } ?? TestStore.open(in: folder)
         let ids = Set(submissions.values.compactMap(UUID.init(uuidString:)))
         _ = try await eventually(timeout: timeout, interval: .milliseconds(250)) {
             // Every accepted submission, the ones a phone sent again after a lost 202 included.
@@ -236,7 +248,7 @@ final class ProcessDrill: Sendable {
         return Outcome(accepted: ids.count, states: states, grants: grants, transactionsWithTwoGrants: doubled)
     }
 
-    private static func freePort() throws -> Int {
+    static func freePort() throws -> Int {
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         guard fd >= 0 else { throw HarnessError("socket() failed") }
         defer { close(fd) }
