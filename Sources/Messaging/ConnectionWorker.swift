@@ -469,12 +469,11 @@ final class ConnectionWorker {
 
     /// Replaces the publish channel by a new one and sends its unconfirmed publishes again there.
     ///
-    /// A RabbitMQ 3.10 channel keeps, per quorum queue, the leader it first published to.
-    /// A channel whose first publish to a queue came while the queue was electing a new
-    /// leader (a failover) can keep addressing the dead one, and the broker then refuses
-    /// (nacks) everything it publishes to that queue for as long as the channel lives. The
-    /// refused publishes fail to their callers; the next ones go out on a new channel, which
-    /// learns the current leader.
+    /// Seen with RabbitMQ 3.10: a channel whose first publish to a quorum queue came while
+    /// the queue was electing a new leader (a failover) had everything it published to that
+    /// queue refused (nacked) for as long as it lived, by all signs because it kept the dead
+    /// leader. The refused publishes fail to their callers; the next ones go out on a new
+    /// channel, which learns the current leader.
     ///
     /// - Important: The new channel gets a number never used on this connection, so that acks
     ///   still in flight for the old one cannot settle the new channel's delivery tags.
