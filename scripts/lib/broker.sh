@@ -327,11 +327,18 @@ cluster_status() {
     for env_file in $IAP_CLUSTER_NODE_ENVS; do
         ( broker_load "$env_file"; broker_status ) || rc=1
     done
-    # Not `| head -n 1`: under pipefail the writer's SIGPIPE would end the script.
+    # Asked of the first node that answers (not `| head -n 1`: under pipefail the writer's
+    # SIGPIPE would end the script).
     mapfile -t nodes < <(cluster_node_names)
-    local first=${nodes[0]}
-    running=$(cluster_running_nodes "$first") || rc=1
-    echo "running cluster members seen by $first: ${running//$'\n'/ }"
+    local node asked=
+    for node in "${nodes[@]}"; do
+        if running=$(cluster_running_nodes "$node"); then asked=$node; break; fi
+    done
+    if [[ -z $asked ]]; then
+        echo "no node of the cluster answers rabbitmqctl"
+        return 1
+    fi
+    echo "running cluster members seen by $asked: ${running//$'\n'/ }"
     (( $(grep -c . <<<"$running") == CLUSTER_SIZE )) || rc=1
     return "$rc"
 }
