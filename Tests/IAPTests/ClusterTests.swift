@@ -2,6 +2,7 @@ import Foundation
 import IAPCore
 import Messaging
 import NIOConcurrencyHelpers
+import OrderStore
 import Testing
 
 extension BrokerTests {
@@ -107,6 +108,41 @@ extension BrokerTests {
             await consumer.cancel()
             consuming.cancel()
             await connection.close()
+        }
+
+        /// The whole pipeline on quorum queues (intake, verifier, finisher; all their
+        /// connections start on node 1): uploads go on while node 1 is killed, and every
+        /// upload answered 202 is credited.
+        @Test func whenANodeIsKilledUnderUploads_everyAcceptedUploadIsCredited() async throws {
+            let pipeline = try await PipelineHarness.start(name: "cluster-drill", onCluster: true)
+            defer { Task { await pipeline.stop() } }
+            let firstPort = try #require(TestCluster.port(of: try TestCluster.urls().split(separator: ",")[0].description))
+            let total = 120
+            var purchases: [PipelineHarness.Purchase] = []
+            for _ in 0..<total { purchases.append(try await pipeline.mint()) }
+            var ids: [String] = []
+            var refused = 0
+            defer {
+                do { try TestCluster.control("start-node \(firstPort)") } catch {
+                    Issue.record("could not restart the killed node: \(error)")
+                }
+            }
+            for (index, purchase) in purchases.enumerated() {
+                if index == 40 { try TestCluster.control("kill \(firstPort)") }
+                do {
+                    ids.append(try await pipeline.upload(userId: "u\(index)", receiptData: purchase.receiptData))
+                } catch {
+                    refused += 1
+                }
+            }
+            var credited = 0
+            for id in ids where try await pipeline.waitForState(id, timeout: .seconds(60))["state"] as? String == "credited" {
+                credited += 1
+            }
+            print("cluster drill: \(ids.count) of \(total) uploads accepted, \(refused) refused, \(credited) credited")
+            #expect(refused == 0, "the intake writes to its store first: a broker node's death refuses no upload")
+            #expect(credited == ids.count)
+            #expect(try await pipeline.store.outboxBacklog() == 0)
         }
 
         /// The whole pipeline on quorum queues: a retry waits in its delay queue, comes back
