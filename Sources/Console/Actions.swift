@@ -150,7 +150,7 @@ extension Console {
             guard let id = UUID(uuidString: try required(form, "submissionId")) else {
                 throw ActionRefused(text: "That is not a submission id: nothing was changed.")
             }
-            let verify = deps.names.verify
+            let verify = deps.names.verifyQueue(priority: VerifyPriority.retry)
             let request = try await store.requeueSubmission(id, actor: actor, reason: reason) { request in
                 OutboxMessage(
                     routingKey: verify, body: try MessageCodec().encode(request),
@@ -166,7 +166,7 @@ extension Console {
             }
             let names = deps.names
             let (dead, home, priority): (String, String, UInt8?) =
-                which == "results" ? (names.resultsDead, names.results, nil) : (names.verifyDead, names.verify, VerifyPriority.retry)
+                which == "results" ? (names.resultsDead, names.results, nil) : (names.verifyDead, names.verifyQueue(priority: VerifyPriority.retry), VerifyPriority.retry)
             let moved = await withTimeout(seconds: 15) {
                 try await DeadLetters(connection: broker).redrive(dead, fallback: home, limit: 1000, priority: priority)
             }

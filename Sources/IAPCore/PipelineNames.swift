@@ -1,16 +1,52 @@
+/// The kind of queues the pipeline declares.
+public enum QueueType: Sendable, Equatable {
+    /// Classic queues on one node; `verify` is a priority queue (first attempts before retries).
+    case classic
+    /// Quorum queues, replicated across a cluster. They have no priorities, so due retries
+    /// wait in a queue of their own (`verifyRetries`) that verifiers serve only when no first
+    /// attempt is waiting. A message delivered `deliveryLimit` times without being settled
+    /// (a verifier that crashes on it, or keeps giving it back) is dead-lettered.
+    case quorum(deliveryLimit: Int)
+
+    /// The delivery limit of quorum queues when none is configured.
+    public static let defaultDeliveryLimit = 5
+}
+
 /// The names of the queues the roles share, all under one prefix so that
-/// several pipelines (or test runs) can share one broker.
+/// several pipelines (or test runs) can share one broker, and the kind of those queues
+/// (which decides where a retry waits).
 public struct PipelineNames: Sendable, Equatable {
     /// The common prefix, `iap` by default.
     public var prefix: String
+    /// Classic (one node) or quorum (a cluster) queues.
+    public var queueType: QueueType
 
     /// Creates the names under `prefix`.
-    public init(prefix: String = "iap") {
+    public init(prefix: String = "iap", queueType: QueueType = .classic) {
         self.prefix = prefix
+        self.queueType = queueType
     }
 
-    /// Uploads waiting for verification (first attempts and due retries).
+    /// Uploads waiting for verification: first attempts, and with classic queues due retries too.
     public var verify: String { "\(prefix).verify" }
+    /// Due retries waiting for verification, with quorum queues only (classic queues keep
+    /// them in `verify` at a lower priority).
+    public var verifyRetries: String { "\(prefix).verify.retries" }
+
+    /// Whether due retries have a queue of their own (`verifyRetries`).
+    public var separatesRetries: Bool {
+        if case .quorum = queueType { return true }
+        return false
+    }
+
+    /// The queue a verify message of `priority` is published to: `verify`, or `verifyRetries`
+    /// for a retry when retries have a queue of their own.
+    public func verifyQueue(priority: UInt8) -> String {
+        separatesRetries && priority < VerifyPriority.firstAttempt ? verifyRetries : verify
+    }
+
+    /// Every queue that holds uploads waiting for verification.
+    public var verifyQueues: [String] { separatesRetries ? [verify, verifyRetries] : [verify] }
     /// Verification results waiting for the finisher.
     public var results: String { "\(prefix).results" }
     /// Verify messages that could not be processed at all (undecodable, crashed).

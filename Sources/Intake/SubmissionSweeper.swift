@@ -103,7 +103,7 @@ public final class SubmissionSweeper: Service, Sendable {
                 retryDueBefore: now.addingTimeInterval(-Self.seconds(settings.retryGrace)), limit: 1000, now: now
             ) { request in
                 OutboxMessage(
-                    routingKey: names.verify, body: try codec.encode(request),
+                    routingKey: names.verifyQueue(priority: VerifyPriority.retry), body: try codec.encode(request),
                     messageId: request.submissionId.uuidString, priority: VerifyPriority.retry)
             }
             if !requests.isEmpty {

@@ -16,6 +16,8 @@ import ServiceLifecycle
 /// When the socket or the broker fails, the thread reconnects with a growing delay,
 /// declares the topology again, restarts every consumer and re-sends every publish that
 /// was not confirmed yet (so a publish may arrive twice; consumers are idempotent).
+/// Given the nodes of a cluster, it moves to the next node at once when its node is lost
+/// and tries them round-robin, the delay growing after each round in which all failed.
 /// Deliveries from a lost connection cannot be acked (`staleDelivery`); the broker
 /// delivers them again.
 public final class AMQPConnection: Sendable {
@@ -37,6 +39,9 @@ public final class AMQPConnection: Sendable {
 
     /// Whether the connection is up and its topology declared.
     public var isConnected: Bool { mailbox.isConnected }
+
+    /// The node connected to, as its URL without the password; nil while disconnected.
+    public var connectedNode: String? { mailbox.connectedNode }
 
     /// Waits until the connection is up, at most `timeout`; returns whether it is.
     public func waitUntilConnected(timeout: Duration) async -> Bool {

@@ -91,6 +91,20 @@ extension amqp_table_t {
         }
         return headers
     }
+
+    /// The string entries of the newest death in the broker's `x-death` array (its first
+    /// table), such as `reason` and `queue`; empty when the message never died.
+    var lastDeath: [String: String] {
+        guard num_entries > 0, let entries else { return [:] }
+        for index in 0..<Int(num_entries) where entries[index].key.string == "x-death" {
+            let value = entries[index].value
+            guard UInt32(value.kind) == AMQP_FIELD_KIND_ARRAY.rawValue, value.value.array.num_entries > 0,
+                let first = value.value.array.entries, UInt32(first.pointee.kind) == AMQP_FIELD_KIND_TABLE.rawValue
+            else { return [:] }
+            return first.pointee.value.table.stringHeaders
+        }
+        return [:]
+    }
 }
 
 /// AMQP method ids (class << 16 | method); the C macros carry casts that do not import.

@@ -5,7 +5,7 @@ import Logging
 /// Everything that touches one rabbitmq-c connection. It is created on the
 /// connection's own thread and never leaves it; see `AMQPConnection` for the model.
 final class ConnectionWorker {
-    private static let publishChannel: amqp_channel_t = 1
+    private static let firstPublishChannel: amqp_channel_t = 1
     private static let queryChannel: amqp_channel_t = 2
     private static let firstConsumerChannel: amqp_channel_t = 3
     private static let publishIdHeader = "x-iap-publish-id"
@@ -38,8 +38,18 @@ final class ConnectionWorker {
     private var returned: Set<UInt64> = []
     private var consumers: [Int: Consumer] = [:]
     private var nextConsumerChannel = ConnectionWorker.firstConsumerChannel
+    /// The channel publishes go out on: channel 1 on a new connection, a fresh number each
+    /// time it is reopened within one (see `reopenPublishChannel`).
+    private var publishChannel = ConnectionWorker.firstPublishChannel
+    /// Whether a refused publish reopens the publish channel: with quorum queues (below).
+    private let reopensPublishChannelOnNack: Bool
     private var reconnectDelay: Duration
     private var nextConnectAttempt = ContinuousClock.now
+    /// The node of `configuration.nodes` connected to, or tried next.
+    private var nodeIndex = 0
+    /// Connection attempts that failed since the last success; every node failing once
+    /// in a row (a round) brings the next, longer delay.
+    private var failedAttempts = 0
     private var shutdownWaiters: [CheckedContinuation<Void, Never>] = []
     /// Publishes cancelled before they reached this thread (the cancel can overtake them).
     private var cancelledBeforeArrival: Set<UInt64> = []
@@ -51,6 +61,7 @@ final class ConnectionWorker {
         self.mailbox = mailbox
         self.logger = logger
         self.reconnectDelay = configuration.minimumReconnectDelay
+        self.reopensPublishChannelOnNack = topology.queues.contains { $0.arguments["x-queue-type"] == .string("quorum") }
     }
 
     // MARK: - Loop
@@ -69,11 +80,15 @@ final class ConnectionWorker {
                     continue
                 }
                 if !connect() {
-                    nextConnectAttempt = ContinuousClock.now + reconnectDelay
-                    reconnectDelay = min(reconnectDelay * 2, configuration.maximumReconnectDelay)
+                    failedAttempts += 1
+                    if failedAttempts % configuration.nodes.count == 0 {
+                        nextConnectAttempt = ContinuousClock.now + reconnectDelay
+                        reconnectDelay = min(reconnectDelay * 2, configuration.maximumReconnectDelay)
+                    }
                     handle(mailbox.takeAll())
                     continue
                 }
+                failedAttempts = 0
                 reconnectDelay = configuration.minimumReconnectDelay
             }
             var busy = handle(mailbox.takeAll())
@@ -187,7 +202,7 @@ final class ConnectionWorker {
             properties.expiration = arena.bytes(String(milliseconds))
         }
         let status = amqp_basic_publish(
-            connection, Self.publishChannel, arena.bytes(publish.message.exchange),
+            connection, publishChannel, arena.bytes(publish.message.exchange),
             arena.bytes(publish.message.routingKey), publish.message.mandatory ? 1 : 0, 0, &properties,
             arena.bytes(publish.message.body))
         guard status == AMQP_STATUS_OK.rawValue else {
@@ -284,6 +299,13 @@ final class ConnectionWorker {
         if flags & amqp_flags_t(AMQP_BASIC_HEADERS_FLAG) != 0 {
             headers = message.properties.headers.stringHeaders
             headers[Self.publishIdHeader] = nil
+            // As RabbitMQ 3.13 and later send them: the newest death, where `x-first-death-*`
+            // keep the oldest (for a retry that is its expiry in a delay queue).
+            let death = message.properties.headers.lastDeath
+            if headers["x-last-death-reason"] == nil, let reason = death["reason"] {
+                headers["x-last-death-reason"] = reason
+                headers["x-last-death-queue"] = death["queue"]
+            }
         }
         let messageId =
             flags & amqp_flags_t(AMQP_BASIC_MESSAGE_ID_FLAG) != 0 ? message.properties.message_id.string : nil
@@ -385,12 +407,15 @@ final class ConnectionWorker {
             if !handed {
                 amqp_basic_nack(connection, channel, tag, 0, 1)
             }
-        case AMQPMethod.basicAck where channel == Self.publishChannel:
+        case AMQPMethod.basicAck where channel == publishChannel:
             let ack = method.decoded.assumingMemoryBound(to: amqp_basic_ack_t.self).pointee
             confirm(upTo: ack.delivery_tag, multiple: ack.multiple != 0, acked: true)
-        case AMQPMethod.basicNack where channel == Self.publishChannel:
+        case AMQPMethod.basicNack where channel == publishChannel:
             let nack = method.decoded.assumingMemoryBound(to: amqp_basic_nack_t.self).pointee
             confirm(upTo: nack.delivery_tag, multiple: nack.multiple != 0, acked: false)
+            if reopensPublishChannelOnNack {
+                reopenPublishChannel()
+            }
         case AMQPMethod.basicReturn:
             var message = amqp_message_t()
             let reply = amqp_read_message(connection, channel, &message, 0)
@@ -409,7 +434,7 @@ final class ConnectionWorker {
             let reason = "channel \(channel) closed by the broker: \(close.reply_code) \(close.reply_text.string)"
             var closeOk = amqp_channel_close_ok_t(dummy: 0)
             amqp_send_method(connection, channel, AMQPMethod.channelCloseOk, &closeOk)
-            if channel == Self.publishChannel {
+            if channel == publishChannel {
                 // The broker refused something we published: do not resend it forever.
                 failUnconfirmed(AMQPError(.channelClosed, reason))
             }
@@ -442,6 +467,44 @@ final class ConnectionWorker {
         }
     }
 
+    /// Replaces the publish channel by a new one and sends its unconfirmed publishes again there.
+    ///
+    /// Seen with RabbitMQ 3.10: a channel whose first publish to a quorum queue came while
+    /// the queue was electing a new leader (a failover) had everything it published to that
+    /// queue refused (nacked) for as long as it lived, by all signs because it kept the dead
+    /// leader. The refused publishes fail to their callers; the next ones go out on a new
+    /// channel, which learns the current leader.
+    ///
+    /// - Important: The new channel gets a number never used on this connection, so that acks
+    ///   still in flight for the old one cannot settle the new channel's delivery tags.
+    private func reopenPublishChannel() {
+        guard let connection else { return }
+        guard nextConsumerChannel < 60_000 else {
+            lose("publish channel numbers used up")
+            return
+        }
+        let old = publishChannel
+        publishChannel = nextConsumerChannel
+        nextConsumerChannel += 1
+        logger.warning(
+            "AMQP publish channel reopened after a refused publish",
+            metadata: ["amqp.url": "\(node.redactedURL)", "amqp.channel": "\(publishChannel)"])
+        do throws(AMQPError) {
+            try Self.check(amqp_channel_close(connection, old, AMQP_REPLY_SUCCESS), "closing the old publish channel")
+            amqp_channel_open(connection, publishChannel)
+            try Self.check(amqp_get_rpc_reply(connection), "opening a new publish channel")
+            amqp_confirm_select(connection, publishChannel)
+            try Self.check(amqp_get_rpc_reply(connection), "selecting publisher confirms")
+        } catch {
+            lose(error.message)
+            return
+        }
+        let resend = unconfirmed.keys.sorted().compactMap { unconfirmed[$0] }
+        unconfirmed.removeAll()
+        nextDeliveryTag = 1
+        for publish in resend { send(publish) }
+    }
+
     private func failUnconfirmed(_ error: AMQPError) {
         for tag in unconfirmed.keys.sorted() {
             unconfirmed[tag]?.done.resume(returning: .failure(error))
@@ -451,40 +514,53 @@ final class ConnectionWorker {
 
     // MARK: - Connection
 
+    /// The node connected to, or tried next.
+    private var node: AMQPConfiguration.Node { configuration.nodes[nodeIndex] }
+
+    /// Round-robin: the next attempt goes to the next node of the list.
+    private func moveToNextNode() {
+        nodeIndex = (nodeIndex + 1) % configuration.nodes.count
+    }
+
+    /// Connects to the current node; on failure the next attempt goes to the next node.
     private func connect() -> Bool {
         guard let connection = amqp_new_connection() else { return false }
         guard let socket = amqp_tcp_socket_new(connection) else {
             amqp_destroy_connection(connection)
             return false
         }
+        let node = self.node
         let arena = CArena()
         let timeout = configuration.connectTimeout.components
         var tv = timeval(tv_sec: Int(timeout.seconds), tv_usec: Int(timeout.attoseconds / 1_000_000_000_000))
-        let opened = amqp_socket_open_noblock(socket, arena.cString(configuration.host), Int32(configuration.port), &tv)
+        let opened = amqp_socket_open_noblock(socket, arena.cString(node.host), Int32(node.port), &tv)
         guard opened == AMQP_STATUS_OK.rawValue else {
             logger.debug(
                 "AMQP connect failed",
-                metadata: ["amqp.url": "\(configuration.redactedURL)", "error": "\(Self.describe(status: opened))"])
+                metadata: ["amqp.url": "\(node.redactedURL)", "error": "\(Self.describe(status: opened))"])
             amqp_destroy_connection(connection)
+            moveToNextNode()
             return false
         }
+        publishChannel = Self.firstPublishChannel
         do throws(AMQPError) {
             try Self.check(
                 iap_amqp_login_plain(
-                    connection, arena.cString(configuration.virtualHost), 0, 131_072,
-                    Int32(configuration.heartbeatSeconds), arena.cString(configuration.user),
-                    arena.cString(configuration.password), arena.cString(configuration.connectionName)), "login")
-            amqp_channel_open(connection, Self.publishChannel)
+                    connection, arena.cString(node.virtualHost), 0, 131_072,
+                    Int32(configuration.heartbeatSeconds), arena.cString(node.user),
+                    arena.cString(node.password), arena.cString(configuration.connectionName)), "login")
+            amqp_channel_open(connection, publishChannel)
             try Self.check(amqp_get_rpc_reply(connection), "opening the publish channel")
-            amqp_confirm_select(connection, Self.publishChannel)
+            amqp_confirm_select(connection, publishChannel)
             try Self.check(amqp_get_rpc_reply(connection), "selecting publisher confirms")
             try declare(topology, on: connection)
         } catch {
             logger.warning(
                 "AMQP handshake failed",
-                metadata: ["amqp.url": "\(configuration.redactedURL)", "error": "\(error.message)"])
+                metadata: ["amqp.url": "\(node.redactedURL)", "error": "\(error.message)"])
             amqp_connection_close(connection, 200)
             amqp_destroy_connection(connection)
+            moveToNextNode()
             return false
         }
         self.connection = connection
@@ -498,7 +574,8 @@ final class ConnectionWorker {
             return false
         }
         mailbox.isConnected = true
-        logger.info("AMQP connected", metadata: ["amqp.url": "\(configuration.redactedURL)"])
+        mailbox.connectedNode = node.redactedURL
+        logger.info("AMQP connected", metadata: ["amqp.url": "\(node.redactedURL)"])
         let resend = waiting
         waiting.removeAll()
         for publish in resend { send(publish) }
@@ -510,19 +587,19 @@ final class ConnectionWorker {
         let empty = arena.table([])
         for exchange in topology.exchanges {
             amqp_exchange_declare(
-                connection, Self.publishChannel, arena.bytes(exchange.name), arena.bytes(exchange.type), 0, 1, 0, 0,
+                connection, publishChannel, arena.bytes(exchange.name), arena.bytes(exchange.type), 0, 1, 0, 0,
                 empty)
             try Self.check(amqp_get_rpc_reply(connection), "declaring exchange \(exchange.name)")
         }
         for queue in topology.queues {
             let arguments = queue.arguments.sorted { $0.key < $1.key }.map { ($0.key, $0.value) }
             amqp_queue_declare(
-                connection, Self.publishChannel, arena.bytes(queue.name), 0, 1, 0, 0, arena.table(arguments))
+                connection, publishChannel, arena.bytes(queue.name), 0, 1, 0, 0, arena.table(arguments))
             try Self.check(amqp_get_rpc_reply(connection), "declaring queue \(queue.name)")
         }
         for binding in topology.bindings {
             amqp_queue_bind(
-                connection, Self.publishChannel, arena.bytes(binding.queue), arena.bytes(binding.exchange),
+                connection, publishChannel, arena.bytes(binding.queue), arena.bytes(binding.exchange),
                 arena.bytes(binding.routingKey), empty)
             try Self.check(amqp_get_rpc_reply(connection), "binding \(binding.queue) to \(binding.exchange)")
         }
@@ -551,15 +628,18 @@ final class ConnectionWorker {
         }
     }
 
-    /// Drops a broken connection; unconfirmed publishes wait to be sent again.
+    /// Drops a broken connection; unconfirmed publishes wait to be sent again, on the
+    /// next node when there are several.
     private func lose(_ reason: String) {
         guard let connection else { return }
-        logger.warning("AMQP connection lost", metadata: ["amqp.url": "\(configuration.redactedURL)", "reason": "\(reason)"])
+        logger.warning("AMQP connection lost", metadata: ["amqp.url": "\(node.redactedURL)", "reason": "\(reason)"])
         amqp_connection_close(connection, 200)
         amqp_destroy_connection(connection)
         self.connection = nil
         socketFD = -1
         mailbox.isConnected = false
+        mailbox.connectedNode = nil
+        moveToNextNode()
         let resend = unconfirmed.keys.sorted().compactMap { unconfirmed[$0] }
         unconfirmed.removeAll()
         if shutdownDeadline != nil {
@@ -577,6 +657,7 @@ final class ConnectionWorker {
             amqp_destroy_connection(connection)
             self.connection = nil
             mailbox.isConnected = false
+            mailbox.connectedNode = nil
         }
         let error = AMQPError(.shutdown, "the connection closed before the broker confirmed")
         failUnconfirmed(error)

@@ -4,9 +4,10 @@ public struct DeadLetters: Sendable {
     public struct Entry: Sendable {
         /// The message body.
         public var body: [UInt8]
-        /// Why it was dead-lettered (`x-iap-dead-reason`), when known.
+        /// Why it was dead-lettered: ours (`x-iap-dead-reason`), else the broker's newest
+        /// (`x-last-death-reason`: `rejected`, `delivery_limit`), when known.
         public var reason: String?
-        /// The queue it came from (`x-iap-dead-from`), when known.
+        /// The queue it came from (`x-iap-dead-from`, else `x-last-death-queue`), when known.
         public var from: String?
         /// Its message id.
         public var messageId: String?
@@ -33,7 +34,8 @@ public struct DeadLetters: Sendable {
         for delivery in held { try? await delivery.reject(requeue: true) }
         return held.map {
             Entry(
-                body: $0.body, reason: $0.headers["x-iap-dead-reason"], from: $0.headers["x-iap-dead-from"],
+                body: $0.body, reason: $0.headers["x-iap-dead-reason"] ?? $0.headers["x-last-death-reason"],
+                from: $0.headers["x-iap-dead-from"] ?? $0.headers["x-last-death-queue"],
                 messageId: $0.messageId)
         }
     }
@@ -47,8 +49,15 @@ public struct DeadLetters: Sendable {
         var moved = 0
         while moved < limit, let delivery = try await connection.get(queue) {
             var headers = delivery.headers
-            let target = headers.removeValue(forKey: "x-iap-dead-from") ?? fallback
-            headers["x-iap-redriven-reason"] = headers.removeValue(forKey: "x-iap-dead-reason")
+            let brokerReason = headers.removeValue(forKey: "x-last-death-reason")
+            let brokerQueue = headers.removeValue(forKey: "x-last-death-queue")
+            for key in ["x-last-death-exchange", "x-first-death-reason", "x-first-death-queue", "x-first-death-exchange",
+                "x-delivery-count"]
+            {
+                headers[key] = nil
+            }
+            let target = headers.removeValue(forKey: "x-iap-dead-from") ?? brokerQueue ?? fallback
+            headers["x-iap-redriven-reason"] = headers.removeValue(forKey: "x-iap-dead-reason") ?? brokerReason
             do {
                 try await connection.publish(
                     OutgoingMessage(

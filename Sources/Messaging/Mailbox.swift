@@ -52,6 +52,7 @@ final class Mailbox: Sendable {
         var commands: [Command] = []
         var closed = false
         var connected = false
+        var connectedNode: String?
         var nextId: UInt64 = 1
     }
 
@@ -111,6 +112,12 @@ final class Mailbox: Sendable {
     var isConnected: Bool {
         get { state.withLockedValue { $0.connected } }
         set { state.withLockedValue { $0.connected = newValue } }
+    }
+
+    /// The node connected to (its redacted URL), nil while disconnected.
+    var connectedNode: String? {
+        get { state.withLockedValue { $0.connectedNode } }
+        set { state.withLockedValue { $0.connectedNode = newValue } }
     }
 
     func settle(_ settlement: Settlement, delivery: AMQPDelivery) async throws(AMQPError) {

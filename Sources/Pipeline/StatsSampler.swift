@@ -48,7 +48,7 @@ final class StatsSampler: Service, Sendable {
             }
         }
         if let connection, connection.isConnected {
-            for queue in [names.verify, names.results, names.verifyDead, names.resultsDead] {
+            for queue in names.verifyQueues + [names.results, names.verifyDead, names.resultsDead] {
                 guard let status = try? await connection.queueStatus(queue) else { continue }
                 Gauge(label: MetricNames.queueMessages, dimensions: [("queue", queue)]).record(status.messageCount)
                 Gauge(label: MetricNames.queueConsumers, dimensions: [("queue", queue)]).record(status.consumerCount)

@@ -69,14 +69,44 @@ public final class VerifierService: Service, Sendable {
     }
 
     public func run() async throws {
-        let consumer = self.consumer.consume(
-            queue: settings.names.verify, prefetch: UInt16(clamping: max(1, settings.concurrency)))
-        // The prefetch bounds the tasks: each holds one unacked delivery.
-        await withDiscardingTaskGroup { group in
-            for await delivery in consumer.cancelOnGracefulShutdown() {
-                group.addTask { await self.handle(delivery) }
+        let prefetch = UInt16(clamping: max(1, settings.concurrency))
+        guard settings.names.separatesRetries else {
+            // Classic: one priority queue; the broker serves first attempts first.
+            let consumer = self.consumer.consume(queue: settings.names.verify, prefetch: prefetch)
+            // The prefetch bounds the tasks: each holds one unacked delivery.
+            await withDiscardingTaskGroup { group in
+                for await delivery in consumer.cancelOnGracefulShutdown() {
+                    group.addTask { await self.handle(delivery) }
+                }
+                await consumer.cancel()
             }
-            await consumer.cancel()
+            return
+        }
+        // Quorum: first attempts and due retries wait in two queues; `concurrency` workers
+        // each take a first attempt whenever one waits, and a retry only otherwise.
+        let deliveries = PreferringDeliveries(
+            preferred: self.consumer.consume(queue: settings.names.verify, prefetch: prefetch),
+            other: self.consumer.consume(queue: settings.names.verifyRetries, prefetch: prefetch))
+        // Graceful shutdown (or cancellation) stops taking work and cancels both consumers;
+        // the work in hand is finished.
+        let stop: @Sendable () -> Void = { Task { await deliveries.close() } }
+        await withTaskCancellationHandler {
+            await withGracefulShutdownHandler {
+                await withDiscardingTaskGroup { group in
+                    group.addTask { await deliveries.run() }
+                    for _ in 0..<max(1, settings.concurrency) {
+                        group.addTask {
+                            while let delivery = await deliveries.next() {
+                                await self.handle(delivery)
+                            }
+                        }
+                    }
+                }
+            } onGracefulShutdown: {
+                stop()
+            }
+        } onCancel: {
+            stop()
         }
     }
 

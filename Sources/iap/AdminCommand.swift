@@ -58,7 +58,7 @@ struct DeadLettersCommand: AsyncParsableCommand {
             throw ValidationError("cannot reach the broker at IAP_AMQP_URL")
         }
         let dead = queue == .verify ? names.verifyDead : names.resultsDead
-        let home = queue == .verify ? names.verify : names.results
+        let home = queue == .verify ? names.verifyQueue(priority: VerifyPriority.retry) : names.results
         let deadLetters = DeadLetters(connection: connection)
         switch action {
         case .list:

@@ -30,7 +30,9 @@ enum HelpText {
         """
     static let broker = """
         The broker URL, amqp://user:password@host:port/vhost, comes from IAP_AMQP_URL or from the file named by \
-        IAP_AMQP_URL_FILE, never from a flag (ps shows flags); default amqp://guest:guest@127.0.0.1:5672/.
+        IAP_AMQP_URL_FILE, never from a flag (ps shows flags); default amqp://guest:guest@127.0.0.1:5672/. \
+        For a RabbitMQ cluster, give each node's URL, separated by commas: a connection that loses its node moves \
+        to the next one. Several URLs make quorum queues the default (IAP_QUEUE_TYPE).
         """
     static let reconcile = """
         Reconciliation (IAP_RECONCILE_INTERVAL) asks the App Store Server API with the key of the environment: \

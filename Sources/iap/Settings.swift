@@ -104,10 +104,21 @@ struct BrokerOptions: ParsableArguments {
     @Option(name: .long, help: "AMQP heartbeat in seconds, 1 to 600; a silent broker is dropped after two. (env IAP_AMQP_HEARTBEAT_SECONDS; default 10)")
     var amqpHeartbeatSeconds: Int?
 
+    @Option(name: .long, help: "classic or quorum queues; quorum needs a RabbitMQ cluster (3.10+) and fresh queues, as a queue's type is fixed when it is declared. (env IAP_QUEUE_TYPE; default quorum when IAP_AMQP_URL names several nodes, else classic)")
+    var queueType: String?
+
+    @Option(name: .long, help: "Quorum queues: deliveries of one message before it is dead-lettered with reason delivery_limit, 1 to 1000. (env IAP_QUEUE_DELIVERY_LIMIT; default 5)")
+    var queueDeliveryLimit: Int?
+
+    /// IAP_AMQP_URL: one URL, or the comma-separated URLs of a cluster's nodes.
+    /// It carries the broker password: from the environment or a file only, never a flag.
+    private func url() throws -> String {
+        try SettingReader().secret("IAP_AMQP_URL") ?? "amqp://guest:guest@127.0.0.1:5672/"
+    }
+
     func configuration() throws -> AMQPConfiguration {
         let reader = SettingReader()
-        // It carries the broker password: from the environment or a file only, never a flag.
-        let url = try reader.secret("IAP_AMQP_URL") ?? "amqp://guest:guest@127.0.0.1:5672/"
+        let url = try url()
         let heartbeat = try reader.int(amqpHeartbeatSeconds, "IAP_AMQP_HEARTBEAT_SECONDS", default: 10, in: 1...600)
         do {
             return try AMQPConfiguration(url: url, heartbeatSeconds: heartbeat)
@@ -121,7 +132,21 @@ struct BrokerOptions: ParsableArguments {
         guard !prefix.isEmpty, prefix.allSatisfy({ $0.isLetter || $0.isNumber || "-_.".contains($0) }) else {
             throw ValidationError("IAP_QUEUE_PREFIX may hold letters, digits, '-', '_' and '.' only; got '\(prefix)'")
         }
-        return PipelineNames(prefix: prefix)
+        return PipelineNames(prefix: prefix, queueType: try queueKind())
+    }
+
+    /// IAP_QUEUE_TYPE and IAP_QUEUE_DELIVERY_LIMIT; the default follows the number of nodes.
+    private func queueKind() throws -> QueueType {
+        let reader = SettingReader()
+        let nodes = (try? configuration().nodes.count) ?? 1
+        let kind = reader.string(queueType, "IAP_QUEUE_TYPE", default: nodes > 1 ? "quorum" : "classic")
+        let limit = try reader.int(
+            queueDeliveryLimit, "IAP_QUEUE_DELIVERY_LIMIT", default: QueueType.defaultDeliveryLimit, in: 1...1000)
+        switch kind {
+        case "classic": return .classic
+        case "quorum": return .quorum(deliveryLimit: limit)
+        default: throw ValidationError("IAP_QUEUE_TYPE must be classic or quorum; got '\(kind)'")
+        }
     }
 }
 

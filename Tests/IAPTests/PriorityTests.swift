@@ -6,19 +6,34 @@ import Testing
 extension BrokerTests {
     @Suite("First attempts before retries")
     struct PriorityTests {
+        /// Classic queues on the single node: `verify` is a priority queue.
         @Test func newUploadIsVerifiedAheadOfTenThousandWaitingRetries() async throws {
-            let pipeline = try await PipelineHarness.start(name: "priority", verifierConcurrency: 8)
+            try await newUploadGoesFirst(onCluster: false)
+        }
+
+        /// Quorum queues on the cluster have no priorities: retries wait in a queue of their
+        /// own, which verifiers serve only when no first attempt waits.
+        @Test(.enabled(if: TestCluster.isAvailable, Comment(rawValue: TestCluster.missing)))
+        func onQuorumQueues_newUploadIsVerifiedAheadOfTenThousandWaitingRetries() async throws {
+            try await newUploadGoesFirst(onCluster: true)
+        }
+
+        func newUploadGoesFirst(onCluster: Bool) async throws {
+            let pipeline = try await PipelineHarness.start(name: "priority", verifierConcurrency: 8, onCluster: onCluster)
             defer { Task { await pipeline.stop() } }
             // Apple at 20 ms: the backlog alone takes 10,000 / (8 / 0.02 s) = 25 s to drain.
             #expect(try await HTTP.post(pipeline.fakeURL + "/fake/config", json: ["latencyMs": 20]).status == 204)
 
             let connection = AMQPConnection(
-                configuration: try TestBroker.configuration(),
+                configuration: try onCluster ? TestCluster.configuration() : TestBroker.configuration(),
                 topology: .pipeline(pipeline.names, retrySchedule: RetrySchedule(delaysSeconds: [1])),
                 logger: TestBroker.logger)
             #expect(await connection.waitUntilConnected(timeout: .seconds(15)))
             let codec = MessageCodec()
             let unknownReceipt = Data("not a receipt the fake minted".utf8).base64EncodedString()
+            // Where the verifier's own retries go: `verify` (classic) or `verify.retries` (quorum).
+            let retryQueue = pipeline.names.verifyQueue(priority: VerifyPriority.retry)
+            #expect(retryQueue == (onCluster ? pipeline.names.verifyRetries : pipeline.names.verify))
             try await withThrowingTaskGroup(of: Void.self) { group in
                 for _ in 0..<10_000 {
                     let retry = VerifyRequest(
@@ -27,8 +42,7 @@ extension BrokerTests {
                     let body = try codec.encode(retry)
                     group.addTask {
                         try await connection.publish(
-                            OutgoingMessage(
-                                routingKey: pipeline.names.verify, body: body, priority: VerifyPriority.retry))
+                            OutgoingMessage(routingKey: retryQueue, body: body, priority: VerifyPriority.retry))
                     }
                 }
                 try await group.waitForAll()
@@ -39,11 +53,13 @@ extension BrokerTests {
             let id = try await pipeline.upload(userId: "newcomer", receiptData: purchase.receiptData)
             let status = try await pipeline.waitForState(id, timeout: .seconds(20))
             let elapsed = ContinuousClock.now - started
-            let stillWaiting = try await connection.queueStatus(pipeline.names.verify).messageCount
+            let stillWaiting = try await connection.queueStatus(retryQueue).messageCount
             #expect(status["state"] as? String == "credited")
             #expect(elapsed < .seconds(3), "the new upload took \(elapsed)")
             #expect(stillWaiting > 5_000, "the backlog drained first: \(stillWaiting) left")
-            print("priority: new upload credited in \(elapsed) with \(stillWaiting) retries still waiting")
+            print(
+                "priority (\(onCluster ? "quorum, cluster" : "classic")): new upload credited in \(elapsed) with \(stillWaiting) retries still waiting"
+            )
             await connection.close()
         }
     }

@@ -218,3 +218,207 @@ broker_fresh_start() {
     broker_load "$env_file"
     broker_start
 }
+
+# ---------------------------------------------------------------------------------------------
+# A private three-node cluster (failover and quorum queue tests).
+#
+# A cluster is described by one env file (e.g. .run/test/cluster.env) naming the env files of
+# its nodes, their AMQP URLs (comma-separated, as IAP_AMQP_URL takes them) and its Erlang
+# cookie. Each node is an ordinary private node as above (its own name, AMQP port, dist port
+# and folder owned by user `rabbitmq`), started with the cluster's own cookie rather than the
+# system one (-setcookie), so no other node of the machine can join it or be joined by it.
+# Nodes 2 and 3 join node 1 with `rabbitmqctl join_cluster`.
+
+CLUSTER_START_TIMEOUT=${IAP_CLUSTER_START_TIMEOUT:-120}
+CLUSTER_SIZE=3
+
+# Load a cluster's env file (IAP_CLUSTER_NODE_ENVS, IAP_CLUSTER_AMQP_URLS, IAP_CLUSTER_COOKIE).
+cluster_load() {
+    local env_file=$1 var
+    [[ -f $env_file ]] || die "no cluster env file at $env_file (start one with 'scripts/dev test')"
+    # shellcheck disable=SC1090
+    source "$env_file"
+    for var in IAP_CLUSTER_NODE_ENVS IAP_CLUSTER_AMQP_URLS IAP_CLUSTER_COOKIE; do
+        [[ -n ${!var:-} ]] || die "$env_file does not set $var"
+    done
+}
+
+# rabbitmqctl against one node of the loaded cluster, bounded in time.
+cluster_ctl() {
+    local node=$1
+    shift
+    timeout 60 rabbitmqctl --erlang-cookie "$IAP_CLUSTER_COOKIE" -n "$node" "$@" </dev/null
+}
+
+# The env file of node <n> (1-based), or of the node whose AMQP port is <n>.
+# shellcheck disable=SC1090 # the node env files
+cluster_node_env() {
+    local which=$1 i=0 env_file port
+    for env_file in $IAP_CLUSTER_NODE_ENVS; do
+        i=$((i + 1))
+        port=$(source "$env_file"; echo "$RABBITMQ_NODE_PORT")
+        if [[ $which == "$i" || $which == "$port" ]]; then
+            echo "$env_file"
+            return 0
+        fi
+    done
+    die "the cluster has no node $which (give 1-$CLUSTER_SIZE or an AMQP port)"
+}
+
+# Node names of the loaded cluster, in order.
+# shellcheck disable=SC1090 # the node env files
+cluster_node_names() {
+    local env_file
+    for env_file in $IAP_CLUSTER_NODE_ENVS; do
+        (source "$env_file"; echo "$RABBITMQ_NODENAME")
+    done
+}
+
+# Stop every node of the loaded cluster (in parallel; each as broker_stop does).
+cluster_stop() {
+    local env_file pids=() rc=0 pid
+    for env_file in $IAP_CLUSTER_NODE_ENVS; do
+        [[ -f $env_file ]] || continue
+        ( broker_load "$env_file"; broker_stop ) &
+        pids+=($!)
+    done
+    for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+    return "$rc"
+}
+
+# kill -9 the Erlang VM of one node (a crash, for failover tests); waits until its processes are gone.
+cluster_kill_node() {
+    local env_file deadline pids beam
+    env_file=$(cluster_node_env "$1")
+    (
+        broker_load "$env_file"
+        beam=$(cat "$RABBITMQ_PID_FILE" 2>/dev/null || true)
+        pids=$(broker_pids)
+        [[ -n $pids ]] || { say "RabbitMQ node $RABBITMQ_NODENAME is not running"; exit 0; }
+        if [[ -n $beam ]] && grep -qxF "$beam" <<<"$pids"; then
+            kill -KILL "$beam"
+        else
+            # shellcheck disable=SC2086
+            kill -KILL $pids
+        fi
+        deadline=$((SECONDS + 10))
+        while pids=$(broker_pids) && [[ -n $pids ]]; do
+            # The launcher's shells and helpers end with the VM; whatever lingers goes too.
+            if ((SECONDS >= deadline)); then
+                # shellcheck disable=SC2086
+                kill -KILL $pids 2>/dev/null || true
+            fi
+            sleep 0.1
+        done
+        say "RabbitMQ node $RABBITMQ_NODENAME killed (kill -9)"
+    )
+}
+
+# Start one stopped node again with its data; it rejoins the cluster by itself.
+cluster_start_node() {
+    local env_file
+    env_file=$(cluster_node_env "$1")
+    ( broker_load "$env_file"; broker_start )
+}
+
+# Print each node's state and the cluster's running nodes; exit 0 only when all run clustered.
+cluster_status() {
+    local env_file rc=0 nodes running
+    for env_file in $IAP_CLUSTER_NODE_ENVS; do
+        ( broker_load "$env_file"; broker_status ) || rc=1
+    done
+    # Asked of the first node that answers (not `| head -n 1`: under pipefail the writer's
+    # SIGPIPE would end the script).
+    mapfile -t nodes < <(cluster_node_names)
+    local node asked=
+    for node in "${nodes[@]}"; do
+        if running=$(cluster_running_nodes "$node"); then asked=$node; break; fi
+    done
+    if [[ -z $asked ]]; then
+        echo "no node of the cluster answers rabbitmqctl"
+        return 1
+    fi
+    echo "running cluster members seen by $asked: ${running//$'\n'/ }"
+    (( $(grep -c . <<<"$running") == CLUSTER_SIZE )) || rc=1
+    return "$rc"
+}
+
+# The running members of the cluster as <node> sees them, one a line.
+cluster_running_nodes() {
+    cluster_ctl "$1" cluster_status --formatter json 2>/dev/null |
+        python3 -c 'import json, sys; print("\n".join(json.load(sys.stdin).get("running_nodes", [])))' 2>/dev/null | grep .
+}
+
+# Start a brand-new cluster of three nodes under <base_dir>: stop whatever an earlier run left
+# behind, wipe the nodes' data, pick ports and a cookie, write <cluster_env> (node env files
+# beside it, in <cluster_env without .env>/), start the nodes in parallel, join nodes 2 and 3
+# to node 1 and wait until all three run clustered. Bounded by CLUSTER_START_TIMEOUT seconds.
+# shellcheck disable=SC1090 # the node env files
+cluster_fresh_start() {
+    local prefix=$1 base=$2 cluster_env=$3 t0 deadline i env_file envs=() urls=() ports attempt
+    local node_env_dir=${cluster_env%.env} pids=() pid nodes node cookie
+    t0=$(now_ms)
+    [[ $base == */.run/* ]] || die "refusing to wipe $base (not under a .run folder)"
+    if [[ -f $cluster_env ]]; then
+        ( cluster_load "$cluster_env"; cluster_stop ) || die "could not stop the cluster left by an earlier run ($cluster_env)"
+    fi
+    rm -rf "$base"
+    mkdir -p "$node_env_dir"
+    cookie=$(python3 -c 'import secrets; print(secrets.token_hex(20).upper())')
+    # Each node picks its own free ports; pick again in the unlikely case two nodes drew one port.
+    for attempt in 1 2 3 4 5; do
+        envs=() urls=() ports=()
+        for i in $(seq 1 "$CLUSTER_SIZE"); do
+            env_file=$node_env_dir/n$i.env
+            rm -f "$env_file"
+            broker_configure "$prefix" "$base/n$i" "$env_file"
+            printf 'export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=%q\n' "-setcookie $cookie" >>"$env_file"
+            envs+=("$env_file")
+            urls+=("$(source "$env_file"; echo "$IAP_BROKER_AMQP_URL")")
+            mapfile -t -O "${#ports[@]}" ports < <(source "$env_file"; echo "$RABBITMQ_NODE_PORT"; echo "$RABBITMQ_DIST_PORT")
+        done
+        (( $(printf '%s\n' "${ports[@]}" | sort -u | wc -l) == 2 * CLUSTER_SIZE )) && break
+        ((attempt < 5)) || die "could not pick distinct ports for the cluster"
+    done
+    (
+        umask 077
+        {
+            echo "# Private three-node RabbitMQ cluster started by scripts/dev; read by 'scripts/dev cluster'."
+            printf 'export IAP_CLUSTER_NODE_ENVS=%q\n' "${envs[*]}"
+            printf 'export IAP_CLUSTER_AMQP_URLS=%q\n' "$(IFS=,; echo "${urls[*]}")"
+            printf 'export IAP_CLUSTER_COOKIE=%q\n' "$cookie"
+        } >"$cluster_env"
+    )
+    cluster_load "$cluster_env"
+    # Each node stops itself (broker_start) if it does not come up within the cluster's bound.
+    for env_file in "${envs[@]}"; do
+        ( BROKER_START_TIMEOUT=$CLUSTER_START_TIMEOUT; broker_load "$env_file"; broker_start ) &
+        pids+=($!)
+    done
+    for pid in "${pids[@]}"; do
+        wait "$pid" || { cluster_stop || true; die "a node of the cluster did not start (logs under $base)"; }
+    done
+    deadline=$((SECONDS + CLUSTER_START_TIMEOUT))
+    mapfile -t nodes < <(cluster_node_names)
+    local first=${nodes[0]}
+    for node in "${nodes[@]:1}"; do
+        say "joining $node to $first"
+        if ! { cluster_ctl "$node" stop_app >/dev/null && cluster_ctl "$node" join_cluster "$first" >/dev/null &&
+               cluster_ctl "$node" start_app >/dev/null; }; then
+            cluster_stop || true
+            die "could not join $node to $first (logs under $base)"
+        fi
+        ((SECONDS < deadline)) || { cluster_stop || true; die "the cluster did not form within ${CLUSTER_START_TIMEOUT}s"; }
+    done
+    until (( $(cluster_running_nodes "$first" | wc -l) == CLUSTER_SIZE )); do
+        if ((SECONDS >= deadline)); then
+            cluster_stop || true
+            die "the cluster did not form within ${CLUSTER_START_TIMEOUT}s (logs under $base)"
+        fi
+        sleep 0.5
+    done
+    for env_file in "${envs[@]}"; do
+        ( broker_load "$env_file"; broker_answers ) || { cluster_stop || true; die "a cluster node stopped answering AMQP"; }
+    done
+    say "RabbitMQ cluster of $CLUSTER_SIZE nodes ready: $IAP_CLUSTER_AMQP_URLS ($(( $(now_ms) - t0 ))ms)"
+}

@@ -59,17 +59,21 @@ final class PipelineHarness: Sendable {
         circuitBreaker: CircuitBreaker.Settings = .init(), sweeper: SweeperSettings = .init(),
         alerts: AlertSettings = .init(), withOps: Bool = false, authentication: UserAuthentication = .off,
         limits: IntakeLimits = .unlimited, separateAdmin: Bool = false, receiptsThroughServerAPI: Bool = false,
-        confirmWithAPI: Bool = false, restorePolicy: RestorePolicy = .keep, sharing shared: PipelineHarness? = nil,
-        store chosenStore: StoreLocation? = nil
+        confirmWithAPI: Bool = false, restorePolicy: RestorePolicy = .keep, onCluster: Bool = false,
+        sharing shared: PipelineHarness? = nil, store chosenStore: StoreLocation? = nil
     ) async throws -> PipelineHarness {
         let logger = TestBroker.logger
-        let names = shared?.names ?? PipelineNames(prefix: TestBroker.uniquePrefix(name))
+        // On the three-node cluster: all its URLs, quorum queues.
+        let names =
+            shared?.names
+            ?? (onCluster ? TestCluster.names(name) : PipelineNames(prefix: TestBroker.uniquePrefix(name)))
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-tests-\(UUID().uuidString)")
         var databasePath = shared?.databasePath ?? folder.appendingPathComponent("orders.sqlite").path
         if case .sqlite(let path)? = chosenStore { databasePath = path }
         let location = try chosenStore ?? TestStore.location(in: URL(fileURLWithPath: databasePath).deletingLastPathComponent())
         var settings = PipelineSettings(
-            amqp: try TestBroker.configuration(), names: names, databasePath: databasePath,
+            amqp: try onCluster ? TestCluster.configuration() : TestBroker.configuration(), names: names,
+            databasePath: databasePath,
             intake: IntakeSettings(
                 host: "127.0.0.1", port: 0, names: names, sweeper: sweeper, catalog: testCatalog,
                 authentication: authentication, limits: limits, adminTokens: [adminToken],
@@ -124,7 +128,7 @@ final class PipelineHarness: Sendable {
         guard await pipeline.connection?.waitUntilConnected(timeout: .seconds(15)) ?? true,
             await pipeline.consumerConnection?.waitUntilConnected(timeout: .seconds(15)) ?? true
         else {
-            throw HarnessError("no connection to the test broker at \(try TestBroker.url())")
+            throw HarnessError("no connection to the test broker at \(try onCluster ? TestCluster.urls() : TestBroker.url())")
         }
         if withOps {
             guard try await eventually(timeout: .seconds(10), { ports.withLockedValue { $0[.ops] } != nil }) else {

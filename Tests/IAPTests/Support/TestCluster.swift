@@ -1,0 +1,81 @@
+import Foundation
+import IAPCore
+import Messaging
+import Testing
+
+/// The private three-node RabbitMQ cluster that `scripts/dev test` starts beside the single
+/// node (IAP_TEST_CLUSTER_AMQP_URLS, IAP_TEST_CLUSTER_CTL).
+///
+/// Unlike the single node, its absence skips the tests that need it (a targeted run, or
+/// `IAP_TEST_CLUSTER=off`): `scripts/dev test` always sets it, or fails to start.
+enum TestCluster {
+    /// Why the cluster tests are skipped when they are.
+    static let missing =
+        "IAP_TEST_CLUSTER_AMQP_URLS is not set: run with `scripts/dev test`, which starts a private three-node RabbitMQ cluster"
+
+    struct Missing: Error, CustomStringConvertible {
+        var description: String { TestCluster.missing }
+    }
+
+    /// Whether this run has a cluster.
+    static var isAvailable: Bool { !(ProcessInfo.processInfo.environment["IAP_TEST_CLUSTER_AMQP_URLS"] ?? "").isEmpty }
+
+    /// The nodes' URLs, comma-separated, in the order `scripts/dev` started them.
+    static func urls() throws -> String {
+        guard let urls = ProcessInfo.processInfo.environment["IAP_TEST_CLUSTER_AMQP_URLS"], !urls.isEmpty else {
+            throw Missing()
+        }
+        return urls
+    }
+
+    /// A configuration naming all three nodes, quick to reconnect.
+    static func configuration() throws -> AMQPConfiguration {
+        var configuration = try AMQPConfiguration(url: try urls(), heartbeatSeconds: 5)
+        configuration.maximumReconnectDelay = .milliseconds(500)
+        return configuration
+    }
+
+    /// Quorum queues with the default delivery limit, under a prefix no other test uses.
+    static func names(_ name: String) -> PipelineNames {
+        PipelineNames(
+            prefix: TestBroker.uniquePrefix(name), queueType: .quorum(deliveryLimit: QueueType.defaultDeliveryLimit))
+    }
+
+    /// The AMQP port in a node's (redacted) URL.
+    static func port(of url: String) -> Int? {
+        URLComponents(string: url)?.port
+    }
+
+    /// Runs `scripts/dev cluster <arguments>` (kill N, start-node N, status), N a node's AMQP port.
+    static func control(_ arguments: String) throws {
+        guard let command = ProcessInfo.processInfo.environment["IAP_TEST_CLUSTER_CTL"], !command.isEmpty else {
+            throw Missing()
+        }
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/bin/sh")
+        process.arguments = ["-c", "\(command) \(arguments)"]
+        process.standardInput = FileHandle.nullDevice
+        try process.run()
+        process.waitUntilExit()
+        guard process.terminationStatus == 0 else {
+            throw TestBroker.BrokerControlFailed(action: "cluster \(arguments)", status: process.terminationStatus)
+        }
+    }
+}
+
+/// The consumer's next delivery, or nil when none comes within `timeout`.
+func nextDelivery(_ consumer: AMQPConsumer, within timeout: Duration) async -> AMQPDelivery? {
+    await withTaskGroup(of: AMQPDelivery?.self) { group in
+        group.addTask {
+            var iterator = consumer.makeAsyncIterator()
+            return await iterator.next()
+        }
+        group.addTask {
+            try? await Task.sleep(for: timeout)
+            return nil
+        }
+        let first = await group.next() ?? nil
+        group.cancelAll()
+        return first
+    }
+}
