@@ -227,9 +227,10 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
             database: location.database, tls: .disable)
         configuration.options.connectTimeout = .seconds(5)
         do {
-            connection = try PostgresConnection.connect(
-                on: MultiThreadedEventLoopGroup.singleton.any(), configuration: configuration, id: id, logger: logger
-            ).wait()
+            connection = try Self.wait(
+                for: PostgresConnection.connect(
+                    on: MultiThreadedEventLoopGroup.singleton.any(), configuration: configuration, id: id, logger: logger),
+                atMost: .seconds(15), doing: "connecting")
         } catch {
             throw Self.translate(error, sql: "(connect to \(location))")
         }
@@ -259,7 +260,7 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
     func close() {
         if let connection {
             let closing: EventLoopFuture<Void> = connection.close()
-            try? closing.wait()
+            _ = try? Self.wait(for: closing, atMost: .seconds(5), doing: "closing")
         }
         connection = nil
     }
@@ -327,7 +328,7 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
         let query = PostgresQuery(unsafeSQL: Self.numbered(sql), binds: binds)
         let result: PostgresQueryResult
         do {
-            result = try connection.query(query, logger: logger).wait()
+            result = try Self.wait(for: connection.query(query, logger: logger), atMost: Self.statementTimeout, doing: "waiting for an answer")
         } catch {
             let translated = Self.translate(error, sql: sql)
             switch translated.kind {
@@ -364,6 +365,32 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
         case .numeric: return .text("\(try cell.decode(Decimal.self))")
         default: return .text(try cell.decode(String.self))
         }
+    }
+
+    /// How long one statement may take before its connection counts as lost (a server that
+    /// went away without closing the socket must not hold the writer forever).
+    static let statementTimeout: TimeAmount = .seconds(120)
+
+    /// Waits for `future` at most `limit`; past it, a `.connection` failure.
+    static func wait<T>(for future: EventLoopFuture<T>, atMost limit: TimeAmount, doing what: String) throws -> T {
+        let promise = future.eventLoop.makePromise(of: T.self)
+        let settled = NIOLockedValueBox(false)
+        func settleOnce() -> Bool {
+            settled.withLockedValue { done in
+                defer { done = true }
+                return !done
+            }
+        }
+        let timer = future.eventLoop.scheduleTask(in: limit) {
+            guard settleOnce() else { return }
+            promise.fail(SQLError(.connection, "no answer from the database within \(limit.nanoseconds / 1_000_000_000) s (\(what))"))
+        }
+        future.whenComplete { result in
+            timer.cancel()
+            guard settleOnce() else { return }
+            promise.completeWith(result)
+        }
+        return try promise.futureResult.wait()
     }
 
     /// The statement with its `?` marks numbered `$1`, `$2`… (marks inside quotes stay).

@@ -23,15 +23,7 @@ extension BrokerTests {
         }
 
         func check(_ outcome: ProcessDrill.Outcome, purchases: Int, drill: ProcessDrill, name: String, recovery: Duration) {
-            print("drill[\(name)]: purchases \(purchases), \(outcome), settled \(recovery) after the fault ended")
-            #expect(outcome.accepted == purchases, "\(drill.logTail("orders"))")
-            // A phone that lost the 202 of a committed upload sends it again: one more
-            // submission, `already_credited`, also `credited`. Every submission is.
-            #expect(outcome.states["credited"] ?? 0 >= purchases, "\(outcome)")
-            #expect(outcome.states.values.reduce(0, +) == outcome.states["credited"], "\(outcome)")
-            #expect(outcome.states["rejected"] == nil, "a transient failure became a rejection: \(outcome)")
-            #expect(outcome.grants == purchases)
-            #expect(outcome.transactionsWithTwoGrants == 0)
+            drill.check(outcome, purchases: purchases, name: name, recovery: recovery)
         }
 
         @Test func verifierKilledMidStream() async throws {

@@ -45,7 +45,7 @@ struct MigrateStoreTests {
         // The move, with the command the guide gives.
         let target = try TestStore.emptyPostgresDatabase()
         let binary = try #require(ProcessInfo.processInfo.environment["IAP_TEST_IAP_BINARY"])
-        let run = try runCommand(binary, ["admin", "migrate-store", "--from", sqlitePath, "--to", target.url])
+        let run = try runProgram(binary, ["admin", "migrate-store", "--from", sqlitePath, "--to", target.url])
         #expect(run.status == 0, "migrate-store failed: \(run.error)")
         let report = try JSONDecoder().decode(StoreCopyReport.self, from: Data(run.output.utf8))
         #expect(report.verified && report.tables.count == OrderStore.ledgerTables.count)
@@ -82,20 +82,5 @@ struct MigrateStoreTests {
             reason: "goodwill", policy: policy)
         #expect(try await moved.grants(ofUser: "ana").count == before["ana"]!.count + 1)
         await moved.close()
-    }
-
-    private func runCommand(_ binary: String, _ arguments: [String]) throws -> (status: Int32, output: String, error: String) {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: binary)
-        process.arguments = arguments
-        let output = Pipe()
-        let error = Pipe()
-        process.standardOutput = output
-        process.standardError = error
-        try process.run()
-        let out = output.fileHandleForReading.readDataToEndOfFile()
-        let err = error.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        return (process.terminationStatus, String(decoding: out, as: UTF8.self), String(decoding: err, as: UTF8.self))
     }
 }

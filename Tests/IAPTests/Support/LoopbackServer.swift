@@ -31,6 +31,26 @@ struct LoopbackServer: Sendable {
 
 /// Runs one of the repository's Python scripts with the interpreter at `python` (absolute, or
 /// relative to the repository); its exit status and everything it printed.
+/// Runs a program to its end: its exit status, standard output and standard error.
+func runProgram(_ path: String, _ arguments: [String]) throws -> (status: Int32, output: String, error: String) {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: path)
+    process.arguments = arguments
+    let output = Pipe()
+    let error = Pipe()
+    process.standardOutput = output
+    process.standardError = error
+    try process.run()
+    // Standard error is read beside standard output: either pipe filling up would block it.
+    let errors = NIOLockedValueBox(Data())
+    let reader = Thread { errors.withLockedValue { $0 = error.fileHandleForReading.readDataToEndOfFile() } }
+    reader.start()
+    let out = output.fileHandleForReading.readDataToEndOfFile()
+    process.waitUntilExit()
+    while reader.isExecuting || !reader.isFinished { usleep(1000) }
+    return (process.terminationStatus, String(decoding: out, as: UTF8.self), String(decoding: errors.withLockedValue { $0 }, as: UTF8.self))
+}
+
 func runPythonScript(_ python: String, _ script: String, _ arguments: [String]) throws -> (status: Int32, output: String) {
     let process = Process()
     process.executableURL = python.hasPrefix("/") ? URL(fileURLWithPath: python) : repositoryRoot.appendingPathComponent(python)

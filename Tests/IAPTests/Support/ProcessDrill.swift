@@ -211,6 +211,20 @@ final class ProcessDrill: Sendable {
         }
     }
 
+    /// Prints the drill's line and checks the promises: every purchase accepted, every
+    /// submission credited (a phone that lost the 202 of a committed upload sends it again: one
+    /// more submission, `already_credited`, also `credited`), nothing rejected, one grant each.
+    /// `logs`: the roles whose log tails explain a miss.
+    func check(_ outcome: Outcome, purchases: Int, name: String, recovery: Duration, logs: [String] = ["orders"]) {
+        print("drill[\(name)]: purchases \(purchases), \(outcome), settled \(recovery) after the fault ended")
+        #expect(outcome.accepted == purchases, "\(logs.map { logTail($0) }.joined(separator: "\n"))")
+        #expect(outcome.states["credited"] ?? 0 >= purchases, "\(outcome)")
+        #expect(outcome.states.values.reduce(0, +) == outcome.states["credited"], "\(outcome)")
+        #expect(outcome.states["rejected"] == nil, "a transient failure became a rejection: \(outcome)")
+        #expect(outcome.grants == purchases)
+        #expect(outcome.transactionsWithTwoGrants == 0)
+    }
+
     /// What the drill ended with, read from the order store itself.
     struct Outcome: CustomStringConvertible {
         var accepted: Int
