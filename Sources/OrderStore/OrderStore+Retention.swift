@@ -14,6 +14,8 @@ extension OrderStore {
         var purged = 0
         while true {
             let deleted = try await database.write { db in
+                // One purge at a time among the order services sharing the store.
+                guard try db.takeExclusive("retention") else { return 0 }
                 let ids = try String.fetchAll(
                     db,
                     sql: """

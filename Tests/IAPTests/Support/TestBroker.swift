@@ -20,8 +20,9 @@ enum TestBroker {
         return url
     }
 
-    static func configuration() throws -> AMQPConfiguration {
-        var configuration = try AMQPConfiguration(url: try url(), heartbeatSeconds: 5)
+    /// The node's configuration (or that of `urls`, comma-separated), quick to reconnect.
+    static func configuration(urls: String? = nil) throws -> AMQPConfiguration {
+        var configuration = try AMQPConfiguration(url: try urls ?? url(), heartbeatSeconds: 5)
         configuration.maximumReconnectDelay = .milliseconds(500)
         return configuration
     }

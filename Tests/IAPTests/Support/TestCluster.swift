@@ -30,9 +30,7 @@ enum TestCluster {
 
     /// A configuration naming all three nodes, quick to reconnect.
     static func configuration() throws -> AMQPConfiguration {
-        var configuration = try AMQPConfiguration(url: try urls(), heartbeatSeconds: 5)
-        configuration.maximumReconnectDelay = .milliseconds(500)
-        return configuration
+        try TestBroker.configuration(urls: try urls())
     }
 
     /// Quorum queues with the default delivery limit, under a prefix no other test uses.
