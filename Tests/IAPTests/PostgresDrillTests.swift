@@ -11,8 +11,13 @@ extension BrokerTests {
         static let purchases = 2_000
 
         /// The fake App Store, two order services (`orders`, `orders-b`, each its own intake)
-        /// and two verifiers, all on the drill's store.
+        /// and two verifiers, all on the drill's store and, unless `environment` names other
+        /// brokers, on the suite's three-node cluster (quorum queues) when the run has one.
         func startTwoOfEach(_ name: String, environment: [String: String] = [:]) async throws -> (ProcessDrill, [String]) {
+            var environment = environment
+            if environment["IAP_AMQP_URL"] == nil, TestCluster.isAvailable {
+                environment["IAP_AMQP_URL"] = try TestCluster.urls()
+            }
             let drill = try ProcessDrill(name: name, environment: environment)
             try drill.start("fake-appstore")
             try await drill.waitHealthy(drill.fakeURL)
@@ -64,6 +69,115 @@ extension BrokerTests {
             let outcome = try await drill.settle(try await uploads.value, store: .postgres(try .init(url: url)))
             check(outcome, purchases: purchases.count, drill: drill, name: "PostgreSQL restarted (3 s down)", recovery: .now - recovered)
         }
+
+        /// The broker node every service is connected to dies (kill -9) mid-stream: they move
+        /// to the next node of their list, declare their queues again and resend what the dead
+        /// node never confirmed. The node comes back 3 s later and rejoins.
+        @Test(.enabled(if: TestCluster.isAvailable, Comment(rawValue: TestCluster.missing)))
+        func theBrokerNodeInUseKilledMidStream() async throws {
+            let urls = try TestCluster.urls().split(separator: ",").map(String.init)
+            try #require(urls.count == 3)
+            let victim = try #require(TestCluster.port(of: urls[1]))
+            // Node 2 first in every service's list: that is the node they all connect to.
+            let (drill, intakes) = try await startTwoOfEach(
+                "pg-kill-node", environment: ["IAP_AMQP_URL": [urls[1], urls[0], urls[2]].joined(separator: ",")])
+            defer { drill.stopAll() }
+            let purchases = try await drill.mint(Self.purchases)
+            let uploads = Task { try await drill.upload(purchases, deadline: .seconds(200), intakes: intakes) }
+            try await Task.sleep(for: .milliseconds(1500))
+            #expect(try TestCluster.clientConnections(onNodeWithPort: victim) >= 4, "the services are not on node 2")
+            try TestCluster.control("kill \(victim)")
+            // Whatever happens next, the suite's cluster gets its node back.
+            defer { try? TestCluster.control("start-node \(victim)") }
+            try await Task.sleep(for: .seconds(3))
+            try TestCluster.control("start-node \(victim)")
+            let recovered = ContinuousClock.now
+            let outcome = try await drill.settle(try await uploads.value)
+            check(outcome, purchases: purchases.count, drill: drill, name: "kill -9 the broker node in use", recovery: .now - recovered)
+        }
+
+        /// A network partition: the link of the node every service is connected to goes down
+        /// for 20 s, cutting it off from the other two nodes and from the services at once. It
+        /// stops serving (pause_minority); the services notice by missed heartbeats and move on;
+        /// quorum queues keep their majority on the other two. Then the link comes back.
+        @Test func aBrokerNodeCutOffByAPartition() async throws {
+            let folder = repositoryRoot.appendingPathComponent(".run/test/drill-cluster-\(UUID().uuidString.prefix(8))")
+            let cluster = try DrillCluster(folder: folder, root: repositoryRoot)
+            defer { cluster.stop() }
+            let urls = try cluster.start()
+            try #require(urls.count == 3)
+            // Node 3, the one in a namespace of its own, first in every service's list.
+            let (drill, intakes) = try await startTwoOfEach(
+                "pg-partition", environment: ["IAP_AMQP_URL": [urls[2], urls[0], urls[1]].joined(separator: ",")])
+            defer { drill.stopAll() }
+            let purchases = try await drill.mint(Self.purchases)
+            let uploads = Task { try await drill.upload(purchases, deadline: .seconds(200), intakes: intakes) }
+            try await Task.sleep(for: .milliseconds(1500))
+            #expect(try cluster.clientConnections(onNode: 3) >= 4, "the services are not on node 3")
+            try cluster.partition(.down)
+            try await Task.sleep(for: .seconds(20))
+            try cluster.partition(.up)
+            let recovered = ContinuousClock.now
+            let outcome = try await drill.settle(try await uploads.value)
+            check(outcome, purchases: purchases.count, drill: drill, name: "partition: node in use cut off for 20 s", recovery: .now - recovered)
+        }
+    }
+}
+
+/// Runs a bash snippet with the repository's scripts at hand: `$1` is the repository, `$2` a
+/// drill's folder, `$3` the env file of the server it keeps there. Fails with the end of its
+/// error output.
+@discardableResult
+private func drillScript(_ text: String, root: URL, folder: URL, env: String, what: String) throws -> String {
+    let run = try runProgram("/bin/bash", ["-c", "set -euo pipefail; " + text, what, root.path, folder.path, env])
+    guard run.status == 0 else { throw HarnessError("\(what): \(run.error.suffix(800))") }
+    return run.output
+}
+
+/// A three-node RabbitMQ cluster of one drill's own whose node 3 lives in a network namespace
+/// joined to the machine by one veth link (`scripts/dev cluster partition down|up`), so that a
+/// drill can cut it off without touching the suite's cluster.
+struct DrillCluster {
+    enum Link: String { case down, up }
+
+    let folder: URL
+    let root: URL
+    var env: String { folder.appendingPathComponent("cluster.env").path }
+
+    init(folder: URL, root: URL) throws {
+        self.folder = folder
+        self.root = root
+        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+    }
+
+    /// Starts a fresh cluster and returns its nodes' AMQP URLs, node 1 first.
+    func start() throws -> [String] {
+        try script(
+            #"source "$1/scripts/lib/common.sh"; source "$1/scripts/lib/broker.sh"; cluster_fresh_start iap-drill "$2/nodes" "$3" netns >&2"#)
+        return try script(
+            #"source "$1/scripts/lib/common.sh"; source "$1/scripts/lib/broker.sh"; cluster_load "$3"; echo "$IAP_CLUSTER_AMQP_URLS""#
+        ).trimmingCharacters(in: .whitespacesAndNewlines).split(separator: ",").map(String.init)
+    }
+
+    /// Takes node 3's link down or brings it up.
+    func partition(_ link: Link) throws {
+        try script(#"IAP_CLUSTER_ENV="$3" "$1/scripts/dev" cluster partition "# + link.rawValue + " >&2")
+    }
+
+    /// How many client connections node `node` (1-3) holds.
+    func clientConnections(onNode node: Int) throws -> Int {
+        try Int(script(#"IAP_CLUSTER_ENV="$3" "$1/scripts/dev" cluster connections "# + String(node))
+            .trimmingCharacters(in: .whitespacesAndNewlines)) ?? 0
+    }
+
+    /// Stops the nodes, removes the namespace and the folder.
+    func stop() {
+        _ = try? script(#"IAP_CLUSTER_ENV="$3" "$1/scripts/dev" cluster stop >&2"#)
+        try? FileManager.default.removeItem(at: folder)
+    }
+
+    private func script(_ text: String) throws -> String {
+        try drillScript(text, root: root, folder: folder, env: env, what: "drill cluster")
     }
 }
 
@@ -104,9 +218,6 @@ struct DrillPostgres {
 
     @discardableResult
     private func script(_ text: String) throws -> String {
-        let run = try runProgram(
-            "/bin/bash", ["-c", "set -euo pipefail; " + text, "drill-postgres", root.path, folder.path, env])
-        guard run.status == 0 else { throw HarnessError("drill PostgreSQL: \(run.error.suffix(800))") }
-        return run.output
+        try drillScript(text, root: root, folder: folder, env: env, what: "drill PostgreSQL")
     }
 }

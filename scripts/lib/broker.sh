@@ -82,7 +82,7 @@ broker_pids() {
 broker_running() { [[ -n $(broker_pids) ]]; }
 
 # True when the node answers the AMQP handshake on its port.
-broker_answers() { python3 "$BROKER_LIB_DIR/net.py" amqp-ready 127.0.0.1 "$RABBITMQ_NODE_PORT"; }
+broker_answers() { python3 "$BROKER_LIB_DIR/net.py" amqp-ready "${RABBITMQ_NODE_IP_ADDRESS:-127.0.0.1}" "$RABBITMQ_NODE_PORT"; }
 
 # Print the end of the node's logs (used when something goes wrong).
 broker_log_tail() {
@@ -104,6 +104,8 @@ _broker_prepare() {
 log.file.level = info
 log.console = false
 CONF
+    # Lines a cluster adds for its nodes (partition handling, a listener off loopback).
+    [[ -z ${IAP_BROKER_EXTRA_CONF:-} ]] || printf '%s\n' "$IAP_BROKER_EXTRA_CONF" >>"$RABBITMQ_CONFIG_FILE"
     echo '[].' >"$RABBITMQ_ENABLED_PLUGINS_FILE"
     echo '# intentionally empty: keeps /etc/rabbitmq/rabbitmq-env.conf out' >"$RABBITMQ_CONF_ENV_FILE"
     chown -R rabbitmq:rabbitmq "$IAP_BROKER_DIR"
@@ -118,7 +120,7 @@ broker_start() {
     if broker_running; then
         say "RabbitMQ node $RABBITMQ_NODENAME is already running"
     else
-        say "starting RabbitMQ node $RABBITMQ_NODENAME on 127.0.0.1:$RABBITMQ_NODE_PORT"
+        say "starting RabbitMQ node $RABBITMQ_NODENAME on ${RABBITMQ_NODE_IP_ADDRESS:-127.0.0.1}:$RABBITMQ_NODE_PORT"
         _broker_prepare
         rm -f "$RABBITMQ_PID_FILE"
         local token
@@ -133,8 +135,9 @@ broker_start() {
                 fd=${fd##*/}
                 if ((fd > 2)); then eval "exec $fd>&-" 2>/dev/null || true; fi
             done
-            IAP_BROKER_INSTANCE=$token exec setsid /usr/sbin/rabbitmq-server \
-                </dev/null >>"$RABBITMQ_LOG_BASE/console.log" 2>&1
+            # A node of a partition drill lives in a network namespace of its own.
+            IAP_BROKER_INSTANCE=$token exec ${IAP_BROKER_NETNS:+ip netns exec "$IAP_BROKER_NETNS"} \
+                setsid /usr/sbin/rabbitmq-server </dev/null >>"$RABBITMQ_LOG_BASE/console.log" 2>&1
         ) &
         deadline=$((SECONDS + 5))
         until broker_running; do
@@ -198,7 +201,7 @@ broker_status() {
         echo "$RABBITMQ_NODENAME: stopped"
         return 1
     elif broker_answers; then
-        echo "$RABBITMQ_NODENAME: running, AMQP on 127.0.0.1:$RABBITMQ_NODE_PORT (pids ${pids//$'\n'/ })"
+        echo "$RABBITMQ_NODENAME: running, AMQP on ${RABBITMQ_NODE_IP_ADDRESS:-127.0.0.1}:$RABBITMQ_NODE_PORT (pids ${pids//$'\n'/ })"
     else
         echo "$RABBITMQ_NODENAME: processes alive but AMQP not answering on port $RABBITMQ_NODE_PORT (pids ${pids//$'\n'/ })"
         return 1
@@ -243,11 +246,22 @@ cluster_load() {
     done
 }
 
-# rabbitmqctl against one node of the loaded cluster, bounded in time.
+# rabbitmqctl against one node of the loaded cluster, bounded in time. rabbitmqctl runs its
+# Erlang VM in a session of its own (su), out of timeout's reach: on a timeout whatever still
+# carries this call's marker variable is killed too, or it would hold the caller's pipes.
 cluster_ctl() {
-    local node=$1
+    local node=$1 token rc=0 pid
     shift
-    timeout 60 rabbitmqctl --erlang-cookie "$IAP_CLUSTER_COOKIE" -n "$node" "$@" </dev/null
+    token="ctl-$$-$RANDOM$RANDOM"
+    IAP_CTL_INSTANCE=$token timeout 60 rabbitmqctl ${IAP_CLUSTER_LONGNAMES:+--longnames} \
+        --erlang-cookie "$IAP_CLUSTER_COOKIE" -n "$node" "$@" </dev/null || rc=$?
+    if ((rc == 124)); then
+        for pid in $(grep -lzxF "IAP_CTL_INSTANCE=$token" /proc/[0-9]*/environ 2>/dev/null |
+            sed -n 's|^/proc/\([0-9]*\)/environ$|\1|p'); do
+            kill -KILL "$pid" 2>/dev/null || true
+        done
+    fi
+    return "$rc"
 }
 
 # The env file of node <n> (1-based), or of the node whose AMQP port is <n>.
@@ -283,7 +297,46 @@ cluster_stop() {
         pids+=($!)
     done
     for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+    # A node's namespace goes with the cluster, and whatever still runs in it (its epmd).
+    if [[ -n ${IAP_CLUSTER_NETNS:-} ]] && ip netns list | grep -qw "$IAP_CLUSTER_NETNS"; then
+        # shellcheck disable=SC2046
+        kill -KILL $(ip netns pids "$IAP_CLUSTER_NETNS") 2>/dev/null || true
+        ip netns delete "$IAP_CLUSTER_NETNS" || rc=1
+    fi
     return "$rc"
+}
+
+# Make a network namespace and a veth link to it on a free /30 of 10.231.0.0/16; prints
+# "<namespace> <host end> <host address> <namespace address>". The link's host end is what
+# cluster_partition takes down; deleting the namespace removes both ends.
+cluster_make_link() {
+    local tag third fourth netns host_end ns_end
+    tag=$(python3 -c 'import secrets; print(secrets.token_hex(3))')
+    netns=iap-$tag host_end=iaph$tag ns_end=iapn$tag
+    for _ in $(seq 1 50); do
+        third=$((RANDOM % 256)) fourth=$((RANDOM % 64 * 4))
+        ip -o -4 addr show | grep -qF " 10.231.$third.$((fourth + 1))/" || break
+    done
+    {
+        ip netns add "$netns" &&
+        ip link add "$host_end" type veth peer name "$ns_end" netns "$netns" &&
+        ip addr add "10.231.$third.$((fourth + 1))/30" dev "$host_end" &&
+        ip link set "$host_end" up &&
+        ip -n "$netns" addr add "10.231.$third.$((fourth + 2))/30" dev "$ns_end" &&
+        ip -n "$netns" link set "$ns_end" up &&
+        ip -n "$netns" link set lo up
+    } >&2 || { ip netns delete "$netns" 2>/dev/null; return 1; }
+    echo "$netns $host_end 10.231.$third.$((fourth + 1)) 10.231.$third.$((fourth + 2))"
+}
+
+# Take node 3's link (a cluster started with netns) down or up: down cuts it off from the
+# other two nodes and from every client at once, as a failed switch port would.
+cluster_partition() {
+    local state=$1
+    [[ $state == down || $state == up ]] || die "usage: scripts/dev cluster partition down|up"
+    [[ -n ${IAP_CLUSTER_LINK:-} ]] || die "this cluster has no node in a namespace of its own (start it with netns)"
+    ip link set "$IAP_CLUSTER_LINK" "$state"
+    say "link $IAP_CLUSTER_LINK of node $CLUSTER_SIZE $state"
 }
 
 # kill -9 the Erlang VM of one node (a crash, for failover tests); waits until its processes are gone.
@@ -321,6 +374,17 @@ cluster_start_node() {
     ( broker_load "$env_file"; broker_start )
 }
 
+# How many client connections node <n> (1-based, or its AMQP port) holds: established TCP
+# connections to its AMQP port, counted in the node's own network namespace. (Not through
+# rabbitmqctl list_connections: its answers come back over connections the nodes open to the
+# CLI's own node, by a host name a node in another namespace cannot reach.)
+# shellcheck disable=SC1090 # the node env files
+cluster_connections() {
+    local port netns
+    read -r port netns < <(source "$(cluster_node_env "$1")"; echo "$RABBITMQ_NODE_PORT ${IAP_BROKER_NETNS:-}")
+    ${netns:+ip netns exec "$netns"} ss -Htn state established "( sport = :$port )" | grep -c . || true
+}
+
 # Print each node's state and the cluster's running nodes; exit 0 only when all run clustered.
 cluster_status() {
     local env_file rc=0 nodes running
@@ -353,10 +417,16 @@ cluster_running_nodes() {
 # behind, wipe the nodes' data, pick ports and a cookie, write <cluster_env> (node env files
 # beside it, in <cluster_env without .env>/), start the nodes in parallel, join nodes 2 and 3
 # to node 1 and wait until all three run clustered. Bounded by CLUSTER_START_TIMEOUT seconds.
+#
+# With <isolated> = netns, node 3 runs in a network namespace of its own, joined to the
+# machine by one veth link (see cluster_partition): nodes 1 and 2 are named by the host end's
+# address, node 3 by its own end's and listens for AMQP there. Every node then runs with
+# pause_minority and a 10 s net_ticktime, so a node cut off stops serving within seconds and
+# comes back by itself when the link does.
 # shellcheck disable=SC1090 # the node env files
 cluster_fresh_start() {
-    local prefix=$1 base=$2 cluster_env=$3 t0 deadline i env_file envs=() urls=() ports attempt
-    local node_env_dir=${cluster_env%.env} pids=() pid nodes node cookie
+    local prefix=$1 base=$2 cluster_env=$3 isolated=${4:-} t0 deadline i env_file envs=() urls=() ports attempt
+    local node_env_dir=${cluster_env%.env} pids=() pid nodes node cookie netns= link= host_ip= ns_ip= port
     t0=$(now_ms)
     [[ $base == */.run/* ]] || die "refusing to wipe $base (not under a .run folder)"
     if [[ -f $cluster_env ]]; then
@@ -365,6 +435,9 @@ cluster_fresh_start() {
     rm -rf "$base"
     mkdir -p "$node_env_dir"
     cookie=$(python3 -c 'import secrets; print(secrets.token_hex(20).upper())')
+    if [[ $isolated == netns ]]; then
+        read -r netns link host_ip ns_ip < <(cluster_make_link) || die "could not make the network namespace of node 3"
+    fi
     # Each node picks its own free ports; pick again in the unlikely case two nodes drew one port.
     for attempt in 1 2 3 4 5; do
         envs=() urls=() ports=()
@@ -373,6 +446,23 @@ cluster_fresh_start() {
             rm -f "$env_file"
             broker_configure "$prefix" "$base/n$i" "$env_file"
             printf 'export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS=%q\n' "-setcookie $cookie" >>"$env_file"
+            if [[ -n $netns ]]; then
+                # Later lines of an env file win over broker_configure's.
+                port=$(source "$env_file"; echo "$RABBITMQ_NODE_PORT")
+                {
+                    echo "export RABBITMQ_USE_LONGNAME=true"
+                    printf 'export IAP_BROKER_EXTRA_CONF=%q\n' "$(printf '%s\n' \
+                        'cluster_partition_handling = pause_minority' 'net_ticktime = 10' 'loopback_users = none')"
+                    if ((i == CLUSTER_SIZE)); then
+                        printf 'export IAP_BROKER_NETNS=%q\n' "$netns"
+                        printf 'export RABBITMQ_NODENAME=%q\n' "$prefix-$port@$ns_ip"
+                        printf 'export RABBITMQ_NODE_IP_ADDRESS=%q\n' "$ns_ip"
+                        printf 'export IAP_BROKER_AMQP_URL=%q\n' "amqp://guest:guest@$ns_ip:$port/"
+                    else
+                        printf 'export RABBITMQ_NODENAME=%q\n' "$prefix-$port@$host_ip"
+                    fi
+                } >>"$env_file"
+            fi
             envs+=("$env_file")
             urls+=("$(source "$env_file"; echo "$IAP_BROKER_AMQP_URL")")
             mapfile -t -O "${#ports[@]}" ports < <(source "$env_file"; echo "$RABBITMQ_NODE_PORT"; echo "$RABBITMQ_DIST_PORT")
@@ -387,6 +477,11 @@ cluster_fresh_start() {
             printf 'export IAP_CLUSTER_NODE_ENVS=%q\n' "${envs[*]}"
             printf 'export IAP_CLUSTER_AMQP_URLS=%q\n' "$(IFS=,; echo "${urls[*]}")"
             printf 'export IAP_CLUSTER_COOKIE=%q\n' "$cookie"
+            if [[ -n $netns ]]; then
+                echo "export IAP_CLUSTER_LONGNAMES=true"
+                printf 'export IAP_CLUSTER_NETNS=%q\n' "$netns"
+                printf 'export IAP_CLUSTER_LINK=%q\n' "$link"
+            fi
         } >"$cluster_env"
     )
     cluster_load "$cluster_env"

@@ -61,6 +61,20 @@ enum TestCluster {
     }
 }
 
+extension TestCluster {
+    /// How many client connections the node with AMQP port `port` holds.
+    static func clientConnections(onNodeWithPort port: Int) throws -> Int {
+        guard let command = ProcessInfo.processInfo.environment["IAP_TEST_CLUSTER_CTL"], !command.isEmpty else {
+            throw Missing()
+        }
+        let run = try runProgram("/bin/sh", ["-c", "\(command) connections \(port)"])
+        guard run.status == 0 else {
+            throw TestBroker.BrokerControlFailed(action: "cluster connections \(port)", status: run.status)
+        }
+        return Int(run.output.trimmingCharacters(in: .whitespacesAndNewlines)) ?? 0
+    }
+}
+
 /// The consumer's next delivery, or nil when none comes within `timeout`.
 func nextDelivery(_ consumer: AMQPConsumer, within timeout: Duration) async -> AMQPDelivery? {
     await withTaskGroup(of: AMQPDelivery?.self) { group in
