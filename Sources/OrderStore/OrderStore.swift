@@ -44,7 +44,7 @@ public final class OrderStore: Sendable {
 
     /// Opens the store at `location` and migrates it to the current schema (on PostgreSQL
     /// under an advisory lock: the first service to start migrates, the others wait).
-    /// `statementObserver` (SQLite only) hears the SQL text of every statement the store runs.
+    /// `statementObserver`, for tests, hears the SQL text of every statement the store runs.
     public init(location: StoreLocation, statementObserver: (@Sendable (String) -> Void)? = nil) throws(OrderStoreError) {
         self.location = location
         do {
@@ -52,7 +52,7 @@ public final class OrderStore: Sendable {
             case .sqlite(let path):
                 database = try SQLiteDatabase(path: path, statementObserver: statementObserver)
             case .postgres(let postgres):
-                database = try PostgresDatabase(location: postgres)
+                database = try PostgresDatabase(location: postgres, statementObserver: statementObserver)
             }
         } catch let error as OrderStoreError {
             throw error

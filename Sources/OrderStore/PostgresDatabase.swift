@@ -93,15 +93,19 @@ final class PostgresDatabase: SQLDatabase {
 
     var dialect: SQLDialect { .postgres }
 
+    /// `statementObserver` hears the SQL text (with `?` marks) of every statement the store runs.
     init(
         location: PostgresLocation, readers: Int = 4, patience: TimeInterval = 30,
-        logger: Logger = Logger(label: "iap.orderstore.postgres")
+        logger: Logger = Logger(label: "iap.orderstore.postgres"), statementObserver: (@Sendable (String) -> Void)? = nil
     ) throws {
         self.location = location
         self.logger = logger
         self.patience = patience
-        writer = PostgresSession(location: location, logger: logger)
-        self.readers = NIOLockedValueBox((0..<max(1, readers)).map { _ in PostgresSession(location: location, logger: logger) })
+        writer = PostgresSession(location: location, logger: logger, statementObserver: statementObserver)
+        self.readers = NIOLockedValueBox(
+            (0..<max(1, readers)).map { _ in
+                PostgresSession(location: location, logger: logger, statementObserver: statementObserver)
+            })
         readerSlots = DispatchSemaphore(value: max(1, readers))
         try writer.connect()
         try PostgresSchema.migrate(writer)
@@ -210,9 +214,12 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
     private static let nextId = NIOLockedValueBox(0)
     private static let placeholders = NIOLockedValueBox([String: String]())
 
-    init(location: PostgresLocation, logger: Logger) {
+    private let statementObserver: (@Sendable (String) -> Void)?
+
+    init(location: PostgresLocation, logger: Logger, statementObserver: (@Sendable (String) -> Void)? = nil) {
         self.location = location
         self.logger = logger
+        self.statementObserver = statementObserver
     }
 
     var dialect: SQLDialect { .postgres }
@@ -315,6 +322,7 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
 
     private func run(_ sql: String, _ arguments: SQLArguments) throws -> [SQLRow] {
         guard let connection else { throw SQLError(.connection, "not connected to \(location)") }
+        statementObserver?(sql)
         var binds = PostgresBindings(capacity: arguments.values.count)
         for value in arguments.values {
             switch value {

@@ -77,6 +77,33 @@ extension OrderStore {
         try await database.write { db in try db.rows(sql: sql, arguments: arguments) }
     }
 
+    /// PostgreSQL: the plan the server uses for `sql` (a store statement, `?` marks) whatever its
+    /// arguments: prepared as a generic plan, with sequential scans priced out
+    /// (`enable_seqscan = off`), so a `Seq Scan` left in it is a table no index serves.
+    func testGenericPlan(_ sql: String) async throws -> [String] {
+        let marks = sql.filter { $0 == "?" }.count
+        var numbered = ""
+        var mark = 0
+        for character in sql {
+            if character == "?" {
+                mark += 1
+                numbered += "$\(mark)"
+            } else {
+                numbered.append(character)
+            }
+        }
+        let statement = numbered
+        return try await database.write { db in
+            try db.execute(sql: "SET LOCAL enable_seqscan = off", arguments: [])
+            try db.execute(sql: "SET LOCAL plan_cache_mode = force_generic_plan", arguments: [])
+            try db.execute(sql: "PREPARE iap_test_plan AS " + statement, arguments: [])
+            defer { _ = try? db.execute(sql: "DEALLOCATE iap_test_plan", arguments: []) }
+            let nulls = Array(repeating: "NULL", count: marks).joined(separator: ", ")
+            return try db.rows(sql: "EXPLAIN EXECUTE iap_test_plan" + (marks > 0 ? "(\(nulls))" : ""), arguments: [])
+                .compactMap { $0.values.first.flatMap(String.fromSQL) }
+        }
+    }
+
     /// The first column of the first row of `sql`.
     func testValue<T: SQLValueConvertible>(_ sql: String, _ arguments: SQLArguments = []) async throws -> T? {
         try await testRows(sql, arguments).first.flatMap { $0.values.first.flatMap(T.fromSQL) }
