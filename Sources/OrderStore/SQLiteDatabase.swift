@@ -83,10 +83,19 @@ final class SQLiteConnection: SQLConnection {
 
     func rows(sql: String, arguments: SQLArguments) throws -> [SQLRow] {
         do {
-            let rows = try Row.fetchAll(statement(sql), arguments: Self.arguments(arguments))
-            guard let first = rows.first else { return [] }
-            let columns = Array(first.columnNames)
-            return rows.map { row in SQLRow(columns: columns, values: row.databaseValues.map(Self.value)) }
+            // Each row read once, straight from the statement (a cursor's rows are views on it,
+            // not copies), into the values the store reads.
+            let statement = try statement(sql)
+            let columns = statement.columnNames
+            let cursor = try Row.fetchCursor(statement, arguments: Self.arguments(arguments))
+            var rows: [SQLRow] = []
+            while let row = try cursor.next() {
+                var values: [SQLValue] = []
+                values.reserveCapacity(columns.count)
+                for value in row.databaseValues { values.append(Self.value(value)) }
+                rows.append(SQLRow(columns: columns, values: values))
+            }
+            return rows
         } catch let error as DatabaseError {
             throw Self.translate(error)
         }
