@@ -201,7 +201,8 @@ public struct SQLArguments: Sendable, ExpressibleByArrayLiteral {
     }
 
     public init(_ elements: [some SQLValueConvertible]) {
-        values = elements.map(\.sqlValue)
+        // A closure, not `\.sqlValue`: a key path through a generic type is built at run time.
+        values = elements.map { $0.sqlValue }
     }
 
     public init(values: [SQLValue]) {
