@@ -69,6 +69,27 @@ struct SharedStoreTests {
         for store in stores { await store.close() }
     }
 
+    /// Two services see the same submissions fail at the same moment (a result redelivered to
+    /// the other finisher): each submission alerts once, from whichever service claims it first.
+    @Test func twoServicesAlertingForTheSameSubmissionsAlertOnceEach() async throws {
+        let stores = try await services(2)
+        var ids: [SubmissionID] = []
+        for index in 0..<100 {
+            ids.append(try await upload("ana-\(index % 7)", "alert-\(index)", to: stores[index % 2]).submissionId)
+        }
+        let claims = try await withThrowingTaskGroup(of: Bool.self) { group in
+            for id in ids {
+                group.addTask { try await stores[0].claimAlert(for: id) }
+                group.addTask { try await stores[1].claimAlert(for: id) }
+            }
+            return try await group.reduce(into: 0) { count, claimed in count += claimed ? 1 : 0 }
+        }
+        #expect(claims == ids.count)
+        let alerted: Int? = try await stores[0].testValue("SELECT COUNT(*) FROM submission WHERE alertedAt IS NOT NULL")
+        #expect(alerted == ids.count)
+        for store in stores { await store.close() }
+    }
+
     /// Two relays publish one outbox at once: every message once, events in commit order.
     @Test func twoRelaysPublishEachMessageOnceAndEventsInOrder() async throws {
         let stores = try await services(2)
