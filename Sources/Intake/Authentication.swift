@@ -4,6 +4,7 @@ import Foundation
 import Hummingbird
 import JWTKit
 import Logging
+import OrderStore
 
 /// How app users prove who they are to the intake.
 public enum UserAuthentication: Sendable {
@@ -186,11 +187,11 @@ struct UserAuthMiddleware: RouterMiddleware {
     typealias Context = IntakeContext
 
     let authentication: UserAuthentication
-    private let userBuckets: TokenBuckets?
+    private let userLimit: RateLimiter?
 
-    init(authentication: UserAuthentication, limit: RateLimit?) {
+    init(authentication: UserAuthentication, limit: RateLimit?, store: OrderStore) {
         self.authentication = authentication
-        userBuckets = limit.map { TokenBuckets($0) }
+        userLimit = limit.map { RateLimiter($0, scope: "user", store: store) }
     }
 
     func handle(
@@ -214,24 +215,24 @@ struct UserAuthMiddleware: RouterMiddleware {
                     metadata: ["iap.error.code": "\(error.code.rawValue)", "iap.error.cause": "\(error.detail)"])
                 throw APIError.unauthenticated(error)
             }
-            try admit(userId)
+            try await admit(userId, context: context)
             context.userId = userId
         case .off:
             if let named = try Self.namedUser(request) {
-                try admit(named)
+                try await admit(named, context: context)
                 context.userId = named
             } else if request.method == .get {
                 // A read acts for a user as in production; only the source of the id changes.
                 throw APIError(.unauthenticated, "with IAP_AUTH=off, name the user with ?userId=")
             } else {
-                context.pendingUserLimit = userBuckets
+                context.pendingUserLimit = userLimit
             }
         }
         return try await next(request, context)
     }
 
-    private func admit(_ userId: String) throws(APIError) {
-        if let userBuckets, let wait = userBuckets.take(userId) {
+    private func admit(_ userId: String, context: Context) async throws(APIError) {
+        if let userLimit, let wait = await userLimit.take(userId, logger: context.logger) {
             throw APIError.rateLimited(retryAfter: wait)
         }
     }
@@ -254,7 +255,7 @@ extension IntakeContext {
     /// The user a request acts for: the established one (token, or with authentication off
     /// `?userId=` or the path), else the one the body names, which then takes its turn of the
     /// per-user rate limit. A body naming another user than the established one is refused.
-    func resolveUser(named: String?) throws(APIError) -> String {
+    func resolveUser(named: String?) async throws(APIError) -> String {
         if let userId {
             if let named, named != userId {
                 throw APIError(.userMismatch, "'userId' differs from the user of the token (or of ?userId=)")
@@ -262,7 +263,7 @@ extension IntakeContext {
             return userId
         }
         guard let named else { throw APIError.missingField("userId") }
-        if let pendingUserLimit, let wait = pendingUserLimit.take(named) {
+        if let pendingUserLimit, let wait = await pendingUserLimit.take(named, logger: logger) {
             throw APIError.rateLimited(retryAfter: wait)
         }
         return named

@@ -124,7 +124,7 @@ public enum APIErrorCode: String, CaseIterable, Sendable {
         case .requestTimeout: "the body took longer than `IAP_BODY_TIMEOUT_SECONDS` (30) to arrive"
         case .conflict: "the change contradicts the store (another user's purchase, granted or revoked already)"
         case .bodyTooLarge: "the body exceeds `IAP_MAX_BODY_BYTES` (1 MiB; notifications: `IAP_NOTIFICATION_MAX_BYTES`, 64 KiB)"
-        case .rateLimited: "over `IAP_RATE_LIMIT_PER_USER` (10/s), `IAP_RATE_LIMIT_PER_IP` (300/s) or `IAP_NOTIFICATION_RATE` (50/s for the whole intake), bursts of twice that; wait `Retry-After` seconds"
+        case .rateLimited: "over `IAP_RATE_LIMIT_PER_USER` (10/s), `IAP_RATE_LIMIT_PER_IP` (300/s) or `IAP_NOTIFICATION_RATE` (50/s for the whole deployment), bursts of twice that; wait `Retry-After` seconds"
         case .internalError: "a fault of ours; the process keeps serving"
         case .overloaded: "more than `IAP_MAX_IN_FLIGHT_REQUESTS` (1024) requests in progress; retry after `Retry-After`"
         case .storeUnavailable: "the store could not be written or read (disk full, file locked); nothing was accepted"

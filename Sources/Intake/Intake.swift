@@ -73,14 +73,14 @@ public func makeIntakeRouter(
     let router = Router(context: IntakeContext.self)
     let routes = RouteTable()
     router.add(middleware: APIErrorMiddleware(routes: routes))
-    router.add(middleware: AdmissionMiddleware(limits: settings.limits))
+    router.add(middleware: AdmissionMiddleware(limits: settings.limits, store: store))
     router.get("/healthz") { _, _ in
         try JSONResponse.make(["status": "ok"])
     }
     let orders = OrdersController(store: store, settings: settings)
     orders.addPublicRoutes(to: router)
     let users = router.group().add(
-        middleware: UserAuthMiddleware(authentication: settings.authentication, limit: settings.limits.perUser))
+        middleware: UserAuthMiddleware(authentication: settings.authentication, limit: settings.limits.perUser, store: store))
     let receipts = ReceiptsController(store: store, settings: settings, acceptedUpload: acceptedUpload)
     receipts.addRoutes(to: users)
     receipts.addNotificationRoute(to: router)

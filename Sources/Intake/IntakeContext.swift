@@ -11,7 +11,7 @@ public struct IntakeContext: RequestContext, RemoteAddressRequestContext {
     /// the query or path names; nil when neither says.
     public var userId: String?
     /// With authentication off, the per-user rate limit still to apply once a body names the user.
-    var pendingUserLimit: TokenBuckets?
+    var pendingUserLimit: RateLimiter?
 
     public init(source: ApplicationRequestContextSource) {
         coreContext = .init(source: source)

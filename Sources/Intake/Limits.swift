@@ -1,8 +1,10 @@
 import Foundation
 import HTTPTypes
 import Hummingbird
+import Logging
 import NIOConcurrencyHelpers
 import NIOCore
+import OrderStore
 
 /// A token-bucket rate: `perSecond` requests on average, bursts of up to `burst`.
 public struct RateLimit: Sendable, Equatable {
@@ -101,6 +103,55 @@ final class TokenBuckets: Sendable {
     }
 }
 
+/// One rate limit by key, for the whole deployment: counted in this process's memory and,
+/// where several order services share the order store (PostgreSQL), in the store too, so
+/// that N services still allow the rate once rather than N times.
+///
+/// The local count comes first: a key over the rate here is over it everywhere, and is
+/// refused without a round trip. If the store cannot be asked (it is away), the local count
+/// alone decides: the upload itself then fails with 503 if it cannot be stored either.
+final class RateLimiter: Sendable {
+    private let limit: RateLimit
+    private let local: TokenBuckets
+    private let shared: OrderStore?
+    /// Prefixes the key in the store, so that limits of different kinds never share a bucket.
+    private let scope: String
+    private let lastWarning = NIOLockedValueBox(ContinuousClock.now - .seconds(3600))
+
+    init(_ limit: RateLimit, scope: String, store: OrderStore, maxKeys: Int = 100_000) {
+        self.limit = limit
+        self.scope = scope
+        local = TokenBuckets(limit, maxKeys: maxKeys)
+        shared = store.sharesRateLimits ? store : nil
+    }
+
+    /// Takes one request's turn for `key`: nil when allowed, else the whole seconds to wait.
+    func take(_ key: String, logger: Logger) async -> Int? {
+        if let wait = local.take(key) { return wait }
+        guard let shared else { return nil }
+        do {
+            guard
+                let wait = try await shared.takeRateToken(
+                    "\(scope):\(key)", perSecond: Double(limit.perSecond), burst: Double(limit.burst))
+            else { return nil }
+            return max(1, Int(wait.rounded(.up)))
+        } catch {
+            let now = ContinuousClock.now
+            let warn = lastWarning.withLockedValue { last in
+                guard now - last >= .seconds(60) else { return false }
+                last = now
+                return true
+            }
+            if warn {
+                logger.warning(
+                    "shared rate limit unavailable; counting in this process only",
+                    metadata: ["iap.rate_limit.scope": "\(scope)", "error": "\(error)"])
+            }
+            return nil
+        }
+    }
+}
+
 extension APIError {
     static func rateLimited(retryAfter seconds: Int) -> APIError {
         var error = APIError(.rateLimited, "too many requests; retry after \(seconds) s")
@@ -116,11 +167,11 @@ struct AdmissionMiddleware: RouterMiddleware {
 
     let limits: IntakeLimits
     private let inFlight = NIOLockedValueBox(0)
-    private let addressBuckets: TokenBuckets?
+    private let addressLimit: RateLimiter?
 
-    init(limits: IntakeLimits) {
+    init(limits: IntakeLimits, store: OrderStore) {
         self.limits = limits
-        addressBuckets = limits.perAddress.map { TokenBuckets($0) }
+        addressLimit = limits.perAddress.map { RateLimiter($0, scope: "address", store: store) }
     }
 
     func handle(
@@ -128,7 +179,9 @@ struct AdmissionMiddleware: RouterMiddleware {
     ) async throws -> Response {
         if request.uri.path == "/healthz" { return try await next(request, context) }
         // Apple sends notifications from few addresses, in bursts, and retries only in production.
-        if let addressBuckets, request.uri.path != "/v1/notifications/appstore", let wait = addressBuckets.take(clientAddress(request, context: context)) {
+        if let addressLimit, request.uri.path != "/v1/notifications/appstore",
+            let wait = await addressLimit.take(clientAddress(request, context: context), logger: context.logger)
+        {
             throw APIError.rateLimited(retryAfter: wait)
         }
         let admitted = inFlight.withLockedValue { count in

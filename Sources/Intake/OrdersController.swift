@@ -28,7 +28,7 @@ struct OrdersController: Sendable {
         router.post("/v1/orders") { request, context in
             let body = try await IntakeBody.collect(request, limit: 16 * 1024, timeout: settings.limits.bodyTimeout)
             let fields = try JSONFields(body)
-            let userId = try context.resolveUser(named: try fields.string("userId"))
+            let userId = try await context.resolveUser(named: try fields.string("userId"))
             let productId = try fields.requiredString("productId")
             if let catalog = settings.catalog, catalog.product(productId) == nil {
                 throw APIError(.unknownProduct, "no product \(productId) in the catalog")

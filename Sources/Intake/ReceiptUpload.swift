@@ -20,7 +20,7 @@ struct ReceiptUpload: Equatable {
 
     /// Reads and checks a body; every fault is an `APIError` with its own code. A body's
     /// `userId` that differs from the request's established user is refused.
-    init(json data: Data, context: IntakeContext) throws(APIError) {
+    init(json data: Data, context: IntakeContext) async throws(APIError) {
         let object: Any
         do {
             object = try JSONSerialization.jsonObject(with: data, options: [.fragmentsAllowed])
@@ -30,7 +30,7 @@ struct ReceiptUpload: Equatable {
         guard let fields = object as? [String: Any] else {
             throw .invalidJSON("the body must be a JSON object")
         }
-        let userId = try context.resolveUser(named: try Self.string(fields, "userId", maxLength: Self.maxIdLength))
+        let userId = try await context.resolveUser(named: try Self.string(fields, "userId", maxLength: Self.maxIdLength))
         let receipt = try Self.string(fields, "receiptData", maxLength: .max)
         let signed = try Self.string(fields, "signedTransaction", maxLength: Self.maxJWSLength)
         let transactionId = try Self.string(fields, "transactionId", maxLength: Self.maxIdLength)

@@ -36,7 +36,7 @@ struct ReceiptsController: Sendable {
 
     private func accept(_ request: Request, context: IntakeContext) async throws -> Response {
         let body = try await IntakeBody.collect(request, limit: settings.maxBodyBytes, timeout: settings.limits.bodyTimeout)
-        let upload = try ReceiptUpload(json: body, context: context)
+        let upload = try await ReceiptUpload(json: body, context: context)
         var verifyRequest = VerifyRequest(
             submissionId: UUID(), userId: upload.userId, receiptData: upload.receiptData,
             transactionId: upload.transactionId, orderId: upload.orderId, attempt: 1, acceptedAt: Date())
@@ -86,10 +86,10 @@ struct ReceiptsController: Sendable {
     /// downtime of ours; a fault of ours (store unavailable) stays 503, never 4xx.
     func addNotificationRoute(to router: Router<IntakeContext>) {
         let accepted = Counter(label: MetricNames.notifications)
-        let buckets = settings.limits.notifications.map { TokenBuckets($0, maxKeys: 1) }
+        let limit = settings.limits.notifications.map { RateLimiter($0, scope: "notifications", store: store, maxKeys: 1) }
         router.post("/v1/notifications/appstore") { request, context in
             // One bucket for the deployment: Apple sends from many addresses.
-            if let wait = buckets?.take("appstore") {
+            if let wait = await limit?.take("appstore", logger: context.logger) {
                 context.logger.info("App Store notification refused", metadata: ["iap.error.code": "rate_limited"])
                 throw APIError.rateLimited(retryAfter: wait)
             }

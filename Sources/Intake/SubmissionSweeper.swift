@@ -72,6 +72,7 @@ public final class SubmissionSweeper: Service, Sendable {
             }
             if Task.isShuttingDownGracefully { return }
             await sweep()
+            await purgeIdleRateBuckets()
         }
     }
 
@@ -89,6 +90,17 @@ public final class SubmissionSweeper: Service, Sendable {
         } catch {
             logger.error("retention purge failed", metadata: ["error": "\(error)"])
             return 0
+        }
+    }
+
+    /// Deletes the shared rate-limit buckets nobody used lately (full again, so nothing is
+    /// forgotten); only where the store counts rate limits.
+    func purgeIdleRateBuckets() async {
+        guard store.sharesRateLimits else { return }
+        do {
+            try await store.purgeIdleRateBuckets()
+        } catch {
+            logger.debug("idle rate-limit buckets not purged", metadata: ["error": "\(error)"])
         }
     }
 

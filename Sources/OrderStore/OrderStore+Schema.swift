@@ -281,6 +281,20 @@ extension OrderStore {
                     CREATE INDEX outbox_kind ON outbox(mandatory, id);
                     """)
         }
+        migrator.registerMigration("v7: rate-limit buckets") { db in
+            try db.execute(
+                sql: """
+                    -- Token buckets that several order services count together (PostgreSQL);
+                    -- the same table here keeps one set of operations on both backends.
+                    CREATE TABLE rate_bucket (
+                        key TEXT PRIMARY KEY NOT NULL,
+                        tokens REAL NOT NULL,
+                        allowed INTEGER NOT NULL,
+                        updated REAL NOT NULL
+                    );
+                    CREATE INDEX rate_bucket_updated ON rate_bucket(updated);
+                    """)
+        }
         return migrator
     }
 }

@@ -90,6 +90,10 @@ final class PostgresDatabase: SQLDatabase {
     private let readerQueue = DispatchQueue(label: "iap.orderstore.postgres.readers", attributes: .concurrent)
     /// How long a transaction keeps trying through lost connections and conflicts.
     private let patience: TimeInterval
+    /// The connection of `writeAside`, and until when it is not tried again after a failure.
+    private let aside: PostgresSession
+    private let asideQueue = DispatchQueue(label: "iap.orderstore.postgres.aside")
+    private let asideDownUntil = NIOLockedValueBox(Date.distantPast)
 
     var dialect: SQLDialect { .postgres }
 
@@ -107,6 +111,9 @@ final class PostgresDatabase: SQLDatabase {
                 PostgresSession(location: location, logger: logger, statementObserver: statementObserver)
             })
         readerSlots = DispatchSemaphore(value: max(1, readers))
+        aside = PostgresSession(
+            location: location, logger: logger, statementObserver: statementObserver,
+            connectTimeout: .seconds(2), statementTimeout: .seconds(2))
         try writer.connect()
         try PostgresSchema.migrate(writer)
     }
@@ -137,6 +144,32 @@ final class PostgresDatabase: SQLDatabase {
         }
     }
 
+    /// On the aside connection, in autocommit (each statement its own transaction, READ
+    /// COMMITTED: an upsert of one row waits for that row's lock, never for a conflict to
+    /// retry). Once it fails, it fails at once for a second rather than queue every caller
+    /// behind a connect timeout while the database is away.
+    func writeAside<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) throws -> T) async throws -> T {
+        try await withCheckedThrowingContinuation { continuation in
+            asideQueue.async {
+                continuation.resume(
+                    with: Result {
+                        guard Date() >= self.asideDownUntil.withLockedValue({ $0 }) else {
+                            throw SQLError(.connection, "the database did not answer a moment ago")
+                        }
+                        do {
+                            try self.aside.ensureConnected()
+                            self.aside.beginTransaction()
+                            return try body(self.aside)
+                        } catch let error as SQLError where error.kind == .connection {
+                            self.aside.closeSoon()
+                            self.asideDownUntil.withLockedValue { $0 = Date().addingTimeInterval(1) }
+                            throw error
+                        }
+                    })
+            }
+        }
+    }
+
     /// Runs a statement outside any transaction, on the writer (for tests and tools).
     func executeOutsideTransaction(_ sql: String) async throws {
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
@@ -148,11 +181,13 @@ final class PostgresDatabase: SQLDatabase {
 
     func close() async {
         writerQueue.sync { writer.close() }
+        asideQueue.sync { aside.close() }
         for reader in readers.withLockedValue({ $0 }) { reader.close() }
     }
 
     deinit {
         writer.closeSoon()
+        aside.closeSoon()
         for reader in readers.withLockedValue({ $0 }) { reader.closeSoon() }
     }
 
@@ -215,11 +250,19 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
     private static let placeholders = NIOLockedValueBox([String: String]())
 
     private let statementObserver: (@Sendable (String) -> Void)?
+    /// How long connecting, and then one statement, may take before the connection counts as lost.
+    private let connectTimeout: TimeAmount
+    private let statementTimeout: TimeAmount
 
-    init(location: PostgresLocation, logger: Logger, statementObserver: (@Sendable (String) -> Void)? = nil) {
+    init(
+        location: PostgresLocation, logger: Logger, statementObserver: (@Sendable (String) -> Void)? = nil,
+        connectTimeout: TimeAmount = .seconds(15), statementTimeout: TimeAmount = PostgresSession.defaultStatementTimeout
+    ) {
         self.location = location
         self.logger = logger
         self.statementObserver = statementObserver
+        self.connectTimeout = connectTimeout
+        self.statementTimeout = statementTimeout
     }
 
     var dialect: SQLDialect { .postgres }
@@ -232,12 +275,12 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
         var configuration = PostgresConnection.Configuration(
             host: location.host, port: location.port, username: location.user, password: location.password,
             database: location.database, tls: .disable)
-        configuration.options.connectTimeout = .seconds(5)
+        configuration.options.connectTimeout = min(.seconds(5), connectTimeout)
         do {
             connection = try Self.wait(
                 for: PostgresConnection.connect(
                     on: MultiThreadedEventLoopGroup.singleton.any(), configuration: configuration, id: id, logger: logger),
-                atMost: .seconds(15), doing: "connecting")
+                atMost: connectTimeout, doing: "connecting")
         } catch {
             throw Self.translate(error, sql: "(connect to \(location))")
         }
@@ -336,7 +379,7 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
         let query = PostgresQuery(unsafeSQL: Self.numbered(sql), binds: binds)
         let result: PostgresQueryResult
         do {
-            result = try Self.wait(for: connection.query(query, logger: logger), atMost: Self.statementTimeout, doing: "waiting for an answer")
+            result = try Self.wait(for: connection.query(query, logger: logger), atMost: statementTimeout, doing: "waiting for an answer")
         } catch {
             let translated = Self.translate(error, sql: sql)
             switch translated.kind {
@@ -377,7 +420,7 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
 
     /// How long one statement may take before its connection counts as lost (a server that
     /// went away without closing the socket must not hold the writer forever).
-    static let statementTimeout: TimeAmount = .seconds(120)
+    static let defaultStatementTimeout: TimeAmount = .seconds(120)
 
     /// Waits for `future` at most `limit`; past it, a `.connection` failure.
     static func wait<T>(for future: EventLoopFuture<T>, atMost limit: TimeAmount, doing what: String) throws -> T {

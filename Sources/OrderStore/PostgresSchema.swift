@@ -8,7 +8,8 @@ import Foundation
 enum PostgresSchema {
     /// Frozen history: add migrations, never edit one that shipped.
     static let migrations: [(version: Int, name: String, sql: String)] = [
-        (1, "the ledger as of SQLite schema v6", version1)
+        (1, "the ledger as of SQLite schema v6", version1),
+        (2, "rate-limit buckets (SQLite schema v7)", version2),
     ]
 
     /// A key only this store's migrations take (`pg_advisory_lock`), so that the first
@@ -275,5 +276,17 @@ enum PostgresSchema {
             submissionId TEXT COLLATE "C" NOT NULL,
             redeliveredAt TEXT COLLATE "C" NOT NULL
         );
+        """
+
+    /// Token buckets counted by every order service together. UNLOGGED: a bucket is worth a
+    /// few seconds of traffic, so it need not survive a crash and its updates write no WAL.
+    static let version2 = """
+        CREATE UNLOGGED TABLE rate_bucket (
+            key TEXT COLLATE "C" PRIMARY KEY NOT NULL,
+            tokens DOUBLE PRECISION NOT NULL,
+            allowed BIGINT NOT NULL,
+            updated DOUBLE PRECISION NOT NULL
+        );
+        CREATE INDEX rate_bucket_updated ON rate_bucket(updated);
         """
 }

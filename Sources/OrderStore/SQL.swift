@@ -366,6 +366,10 @@ protocol SQLDatabase: Sendable {
     /// runs `body` again, so `body` must only change the database and its own locals.
     @discardableResult
     func write<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) throws -> T) async throws -> T
+    /// Runs one short, self-contained statement's worth of work that must not wait behind the
+    /// ledger's writes (the shared rate-limit buckets): on PostgreSQL on a connection of its
+    /// own in autocommit, failing at once while the database is away; on SQLite as `write`.
+    func writeAside<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) throws -> T) async throws -> T
     /// Closes the connections.
     func close() async
 }

@@ -46,6 +46,11 @@ final class SQLiteDatabase: SQLDatabase {
         try await Self.translatingErrors { try await pool.write { db in try body(SQLiteConnection(db)) } }
     }
 
+    func writeAside<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) throws -> T) async throws -> T {
+        // One process writes the file: there is no other queue to stay out of.
+        try await write(body)
+    }
+
     func close() async {
         try? pool.close()
     }

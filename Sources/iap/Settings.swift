@@ -270,10 +270,10 @@ struct HTTPOptions: ParsableArguments {
     @Option(name: .long, help: "A retry this many seconds overdue is queued again. (env IAP_SWEEP_RETRY_GRACE_SECONDS; default 600)")
     var sweepRetryGraceSeconds: Int?
 
-    @Option(name: .long, help: "Requests per second one user may send (bursts of twice that); 0 is unlimited. (env IAP_RATE_LIMIT_PER_USER; default 10)")
+    @Option(name: .long, help: "Requests per second one user may send, counted across the order services sharing a PostgreSQL store (bursts of twice that); 0 is unlimited. (env IAP_RATE_LIMIT_PER_USER; default 10)")
     var rateLimitPerUser: Int?
 
-    @Option(name: .long, help: "Requests per second one client address may send (bursts of twice that); 0 is unlimited. (env IAP_RATE_LIMIT_PER_IP; default 300)")
+    @Option(name: .long, help: "Requests per second one client address may send, counted across the order services sharing a PostgreSQL store (bursts of twice that); 0 is unlimited. (env IAP_RATE_LIMIT_PER_IP; default 300)")
     var rateLimitPerIP: Int?
 
     @Option(name: .long, help: "Header a trusted reverse proxy sets to the client's address, e.g. X-Real-IP; unset uses the TCP peer. (env IAP_CLIENT_IP_HEADER)")
@@ -288,7 +288,7 @@ struct HTTPOptions: ParsableArguments {
     @Option(name: .long, help: "Largest App Store notification body in bytes; larger ones get 413. (env IAP_NOTIFICATION_MAX_BYTES; default 65536)")
     var notificationMaxBytes: Int?
 
-    @Option(name: .long, help: "App Store notifications per second for the whole intake, any sender (bursts of twice that); more get 429; 0 is unlimited. (env IAP_NOTIFICATION_RATE; default 50)")
+    @Option(name: .long, help: "App Store notifications per second for the whole deployment, any sender (bursts of twice that); more get 429; 0 is unlimited. (env IAP_NOTIFICATION_RATE; default 50)")
     var notificationRate: Int?
 
     @Option(name: .long, help: "Days after which rejected submissions and their receipts or signed payloads are deleted (the audit log stays); 0 keeps them. (env IAP_RETENTION_DAYS; default 30)")
