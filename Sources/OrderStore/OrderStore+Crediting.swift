@@ -186,6 +186,7 @@ extension OrderStore {
                     purchaseDate, userId, orderId, submissionId, appAccountToken, heldReason, creditedAt, creditKey,
                     webOrderLineItemId)
                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                ON CONFLICT DO NOTHING
                 """,
             arguments: [
                 purchase.transactionId, purchase.originalTransactionId, purchase.productId, max(purchase.quantity, 1),
@@ -193,6 +194,18 @@ extension OrderStore {
                 boundOrder, upload.submissionId, purchase.appAccountToken, heldReason?.rawValue, now, key,
                 purchase.webOrderLineItemId,
             ])
+        if db.changesCount == 0 {
+            // Recorded meanwhile by another order service: the outcome is what that row says,
+            // and nothing of this purchase has been written here.
+            let recorded = try db.cachedRow(
+                sql: "SELECT userId, heldReason FROM purchase WHERE transactionId = ?", arguments: [purchase.transactionId])
+            guard let recorded else {
+                throw SQLError(.serializationFailure, "purchase \(purchase.transactionId) conflicted but is not there")
+            }
+            if (recorded["userId"] as String) != upload.userId { return (.replayedFromOtherUser, nil) }
+            if let held: String = recorded["heldReason"] { return (.held, ReasonCode(held)) }
+            return (.alreadyCredited, nil)
+        }
         if let heldReason {
             try audit(
                 actor: "system", action: "purchase_held", subject: "transaction:\(purchase.transactionId)",
@@ -265,19 +278,19 @@ extension OrderStore {
                 grant: product?.grant(quantity: active["quantity"]) ?? [:], environment: purchase.environment,
                 source: "apple", expiresAt: active["expiresAt"], policy: policy, now: now, in: db)
         }
-        if try db.cachedRow(sql: "SELECT 1 FROM purchase WHERE transactionId = ?", arguments: [purchase.transactionId]) == nil {
-            try db.execute(
-                sql: """
-                    INSERT INTO purchase (transactionId, originalTransactionId, productId, quantity, environment, bundleId,
-                        purchaseDate, userId, submissionId, appAccountToken, creditedAt, creditKey, webOrderLineItemId)
-                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-                    """,
-                arguments: [
-                    purchase.transactionId, purchase.originalTransactionId, purchase.productId, max(purchase.quantity, 1),
-                    purchase.environment.rawValue, upload.bundleId, purchase.purchaseDate, upload.userId,
-                    upload.submissionId, purchase.appAccountToken, now, key, purchase.webOrderLineItemId,
-                ])
-        }
+        // The restore's own transaction, unless it is recorded already.
+        try db.execute(
+            sql: """
+                INSERT INTO purchase (transactionId, originalTransactionId, productId, quantity, environment, bundleId,
+                    purchaseDate, userId, submissionId, appAccountToken, creditedAt, creditKey, webOrderLineItemId)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                ON CONFLICT DO NOTHING
+                """,
+            arguments: [
+                purchase.transactionId, purchase.originalTransactionId, purchase.productId, max(purchase.quantity, 1),
+                purchase.environment.rawValue, upload.bundleId, purchase.purchaseDate, upload.userId,
+                upload.submissionId, purchase.appAccountToken, now, key, purchase.webOrderLineItemId,
+            ])
         try audit(
             actor: "system", action: "grant_transferred", subject: "transaction:\(purchase.transactionId)",
             reason: "restored by \(upload.userId); moved from \(previous)",
@@ -296,11 +309,18 @@ extension OrderStore {
                 INSERT INTO grants (transactionId, userId, productId, orderId, quantity, grantJSON, environment, source,
                     state, grantedAt, creditKey, originalTransactionId, expiresAt)
                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, ?, ?, ?)
+                ON CONFLICT DO NOTHING
                 """,
             arguments: [
                 transactionId, userId, productId, orderId, quantity, grantJSON, environment.rawValue, source, now,
                 creditKey, originalTransactionId, expiresAt,
             ])
+        guard db.changesCount == 1 else {
+            // Never credit on an assumption: the key (or the transaction) is granted already.
+            // (Another writer's grant this transaction cannot see fails it with 40001 instead,
+            // and it runs again.) The unit is undone, as a unique key's refusal would.
+            throw SQLError(.uniqueViolation, "a grant for \(creditKey) or transaction \(transactionId) exists already")
+        }
         try event(
             "grant.created",
             [

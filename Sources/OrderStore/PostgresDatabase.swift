@@ -229,6 +229,13 @@ final class PostgresDatabase: SQLDatabase {
                     if error.kind != .connection { try? session.execute(sql: "ROLLBACK") } else { session.close() }
                     throw error
                 }
+            } catch {
+                // The body refused (a rule of the ledger: not found, a conflict): nothing it
+                // wrote stays, and the session leaves the transaction, or the next BEGIN would
+                // be ignored and run on this one's snapshot (and commit what this one wrote).
+                session.endTransaction()
+                try? session.execute(sql: "ROLLBACK")
+                throw error
             }
         }
     }
@@ -355,6 +362,9 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
             return value
         } catch {
             if let sqlError = error as? SQLError, sqlError.kind == .connection { throw error }
+            // A unit that met another writer's work (the server's 40001, or a row it expected
+            // to insert found taken) makes the whole transaction run again from the start.
+            if let sqlError = error as? SQLError, sqlError.kind == .serializationFailure { mustRetry = true }
             // Undo this unit only; the transaction goes on (unless it must run again anyway).
             try execute(sql: "ROLLBACK TO SAVEPOINT \(name)")
             try execute(sql: "RELEASE SAVEPOINT \(name)")

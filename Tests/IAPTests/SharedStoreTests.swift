@@ -90,6 +90,23 @@ struct SharedStoreTests {
         for store in stores { await store.close() }
     }
 
+    /// A write the store refuses (a grant by hand for a purchase it does not know) leaves no
+    /// transaction open: the service's next write sees what another service committed since.
+    @Test func aRefusedWriteLeavesNoTransactionOpen() async throws {
+        let stores = try await services(2)
+        let policy = CreditPolicy(catalog: PipelineHarness.testCatalog)
+        await #expect(throws: OrderStoreError.self) {
+            try await stores[0].grantManually(
+                userId: "ana", productId: "com.example.coins.60", quantity: 1, grant: [:], transactionId: "nowhere",
+                actor: "cs", reason: "test", policy: policy)
+        }
+        let result = try await upload("ana", "after-refusal", to: stores[1])
+        #expect(try await stores[0].apply(result, policy: policy) == .credited)
+        let grants: Int? = try await stores[1].testValue("SELECT COUNT(*) FROM grants WHERE transactionId = 'after-refusal'")
+        #expect(grants == 1)
+        for store in stores { await store.close() }
+    }
+
     /// Two relays publish one outbox at once: every message once, events in commit order.
     @Test func twoRelaysPublishEachMessageOnceAndEventsInOrder() async throws {
         let stores = try await services(2)
