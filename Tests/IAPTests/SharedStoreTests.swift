@@ -107,6 +107,43 @@ struct SharedStoreTests {
         for store in stores { await store.close() }
     }
 
+    /// A transaction the server fails with a serialization failure (40001) or a deadlock
+    /// (40P01) runs again from the start, and what it writes is committed once; so does a
+    /// group commit whose unit met one inside its savepoint.
+    @Test(arguments: ["serialization_failure", "deadlock_detected"])
+    func conflictsAreRunAgainAndCommittedOnce(_ condition: String) async throws {
+        let stores = try await services(1)
+        let store = stores[0]
+        let attempts = NIOLockedValueBox(0)
+        let raise = "DO $$ BEGIN RAISE EXCEPTION 'injected' USING ERRCODE = '\(condition)'; END $$"
+        let key = "conflict-\(condition)"
+        try await store.database.write { db in
+            let attempt = attempts.withLockedValue { count in
+                count += 1
+                return count
+            }
+            try db.execute(sql: "INSERT INTO reconciliation_run (task, lastRunAt) VALUES (?, ?)", arguments: [key, Date()])
+            if attempt == 1 { try db.execute(sql: raise) }
+        }
+        #expect(attempts.withLockedValue { $0 } == 2)
+        let rows: Int? = try await store.testValue("SELECT COUNT(*) FROM reconciliation_run WHERE task = ?", [key])
+        #expect(rows == 1)
+
+        attempts.withLockedValue { $0 = 0 }
+        try await store.groupCommit.write { db in
+            let attempt = attempts.withLockedValue { count in
+                count += 1
+                return count
+            }
+            try db.execute(sql: "INSERT INTO reconciliation_run (task, lastRunAt) VALUES (?, ?)", arguments: [key + "-unit", Date()])
+            if attempt == 1 { try db.execute(sql: raise) }
+        }
+        #expect(attempts.withLockedValue { $0 } == 2)
+        let unitRows: Int? = try await store.testValue("SELECT COUNT(*) FROM reconciliation_run WHERE task = ?", [key + "-unit"])
+        #expect(unitRows == 1)
+        await store.close()
+    }
+
     /// Two relays publish one outbox at once: every message once, events in commit order.
     @Test func twoRelaysPublishEachMessageOnceAndEventsInOrder() async throws {
         let stores = try await services(2)
