@@ -4,8 +4,9 @@ import IAPCore
 import Testing
 
 /// What docs/scaling.md tells a team to do, on a store the pipeline wrote: stop the order
-/// service, `iap admin migrate-store --from FILE --to URL`, start on PostgreSQL. Not a grant
-/// may be lost or doubled on the way.
+/// service, `iap admin migrate-store --from FILE --to URL`, start the order service on
+/// PostgreSQL. Not a grant may be lost or doubled on the way, and an upload accepted just
+/// before the stop (its queue message still in the outbox) is credited after the move.
 @Suite(
     "Moving a SQLite deployment to PostgreSQL",
     .enabled(if: ProcessInfo.processInfo.environment["IAP_TEST_DATABASE_URL"] != nil))
@@ -13,13 +14,16 @@ struct MigrateStoreTests {
     @Test func aLedgerWrittenByThePipelineMovesWithoutLosingOrDoublingAGrant() async throws {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-migrate-\(UUID().uuidString)")
         let sqlitePath = folder.appendingPathComponent("orders.sqlite").path
-        let pipeline = try await PipelineHarness.start(name: "migrate", store: .sqlite(path: sqlitePath))
+        // Apple (the fake App Store) outlives both order services, as the real one does.
+        let apple = try await PipelineHarness.start(name: "migrate", roles: [])
+        defer { Task { await apple.stop() } }
+        let pipeline = try await PipelineHarness.start(name: "migrate", sharing: apple, store: .sqlite(path: sqlitePath))
         let users = ["ana", "ben", "cem", "dee"]
         var purchases: [PipelineHarness.Purchase] = []
         var submissions: [String: String] = [:]
+        func product(_ index: Int) -> String { index.isMultiple(of: 4) ? "com.example.premium" : "com.example.coins.60" }
         for index in 0..<12 {
-            let purchase = try await pipeline.mint(
-                productId: index.isMultiple(of: 4) ? "com.example.premium" : "com.example.coins.60")
+            let purchase = try await pipeline.mint(productId: product(index))
             purchases.append(purchase)
             submissions[try await pipeline.upload(userId: users[index % users.count], receiptData: purchase.receiptData)] =
                 users[index % users.count]
@@ -42,6 +46,17 @@ struct MigrateStoreTests {
         let audit = try await pipeline.store.auditLog(limit: 1000)
         await pipeline.stop()
 
+        // An upload accepted at the last moment: stored with its queue message, not yet relayed.
+        let late = try await apple.mint(productId: "com.example.coins.60")
+        let lateRequest = VerifyRequest(submissionId: UUID(), userId: "fay", receiptData: late.receiptData, acceptedAt: Date())
+        let sqlite = try OrderStore(path: sqlitePath)
+        try await sqlite.accept(
+            lateRequest,
+            message: OutboxMessage(
+                routingKey: apple.names.verify, body: try MessageCodec().encode(lateRequest),
+                messageId: lateRequest.submissionId.uuidString, priority: VerifyPriority.firstAttempt))
+        await sqlite.close()
+
         // The move, with the command the guide gives.
         let target = try TestStore.emptyPostgresDatabase()
         let binary = try #require(ProcessInfo.processInfo.environment["IAP_TEST_IAP_BINARY"])
@@ -50,37 +65,37 @@ struct MigrateStoreTests {
         let report = try JSONDecoder().decode(StoreCopyReport.self, from: Data(run.output.utf8))
         #expect(report.verified && report.tables.count == OrderStore.ledgerTables.count)
         #expect(report.tables.first { $0.table == "grants" }?.rows == 12)
+        #expect((report.tables.first { $0.table == "outbox" }?.rows ?? 0) >= 1, "the late upload's message moves too")
 
         // Everything a user or customer service sees is the same on PostgreSQL.
         let moved = try OrderStore(location: .postgres(target))
         for user in users + ["eve"] { #expect(try await moved.grants(ofUser: user) == before[user], "\(user)") }
         for (id, status) in statuses { #expect(try await moved.status(of: UUID(uuidString: id)!) == status) }
         #expect(try await moved.auditLog(limit: 1000) == audit)
-
-        // And the ledger goes on: what was credited stays credited once, new ids follow the old.
-        let policy = CreditPolicy(catalog: PipelineHarness.testCatalog)
-        for (index, purchase) in purchases.enumerated().prefix(4) {
-            let request = VerifyRequest(submissionId: UUID(), userId: users[index % users.count], receiptData: "AAAA", acceptedAt: Date())
-            try await moved.accept(request, message: OutboxMessage(routingKey: "q", body: [1]))
-            let result = VerifyResult(
-                submissionId: request.submissionId, userId: request.userId, orderId: nil, attempt: 1,
-                outcome: .verified(
-                    VerifiedReceipt(
-                        bundleId: PipelineHarness.bundleId, environment: .production,
-                        purchases: [
-                            VerifiedPurchase(
-                                transactionId: purchase.transactionId, originalTransactionId: purchase.transactionId,
-                                productId: index.isMultiple(of: 4) ? "com.example.premium" : "com.example.coins.60",
-                                quantity: 1, purchaseDate: nil, environment: .production)
-                        ])))
-            _ = try await moved.apply(result, policy: policy)
-            let state = try await moved.status(of: request.submissionId)?.transactions.first?.state
-            #expect(state == (index == 2 ? .revoked : .alreadyCredited), "transaction \(index): \(String(describing: state))")
-        }
-        _ = try await moved.grantManually(
-            userId: "ana", productId: "com.example.coins.60", quantity: 1, grant: [:], transactionId: nil, actor: "ops",
-            reason: "goodwill", policy: policy)
-        #expect(try await moved.grants(ofUser: "ana").count == before["ana"]!.count + 1)
         await moved.close()
+
+        // The order service starts on PostgreSQL and the ledger goes on: the late upload is
+        // relayed and credited, uploads of what was credited credit nothing again, and what
+        // Apple refunded stays refunded.
+        let onPostgres = try await PipelineHarness.start(name: "migrate", sharing: apple, store: .postgres(target))
+        defer { Task { await onPostgres.stop() } }
+        let lateState = try await onPostgres.waitForState(lateRequest.submissionId.uuidString)
+        #expect(lateState["state"] as? String == "credited", "\(lateState)")
+        #expect(try await onPostgres.store.grants(ofUser: "fay").count == 1)
+        for (index, purchase) in purchases.enumerated().prefix(4) {
+            let id = try await onPostgres.upload(userId: users[index % users.count], receiptData: purchase.receiptData)
+            let answer = try await onPostgres.waitForState(id)
+            let transactions = answer["transactions"] as? [[String: Any]] ?? []
+            let state = transactions.first { $0["transactionId"] as? String == purchase.transactionId }?["state"] as? String
+            #expect(state == (index == 2 ? "revoked" : "already_credited"), "transaction \(index): \(answer)")
+        }
+        let fresh = try await apple.mint(productId: "com.example.coins.60")
+        let freshState = try await onPostgres.waitForState(try await onPostgres.upload(userId: "ana", receiptData: fresh.receiptData))
+        #expect(freshState["state"] as? String == "credited", "\(freshState)")
+        for user in users + ["eve"] {
+            let after = try await onPostgres.store.grants(ofUser: user)
+            #expect(after.count == before[user]!.count + (user == "ana" ? 1 : 0), "\(user): \(after.count)")
+            #expect(Set(before[user]!.map(\.transactionId)).isSubset(of: Set(after.map(\.transactionId))), "\(user)")
+        }
     }
 }
