@@ -12,6 +12,74 @@ struct ComposeTests {
         try expectValid("compose/docker-compose.cluster.yml")
     }
 
+    /// The cluster file as docker-compose resolves it has the shape docs/scaling.md describes:
+    /// three RabbitMQ nodes that form one cluster, PostgreSQL on a volume, two order services
+    /// on it behind the balancer, verifiers that scale and see no secret but their own, and
+    /// Prometheus and Grafana.
+    @Test func clusterComposeFileHasTheDeploymentsShape() throws {
+        let config = try resolved("compose/docker-compose.cluster.yml")
+        let services = try #require(config["services"] as? [String: [String: Any]])
+        for name in ["rabbitmq-1", "rabbitmq-2", "rabbitmq-3", "postgres", "orders-1", "orders-2", "lb", "verifier", "prometheus", "grafana"] {
+            #expect(services[name] != nil, "no service \(name)")
+        }
+        func volumes(_ service: String) -> [String] {
+            (services[service]?["volumes"] as? [Any] ?? []).map { volume in
+                if let text = volume as? String { return text }
+                let mount = volume as? [String: Any] ?? [:]
+                return "\(mount["source"] ?? ""):\(mount["target"] ?? "")"
+            }
+        }
+        func environment(_ service: String) -> [String: String] {
+            (services[service]?["environment"] as? [String: Any] ?? [:]).mapValues { "\($0)" }
+        }
+        func secrets(_ service: String) -> [String] {
+            (services[service]?["secrets"] as? [Any] ?? []).map { ($0 as? String) ?? "\(($0 as? [String: Any])?["source"] ?? "")" }
+        }
+        let rabbitConfig = try String(
+            contentsOf: repositoryRoot.appendingPathComponent("compose/rabbitmq/rabbitmq.conf"), encoding: .utf8)
+        for node in 1...3 {
+            #expect(volumes("rabbitmq-\(node)").contains { $0.hasPrefix("rabbitmq-\(node)-data:") }, "rabbitmq-\(node) keeps its data")
+            #expect(rabbitConfig.contains("classic_config.nodes.\(node) = rabbit@rabbitmq-\(node)"), "node \(node) joins the cluster")
+            #expect(secrets("rabbitmq-\(node)").contains("rabbitmq-erlang-cookie"))
+        }
+        #expect(volumes("postgres").contains { $0.hasPrefix("postgres-data:/var/lib/postgresql/data") }, "\(volumes("postgres"))")
+        let balancer = try String(contentsOf: repositoryRoot.appendingPathComponent("compose/haproxy/haproxy.cfg"), encoding: .utf8)
+        for orders in ["orders-1", "orders-2"] {
+            let settings = environment(orders)
+            #expect(settings["IAP_DATABASE_URL"]?.hasPrefix("postgres://") == true, "\(orders): \(settings)")
+            #expect(settings["IAP_QUEUE_TYPE"] == "quorum" && settings["IAP_AMQP_URL_FILE"] != nil, "\(orders)")
+            #expect(balancer.contains("server \(orders) \(orders):8080"), "the balancer sends uploads to \(orders)")
+        }
+        let verifier = try #require(services["verifier"])
+        #expect(((verifier["deploy"] as? [String: Any])?["replicas"] as? Int ?? 0) >= 2, "verifiers scale by replicas")
+        #expect(environment("verifier")["IAP_QUEUE_TYPE"] == "quorum")
+        #expect(Set(secrets("verifier")) == ["amqp-urls"], "\(secrets("verifier"))")
+        #expect(!volumes("verifier").contains { $0.hasSuffix(":/run/secrets") || $0.hasSuffix(":/run/secrets:ro") }, "\(volumes("verifier"))")
+    }
+
+    /// `docker-compose config` of `path`, as JSON objects (its YAML read by the PyYAML that
+    /// Debian's docker-compose itself runs on).
+    private func resolved(_ path: String) throws -> [String: Any] {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/bin/sh")
+        process.arguments = [
+            "-c",
+            "docker-compose -f \"$1\" config | /usr/bin/python3 -c 'import json, sys, yaml; json.dump(yaml.safe_load(sys.stdin), sys.stdout)'",
+            "sh", path,
+        ]
+        process.currentDirectoryURL = repositoryRoot
+        let output = Pipe()
+        let errors = Pipe()
+        process.standardOutput = output
+        process.standardError = errors
+        try process.run()
+        let data = output.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        let message = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        #expect(process.terminationStatus == 0, "docker-compose config \(path): \(message)")
+        return try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any], "\(message)")
+    }
+
     /// Fails when `docker-compose config` refuses the file, or when the file is missing (the
     /// tool then exits non-zero too; the first check says which).
     private func expectValid(_ path: String) throws {
