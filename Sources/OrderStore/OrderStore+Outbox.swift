@@ -80,6 +80,29 @@ extension OrderStore {
         }
     }
 
+    /// Extends `relay`'s claims on `ids` to `lease` from now, while it is still publishing
+    /// them (a publish waiting for a broker can outlast one lease; another relay taking the
+    /// rows then would send them twice and events out of order). Nothing to do on SQLite.
+    public func renewClaims(_ ids: [Int64], relay: String, lease: TimeInterval = 30, now: Date = Date()) async throws {
+        guard database.dialect == .postgres, !ids.isEmpty else { return }
+        try await database.write { db in
+            try db.execute(
+                sql: "UPDATE outbox SET claimedUntil = ? WHERE claimedBy = ? AND id IN (\(sqlMarks(ids.count)))",
+                arguments: SQLArguments(values: [now.addingTimeInterval(lease).sqlValue, relay.sqlValue] + ids.map(\.sqlValue)))
+        }
+    }
+
+    /// Gives up `relay`'s claims on `ids` (rows it did not get to publish), so that any relay
+    /// may take them at once rather than after the lease.
+    public func releaseClaims(_ ids: [Int64], relay: String) async throws {
+        guard database.dialect == .postgres, !ids.isEmpty else { return }
+        try await database.write { db in
+            try db.execute(
+                sql: "UPDATE outbox SET claimedUntil = NULL WHERE claimedBy = ? AND id IN (\(sqlMarks(ids.count)))",
+                arguments: SQLArguments(values: [relay.sqlValue] + ids.map(\.sqlValue)))
+        }
+    }
+
     /// A row of `outbox` as a message.
     private static func outboxMessage(_ row: SQLRow) -> OutboxMessage {
         var message = OutboxMessage(

@@ -17,16 +17,19 @@ public final class OutboxRelay: Service, Sendable {
     private let logger: Logger
     private let batchSize: Int
     private let pollInterval: Duration
+    /// How long a claim on rows lasts unless renewed (several relays share a PostgreSQL outbox).
+    private let lease: Duration
     private let signal = WakeupSignal()
     /// This relay's name in the rows it claims.
     private let relayId = "relay-\(ProcessInfo.processInfo.processIdentifier)-\(UUID().uuidString.prefix(8))"
 
     /// Creates a relay over `store`.
     public init(
-        store: OrderStore, batchSize: Int = 500, pollInterval: Duration = .seconds(1), logger: Logger,
-        publish: @escaping Publish
+        store: OrderStore, batchSize: Int = 500, pollInterval: Duration = .seconds(1), lease: Duration = .seconds(30),
+        logger: Logger, publish: @escaping Publish
     ) {
         self.store = store
+        self.lease = lease
         self.publish = publish
         self.logger = logger
         self.batchSize = batchSize
@@ -73,12 +76,15 @@ public final class OutboxRelay: Service, Sendable {
     func relayBatch() async -> Int {
         let batch: [OutboxMessage]
         do {
-            batch = try await store.claimUnpublished(limit: batchSize, relay: relayId)
+            batch = try await store.claimUnpublished(limit: batchSize, relay: relayId, lease: Self.seconds(lease))
         } catch {
             logger.error("outbox read failed", metadata: ["error": "\(error)"])
             return 0
         }
         guard !batch.isEmpty else { return 0 }
+        // The claims last while this relay publishes, however long the broker makes it wait.
+        let renewal = store.dialect == .postgres ? keepClaimed(batch.compactMap(\.id)) : nil
+        defer { renewal?.cancel() }
         // Work messages go out together (confirms batch themselves); events go out one after
         // another in commit order, so no consumer sees `grant.revoked` before `grant.created`.
         let events = batch.filter { !$0.mandatory }
@@ -107,6 +113,9 @@ public final class OutboxRelay: Service, Sendable {
                 logger.warning("outbox publish failed", metadata: ["iap.outbox.id": "\(id)", "error": "\(error)"])
                 try await store.markPublishFailed(id, error: error)
             }
+            // Events after a failed one were not tried: any relay may take them now, in order.
+            let tried = Set(outcomes.map(\.0))
+            try await store.releaseClaims(batch.compactMap(\.id).filter { !tried.contains($0) }, relay: relayId)
         } catch {
             // The rows stay and go out again (consumers are idempotent); pause rather than
             // republish the same batch in a tight loop while the file is unwritable.
@@ -115,6 +124,25 @@ public final class OutboxRelay: Service, Sendable {
             return 0
         }
         return confirmed.count
+    }
+
+    /// Renews the claims on `ids` every third of a lease until cancelled.
+    private func keepClaimed(_ ids: [Int64]) -> Task<Void, Never> {
+        let (store, relayId, lease, logger) = (self.store, self.relayId, self.lease, self.logger)
+        return Task {
+            while !Task.isCancelled {
+                guard (try? await Task.sleep(for: lease / 3)) != nil, !Task.isCancelled else { return }
+                do {
+                    try await store.renewClaims(ids, relay: relayId, lease: Self.seconds(lease))
+                } catch {
+                    logger.warning("outbox claims not renewed", metadata: ["error": "\(error)"])
+                }
+            }
+        }
+    }
+
+    private static func seconds(_ duration: Duration) -> TimeInterval {
+        TimeInterval(duration.components.seconds) + TimeInterval(duration.components.attoseconds) / 1e18
     }
 }
 

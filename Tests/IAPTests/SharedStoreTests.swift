@@ -1,5 +1,6 @@
 import Foundation
 import IAPCore
+import Logging
 import NIOConcurrencyHelpers
 @testable import OrderStore
 import Testing
@@ -181,6 +182,78 @@ struct SharedStoreTests {
         #expect(Set(ids).count == ids.count, "no message twice")
         let eventOrder = events.withLockedValue { $0 }
         #expect(eventOrder == eventOrder.sorted(), "events leave in commit order")
+        #expect(try await stores[0].outboxBacklog() == 0)
+        for store in stores { await store.close() }
+    }
+
+    /// Writes `events` events and `work` work messages into the outbox of `store`.
+    func fillOutbox(_ store: OrderStore, events: Int, work: Int) async throws {
+        try await store.groupCommit.write { db in
+            for index in 0..<max(events, work) {
+                if index < work {
+                    try OrderStore.insert(OutboxMessage(routingKey: "verify", body: Array("w\(index)".utf8)), now: Date(), in: db)
+                }
+                if index < events {
+                    var event = OutboxMessage(exchange: "events", routingKey: "grant.created", body: Array("e\(index)".utf8))
+                    event.mandatory = false
+                    try OrderStore.insert(event, now: Date(), in: db)
+                }
+            }
+        }
+    }
+
+    /// A relay whose publish waits for the broker longer than a lease keeps its claims: the
+    /// other relay takes none of its rows meanwhile, and every message leaves once, events in
+    /// commit order, each deleted only after its publish returned (the broker confirmed it).
+    @Test func aRelayWaitingForTheBrokerKeepsItsClaims() async throws {
+        let stores = try await services(2)
+        try await fillOutbox(stores[0], events: 10, work: 5)
+        let logger = Logger(label: "iap.tests.relay")
+        let released = NIOLockedValueBox(false)
+        let first = NIOLockedValueBox([String]())
+        let second = NIOLockedValueBox([String]())
+        let slow = OutboxRelay(store: stores[0], lease: .seconds(1), logger: logger) { message in
+            // The broker holds the first relay's events (a confirm that does not come).
+            while !message.mandatory && !released.withLockedValue({ $0 }) { try await Task.sleep(for: .milliseconds(20)) }
+            first.withLockedValue { $0.append(String(decoding: message.body, as: UTF8.self)) }
+        }
+        let other = OutboxRelay(store: stores[1], lease: .seconds(1), logger: logger) { message in
+            second.withLockedValue { $0.append(String(decoding: message.body, as: UTF8.self)) }
+        }
+        let slowBatch = Task { await slow.relayBatch() }
+        try await Task.sleep(for: .milliseconds(3500))
+        #expect(await other.relayBatch() == 0, "three leases later the rows are still claimed")
+        #expect(try await stores[1].outboxBacklog() == 15, "nothing is deleted before its publish returns")
+        released.withLockedValue { $0 = true }
+        #expect(await slowBatch.value == 15)
+        #expect(await other.relayBatch() == 0)
+        #expect(second.withLockedValue { $0 }.isEmpty, "\(second.withLockedValue { $0 })")
+        let sent = first.withLockedValue { $0 }
+        #expect(sent.filter { $0.hasPrefix("e") } == (0..<10).map { "e\($0)" }, "\(sent)")
+        #expect(Set(sent.filter { $0.hasPrefix("w") }) == Set((0..<5).map { "w\($0)" }))
+        #expect(try await stores[0].outboxBacklog() == 0)
+        for store in stores { await store.close() }
+    }
+
+    /// A relay whose publishes fail keeps every row (counted as attempts) for the next round,
+    /// which another relay then publishes.
+    @Test func failedPublishesStayInTheOutbox() async throws {
+        let stores = try await services(2)
+        try await fillOutbox(stores[0], events: 3, work: 4)
+        let logger = Logger(label: "iap.tests.relay")
+        struct BrokerAway: Error {}
+        let failing = OutboxRelay(store: stores[0], logger: logger) { _ in throw BrokerAway() }
+        #expect(await failing.relayBatch() == 0)
+        #expect(try await stores[0].outboxBacklog() == 7)
+        let attempts: Int? = try await stores[0].testValue("SELECT SUM(attempts) FROM outbox")
+        // Every work message was tried; the events stopped at the first failure, keeping their order.
+        #expect(attempts == 5, "\(String(describing: attempts))")
+        let sent = NIOLockedValueBox([String]())
+        let working = OutboxRelay(store: stores[1], logger: logger) { message in
+            sent.withLockedValue { $0.append(String(decoding: message.body, as: UTF8.self)) }
+        }
+        #expect(await working.relayBatch() == 7)
+        #expect(sent.withLockedValue { $0 }.filter { $0.hasPrefix("e") } == ["e0", "e1", "e2"])
         #expect(try await stores[0].outboxBacklog() == 0)
         for store in stores { await store.close() }
     }
