@@ -1,4 +1,5 @@
 import Foundation
+import IAPCore
 import OrderStore
 import Testing
 
@@ -43,6 +44,15 @@ extension BrokerTests {
             let purchases = try await drill.mint(Self.purchases)
             let uploads = Task { try await drill.upload(purchases, deadline: .seconds(200), intakes: intakes) }
             try await Task.sleep(for: .milliseconds(1500))
+            // Results are in flight: some purchases are credited already, more are not yet.
+            let store = try TestStore.open(in: drill.folder)
+            let flowing = try await eventually(timeout: .seconds(20), interval: .milliseconds(100)) {
+                (try await store.submissionCounts()[.credited] ?? 0) > 0
+            }
+            let atKill = try await store.submissionCounts()
+            await store.close()
+            #expect(flowing, "no result was applied before the kill")
+            #expect((atKill[.pending] ?? 0) + (atKill[.retrying] ?? 0) > 0, "nothing was in flight at the kill: \(atKill)")
             drill.kill9("orders")
             try await Task.sleep(for: .seconds(2))
             try drill.start("orders")
@@ -115,11 +125,25 @@ extension BrokerTests {
             try await Task.sleep(for: .milliseconds(1500))
             #expect(try cluster.clientConnections(onNode: 3) >= 4, "the services are not on node 3")
             try cluster.partition(.down)
-            try await Task.sleep(for: .seconds(20))
+            let cut = ContinuousClock.now
+            // While the link is down the services notice by missed heartbeats and reach the
+            // majority's nodes.
+            let moved = try await eventually(timeout: .seconds(19), interval: .milliseconds(500)) {
+                try cluster.clientConnections(onNode: 1) + cluster.clientConnections(onNode: 2) >= 4
+            }
+            #expect(moved, "the services did not reach nodes 1 and 2 while node 3 was cut off")
+            let movedAfter = ContinuousClock.now - cut
+            try await Task.sleep(until: cut + .seconds(20), clock: .continuous)
             try cluster.partition(.up)
             let recovered = ContinuousClock.now
             let outcome = try await drill.settle(try await uploads.value)
-            check(outcome, purchases: purchases.count, drill: drill, name: "partition: node in use cut off for 20 s", recovery: .now - recovered)
+            check(
+                outcome, purchases: purchases.count, drill: drill,
+                name: "partition: node in use cut off for 20 s (services on the majority after \(movedAfter))",
+                recovery: .now - recovered)
+            // And the node that was cut off is a running member of the cluster again.
+            let whole = try await eventually(timeout: .seconds(60), interval: .seconds(1)) { cluster.isWhole() }
+            #expect(whole, "node 3 did not rejoin the cluster after the link came back")
         }
     }
 }
@@ -168,6 +192,11 @@ struct DrillCluster {
     func clientConnections(onNode node: Int) throws -> Int {
         try Int(script(#"IAP_CLUSTER_ENV="$3" "$1/scripts/dev" cluster connections "# + String(node))
             .trimmingCharacters(in: .whitespacesAndNewlines)) ?? 0
+    }
+
+    /// Whether all three nodes run as members of one cluster (`scripts/dev cluster status`).
+    func isWhole() -> Bool {
+        (try? script(#"IAP_CLUSTER_ENV="$3" "$1/scripts/dev" cluster status >&2"#)) != nil
     }
 
     /// Stops the nodes, removes the namespace and the folder.
