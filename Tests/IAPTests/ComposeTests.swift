@@ -60,24 +60,15 @@ struct ComposeTests {
     /// `docker-compose config` of `path`, as JSON objects (its YAML read by the PyYAML that
     /// Debian's docker-compose itself runs on).
     private func resolved(_ path: String) throws -> [String: Any] {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/bin/sh")
-        process.arguments = [
-            "-c",
-            "docker-compose -f \"$1\" config | /usr/bin/python3 -c 'import json, sys, yaml; json.dump(yaml.safe_load(sys.stdin), sys.stdout)'",
-            "sh", path,
-        ]
-        process.currentDirectoryURL = repositoryRoot
-        let output = Pipe()
-        let errors = Pipe()
-        process.standardOutput = output
-        process.standardError = errors
-        try process.run()
-        let data = output.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        let message = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        #expect(process.terminationStatus == 0, "docker-compose config \(path): \(message)")
-        return try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any], "\(message)")
+        let run = try runProgram(
+            "/bin/sh",
+            [
+                "-c",
+                "cd \"$1\" && docker-compose -f \"$2\" config | /usr/bin/python3 -c 'import json, sys, yaml; json.dump(yaml.safe_load(sys.stdin), sys.stdout)'",
+                "sh", repositoryRoot.path, path,
+            ])
+        #expect(run.status == 0, "docker-compose config \(path): \(run.error)")
+        return try #require(try JSONSerialization.jsonObject(with: Data(run.output.utf8)) as? [String: Any], "\(run.error)")
     }
 
     /// Fails when `docker-compose config` refuses the file, or when the file is missing (the
