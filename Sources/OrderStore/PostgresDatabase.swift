@@ -111,9 +111,10 @@ final class PostgresDatabase: SQLDatabase {
                 PostgresSession(location: location, logger: logger, statementObserver: statementObserver)
             })
         readerSlots = DispatchSemaphore(value: max(1, readers))
+        // What it writes is worth seconds (rate-limit buckets, unlogged): no wait for the disk.
         aside = PostgresSession(
             location: location, logger: logger, statementObserver: statementObserver,
-            connectTimeout: .seconds(2), statementTimeout: .seconds(2))
+            connectTimeout: .seconds(2), statementTimeout: .seconds(2), synchronousCommit: false)
         try writer.connect()
         try PostgresSchema.migrate(writer)
     }
@@ -260,16 +261,20 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
     /// How long connecting, and then one statement, may take before the connection counts as lost.
     private let connectTimeout: TimeAmount
     private let statementTimeout: TimeAmount
+    /// Whether a commit waits until it is on the server's disk (every ledger connection does).
+    private let synchronousCommit: Bool
 
     init(
         location: PostgresLocation, logger: Logger, statementObserver: (@Sendable (String) -> Void)? = nil,
-        connectTimeout: TimeAmount = .seconds(15), statementTimeout: TimeAmount = PostgresSession.defaultStatementTimeout
+        connectTimeout: TimeAmount = .seconds(15), statementTimeout: TimeAmount = PostgresSession.defaultStatementTimeout,
+        synchronousCommit: Bool = true
     ) {
         self.location = location
         self.logger = logger
         self.statementObserver = statementObserver
         self.connectTimeout = connectTimeout
         self.statementTimeout = statementTimeout
+        self.synchronousCommit = synchronousCommit
     }
 
     var dialect: SQLDialect { .postgres }
@@ -292,7 +297,7 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
             throw Self.translate(error, sql: "(connect to \(location))")
         }
         // An answered commit is on the server's disk, whatever the server's default says.
-        try execute(sql: "SET synchronous_commit = on")
+        try execute(sql: synchronousCommit ? "SET synchronous_commit = on" : "SET synchronous_commit = off")
     }
 
     func ensureConnected() throws {

@@ -9,6 +9,36 @@ extension BrokerTests {
     /// Against the private three-node cluster (quorum queues), never a fake.
     @Suite("RabbitMQ cluster: failover and quorum queues", .enabled(if: TestCluster.isAvailable, Comment(rawValue: TestCluster.missing)))
     struct ClusterTests {
+        /// `iap` given several broker URLs and no IAP_QUEUE_TYPE declares quorum queues: the
+        /// queue it declared takes a quorum declaration with the default delivery limit and
+        /// refuses a classic one (406).
+        @Test func severalBrokerURLsMeanQuorumQueuesByDefault() async throws {
+            let drill = try ProcessDrill(name: "default-type", environment: ["IAP_AMQP_URL": try TestCluster.urls()])
+            defer { drill.stopAll() }
+            try drill.start("verifier")
+            let names = PipelineNames(prefix: drill.prefix)
+            let probe = AMQPConnection(configuration: try TestCluster.configuration(), topology: Topology(), logger: TestBroker.logger)
+            defer { Task { await probe.close() } }
+            let declared = try await eventually(timeout: .seconds(30), interval: .milliseconds(200)) {
+                (try? await probe.queueStatus(names.verify)) != nil
+            }
+            #expect(declared, "the verifier declared no \(names.verify): \(drill.logTail("verifier"))")
+            func declaring(_ type: QueueType) async throws -> Bool {
+                let typed = PipelineNames(prefix: drill.prefix, queueType: type)
+                let queue = try #require(
+                    Topology.pipeline(typed, retrySchedule: RetrySchedule(delaysSeconds: [1])).queues.first { $0.name == typed.verify })
+                let connection = AMQPConnection(
+                    configuration: try TestCluster.configuration(), topology: Topology(queues: [queue]), logger: TestBroker.logger)
+                let connected = await connection.waitUntilConnected(timeout: .seconds(5))
+                await connection.close()
+                return connected
+            }
+            let quorumAccepted = try await declaring(.quorum(deliveryLimit: QueueType.defaultDeliveryLimit))
+            let classicAccepted = try await declaring(.classic)
+            #expect(quorumAccepted, "not a quorum queue with the default delivery limit")
+            #expect(!classicAccepted, "a classic declaration was accepted")
+        }
+
         @Test func whenItsNodeIsKilled_aClientMovesOnAndEveryConfirmedMessageIsDelivered() async throws {
             let names = TestCluster.names("failover")
             let queue = names.results

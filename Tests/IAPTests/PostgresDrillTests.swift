@@ -95,7 +95,8 @@ extension BrokerTests {
             let purchases = try await drill.mint(Self.purchases)
             let uploads = Task { try await drill.upload(purchases, deadline: .seconds(200), intakes: intakes) }
             try await Task.sleep(for: .milliseconds(1500))
-            #expect(try TestCluster.clientConnections(onNodeWithPort: victim) >= 4, "the services are not on node 2")
+            // Two connections each (publishing, consuming), four services: all eight on node 2.
+            #expect(try TestCluster.clientConnections(onNodeWithPort: victim) >= 8, "the services are not all on node 2")
             try TestCluster.control("kill \(victim)")
             // Whatever happens next, the suite's cluster gets its node back.
             defer { try? TestCluster.control("start-node \(victim)") }
@@ -123,7 +124,8 @@ extension BrokerTests {
             let purchases = try await drill.mint(Self.purchases)
             let uploads = Task { try await drill.upload(purchases, deadline: .seconds(200), intakes: intakes) }
             try await Task.sleep(for: .milliseconds(1500))
-            #expect(try cluster.clientConnections(onNode: 3) >= 4, "the services are not on node 3")
+            // Two connections each (publishing, consuming), four services: all eight on node 3.
+            #expect(try cluster.clientConnections(onNode: 3) >= 8, "the services are not all on node 3")
             try cluster.partition(.down)
             let cut = ContinuousClock.now
             // While the link is down the services notice by missed heartbeats and reach the
