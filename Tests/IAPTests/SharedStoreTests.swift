@@ -271,6 +271,41 @@ struct SharedStoreTests {
         for store in stores { await store.close() }
     }
 
+    /// While one order service sweeps (holding the sweeper's advisory lock in its
+    /// transaction), another's sweep does nothing; once the first is done, the next one sweeps.
+    @Test func oneSweeperAtATime() async throws {
+        let stores = try await services(2)
+        let request = VerifyRequest(submissionId: UUID(), userId: "ana", receiptData: "AAAA", acceptedAt: Date())
+        try await stores[0].accept(request, message: OutboxMessage(routingKey: "q", body: [1]))
+        // Its queue message was lost (published, then purged with a broker): only a sweep finds it.
+        _ = try await stores[0].testRows("DELETE FROM outbox")
+        let later = Date().addingTimeInterval(3600)
+        func sweep(_ store: OrderStore) async throws -> Int {
+            try await store.requeueStuck(pendingBefore: later, retryDueBefore: later, limit: 10, now: later) { request in
+                OutboxMessage(routingKey: "q", body: Array(request.submissionId.uuidString.utf8))
+            }.count
+        }
+        let holding = NIOLockedValueBox(false)
+        let release = DispatchSemaphore(value: 0)
+        // Never leave the writer blocked, whatever fails below.
+        defer { release.signal() }
+        let leader = Task {
+            try await stores[0].database.write { db in
+                let took = try db.takeExclusive("sweeper")
+                holding.withLockedValue { $0 = true }
+                // Held on the writer's queue, off the cooperative pool, until the test is done.
+                release.wait()
+                return took
+            }
+        }
+        #expect(try await eventually(timeout: .seconds(10)) { holding.withLockedValue { $0 } })
+        #expect(try await sweep(stores[1]) == 0, "a second sweeper ran while the first held the lock")
+        release.signal()
+        #expect(try await leader.value)
+        #expect(try await sweep(stores[1]) == 1)
+        for store in stores { await store.close() }
+    }
+
     @Test func oneServiceAtATimeHoldsALease() async throws {
         let stores = try await services(2)
         let now = Date()
