@@ -186,7 +186,7 @@ extension OrderStore {
                     purchaseDate, userId, orderId, submissionId, appAccountToken, heldReason, creditedAt, creditKey,
                     webOrderLineItemId)
                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-                ON CONFLICT DO NOTHING
+                ON CONFLICT (transactionId) DO NOTHING
                 """,
             arguments: [
                 purchase.transactionId, purchase.originalTransactionId, purchase.productId, max(purchase.quantity, 1),
@@ -284,7 +284,7 @@ extension OrderStore {
                 INSERT INTO purchase (transactionId, originalTransactionId, productId, quantity, environment, bundleId,
                     purchaseDate, userId, submissionId, appAccountToken, creditedAt, creditKey, webOrderLineItemId)
                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-                ON CONFLICT DO NOTHING
+                ON CONFLICT (transactionId) DO NOTHING
                 """,
             arguments: [
                 purchase.transactionId, purchase.originalTransactionId, purchase.productId, max(purchase.quantity, 1),
@@ -309,17 +309,19 @@ extension OrderStore {
                 INSERT INTO grants (transactionId, userId, productId, orderId, quantity, grantJSON, environment, source,
                     state, grantedAt, creditKey, originalTransactionId, expiresAt)
                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, ?, ?, ?)
-                ON CONFLICT DO NOTHING
+                ON CONFLICT (creditKey) WHERE state = 'active' DO NOTHING
                 """,
             arguments: [
                 transactionId, userId, productId, orderId, quantity, grantJSON, environment.rawValue, source, now,
                 creditKey, originalTransactionId, expiresAt,
             ])
         guard db.changesCount == 1 else {
-            // Never credit on an assumption: the key (or the transaction) is granted already.
+            // Never credit on an assumption: the credit key has an active grant already.
             // (Another writer's grant this transaction cannot see fails it with 40001 instead,
-            // and it runs again.) The unit is undone, as a unique key's refusal would.
-            throw SQLError(.uniqueViolation, "a grant for \(creditKey) or transaction \(transactionId) exists already")
+            // and it runs again.) The unit is undone, as a unique key's refusal would. The
+            // conflict target is the index the look-up before read: under SERIALIZABLE no
+            // other index is read, so no new conflicts between writers arise from it.
+            throw SQLError(.uniqueViolation, "an active grant for \(creditKey) exists already")
         }
         try event(
             "grant.created",

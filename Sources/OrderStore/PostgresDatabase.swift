@@ -220,8 +220,10 @@ final class PostgresDatabase: SQLDatabase {
                 switch error.kind {
                 case .serializationFailure where Date() < deadline:
                     try? session.execute(sql: "ROLLBACK")
-                    // Back off a little, more each time, so two writers stop meeting.
-                    Thread.sleep(forTimeInterval: Double.random(in: 0...0.002) * Double(min(attempt, 10)))
+                    // Back off, exponentially with jitter up to a quarter second, so that two
+                    // order services whose batches keep meeting stop meeting (a fixed few ms
+                    // let two large group commits abort each other for the whole patience).
+                    Thread.sleep(forTimeInterval: Double.random(in: 0...1) * min(0.002 * pow(2, Double(min(attempt, 10))), 0.25))
                 case .connection where !committing && Date() < deadline:
                     session.close()
                     logger.warning("order store connection lost; reconnecting", metadata: ["error": "\(error)"])
