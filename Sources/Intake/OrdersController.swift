@@ -172,6 +172,8 @@ struct JSONFields {
         guard let value = fields[name], !(value is NSNull) else { return nil }
         guard let string = value as? String else { throw .invalidField(name, "must be a string") }
         guard string.utf8.count <= maxLength else { throw .invalidField(name, "is longer than \(maxLength) bytes") }
+        // No text the intake keeps holds U+0000 (PostgreSQL cannot store it; nothing needs it).
+        guard !string.utf8.contains(0) else { throw .invalidField(name, "contains a NUL character") }
         return string.isEmpty ? nil : string
     }
 

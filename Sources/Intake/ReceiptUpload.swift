@@ -116,6 +116,8 @@ struct ReceiptUpload: Equatable {
         guard string.utf8.count <= maxLength else {
             throw .invalidField(name, "is longer than \(maxLength) bytes")
         }
+        // No text the intake keeps holds U+0000 (PostgreSQL cannot store it; nothing needs it).
+        guard !string.utf8.contains(0) else { throw .invalidField(name, "contains a NUL character") }
         return string
     }
 }

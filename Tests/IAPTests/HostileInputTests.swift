@@ -89,6 +89,26 @@ struct HostileBodies {
 extension BrokerTests {
     @Suite("Hostile input")
     struct HostileInputTests {
+        /// A NUL character (U+0000) in any text field is refused with 400 `invalid_field` on
+        /// both stores (PostgreSQL cannot store one: it answered 503 before).
+        @Test func aNULCharacterInATextFieldIsRefused() async throws {
+            let pipeline = try await PipelineHarness.start(name: "nul")
+            defer { Task { await pipeline.stop() } }
+            let bodies: [(String, String)] = [
+                ("/v1/receipts", #"{"userId": "ana", "receiptData": "AAAA\u0000"}"#),
+                ("/v1/receipts", #"{"userId": "a\u0000na", "transactionId": "1"}"#),
+                ("/v1/orders", #"{"userId": "ana", "productId": "com.example.coins.60\u0000"}"#),
+                ("/v1/admin/grants", #"{"userId": "ana", "productId": "com.example.coins.60", "reason": "good\u0000will"}"#),
+            ]
+            for (path, body) in bodies {
+                let answer = try await HTTP.send(
+                    pipeline.intakeURL + path, method: .POST, body: Data(body.utf8),
+                    headers: ["Authorization": "Bearer \(PipelineHarness.adminToken)", "Content-Type": "application/json"])
+                #expect(answer.status == 400 && answer.errorCode == "invalid_field", "\(path) \(body): \(answer.status) \(answer.text)")
+            }
+            #expect(try await pipeline.store.submissionCounts().values.reduce(0, +) == 0)
+        }
+
         @Test func everyHostileBodyGetsA4xxWithACodeAndTheIntakeKeepsServing() async throws {
             let pipeline = try await PipelineHarness.startAuthenticated(name: "hostile")
             defer { Task { await pipeline.stop() } }
