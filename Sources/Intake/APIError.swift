@@ -79,7 +79,8 @@ public struct APIError: Error, HTTPResponseError, Sendable {
 }
 
 /// Renders every error as the intake's JSON error shape, so no answer is ever a bare 500
-/// page or a framework-specific body.
+/// page or a framework-specific body. A path or query holding an encoded NUL (`%00`) is
+/// refused before any route reads it: no id the intake keeps can hold one.
 struct APIErrorMiddleware<Context: RequestContext>: RouterMiddleware {
     /// The router's routes, to tell "no such path" (404) from "not with this method" (405).
     let routes: RouteTable
@@ -88,6 +89,9 @@ struct APIErrorMiddleware<Context: RequestContext>: RouterMiddleware {
         _ request: Request, context: Context, next: (Request, Context) async throws -> Response
     ) async throws -> Response {
         do {
+            guard !Self.holdsEncodedNUL(request.uri.string) else {
+                throw APIError(.invalidField, "the path or query holds a NUL character (%00)")
+            }
             return try await next(request, context)
         } catch let error as HTTPError where error.status == .notFound {
             let allowed = routes.methods(serving: request.uri.path)
@@ -120,6 +124,18 @@ struct APIErrorMiddleware<Context: RequestContext>: RouterMiddleware {
             context.logger.error("request failed", metadata: ["error": "\(String(reflecting: error))"])
             return APIError(.internalError, "the request could not be handled").makeResponse()
         }
+    }
+}
+
+extension APIErrorMiddleware {
+    /// Whether a request target (still percent-encoded) holds `%00`.
+    static func holdsEncodedNUL(_ target: String) -> Bool {
+        var utf8 = target.utf8[...]
+        while let percent = utf8.firstIndex(of: UInt8(ascii: "%")) {
+            utf8 = utf8[utf8.index(after: percent)...]
+            if utf8.starts(with: "00".utf8) { return true }
+        }
+        return false
     }
 }
 

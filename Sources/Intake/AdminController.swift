@@ -17,7 +17,7 @@ struct AdminController: Sendable {
     func addRoutes(to router: Router<IntakeContext>, changed: @escaping @Sendable () -> Void) {
         router.get("/v1/admin/purchases/{transactionId}") { request, context in
             try authorize(request)
-            let id = try context.parameters.require("transactionId")
+            let id = try context.pathParameter("transactionId")
             guard let purchase = try await store.purchase(id) else {
                 throw APIError(.purchaseNotFound, "no purchase \(id) in this store")
             }
@@ -53,7 +53,7 @@ struct AdminController: Sendable {
         }
         router.post("/v1/admin/grants/{transactionId}/revoke") { request, context in
             try authorize(request)
-            let id = try context.parameters.require("transactionId")
+            let id = try context.pathParameter("transactionId")
             let fields = try await fields(of: request)
             let revoked = try await mapped(notFound: .purchaseNotFound) {
                 try await store.revoke(
@@ -66,7 +66,7 @@ struct AdminController: Sendable {
         }
         router.post("/v1/admin/submissions/{submissionId}/finishable") { request, context in
             try authorize(request)
-            guard let id = UUID(uuidString: try context.parameters.require("submissionId")) else {
+            guard let id = UUID(uuidString: try context.pathParameter("submissionId")) else {
                 throw APIError(.submissionNotFound, "no such submission")
             }
             let fields = try await fields(of: request)

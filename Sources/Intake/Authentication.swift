@@ -111,6 +111,7 @@ public struct UserTokenVerifier: Sendable {
         guard !subject.isEmpty, subject.utf8.count <= Self.maxSubjectLength else {
             throw .init(.malformed, "sub is empty or longer than \(Self.maxSubjectLength) bytes")
         }
+        guard !subject.utf8.contains(0) else { throw .init(.malformed, "sub holds a NUL character") }
         return subject
     }
 

@@ -88,7 +88,7 @@ public enum APIErrorCode: String, CaseIterable, Sendable {
         switch self {
         case .invalidJSON: "the body is not JSON, or not a JSON object"
         case .missingField: "a required field is missing or empty"
-        case .invalidField: "a field has the wrong type or is too long (ids: 256 bytes)"
+        case .invalidField: "a field has the wrong type, is too long (ids: 256 characters) or holds a NUL character (also `%00` in the path or query)"
         case .receiptNotBase64: "`receiptData` is not base64"
         case .receiptEmpty: "`receiptData` decodes to nothing"
         case .receiptMalformed: "`receiptData` is not an app receipt (not a PKCS#7 container)"

@@ -1,3 +1,4 @@
+import Foundation
 import Hummingbird
 import NIOCore
 
@@ -16,5 +17,14 @@ public struct IntakeContext: RequestContext, RemoteAddressRequestContext {
     public init(source: ApplicationRequestContextSource) {
         coreContext = .init(source: source)
         remoteAddress = source.channel.remoteAddress
+    }
+}
+
+extension IntakeContext {
+    /// A path parameter, percent-decoded: the router hands it over as the client encoded it,
+    /// and an id such as `añа` or `a b` arrives as `a%C3%B1a` or `a%20b`.
+    func pathParameter(_ name: String) throws -> String {
+        let raw = try parameters.require(name)
+        return raw.removingPercentEncoding ?? raw
     }
 }

@@ -37,14 +37,14 @@ struct OrdersController: Sendable {
             return try JSONResponse.make(OrderBody(order), status: .created)
         }
         router.get("/v1/orders/{orderId}") { _, context in
-            let orderId = try context.parameters.require("orderId")
+            let orderId = try context.pathParameter("orderId")
             guard let order = try await store.order(orderId), context.userId.map({ $0 == order.userId }) ?? true else {
                 throw APIError(.orderNotFound, "no such order")
             }
             return try JSONResponse.make(OrderBody(order))
         }
         router.get("/v1/users/{userId}/grants") { _, context in
-            let userId = try context.parameters.require("userId")
+            let userId = try context.pathParameter("userId")
             guard context.userId.map({ $0 == userId }) ?? true else {
                 throw APIError(.userNotFound, "no such user")
             }
@@ -52,7 +52,7 @@ struct OrdersController: Sendable {
             return try JSONResponse.make(["grants": grants.map(GrantBody.init)])
         }
         router.get("/v1/users/{userId}/subscriptions") { _, context in
-            let userId = try context.parameters.require("userId")
+            let userId = try context.pathParameter("userId")
             guard context.userId.map({ $0 == userId }) ?? true else {
                 throw APIError(.userNotFound, "no such user")
             }
@@ -60,7 +60,7 @@ struct OrdersController: Sendable {
             return try JSONResponse.make(["subscriptions": subscriptions.map(SubscriptionBody.init)])
         }
         router.get("/v1/users/{userId}/entitlements") { _, context in
-            let userId = try context.parameters.require("userId")
+            let userId = try context.pathParameter("userId")
             guard context.userId.map({ $0 == userId }) ?? true else {
                 throw APIError(.userNotFound, "no such user")
             }
@@ -168,11 +168,20 @@ struct JSONFields {
         self.fields = fields
     }
 
+    init(fields: [String: Any]) {
+        self.fields = fields
+    }
+
+    /// A text field: nil when absent, null or empty; refused when of another type, longer than
+    /// `maxLength` characters (Unicode code points, as JSON Schema's `maxLength` counts them)
+    /// or holding U+0000, which no text the intake keeps may hold (PostgreSQL cannot store it).
     func string(_ name: String, maxLength: Int = 256) throws(APIError) -> String? {
         guard let value = fields[name], !(value is NSNull) else { return nil }
         guard let string = value as? String else { throw .invalidField(name, "must be a string") }
-        guard string.utf8.count <= maxLength else { throw .invalidField(name, "is longer than \(maxLength) bytes") }
-        // No text the intake keeps holds U+0000 (PostgreSQL cannot store it; nothing needs it).
+        // A string of at most maxLength bytes has at most maxLength code points: no count needed.
+        guard string.utf8.count <= maxLength || string.unicodeScalars.count <= maxLength else {
+            throw .invalidField(name, "is longer than \(maxLength) characters")
+        }
         guard !string.utf8.contains(0) else { throw .invalidField(name, "contains a NUL character") }
         return string.isEmpty ? nil : string
     }

@@ -30,15 +30,16 @@ struct ReceiptUpload: Equatable {
         guard let fields = object as? [String: Any] else {
             throw .invalidJSON("the body must be a JSON object")
         }
-        let userId = try await context.resolveUser(named: try Self.string(fields, "userId", maxLength: Self.maxIdLength))
-        let receipt = try Self.string(fields, "receiptData", maxLength: .max)
-        let signed = try Self.string(fields, "signedTransaction", maxLength: Self.maxJWSLength)
-        let transactionId = try Self.string(fields, "transactionId", maxLength: Self.maxIdLength)
+        let body = JSONFields(fields: fields)
+        let userId = try await context.resolveUser(named: try body.string("userId", maxLength: Self.maxIdLength))
+        let receipt = try body.string("receiptData", maxLength: .max)
+        let signed = try body.string("signedTransaction", maxLength: Self.maxJWSLength)
+        let transactionId = try body.string("transactionId", maxLength: Self.maxIdLength)
         guard receipt != nil || signed != nil || transactionId != nil else {
             throw APIError(.missingField, "one of 'receiptData', 'signedTransaction' or 'transactionId' is required")
         }
         self.userId = userId
-        self.orderId = try Self.string(fields, "orderId", maxLength: Self.maxIdLength)
+        self.orderId = try body.string("orderId", maxLength: Self.maxIdLength)
         if let transactionId, !(transactionId.count <= 32 && transactionId.allSatisfy { $0.isASCII && $0.isNumber }) {
             throw .invalidField("transactionId", "must be Apple's numeric transaction id")
         }
@@ -104,20 +105,5 @@ struct ReceiptUpload: Equatable {
                 throw APIError(.receiptMalformed, "'receiptData' is not an app receipt (\(error.code))")
             }
         }
-    }
-
-    /// A string field: nil when absent or null (or empty), an error when of another type or too long.
-    private static func string(_ fields: [String: Any], _ name: String, maxLength: Int) throws(APIError) -> String? {
-        guard let value = fields[name], !(value is NSNull) else { return nil }
-        guard let string = value as? String else {
-            throw .invalidField(name, "must be a string")
-        }
-        if string.isEmpty { return nil }
-        guard string.utf8.count <= maxLength else {
-            throw .invalidField(name, "is longer than \(maxLength) bytes")
-        }
-        // No text the intake keeps holds U+0000 (PostgreSQL cannot store it; nothing needs it).
-        guard !string.utf8.contains(0) else { throw .invalidField(name, "contains a NUL character") }
-        return string
     }
 }

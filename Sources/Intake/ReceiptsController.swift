@@ -140,7 +140,7 @@ struct ReceiptsController: Sendable {
 
     private func status(context: IntakeContext) async throws -> Response {
         // Another user's submission is as unknown as a missing one: ids are not to be probed.
-        guard let raw = context.parameters.get("submissionId"), let id = UUID(uuidString: raw),
+        guard let raw = try? context.pathParameter("submissionId"), let id = UUID(uuidString: raw),
             let status = try await store.status(of: id), context.userId.map({ $0 == status.userId }) ?? true
         else {
             throw APIError(.submissionNotFound, "no such submission")

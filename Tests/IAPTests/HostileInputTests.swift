@@ -106,7 +106,48 @@ extension BrokerTests {
                     headers: ["Authorization": "Bearer \(PipelineHarness.adminToken)", "Content-Type": "application/json"])
                 #expect(answer.status == 400 && answer.errorCode == "invalid_field", "\(path) \(body): \(answer.status) \(answer.text)")
             }
+            // Nor in a path or query, where an id is a look-up key (PostgreSQL answered 503).
+            let targets = [
+                "/v1/users/a%00na/grants", "/v1/users/ana/entitlements?userId=a%00na", "/v1/orders/%00",
+                "/v1/admin/purchases/1%00", "/v1/admin/audit?limit=1%00",
+            ]
+            for target in targets {
+                let answer = try await HTTP.send(
+                    pipeline.intakeURL + target, method: .GET, body: nil,
+                    headers: ["Authorization": "Bearer \(PipelineHarness.adminToken)"])
+                #expect(answer.status == 400 && answer.errorCode == "invalid_field", "\(target): \(answer.status) \(answer.text)")
+            }
             #expect(try await pipeline.store.submissionCounts().values.reduce(0, +) == 0)
+            // A percent sign that is not %00 is still only a character of the id.
+            let plain = try await HTTP.send(pipeline.intakeURL + "/v1/users/a%2500/grants", method: .GET, body: nil)
+            #expect(plain.status == 200, "\(plain.status) \(plain.text)")
+        }
+
+        /// An id the client percent-encoded in the path is the id itself: a user whose `sub` is
+        /// `ana b@example.com` reads `/v1/users/ana%20b%40example.com/grants`.
+        @Test func percentEncodedIdsInThePathAreDecoded() async throws {
+            let pipeline = try await PipelineHarness.startAuthenticated(name: "pathids")
+            defer { Task { await pipeline.stop() } }
+            let token = try await TestTokens.hs256(.init("ana b@example.com"))
+            for route in ["grants", "subscriptions", "entitlements"] {
+                let answer = try await HTTP.send(
+                    pipeline.intakeURL + "/v1/users/ana%20b%40example.com/" + route, method: .GET, body: nil,
+                    headers: ["Authorization": "Bearer \(token)"])
+                #expect(answer.status == 200, "\(route): \(answer.status) \(answer.text)")
+            }
+        }
+
+        /// Lengths count characters (Unicode code points), as the OpenAPI document's
+        /// `maxLength` does: 256 three-byte characters are an id, 257 are not.
+        @Test func idLengthsCountCharactersAsTheOpenAPIDocumentDoes() async throws {
+            let pipeline = try await PipelineHarness.start(name: "idlength")
+            defer { Task { await pipeline.stop() } }
+            for (count, status) in [(256, 202), (257, 400)] {
+                let userId = String(repeating: "\u{20AC}", count: count)
+                let body = try JSONSerialization.data(withJSONObject: ["userId": userId, "transactionId": "2000000000000001"])
+                let answer = try await HTTP.send(pipeline.intakeURL + "/v1/receipts", method: .POST, body: body)
+                #expect(answer.status == status, "\(count) characters: \(answer.status) \(answer.text)")
+            }
         }
 
         @Test func everyHostileBodyGetsA4xxWithACodeAndTheIntakeKeepsServing() async throws {

@@ -84,6 +84,7 @@ struct UserTokenTests {
         #expect(await failure(verifier, try await TestTokens.hs256(.init("ana", notBefore: Date().addingTimeInterval(600)))) == .notYetValid)
         #expect(await failure(verifier, try await TestTokens.hs256(.init(""))) == .malformed)
         #expect(await failure(verifier, try await TestTokens.hs256(.init(String(repeating: "u", count: 257)))) == .malformed)
+        #expect(await failure(verifier, try await TestTokens.hs256(.init("a\u{0}na"))) == .malformed)
         // No exp at all: not a token this intake takes.
         let noExpiry = try TestTokens.handmade(
             header: ["alg": "HS256", "typ": "JWT"], claims: .init("ana"), hmacKey: Data(TestTokens.secret.utf8), dropping: "exp")
