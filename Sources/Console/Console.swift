@@ -129,11 +129,11 @@ public final class Console: Sendable {
             await self.reading(request) { session in await self.home(request, session: session) }
         }
         router.get("/admin/users/{userId}") { request, context in
-            let userId = context.parameters.get("userId") ?? ""
+            let userId = context.parameters.get("userId").map { $0.removingPercentEncoding ?? $0 } ?? ""
             return await self.reading(request) { session in await self.customer(userId, session: session) }
         }
         router.get("/admin/apple-orders/{orderId}") { request, context in
-            let orderId = context.parameters.get("orderId") ?? ""
+            let orderId = context.parameters.get("orderId").map { $0.removingPercentEncoding ?? $0 } ?? ""
             return await self.reading(request) { session in await self.appleOrder(orderId, session: session) }
         }
         for action in ConsoleAction.allCases {

@@ -26,7 +26,7 @@ extension BrokerTests {
 
             // A purchase of a product the catalog lacks: held (unknown_product), the upload needs review.
             let held = try await pipeline.mint(productId: "com.example.gems.legacy")
-            let heldUpload = try await pipeline.upload(userId: "carol", receiptData: held.receiptData)
+            let heldUpload = try await pipeline.upload(userId: "carol@example.com", receiptData: held.receiptData)
             #expect(try await pipeline.waitForState(heldUpload)["state"] as? String == "needs_review")
             let orderId = try #require(held.orderId)
 
@@ -46,7 +46,7 @@ extension BrokerTests {
             let (status, text) = try runPythonScript(python, "scripts/lib/console_check.py", [
                 "--admin-url", adminURL, "--intake-url", pipeline.intakeURL,
                 "--operator-token", PipelineHarness.adminToken, "--viewer-token", PipelineHarness.viewerToken,
-                "--order-id", orderId, "--held-user", "carol", "--held-transaction", held.transactionId,
+                "--order-id", orderId, "--held-user", "carol@example.com", "--held-transaction", held.transactionId,
                 "--product", "com.example.coins.60", "--dead-user", "dave",
                 "--dead-submission", request.submissionId.uuidString, "--out", out.path,
             ])
@@ -55,11 +55,11 @@ extension BrokerTests {
 
             // What the browser did, as the ledger and the audit log hold it.
             let grants = try await pipeline.store.grants(ofTransaction: held.transactionId)
-            #expect(grants.map(\.userId) == ["carol"])
+            #expect(grants.map(\.userId) == ["carol@example.com"])
             #expect(grants.map(\.state) == ["active"])
             let audit = try await pipeline.store.auditLog(limit: 100)
             #expect(audit.contains { $0.action == "grant_manual" && $0.actor == "Olga (operator)" && $0.reason.contains("ticket 4711") })
-            #expect(audit.contains { $0.action == "note" && $0.subject == "user:carol" })
+            #expect(audit.contains { $0.action == "note" && $0.subject == "user:carol@example.com" })
             #expect(!audit.contains { $0.reason.contains("must not be stored") })
             #expect(audit.contains { $0.action == "dead_letters_redriven" && $0.details?.contains("\"count\":\"1\"") == true })
             #expect(try await pipeline.status(request.submissionId.uuidString)["state"] as? String == "credited")

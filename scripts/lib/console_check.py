@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import time
+import urllib.parse
 import urllib.request
 
 from selenium import webdriver
@@ -93,6 +94,11 @@ def shoot(driver, out, name):
     print(json.dumps({"screenshot": path}), flush=True)
 
 
+def user_path(user):
+    """The console's page of a user, the id percent-encoded as the console's links do."""
+    return "/admin/users/" + urllib.parse.quote(user, safe="")
+
+
 def get_json(url):
     with urllib.request.urlopen(url, timeout=10) as answer:
         return json.loads(answer.read())
@@ -106,7 +112,7 @@ def viewer_is_refused(args):
         search(driver, args.admin_url, args.order_id)
         check(
             "order id search goes to the customer",
-            driver.current_url.endswith("/admin/users/" + args.held_user), driver.current_url)
+            driver.current_url.endswith(user_path(args.held_user)), driver.current_url)
         timeline = driver.find_element(By.ID, "timeline").text
         check(
             "timeline shows the held purchase",
@@ -139,14 +145,15 @@ def operator_grants(args):
     try:
         sign_in(driver, args.admin_url, args.operator_token, "Olga (operator)")
         search(driver, args.admin_url, args.order_id)
-        check("operator lands on the customer", driver.current_url.endswith("/admin/users/" + args.held_user), driver.current_url)
+        check("operator lands on the customer", driver.current_url.endswith(user_path(args.held_user)), driver.current_url)
         form = driver.find_element(By.ID, "grant-" + args.held_transaction)
         Select(form.find_element(By.TAG_NAME, "select")).select_by_value(args.product)
         form.find_element(By.NAME, "reason").send_keys("Customer paid; product missing from the catalog (ticket 4711)")
         submit(driver, form.find_element(By.TAG_NAME, "button"))
         flash = driver.find_element(By.ID, "flash").text
         check("grant confirmed", "Granted " + args.product in flash, flash)
-        grants = get_json(f"{args.intake_url}/v1/users/{args.held_user}/grants?userId={args.held_user}")["grants"]
+        user = urllib.parse.quote(args.held_user, safe="")
+        grants = get_json(f"{args.intake_url}/v1/users/{user}/grants")["grants"]
         check(
             "the app sees the grant",
             any(g["transactionId"] == args.held_transaction and g["state"] == "active" for g in grants), json.dumps(grants))
@@ -165,14 +172,14 @@ def form_without_csrf_is_refused(args):
     driver = browser()
     try:
         sign_in(driver, args.admin_url, args.operator_token, "Olga (operator)")
-        driver.get(args.admin_url + "/admin/users/" + args.held_user)
+        driver.get(args.admin_url + user_path(args.held_user))
         driver.execute_script("document.querySelector('#note-form input[name=csrf]').remove()")
         driver.find_element(By.ID, "note-text").send_keys("This note must not be stored")
         submit(driver, driver.find_element(By.CSS_SELECTOR, "#note-form button"))
         heading = driver.find_element(By.ID, "message-heading").text
         check("form without CSRF token refused with 403", "403" in heading and "refused" in heading, heading)
         shoot(driver, args.out, "console-csrf-refused")
-        driver.get(args.admin_url + "/admin/users/" + args.held_user)
+        driver.get(args.admin_url + user_path(args.held_user))
         check("nothing was stored", "must not be stored" not in driver.find_element(By.ID, "timeline").text)
     finally:
         driver.quit()
@@ -198,7 +205,7 @@ def dead_letter_is_redriven(args):
                 break
             time.sleep(0.3)
         check("redriven upload ends credited", state == "credited", state)
-        driver.get(args.admin_url + "/admin/users/" + args.dead_user)
+        driver.get(args.admin_url + user_path(args.dead_user))
         timeline = driver.find_element(By.ID, "timeline").text
         check("timeline shows the credit", "credited" in timeline and "Credited" in timeline, timeline[-400:])
         shoot(driver, args.out, "console-redriven")
