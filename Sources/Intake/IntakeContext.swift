@@ -22,7 +22,7 @@ public struct IntakeContext: RequestContext, RemoteAddressRequestContext {
 
 extension IntakeContext {
     /// A path parameter, percent-decoded: the router hands it over as the client encoded it,
-    /// and an id such as `añа` or `a b` arrives as `a%C3%B1a` or `a%20b`.
+    /// and an id such as `aña` or `a b` arrives as `a%C3%B1a` or `a%20b`.
     func pathParameter(_ name: String) throws -> String {
         let raw = try parameters.require(name)
         return raw.removingPercentEncoding ?? raw
