@@ -72,9 +72,14 @@ let package = Package(
             swiftSettings: strictSettings
         ),
         .target(
+            name: "Ledger",
+            dependencies: ["IAPCore"],
+            swiftSettings: strictSettings
+        ),
+        .target(
             name: "OrderStore",
             dependencies: [
-                "IAPCore",
+                "IAPCore", "Ledger",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "Logging", package: "swift-log"),
@@ -211,7 +216,7 @@ let package = Package(
         .testTarget(
             name: "IAPTests",
             dependencies: [
-                "IAPCore", "Messaging", "AppStore", "OrderStore", "FakeAppStore",
+                "IAPCore", "Ledger", "Messaging", "AppStore", "OrderStore", "FakeAppStore",
                 "Intake", "Verifier", "Finisher", "Pipeline", "Console",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "GRDB", package: "GRDB.swift"),

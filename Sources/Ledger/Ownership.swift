@@ -1,0 +1,68 @@
+import IAPCore
+
+/// Whose a purchase is, decided before anything of it is credited.
+///
+/// Ownership is proved, never claimed. The proofs, strongest first: an `appAccountToken`
+/// (signed by Apple into the purchase) naming one of our orders makes the purchase that
+/// order's owner's, whoever uploads it; a billing period of a subscription that already has an
+/// owner is that owner's; otherwise only an upload Apple vouches for (a verified signed
+/// transaction, Apple's answer about the uploaded receipt) makes it the uploader's. A lookup (a
+/// bare transaction id, a receipt read without its signature checked) proves nothing: the
+/// purchase is held for customer service.
+public enum Ownership {
+    /// The facts one decision reads, from the purchase, the upload and the store.
+    public struct Facts: Sendable, Equatable {
+        /// The user whose upload carried the purchase.
+        public var uploader: String
+        /// What the upload proves about the purchase.
+        public var evidence: OwnershipEvidence
+        /// The owner of the order the purchase's `appAccountToken` names, if it names one.
+        public var tokenOrderOwner: String?
+        /// For a billing period of an auto-renewable subscription: the subscription's owner,
+        /// when any route credited it before.
+        public var subscriptionOwner: String?
+
+        /// Creates the facts of one decision.
+        public init(
+            uploader: String, evidence: OwnershipEvidence, tokenOrderOwner: String? = nil, subscriptionOwner: String? = nil
+        ) {
+            self.uploader = uploader
+            self.evidence = evidence
+            self.tokenOrderOwner = tokenOrderOwner
+            self.subscriptionOwner = subscriptionOwner
+        }
+    }
+
+    /// What to do with a purchase that nobody holds a grant of yet.
+    public enum Decision: Sendable, Equatable {
+        /// Credit it to `owner` (the uploader, or the proven owner when that is someone else).
+        case credit(owner: String)
+        /// `IAP_RESTORE=transfer`: the uploader proved they hold a period of another owner's
+        /// subscription; the period is credited to them and the subscription moves with it.
+        case creditMovingSubscription(from: String, to: String)
+        /// Nothing proves whose it is: held for customer service, not finishable.
+        case held(ReasonCode)
+    }
+
+    /// Decides whose a purchase is; see the type's comment for the rules.
+    public static func decide(_ facts: Facts, restore: RestorePolicy) -> Decision {
+        if let owner = facts.tokenOrderOwner { return .credit(owner: owner) }
+        if let owner = facts.subscriptionOwner {
+            if sameUser(owner, facts.uploader) { return .credit(owner: owner) }
+            if restore == .transfer, facts.evidence == .signedUpload {
+                return .creditMovingSubscription(from: owner, to: facts.uploader)
+            }
+            // Every billing period belongs to the subscription's owner, whoever uploads it.
+            return .credit(owner: owner)
+        }
+        guard facts.evidence == .signedUpload else { return .held(.ownerUnknown) }
+        return .credit(owner: facts.uploader)
+    }
+
+    /// Whether two user ids are the same user: byte for byte, as the store compares them.
+    /// (Swift's `==` treats canonically equivalent strings as equal; two accounts named so
+    /// are different users.)
+    public static func sameUser(_ a: String, _ b: String) -> Bool {
+        a.utf8.elementsEqual(b.utf8)
+    }
+}
