@@ -20,9 +20,13 @@ import X509
 /// - `POST /fake/purchases` `{"bundleId", "productId", "environment"?: "Production"|"Sandbox",
 ///   "type"?: "consumable"|"non_consumable"|"auto_renewable"|"non_renewing", "quantity"?,
 ///   "deviceId"?, "appAccountToken"? (a UUID), "applicationUsername"?, "expiresInSeconds"?,
-///   "familyShared"? (non-consumables and subscriptions only)}` → 201 `{"transactionId",
-///   "originalTransactionId", "webOrderLineItemId"? (subscriptions), "receiptData" (the device's
-///   new receipt, base64), "signedTransaction" (JWS), "orderId" (the invoice's), "deviceId"}`.
+///   "familyShared"? (non-consumables and subscriptions only), "receiptIncludesPurchase"?
+///   (default true; false answers the device's receipt from before the purchase)}` → 201
+///   `{"transactionId", "originalTransactionId", "webOrderLineItemId"? (subscriptions),
+///   "receiptData" (the device's new receipt, base64), "signedTransaction" (JWS), "orderId" (the
+///   invoice's), "deviceId"}`.
+/// - `POST /fake/devices/{deviceId}/receipt` → `{"receiptData"}`: the device's refreshed
+///   receipt, holding everything it bought; 404 for a device that bought nothing.
 /// - `POST /fake/purchases/{transactionId}/restore` `{"deviceId"?}` (body optional; a new device
 ///   when absent) → 201 in the same shape: a new transaction id, the same original transaction
 ///   id, web order line item id, product and expiry; 404 unknown, 409 a consumable or a
@@ -97,6 +101,9 @@ public struct FakeAppStore: Sendable {
         }
         router.post("/fake/purchases") { request, context in
             try await mintPurchase(request, context: context)
+        }
+        router.post("/fake/devices/{deviceId}/receipt") { _, context in
+            try self.refreshedReceipt(deviceId: try context.parameters.require("deviceId"))
         }
         router.post("/fake/purchases/{transactionId}/cancel") { _, context in
             let id = try context.parameters.require("transactionId")
@@ -251,6 +258,8 @@ public struct FakeAppStore: Sendable {
         /// A family member's access to this purchase (`FAMILY_SHARED`); Apple shares only
         /// non-consumables and auto-renewable subscriptions.
         var familyShared: Bool?
+        /// False: the receipt answered is the device's from before this purchase (stale).
+        var receiptIncludesPurchase: Bool?
     }
 
     private struct MintResponse: Encodable {
@@ -289,8 +298,17 @@ public struct FakeAppStore: Sendable {
             applicationUsername: mint.appAccountToken?.lowercased()
                 ?? mint.applicationUsername.flatMap { UUID(uuidString: $0) != nil ? $0 : nil },
             deviceId: mint.deviceId,
-            expiresIn: mint.expiresInSeconds.map(TimeInterval.init), familyShared: familyShared)
+            expiresIn: mint.expiresInSeconds.map(TimeInterval.init), familyShared: familyShared,
+            receiptIncludesPurchase: mint.receiptIncludesPurchase ?? true)
         return try minted(try ledger.mint(order, encode: encodeReceipt))
+    }
+
+    /// `POST /fake/devices/{deviceId}/receipt`: the device's refreshed receipt.
+    private func refreshedReceipt(deviceId: String) throws -> Response {
+        guard let bytes = try ledger.refreshReceipt(deviceId: deviceId, encode: encodeReceipt) else {
+            throw HTTPError(.notFound, message: "device \(deviceId) bought nothing")
+        }
+        return try json(["receiptData": Data(bytes).base64EncodedString()], status: .ok)
     }
 
     /// The device's receipt as the app would upload it.

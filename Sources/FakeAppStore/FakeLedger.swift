@@ -49,6 +49,10 @@ final class FakeLedger: Sendable {
         var expiresIn: TimeInterval?
         /// Shared by a family member (`FAMILY_SHARED`); only non-consumables and subscriptions.
         var familyShared = false
+        /// Whether the receipt answered with the purchase already holds it. False gives the
+        /// device's receipt as it was before (Apple tells the app about a purchase before its
+        /// receipt is refreshed); `refreshReceipt` gives the one that holds it.
+        var receiptIncludesPurchase = true
     }
 
     /// Why a restore or renewal was refused.
@@ -170,7 +174,23 @@ final class FakeLedger: Sendable {
                 applicationUsername: order.applicationUsername, deviceId: order.deviceId ?? UUID().uuidString,
                 inAppOwnershipType: order.familyShared ? "FAMILY_SHARED" : "PURCHASED")
             try Self.insert(purchase, db)
-            return (purchase, try Self.issueReceipt(for: purchase, at: now, db, encode: encode))
+            let excluded: Set<String> = order.receiptIncludesPurchase ? [] : [transactionId]
+            return (purchase, try Self.issueReceipt(for: purchase, at: now, db, excluding: excluded, encode: encode))
+        }
+    }
+
+    /// The receipt `deviceId` holds after a refresh (`SKReceiptRefreshRequest`): every purchase
+    /// of the device for the app and environment of its latest purchase; nil for a device that
+    /// bought nothing.
+    func refreshReceipt(deviceId: String, encode: (Receipt) throws -> [UInt8]) throws -> [UInt8]? {
+        try database.write { db in
+            guard
+                let latest = try Row.fetchOne(
+                    db, sql: "SELECT * FROM purchase WHERE deviceId = ? ORDER BY purchaseDate DESC, rowid DESC LIMIT 1",
+                    arguments: [deviceId]
+                ).map(Purchase.init(row:))
+            else { return nil }
+            return try Self.issueReceipt(for: latest, at: Date(), db, encode: encode)
         }
     }
 
@@ -250,7 +270,8 @@ final class FakeLedger: Sendable {
     /// Issues the new receipt of `purchase`'s device: every purchase of that device (same app
     /// and environment) and, for a subscription, every transaction of its chain.
     private static func issueReceipt(
-        for purchase: Purchase, at now: Date, _ db: Database, encode: (Receipt) throws -> [UInt8]
+        for purchase: Purchase, at now: Date, _ db: Database, excluding excluded: Set<String> = [],
+        encode: (Receipt) throws -> [UInt8]
     ) throws -> [UInt8] {
         var held = try Row.fetchAll(
             db.cachedStatement(
@@ -267,6 +288,7 @@ final class FakeLedger: Sendable {
             ).map(Purchase.init(row:)).filter { !ids.contains($0.transactionId) }
             held.sort { ($0.purchaseDate, $0.transactionId) < ($1.purchaseDate, $1.transactionId) }
         }
+        held.removeAll { excluded.contains($0.transactionId) }
         let receipt = Receipt(
             bundleId: purchase.bundleId, environment: purchase.environment, deviceId: purchase.deviceId, createdAt: now,
             purchases: held)
