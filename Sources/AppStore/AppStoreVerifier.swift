@@ -73,7 +73,9 @@ public final class AppStoreVerifier: ReceiptVerifying {
     private func transaction(_ transactionId: String, _ serverAPI: AppStoreServerAPIClient) async -> VerificationOutcome {
         await Self.askingApple {
             let jws = try await inEitherEnvironment { try await serverAPI.transactionInfo(transactionId, in: $0) }
-            return Self.verified([try await signed.verifyTransaction(jws)])
+            // Apple answers for any transaction of the app: the id is a lookup, not a proof
+            // that the uploader made the purchase.
+            return Self.verified([try await signed.verifyTransaction(jws)], evidence: { _ in .lookup })
         }
     }
 
@@ -84,7 +86,8 @@ public final class AppStoreVerifier: ReceiptVerifying {
         do {
             receipt = try AppReceiptParser.parse(base64: base64)
         } catch {
-            return .rejected(.invalidReceipt, message: "the receipt cannot be read: \(error.code)")
+            // Our parser, not Apple, could not read it: Apple never said it is invalid.
+            return .needsReview(.receiptUnreadable, message: "the receipt cannot be read: \(error.code)")
         }
         guard signed.settings.bundleIds.contains(receipt.bundleId) else {
             return .rejected(.bundleIdMismatch, message: "the receipt belongs to \(receipt.bundleId)")
@@ -107,11 +110,14 @@ public final class AppStoreVerifier: ReceiptVerifying {
                 guard page.hasMore == true, pages < 500 else { break }
             } while true
             guard !payloads.isEmpty else {
-                return .rejected(.invalidReceipt, message: "Apple has no history for transaction \(anchor.transactionId)")
+                // A receipt Apple has no history for: not Apple's word that it is invalid.
+                return .needsReview(
+                    .appleHistoryEmpty, message: "Apple has no history for transaction \(anchor.transactionId)")
             }
-            // The receipt is unsigned on this route: only what it holds is proven the uploader's.
-            let proven = Set(receipt.inApp.map(\.transactionId))
-            return Self.verified(payloads) { proven.contains($0.transactionId) }
+            // The receipt's signature is not checked on this route: what it lists is looked up,
+            // and proves nobody's ownership. `inUploadedReceipt` still says which it held.
+            let listed = Set(receipt.inApp.map(\.transactionId))
+            return Self.verified(payloads, evidence: { _ in .lookup }) { listed.contains($0.transactionId) }
         }
     }
 
@@ -198,7 +204,8 @@ public final class AppStoreVerifier: ReceiptVerifying {
     /// Apple's transactions as one verified answer; `proven`, when given, says which of them
     /// the upload itself proves (the others are history of the same account).
     private static func verified(
-        _ payloads: [JWSTransactionDecodedPayload], proven: ((JWSTransactionDecodedPayload) -> Bool)? = nil
+        _ payloads: [JWSTransactionDecodedPayload], evidence: (JWSTransactionDecodedPayload) -> OwnershipEvidence = { _ in .signedUpload },
+        proven: ((JWSTransactionDecodedPayload) -> Bool)? = nil
     ) -> VerificationOutcome {
         let first = payloads[0]
         return .verified(
@@ -206,6 +213,7 @@ public final class AppStoreVerifier: ReceiptVerifying {
                 bundleId: first.bundleId, environment: first.environment == "Sandbox" ? .sandbox : .production,
                 purchases: payloads.map { payload in
                     var purchase = purchase(payload)
+                    purchase.evidence = evidence(payload)
                     if let proven { purchase.inUploadedReceipt = proven(payload) }
                     return purchase
                 }))

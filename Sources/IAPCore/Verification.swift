@@ -34,6 +34,15 @@ public struct VerifiedPurchase: Codable, Sendable, Equatable {
     /// itself holds this transaction (false for history the receipt does not prove); nil
     /// when Apple's answer is about the upload itself.
     public var inUploadedReceipt: Bool?
+    /// What the upload proves about who made this purchase; nil in results of earlier
+    /// versions, read as `inUploadedReceipt` says (see `ownershipEvidence`).
+    public var evidence: OwnershipEvidence?
+
+    /// What the upload proves: `evidence`, else a lookup when the receipt did not hold it,
+    /// else Apple's signed word about the upload itself.
+    public var ownershipEvidence: OwnershipEvidence {
+        evidence ?? (inUploadedReceipt == false ? .lookup : .signedUpload)
+    }
 
     /// Creates a purchase.
     public init(
@@ -56,6 +65,19 @@ public struct VerifiedPurchase: Codable, Sendable, Equatable {
         self.cancellationDate = cancellationDate
         self.expiresDate = expiresDate
     }
+}
+
+/// What an upload proves about who made a purchase it carries.
+public enum OwnershipEvidence: String, Codable, Sendable, Hashable, CaseIterable {
+    /// Apple vouches that the uploaded data itself holds the purchase: a signed transaction
+    /// the app uploaded and we verified, or Apple's `verifyReceipt` answer about the uploaded
+    /// receipt. Whoever uploads it had it on their device.
+    case signedUpload = "signed_upload"
+    /// Found by a lookup: a bare transaction id, the ids of a receipt read without its
+    /// signature checked, or the account's history. Apple says the purchase exists, not who
+    /// made it: credited only on another proof (an `appAccountToken` naming the uploader's
+    /// order, the same purchase already theirs, the subscription it renews theirs).
+    case lookup
 }
 
 /// A receipt that Apple confirmed as genuine, with every purchase it holds.
@@ -136,9 +158,16 @@ public struct ReasonCode: RawRepresentable, Codable, Sendable, Hashable, CustomS
     /// The purchase (a restore, or the same purchase on another device) is credited to
     /// another user of the app, who keeps it.
     public static let ownedByOtherUser = ReasonCode("owned_by_other_user")
-    /// Apple lists the purchase for the customer, but the uploaded receipt does not prove
-    /// that the uploader made it: held for customer service.
+    /// Apple lists the purchase for the customer, but the upload does not prove that the
+    /// uploader made it (a bare transaction id, a receipt read without its signature checked):
+    /// held for customer service.
     public static let ownerUnknown = ReasonCode("owner_unknown")
+    /// Apple's transaction history for the receipt's transaction is empty: a person looks
+    /// (never a rejection: Apple did not say the receipt is invalid).
+    public static let appleHistoryEmpty = ReasonCode("apple_history_empty")
+    /// Our own reader could not read the receipt on the App Store Server API route: a person
+    /// looks (never a rejection: Apple did not say the receipt is invalid).
+    public static let receiptUnreadable = ReasonCode("receipt_unreadable")
 
     /// Rejections after which the app may finish its transactions: Apple said the receipt or
     /// transaction is invalid, unknown or refunded, it is not real money, it is credited (to

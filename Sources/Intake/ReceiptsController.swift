@@ -164,6 +164,8 @@ struct SubmissionStatusBody: Encodable {
         var state: String
         var reason: String?
         var grantedBy: String?
+        /// Whether the app may finish this transaction (it is settled).
+        var finishTransaction: Bool
     }
 
     var submissionId: String
@@ -185,7 +187,7 @@ struct SubmissionStatusBody: Encodable {
             Transaction(
                 transactionId: $0.transactionId, originalTransactionId: $0.originalTransactionId,
                 productId: $0.productId, environment: $0.environment.rawValue, state: $0.state.rawValue,
-                reason: $0.reason?.rawValue, grantedBy: $0.grantedBy)
+                reason: $0.reason?.rawValue, grantedBy: $0.grantedBy, finishTransaction: $0.finishTransaction)
         }
         reason = status.reason?.rawValue
         message = status.reasonMessage

@@ -1,5 +1,6 @@
 import Foundation
 import IAPCore
+import Ledger
 
 /// What crediting needs beyond the result itself.
 public struct CreditPolicy: Sendable {
@@ -28,14 +29,12 @@ public struct CreditPolicy: Sendable {
     /// transaction for non-consumables and non-renewing subscriptions, per billing period
     /// (web order line item) for auto-renewable subscriptions.
     public func creditKey(of purchase: VerifiedPurchase) -> String {
-        switch catalog?.product(purchase.productId)?.type {
-        case .nonConsumable?, .nonRenewing?:
-            "otx:\(purchase.originalTransactionId)"
-        case .autoRenewable?:
-            purchase.webOrderLineItemId.map { "wol:\($0)" } ?? "txn:\(purchase.transactionId)"
-        case .consumable?, nil:
-            "txn:\(purchase.transactionId)"
-        }
+        typedCreditKey(of: purchase).stored
+    }
+
+    /// `creditKey(of:)` as its type.
+    public func typedCreditKey(of purchase: VerifiedPurchase) -> CreditKey {
+        CreditKey(of: purchase, type: catalog?.product(purchase.productId)?.type)
     }
 }
 
@@ -73,7 +72,9 @@ extension OrderStore {
         _ purchase: VerifiedPurchase, upload: Upload, policy: CreditPolicy, now: Date, in db: any SQLConnection
     ) throws -> (TransactionCreditState, ReasonCode?) {
         if purchase.isUpgraded == true { return (.superseded, nil) }
-        let key = policy.creditKey(of: purchase)
+        let typedKey = policy.typedCreditKey(of: purchase)
+        let key = typedKey.stored
+        let evidence = purchase.ownershipEvidence
         // Apple's own answer says it is refunded or revoked: remembered, and applied to a grant.
         if let cancelled = purchase.cancellationDate,
             try recordRevocation(
@@ -100,15 +101,16 @@ extension OrderStore {
             sql: "SELECT * FROM grants WHERE creditKey = ? AND state = 'active'", arguments: [key])
         {
             let owner: String = active["userId"]
-            if owner == upload.userId { return (.alreadyCredited, nil) }
+            if Ownership.sameUser(owner, upload.userId) { return (.alreadyCredited, nil) }
             // The very transaction another user was credited with: a replay. Consumables are
             // keyed per transaction, so for them this is always the case.
-            if exact.map({ ($0["userId"] as String) != upload.userId }) ?? false
-                || (active["transactionId"] as String) == purchase.transactionId || key.hasPrefix("txn:")
+            if exact.map({ !Ownership.sameUser($0["userId"], upload.userId) }) ?? false
+                || (active["transactionId"] as String) == purchase.transactionId || typedKey.isPerTransaction
             {
                 return (.replayedFromOtherUser, nil)
             }
-            switch policy.restore {
+            // Only an upload Apple vouches for moves an entitlement; a lookup never does.
+            switch evidence == .signedUpload ? policy.restore : .keep {
             case .keep:
                 try audit(
                     actor: "system", action: "restore_kept_by_owner", subject: "transaction:\(purchase.transactionId)",
@@ -126,34 +128,51 @@ extension OrderStore {
             return (.revoked, .purchaseRevoked)
         }
         if let exact {
-            if (exact["userId"] as String) != upload.userId { return (.replayedFromOtherUser, nil) }
+            // Held for a person (whoever uploads it): nobody is credited, nobody may finish it.
+            if let held: String = exact["heldReason"], held != "revoked" { return (.held, ReasonCode(held)) }
+            if !Ownership.sameUser(exact["userId"], upload.userId) { return (.replayedFromOtherUser, nil) }
             if let held: String = exact["heldReason"] { return (.held, ReasonCode(held)) }
             // Recorded and credited before, under a key of an older version: nothing new.
             return (.alreadyCredited, nil)
         }
-        if purchase.inUploadedReceipt == false {
-            // Apple's history for the account holds it, but the (unsigned) receipt uploaded does
-            // not: nothing proves the uploader made it.
-            try audit(
-                actor: "system", action: "purchase_held", subject: "transaction:\(purchase.transactionId)",
-                reason: ReasonCode.ownerUnknown.rawValue,
-                details: ["uploader": upload.userId, "productId": purchase.productId, "submissionId": upload.submissionId],
-                now: now, in: db)
-            return (.held, .ownerUnknown)
-        }
-
-        // Which of our orders it pays for: the token Apple carries (signed into the receipt),
-        // else the upload's order (the client's word: only for the uploader's own orders).
+        // Whose it is (Ledger's `Ownership`): the token Apple carries names one of our orders,
+        // the subscription it renews has an owner, or the upload itself is Apple's word.
         var order: SQLRow?
-        var owner = upload.userId
         if let token = purchase.appAccountToken {
             order = try db.cachedRow(sql: "SELECT * FROM orders WHERE id = lower(?)", arguments: [token])
-            if let order {
-                // Apple says whose order this paid: the purchase is theirs, whoever uploads it.
-                owner = order["userId"]
-            }
         }
-        if order == nil, let orderId = upload.orderId {
+        var subscriptionOwner: String?
+        if case .billingPeriod = typedKey {
+            subscriptionOwner = try db.cachedRow(
+                sql: "SELECT userId FROM subscription WHERE originalTransactionId = ?",
+                arguments: [purchase.originalTransactionId]
+            )?["userId"]
+        }
+        let facts = Ownership.Facts(
+            uploader: upload.userId, evidence: evidence, tokenOrderOwner: order?["userId"], subscriptionOwner: subscriptionOwner)
+        let owner: String
+        var movesSubscriptionFrom: String?
+        switch Ownership.decide(facts, restore: policy.restore) {
+        case .held(let reason):
+            // Recorded nowhere but in the upload's answer: a lookup that proves nothing must not
+            // make the purchase look like the uploader's to a later upload by its owner.
+            try audit(
+                actor: "system", action: "purchase_held", subject: "transaction:\(purchase.transactionId)",
+                reason: reason.rawValue,
+                details: [
+                    "uploader": upload.userId, "productId": purchase.productId, "submissionId": upload.submissionId,
+                    "evidence": evidence.rawValue,
+                ],
+                now: now, in: db)
+            return (.held, reason)
+        case .credit(let proven):
+            owner = proven
+        case .creditMovingSubscription(let from, let to):
+            owner = to
+            movesSubscriptionFrom = from
+        }
+        // The upload's own order (the client's word) binds only a purchase credited to the uploader.
+        if order == nil, Ownership.sameUser(owner, upload.userId), let orderId = upload.orderId {
             if upload.transactionId == purchase.transactionId {
                 // The upload names both: an explicit binding, checked below like a token.
                 order = try db.cachedRow(
@@ -202,7 +221,7 @@ extension OrderStore {
             guard let recorded else {
                 throw SQLError(.serializationFailure, "purchase \(purchase.transactionId) conflicted but is not there")
             }
-            if (recorded["userId"] as String) != upload.userId { return (.replayedFromOtherUser, nil) }
+            if !Ownership.sameUser(recorded["userId"], upload.userId) { return (.replayedFromOtherUser, nil) }
             if let held: String = recorded["heldReason"] { return (.held, ReasonCode(held)) }
             return (.alreadyCredited, nil)
         }
@@ -211,7 +230,8 @@ extension OrderStore {
                 actor: "system", action: "purchase_held", subject: "transaction:\(purchase.transactionId)",
                 reason: heldReason.rawValue, details: ["userId": owner, "productId": purchase.productId],
                 now: now, in: db)
-            return (owner == upload.userId ? .held : .replayedFromOtherUser, heldReason)
+            // Held for whoever it turns out to be: nobody is credited yet, so nobody may finish it.
+            return (.held, heldReason)
         }
         if let boundOrder {
             try db.executeCached(
@@ -233,7 +253,19 @@ extension OrderStore {
         if product?.type == .autoRenewable || (product == nil && purchase.expiresDate != nil) {
             try recordSubscription(of: purchase, owner: owner, now: now, in: db)
         }
-        if owner != upload.userId {
+        if let from = movesSubscriptionFrom {
+            try moveSubscription(purchase.originalTransactionId, from: from, to: owner, now: now, in: db)
+        }
+        if facts.tokenOrderOwner == nil, let subscriptionOwner, !Ownership.sameUser(owner, upload.userId) {
+            // A billing period of someone else's subscription: theirs, whoever uploads it.
+            try audit(
+                actor: "system", action: "period_credited_to_subscription_owner",
+                subject: "transaction:\(purchase.transactionId)",
+                reason: "a billing period of \(subscriptionOwner)'s subscription; uploaded by \(upload.userId)",
+                details: ["owner": subscriptionOwner, "uploader": upload.userId, "creditKey": key], now: now, in: db)
+            return (.ownedByOtherUser, nil)
+        }
+        if !Ownership.sameUser(owner, upload.userId) {
             try audit(
                 actor: "system", action: "credited_to_order_owner", subject: "transaction:\(purchase.transactionId)",
                 reason: "the purchase names an order of \(owner); uploaded by \(upload.userId)",
@@ -295,6 +327,23 @@ extension OrderStore {
             actor: "system", action: "grant_transferred", subject: "transaction:\(purchase.transactionId)",
             reason: "restored by \(upload.userId); moved from \(previous)",
             details: ["from": previous, "to": upload.userId, "creditKey": key], now: now, in: db)
+        if case .billingPeriod? = CreditKey(stored: key) {
+            // The subscription moves with its period, so that its renewals follow the new owner.
+            try moveSubscription(purchase.originalTransactionId, from: previous, to: upload.userId, now: now, in: db)
+        }
+    }
+
+    /// `IAP_RESTORE=transfer`: the subscription's owner becomes `to`, so that every later
+    /// billing period is credited to them; audited.
+    static func moveSubscription(
+        _ originalTransactionId: String, from: String, to: String, now: Date, in db: any SQLConnection
+    ) throws {
+        try db.execute(
+            sql: "UPDATE subscription SET userId = ?, updatedAt = ? WHERE originalTransactionId = ?",
+            arguments: [to, now, originalTransactionId])
+        try audit(
+            actor: "system", action: "subscription_transferred", subject: "subscription:\(originalTransactionId)",
+            reason: "restored by \(to); moved from \(from)", details: ["from": from, "to": to], now: now, in: db)
     }
 
     /// Writes a grant and its `grant.created` event.

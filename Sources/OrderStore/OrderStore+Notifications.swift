@@ -53,7 +53,8 @@ extension OrderStore {
                 eventId: "grant.revoked:\(grant["transactionId"] as String):\(tag)", policy: policy, now: now, in: db)
             return "revoked"
         case "REFUND_REVERSED":
-            let lifted = try liftRevocation(key: key, at: notification.signedDate ?? now, now: now, in: db)
+            let lifted = try liftRevocation(
+                key: key, transactionId: purchase.transactionId, at: notification.signedDate ?? now, now: now, in: db)
             if let grant = try db.row(sql: """
                     SELECT * FROM grants WHERE creditKey = ? AND state = 'revoked' AND revokedBy = 'apple'
                     ORDER BY revokedAt DESC LIMIT 1

@@ -37,12 +37,27 @@ extension OrderStore {
         try db.cachedRow(sql: "SELECT 1 FROM revocation WHERE creditKey = ? AND reversedAt IS NULL", arguments: [key]) != nil
     }
 
-    /// Lifts Apple's revocation of `key` (REFUND_REVERSED); false when none stood.
-    static func liftRevocation(key: String, at reversedAt: Date, now: Date, in db: any SQLConnection) throws -> Bool {
+    /// Lifts Apple's revocation of `key` (REFUND_REVERSED, signed by Apple at `reversedAt`);
+    /// false when none stood. A revocation signed after the reversal stands. With none recorded
+    /// (the REFUND it reverses is late), the reversal is remembered, so that a refund Apple
+    /// signed before it takes nothing when it arrives (`recordRevocation`).
+    static func liftRevocation(
+        key: String, transactionId: String, at reversedAt: Date, now: Date, in db: any SQLConnection
+    ) throws -> Bool {
         try db.executeCached(
-            sql: "UPDATE revocation SET reversedAt = ?, updatedAt = ? WHERE creditKey = ? AND reversedAt IS NULL",
-            arguments: [max(reversedAt, now), now, key])
-        return db.changesCount > 0
+            sql: """
+                UPDATE revocation SET reversedAt = ?, updatedAt = ?
+                WHERE creditKey = ? AND reversedAt IS NULL AND revokedAt <= ?
+                """,
+            arguments: [reversedAt, now, key, reversedAt])
+        if db.changesCount > 0 { return true }
+        try db.executeCached(
+            sql: """
+                INSERT INTO revocation (creditKey, transactionId, source, revokedAt, reversedAt, updatedAt)
+                VALUES (?, ?, 'REFUND_REVERSED', ?, ?, ?) ON CONFLICT (creditKey) DO NOTHING
+                """,
+            arguments: [key, transactionId, reversedAt, reversedAt, now])
+        return false
     }
 
     /// Revokes the active grant of `key`, if any, as Apple's doing (`grant.revoked`, audited);
@@ -62,11 +77,13 @@ extension OrderStore {
     /// An upload that a standing revocation stopped: kept (held as `revoked`) so that Apple's
     /// reversal of the refund credits its uploader.
     static func recordBlocked(_ purchase: VerifiedPurchase, key: String, upload: Upload, now: Date, in db: any SQLConnection) throws {
-        // Whose it is, as crediting would say: the user whose order Apple's token names, else the uploader.
-        let owner =
-            try purchase.appAccountToken.flatMap {
-                try String.fetchOne(db, sql: "SELECT userId FROM orders WHERE id = lower(?)", arguments: [$0])
-            } ?? upload.userId
+        // Whose it is, as crediting would say: the user whose order Apple's token names, else the
+        // uploader, when the upload proves it; a lookup claims nothing for a reversal to credit.
+        let tokenOwner = try purchase.appAccountToken.flatMap {
+            try String.fetchOne(db, sql: "SELECT userId FROM orders WHERE id = lower(?)", arguments: [$0])
+        }
+        guard tokenOwner != nil || purchase.ownershipEvidence == .signedUpload else { return }
+        let owner = tokenOwner ?? upload.userId
         try db.executeCached(
             sql: """
                 INSERT INTO purchase (transactionId, originalTransactionId, productId, quantity, environment, bundleId,

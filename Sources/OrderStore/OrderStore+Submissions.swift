@@ -1,5 +1,6 @@
 import Foundation
 import IAPCore
+import Ledger
 
 /// What the status endpoint tells the app about one upload.
 public struct SubmissionStatus: Sendable, Equatable {
@@ -20,6 +21,9 @@ public struct SubmissionStatus: Sendable, Equatable {
         /// Who granted it when that was not Apple's answer to this upload: a customer service
         /// operator, or `apple` (a reversed refund); nil otherwise.
         public var grantedBy: String? = nil
+
+        /// Whether the app may finish this transaction: it is settled (see `FinishAdvice`).
+        public var finishTransaction: Bool { FinishAdvice.mayFinish(state) }
     }
 
     /// The submission.
@@ -46,17 +50,17 @@ public struct SubmissionStatus: Sendable, Equatable {
     /// Customer service marked it finishable.
     public var finishable: Bool = false
 
-    /// Whether the app may finish the StoreKit transactions of this upload: once it is
-    /// credited; after a rejection only when Apple said the purchase itself is invalid (or it
-    /// belongs to someone else, or is refunded); never while work is pending or a person has
-    /// to look; always once customer service settled it.
+    /// What the upload named: a transaction, an order, or nothing (a receipt on its own).
+    public var named: FinishAdvice.Named = .transaction
+
+    /// Whether the app may finish the transaction this upload names (see
+    /// `FinishAdvice.mayFinishUpload`): once it is credited; after a rejection only when Apple
+    /// said the purchase itself is invalid (or it belongs to someone else, or is refunded);
+    /// never while work is pending or a person has to look; never for an upload that names
+    /// nothing (each transaction's own advice says what to finish); always once customer
+    /// service settled it.
     public var finishTransaction: Bool {
-        if finishable { return true }
-        switch state {
-        case .credited: return true
-        case .rejected: return reason.map(ReasonCode.finishableRejections.contains) ?? false
-        case .pending, .retrying, .needsReview: return false
-        }
+        FinishAdvice.mayFinishUpload(state: state, reason: reason, named: named, settledByHand: finishable)
     }
 }
 
@@ -128,7 +132,8 @@ extension OrderStore {
                 reason: (row["reason"] as String?).map(ReasonCode.init(rawValue:)),
                 reasonMessage: row["reasonMessage"], attempts: row["attempts"], nextAttemptAt: row["nextAttemptAt"],
                 environment: (row["environment"] as String?).flatMap(AppStoreEnvironment.init(rawValue:)),
-                acceptedAt: row["acceptedAt"], transactions: transactions, finishable: row["finishable"])
+                acceptedAt: row["acceptedAt"], transactions: transactions, finishable: row["finishable"],
+                named: Self.named(row))
             // Held or refunded before, everything in it is credited now (by customer service, or
             // a reversed refund): the upload is settled and the app may finish it.
             if status.state == .needsReview || status.reason == .purchaseRevoked, !transactions.isEmpty,
@@ -140,6 +145,15 @@ extension OrderStore {
             }
             return status
         }
+    }
+
+    /// What an upload named, from its row: a transaction (named, signed or bare), an order,
+    /// or nothing (a receipt on its own).
+    private static func named(_ row: SQLRow) -> FinishAdvice.Named {
+        if (row["transactionId"] as String?) != nil || (row["signedTransaction"] as String?) != nil { return .transaction }
+        if (row["orderId"] as String?) != nil { return .order }
+        if (row["signedPayload"] as String?) != nil { return .transaction }
+        return (row["receiptData"] as String).isEmpty ? .transaction : .nothing
     }
 
     /// What happened to a transaction since its upload was answered: granted by customer
@@ -306,6 +320,12 @@ extension OrderStore {
                     // Whatever else the receipt held is credited above; the named purchase is not here yet.
                     (state, reason) = (.rejected, .transactionNotInReceipt)
                     message = "transaction \(named) is not in this receipt yet: refresh the receipt and upload it again"
+                } else if named == nil, let orderId = result.orderId,
+                    try Self.orderAwaitsPayment(orderId, of: userId, in: db)
+                {
+                    // The order named is still unpaid: the receipt is older than its purchase.
+                    (state, reason) = (.rejected, .transactionNotInReceipt)
+                    message = "no purchase in this receipt pays order \(orderId) yet: refresh the receipt and upload it again"
                 } else if total > 0, outcomes[.credited, default: 0] + outcomes[.alreadyCredited, default: 0]
                     + outcomes[.superseded, default: 0] == 0
                 {
@@ -329,6 +349,13 @@ extension OrderStore {
                 return state
             }
         }
+    }
+
+    /// Whether the uploader's order `orderId` exists and is still unpaid.
+    private static func orderAwaitsPayment(_ orderId: String, of userId: String, in db: any SQLConnection) throws -> Bool {
+        try db.cachedRow(
+            sql: "SELECT 1 FROM orders WHERE id = lower(?) AND userId = ? AND state = 'created'", arguments: [orderId, userId]
+        ) != nil
     }
 
     private static func finish(

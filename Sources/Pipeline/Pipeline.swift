@@ -110,14 +110,15 @@ public struct StoreKitSettings: Sendable {
     /// Check certificates at the payload's `signedDate` (as Apple's library) or now.
     public var validationTime: SignedDataVerifier.ValidationTime
     /// With a Server API key, verify app receipts through it (transaction ids read locally,
-    /// then Get Transaction History) instead of `verifyReceipt`.
+    /// then Get Transaction History) instead of `verifyReceipt`. What it finds is a lookup,
+    /// not a proof of ownership (see docs/ledger.md).
     public var receiptsThroughServerAPI: Bool
 
     /// Creates settings.
     public init(
         trustedRoots: [Certificate]? = nil, appAppleId: Int64? = nil, serverAPI: AppStoreServerAPIClient.Settings? = nil,
         confirmWithAPI: Bool = false, validationTime: SignedDataVerifier.ValidationTime = .signedDate,
-        receiptsThroughServerAPI: Bool = true
+        receiptsThroughServerAPI: Bool = false
     ) {
         self.receiptsThroughServerAPI = receiptsThroughServerAPI
         self.trustedRoots = trustedRoots

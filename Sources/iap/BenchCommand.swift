@@ -223,7 +223,10 @@ struct BenchCommand: AsyncParsableCommand {
                         guard answer.status == 201, let id = object?["transactionId"] as? String,
                             let receipt = object?["receiptData"] as? String
                         else { throw ValidationError("the fake App Store could not mint: \(answer.status)") }
-                        let upload = ["userId": "bench-\(minted.count % 10_000)-\(worker)", "receiptData": receipt]
+                        // As an app uploads: the receipt and the StoreKit transaction it is about to finish.
+                        let upload = [
+                            "userId": "bench-\(minted.count % 10_000)-\(worker)", "receiptData": receipt, "transactionId": id,
+                        ]
                         minted.append(Minted(transactionId: id, body: ByteBuffer(data: try JSONSerialization.data(withJSONObject: upload))))
                     }
                     return minted

@@ -576,7 +576,7 @@ struct StoreKitOptions: ParsableArguments {
     @Option(name: .long, help: "Confirm locally verified signed transactions with Get Transaction Info: true or false. (env IAP_CONFIRM_WITH_API; default false)")
     var confirmWithAPI: String?
 
-    @Option(name: .long, help: "How app receipts are verified: server-api (transaction ids read locally, then looked up) or verify-receipt. (env IAP_RECEIPTS_VIA; default server-api with a key, else verify-receipt)")
+    @Option(name: .long, help: "How app receipts are verified: server-api (transaction ids read locally, then looked up) or verify-receipt. (env IAP_RECEIPTS_VIA; default verify-receipt; server-api holds receipt purchases without an appAccountToken as owner_unknown)")
     var receiptsVia: String?
 
     @Option(name: .long, help: "Comma-separated root certificate files (DER or PEM) that signed data must chain to; for tests only. (env IAP_TRUSTED_ROOTS; default Apple Root CA - G3, shipped)")
@@ -626,8 +626,10 @@ struct StoreKitOptions: ParsableArguments {
         }
         switch reader.optionalString(receiptsVia, "IAP_RECEIPTS_VIA") {
         case nil:
-            // A key given here sends receipts through the Server API; defaults (iap dev) keep theirs.
-            if reader.optionalString(appstoreKeyPath, "IAP_APPSTORE_KEY_PATH") != nil { settings.receiptsThroughServerAPI = true }
+            // verifyReceipt: Apple's answer vouches for the receipt. The Server API route reads
+            // the receipt without checking its signature, so what it lists proves no ownership
+            // (held as owner_unknown without an appAccountToken); it is chosen, never a default.
+            settings.receiptsThroughServerAPI = false
         case "server-api":
             guard settings.serverAPI != nil else {
                 throw ValidationError("IAP_RECEIPTS_VIA=server-api needs the App Store Server API key (IAP_APPSTORE_KEY_PATH)")

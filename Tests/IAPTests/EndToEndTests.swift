@@ -10,7 +10,8 @@ extension BrokerTests {
             let pipeline = try await PipelineHarness.start(name: "e2e")
             defer { Task { await pipeline.stop() } }
             let purchase = try await pipeline.mint()
-            let id = try await pipeline.upload(userId: "alice", receiptData: purchase.receiptData)
+            let id = try await pipeline.upload(
+                userId: "alice", receiptData: purchase.receiptData, transactionId: purchase.transactionId)
 
             let status = try await pipeline.waitForState(id)
             #expect(status["state"] as? String == "credited")
@@ -44,7 +45,9 @@ extension BrokerTests {
             let purchase = try await pipeline.mint()
             let ids = try await withThrowingTaskGroup(of: String.self) { group in
                 for _ in 0..<20 {
-                    group.addTask { try await pipeline.upload(userId: "bob", receiptData: purchase.receiptData) }
+                    group.addTask {
+                        try await pipeline.upload(userId: "bob", receiptData: purchase.receiptData, transactionId: purchase.transactionId)
+                    }
                 }
                 return try await group.reduce(into: []) { $0.append($1) }
             }

@@ -202,17 +202,23 @@ struct LedgerModel {
         }
     }
 
-    /// An upload by `user` of what `coverage` lists.
-    mutating func upload(by user: Int, covering: [(id: String, cancelled: Bool)]) -> UploadExpectation {
+    /// An upload by `user` of what `coverage` lists; `lookup` when the route proves nobody's
+    /// ownership (a bare transaction id): then nothing is credited to the uploader on its word.
+    mutating func upload(by user: Int, covering: [(id: String, cancelled: Bool)], lookup: Bool = false) -> UploadExpectation {
         var states: [(id: String, key: String, state: String)] = []
         for (id, cancelledInAnswer) in covering.sorted(by: { $0.id < $1.id }) {
-            let key = transactions[id]!.creditKey
+            let transaction = transactions[id]!
+            let key = transaction.creditKey
             if cancelledInAnswer { revokeByRefund(key) }
+            // A billing period's owner is the subscription's, whoever uploads it.
+            let periodOwner = transaction.product.kind == .autoRenewable ? subscriptionOwner[transaction.originalId] : nil
             let state: String
             if revoked.contains(key) {
-                if claimedBy[id] == nil { claimedBy[id] = user }
-                if !(claimants[key] ?? []).contains(where: { $0.transactionId == id && $0.user == user }) {
-                    claimants[key, default: []].append((user, id))
+                if !lookup {
+                    if claimedBy[id] == nil { claimedBy[id] = user }
+                    if !(claimants[key] ?? []).contains(where: { $0.transactionId == id && $0.user == user }) {
+                        claimants[key, default: []].append((user, id))
+                    }
                 }
                 state = "revoked"
             } else if let index = activeGrant(key), grants[index].user == user {
@@ -220,13 +226,25 @@ struct LedgerModel {
             } else if let first = claimedBy[id], first != user {
                 state = "replayed_from_other_user"
             } else if let index = activeGrant(key) {
-                if policy == .transfer {
+                if policy == .transfer && !lookup {
                     grants[index].active = false
                     credit(id, to: user)
+                    if transaction.product.kind == .autoRenewable { subscriptionOwner[transaction.originalId] = user }
                     state = "credited"
                 } else {
                     state = "owned_by_other_user"
                 }
+            } else if let owner = periodOwner, owner != user {
+                if policy == .transfer && !lookup {
+                    credit(id, to: user)
+                    subscriptionOwner[transaction.originalId] = user
+                    state = "credited"
+                } else {
+                    credit(id, to: owner)
+                    state = "owned_by_other_user"
+                }
+            } else if lookup && periodOwner == nil {
+                state = "held"
             } else {
                 credit(id, to: user)
                 state = "credited"
@@ -240,7 +258,8 @@ struct LedgerModel {
         let exact = Dictionary(uniqueKeysWithValues: states.filter { perKey[$0.key] == 1 }.map { ($0.id, $0.state) })
         let all = Set(states.map(\.state))
         let outcome: (String, String?) =
-            if !all.isDisjoint(with: ["credited", "already_credited"]) { ("credited", nil) }
+            if all.contains("held") { ("needs_review", "owner_unknown") }
+            else if !all.isDisjoint(with: ["credited", "already_credited"]) { ("credited", nil) }
             else if all.contains("replayed_from_other_user") { ("rejected", "replayed_from_other_user") }
             else if all.contains("owned_by_other_user") { ("rejected", "owned_by_other_user") }
             else { ("rejected", "purchase_revoked") }
@@ -634,7 +653,7 @@ struct LedgerModelRun {
         case .transactionId: body["transactionId"] = transaction.id
         case .receiptData: body["receiptData"] = transaction.receiptData
         }
-        let expected = model.upload(by: user, covering: model.coverage(of: transaction, route: route))
+        let expected = model.upload(by: user, covering: model.coverage(of: transaction, route: route), lookup: route == .transactionId)
         let status = try await settle(try await pipeline.upload(body))
         let listed = (status["transactions"] as? [[String: Any]] ?? []).reduce(into: [String: String]()) {
             $0[$1["transactionId"] as? String ?? "?"] = $1["state"] as? String ?? "?"

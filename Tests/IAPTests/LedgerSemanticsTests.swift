@@ -28,15 +28,36 @@ struct LedgerSemanticsTests {
             appAccountToken: token, webOrderLineItemId: period, signedDate: signed)
     }
 
+    /// What an upload names besides its receipt.
+    enum Naming {
+        /// The first purchase's transaction, as an app finishing that transaction does.
+        case firstTransaction
+        case transaction(String)
+        case order(String)
+        /// Nothing: a receipt on its own.
+        case nothing
+    }
+
     /// Uploads `purchases` as `user` and applies Apple's answer; the upload's status after it.
     @discardableResult
     func upload(
-        _ purchases: [VerifiedPurchase], by user: String, to store: OrderStore, policy: CreditPolicy? = nil
+        _ purchases: [VerifiedPurchase], by user: String, to store: OrderStore, policy: CreditPolicy? = nil,
+        naming: Naming = .firstTransaction
     ) async throws -> SubmissionStatus {
-        let request = VerifyRequest(submissionId: UUID(), userId: user, receiptData: "AAAA", acceptedAt: Date())
+        var transactionId: String?
+        var orderId: String?
+        switch naming {
+        case .firstTransaction: transactionId = purchases.first?.transactionId
+        case .transaction(let id): transactionId = id
+        case .order(let id): orderId = id
+        case .nothing: break
+        }
+        let request = VerifyRequest(
+            submissionId: UUID(), userId: user, receiptData: "AAAA", transactionId: transactionId, orderId: orderId,
+            acceptedAt: Date())
         try await store.accept(request, message: nil)
         let result = VerifyResult(
-            submissionId: request.submissionId, userId: user, orderId: nil, attempt: 1,
+            submissionId: request.submissionId, userId: user, orderId: orderId, attempt: 1,
             outcome: .verified(VerifiedReceipt(bundleId: "b", environment: .production, purchases: purchases)))
         _ = try await store.apply(result, policy: policy ?? self.policy)
         return try #require(try await store.status(of: request.submissionId))
@@ -204,6 +225,118 @@ struct LedgerSemanticsTests {
         #expect(try await active(store, "ana") == ["t1", "t2"])
     }
 
+    @Test func aLookupCreditsNobodyAndLeavesThePurchaseToItsOwner() async throws {
+        let (store, _) = try makeStore()
+        // A bare transaction id (or an unsigned receipt): Apple answers for any transaction of the app.
+        var looked = purchase("v1", product: "com.example.coins.300")
+        looked.evidence = .lookup
+        let claimed = try await upload([looked], by: "mallory", to: store)
+        #expect(claimed.transactions.map(\.state) == [.held] && claimed.transactions.first?.reason == .ownerUnknown)
+        #expect(claimed.state == .needsReview && claimed.reason == .ownerUnknown && !claimed.finishTransaction)
+        #expect(claimed.transactions.allSatisfy { !$0.finishTransaction })
+        #expect(try await active(store, "mallory").isEmpty)
+        #expect(try await store.purchase("v1") == nil, "a lookup records nothing as the uploader's")
+        // The victim's own signed upload is credited to them, and finishable.
+        let own = try await upload([purchase("v1", product: "com.example.coins.300")], by: "victor", to: store)
+        #expect(own.state == .credited && own.finishTransaction && own.transactions.map(\.state) == [.credited])
+        #expect(try await active(store, "victor") == ["v1"])
+        // A lookup of what is already the uploader's is settled; the stranger's now a replay.
+        #expect(try await upload([looked], by: "victor", to: store).transactions.map(\.state) == [.alreadyCredited])
+        #expect(try await upload([looked], by: "mallory", to: store).transactions.map(\.state) == [.replayedFromOtherUser])
+        // A token naming the uploader's order is a proof: credited on a lookup.
+        let order = try await store.createOrder(userId: "mallory", productId: "com.example.coins.60")
+        var tokened = purchase("v2", product: "com.example.coins.60", token: order.orderId)
+        tokened.evidence = .lookup
+        #expect(try await upload([tokened], by: "mallory", to: store).transactions.map(\.state) == [.credited])
+    }
+
+    @Test func aNewBillingPeriodGoesToTheSubscriptionsOwnerWhoeverUploadsIt() async throws {
+        let (store, _) = try makeStore()
+        let first = purchase("s1", product: "com.example.vip.month", period: "w1", expires: Date().addingTimeInterval(60))
+        try await upload([first], by: "ana", to: store)
+        // Apple renews; before DID_RENEW arrives, another account uploads the owner's receipt.
+        let renewal = purchase("s2", original: "s1", product: "com.example.vip.month", period: "w2", expires: Date().addingTimeInterval(3600))
+        let stranger = try await upload([first, renewal], by: "ben", to: store, naming: .transaction("s2"))
+        // The very transaction the owner was credited with is a replay; the new period is the owner's.
+        #expect(stranger.transactions.map(\.state) == [.replayedFromOtherUser, .ownedByOtherUser])
+        #expect(stranger.state == .rejected && stranger.reason == .replayedFromOtherUser && stranger.finishTransaction)
+        #expect(try await active(store, "ben").isEmpty)
+        #expect(try await active(store, "ana") == ["s1", "s2"])
+        #expect(try await store.subscriptions(ofUser: "ana").map(\.originalTransactionId) == ["s1"])
+        // The renewal's own notification later credits nothing twice.
+        _ = try await notify("DID_RENEW", renewal, to: store)
+        #expect(try await active(store, "ana") == ["s1", "s2"])
+        // A bare id of a later period: still the owner's, never the stranger's.
+        var third = purchase("s3", original: "s1", product: "com.example.vip.month", period: "w3")
+        third.evidence = .lookup
+        #expect(try await upload([third], by: "ben", to: store).transactions.map(\.state) == [.ownedByOtherUser])
+        #expect(try await active(store, "ana") == ["s1", "s2", "s3"])
+    }
+
+    @Test func underTransferTheSubscriptionMovesAndItsRenewalsFollowTheNewOwner() async throws {
+        let (store, _) = try makeStore()
+        let transfer = CreditPolicy(catalog: PipelineHarness.testCatalog, restore: .transfer)
+        let first = purchase("s1", product: "com.example.vip.month", period: "w1", expires: Date().addingTimeInterval(60))
+        try await upload([first], by: "ana", to: store, policy: transfer)
+        // Ben restores the period on his device (a new transaction id, the same period).
+        let restored = purchase("s1r", original: "s1", product: "com.example.vip.month", period: "w1", expires: Date().addingTimeInterval(60))
+        #expect(try await upload([restored], by: "ben", to: store, policy: transfer).transactions.map(\.state) == [.credited])
+        #expect(try await store.subscriptions(ofUser: "ben").map(\.originalTransactionId) == ["s1"])
+        #expect(try await store.subscriptions(ofUser: "ana").isEmpty)
+        // Apple renews: the new period goes to the subscription's new owner.
+        let renewal = purchase("s2", original: "s1", product: "com.example.vip.month", period: "w2", expires: Date().addingTimeInterval(3600))
+        #expect(try await notify("DID_RENEW", renewal, to: store, policy: transfer) == "DID_RENEW: credited")
+        #expect(try await active(store, "ben") == ["s1r", "s2"])
+        #expect(try await active(store, "ana").isEmpty)
+        #expect(try await store.auditLog(limit: 20).contains { $0.action == "subscription_transferred" })
+    }
+
+    @Test func aReceiptThatNamesNothingIsFinishedTransactionByTransaction() async throws {
+        let (store, _) = try makeStore()
+        let status = try await upload(
+            [purchase("c1", product: "com.example.coins.60"), purchase("x1", product: "com.example.unknown")], by: "ana",
+            to: store, naming: .nothing)
+        #expect(status.transactions.map(\.state) == [.credited, .held])
+        #expect(status.transactions.map(\.finishTransaction) == [true, false])
+        #expect(!status.finishTransaction)
+        let settled = try await upload([purchase("c2", product: "com.example.coins.60")], by: "ana", to: store, naming: .nothing)
+        #expect(settled.state == .credited && !settled.finishTransaction && settled.transactions.map(\.finishTransaction) == [true])
+    }
+
+    @Test func anOrderTheReceiptDoesNotPayYetIsNotFinishable() async throws {
+        let (store, _) = try makeStore()
+        var earlier = purchase("c1", product: "com.example.coins.60")
+        earlier.purchaseDate = Date().addingTimeInterval(-3600)
+        try await upload([earlier], by: "ana", to: store)
+        // The app buys 300 coins for an order; the receipt it holds is still the old one.
+        let order = try await store.createOrder(userId: "ana", productId: "com.example.coins.300")
+        let stale = try await upload([earlier], by: "ana", to: store, naming: .order(order.orderId))
+        #expect(stale.state == .rejected && stale.reason == .transactionNotInReceipt && !stale.finishTransaction)
+        #expect(try await store.order(order.orderId)?.state == "created")
+        // The refreshed receipt holds the new purchase: bound, credited, finishable.
+        let refreshed = try await upload(
+            [earlier, purchase("c2", product: "com.example.coins.300")], by: "ana", to: store, naming: .order(order.orderId))
+        #expect(refreshed.state == .credited && refreshed.finishTransaction, "\(refreshed)")
+        #expect(try await store.order(order.orderId)?.state == "paid")
+    }
+
+    @Test func aReversalThatArrivesBeforeItsRefundIsRemembered() async throws {
+        let (store, _) = try makeStore()
+        let coins = purchase("c1", product: "com.example.coins.60")
+        try await upload([coins], by: "ana", to: store)
+        let refunded = Date().addingTimeInterval(-120)
+        // Apple's order: REFUND (signed first), then REFUND_REVERSED; delivered reversed.
+        #expect(try await notify("REFUND_REVERSED", coins, to: store, signed: refunded.addingTimeInterval(60)) == "REFUND_REVERSED: nothing_revoked")
+        #expect(try await notify("REFUND", coins, to: store, signed: refunded) == "REFUND: reversed_already")
+        #expect(try await active(store, "ana") == ["c1"])
+        // A refund Apple signed after the reversal stands.
+        #expect(try await notify("REFUND", coins, to: store, signed: refunded.addingTimeInterval(90)) == "REFUND: revoked")
+        #expect(try await active(store, "ana").isEmpty)
+        // And its own reversal, signed later still, gives it back.
+        #expect(try await notify("REFUND_REVERSED", coins, to: store, signed: refunded.addingTimeInterval(100)) == "REFUND_REVERSED: restored")
+        #expect(try await active(store, "ana") == ["c1"])
+    }
+
     @Test func anUpgradedTransactionIsNeverCredited() async throws {
         let (store, _) = try makeStore()
         var superseded = purchase("t1", product: "com.example.vip.month", period: "w1")
@@ -232,7 +365,8 @@ struct LedgerSemanticsTests {
     @Test func theAppFinishesARejectionOnlyWhenApplesAnswerSettlesIt() async throws {
         let (store, _) = try makeStore()
         func rejected(_ reason: ReasonCode) async throws -> Bool {
-            let request = VerifyRequest(submissionId: UUID(), userId: "ana", receiptData: "AAAA", acceptedAt: Date())
+            let request = VerifyRequest(
+                submissionId: UUID(), userId: "ana", receiptData: "AAAA", transactionId: "1000", acceptedAt: Date())
             try await store.accept(request, message: nil)
             _ = try await store.apply(
                 VerifyResult(

@@ -104,6 +104,11 @@ extension BrokerTests {
             #expect(transaction?["state"] as? String == "held")
             #expect(try await pipeline.grants(of: "max").isEmpty)
             #expect(try await pipeline.order(orderId)["state"] as? String == "created")
+            // Uploaded by someone else, whose token names max's order: held for them too, never finishable.
+            let other = try await pipeline.waitForState(
+                try await pipeline.upload(userId: "nils", receiptData: purchase.receiptData, transactionId: purchase.transactionId))
+            #expect(other["state"] as? String == "needs_review" && other["finishTransaction"] as? Bool == false, "\(other)")
+            #expect((other["transactions"] as? [[String: Any]])?.first?["state"] as? String == "held", "\(other)")
         }
 
         @Test func purchaseOfAProductNotInTheCatalogIsHeldForReview() async throws {
@@ -163,7 +168,9 @@ extension BrokerTests {
             let purchase = try await pipeline.mint()
             let ids = try await withThrowingTaskGroup(of: String.self) { group in
                 for _ in 0..<50 {
-                    group.addTask { try await pipeline.upload(userId: "omar", receiptData: purchase.receiptData) }
+                    group.addTask {
+                        try await pipeline.upload(userId: "omar", receiptData: purchase.receiptData, transactionId: purchase.transactionId)
+                    }
                 }
                 return try await group.reduce(into: []) { $0.append($1) }
             }

@@ -67,8 +67,12 @@ extension BrokerTests {
         @Test func aTransactionIdAloneIsLookedUpWithTheServerAPI() async throws {
             let pipeline = try await PipelineHarness.start(name: "sk2txid")
             defer { Task { await pipeline.stop() } }
-            let production = try await pipeline.mintStoreKit2()
-            let sandbox = try await pipeline.mintStoreKit2(productId: "com.example.coins.120", environment: "Sandbox")
+            // An id is a lookup: what proves these purchases tom's is their token naming his orders.
+            let production = try await pipeline.mintStoreKit2(
+                appAccountToken: try await pipeline.createOrder(userId: "tom", productId: "com.example.coins.60"))
+            let sandbox = try await pipeline.mintStoreKit2(
+                productId: "com.example.coins.120", environment: "Sandbox",
+                appAccountToken: try await pipeline.createOrder(userId: "tom", productId: "com.example.coins.120"))
             let first = try await pipeline.waitForState(try await pipeline.upload(["userId": "tom", "transactionId": production.transactionId]))
             #expect(first["state"] as? String == "credited", "\(first)")
             // Production does not know a sandbox id (4040010): asked again in the sandbox.
@@ -79,7 +83,8 @@ extension BrokerTests {
             #expect(try await pipeline.grants(of: "tom").count == 2)
 
             // Apple down (503) is transient, never a rejection.
-            let later = try await pipeline.mintStoreKit2()
+            let later = try await pipeline.mintStoreKit2(
+                appAccountToken: try await pipeline.createOrder(userId: "tom", productId: "com.example.coins.60"))
             try await pipeline.injectFault(["httpStatus": 503, "count": 2])
             let retried = try await pipeline.waitForState(
                 try await pipeline.upload(["userId": "tom", "transactionId": later.transactionId]), timeout: .seconds(30))
@@ -90,8 +95,16 @@ extension BrokerTests {
             let pipeline = try await PipelineHarness.start(name: "sk2receipt", receiptsThroughServerAPI: true)
             defer { Task { await pipeline.stop() } }
             let device = UUID().uuidString
-            _ = try await pipeline.mint(productId: "com.example.coins.60", deviceId: device)
-            let second = try await pipeline.mint(productId: "com.example.coins.120", deviceId: device)
+            // The receipt's signature is not checked on this route: its purchases are the uploader's
+            // by their tokens (applicationUsername naming her orders), not by the receipt's word.
+            _ = try await pipeline.mint(
+                productId: "com.example.coins.60",
+                token: ("applicationUsername", try await pipeline.createOrder(userId: "uma", productId: "com.example.coins.60")),
+                deviceId: device)
+            let second = try await pipeline.mint(
+                productId: "com.example.coins.120",
+                token: ("applicationUsername", try await pipeline.createOrder(userId: "uma", productId: "com.example.coins.120")),
+                deviceId: device)
             let status = try await pipeline.waitForState(try await pipeline.upload(userId: "uma", receiptData: second.receiptData))
             #expect(status["state"] as? String == "credited", "\(status)")
             #expect((status["transactions"] as? [Any])?.count == 2, "\(status)")

@@ -79,7 +79,9 @@ def main() -> None:
           f"originalTransactionId={purchase.get('originalTransactionId')}", file=sys.stderr)
 
     status, submission = request("POST", f"{api}/v1/receipts",
-                                 {"userId": USER_ID, "receiptData": purchase["receiptData"]})
+                                 {"userId": USER_ID, "receiptData": purchase["receiptData"],
+                                  # The StoreKit transaction the app is about to finish.
+                                  "transactionId": purchase["transactionId"]})
     expect(status == 202 and isinstance(submission, dict) and submission.get("submissionId"),
            "receipt submission", status, submission)
     submission_id = submission["submissionId"]
@@ -96,6 +98,8 @@ def main() -> None:
             state = submission.get("state")
             print(f"==> state: {state}", file=sys.stderr)
         if state == "credited":
+            expect(submission.get("finishTransaction") is True,
+                   "a credited upload naming its transaction is finishable", status, submission)
             break
         if time.monotonic() >= deadline:
             sys.exit(f"error: submission {submission_id} not credited after {timeout:g}s "
