@@ -142,11 +142,12 @@ extension OrderStore {
             order = try db.cachedRow(sql: "SELECT * FROM orders WHERE id = lower(?)", arguments: [token])
         }
         var subscriptionOwner: String?
-        if case .billingPeriod = typedKey {
-            subscriptionOwner = try db.cachedRow(
-                sql: "SELECT userId FROM subscription WHERE originalTransactionId = ?",
-                arguments: [purchase.originalTransactionId]
-            )?["userId"]
+        if case .billingPeriod = typedKey,
+            let subscription = try db.cachedRow(
+                sql: "SELECT userId FROM subscription WHERE originalTransactionId = ?", arguments: [purchase.originalTransactionId])
+        {
+            // NULL while only notifications, no credit, told of it.
+            subscriptionOwner = subscription["userId"] as String?
         }
         let facts = Ownership.Facts(
             uploader: upload.userId, evidence: evidence, tokenOrderOwner: order?["userId"], subscriptionOwner: subscriptionOwner)
@@ -203,15 +204,15 @@ extension OrderStore {
             sql: """
                 INSERT INTO purchase (transactionId, originalTransactionId, productId, quantity, environment, bundleId,
                     purchaseDate, userId, orderId, submissionId, appAccountToken, heldReason, creditedAt, creditKey,
-                    webOrderLineItemId)
-                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    webOrderLineItemId, expiresDate)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                 ON CONFLICT (transactionId) DO NOTHING
                 """,
             arguments: [
                 purchase.transactionId, purchase.originalTransactionId, purchase.productId, max(purchase.quantity, 1),
                 purchase.environment.rawValue, upload.bundleId, purchase.purchaseDate, owner,
                 boundOrder, upload.submissionId, purchase.appAccountToken, heldReason?.rawValue, now, key,
-                purchase.webOrderLineItemId,
+                purchase.webOrderLineItemId, purchase.expiresDate,
             ])
         if db.changesCount == 0 {
             // Recorded meanwhile by another order service: the outcome is what that row says,

@@ -1,5 +1,6 @@
 import Foundation
 import IAPCore
+import Ledger
 
 extension OrderStore {
     /// Applies a verified App Store Server Notification, once per `notificationUUID`:
@@ -39,7 +40,11 @@ extension OrderStore {
         let tag = "\(notification.notificationType):\(notification.notificationUUID)"
         switch notification.notificationType {
         case "REFUND", "REVOKE":
-            try updateSubscription(notification, owner: owner, state: "revoked", now: now, in: db)
+            // Per billing period: the subscription is revoked only when its newest period is;
+            // a refund of an earlier one leaves the paid current period, its state and expiry.
+            if try isNewestPeriod(purchase, in: db) {
+                try updateSubscription(notification, owner: owner, state: "revoked", now: now, in: db)
+            }
             let at = purchase.cancellationDate ?? notification.signedDate ?? now
             guard
                 try recordRevocation(
@@ -81,7 +86,20 @@ extension OrderStore {
                 return "sandbox_not_allowed"
             }
             try updateSubscription(notification, owner: owner, state: nil, now: now, in: db)
-            return try credit(purchase, owner: owner, submissionId: submissionId, bundleId: notification.bundleId, policy: policy, now: now, in: db)
+            let credited = try credit(
+                purchase, owner: owner, submissionId: submissionId, bundleId: notification.bundleId, policy: policy, now: now,
+                in: db)
+            if notification.notificationType == "RENEWAL_EXTENDED", let expires = purchase.expiresDate {
+                // Apple moved the period's end: the grant in force lasts as long.
+                try db.execute(
+                    sql: """
+                        UPDATE grants SET expiresAt = ?
+                        WHERE creditKey = ? AND state = 'active' AND expiresAt IS NOT NULL AND expiresAt < ?
+                        """,
+                    arguments: [expires, key, expires])
+                if db.changesCount > 0 { return "extended" }
+            }
+            return credited
         case "EXPIRED", "GRACE_PERIOD_EXPIRED":
             try updateSubscription(notification, owner: owner, state: "expired", now: now, in: db)
             return "expired"
@@ -106,6 +124,18 @@ extension OrderStore {
         default:
             return "recorded"
         }
+    }
+
+    /// Whether `purchase` is its subscription's newest known period (or nothing says otherwise):
+    /// a period that ends before the one recorded as current is an earlier one.
+    private static func isNewestPeriod(_ purchase: VerifiedPurchase, in db: any SQLConnection) throws -> Bool {
+        guard let expires = purchase.expiresDate,
+            let row = try db.cachedRow(
+                sql: "SELECT expiresDate FROM subscription WHERE originalTransactionId = ?",
+                arguments: [purchase.originalTransactionId])
+        else { return true }
+        let current: Date? = row["expiresDate"]
+        return current.map { expires >= $0 } ?? true
     }
 
     /// Whose purchase this is: the owner of its active grant, else its subscription's owner,
@@ -167,6 +197,10 @@ extension OrderStore {
             environment: AppStoreEnvironment(rawValue: row["environment"]) ?? purchase.environment, source: "apple",
             expiresAt: policy.catalog?.product(productId)?.type == .autoRenewable ? purchase.expiresDate : nil,
             policy: policy, now: now, in: db)
+        if case .billingPeriod? = CreditKey(stored: key) {
+            // Credited now: its subscription has an owner, whose every later period is theirs.
+            try recordSubscription(of: recordedPurchase(row, expiresDate: purchase.expiresDate), owner: row["userId"], now: now, in: db)
+        }
         try audit(
             actor: "apple", action: "grant_restored", subject: "transaction:\(transactionId)", reason: "REFUND_REVERSED",
             details: ["userId": row["userId"] as String], now: now, in: db)
@@ -208,7 +242,7 @@ extension OrderStore {
                     UPDATE grants SET gracePeriodExpiresAt = ?
                     WHERE id = (
                         SELECT id FROM grants WHERE originalTransactionId = ? AND state = 'active'
-                        ORDER BY expiresAt DESC, id DESC LIMIT 1)
+                        ORDER BY expiresAt DESC NULLS LAST, id DESC LIMIT 1)
                     """,
                 arguments: [grace, purchase.originalTransactionId])
         }

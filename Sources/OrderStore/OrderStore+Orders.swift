@@ -1,5 +1,6 @@
 import Foundation
 import IAPCore
+import Ledger
 
 /// Our order: what a user meant to buy, before Apple's transaction pays it.
 public struct Order: Sendable, Equatable {
@@ -112,6 +113,7 @@ extension OrderStore {
                 var original = id
                 var creditKey = "txn:\(id)"
                 var orderId: String?
+                var expiresAt: Date?
                 if let transactionId {
                     guard
                         let purchase = try db.row(sql: "SELECT * FROM purchase WHERE transactionId = ?", arguments: [transactionId])
@@ -131,13 +133,19 @@ extension OrderStore {
                     original = purchase["originalTransactionId"]
                     environment = AppStoreEnvironment(rawValue: purchase["environment"]) ?? .production
                     orderId = purchase["orderId"]
+                    if case .billingPeriod? = CreditKey(stored: creditKey) {
+                        // A subscription period granted by hand ends with the period Apple sold,
+                        // and makes its subscription the user's (if nobody owned it yet).
+                        expiresAt = purchase["expiresDate"]
+                        try Self.recordSubscription(of: Self.recordedPurchase(purchase), owner: userId, now: now, in: db)
+                    }
                     try db.execute(sql: "UPDATE purchase SET heldReason = NULL WHERE transactionId = ?", arguments: [transactionId])
                 }
                 try Self.grant(
                     transactionId: id, originalTransactionId: original, creditKey: creditKey, userId: userId,
                     productId: productId,
                     orderId: orderId, quantity: max(1, quantity), grant: grant, environment: environment, source: "manual",
-                    policy: policy, now: now, in: db)
+                    expiresAt: expiresAt, policy: policy, now: now, in: db)
                 try Self.audit(
                     actor: actor, action: "grant_manual", subject: "transaction:\(id)", reason: reason,
                     details: ["userId": userId, "productId": productId, "quantity": "\(max(1, quantity))"], now: now, in: db)

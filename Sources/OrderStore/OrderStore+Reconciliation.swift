@@ -57,7 +57,7 @@ extension OrderStore {
             try db.rows(sql: """
                     SELECT * FROM subscription
                     WHERE (state = 'active' AND expiresDate < ?) OR state IN ('billing_retry', 'grace_period')
-                    ORDER BY expiresDate, originalTransactionId
+                    ORDER BY expiresDate NULLS FIRST, originalTransactionId
                     """,
                 arguments: [horizon]
             ).map { row in

@@ -98,6 +98,19 @@ extension OrderStore {
             ])
     }
 
+    /// A purchase row as the ledger reads a purchase (what crediting it by hand or by a
+    /// reversal needs); `expiresDate` where the row has none.
+    static func recordedPurchase(_ row: SQLRow, expiresDate: Date? = nil) -> VerifiedPurchase {
+        let recordedEnd: Date? = row["expiresDate"]
+        let purchased: Date? = row["purchaseDate"]
+        let period: String? = row["webOrderLineItemId"]
+        return VerifiedPurchase(
+            transactionId: row["transactionId"], originalTransactionId: row["originalTransactionId"],
+            productId: row["productId"], quantity: row["quantity"], purchaseDate: purchased,
+            environment: AppStoreEnvironment(rawValue: row["environment"]) ?? .production,
+            expiresDate: recordedEnd ?? expiresDate, webOrderLineItemId: period)
+    }
+
     /// Records an auto-renewable subscription credited through any route: its owner (the
     /// first one credited), product, expiry and state, unless a newer state is recorded.
     static func recordSubscription(of purchase: VerifiedPurchase, owner: String, now: Date, in db: any SQLConnection) throws {

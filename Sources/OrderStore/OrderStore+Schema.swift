@@ -295,6 +295,14 @@ extension OrderStore {
                     CREATE INDEX rate_bucket_updated ON rate_bucket(updated);
                     """)
         }
+        migrator.registerMigration("v8: a purchase's period end") { db in
+            try db.execute(
+                sql: """
+                    -- When a subscription period ends, as Apple said when it was recorded: a held
+                    -- period that customer service grants later ends with it.
+                    ALTER TABLE purchase ADD COLUMN expiresDate DATETIME;
+                    """)
+        }
         return migrator
     }
 }

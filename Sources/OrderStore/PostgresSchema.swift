@@ -10,6 +10,7 @@ enum PostgresSchema {
     static let migrations: [(version: Int, name: String, sql: String)] = [
         (1, "the ledger as of SQLite schema v6", version1),
         (2, "rate-limit buckets (SQLite schema v7)", version2),
+        (3, "a purchase's period end (SQLite schema v8)", version3),
     ]
 
     /// A key only this store's migrations take (`pg_advisory_lock`), so that the first
@@ -288,5 +289,10 @@ enum PostgresSchema {
             updated DOUBLE PRECISION NOT NULL
         );
         CREATE INDEX rate_bucket_updated ON rate_bucket(updated);
+        """
+
+    /// When a subscription period ends, as Apple said when it was recorded.
+    static let version3 = """
+        ALTER TABLE purchase ADD COLUMN expiresDate TEXT COLLATE "C";
         """
 }

@@ -337,6 +337,49 @@ struct LedgerSemanticsTests {
         #expect(try await active(store, "ana") == ["c1"])
     }
 
+    @Test func aRefundOfAnEarlierPeriodLeavesTheCurrentOneInForce() async throws {
+        let (store, _) = try makeStore()
+        let first = purchase("s1", product: "com.example.vip.month", period: "w1", expires: Date().addingTimeInterval(60))
+        let current = purchase("s2", original: "s1", product: "com.example.vip.month", period: "w2", expires: Date().addingTimeInterval(3600))
+        try await upload([first, current], by: "ana", to: store)
+        #expect(try await notify("REFUND", first, to: store) == "REFUND: revoked")
+        #expect(try await active(store, "ana") == ["s2"])
+        let subscription = try #require(try await store.subscriptions(ofUser: "ana").first)
+        #expect(subscription.state == "active", "\(subscription)")
+        #expect(abs((subscription.expiresDate ?? .distantPast).timeIntervalSince(current.expiresDate!)) < 1, "\(subscription)")
+        // A refund of the current period revokes the subscription.
+        #expect(try await notify("REFUND", current, to: store) == "REFUND: revoked")
+        #expect(try await store.subscriptions(ofUser: "ana").first?.state == "revoked")
+    }
+
+    @Test func anExtensionMovesTheEndOfTheGrantInForce() async throws {
+        let (store, _) = try makeStore()
+        let period = purchase("s1", product: "com.example.vip.month", period: "w1", expires: Date().addingTimeInterval(60))
+        try await upload([period], by: "ana", to: store)
+        let later = Date().addingTimeInterval(7 * 86_400)
+        let extended = purchase("s1", product: "com.example.vip.month", period: "w1", expires: later)
+        #expect(try await notify("RENEWAL_EXTENDED", extended, to: store) == "RENEWAL_EXTENDED: extended")
+        let grant = try #require(try await store.grants(ofUser: "ana").first)
+        #expect(abs((grant.expiresAt ?? .distantPast).timeIntervalSince(later)) < 1, "\(grant)")
+        // A late copy of an older end does not shorten it.
+        _ = try await notify("RENEWAL_EXTENDED", period, to: store)
+        #expect(abs((try await store.grants(ofUser: "ana").first?.expiresAt ?? .distantPast).timeIntervalSince(later)) < 1)
+    }
+
+    @Test func aHeldPeriodGrantedByHandEndsWithThePeriod() async throws {
+        let (store, _) = try makeStore()
+        let order = try await store.createOrder(userId: "ana", productId: "com.example.coins.300")
+        let ends = Date().addingTimeInterval(30 * 86_400)
+        let held = try await upload(
+            [purchase("s1", product: "com.example.vip.month", period: "w1", token: order.orderId, expires: ends)], by: "ana",
+            to: store)
+        #expect(held.transactions.first?.reason == .productMismatch)
+        let granted = try await store.grantManually(
+            userId: "ana", productId: "com.example.vip.month", quantity: 1, grant: ["entitlement": .name("vip")],
+            transactionId: "s1", actor: "carla", reason: "bought the wrong plan for the order", policy: policy)
+        #expect(abs((granted.expiresAt ?? .distantPast).timeIntervalSince(ends)) < 1, "\(granted)")
+    }
+
     @Test func anUpgradedTransactionIsNeverCredited() async throws {
         let (store, _) = try makeStore()
         var superseded = purchase("t1", product: "com.example.vip.month", period: "w1")
