@@ -11,12 +11,13 @@ import Testing
 struct AdminSurfaceTests {
     /// `iap orders` with an admin token and no admin listener refuses to start, naming the
     /// settings that fix it; the main compose file serves the admin port on loopback only.
-    @Test func ordersRefusesToServeTheAdminSurfaceOnThePublicPort() throws {
+    @Test(.timeLimit(.minutes(1))) func ordersRefusesToServeTheAdminSurfaceOnThePublicPort() throws {
         let run = try CommandLineTests().iap(
             ["orders"],
             environment: [
                 "IAP_ADMIN_TOKEN": "an-admin-token-0123456789", "IAP_ADMIN_PORT": "", "IAP_ADMIN_PUBLIC": "",
                 "IAP_AUTH": "off", "IAP_HTTP_PORT": "0", "IAP_BUNDLE_IDS": "com.example.tests",
+                "IAP_CATALOG": repositoryRoot.appendingPathComponent("compose/catalog.json").path,
             ])
         #expect(run.status != 0, "\(run.output)")
         #expect(run.output.contains("IAP_ADMIN_PORT") && run.output.contains("IAP_ADMIN_PUBLIC=1"), "\(run.output)")

@@ -30,7 +30,7 @@ enum UnicodeTricks {
         ("\u{903}ana", "a leading spacing mark"), ("ana\u{200E}", "a bidi mark (Cf)"),
         ("an\u{202E}a", "a bidi override (Cf)"), ("ana\u{2066}", "a bidi isolate (Cf)"),
         ("a\u{200B}na", "a zero-width space (Cf)"), ("a\u{200D}na", "a zero-width joiner (Cf)"),
-        ("\u{FEFF}ana", "a byte order mark (Cf)"), ("ana\u{600}", "an Arabic number sign (Prepend, Cf)"),
+        ("an\u{FEFF}a", "a byte order mark (Cf)"), ("ana\u{600}", "an Arabic number sign (Prepend, Cf)"),
         ("ana\u{D4E}", "a Malayalam dot reph (Prepend)"), ("ana\u{111C2}", "a Sharada sign (Prepend)"),
         ("an\u{7}a", "a control character"), ("ana\n", "a line feed"), ("an\u{85}a", "a C1 control"),
         ("ana\u{2028}", "a line separator"), ("ana\u{FFFD}", "a replacement character"),
