@@ -74,6 +74,22 @@ extension BrokerTests {
             #expect(next.status == 429, "\(next.status)")
         }
 
+        /// A console form that trickles in is cut off by the body timeout, as the app's bodies are.
+        @Test func aSlowConsoleFormIsCutOffByTheBodyTimeout() async throws {
+            let pipeline = try await PipelineHarness.start(
+                name: "slowform", limits: IntakeLimits(perUser: nil, perAddress: nil, bodyTimeout: .seconds(1)))
+            defer { Task { await pipeline.stop() } }
+            let port = try #require(URLComponents(string: pipeline.intakeURL)?.port)
+            let slow = try RawHTTPClient(port: port)
+            let started = ContinuousClock.now
+            try slow.send(
+                "POST /admin/login HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+                    + "Content-Length: 100\r\n\r\ntoken=gu")
+            let reply = try slow.receive(timeout: 10)
+            #expect(reply.hasPrefix("HTTP/1.1 400"), "\(reply)")
+            #expect(ContinuousClock.now - started < .seconds(5), "the form was held for \(ContinuousClock.now - started)")
+        }
+
         /// A token header's `alg` (or any client-chosen value) with a line break is written
         /// escaped in the text log: it never starts a line of its own.
         @Test func aClientChosenValueNeverStartsALogLineOfItsOwn() async throws {
