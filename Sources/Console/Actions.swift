@@ -22,6 +22,14 @@ enum ConsoleAction: String, CaseIterable, Sendable {
     case redrive
     /// A note about a customer.
     case note
+
+    /// The name of its CSRF token in the templates (`session.csrf.<formKey>`).
+    var formKey: String {
+        switch self {
+        case .appleGrant: "appleGrant"
+        default: rawValue
+        }
+    }
 }
 
 /// What an action did, shown on the next page.
@@ -35,8 +43,7 @@ extension Console {
     /// second post of the same form say what the first did, and the store's own refusals
     /// ("granted already") read as "already done".
     func perform(_ action: ConsoleAction, form: [String: String], session: ConsoleSession) async -> Response {
-        let rawBack = form["back"] ?? "/admin/"
-        let back = rawBack.hasPrefix("/admin/") && !rawBack.hasPrefix("//") ? rawBack : "/admin/"
+        let back = form["back"].flatMap(Self.consolePath) ?? "/admin/"
         let reason = (action == .note ? form["text"] : form["reason"])?.trimmingCharacters(in: .whitespacesAndNewlines) ?? ""
         guard !reason.isEmpty, reason.count <= 1000 else {
             sessions.setFlash(
@@ -84,8 +91,13 @@ extension Console {
     private var policy: CreditPolicy { CreditPolicy(catalog: deps.catalog, eventsExchange: deps.names.events) }
 
     private func required(_ form: [String: String], _ name: String) throws -> String {
-        guard let value = form[name]?.trimmingCharacters(in: .whitespacesAndNewlines), !value.isEmpty, value.count <= 256 else {
+        guard let value = form[name]?.trimmingCharacters(in: .whitespacesAndNewlines), !value.isEmpty,
+            value.unicodeScalars.count <= 256
+        else {
             throw ActionRefused(text: "The form lacks \(name): nothing was changed.")
+        }
+        if let problem = IdentifierText.problem(value) {
+            throw ActionRefused(text: "The form's \(name) \(problem): nothing was changed.")
         }
         return value
     }
@@ -112,7 +124,7 @@ extension Console {
                 throw ActionRefused(text: "Apple does not list transaction \(transactionId) under order \(orderId): nothing was changed.")
             }
             if let known = try await store.consolePurchases([transactionId])[transactionId] {
-                guard known.userId == userId else {
+                guard sameUser(known.userId, userId) else {
                     throw ActionRefused(
                         text: "Transaction \(transactionId) belongs to user \(known.userId), not \(userId): nothing was changed.")
                 }

@@ -6,6 +6,7 @@ import IAPCore
 import Logging
 import Messaging
 import Mustache
+import NIOConcurrencyHelpers
 import NIOCore
 import OrderStore
 
@@ -19,12 +20,24 @@ public struct ConsoleSettings: Sendable {
     public var insecureCookies: Bool
     /// How long a sign-in lasts.
     public var sessionLifetime: Duration
+    /// The header a trusted reverse proxy sets to the client's address (the intake's
+    /// `IAP_CLIENT_IP_HEADER`); nil uses the TCP peer. Failed sign-ins are counted per address.
+    public var clientAddressHeader: String?
+    /// Time allowed to receive a form body (the intake's `IAP_BODY_TIMEOUT_SECONDS`).
+    public var bodyTimeout: Duration
+    /// Console requests handled at once; more get 503 at once. The console's own count, so
+    /// slow sign-ins never hold the app's in-flight slots.
+    public var maxInFlight: Int
 
     /// Creates settings.
     public init(
         operatorTokens: [String] = [], viewerTokens: [String] = [], insecureCookies: Bool = false,
-        sessionLifetime: Duration = .seconds(8 * 3600)
+        sessionLifetime: Duration = .seconds(8 * 3600), clientAddressHeader: String? = nil,
+        bodyTimeout: Duration = .seconds(30), maxInFlight: Int = 64
     ) {
+        self.clientAddressHeader = clientAddressHeader
+        self.bodyTimeout = bodyTimeout
+        self.maxInFlight = maxInFlight
         self.operatorTokens = operatorTokens
         self.viewerTokens = viewerTokens
         self.insecureCookies = insecureCookies
@@ -77,6 +90,7 @@ public final class Console: Sendable {
     let sessions: ConsoleSessions
     let limiter = SignInLimiter()
     let keys = IdempotencyKeys()
+    let inFlight = NIOLockedValueBox(0)
 
     static let cookieName = "iap_console"
 
@@ -89,16 +103,26 @@ public final class Console: Sendable {
             let cssURL = Bundle.module.url(forResource: "Static/console", withExtension: "css")
                 ?? Bundle.module.resourceURL?.appendingPathComponent("Static/console.css")
         else { throw ConsoleError("the console's templates are missing from the bundle") }
-        var library = MustacheLibrary()
-        let files = try FileManager.default.contentsOfDirectory(atPath: templatesURL.path).filter { $0.hasSuffix(".mustache") }
-        for file in files {
-            let text = try String(contentsOf: templatesURL.appendingPathComponent(file), encoding: .utf8)
-            try library.register(text, named: String(file.dropLast(".mustache".count)))
-        }
-        templates = library
+        templates = try Self.loadTemplates(from: templatesURL)
         stylesheet = try String(contentsOf: cssURL, encoding: .utf8)
         let lifetime = settings.sessionLifetime.components
         sessions = ConsoleSessions(lifetime: TimeInterval(lifetime.seconds))
+    }
+
+    /// The templates in `folder`, each escaping with `ConsoleHTML`: one without its pragma is
+    /// refused, so no page or partial can fall back to swift-mustache's own escaping.
+    static func loadTemplates(from folder: URL) throws -> MustacheLibrary {
+        ConsoleHTML.register()
+        var library = MustacheLibrary()
+        let files = try FileManager.default.contentsOfDirectory(atPath: folder.path).filter { $0.hasSuffix(".mustache") }
+        for file in files {
+            let text = try String(contentsOf: folder.appendingPathComponent(file), encoding: .utf8)
+            guard text.hasPrefix(ConsoleHTML.pragma) else {
+                throw ConsoleError("the template \(file) does not start with \(ConsoleHTML.pragma)")
+            }
+            try library.register(text, named: String(file.dropLast(".mustache".count)))
+        }
+        return library
     }
 
     /// Adds the console's routes (`/admin/…`) to a router.
@@ -111,13 +135,14 @@ public final class Console: Sendable {
         }
         router.get("/admin/login") { request, _ in
             if self.session(of: request) != nil { return Self.redirect("/admin/") }
-            return self.page("login", title: "Sign in", session: nil, ["next": request.uri.queryParameters.get("next") ?? ""])
+            let next = request.uri.queryParameters.get("next").flatMap { Self.consolePath(String($0)) } ?? ""
+            return self.page("login", title: "Sign in", session: nil, ["next": next])
         }
         router.post("/admin/login") { request, context in
-            await self.signIn(request, address: Self.address(context))
+            await self.admitted { await self.signIn(request, address: self.address(of: request, context)) }
         }
         router.post("/admin/logout") { request, _ in
-            await self.guarded(request, change: false) { session, _ in
+            await self.guarded(request, action: "logout", change: false) { session, _ in
                 self.sessions.end(session.id)
                 self.logger.info("console sign-out", metadata: ["iap.actor": "\(session.actor)"])
                 var response = Self.redirect("/admin/login")
@@ -130,16 +155,24 @@ public final class Console: Sendable {
         }
         router.get("/admin/users/{userId}") { request, context in
             let userId = context.parameters.get("userId").map { $0.removingPercentEncoding ?? $0 } ?? ""
-            return await self.reading(request) { session in await self.customer(userId, session: session) }
+            return await self.reading(request) { session in
+                if let refusal = self.refusal(ofId: userId, named: "user ID", session: session) { return refusal }
+                return await self.customer(userId, session: session)
+            }
         }
         router.get("/admin/apple-orders/{orderId}") { request, context in
             let orderId = context.parameters.get("orderId").map { $0.removingPercentEncoding ?? $0 } ?? ""
-            return await self.reading(request) { session in await self.appleOrder(orderId, session: session) }
+            return await self.reading(request) { session in
+                if let refusal = self.refusal(ofId: orderId, named: "order ID", session: session) { return refusal }
+                return await self.appleOrder(orderId, session: session)
+            }
         }
         for action in ConsoleAction.allCases {
             router.post("/admin/actions/\(action.rawValue)") { request, _ in
-                await self.guarded(request, change: true) { session, form in
-                    await self.perform(action, form: form, session: session)
+                await self.admitted {
+                    await self.guarded(request, action: action.rawValue, change: true) { session, form in
+                        await self.perform(action, form: form, session: session)
+                    }
                 }
             }
         }
@@ -148,14 +181,20 @@ public final class Console: Sendable {
     // MARK: - Sign-in
 
     private func signIn(_ request: Request, address: String) async -> Response {
-        if let wait = limiter.retryAfter(address) {
+        // The attempt is counted before its body is read: held-back guesses count too.
+        guard let attempt = limiter.reserve(address) else {
+            let wait = limiter.retryAfter(address) ?? 1
             var response = message(
                 status: .tooManyRequests, title: "Too many failed sign-ins",
                 text: "Too many failed sign-ins from this address. Try again in \(wait) seconds.", session: nil)
             response.headers[.retryAfter] = String(wait)
             return response
         }
-        let form = await Self.form(request)
+        guard let form = await form(request, limit: 4096) else {
+            return message(
+                status: .badRequest, title: "Sign-in refused",
+                text: "The sign-in form was too large or too slow to arrive. Try again.", session: nil)
+        }
         let token = form["token"] ?? ""
         let role: ConsoleRole?
         if !token.isEmpty, settings.operatorTokens.contains(where: { ConsoleSessions.constantTimeEqual($0, token) }) {
@@ -166,7 +205,6 @@ public final class Console: Sendable {
             role = nil
         }
         guard let role else {
-            limiter.recordFailure(address)
             // Never the token itself.
             logger.warning("console sign-in failed", metadata: ["iap.address": "\(address)"])
             var context = ["error": "That token is not valid. Check it and try again."]
@@ -175,14 +213,25 @@ public final class Console: Sendable {
             }
             return page("login", title: "Sign in", status: .unauthorized, session: nil, context)
         }
-        let name = String((form["name"] ?? "").trimmingCharacters(in: .whitespacesAndNewlines).prefix(80))
+        limiter.release(attempt)
+        var name = String((form["name"] ?? "").trimmingCharacters(in: .whitespacesAndNewlines).prefix(80))
+        // A person never signs the audit log as one of the services, nor with text that joins the page around it.
+        if IdentifierText.isReservedActor(name) || IdentifierText.problem(name) != nil { name = "" }
         let session = sessions.create(role: role, actor: name.isEmpty ? role.rawValue : name)
         logger.info(
             "console sign-in", metadata: ["iap.actor": "\(session.actor)", "iap.role": "\(role.rawValue)", "iap.address": "\(address)"])
-        let next = form["next"] ?? ""
-        var response = Self.redirect(next.hasPrefix("/admin/") && !next.hasPrefix("//") ? next : "/admin/")
+        var response = Self.redirect(form["next"].flatMap(Self.consolePath) ?? "/admin/")
         response.headers[.setCookie] = cookie(value: session.id, maxAge: Int(sessions.lifetime))
         return response
+    }
+
+    /// `text` when it is a path of the console (`/admin/…`) in plain ASCII without spaces,
+    /// backslashes or `//`: the only places a sign-in or an action may send the browser back to.
+    static func consolePath(_ text: String) -> String? {
+        guard text.hasPrefix("/admin/"), !text.contains("//"), !text.contains("\\"),
+            text.unicodeScalars.allSatisfy({ $0.value > 0x20 && $0.value < 0x7F })
+        else { return nil }
+        return text
     }
 
     private func cookie(value: String, maxAge: Int) -> String {
@@ -205,26 +254,34 @@ public final class Console: Sendable {
     }
 
     /// A form post: a session, its CSRF token, and for changes the operator role.
+    ///
+    /// Each action has a CSRF token of its own (`ConsoleSession.csrfToken(for:)`), so a field
+    /// or button from outside a form (an injected `formaction`) cannot post that form's
+    /// token to another action.
     private func guarded(
-        _ request: Request, change: Bool, _ body: (ConsoleSession, [String: String]) async -> Response
+        _ request: Request, action: String, change: Bool, _ body: (ConsoleSession, [String: String]) async -> Response
     ) async -> Response {
         guard let session = session(of: request) else {
             return message(
                 status: .unauthorized, title: "Signed out", text: "Your session has ended. Sign in again.", session: nil)
-        }
-        let form = await Self.form(request)
-        guard let given = form["csrf"], ConsoleSessions.constantTimeEqual(given, session.csrfToken) else {
-            logger.warning("console form without a valid CSRF token", metadata: ["iap.actor": "\(session.actor)"])
-            return message(
-                status: .forbidden, title: "403 Forbidden: form refused",
-                text: "This form did not carry this session's CSRF token, so nothing was changed. Reload the page and try again.",
-                session: session)
         }
         if change && session.role != .operator_ {
             logger.warning("console change refused to a viewer", metadata: ["iap.actor": "\(session.actor)"])
             return message(
                 status: .forbidden, title: "403 Forbidden: read-only",
                 text: "You are signed in as read-only support; only an operator can change anything. Nothing was changed.",
+                session: session)
+        }
+        guard let form = await form(request, limit: 64 * 1024) else {
+            return message(
+                status: .badRequest, title: "Form refused",
+                text: "The form was too large or too slow to arrive, so nothing was changed. Try again.", session: session)
+        }
+        guard let given = form["csrf"], ConsoleSessions.constantTimeEqual(given, session.csrfToken(for: action)) else {
+            logger.warning("console form without a valid CSRF token", metadata: ["iap.actor": "\(session.actor)"])
+            return message(
+                status: .forbidden, title: "403 Forbidden: form refused",
+                text: "This form did not carry this session's CSRF token, so nothing was changed. Reload the page and try again.",
                 session: session)
         }
         return await body(session, form)
@@ -236,18 +293,7 @@ public final class Console: Sendable {
         _ template: String, title: String, status: HTTPResponse.Status = .ok, session: ConsoleSession?,
         _ context: [String: Any]
     ) -> Response {
-        var context = context
-        context["title"] = title
-        if let session {
-            context["session"] = [
-                "actor": session.actor, "role": session.role.rawValue, "csrf": session.csrfToken,
-                "isOperator": session.role == .operator_,
-            ] as [String: Any]
-            if let flash = sessions.takeFlash(session.id) {
-                context["flash"] = ["kind": flash.kind, "text": flash.text]
-            }
-        }
-        let html = templates.render(context, withTemplate: template) ?? "<!doctype html><title>Error</title><p>template \(template) missing"
+        let html = render(template, title: title, session: session, context)
         var headers = HTTPFields()
         headers[.contentType] = "text/html; charset=utf-8"
         headers[.cacheControl] = "no-store"
@@ -257,6 +303,25 @@ public final class Console: Sendable {
         headers[HTTPField.Name("Referrer-Policy")!] = "no-referrer"
         headers[HTTPField.Name("X-Content-Type-Options")!] = "nosniff"
         return Response(status: status, headers: headers, body: .init(byteBuffer: ByteBuffer(string: html)))
+    }
+
+    /// The HTML of a page: `template` with `context`, the title, and the session's name, role,
+    /// per-action CSRF tokens and flash message.
+    func render(_ template: String, title: String, session: ConsoleSession?, _ context: [String: Any]) -> String {
+        var context = context
+        context["title"] = title
+        if let session {
+            let actions = ConsoleAction.allCases.map { ($0.formKey, $0.rawValue) } + [("logout", "logout")]
+            context["session"] = [
+                "actor": session.actor, "role": session.role.rawValue,
+                "csrf": Dictionary(uniqueKeysWithValues: actions.map { ($0.0, session.csrfToken(for: $0.1)) }),
+                "isOperator": session.role == .operator_,
+            ] as [String: Any]
+            if let flash = sessions.takeFlash(session.id) {
+                context["flash"] = ["kind": flash.kind, "text": flash.text]
+            }
+        }
+        return templates.render(context, withTemplate: template) ?? "<!doctype html><title>Error</title><p>template \(template) missing"
     }
 
     func message(status: HTTPResponse.Status, title: String, text: String, session: ConsoleSession?) -> Response {
@@ -269,14 +334,56 @@ public final class Console: Sendable {
         return Response(status: .seeOther, headers: headers)
     }
 
-    static func address(_ context: some RemoteAddressRequestContext) -> String {
-        context.remoteAddress?.ipAddress ?? "unknown"
+    /// The client's address, as the intake takes it: the last value of the trusted proxy's
+    /// header when one is configured, else the TCP peer.
+    func address(of request: Request, _ context: some RemoteAddressRequestContext) -> String {
+        if let header = settings.clientAddressHeader, let name = HTTPField.Name(header),
+            let value = request.headers[name]?.split(separator: ",").last
+        {
+            return value.trimmingCharacters(in: .whitespaces)
+        }
+        return context.remoteAddress?.ipAddress ?? "unknown"
     }
 
-    /// An `application/x-www-form-urlencoded` body (64 KiB at most).
-    static func form(_ request: Request) async -> [String: String] {
-        guard let buffer = try? await request.body.collect(upTo: 64 * 1024) else { return [:] }
-        return parseForm(String(buffer: buffer))
+    /// Runs `body` within the console's own in-flight cap; past it, 503 at once.
+    func admitted(_ body: () async -> Response) async -> Response {
+        let admitted = inFlight.withLockedValue { count in
+            guard count < settings.maxInFlight else { return false }
+            count += 1
+            return true
+        }
+        guard admitted else {
+            var response = message(
+                status: .serviceUnavailable, title: "Busy", text: "The console is busy. Try again in a moment.", session: nil)
+            response.headers[.retryAfter] = "1"
+            return response
+        }
+        defer { inFlight.withLockedValue { $0 -= 1 } }
+        return await body()
+    }
+
+    /// A page refusing an id no user or order can have (`IdentifierText`), or nil when it is fine.
+    func refusal(ofId id: String, named name: String, session: ConsoleSession) -> Response? {
+        guard let problem = IdentifierText.problem(id) else { return nil }
+        return message(status: .badRequest, title: "Not a valid \(name)", text: "That \(name) \(problem).", session: session)
+    }
+
+    /// An `application/x-www-form-urlencoded` body of at most `limit` bytes, read within the
+    /// body timeout; nil when it is larger, slower or cut off.
+    func form(_ request: Request, limit: Int) async -> [String: String]? {
+        if let length = request.headers[.contentLength].flatMap(Int.init), length > limit { return nil }
+        let timeout = settings.bodyTimeout
+        let buffer: ByteBuffer?? = try? await withThrowingTaskGroup(of: ByteBuffer?.self) { group in
+            group.addTask { try await request.body.collect(upTo: limit) }
+            group.addTask {
+                try await Task.sleep(for: timeout)
+                return nil
+            }
+            defer { group.cancelAll() }
+            return try await group.next() ?? nil
+        }
+        guard let buffer = buffer ?? nil else { return nil }
+        return Self.parseForm(String(buffer: buffer))
     }
 
     static func parseForm(_ text: String) -> [String: String] {

@@ -26,6 +26,14 @@ struct ConsoleSession: Sendable {
         var kind: String
         var text: String
     }
+
+    /// The CSRF token of one action (`note`, `revoke`, …, `logout`): an HMAC of the action's
+    /// name under the session's secret, so a form's token is good for that form's action only.
+    func csrfToken(for action: String) -> String {
+        let code = HMAC<SHA256>.authenticationCode(for: Data(action.utf8), using: SymmetricKey(data: Data(csrfToken.utf8)))
+        return Data(code).base64EncodedString().replacingOccurrences(of: "+", with: "-").replacingOccurrences(of: "/", with: "_")
+            .replacingOccurrences(of: "=", with: "")
+    }
 }
 
 /// Sessions in memory, by a random id (the cookie's value).
@@ -93,8 +101,15 @@ final class ConsoleSessions: Sendable {
 }
 
 /// Failed sign-ins per address: after `limit` failures within `window`, that address waits.
+/// Each attempt is counted when it starts (`reserve`), before its body is read, and forgiven
+/// only when it succeeds (`release`): guesses held back mid-body count like any other.
 final class SignInLimiter: Sendable {
-    private let failures = NIOLockedValueBox([String: [Date]]())
+    private struct Attempt {
+        var id: UInt64
+        var at: Date
+    }
+
+    private let attempts = NIOLockedValueBox((next: UInt64(0), all: [String: [Attempt]]()))
     let limit: Int
     let window: TimeInterval
 
@@ -103,20 +118,39 @@ final class SignInLimiter: Sendable {
         self.window = window
     }
 
-    /// Seconds to wait before the next try, or nil when the address may try now.
-    func retryAfter(_ address: String, now: Date = Date()) -> Int? {
-        failures.withLockedValue { all in
-            let recent = (all[address] ?? []).filter { now.timeIntervalSince($0) < window }
-            all[address] = recent.isEmpty ? nil : recent
-            guard recent.count >= limit, let oldest = recent.first else { return nil }
-            return max(1, Int((window - now.timeIntervalSince(oldest)).rounded(.up)))
+    /// Counts an attempt from `address`: its id, or nil when the address must wait.
+    func reserve(_ address: String, now: Date = Date()) -> UInt64? {
+        attempts.withLockedValue { state in
+            if state.all.count > 10_000 {
+                state.all = state.all.filter { ($0.value.last.map { now.timeIntervalSince($0.at) } ?? window) < window }
+            }
+            let recent = (state.all[address] ?? []).filter { now.timeIntervalSince($0.at) < window }
+            guard recent.count < limit else {
+                state.all[address] = recent
+                return nil
+            }
+            state.next += 1
+            state.all[address] = recent + [Attempt(id: state.next, at: now)]
+            return state.next
         }
     }
 
-    func recordFailure(_ address: String, now: Date = Date()) {
-        failures.withLockedValue { all in
-            if all.count > 10_000 { all = all.filter { ($0.value.last.map { now.timeIntervalSince($0) } ?? window) < window } }
-            all[address, default: []].append(now)
+    /// Forgives a reserved attempt that signed in.
+    func release(_ id: UInt64) {
+        attempts.withLockedValue { state in
+            for (address, list) in state.all where list.contains(where: { $0.id == id }) {
+                let left = list.filter { $0.id != id }
+                state.all[address] = left.isEmpty ? nil : left
+            }
+        }
+    }
+
+    /// Seconds to wait before the next try, or nil when the address may try now.
+    func retryAfter(_ address: String, now: Date = Date()) -> Int? {
+        attempts.withLockedValue { state in
+            let recent = (state.all[address] ?? []).filter { now.timeIntervalSince($0.at) < window }
+            guard recent.count >= limit, let oldest = recent.first else { return nil }
+            return max(1, Int((window - now.timeIntervalSince(oldest.at)).rounded(.up)))
         }
     }
 }

@@ -10,6 +10,9 @@ public enum MetricNames {
     public static let appleRequestDuration = "iap_apple_request_duration_seconds"
     /// App Store Server Notifications accepted.
     public static let notifications = "iap_notifications_total"
+    /// App Store notifications the intake refused, by `reason` (the error code):
+    /// `notifications_busy` counts verified ones refused over `IAP_NOTIFICATION_RATE` (alert on it).
+    public static let notificationsRefused = "iap_notifications_refused_total"
     /// Retries scheduled.
     public static let retries = "iap_retries_total"
     /// Messages moved to a dead-letter queue, by `queue` (`verify`, `results`).
@@ -48,7 +51,7 @@ public enum MetricNames {
     /// All of them.
     public static let all: [String] = [
         uploads, verifications, appleRequestDuration, retries, deadLetters, resultsApplied, grants, revocations,
-        replays, alerts, submissions, outboxBacklog, queueMessages, queueConsumers, breakerOpen, notifications,
+        replays, alerts, submissions, outboxBacklog, queueMessages, queueConsumers, breakerOpen, notifications, notificationsRefused,
         retentionPurged, reconciliationRuns, reconciliationCorrections, reconciliationRedelivered,
     ]
 }

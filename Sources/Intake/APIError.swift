@@ -103,6 +103,8 @@ struct APIErrorMiddleware<Context: RequestContext>: RouterMiddleware {
             return response
         } catch let error as APIError {
             return error.makeResponse()
+        } catch is NIOTooManyBytesError {
+            return APIError(.bodyTooLarge, "the body is larger than this route accepts").makeResponse()
         } catch let error as OrderStoreError where error.code == .unavailable {
             // Nothing was accepted: the app keeps its transaction and tries again.
             context.logger.error("order store unavailable", metadata: ["error": "\(error.message)"])

@@ -26,10 +26,10 @@ struct AdminController: Sendable {
         router.post("/v1/admin/grants") { request, _ in
             try authorize(request)
             let fields = try await fields(of: request)
-            let userId = try fields.requiredString("userId")
+            let userId = try fields.requiredID("userId")
             // Granting a held purchase: what Apple sold, unless the body says otherwise.
             let held = try await fields.string("transactionId").asyncFlatMap { try await store.purchase($0) }
-            guard let productId = try fields.string("productId") ?? held?.productId else {
+            guard let productId = try fields.id("productId") ?? held?.productId else {
                 throw APIError.missingField("productId")
             }
             let quantity = try fields.int("quantity") ?? held?.quantity ?? 1
@@ -44,7 +44,7 @@ struct AdminController: Sendable {
             let granted = try await mapped(notFound: .purchaseNotFound) {
                 try await store.grantManually(
                     userId: userId, productId: productId, quantity: quantity, grant: grant,
-                    transactionId: try fields.string("transactionId"), actor: try fields.string("actor") ?? "admin",
+                    transactionId: try fields.string("transactionId"), actor: try Self.actor(fields),
                     reason: try fields.requiredString("reason", maxLength: 1000), policy: policy)
             }
             Counter(label: MetricNames.grants).increment()
@@ -57,7 +57,7 @@ struct AdminController: Sendable {
             let fields = try await fields(of: request)
             let revoked = try await mapped(notFound: .purchaseNotFound) {
                 try await store.revoke(
-                    transactionId: id, actor: try fields.string("actor") ?? "admin",
+                    transactionId: id, actor: try Self.actor(fields),
                     reason: try fields.requiredString("reason", maxLength: 1000), policy: policy)
             }
             Counter(label: MetricNames.revocations).increment()
@@ -72,7 +72,7 @@ struct AdminController: Sendable {
             let fields = try await fields(of: request)
             try await mapped(notFound: .submissionNotFound) {
                 try await store.markFinishable(
-                    id, actor: try fields.string("actor") ?? "admin", reason: try fields.requiredString("reason", maxLength: 1000))
+                    id, actor: try Self.actor(fields), reason: try fields.requiredString("reason", maxLength: 1000))
             }
             guard let status = try await store.status(of: id) else {
                 throw APIError(.submissionNotFound, "no such submission")
@@ -91,6 +91,16 @@ struct AdminController: Sendable {
             let entries = try await store.auditLog(limit: limit).map(AuditBody.init)
             return try JSONResponse.make(["entries": entries])
         }
+    }
+
+    /// The body's `actor` (default `admin`): an id-like name that is none of the services' own
+    /// (`apple`, `system`, `reconciliation`, …), refused with 400 `invalid_field`.
+    private static func actor(_ fields: JSONFields) throws(APIError) -> String {
+        guard let actor = try fields.id("actor") else { return "admin" }
+        guard !IdentifierText.isReservedActor(actor) else {
+            throw .invalidField("actor", "names one of the services (\(IdentifierText.reservedActors.sorted().joined(separator: ", ")))")
+        }
+        return actor
     }
 
     /// `?limit=`: 1 to 1000, 100 when absent.

@@ -1,6 +1,7 @@
 import AppStore
 import Crypto
 import Foundation
+import IAPCore
 import Hummingbird
 import JWTKit
 import Logging
@@ -29,6 +30,9 @@ public struct UserTokenVerifier: Sendable {
 
     private let keys: JWTKeyCollection
     private let algorithms: Set<String>
+    /// With a JWKS: each key's `kid` and the one algorithm its type signs with (EC: ES256,
+    /// RSA: RS256). A token must name one of these kids, with that kid's algorithm.
+    private let keyAlgorithms: [String: String]?
     private let audience: String?
     private let issuer: String?
     /// Clock skew tolerated on `exp` and `nbf`.
@@ -47,6 +51,7 @@ public struct UserTokenVerifier: Sendable {
             }
             await keys.add(hmac: HMACKey(from: secret), digestAlgorithm: .sha256)
             algorithms = ["HS256"]
+            keyAlgorithms = nil
         case .publicKey(let text):
             let trimmed = text.trimmingCharacters(in: .whitespacesAndNewlines)
             if trimmed.hasPrefix("{") {
@@ -57,10 +62,13 @@ public struct UserTokenVerifier: Sendable {
                 }
                 // Asymmetric algorithms only: a JWKS is public, so a symmetric key in it would be no secret.
                 algorithms = ["ES256", "RS256"]
+                keyAlgorithms = try Self.keyAlgorithms(ofJWKS: trimmed)
             } else if let key = try? ES256PublicKey(pem: trimmed) {
+                keyAlgorithms = nil
                 await keys.add(ecdsa: key)
                 algorithms = ["ES256"]
             } else if let key = try? Insecure.RSA.PublicKey(pem: trimmed) {
+                keyAlgorithms = nil
                 await keys.add(rsa: key, digestAlgorithm: .sha256)
                 algorithms = ["RS256"]
             } else {
@@ -76,10 +84,23 @@ public struct UserTokenVerifier: Sendable {
     /// The user id of a valid token; a refusal says which check failed.
     public func userId(from token: String, now: Date = Date()) async throws(AuthenticationFailure) -> String {
         guard token.utf8.count <= 16 * 1024 else { throw .init(.malformed, "longer than 16 KiB") }
-        guard let algorithm = Self.algorithm(of: token) else { throw .init(.malformed, "no readable JWS header") }
+        guard let (algorithm, kid) = Self.header(of: token) else { throw .init(.malformed, "no readable JWS header") }
         // Only the configured key's algorithm: `none`, or HS256 signed with a public key, never verify.
         guard algorithms.contains(algorithm) else {
-            throw .init(.algorithmRefused, "alg \(algorithm.prefix(20)) is not \(algorithms.sorted().joined(separator: " or "))")
+            throw .init(
+                .algorithmRefused,
+                "alg \(algorithm.prefix(20).debugDescription) is not \(algorithms.sorted().joined(separator: " or "))")
+        }
+        if let keyAlgorithms {
+            // A JWKS: the token names its key, and signs with that key's own algorithm; an unknown
+            // kid is refused, never tried against some other key.
+            let named = kid ?? (keyAlgorithms.count == 1 ? keyAlgorithms.keys.first : nil)
+            guard let named, let expected = keyAlgorithms[named] else {
+                throw .init(.signatureInvalid, "kid \((kid ?? "none").prefix(40).debugDescription) is no configured key's")
+            }
+            guard algorithm == expected else {
+                throw .init(.algorithmRefused, "alg \(algorithm) is not the algorithm of key \(named.prefix(40).debugDescription)")
+            }
         }
         let claims: UserClaims
         do {
@@ -112,15 +133,42 @@ public struct UserTokenVerifier: Sendable {
             throw .init(.malformed, "sub is empty or longer than \(Self.maxSubjectLength) bytes")
         }
         guard !subject.utf8.contains(0) else { throw .init(.malformed, "sub holds a NUL character") }
+        // Two spellings of one name are never two users: a sub must be NFC, and free of what
+        // would join the text around it where it is shown.
+        if let problem = IdentifierText.problem(subject, requireNFC: true) { throw .init(.malformed, "sub \(problem)") }
         return subject
     }
 
-    /// The `alg` of a compact JWS header, or nil when the header is not readable.
-    private static func algorithm(of token: String) -> String? {
+    /// The `alg` and `kid` of a compact JWS header, or nil when the header is not readable.
+    private static func header(of token: String) -> (algorithm: String, kid: String?)? {
         guard let dot = token.firstIndex(of: "."), let header = Base64URL.decode(token.utf8[..<dot]),
-            let object = try? JSONSerialization.jsonObject(with: header) as? [String: Any]
+            let object = try? JSONSerialization.jsonObject(with: header) as? [String: Any],
+            let algorithm = object["alg"] as? String
         else { return nil }
-        return object["alg"] as? String
+        return (algorithm, object["kid"] as? String)
+    }
+
+    /// Each key of a JWKS document by `kid`, with the algorithm its type signs with.
+    private static func keyAlgorithms(ofJWKS text: String) throws(UserTokenVerifierError) -> [String: String] {
+        guard let object = try? JSONSerialization.jsonObject(with: Data(text.utf8)) as? [String: Any],
+            let keys = object["keys"] as? [[String: Any]], !keys.isEmpty
+        else { throw UserTokenVerifierError("the JWKS document has no keys") }
+        var algorithms: [String: String] = [:]
+        for (index, key) in keys.enumerated() {
+            let kid = key["kid"] as? String ?? ""
+            guard !kid.isEmpty || keys.count == 1 else {
+                throw UserTokenVerifierError("key \(index) of the JWKS document has no kid (every key of several needs one)")
+            }
+            switch key["kty"] as? String {
+            case "EC": algorithms[kid] = "ES256"
+            case "RSA": algorithms[kid] = "RS256"
+            default: throw UserTokenVerifierError("key \(kid.isEmpty ? String(index) : kid) of the JWKS document is neither EC nor RSA")
+            }
+            if let declared = key["alg"] as? String, declared != algorithms[kid] {
+                throw UserTokenVerifierError("key \(kid) of the JWKS document declares alg \(declared), not \(algorithms[kid] ?? "")")
+            }
+        }
+        return algorithms
     }
 }
 
@@ -244,11 +292,14 @@ struct UserAuthMiddleware: RouterMiddleware {
             guard query.utf8.count <= UserTokenVerifier.maxSubjectLength else {
                 throw APIError.invalidField("userId", "is longer than \(UserTokenVerifier.maxSubjectLength) bytes")
             }
+            if let problem = IdentifierText.problem(query) { throw APIError.invalidField("userId", problem) }
             return query
         }
         let segments = request.uri.path.split(separator: "/")
         guard segments.count >= 3, segments[0] == "v1", segments[1] == "users" else { return nil }
-        return String(segments[2]).removingPercentEncoding ?? String(segments[2])
+        let named = String(segments[2]).removingPercentEncoding ?? String(segments[2])
+        if let problem = IdentifierText.problem(named) { throw APIError.invalidField("userId", problem) }
+        return named
     }
 }
 
@@ -258,7 +309,7 @@ extension IntakeContext {
     /// per-user rate limit. A body naming another user than the established one is refused.
     func resolveUser(named: String?) async throws(APIError) -> String {
         if let userId {
-            if let named, named != userId {
+            if let named, !sameUser(named, userId) {
                 throw APIError(.userMismatch, "'userId' differs from the user of the token (or of ?userId=)")
             }
             return userId

@@ -55,6 +55,7 @@ public enum APIErrorCode: String, CaseIterable, Sendable {
     case storeUnavailable = "store_unavailable"
     case adminDisabled = "admin_disabled"
     case notificationsUnavailable = "notifications_unavailable"
+    case notificationsBusy = "notifications_busy"
 
     /// The HTTP status every answer with this code has.
     public var status: HTTPResponse.Status {
@@ -76,7 +77,7 @@ public enum APIErrorCode: String, CaseIterable, Sendable {
         case .bodyTooLarge: .contentTooLarge
         case .rateLimited: .tooManyRequests
         case .internalError: .internalServerError
-        case .overloaded, .storeUnavailable, .adminDisabled, .notificationsUnavailable: .serviceUnavailable
+        case .overloaded, .storeUnavailable, .adminDisabled, .notificationsUnavailable, .notificationsBusy: .serviceUnavailable
         }
     }
 
@@ -124,12 +125,13 @@ public enum APIErrorCode: String, CaseIterable, Sendable {
         case .requestTimeout: "the body took longer than `IAP_BODY_TIMEOUT_SECONDS` (30) to arrive"
         case .conflict: "the change contradicts the store (another user's purchase, granted or revoked already)"
         case .bodyTooLarge: "the body exceeds `IAP_MAX_BODY_BYTES` (1 MiB; notifications: `IAP_NOTIFICATION_MAX_BYTES`, 64 KiB)"
-        case .rateLimited: "over `IAP_RATE_LIMIT_PER_USER` (10/s), `IAP_RATE_LIMIT_PER_IP` (300/s) or `IAP_NOTIFICATION_RATE` (50/s for the whole deployment), bursts of twice that; wait `Retry-After` seconds"
+        case .rateLimited: "over `IAP_RATE_LIMIT_PER_USER` (10/s) or `IAP_RATE_LIMIT_PER_IP` (300/s), bursts of twice that, or past 20 App Store notifications failing their checks from one address (then 5/s); wait `Retry-After` seconds"
         case .internalError: "a fault of ours; the process keeps serving"
         case .overloaded: "more than `IAP_MAX_IN_FLIGHT_REQUESTS` (1024) requests in progress; retry after `Retry-After`"
         case .storeUnavailable: "the store could not be written or read (disk full, file locked); nothing was accepted"
         case .adminDisabled: "the admin routes are off: `IAP_ADMIN_TOKEN` is not set"
         case .notificationsUnavailable: "this intake cannot check App Store notification signatures now"
+        case .notificationsBusy: "more verified App Store notifications than `IAP_NOTIFICATION_RATE` (50/s for the whole deployment) allows; Apple retries after `Retry-After`"
         }
     }
 

@@ -1,4 +1,5 @@
 import Foundation
+import IAPCore
 import Hummingbird
 import NIOCore
 
@@ -22,9 +23,12 @@ public struct IntakeContext: RequestContext, RemoteAddressRequestContext {
 
 extension IntakeContext {
     /// A path parameter, percent-decoded: the router hands it over as the client encoded it,
-    /// and an id such as `aña` or `a b` arrives as `a%C3%B1a` or `a%20b`.
+    /// and an id such as `aña` or `a b` arrives as `a%C3%B1a` or `a%20b`. An id no user, order
+    /// or purchase can have (`IdentifierText`) is refused with 400 `invalid_field`.
     func pathParameter(_ name: String) throws -> String {
         let raw = try parameters.require(name)
-        return raw.removingPercentEncoding ?? raw
+        let value = raw.removingPercentEncoding ?? raw
+        if let problem = IdentifierText.problem(value) { throw APIError.invalidField(name, problem) }
+        return value
     }
 }

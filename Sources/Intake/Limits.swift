@@ -34,17 +34,24 @@ public struct IntakeLimits: Sendable {
     public var clientAddressHeader: String?
     /// Time allowed to receive a request body.
     public var bodyTimeout: Duration
-    /// App Store notifications, for the whole deployment (Apple sends from many addresses, so
-    /// per address would not bound them); nil is unlimited.
+    /// App Store notifications whose signature verified, for the whole deployment (Apple sends
+    /// from many addresses, so per address would not bound them); over it they get 503 with
+    /// `Retry-After` (Apple retries), never 429. Nil is unlimited.
     public var notifications: RateLimit?
+    /// App Store notifications refused (unreadable, or failing the signature and chain checks)
+    /// per client address: an address past it gets 429 at once, before its body is read, so
+    /// forgeries spend their sender's budget and never Apple's. Nil is unlimited.
+    public var notificationFailuresPerAddress: RateLimit?
 
     /// Creates limits (the defaults are those of `iap`).
     public init(
         perUser: RateLimit? = RateLimit(perSecond: 10), perAddress: RateLimit? = RateLimit(perSecond: 300),
         maxInFlight: Int = 1024, clientAddressHeader: String? = nil, bodyTimeout: Duration = .seconds(30),
-        notifications: RateLimit? = RateLimit(perSecond: 50)
+        notifications: RateLimit? = RateLimit(perSecond: 50),
+        notificationFailuresPerAddress: RateLimit? = RateLimit(perSecond: 5, burst: 20)
     ) {
         self.notifications = notifications
+        self.notificationFailuresPerAddress = notificationFailuresPerAddress
         self.perUser = perUser
         self.perAddress = perAddress
         self.maxInFlight = maxInFlight
@@ -53,10 +60,27 @@ public struct IntakeLimits: Sendable {
     }
 
     /// No rate limits (tests and benchmarks on one address); in-flight work stays bounded.
-    public static let unlimited = IntakeLimits(perUser: nil, perAddress: nil, notifications: nil)
+    public static let unlimited = IntakeLimits(
+        perUser: nil, perAddress: nil, notifications: nil, notificationFailuresPerAddress: nil)
+
+    /// The client's address: the last value of `clientAddressHeader` when set (the one the
+    /// trusted proxy appended), else the TCP peer.
+    public func clientAddress(of request: Request, peer: SocketAddress?) -> String {
+        if let header = clientAddressHeader, let name = HTTPField.Name(header),
+            let value = request.headers[name]?.split(separator: ",").last
+        {
+            return value.trimmingCharacters(in: .whitespaces)
+        }
+        return peer?.ipAddress ?? "unknown"
+    }
 }
 
 /// Token buckets by key, in memory, with a bounded number of keys.
+///
+/// Keys are compared by their UTF-8 bytes, never by Swift's `==` (canonical equivalence):
+/// two users whose ids only look alike never share a bucket. The clock is read inside the
+/// lock, so a request that waited for the lock never refills a bucket with time another
+/// request already spent, and elapsed time saturates at zero when the clock seems to go back.
 final class TokenBuckets: Sendable {
     private struct Bucket {
         var tokens: Double
@@ -66,38 +90,58 @@ final class TokenBuckets: Sendable {
     private let rate: Double
     private let burst: Double
     private let maxKeys: Int
-    private let buckets = NIOLockedValueBox([String: Bucket]())
+    private let clock: @Sendable () -> UInt64
+    private let buckets = NIOLockedValueBox([[UInt8]: Bucket]())
 
-    init(_ limit: RateLimit, maxKeys: Int = 100_000) {
+    init(_ limit: RateLimit, maxKeys: Int = 100_000, clock: @escaping @Sendable () -> UInt64 = { DispatchTime.now().uptimeNanoseconds }) {
         rate = Double(limit.perSecond)
         burst = Double(limit.burst)
         self.maxKeys = maxKeys
+        self.clock = clock
     }
 
     /// Takes one token for `key`: nil when allowed, else the whole seconds to wait.
-    func take(_ key: String, now: UInt64 = DispatchTime.now().uptimeNanoseconds) -> Int? {
-        buckets.withLockedValue { buckets in
-            var bucket = buckets[key] ?? Bucket(tokens: burst, updated: now)
-            let elapsed = Double(now &- bucket.updated) / 1e9
-            bucket.tokens = min(burst, bucket.tokens + max(0, elapsed) * rate)
-            bucket.updated = now
+    func take(_ key: String) -> Int? {
+        update(key, taking: true)
+    }
+
+    /// Whether `key` has a token left, without taking it: nil when it has, else the whole
+    /// seconds to wait.
+    func peek(_ key: String) -> Int? {
+        update(key, taking: false)
+    }
+
+    private func update(_ key: String, taking: Bool) -> Int? {
+        let bytes = Array(key.utf8)
+        return buckets.withLockedValue { buckets in
+            let now = clock()
+            var bucket = buckets[bytes] ?? Bucket(tokens: burst, updated: now)
+            bucket.tokens = min(burst, bucket.tokens + Self.seconds(from: bucket.updated, to: now) * rate)
+            bucket.updated = max(bucket.updated, now)
             defer {
-                if buckets[key] == nil && buckets.count >= maxKeys { evict(&buckets, now: now) }
-                buckets[key] = bucket
+                if taking {
+                    if buckets[bytes] == nil && buckets.count >= maxKeys { evict(&buckets, now: now) }
+                    buckets[bytes] = bucket
+                }
             }
             if bucket.tokens >= 1 {
-                bucket.tokens -= 1
+                if taking { bucket.tokens -= 1 }
                 return nil
             }
             return max(1, Int(((1 - bucket.tokens) / rate).rounded(.up)))
         }
     }
 
+    /// Seconds from `start` to `end`, zero when `end` is not later (saturating, never wrapping).
+    static func seconds(from start: UInt64, to end: UInt64) -> Double {
+        end > start ? Double(end - start) / 1e9 : 0
+    }
+
     /// Drops buckets that have refilled (their owners are as good as new); if every key is
     /// busy, starts over rather than grow without bound.
-    private func evict(_ buckets: inout [String: Bucket], now: UInt64) {
+    private func evict(_ buckets: inout [[UInt8]: Bucket], now: UInt64) {
         buckets = buckets.filter { _, bucket in
-            bucket.tokens + Double(now &- bucket.updated) / 1e9 * rate < burst
+            bucket.tokens + Self.seconds(from: bucket.updated, to: now) * rate < burst
         }
         if buckets.count >= maxKeys { buckets.removeAll(keepingCapacity: true) }
     }
@@ -161,7 +205,8 @@ extension APIError {
 }
 
 /// Bounds the requests handled at once and applies the per-address rate limit to every
-/// route but `/healthz` and Apple's notifications.
+/// route but `/healthz`, Apple's notifications (a bucket of their own) and the console's
+/// pages (a cap of their own).
 struct AdmissionMiddleware: RouterMiddleware {
     typealias Context = IntakeContext
 
@@ -180,10 +225,13 @@ struct AdmissionMiddleware: RouterMiddleware {
         if request.uri.path == "/healthz" { return try await next(request, context) }
         // Apple sends notifications from few addresses, in bursts, and retries only in production.
         if let addressLimit, request.uri.path != "/v1/notifications/appstore",
-            let wait = await addressLimit.take(clientAddress(request, context: context), logger: context.logger)
+            let wait = await addressLimit.take(limits.clientAddress(of: request, peer: context.remoteAddress), logger: context.logger)
         {
             throw APIError.rateLimited(retryAfter: wait)
         }
+        // The console's pages count against a cap of their own (where IAP_ADMIN_PUBLIC serves them
+        // here): a slow sign-in never holds one of the app's slots.
+        if request.uri.path.hasPrefix("/admin/") { return try await next(request, context) }
         let admitted = inFlight.withLockedValue { count in
             guard count < limits.maxInFlight else { return false }
             count += 1
@@ -196,14 +244,5 @@ struct AdmissionMiddleware: RouterMiddleware {
         }
         defer { inFlight.withLockedValue { $0 -= 1 } }
         return try await next(request, context)
-    }
-
-    private func clientAddress(_ request: Request, context: Context) -> String {
-        if let header = limits.clientAddressHeader, let name = HTTPField.Name(header),
-            let value = request.headers[name]?.split(separator: ",").last
-        {
-            return value.trimmingCharacters(in: .whitespaces)
-        }
-        return context.remoteAddress?.ipAddress ?? "unknown"
     }
 }

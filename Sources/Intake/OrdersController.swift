@@ -28,8 +28,8 @@ struct OrdersController: Sendable {
         router.post("/v1/orders") { request, context in
             let body = try await IntakeBody.collect(request, limit: 16 * 1024, timeout: settings.limits.bodyTimeout)
             let fields = try JSONFields(body)
-            let userId = try await context.resolveUser(named: try fields.string("userId"))
-            let productId = try fields.requiredString("productId")
+            let userId = try await context.resolveUser(named: try fields.id("userId"))
+            let productId = try fields.requiredID("productId")
             if let catalog = settings.catalog, catalog.product(productId) == nil {
                 throw APIError(.unknownProduct, "no product \(productId) in the catalog")
             }
@@ -38,14 +38,14 @@ struct OrdersController: Sendable {
         }
         router.get("/v1/orders/{orderId}") { _, context in
             let orderId = try context.pathParameter("orderId")
-            guard let order = try await store.order(orderId), context.userId.map({ $0 == order.userId }) ?? true else {
+            guard let order = try await store.order(orderId), context.userId.map({ sameUser($0, order.userId) }) ?? true else {
                 throw APIError(.orderNotFound, "no such order")
             }
             return try JSONResponse.make(OrderBody(order))
         }
         router.get("/v1/users/{userId}/grants") { _, context in
             let userId = try context.pathParameter("userId")
-            guard context.userId.map({ $0 == userId }) ?? true else {
+            guard context.userId.map({ sameUser($0, userId) }) ?? true else {
                 throw APIError(.userNotFound, "no such user")
             }
             let grants = try await store.grants(ofUser: userId)
@@ -53,7 +53,7 @@ struct OrdersController: Sendable {
         }
         router.get("/v1/users/{userId}/subscriptions") { _, context in
             let userId = try context.pathParameter("userId")
-            guard context.userId.map({ $0 == userId }) ?? true else {
+            guard context.userId.map({ sameUser($0, userId) }) ?? true else {
                 throw APIError(.userNotFound, "no such user")
             }
             let subscriptions = try await store.subscriptions(ofUser: userId)
@@ -61,7 +61,7 @@ struct OrdersController: Sendable {
         }
         router.get("/v1/users/{userId}/entitlements") { _, context in
             let userId = try context.pathParameter("userId")
-            guard context.userId.map({ $0 == userId }) ?? true else {
+            guard context.userId.map({ sameUser($0, userId) }) ?? true else {
                 throw APIError(.userNotFound, "no such user")
             }
             let entitlements = try await store.entitlements(ofUser: userId, catalog: settings.catalog, now: Date())
@@ -184,6 +184,19 @@ struct JSONFields {
         }
         guard !string.utf8.contains(0) else { throw .invalidField(name, "contains a NUL character") }
         return string.isEmpty ? nil : string
+    }
+
+    /// An id field (`userId`, `orderId`, `productId`, …): a text field that `IdentifierText`
+    /// accepts (no leading combining mark, no format, control or Prepend character).
+    func id(_ name: String, maxLength: Int = 256) throws(APIError) -> String? {
+        guard let value = try string(name, maxLength: maxLength) else { return nil }
+        if let problem = IdentifierText.problem(value) { throw .invalidField(name, problem) }
+        return value
+    }
+
+    func requiredID(_ name: String, maxLength: Int = 256) throws(APIError) -> String {
+        guard let value = try id(name, maxLength: maxLength) else { throw .missingField(name) }
+        return value
     }
 
     func requiredString(_ name: String, maxLength: Int = 256) throws(APIError) -> String {

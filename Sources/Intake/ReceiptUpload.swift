@@ -17,6 +17,9 @@ struct ReceiptUpload: Equatable {
     static let maxIdLength = 256
     /// StoreKit 2 JWS are a few KB (three certificates and the payload).
     static let maxJWSLength = 64 * 1024
+    /// The largest app receipt taken, in decoded bytes. Apple's are a few KB plus a few hundred
+    /// bytes per in-app purchase they list; a larger "receipt" is a shell padded to fill disks.
+    static let maxReceiptBytes = 256 * 1024
 
     /// Reads and checks a body; every fault is an `APIError` with its own code. A body's
     /// `userId` that differs from the request's established user is refused.
@@ -31,7 +34,7 @@ struct ReceiptUpload: Equatable {
             throw .invalidJSON("the body must be a JSON object")
         }
         let body = JSONFields(fields: fields)
-        let userId = try await context.resolveUser(named: try body.string("userId", maxLength: Self.maxIdLength))
+        let userId = try await context.resolveUser(named: try body.id("userId", maxLength: Self.maxIdLength))
         let receipt = try body.string("receiptData", maxLength: .max)
         let signed = try body.string("signedTransaction", maxLength: Self.maxJWSLength)
         let transactionId = try body.string("transactionId", maxLength: Self.maxIdLength)
@@ -39,7 +42,7 @@ struct ReceiptUpload: Equatable {
             throw APIError(.missingField, "one of 'receiptData', 'signedTransaction' or 'transactionId' is required")
         }
         self.userId = userId
-        self.orderId = try body.string("orderId", maxLength: Self.maxIdLength)
+        self.orderId = try body.id("orderId", maxLength: Self.maxIdLength)
         if let transactionId, !(transactionId.count <= 32 && transactionId.allSatisfy { $0.isASCII && $0.isNumber }) {
             throw .invalidField("transactionId", "must be Apple's numeric transaction id")
         }
@@ -60,6 +63,9 @@ struct ReceiptUpload: Equatable {
         }
         guard !bytes.isEmpty else {
             throw APIError(.receiptEmpty, "'receiptData' holds no bytes")
+        }
+        guard bytes.count <= Self.maxReceiptBytes else {
+            throw .invalidField("receiptData", "decodes to more than \(Self.maxReceiptBytes) bytes, more than any app receipt")
         }
         try Self.checkShape(bytes)
         self.receiptData = compact

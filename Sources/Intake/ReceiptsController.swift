@@ -4,6 +4,7 @@ import AppStore
 import IAPCore
 import Logging
 import Metrics
+import NIOConcurrencyHelpers
 import NIOCore
 import OrderStore
 
@@ -84,23 +85,58 @@ struct ReceiptsController: Sendable {
     /// stored (a forged notification costs a signature check, never disk or queue space).
     /// Answers 200 only once the notification is durable, so Apple's own retries cover any
     /// downtime of ours; a fault of ours (store unavailable) stays 503, never 4xx.
+    ///
+    /// Nobody spends Apple's budget but Apple: the signature is checked first (the validated
+    /// chain is cached, so this is one ECDSA verification); a notification that fails any
+    /// check takes a token from its sender's address (`notificationFailuresPerAddress`), and
+    /// an address with none left is answered 429 before its body is read. Only verified
+    /// notifications take from the deployment's notification budget (`notifications`), and
+    /// one over it is answered 503 with `Retry-After`, which Apple retries, and raises an
+    /// alert (an error log line and `iap_notifications_refused_total{reason="notifications_busy"}`).
     func addNotificationRoute(to router: Router<IntakeContext>) {
         let accepted = Counter(label: MetricNames.notifications)
-        let limit = settings.limits.notifications.map { RateLimiter($0, scope: "notifications", store: store, maxKeys: 1) }
+        let overBudget = Counter(
+            label: MetricNames.notificationsRefused, dimensions: [("reason", APIErrorCode.notificationsBusy.rawValue)])
+        let budget = settings.limits.notifications.map { RateLimiter($0, scope: "notifications", store: store, maxKeys: 1) }
+        let failures = settings.limits.notificationFailuresPerAddress.map { TokenBuckets($0) }
+        let lastAlert = NIOLockedValueBox(ContinuousClock.now - .seconds(3600))
+        let limits = settings.limits
         router.post("/v1/notifications/appstore") { request, context in
-            // One bucket for the deployment: Apple sends from many addresses.
-            if let wait = await limit?.take("appstore", logger: context.logger) {
+            let address = limits.clientAddress(of: request, peer: context.remoteAddress)
+            if let wait = failures?.peek(address) {
                 context.logger.info("App Store notification refused", metadata: ["iap.error.code": "rate_limited"])
                 throw APIError.rateLimited(retryAfter: wait)
             }
             let payload: String
             do {
-                payload = try await signedPayload(of: request)
+                payload = try await signedPayload(of: request, context: context)
+                try await checkSignature(of: payload, context: context)
             } catch let error as APIError {
-                context.logger.info("App Store notification refused", metadata: ["iap.error.code": "\(error.code.rawValue)"])
+                // Only what the sender could have got right counts against it; a fault of ours does not.
+                if error.status.code < 500 {
+                    _ = failures?.take(address)
+                    Counter(label: MetricNames.notificationsRefused, dimensions: [("reason", error.code.rawValue)]).increment()
+                }
                 throw error
             }
-            try await checkSignature(of: payload, context: context)
+            // One budget for the deployment, for verified notifications only: Apple sends from many addresses.
+            if let wait = await budget?.take("appstore", logger: context.logger) {
+                overBudget.increment()
+                let now = ContinuousClock.now
+                let alert = lastAlert.withLockedValue { last in
+                    guard now - last >= .seconds(60) else { return false }
+                    last = now
+                    return true
+                }
+                if alert {
+                    context.logger.error(
+                        "verified App Store notifications refused: over IAP_NOTIFICATION_RATE; Apple retries production ones, not sandbox ones",
+                        metadata: ["iap.error.code": "\(APIErrorCode.notificationsBusy.rawValue)"])
+                }
+                var error = APIError(.notificationsBusy, "too many notifications at once; retry after \(wait) s")
+                error.headers[.retryAfter] = String(wait)
+                throw error
+            }
             var verifyRequest = VerifyRequest(
                 submissionId: UUID(), userId: "", receiptData: "", attempt: 1, acceptedAt: Date())
             verifyRequest.signedPayload = payload
@@ -113,12 +149,17 @@ struct ReceiptsController: Sendable {
 
     /// The notification's `signedPayload`, in the shape of a JWS, from a body of at most
     /// `maxNotificationBytes`.
-    private func signedPayload(of request: Request) async throws -> String {
-        let limit = settings.maxNotificationBytes
-        let body = try await IntakeBody.collect(request, limit: limit, timeout: settings.limits.bodyTimeout)
-        let payload = try JSONFields(body).requiredString("signedPayload", maxLength: limit)
-        try ReceiptUpload.checkJWSShape(payload, field: "signedPayload")
-        return payload
+    private func signedPayload(of request: Request, context: IntakeContext) async throws -> String {
+        do {
+            let limit = settings.maxNotificationBytes
+            let body = try await IntakeBody.collect(request, limit: limit, timeout: settings.limits.bodyTimeout)
+            let payload = try JSONFields(body).requiredString("signedPayload", maxLength: limit)
+            try ReceiptUpload.checkJWSShape(payload, field: "signedPayload")
+            return payload
+        } catch let error as APIError {
+            context.logger.info("App Store notification refused", metadata: ["iap.error.code": "\(error.code.rawValue)"])
+            throw error
+        }
     }
 
     /// Verifies the notification as the verifier will (signature, chain up to a trusted root,
@@ -141,7 +182,7 @@ struct ReceiptsController: Sendable {
     private func status(context: IntakeContext) async throws -> Response {
         // Another user's submission is as unknown as a missing one: ids are not to be probed.
         guard let raw = try? context.pathParameter("submissionId"), let id = UUID(uuidString: raw),
-            let status = try await store.status(of: id), context.userId.map({ $0 == status.userId }) ?? true
+            let status = try await store.status(of: id), context.userId.map({ sameUser($0, status.userId) }) ?? true
         else {
             throw APIError(.submissionNotFound, "no such submission")
         }
@@ -225,6 +266,9 @@ enum IntakeBody {
                     let buffer = try await request.collectBody(upTo: limit)
                     return Data(buffer.readableBytesView)
                 } catch let error as HTTPError where error.status == .contentTooLarge {
+                    throw APIError.bodyTooLarge(limit: limit)
+                } catch is NIOTooManyBytesError {
+                    // A chunked body (no Content-Length) found too large while it arrives.
                     throw APIError.bodyTooLarge(limit: limit)
                 }
             }

@@ -238,7 +238,9 @@ public struct Pipeline: Sendable {
                 let console = try Console(
                     settings: ConsoleSettings(
                         operatorTokens: intake.adminTokens, viewerTokens: settings.console.viewerTokens,
-                        insecureCookies: settings.console.insecureCookies, sessionLifetime: settings.console.sessionLifetime),
+                        insecureCookies: settings.console.insecureCookies, sessionLifetime: settings.console.sessionLifetime,
+                        clientAddressHeader: intake.limits.clientAddressHeader, bodyTimeout: intake.limits.bodyTimeout,
+                        maxInFlight: settings.console.maxInFlight),
                     dependencies: ConsoleDependencies(
                         store: store, catalog: intake.catalog, names: settings.names, broker: connection,
                         appStore: try settings.storeKit.serverAPI.flatMap { serverAPI in

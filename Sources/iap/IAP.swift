@@ -22,6 +22,8 @@ enum HelpText {
         Customer service's admin routes (/v1/admin/...) need IAP_ADMIN_TOKEN (or IAP_ADMIN_TOKEN_FILE): \
         one or more tokens separated by commas, each at least 16 characters, sent as Authorization: Bearer <token>; \
         unset, they answer 503. The same tokens sign an operator in to the console at /admin/ (beside the admin routes); \
+        with a token set, the admin routes and the console need a listener of their own (IAP_ADMIN_PORT) unless \
+        IAP_ADMIN_PUBLIC=1 serves them on the intake's port (the default only for iap dev on loopback); \
         IAP_VIEWER_TOKEN (or IAP_VIEWER_TOKEN_FILE; same form) signs in read-only support. Console sessions are \
         cookies (HttpOnly, SameSite=Strict, Secure unless IAP_ADMIN_INSECURE_COOKIES=1, for plain HTTP on loopback; \
         iap dev defaults to 1), last 8 hours and live in memory: a restart signs everyone out.
@@ -115,6 +117,29 @@ private func apply(
     }
     if let http {
         settings.intake.authentication = try await http.authentication(defaultMode: authDefault)
+        try checkAdminSurface(settings, authDefault: authDefault)
+    }
+}
+
+/// The admin routes and the console belong on their own listener (IAP_ADMIN_PORT): with
+/// admin or viewer tokens and no such listener, a process refuses to start unless
+/// IAP_ADMIN_PUBLIC=1 says to serve them on the intake's port (the default only for `iap dev`
+/// bound to loopback).
+private func checkAdminSurface(_ settings: PipelineSettings, authDefault: String) throws {
+    guard settings.intake.adminListener == nil,
+        !settings.intake.adminTokens.isEmpty || !settings.console.viewerTokens.isEmpty
+    else { return }
+    let loopback = ["127.0.0.1", "localhost", "::1"].contains(settings.intake.host)
+    switch SettingReader().string(nil, "IAP_ADMIN_PUBLIC", default: authDefault == "off" && loopback ? "1" : "0") {
+    case "1", "true": return
+    case "0", "false":
+        throw ValidationError(
+            """
+            IAP_ADMIN_TOKEN is set but IAP_ADMIN_PORT is not: the admin routes and the console would share the \
+            public port. Set IAP_ADMIN_PORT (a listener of their own, on 127.0.0.1 unless IAP_ADMIN_HOST says \
+            otherwise), or IAP_ADMIN_PUBLIC=1 to serve them on the intake's port anyway.
+            """)
+    case let other: throw ValidationError("IAP_ADMIN_PUBLIC must be 1 or 0, got '\(other)'")
     }
 }
 

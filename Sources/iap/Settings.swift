@@ -87,9 +87,7 @@ struct LogOptions: ParsableArguments {
             if format == "json" {
                 return JSONLogHandler(label: label, logLevel: level)
             }
-            var handler = StreamLogHandler.standardError(label: label)
-            handler.logLevel = level
-            return handler
+            return TextLogHandler(label: label, logLevel: level)
         }
         var logger = Logger(label: label)
         logger.logLevel = level

@@ -42,6 +42,19 @@ extension BrokerTests {
             #expect(try await eventually { try await connection.queueStatus(pipeline.names.verifyDead).messageCount == 1 })
             await connection.close()
 
+            // A user whose id, and a product whose id (minted at the fake, as a cheat could name
+            // one), would close an attribute or open a tag if escaped per Character: the user
+            // owns a credited purchase (a revoke form on their page) and a held one (the front
+            // page's queue shows both ids).
+            let hostileUser = "\"\u{301}><button form=note-form formaction=/admin/actions/revoke id=injected>Save</button>"
+            let hostileProduct = "com.example.\u{600}<b id=injected-product>x</b>\">\u{301}"
+            let credited = try await pipeline.mint()
+            let creditedUpload = try await pipeline.upload(userId: hostileUser, receiptData: credited.receiptData)
+            #expect(try await pipeline.waitForState(creditedUpload)["state"] as? String == "credited")
+            let hostileHeld = try await pipeline.mint(productId: hostileProduct)
+            let hostileUpload = try await pipeline.upload(userId: hostileUser, receiptData: hostileHeld.receiptData)
+            #expect(try await pipeline.waitForState(hostileUpload)["state"] as? String == "needs_review")
+
             let out = repositoryRoot.appendingPathComponent(".run/console")
             let (status, text) = try runPythonScript(python, "scripts/lib/console_check.py", [
                 "--admin-url", adminURL, "--intake-url", pipeline.intakeURL,
@@ -49,6 +62,8 @@ extension BrokerTests {
                 "--order-id", orderId, "--held-user", "carol@example.com", "--held-transaction", held.transactionId,
                 "--product", "com.example.coins.60", "--dead-user", "dave",
                 "--dead-submission", request.submissionId.uuidString, "--out", out.path,
+                "--hostile-user", hostileUser, "--hostile-product", hostileProduct,
+                "--hostile-transaction", credited.transactionId,
             ])
             #expect(status == 0, "the console failed in the browser:\n\(text)")
             #expect(!text.contains("\"ok\": false"), "\(text)")
@@ -63,7 +78,10 @@ extension BrokerTests {
             #expect(!audit.contains { $0.reason.contains("must not be stored") })
             #expect(audit.contains { $0.action == "dead_letters_redriven" && $0.details?.contains("\"count\":\"1\"") == true })
             #expect(try await pipeline.status(request.submissionId.uuidString)["state"] as? String == "credited")
-            for name in ["console-viewer-refused", "console-customer", "console-csrf-refused", "console-redriven"] {
+            // The note form's token, posted to the revoke action, revoked nothing.
+            #expect(try await pipeline.store.grants(ofTransaction: credited.transactionId).map(\.state) == ["active"])
+            #expect(!audit.contains { $0.action == "grant_revoked" })
+            for name in ["console-hostile-text", "console-viewer-refused", "console-customer", "console-csrf-refused", "console-redriven"] {
                 #expect(FileManager.default.fileExists(atPath: out.appendingPathComponent(name + ".png").path), "\(name).png")
             }
         }

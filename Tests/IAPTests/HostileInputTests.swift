@@ -1,4 +1,8 @@
+import AsyncHTTPClient
+import FakeAppStore
 import Foundation
+import Pipeline
+import NIOCore
 import NIOHTTP1
 import OrderStore
 import Testing
@@ -148,6 +152,50 @@ extension BrokerTests {
                 let answer = try await HTTP.send(pipeline.intakeURL + "/v1/receipts", method: .POST, body: body)
                 #expect(answer.status == status, "\(count) characters: \(answer.status) \(answer.text)")
             }
+        }
+
+        /// A receipt larger than any Apple issues (a PKCS#7 shell padded with a 300 KB opaque
+        /// value, as a cheat would send to fill the disk) is refused with 400 before anything
+        /// is stored; a real one of ordinary size still goes through.
+        @Test func aPaddedReceiptShellIsRefusedBeforeStoring() async throws {
+            let pipeline = try await PipelineHarness.start(name: "receiptsize", roles: [.intake])
+            defer { Task { await pipeline.stop() } }
+            var payload = AppReceiptTests.payload
+            payload.opaqueValue = [UInt8](repeating: 7, count: 300 * 1024)
+            let shell = try ReceiptMinter(authority: try FakeCertificateAuthority.generate(name: "Shell")).mint(payload)
+            let answer = try await HTTP.post(
+                pipeline.intakeURL + "/v1/receipts",
+                json: ["userId": "mallory", "receiptData": Data(shell).base64EncodedString()])
+            #expect(answer.status == 400 && answer.errorCode == "invalid_field", "\(answer.status) \(answer.text)")
+            #expect(try await pipeline.store.submissionCounts().values.reduce(0, +) == 0)
+            let ordinary = try ReceiptMinter(authority: try FakeCertificateAuthority.generate(name: "Shell")).mint(AppReceiptTests.payload)
+            let taken = try await HTTP.post(
+                pipeline.intakeURL + "/v1/receipts",
+                json: ["userId": "mallory", "receiptData": Data(ordinary).base64EncodedString()])
+            #expect(taken.status == 202, "\(taken.text)")
+        }
+
+        /// A chunked body (no `Content-Length`) found too large while it arrives gets 413
+        /// `body_too_large`, as one announced too large does: not 500 and an error log line.
+        @Test func aChunkedBodyOverTheLimitGets413() async throws {
+            let pipeline = try await PipelineHarness.start(name: "chunked", roles: [.intake])
+            defer { Task { await pipeline.stop() } }
+            for (path, size) in [("/v1/receipts", 1_100_000), ("/v1/notifications/appstore", 80_000), ("/v1/orders", 20_000)] {
+                var request = HTTPClientRequest(url: pipeline.intakeURL + path)
+                request.method = .POST
+                request.headers.add(name: "Content-Type", value: "application/json")
+                let chunk = ByteBuffer(repeating: UInt8(ascii: "a"), count: 8 * 1024)
+                let stream = AsyncStream<ByteBuffer> { continuation in
+                    for _ in 0...(size / chunk.readableBytes) { continuation.yield(chunk) }
+                    continuation.finish()
+                }
+                request.body = .stream(stream, length: .unknown)
+                let response = try await HTTPClient.shared.execute(request, timeout: .seconds(30))
+                let body = try await response.body.collect(upTo: 1 << 20)
+                let text = String(buffer: body)
+                #expect(response.status.code == 413 && text.contains("body_too_large"), "\(path): \(response.status) \(text)")
+            }
+            #expect(try await HTTP.get(pipeline.intakeURL + "/healthz").status == 200)
         }
 
         @Test func everyHostileBodyGetsA4xxWithACodeAndTheIntakeKeepsServing() async throws {

@@ -2,12 +2,16 @@ import AppStore
 import FakeAppStore
 import Foundation
 import GRDB
+import Hummingbird
 import IAPCore
 import Intake
 import Messaging
+import NIOConcurrencyHelpers
+import NIOFoundationCompat
 import NIOHTTP1
 import Pipeline
 @testable import OrderStore
+import ServiceLifecycle
 import Testing
 
 /// Notifications signed by a chain that is not the App Store's (the fake's) but otherwise
@@ -96,10 +100,12 @@ extension BrokerTests {
             #expect(try await pipeline.store.notifications(ofTransaction: purchase.transactionId).map(\.type) == ["REFUND"])
         }
 
-        @Test func anOversizedNotificationGets413AndABurstGets429WhileTheServiceKeepsServing() async throws {
+        @Test func anOversizedNotificationGets413AndABurstOfForgeriesGets429WhileTheServiceKeepsServing() async throws {
             let pipeline = try await PipelineHarness.start(
                 name: "notifylimits", roles: [.intake],
-                limits: IntakeLimits(perUser: nil, perAddress: nil, notifications: RateLimit(perSecond: 2, burst: 4)))
+                limits: IntakeLimits(
+                    perUser: nil, perAddress: nil, notifications: nil,
+                    notificationFailuresPerAddress: RateLimit(perSecond: 2, burst: 4)))
             defer { Task { await pipeline.stop() } }
             let url = pipeline.intakeURL + "/v1/notifications/appstore"
             let stranger = try FakeCertificateAuthority.generate(name: "Not Apple")
@@ -130,6 +136,104 @@ extension BrokerTests {
             }
             #expect(recovered)
             #expect(try await storedSubmissions(pipeline) == 0)
+        }
+
+        /// The attack of one address against Apple's notifications: while it floods the
+        /// endpoint with body-less posts and forged notifications from many connections, the
+        /// App Store (the fake, from another address) refunds a purchase, and its REFUND is
+        /// taken and applied. The flood spends its own address's budget (429), never Apple's.
+        @Test func aFloodOfForgedAndBodylessNotificationsNeverKeepsAGenuineRefundOut() async throws {
+            let pipeline = try await PipelineHarness.start(
+                name: "notifystarve",
+                limits: IntakeLimits(
+                    perUser: nil, perAddress: nil, clientAddressHeader: "X-Real-IP",
+                    notifications: RateLimit(perSecond: 2, burst: 4),
+                    notificationFailuresPerAddress: RateLimit(perSecond: 2, burst: 4)))
+            defer { Task { await pipeline.stop() } }
+            let url = pipeline.intakeURL + "/v1/notifications/appstore"
+            let purchase = try await pipeline.mintStoreKit2()
+            let id = try await pipeline.upload(["userId": "nina", "signedTransaction": try #require(purchase.signedTransaction)])
+            #expect(try await pipeline.waitForState(id)["state"] as? String == "credited")
+
+            let forged = try ForgedNotification.make(signer: try FakeCertificateAuthority.generate(name: "Not Apple"))
+            let attacker = ["X-Real-IP": "203.0.113.7"]
+            let flooding = NIOLockedValueBox(true)
+            let flood = Task {
+                try await withThrowingTaskGroup(of: [Int: Int].self) { group in
+                    for connection in 0..<16 {
+                        group.addTask {
+                            var statuses: [Int: Int] = [:]
+                            var index = connection
+                            while flooding.withLockedValue({ $0 }) {
+                                let body = index.isMultiple(of: 2) ? nil : try JSONEncoder().encode(["signedPayload": forged])
+                                let answer = try await HTTP.send(url, method: .POST, body: body, headers: attacker)
+                                statuses[answer.status, default: 0] += 1
+                                index += 1
+                            }
+                            return statuses
+                        }
+                    }
+                    var all: [Int: Int] = [:]
+                    for try await statuses in group { all.merge(statuses, uniquingKeysWith: +) }
+                    return all
+                }
+            }
+            try await Task.sleep(for: .milliseconds(500))
+            let refund = try await HTTP.post(
+                pipeline.fakeURL + "/fake/purchases/\(purchase.transactionId)/refund", json: [String: String]())
+            #expect(refund.status == 200, "\(refund.text)")
+            let revoked = try await eventually(timeout: .seconds(20)) {
+                try await pipeline.grantState(of: purchase.transactionId, user: "nina") == "revoked"
+            }
+            flooding.withLockedValue { $0 = false }
+            let statuses = try await flood.value
+            #expect(revoked, "the genuine REFUND was not applied during the flood: \(statuses)")
+            #expect(try await pipeline.store.notifications(ofTransaction: purchase.transactionId).map(\.type) == ["REFUND"])
+            // The flood was refused by its own address's bucket, and never stored.
+            #expect(statuses[429, default: 0] > 0 && Set(statuses.keys).isSubset(of: [400, 403, 429]), "\(statuses)")
+            #expect(statuses.values.reduce(0, +) > 100, "the flood was too thin to mean anything: \(statuses)")
+        }
+
+        /// Verified notifications over the deployment's budget are Apple's: 503 with
+        /// `Retry-After` (Apple retries), never 429, and the forged ones beside them are still
+        /// told apart (403).
+        @Test func aVerifiedNotificationOverTheBudgetGets503WithRetryAfterNever429() async throws {
+            let pipeline = try await PipelineHarness.start(
+                name: "notifybudget", roles: [.intake],
+                limits: IntakeLimits(
+                    perUser: nil, perAddress: nil, notifications: RateLimit(perSecond: 1, burst: 2),
+                    notificationFailuresPerAddress: RateLimit(perSecond: 100, burst: 100)))
+            defer { Task { await pipeline.stop() } }
+            let url = pipeline.intakeURL + "/v1/notifications/appstore"
+            // The fake's genuine REFUND, caught on its way to the intake.
+            let caught = NIOLockedValueBox([Data]())
+            let router = Router()
+            router.post("/notifications") { request, _ -> Response in
+                let body = Data(buffer: try await request.body.collect(upTo: 1 << 20))
+                caught.withLockedValue { $0.append(body) }
+                return Response(status: .ok)
+            }
+            let catcher = try await LoopbackServer.start(router, name: "the notification catcher")
+            defer { Task { await catcher.group.triggerGracefulShutdown() } }
+            #expect(try await HTTP.post(pipeline.fakeURL + "/fake/config", json: ["notificationURL": catcher.base + "/notifications"]).status == 204)
+            let purchase = try await pipeline.mint()
+            #expect(try await HTTP.post(pipeline.fakeURL + "/fake/purchases/\(purchase.transactionId)/refund", json: [String: String]()).status == 200)
+            let genuine = try #require(caught.withLockedValue { $0.first })
+
+            var answers: [HTTP.Answer] = []
+            for _ in 0..<3 { answers.append(try await HTTP.post(url, raw: genuine)) }
+            #expect(answers.map(\.status) == [200, 200, 503], "\(answers.map(\.text))")
+            #expect(answers[2].errorCode == "notifications_busy", "\(answers[2].text)")
+            #expect(Int(answers[2].headers.first(name: "Retry-After") ?? "") ?? 0 >= 1, "\(answers[2].headers)")
+            let stranger = try FakeCertificateAuthority.generate(name: "Not Apple")
+            let forged = try await HTTP.post(url, json: ["signedPayload": try ForgedNotification.make(signer: stranger)])
+            #expect(forged.status == 403, "\(forged.text)")
+            #expect(try await storedSubmissions(pipeline) == 2)
+            // Once the budget refills, Apple's retry is taken.
+            let retried = try await eventually(timeout: .seconds(5), interval: .milliseconds(250)) {
+                try await HTTP.post(url, raw: genuine).status == 200
+            }
+            #expect(retried)
         }
 
         /// The measured attack, bounded: 400 forged notifications from one loopback client, half

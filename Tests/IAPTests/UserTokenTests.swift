@@ -136,4 +136,20 @@ struct UserTokenTests {
         // Signed by a key the JWKS does not hold: a key problem, not a clock problem.
         #expect(await failure(verifier, try await TestTokens.es256(good, key: ES256PrivateKey(), kid: "login-2")) == .signatureInvalid)
     }
+
+    /// With a JWKS, a token names its key: an unknown `kid` is refused even when the token is
+    /// signed by a key the document holds (it is never tried against a default key), and the
+    /// header's `alg` must be the named key's (EC signs ES256, RSA RS256).
+    @Test func aJWKSRefusesAnUnknownKidAndAnAlgorithmOfAnotherKeyType() async throws {
+        let key = ES256PrivateKey()
+        let point = try #require(key.publicKey.parameters)
+        let jwks = """
+            {"keys": [{"kty": "EC", "crv": "P-256", "use": "sig", "kid": "login-1", "x": "\(point.x)", "y": "\(point.y)"}]}
+            """
+        let verifier = try await UserTokenVerifier(key: .publicKey(jwks))
+        #expect(try await verifier.userId(from: TestTokens.es256(.init("ana"), key: key, kid: "login-1")) == "ana")
+        #expect(await failure(verifier, try await TestTokens.es256(.init("ana"), key: key, kid: "login-9")) == .signatureInvalid)
+        let rs256 = try TestTokens.handmade(header: ["alg": "RS256", "kid": "login-1"], claims: .init("ana"))
+        #expect(await failure(verifier, rs256 + "c2lnbmF0dXJl") == .algorithmRefused)
+    }
 }

@@ -213,14 +213,66 @@ def dead_letter_is_redriven(args):
         driver.quit()
 
 
+def hostile_text_stays_text(args):
+    """Ids that would break out of an attribute or a text node if escaped per grapheme
+    cluster render as text; a login link whose next page is markup does not navigate away;
+    a form's CSRF token does not drive another action."""
+    driver = browser()
+    try:
+        hostile_next = '"\u0301><meta http-equiv=refresh content="0;url=http://127.0.0.1:9/">'
+        driver.get(args.admin_url + "/admin/login?next=" + urllib.parse.quote(hostile_next, safe=""))
+        time.sleep(1.5)
+        check("the login link stays on the login page", driver.current_url.startswith(args.admin_url + "/admin/login"),
+              driver.current_url)
+        check("no meta refresh was injected", not driver.find_elements(By.CSS_SELECTOR, "meta[http-equiv]"))
+        driver.find_element(By.ID, "name").send_keys("Olga (operator)")
+        driver.find_element(By.ID, "token").send_keys(args.operator_token)
+        submit(driver, driver.find_element(By.CSS_SELECTOR, "form button[type=submit]"))
+        check("signing in from it stays in the console", driver.current_url.startswith(args.admin_url + "/admin/"),
+              driver.current_url)
+
+        driver.get(args.admin_url + "/admin/")
+        check("no injected element on the front page",
+              not driver.find_elements(By.ID, "injected") and not driver.find_elements(By.ID, "injected-product"))
+        body = text(driver)
+        check("the hostile product id shows as text", "<b id=injected-product>" in body, body[:600])
+        check("the hostile user id shows as text", "formaction=/admin/actions/revoke" in body, body[:600])
+
+        driver.get(args.admin_url + user_path(args.hostile_user))
+        check("no injected button on the customer page", not driver.find_elements(By.ID, "injected"))
+        shown = driver.find_element(By.ID, "customer-id").text
+        check("the customer's id is shown as it is", shown == args.hostile_user, repr(shown))
+        note_csrf = driver.find_element(By.CSS_SELECTOR, "#note-form input[name=csrf]").get_attribute("value")
+        driver.execute_script(
+            """
+            const form = document.createElement('form');
+            form.method = 'post'; form.action = '/admin/actions/revoke';
+            for (const [name, value] of Object.entries(arguments[0])) {
+                const input = document.createElement('input');
+                input.type = 'hidden'; input.name = name; input.value = value; form.appendChild(input);
+            }
+            document.body.appendChild(form); form.submit();
+            """,
+            {"csrf": note_csrf, "transactionId": args.hostile_transaction, "reason": "injected", "key": "inj-1",
+             "back": "/admin/"})
+        time.sleep(0.5)
+        heading = driver.find_element(By.ID, "message-heading").text
+        check("the note form's token does not revoke", "403" in heading and "refused" in heading, heading)
+        shoot(driver, args.out, "console-hostile-text")
+    finally:
+        driver.quit()
+
+
 def main():
     parser = argparse.ArgumentParser()
     for name in ("admin-url", "intake-url", "operator-token", "viewer-token", "order-id", "held-user",
-                 "held-transaction", "product", "dead-user", "dead-submission", "out"):
+                 "held-transaction", "product", "dead-user", "dead-submission", "out", "hostile-user",
+                 "hostile-product", "hostile-transaction"):
         parser.add_argument("--" + name, required=True)
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    for scenario in (viewer_is_refused, operator_grants, form_without_csrf_is_refused, dead_letter_is_redriven):
+    for scenario in (hostile_text_stays_text, viewer_is_refused, operator_grants, form_without_csrf_is_refused,
+                     dead_letter_is_redriven):
         # The browser itself can fail on a machine busy with the rest of the suite (an empty
         # WebDriverException, from chromedriver rather than from the page): such a scenario
         # runs once more from the start, and only its second run counts.

@@ -72,6 +72,8 @@ final class ProcessDrill: Sendable {
                 "IAP_AUTH": "off",
                 "IAP_RATE_LIMIT_PER_IP": "0",
                 "IAP_RATE_LIMIT_PER_USER": "0",
+                // The drills call the admin routes on the intake's port.
+                "IAP_ADMIN_PUBLIC": "1",
             ]
         ) { $1 }
         // The store the test asked for (a PostgreSQL database of this drill's own, or the file).
