@@ -48,7 +48,7 @@ public enum Ownership {
     public static func decide(_ facts: Facts, restore: RestorePolicy) -> Decision {
         if let owner = facts.tokenOrderOwner { return .credit(owner: owner) }
         if let owner = facts.subscriptionOwner {
-            if sameUser(owner, facts.uploader) { return .credit(owner: owner) }
+            if IAPCore.sameUser(owner, facts.uploader) { return .credit(owner: owner) }
             if restore == .transfer, facts.evidence == .signedUpload {
                 return .creditMovingSubscription(from: owner, to: facts.uploader)
             }
@@ -57,12 +57,5 @@ public enum Ownership {
         }
         guard facts.evidence == .signedUpload else { return .held(.ownerUnknown) }
         return .credit(owner: facts.uploader)
-    }
-
-    /// Whether two user ids are the same user: byte for byte, as the store compares them.
-    /// (Swift's `==` treats canonically equivalent strings as equal; two accounts named so
-    /// are different users.)
-    public static func sameUser(_ a: String, _ b: String) -> Bool {
-        a.utf8.elementsEqual(b.utf8)
     }
 }

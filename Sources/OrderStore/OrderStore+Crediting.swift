@@ -101,10 +101,10 @@ extension OrderStore {
             sql: "SELECT * FROM grants WHERE creditKey = ? AND state = 'active'", arguments: [key])
         {
             let owner: String = active["userId"]
-            if Ownership.sameUser(owner, upload.userId) { return (.alreadyCredited, nil) }
+            if sameUser(owner, upload.userId) { return (.alreadyCredited, nil) }
             // The very transaction another user was credited with: a replay. Consumables are
             // keyed per transaction, so for them this is always the case.
-            if exact.map({ !Ownership.sameUser($0["userId"], upload.userId) }) ?? false
+            if exact.map({ !sameUser($0["userId"], upload.userId) }) ?? false
                 || (active["transactionId"] as String) == purchase.transactionId || typedKey.isPerTransaction
             {
                 return (.replayedFromOtherUser, nil)
@@ -130,7 +130,7 @@ extension OrderStore {
         if let exact {
             // Held for a person (whoever uploads it): nobody is credited, nobody may finish it.
             if let held: String = exact["heldReason"], held != "revoked" { return (.held, ReasonCode(held)) }
-            if !Ownership.sameUser(exact["userId"], upload.userId) { return (.replayedFromOtherUser, nil) }
+            if !sameUser(exact["userId"], upload.userId) { return (.replayedFromOtherUser, nil) }
             if let held: String = exact["heldReason"] { return (.held, ReasonCode(held)) }
             // Recorded and credited before, under a key of an older version: nothing new.
             return (.alreadyCredited, nil)
@@ -173,7 +173,7 @@ extension OrderStore {
             movesSubscriptionFrom = from
         }
         // The upload's own order (the client's word) binds only a purchase credited to the uploader.
-        if order == nil, Ownership.sameUser(owner, upload.userId), let orderId = upload.orderId {
+        if order == nil, sameUser(owner, upload.userId), let orderId = upload.orderId {
             if upload.transactionId == purchase.transactionId {
                 // The upload names both: an explicit binding, checked below like a token.
                 order = try db.cachedRow(
@@ -222,7 +222,7 @@ extension OrderStore {
             guard let recorded else {
                 throw SQLError(.serializationFailure, "purchase \(purchase.transactionId) conflicted but is not there")
             }
-            if !Ownership.sameUser(recorded["userId"], upload.userId) { return (.replayedFromOtherUser, nil) }
+            if !sameUser(recorded["userId"], upload.userId) { return (.replayedFromOtherUser, nil) }
             if let held: String = recorded["heldReason"] { return (.held, ReasonCode(held)) }
             return (.alreadyCredited, nil)
         }
@@ -257,7 +257,7 @@ extension OrderStore {
         if let from = movesSubscriptionFrom {
             try moveSubscription(purchase.originalTransactionId, from: from, to: owner, now: now, in: db)
         }
-        if facts.tokenOrderOwner == nil, let subscriptionOwner, !Ownership.sameUser(owner, upload.userId) {
+        if facts.tokenOrderOwner == nil, let subscriptionOwner, !sameUser(owner, upload.userId) {
             // A billing period of someone else's subscription: theirs, whoever uploads it.
             try audit(
                 actor: "system", action: "period_credited_to_subscription_owner",
@@ -266,7 +266,7 @@ extension OrderStore {
                 details: ["owner": subscriptionOwner, "uploader": upload.userId, "creditKey": key], now: now, in: db)
             return (.ownedByOtherUser, nil)
         }
-        if !Ownership.sameUser(owner, upload.userId) {
+        if !sameUser(owner, upload.userId) {
             try audit(
                 actor: "system", action: "credited_to_order_owner", subject: "transaction:\(purchase.transactionId)",
                 reason: "the purchase names an order of \(owner); uploaded by \(upload.userId)",

@@ -69,11 +69,11 @@ struct LedgerRulesTests {
         let composed = "jos\u{E9}"
         let decomposed = "jose\u{301}"
         #expect(composed == decomposed)  // Swift's equality: canonical equivalence
-        #expect(!Ownership.sameUser(composed, decomposed))
+        #expect(!sameUser(composed, decomposed))
         #expect(
             Ownership.decide(.init(uploader: decomposed, evidence: .lookup, subscriptionOwner: composed), restore: .keep)
                 == .credit(owner: composed))
-        #expect(Ownership.sameUser("ana", "ana"))
+        #expect(sameUser("ana", "ana"))
     }
 
     @Test func anUploadThatNamesNothingIsNeverFinishableAtTheTop() {

@@ -30,7 +30,8 @@ struct VerifyReceiptClientTests {
             let group = ServiceGroup(
                 configuration: .init(services: [application], gracefulShutdownSignals: [], logger: TestBroker.logger))
             let task = Task { try await group.run() }
-            guard try await eventually(timeout: .seconds(10), { port.withLockedValue { $0 } != 0 }) else {
+            // Generous: at the start of a run every suite starts its servers at once on 2 cores.
+            guard try await eventually(timeout: .seconds(30), { port.withLockedValue { $0 } != 0 }) else {
                 throw HarnessError("the fake App Store did not start")
             }
             return Apple(url: "http://127.0.0.1:\(port.withLockedValue { $0 })", group: group, task: task)
