@@ -15,21 +15,28 @@ import sys
 from collections import Counter
 
 IP_FORWARD = "/proc/sys/net/ipv4/ip_forward"
+# Chains of the kernel's tables: never deleted, only their policy put back (dockerd sets the
+# FORWARD policy to DROP). A table that was not loaded before had every policy ACCEPT.
+BUILT_IN = {"INPUT", "FORWARD", "OUTPUT", "PREROUTING", "POSTROUTING"}
 # Links an engine makes; others that appeared meanwhile (someone else's) are left alone.
 DOCKER_LINK_PREFIXES = ("docker", "br-", "veth")
 
 
-def iptables() -> dict[str, dict[str, list[str]]]:
-    """{table: {"chains": [...], "rules": ["-A CHAIN ...", ...]}} from iptables-save."""
+def iptables() -> dict[str, dict]:
+    """{table: {"chains": [...], "policies": {chain: policy}, "rules": ["-A CHAIN ...", ...]}}
+    from iptables-save."""
     out = subprocess.run(["iptables-save"], capture_output=True, text=True, check=True).stdout
     tables: dict[str, dict[str, list[str]]] = {}
     table = None
     for line in out.splitlines():
         if line.startswith("*"):
             table = line[1:]
-            tables[table] = {"chains": [], "rules": []}
+            tables[table] = {"chains": [], "policies": {}, "rules": []}
         elif table and line.startswith(":"):
-            tables[table]["chains"].append(line[1:].split()[0])
+            chain, policy = line[1:].split()[:2]
+            tables[table]["chains"].append(chain)
+            if chain in BUILT_IN:
+                tables[table]["policies"][chain] = policy
         elif table and line.startswith("-A "):
             tables[table]["rules"].append(line)
     return tables
@@ -53,7 +60,7 @@ def restore(path: str) -> None:
     failures = []
     after = iptables()
     for table, now in after.items():
-        old = before["iptables"].get(table, {"chains": [], "rules": []})
+        old = before["iptables"].get(table, {"chains": [], "policies": {}, "rules": []})
         extra = Counter(now["rules"]) - Counter(old["rules"])
         for rule, count in extra.items():
             for _ in range(count):
@@ -62,10 +69,21 @@ def restore(path: str) -> None:
                 # for Docker's rules, which carry none.
                 if subprocess.run(args, capture_output=True).returncode != 0:
                     failures.append(" ".join(args))
-        for chain in [c for c in now["chains"] if c not in old["chains"]]:
+        for chain, policy in now["policies"].items():
+            wanted = old.get("policies", {}).get(chain, "ACCEPT")
+            if policy != wanted and subprocess.run(["iptables", "-t", table, "-P", chain, wanted],
+                                                   capture_output=True).returncode != 0:
+                failures.append(f"iptables -t {table} -P {chain} {wanted}")
+        for chain in [c for c in now["chains"] if c not in old["chains"] and c not in BUILT_IN]:
             subprocess.run(["iptables", "-t", table, "-F", chain], capture_output=True)
             if subprocess.run(["iptables", "-t", table, "-X", chain], capture_output=True).returncode != 0:
                 failures.append(f"iptables -t {table} -X {chain}")
+    # Tables that were not loaded before (iptables-nft makes them on first use) and are now
+    # empty again: deleted, where nft is installed.
+    for table in after:
+        if table not in before["iptables"] and not iptables().get(table, {}).get("rules"):
+            if subprocess.run(["which", "nft"], capture_output=True).returncode == 0:
+                subprocess.run(["nft", "delete", "table", "ip", table], capture_output=True)
     for link in links():
         if link not in before["links"] and link.startswith(DOCKER_LINK_PREFIXES):
             if subprocess.run(["ip", "link", "delete", link], capture_output=True).returncode != 0:
