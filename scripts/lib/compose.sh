@@ -10,17 +10,23 @@ compose_images() {
     local t0
     t0=$(now_ms)
     docker_base_image
-    docker_test_image "$ROOT" rabbitmq "" rabbitmq:3.10-management rabbitmq:3.13-management
-    docker_test_image "$ROOT" postgres "" postgres:15
-    docker_test_image "$ROOT" haproxy "" haproxy:2.8
-    docker_test_image "$ROOT" prometheus "" prom/prometheus:v2.53.0
-    docker_test_image "$ROOT" python "" python:3.12-slim
+    # At the same time: they mostly wait for Debian's mirror.
+    local pids=() pid failed=
     if [[ -n $prebuilt ]]; then
-        compose_prebuilt_image
+        compose_prebuilt_image & pids+=($!)
     else
         # The toolchain image compose/Dockerfile builds FROM (context: /opt).
-        docker_test_image "$ROOT" swift /opt swift:6.2-bookworm
+        docker_test_image "$ROOT" swift /opt swift:6.2-bookworm & pids+=($!)
     fi
+    docker_test_image "$ROOT" rabbitmq "" rabbitmq:3.10-management rabbitmq:3.13-management & pids+=($!)
+    docker_test_image "$ROOT" postgres "" postgres:15 & pids+=($!)
+    docker_test_image "$ROOT" haproxy "" haproxy:2.8 & pids+=($!)
+    docker_test_image "$ROOT" prometheus "" prom/prometheus:v2.53.0 & pids+=($!)
+    docker_test_image "$ROOT" python "" python:3.12-slim & pids+=($!)
+    for pid in "${pids[@]}"; do
+        wait "$pid" || failed=1
+    done
+    [[ -z $failed ]] || die "an image could not be built (see the lines above)"
     say "images ready ($(( ($(now_ms) - t0) / 1000 ))s)"
 }
 
