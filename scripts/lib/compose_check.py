@@ -542,7 +542,7 @@ def test_cluster(stack: Stack, count: int) -> None:
             env = stack.inspect(stack.container(f"orders-{n}"))["Config"]["Env"]
             check(any(e.startswith("IAP_DATABASE_URL=postgres://") for e in env),
                   f"orders-{n} runs on PostgreSQL behind the balancer")
-    with Stage(f"{count} purchases through HAProxy; docker kill of the RabbitMQ node in use mid-stream"):
+    with Stage("purchases through HAProxy; docker kill of the RabbitMQ node in use mid-stream"):
         connections = {}
         for n in (1, 2, 3):
             out = stack.exec(f"rabbitmq-{n}", "rabbitmqctl", "-q", "list_connections", "name")
@@ -555,7 +555,8 @@ def test_cluster(stack: Stack, count: int) -> None:
             run([DOCKER, "kill", victim_id])
             say(f"killed rabbitmq-{victim}")
 
-        purchases = send_purchases(stack, "kill-node", count, during=kill_node)
+        # Half the single-node file's count: the point is the failover, not the volume.
+        purchases = send_purchases(stack, "kill-node", max(50, count // 2), during=kill_node)
         wait_all_credited(stack, purchases, timeout=300)
     with Stage(f"rabbitmq-{victim} restarts and rejoins"):
         if stack.inspect(victim_id)["State"]["Status"] != "running":
