@@ -380,8 +380,9 @@ def send_purchases(stack: Stack, label: str, count: int, during=None, workers: i
 def ops_metric(stack: Stack, container: str, name: str) -> float:
     """The sum of a metric's samples on a container's /metrics (IAP_OPS_PORT 9100), read from
     inside the container (the runtime image has bash, not curl)."""
-    script = ("exec 3<>/dev/tcp/127.0.0.1/9100 && printf 'GET /metrics HTTP/1.0\\r\\nHost: localhost\\r\\n\\r\\n' >&3 "
-              "&& cat <&3")
+    # HTTP/1.0 (no chunks) with Connection: close, so that the server ends the stream.
+    script = ("exec 3<>/dev/tcp/127.0.0.1/9100 && printf 'GET /metrics HTTP/1.0\\r\\nHost: localhost\\r\\n"
+              "Connection: close\\r\\n\\r\\n' >&3 && timeout 10 cat <&3 || true")
     out = run([DOCKER, "exec", container, "bash", "-c", script], timeout=30)
     total = 0.0
     for line in out.splitlines():
