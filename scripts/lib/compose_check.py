@@ -544,9 +544,9 @@ def test_cluster(stack: Stack, count: int) -> None:
             check(any(e.startswith("IAP_DATABASE_URL=postgres://") for e in env),
                   f"orders-{n} runs on PostgreSQL behind the balancer")
     with Stage("purchases through HAProxy; docker kill of the RabbitMQ node in use mid-stream"):
-        # list_connections shows the whole cluster's connections: count them by their node.
-        out = stack.exec("rabbitmq-1", "rabbitmqctl", "-q", "list_connections", "node")
-        connections = {n: out.count(f"rabbit@rabbitmq-{n}") for n in (1, 2, 3)}
+        # list_connections shows the whole cluster's connections: count them by the node in their pid.
+        out = stack.exec("rabbitmq-1", "rabbitmqctl", "-q", "list_connections", "pid")
+        connections = {n: out.count(f"rabbit@rabbitmq-{n}.") for n in (1, 2, 3)}
         victim = max(connections, key=lambda n: connections[n])
         check(connections[victim] > 0, f"AMQP connections per node: {connections}; the services use rabbitmq-{victim}")
         victim_id = stack.container(f"rabbitmq-{victim}")
