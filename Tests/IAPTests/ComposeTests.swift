@@ -1,4 +1,5 @@
 import Foundation
+import IAPCore
 import Testing
 
 @Suite("Deployment files")
@@ -55,6 +56,61 @@ struct ComposeTests {
         #expect(environment("verifier")["IAP_QUEUE_TYPE"] == "quorum")
         #expect(Set(secrets("verifier")) == ["amqp-urls"], "\(secrets("verifier"))")
         #expect(!volumes("verifier").contains { $0.hasSuffix(":/run/secrets") || $0.hasSuffix(":/run/secrets:ro") }, "\(volumes("verifier"))")
+    }
+
+    /// Grafana has no stand-in image (no Debian package), so `scripts/dev compose test` leaves
+    /// it out of the run: its provisioning is checked here instead. The files parse, the data
+    /// source is the compose files' Prometheus, the dashboards folder is the one mounted, and
+    /// every panel query names only metrics the services export (`MetricNames`).
+    @Test func grafanaProvisioningMatchesTheStack() throws {
+        let datasources = try yaml("compose/grafana/provisioning/datasources/prometheus.yml")
+        let sources = try #require(datasources["datasources"] as? [[String: Any]])
+        let prometheus = try #require(sources.first { $0["type"] as? String == "prometheus" }, "\(sources)")
+        #expect(prometheus["url"] as? String == "http://prometheus:9090")
+        let uid = try #require(prometheus["uid"] as? String)
+        for file in ["compose/docker-compose.yml", "compose/docker-compose.cluster.yml"] {
+            let services = try #require(try resolved(file)["services"] as? [String: [String: Any]])
+            let ports = (services["prometheus"]?["ports"] as? [Any] ?? []).map { "\($0)" }
+            #expect(ports.contains { $0.contains("9090") }, "\(file): prometheus serves 9090: \(ports)")
+            let grafana = (services["grafana"]?["volumes"] as? [Any] ?? []).map { "\($0)" }
+            #expect(grafana.contains { $0.contains("/var/lib/grafana/dashboards") }, "\(file): \(grafana)")
+        }
+        let providers = try yaml("compose/grafana/provisioning/dashboards/iap.yml")
+        let provider = try #require((providers["providers"] as? [[String: Any]])?.first)
+        #expect((provider["options"] as? [String: Any])?["path"] as? String == "/var/lib/grafana/dashboards")
+
+        let dashboardData = try Data(
+            contentsOf: repositoryRoot.appendingPathComponent("compose/grafana/dashboards/iap-pipeline.json"))
+        let dashboard = try #require(try JSONSerialization.jsonObject(with: dashboardData) as? [String: Any])
+        let panels = try #require(dashboard["panels"] as? [[String: Any]])
+        #expect(!panels.isEmpty)
+        // A histogram is exported as its _bucket, _count and _sum series.
+        let exported = Set(MetricNames.all.flatMap { [$0, $0 + "_bucket", $0 + "_count", $0 + "_sum"] })
+        let metricName = /iap_[a-z_]+/
+        for panel in panels {
+            let title = panel["title"] as? String ?? "?"
+            let targets = panel["targets"] as? [[String: Any]] ?? []
+            #expect(!targets.isEmpty, "panel \(title) has no query")
+            for target in targets {
+                let expr = target["expr"] as? String ?? ""
+                let names = expr.matches(of: metricName).map { String($0.output) }
+                #expect(!names.isEmpty, "panel \(title): \(expr) names no iap metric")
+                for name in names {
+                    #expect(exported.contains(name), "panel \(title): \(name) is not a metric the services export")
+                }
+                #expect((target["datasource"] as? [String: Any])?["uid"] as? String == uid, "panel \(title)")
+            }
+        }
+    }
+
+    /// A YAML file of the repository as JSON objects (PyYAML, as `resolved`).
+    private func yaml(_ path: String) throws -> [String: Any] {
+        let run = try runProgram(
+            "/usr/bin/python3",
+            ["-c", "import json, sys, yaml; json.dump(yaml.safe_load(open(sys.argv[1])), sys.stdout)",
+             repositoryRoot.appendingPathComponent(path).path])
+        #expect(run.status == 0, "\(path): \(run.error)")
+        return try #require(try JSONSerialization.jsonObject(with: Data(run.output.utf8)) as? [String: Any], "\(run.error)")
     }
 
     /// `docker-compose config` of `path`, as JSON objects (its YAML read by the PyYAML that
