@@ -7,7 +7,10 @@ import Testing
 
 /// The ledger's rules, one store and one rule at a time: what each product type is credited
 /// once by, what Apple takes back, who keeps a restore, and what the app may finish.
-@Suite("Ledger semantics")
+/// Serialized: each test opens a store of its own synchronously (on PostgreSQL, a new database
+/// and its migrations), which holds one of the 2 cooperative threads; run all at once, they
+/// starved the suites that start servers with a time limit.
+@Suite("Ledger semantics", .serialized)
 struct LedgerSemanticsTests {
     let policy = CreditPolicy(catalog: PipelineHarness.testCatalog)
 

@@ -170,7 +170,7 @@ extension BrokerTests {
             #expect(overloaded?.errorCode == "overloaded", "\(overloaded?.text ?? "never overloaded")")
             #expect(overloaded?.headers.first(name: "Retry-After") == "1")
             // ...until the body timeout ends it with 408 and frees the slot.
-            let reply = try slow.receive(timeout: 10)
+            let reply = try await slow.receiveOffThePool(timeout: 10)
             #expect(reply.hasPrefix("HTTP/1.1 408"), "\(reply)")
             #expect(reply.contains("request_timeout"), "\(reply)")
             #expect(try await HTTP.get(pipeline.intakeURL + "/v1/products").status == 200)
@@ -179,7 +179,7 @@ extension BrokerTests {
 }
 
 /// A blocking HTTP/1.1 client on a raw socket, for requests no well-behaved client sends.
-final class RawHTTPClient {
+final class RawHTTPClient: Sendable {
     private let socket: Int32
 
     init(port: Int) throws {
@@ -223,6 +223,14 @@ final class RawHTTPClient {
             }
         }
         return String(decoding: received, as: UTF8.self)
+    }
+
+    /// `receive` on a thread of its own: a test waiting here must not hold one of the 2
+    /// cooperative threads that the server under test needs to time the body out.
+    func receiveOffThePool(timeout: Int) async throws -> String {
+        try await withCheckedThrowingContinuation { continuation in
+            Thread { continuation.resume(with: Result { try self.receive(timeout: timeout) }) }.start()
+        }
     }
 
     private static func contentLength(_ head: Substring) -> Int? {
