@@ -9,7 +9,7 @@ extension BrokerTests {
     /// a viewer finds a held purchase by Apple's order id and may not grant it, an operator
     /// grants it and the app sees the grant, a form without its CSRF token is refused, a dead
     /// letter is redriven and credited.
-    @Suite("Customer service console in a browser")
+    @Suite("Customer service console in a browser", .sqlitePassOnly)
     struct ConsoleBrowserTests {
         @Test func consoleDrivenInHeadlessChromium() async throws {
             let python = try #require(

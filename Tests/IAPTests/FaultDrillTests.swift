@@ -7,7 +7,7 @@ extension BrokerTests {
     /// something mid-stream, and then checks the three promises: every accepted upload
     /// reaches a terminal state, one grant per purchase, and no transient failure became
     /// a rejection. Figures print as `drill[...]` lines (see docs/reliability.md).
-    @Suite("Fault drills", .timeLimit(.minutes(4)))
+    @Suite("Fault drills", .sqlitePassOnly, .timeLimit(.minutes(4)))
     struct FaultDrillTests {
         static let purchases = 2_000
 

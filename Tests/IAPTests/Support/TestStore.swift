@@ -1,6 +1,7 @@
 import Crypto
 import Foundation
 import Logging
+import Testing
 @testable import OrderStore
 
 /// The order store every test runs against: SQLite files, or, with `IAP_TEST_STORE=postgres`
@@ -107,5 +108,15 @@ extension OrderStore {
     /// The first column of the first row of `sql`.
     func testValue<T: SQLValueConvertible>(_ sql: String, _ arguments: SQLArguments = []) async throws -> T? {
         try await testRows(sql, arguments).first.flatMap { $0.values.first.flatMap(T.fromSQL) }
+    }
+}
+
+extension Trait where Self == ConditionTrait {
+    /// For a suite that runs in the SQLite pass only: its subject does not depend on the store
+    /// (the receipt parser, the console seen in a browser), or the PostgreSQL pass has a suite
+    /// of its own for it (the fault drills: "Fault drills on PostgreSQL"). Running it twice
+    /// would cost the PostgreSQL pass minutes and check nothing the first pass did not.
+    static var sqlitePassOnly: Self {
+        .enabled(if: !TestStore.usesPostgres, "runs in the SQLite pass; the PostgreSQL pass has nothing of its own to check here")
     }
 }
