@@ -159,6 +159,23 @@ public struct FakeAppStore: Sendable {
                 consumptionRequestReason: ask.consumptionRequestReason)
             return try json(["transactionId": id, "notificationType": ask.notificationType])
         }
+        router.post("/fake/purchases/{transactionId}/notify-again") { request, context in
+            // The last notification sent about the purchase (of `notificationType`, when given),
+            // sent once more byte for byte, as Apple's retries and duplicate deliveries are.
+            let id = try context.parameters.require("transactionId")
+            var request = request
+            let body = try await request.collectBody(upTo: 64 * 1024)
+            let ask =
+                body.readableBytes == 0
+                ? NotifyAgainRequest() : try JSONDecoder().decode(NotifyAgainRequest.self, from: Data(body.readableBytesView))
+            guard
+                let sent = ledger.notifications.last(where: {
+                    $0.transactionId == id && (ask.notificationType == nil || $0.notificationType == ask.notificationType)
+                })
+            else { throw HTTPError(.notFound, message: "no notification sent about \(id)") }
+            let result = await storeKit.resend(sent.signedPayload, to: notificationURL.withLockedValue { $0 })
+            return try json(["transactionId": id, "notificationType": sent.notificationType, "sendAttempt": result])
+        }
         router.get("/fake/consumption/{transactionId}") { _, context in
             let id = try context.parameters.require("transactionId")
             guard let body = ledger.consumption[id] else { throw HTTPError(.notFound, message: "nothing sent for \(id)") }
@@ -222,6 +239,10 @@ public struct FakeAppStore: Sendable {
         var cancellationDateMs: String
         /// Every transaction the refund revoked (restores, or the billing period's), oldest first.
         var revokedTransactionIds: [String]
+        var notificationType: String?
+    }
+
+    private struct NotifyAgainRequest: Decodable {
         var notificationType: String?
     }
 

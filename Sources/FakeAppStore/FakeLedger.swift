@@ -437,6 +437,14 @@ final class FakeLedger: Sendable {
         volatile.withLockedValue { $0.notifications.append(notification) }
     }
 
+    /// Another attempt at sending the notification whose payload is `signedPayload`.
+    func recordAttempt(signedPayload: String, at date: Date, result: String) {
+        volatile.withLockedValue { state in
+            guard let index = state.notifications.lastIndex(where: { $0.signedPayload == signedPayload }) else { return }
+            state.notifications[index].attempts.append((date, result))
+        }
+    }
+
     var notifications: [SentNotification] {
         volatile.withLockedValue { $0.notifications }
     }

@@ -146,6 +146,23 @@ struct FakeStoreKit: Sendable {
     /// POSTs `{"signedPayload"}` to `url` once (Apple retries only in production, hours apart)
     /// and records the attempt for Get Notification History.
     func send(_ signedPayload: String, type: String, transactionId: String?, environment: String, to url: String?) async {
+        let result = await post(signedPayload, to: url)
+        ledger.recordNotification(
+            .init(
+                signedPayload: signedPayload, notificationType: type, transactionId: transactionId, environment: environment,
+                attempts: [(Date(), result)]))
+    }
+
+    /// POSTs a notification sent before once more, byte for byte (Apple's retry, or its
+    /// duplicate delivery), and records the attempt; the result as Get Notification History
+    /// spells it (`SUCCESS` for a 200).
+    func resend(_ signedPayload: String, to url: String?) async -> String {
+        let result = await post(signedPayload, to: url)
+        ledger.recordAttempt(signedPayload: signedPayload, at: Date(), result: result)
+        return result
+    }
+
+    private func post(_ signedPayload: String, to url: String?) async -> String {
         var result = "NO_RESPONSE"
         if let url {
             var request = HTTPClientRequest(url: url)
@@ -160,10 +177,7 @@ struct FakeStoreKit: Sendable {
                 result = "TIMED_OUT"
             }
         }
-        ledger.recordNotification(
-            .init(
-                signedPayload: signedPayload, notificationType: type, transactionId: transactionId, environment: environment,
-                attempts: [(Date(), result)]))
+        return result
     }
 
     // MARK: - The App Store Server API

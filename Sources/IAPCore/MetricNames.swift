@@ -10,6 +10,9 @@ public enum MetricNames {
     public static let appleRequestDuration = "iap_apple_request_duration_seconds"
     /// App Store Server Notifications accepted.
     public static let notifications = "iap_notifications_total"
+    /// App Store notifications answered 200 without storing them again: their
+    /// `notificationUUID` was applied already (Apple's retries, replays).
+    public static let notificationsDuplicate = "iap_notifications_duplicate_total"
     /// App Store notifications the intake refused, by `reason` (the error code):
     /// `notifications_busy` counts verified ones refused over `IAP_NOTIFICATION_RATE` (alert on it).
     public static let notificationsRefused = "iap_notifications_refused_total"
@@ -51,7 +54,7 @@ public enum MetricNames {
     /// All of them.
     public static let all: [String] = [
         uploads, verifications, appleRequestDuration, retries, deadLetters, resultsApplied, grants, revocations,
-        replays, alerts, submissions, outboxBacklog, queueMessages, queueConsumers, breakerOpen, notifications, notificationsRefused,
+        replays, alerts, submissions, outboxBacklog, queueMessages, queueConsumers, breakerOpen, notifications, notificationsDuplicate, notificationsRefused,
         retentionPurged, reconciliationRuns, reconciliationCorrections, reconciliationRedelivered,
     ]
 }

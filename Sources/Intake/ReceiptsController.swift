@@ -95,6 +95,7 @@ struct ReceiptsController: Sendable {
     /// alert (an error log line and `iap_notifications_refused_total{reason="notifications_busy"}`).
     func addNotificationRoute(to router: Router<IntakeContext>) {
         let accepted = Counter(label: MetricNames.notifications)
+        let duplicates = Counter(label: MetricNames.notificationsDuplicate)
         let overBudget = Counter(
             label: MetricNames.notificationsRefused, dimensions: [("reason", APIErrorCode.notificationsBusy.rawValue)])
         let budget = settings.limits.notifications.map { RateLimiter($0, scope: "notifications", store: store, maxKeys: 1) }
@@ -108,9 +109,10 @@ struct ReceiptsController: Sendable {
                 throw APIError.rateLimited(retryAfter: wait)
             }
             let payload: String
+            let notification: ResponseBodyV2DecodedPayload
             do {
                 payload = try await signedPayload(of: request, context: context)
-                try await checkSignature(of: payload, context: context)
+                notification = try await checkSignature(of: payload, context: context)
             } catch let error as APIError {
                 // Only what the sender could have got right counts against it; a fault of ours does not.
                 if error.status.code < 500 {
@@ -118,6 +120,17 @@ struct ReceiptsController: Sendable {
                     Counter(label: MetricNames.notificationsRefused, dimensions: [("reason", error.code.rawValue)]).increment()
                 }
                 throw error
+            }
+            // Applied already (Apple's retry of one we answered, or a replay of a captured one):
+            // answered as the first time, stored again never, and no budget spent on it. One
+            // still on its way through the pipeline is stored again; the finisher applies a
+            // `notificationUUID` once.
+            if let original = try await store.appliedNotification(notification.notificationUUID) {
+                duplicates.increment()
+                context.logger.info(
+                    "App Store notification applied already",
+                    metadata: ["iap.submission.id": "\(original)", "iap.notification.uuid": "\(notification.notificationUUID)"])
+                return try JSONResponse.make(["notificationId": original.uuidString])
             }
             // One budget for the deployment, for verified notifications only: Apple sends from many addresses.
             if let wait = await budget?.take("appstore", logger: context.logger) {
@@ -164,7 +177,7 @@ struct ReceiptsController: Sendable {
 
     /// Verifies the notification as the verifier will (signature, chain up to a trusted root,
     /// bundle id, environment, app id); refused with the verifier's code, logged without the payload.
-    private func checkSignature(of payload: String, context: IntakeContext) async throws {
+    private func checkSignature(of payload: String, context: IntakeContext) async throws -> ResponseBodyV2DecodedPayload {
         guard let verifier = settings.notificationVerifier else {
             context.logger.error("App Store notifications cannot be checked: no signed-data settings")
             var error = APIError(.notificationsUnavailable, "notifications cannot be checked now; try again")
@@ -172,7 +185,7 @@ struct ReceiptsController: Sendable {
             throw error
         }
         do {
-            _ = try await verifier.verifyNotification(payload)
+            return try await verifier.verifyNotification(payload)
         } catch {
             context.logger.info("App Store notification refused", metadata: ["iap.error.code": "\(error.code.rawValue)"])
             throw APIError.notificationRefused(error)

@@ -171,6 +171,16 @@ extension OrderStore {
         }
     }
 
+    /// The upload a notification was applied as, or nil when no notification with this
+    /// `notificationUUID` was applied yet: the intake answers a duplicate with it and stores
+    /// nothing again.
+    public func appliedNotification(_ notificationUUID: String) async throws -> UUID? {
+        try await database.read { db in
+            try String.fetchOne(
+                db, sql: "SELECT submissionId FROM notification WHERE notificationUUID = ?", arguments: [notificationUUID])
+        }.flatMap(UUID.init(uuidString:))
+    }
+
     /// Whether a notification was applied already or re-delivered already.
     public func knowsNotification(_ notificationUUID: String) async throws -> Bool {
         try await database.read { db in

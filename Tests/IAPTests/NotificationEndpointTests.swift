@@ -100,6 +100,33 @@ extension BrokerTests {
             #expect(try await pipeline.store.notifications(ofTransaction: purchase.transactionId).map(\.type) == ["REFUND"])
         }
 
+        @Test func aNotificationAppliedAlreadyIsAnsweredButNeverStoredAgain() async throws {
+            let pipeline = try await PipelineHarness.start(name: "notifyreplay")
+            defer { Task { await pipeline.stop() } }
+            let purchase = try await pipeline.mintStoreKit2()
+            let id = try await pipeline.upload(["userId": "nina", "signedTransaction": try #require(purchase.signedTransaction)])
+            #expect(try await pipeline.waitForState(id)["state"] as? String == "credited")
+            let refund = try await HTTP.post(
+                pipeline.fakeURL + "/fake/purchases/\(purchase.transactionId)/refund", json: [String: String]())
+            #expect(refund.status == 200, "\(refund.text)")
+            #expect(
+                try await eventually(timeout: .seconds(20)) {
+                    try await pipeline.store.notifications(ofTransaction: purchase.transactionId).count == 1
+                })
+            let stored = try await storedSubmissions(pipeline)
+            // Apple's retry of it and a third party's replay: the same bytes, answered 200 each
+            // time (Apple stops retrying only on a 200) and stored no more.
+            for _ in 0..<3 {
+                let again = try await HTTP.post(
+                    pipeline.fakeURL + "/fake/purchases/\(purchase.transactionId)/notify-again", json: ["notificationType": "REFUND"])
+                #expect(again.status == 200 && again.json["sendAttempt"] as? String == "SUCCESS", "\(again.text)")
+            }
+            #expect(try await storedSubmissions(pipeline) == stored)
+            #expect(try await pipeline.store.outboxBacklog() == 0)
+            #expect(try await pipeline.store.notifications(ofTransaction: purchase.transactionId).map(\.type) == ["REFUND"])
+            #expect(try await pipeline.grantState(of: purchase.transactionId, user: "nina") == "revoked")
+        }
+
         @Test func anOversizedNotificationGets413AndABurstOfForgeriesGets429WhileTheServiceKeepsServing() async throws {
             let pipeline = try await PipelineHarness.start(
                 name: "notifylimits", roles: [.intake],
