@@ -40,7 +40,13 @@ compose_prebuilt_image() {
     bin=$(cd "$ROOT" && swift build -c release --show-bin-path)
     rm -rf "$context" && mkdir -p "$context/out"
     cp "$bin/iap" "$context/out/" && cp -R "$bin"/*.resources "$context/out/"
-    cp "$ROOT/compose/test-images/prebuilt/Dockerfile" "$context/Dockerfile"
+    # compose/Dockerfile's runtime stage, fed the binary built here instead of its build stage's.
+    {
+        grep '^ARG RUNTIME_IMAGE=' "$ROOT/compose/Dockerfile"
+        sed -n '/^# ---- runtime/,$p' "$ROOT/compose/Dockerfile" | sed 's|^COPY --from=build /out/ |COPY out/ |'
+    } >"$context/Dockerfile"
+    grep -q '^COPY out/ ' "$context/Dockerfile" && grep -q '^ARG RUNTIME_IMAGE=' "$context/Dockerfile" ||
+        die "compose/Dockerfile has no runtime stage copying /out/ from the build stage (what --prebuilt reuses)"
     "$DOCKER_BIN" build -q -t iap-pipeline:local "$context" >/dev/null || die "building the --prebuilt image failed"
 }
 
