@@ -12,6 +12,7 @@ public enum APIErrorCode: String, CaseIterable, Sendable {
     case receiptNotBase64 = "receipt_not_base64"
     case receiptEmpty = "receipt_empty"
     case receiptMalformed = "receipt_malformed"
+    case receiptOtherApp = "receipt_other_app"
     case jwsMalformed = "jws_malformed"
     case unknownProduct = "unknown_product"
     case badRequest = "bad_request"
@@ -60,7 +61,7 @@ public enum APIErrorCode: String, CaseIterable, Sendable {
     /// The HTTP status every answer with this code has.
     public var status: HTTPResponse.Status {
         switch self {
-        case .invalidJSON, .missingField, .invalidField, .receiptNotBase64, .receiptEmpty, .receiptMalformed, .jwsMalformed,
+        case .invalidJSON, .missingField, .invalidField, .receiptNotBase64, .receiptEmpty, .receiptMalformed, .receiptOtherApp, .jwsMalformed,
             .unknownProduct, .badRequest:
             .badRequest
         case .unauthenticated, .tokenExpired, .tokenNotYetValid, .tokenSignatureInvalid, .tokenMalformed,
@@ -92,7 +93,8 @@ public enum APIErrorCode: String, CaseIterable, Sendable {
         case .invalidField: "a field has the wrong type, is too long (ids: 256 characters) or holds a NUL character (also `%00` in the path or query)"
         case .receiptNotBase64: "`receiptData` is not base64"
         case .receiptEmpty: "`receiptData` decodes to nothing"
-        case .receiptMalformed: "`receiptData` is not an app receipt (not a PKCS#7 container)"
+        case .receiptMalformed: "`receiptData` is not an app receipt: not a PKCS#7 container, or its signed content is no receipt payload"
+        case .receiptOtherApp: "`receiptData` is an app receipt of another app: its bundle id is not one of `IAP_BUNDLE_IDS`"
         case .jwsMalformed: "a `signedTransaction` or `signedPayload` is not a readable compact JWS"
         case .unknownProduct: "the product is not in the catalog"
         case .badRequest: "the request cannot be read at all (a malformed request line or header)"

@@ -39,6 +39,9 @@ public struct IntakeSettings: Sendable {
     public var notificationVerifier: SignedDataVerifier?
     /// Largest App Store notification body accepted, in bytes (Apple's are a few KB).
     public var maxNotificationBytes: Int
+    /// The app's bundle ids (`IAP_BUNDLE_IDS`): an uploaded receipt that names another app is
+    /// refused before it is stored (400 `receipt_other_app`); empty checks nothing.
+    public var bundleIds: Set<String> = []
     /// More routes served where the admin routes are (beside the app's routes, or on the
     /// admin listener): customer service's console pages, added by the process that runs it.
     public var adminPages: (@Sendable (Router<IntakeContext>) -> Void)?

@@ -22,8 +22,9 @@ struct ReceiptUpload: Equatable {
     static let maxReceiptBytes = 256 * 1024
 
     /// Reads and checks a body; every fault is an `APIError` with its own code. A body's
-    /// `userId` that differs from the request's established user is refused.
-    init(json data: Data, context: IntakeContext) async throws(APIError) {
+    /// `userId` that differs from the request's established user is refused; a receipt of an
+    /// app not in `bundleIds` (when it is not empty) too.
+    init(json data: Data, context: IntakeContext, bundleIds: Set<String> = []) async throws(APIError) {
         let object: Any
         do {
             object = try JSONSerialization.jsonObject(with: data, options: [.fragmentsAllowed])
@@ -67,7 +68,7 @@ struct ReceiptUpload: Equatable {
         guard bytes.count <= Self.maxReceiptBytes else {
             throw .invalidField("receiptData", "decodes to more than \(Self.maxReceiptBytes) bytes, more than any app receipt")
         }
-        try Self.checkShape(bytes)
+        try Self.checkShape(bytes, bundleIds: bundleIds)
         self.receiptData = compact
     }
 
@@ -97,19 +98,22 @@ struct ReceiptUpload: Equatable {
         }
     }
 
-    /// Refuses bytes that are not even a PKCS#7 container. Receipts whose content merely looks
-    /// unusual go on to Apple, which has the last word: the local parse trusts nothing and
-    /// must never turn away a real purchase.
-    private static func checkShape(_ bytes: [UInt8]) throws(APIError) {
+    /// Refuses what cannot be one of this app's receipts before anything is stored: bytes that
+    /// are no PKCS#7 container, a container whose signed content is no receipt payload (a shell
+    /// carrying filler), and a receipt that names another app's bundle id (`bundleIds`, when
+    /// set). Every receipt Apple issues passes: a field the local parse reads more strictly than
+    /// Apple does (`invalidField`) goes on to Apple, which has the last word. Nothing here is
+    /// trusted to credit: the signature is not checked, so it can only turn junk away.
+    static func checkShape(_ bytes: [UInt8], bundleIds: Set<String>) throws(APIError) {
+        let receipt: AppReceipt
         do {
-            _ = try AppReceiptParser.parse(bytes)
+            receipt = try AppReceiptParser.parse(bytes)
         } catch {
-            switch error.code {
-            case .notAReceipt, .invalidField:
-                return
-            default:
-                throw APIError(.receiptMalformed, "'receiptData' is not an app receipt (\(error.code))")
-            }
+            if error.code == .invalidField { return }
+            throw APIError(.receiptMalformed, "'receiptData' is not an app receipt (\(error.code))")
+        }
+        if !bundleIds.isEmpty, !bundleIds.contains(receipt.bundleId) {
+            throw APIError(.receiptOtherApp, "'receiptData' is a receipt of another app, not of \(bundleIds.sorted().joined(separator: ", "))")
         }
     }
 }

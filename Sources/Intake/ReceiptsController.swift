@@ -37,7 +37,7 @@ struct ReceiptsController: Sendable {
 
     private func accept(_ request: Request, context: IntakeContext) async throws -> Response {
         let body = try await IntakeBody.collect(request, limit: settings.maxBodyBytes, timeout: settings.limits.bodyTimeout)
-        let upload = try await ReceiptUpload(json: body, context: context)
+        let upload = try await ReceiptUpload(json: body, context: context, bundleIds: settings.bundleIds)
         var verifyRequest = VerifyRequest(
             submissionId: UUID(), userId: upload.userId, receiptData: upload.receiptData,
             transactionId: upload.transactionId, orderId: upload.orderId, attempt: 1, acceptedAt: Date())

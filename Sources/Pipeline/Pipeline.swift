@@ -234,6 +234,7 @@ public struct Pipeline: Sendable {
             var intake = settings.intake
             if settings.inlineVerification { intake.inlineVerifier = appStoreVerifier }
             if intake.notificationVerifier == nil { intake.notificationVerifier = signedData }
+            if intake.bundleIds.isEmpty { intake.bundleIds = settings.verifyReceipt.bundleIds }
             if !intake.adminTokens.isEmpty {
                 let console = try Console(
                     settings: ConsoleSettings(

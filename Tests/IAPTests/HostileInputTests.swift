@@ -167,8 +167,22 @@ extension BrokerTests {
                 pipeline.intakeURL + "/v1/receipts",
                 json: ["userId": "mallory", "receiptData": Data(shell).base64EncodedString()])
             #expect(answer.status == 400 && answer.errorCode == "invalid_field", "\(answer.status) \(answer.text)")
+            // Within the size: a container whose signed content is no receipt payload (no bundle
+            // id), and the receipt of another app.
+            let noReceipt = TestDER.signedData(content: TestDER.set([TestDER.attribute(3, TestDER.utf8("1"))]))
+            let shellAnswer = try await HTTP.post(
+                pipeline.intakeURL + "/v1/receipts",
+                json: ["userId": "mallory", "receiptData": Data(noReceipt).base64EncodedString()])
+            #expect(shellAnswer.status == 400 && shellAnswer.errorCode == "receipt_malformed", "\(shellAnswer.text)")
+            let otherApp = try ReceiptMinter(authority: try FakeCertificateAuthority.generate(name: "Shell")).mint(AppReceiptTests.payload)
+            let otherAnswer = try await HTTP.post(
+                pipeline.intakeURL + "/v1/receipts",
+                json: ["userId": "mallory", "receiptData": Data(otherApp).base64EncodedString()])
+            #expect(otherAnswer.status == 400 && otherAnswer.errorCode == "receipt_other_app", "\(otherAnswer.text)")
             #expect(try await pipeline.store.submissionCounts().values.reduce(0, +) == 0)
-            let ordinary = try ReceiptMinter(authority: try FakeCertificateAuthority.generate(name: "Shell")).mint(AppReceiptTests.payload)
+            var ours = AppReceiptTests.payload
+            ours.bundleId = PipelineHarness.bundleId
+            let ordinary = try ReceiptMinter(authority: try FakeCertificateAuthority.generate(name: "Shell")).mint(ours)
             let taken = try await HTTP.post(
                 pipeline.intakeURL + "/v1/receipts",
                 json: ["userId": "mallory", "receiptData": Data(ordinary).base64EncodedString()])
