@@ -82,7 +82,7 @@ extension OrderStore {
     }
 
     private func insertAccepted(_ request: VerifyRequest, message: OutboxMessage?) async throws {
-        try await groupCommit.write { db in
+        try await acceptCommit.write { db in
             do {
                 try Self.insertSubmission(request, in: db)
             } catch let error as SQLError where error.kind == .uniqueViolation {

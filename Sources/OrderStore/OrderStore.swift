@@ -31,8 +31,15 @@ public enum StoreLocation: Sendable, Equatable, CustomStringConvertible {
 /// credit key), so that several order services on one PostgreSQL cannot credit twice either.
 public final class OrderStore: Sendable {
     let database: any SQLDatabase
-    /// Where uploads and results are written: each in its own savepoint of a shared commit.
+    /// Where results (and reconciliation's changes) are written: each in its own savepoint of
+    /// a shared commit.
     let groupCommit: GroupCommit
+    /// Where accepted uploads are written, in commits of their own: an upload only inserts
+    /// (its submission and its outbox message), so on PostgreSQL a commit of uploads never
+    /// meets a serialization failure, where one shared with results was rolled back with them
+    /// whenever two order services' results collided, and the uploads in it answered 503 until
+    /// the collisions stopped.
+    let acceptCommit: GroupCommit
     /// Where this store lives.
     public let location: StoreLocation
 
@@ -60,6 +67,7 @@ public final class OrderStore: Sendable {
             throw OrderStoreError(.unavailable, "cannot open the order store at \(location): \(error)")
         }
         groupCommit = GroupCommit(database: database)
+        acceptCommit = GroupCommit(database: database)
     }
 
     /// Which backend runs this store.
