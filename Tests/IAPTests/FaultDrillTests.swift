@@ -83,7 +83,8 @@ extension BrokerTests {
         }
 
         @Test func appleFailsThenRecovers() async throws {
-            let drill = try await startStandardDrill("apple-down")
+            // The client gives Apple 1 s, so that the fake's 1.5 s answers below are timeouts.
+            let drill = try await startStandardDrill("apple-down", environment: ["IAP_APPSTORE_TIMEOUT_SECONDS": "1"])
             defer { drill.stopAll() }
             let purchases = try await drill.mint(Self.purchases)
             // 503s, then 21005, then answers slower than the client's 1 s timeout; then healthy.

@@ -38,6 +38,11 @@ final class PipelineHarness: Sendable {
     private let pipelines: [Pipeline]
 
     static let bundleId = "com.example.tests"
+    /// How long a harness may take to start its servers and reach the broker: a bound that
+    /// catches a start that hangs, not a measure of a start. At the beginning of a run some fifty
+    /// suites start at once on two cores, and a 10 s bound failed there (the fake App Store's
+    /// port had not been reported yet).
+    static let startLimit: Duration = .seconds(60)
     static let adminToken = "test-admin-token-0123456789"
     /// Signs read-only support in to the console.
     static let viewerToken = "test-viewer-token-0123456789"
@@ -99,7 +104,7 @@ final class PipelineHarness: Sendable {
         let fakeGroup = fake.makeServiceGroup(gracefulShutdownSignals: [], logger: logger)
         let fakeTask = Task { try await fakeGroup.run() }
         if shared == nil {
-            guard try await eventually(timeout: .seconds(10), { ports.withLockedValue { $0[.fakeAppStore] } != nil }) else {
+            guard try await eventually(timeout: Self.startLimit, { ports.withLockedValue { $0[.fakeAppStore] } != nil }) else {
                 throw HarnessError("the fake App Store did not start")
             }
         }
@@ -119,19 +124,19 @@ final class PipelineHarness: Sendable {
         if roles.contains(.intake) {
             guard
                 try await eventually(
-                    timeout: .seconds(10),
+                    timeout: Self.startLimit,
                     { ports.withLockedValue { $0[.intake] != nil && (!separateAdmin || $0[.admin] != nil) } })
             else {
                 throw HarnessError("the intake did not start")
             }
         }
-        guard await pipeline.connection?.waitUntilConnected(timeout: .seconds(15)) ?? true,
-            await pipeline.consumerConnection?.waitUntilConnected(timeout: .seconds(15)) ?? true
+        guard await pipeline.connection?.waitUntilConnected(timeout: Self.startLimit) ?? true,
+            await pipeline.consumerConnection?.waitUntilConnected(timeout: Self.startLimit) ?? true
         else {
             throw HarnessError("no connection to the test broker at \(try onCluster ? TestCluster.urls() : TestBroker.url())")
         }
         if withOps {
-            guard try await eventually(timeout: .seconds(10), { ports.withLockedValue { $0[.ops] } != nil }) else {
+            guard try await eventually(timeout: Self.startLimit, { ports.withLockedValue { $0[.ops] } != nil }) else {
                 throw HarnessError("the operators' endpoint did not start")
             }
         }
