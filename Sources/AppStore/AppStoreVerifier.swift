@@ -127,6 +127,7 @@ public final class AppStoreVerifier: ReceiptVerifying {
             let payload = try await signed.verifyNotification(jws)
             let transaction = try await payload.data?.signedTransactionInfo.asyncMap { try await signed.verifyTransaction($0) }
             let renewal = try await payload.data?.signedRenewalInfo.asyncMap { try await signed.verifyRenewalInfo($0) }
+            let app = try await payload.appData?.signedAppTransactionInfo.asyncMap { try await signed.verifyAppTransaction($0) }
             return .notification(
                 AppStoreNotification(
                     notificationUUID: payload.notificationUUID, notificationType: payload.notificationType,
@@ -135,7 +136,7 @@ public final class AppStoreVerifier: ReceiptVerifying {
                     purchase: transaction.map(Self.purchase), subscriptionStatus: payload.data?.status,
                     autoRenewStatus: renewal?.autoRenewStatus,
                     gracePeriodExpiresDate: renewal?.gracePeriodExpiresDate.map(Date.init(appleMilliseconds:)),
-                    consumptionRequestReason: payload.data?.consumptionRequestReason))
+                    consumptionRequestReason: payload.data?.consumptionRequestReason, appTransactionId: app?.appTransactionId))
         } catch let error as JWSVerificationError {
             return .rejected(ReasonCode(error.code.rawValue), message: error.message)
         } catch {

@@ -119,6 +119,19 @@ public final class SignedDataVerifier: Sendable {
         return payload
     }
 
+    /// Verifies a signed `AppTransaction` (`signedAppTransactionInfo`): Apple's chain, and the
+    /// app's bundle id, environment (`receiptType`) and, in production, App Store id.
+    public func verifyAppTransaction(_ jws: String) async throws(JWSVerificationError) -> AppTransactionDecodedPayload {
+        let payload = try await verify(jws, as: AppTransactionDecodedPayload.self)
+        guard payload.bundleId != nil else { throw JWSVerificationError(.bundleIdMismatch, "names no app (no bundle id)") }
+        try check(bundleId: payload.bundleId, environment: payload.receiptType)
+        if payload.receiptType == "Production", let expected = settings.appAppleId, payload.appAppleId != expected {
+            throw JWSVerificationError(
+                .appAppleIdMismatch, "signed for app id \(payload.appAppleId.map(String.init) ?? "none"), not \(expected)")
+        }
+        return payload
+    }
+
     /// Verifies signed renewal information (`signedRenewalInfo`).
     public func verifyRenewalInfo(_ jws: String) async throws(JWSVerificationError) -> JWSRenewalInfoDecodedPayload {
         let payload = try await verify(jws, as: JWSRenewalInfoDecodedPayload.self)
@@ -130,6 +143,8 @@ public final class SignedDataVerifier: Sendable {
     /// and renewal information are verified by the caller with the methods above.
     public func verifyNotification(_ jws: String) async throws(JWSVerificationError) -> ResponseBodyV2DecodedPayload {
         let payload = try await verify(jws, as: ResponseBodyV2DecodedPayload.self)
+        // A notification names its app (Apple's library refuses one that does not).
+        guard payload.bundleId != nil else { throw JWSVerificationError(.bundleIdMismatch, "names no app (no bundle id)") }
         try check(bundleId: payload.bundleId, environment: payload.environment)
         if payload.environment == "Production", let expected = settings.appAppleId, payload.appAppleId != expected {
             throw JWSVerificationError(

@@ -92,6 +92,34 @@ public struct JWSRenewalInfoDecodedPayload: SignedAppStorePayload, Codable, Equa
     }
 }
 
+/// The app's download by one customer (`AppTransaction`, `JWSAppTransactionDecodedPayload`):
+/// what a `RESCIND_CONSENT` notification's `appData` carries, signed, to say whose consent it is.
+public struct AppTransactionDecodedPayload: SignedAppStorePayload, Codable, Equatable {
+    /// The customer's download of the app: the same on every device of their account.
+    public var appTransactionId: String?
+    public var bundleId: String?
+    public var appAppleId: Int64?
+    /// `Production`, `Sandbox`, … (the environment).
+    public var receiptType: String?
+    public var originalPurchaseDate: Int64?
+    public var receiptCreationDate: Int64?
+    public var signedDate: Int64?
+
+    /// Creates one (the fake App Store signs these).
+    public init(
+        appTransactionId: String?, bundleId: String?, appAppleId: Int64?, receiptType: String?, originalPurchaseDate: Int64?,
+        signedDate: Int64?
+    ) {
+        self.appTransactionId = appTransactionId
+        self.bundleId = bundleId
+        self.appAppleId = appAppleId
+        self.receiptType = receiptType
+        self.originalPurchaseDate = originalPurchaseDate
+        self.receiptCreationDate = signedDate
+        self.signedDate = signedDate
+    }
+}
+
 /// An App Store Server Notification V2 (`ResponseBodyV2DecodedPayload`), delivered as
 /// `{"signedPayload": "<JWS>"}`.
 public struct ResponseBodyV2DecodedPayload: SignedAppStorePayload, Codable, Equatable {
@@ -129,28 +157,57 @@ public struct ResponseBodyV2DecodedPayload: SignedAppStorePayload, Codable, Equa
         public var productId: String?
     }
 
+    /// The app a notification about no purchase is for (`RESCIND_CONSENT`): its ids, its
+    /// environment, and the customer's signed `AppTransaction`.
+    public struct AppData: Codable, Equatable, Sendable {
+        public var appAppleId: Int64?
+        public var bundleId: String?
+        public var environment: String?
+        public var signedAppTransactionInfo: String?
+
+        /// Creates app data.
+        public init(appAppleId: Int64?, bundleId: String?, environment: String?, signedAppTransactionInfo: String?) {
+            self.appAppleId = appAppleId
+            self.bundleId = bundleId
+            self.environment = environment
+            self.signedAppTransactionInfo = signedAppTransactionInfo
+        }
+    }
+
     public var notificationType: String
     public var subtype: String?
     public var notificationUUID: String
     public var data: NotificationData?
     public var summary: Summary?
+    public var appData: AppData?
     public var version: String?
     public var signedDate: Int64?
 
     /// Creates a notification (the fake App Store signs these).
     public init(
-        notificationType: String, subtype: String?, notificationUUID: String, data: NotificationData?, signedDate: Int64?
+        notificationType: String, subtype: String?, notificationUUID: String, data: NotificationData?, signedDate: Int64?,
+        appData: AppData? = nil
     ) {
         self.notificationType = notificationType
         self.subtype = subtype
         self.notificationUUID = notificationUUID
         self.data = data
+        self.appData = appData
         self.version = "2.0"
         self.signedDate = signedDate
     }
 
-    /// The bundle id and environment, from `data` or else `summary`.
-    var bundleId: String? { data?.bundleId ?? summary?.bundleId }
-    var environment: String? { data?.environment ?? summary?.environment }
-    var appAppleId: Int64? { data?.appAppleId ?? summary?.appAppleId }
+    /// The app's bundle id, environment and App Store id, from the first of `data`, `summary`
+    /// and `appData` the notification has (as Apple's library reads them): nothing from a
+    /// later one when an earlier one is there without it.
+    var bundleId: String? { identity.bundleId }
+    var environment: String? { identity.environment }
+    var appAppleId: Int64? { identity.appAppleId }
+
+    private var identity: (bundleId: String?, environment: String?, appAppleId: Int64?) {
+        if let data { return (data.bundleId, data.environment, data.appAppleId) }
+        if let summary { return (summary.bundleId, summary.environment, summary.appAppleId) }
+        if let appData { return (appData.bundleId, appData.environment, appData.appAppleId) }
+        return (nil, nil, nil)
+    }
 }

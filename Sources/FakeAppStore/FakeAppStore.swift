@@ -127,13 +127,18 @@ public struct FakeAppStore: Sendable {
                     transactionId: id, cancellationDateMs: String(Self.milliseconds(refund.date)),
                     revokedTransactionIds: refund.revoked, notificationType: "REFUND"))
         }
+        router.post("/fake/purchases/{transactionId}/decline-refund") { _, context in
+            // The customer asked for a refund and Apple said no: REFUND_DECLINED, the purchase unchanged.
+            let id = try context.parameters.require("transactionId")
+            guard let purchase = try ledger.purchase(transactionId: id) else {
+                throw HTTPError(.notFound, message: "no purchase \(id)")
+            }
+            try await notify("REFUND_DECLINED", subtype: nil, purchase: purchase)
+            return try json(["transactionId": id, "notificationType": "REFUND_DECLINED"])
+        }
         router.post("/fake/purchases/{transactionId}/restore") { request, context in
             let id = try context.parameters.require("transactionId")
-            var request = request
-            let body = try await request.collectBody(upTo: 64 * 1024)
-            let ask =
-                body.readableBytes == 0
-                ? RestoreRequest() : try JSONDecoder().decode(RestoreRequest.self, from: Data(body.readableBytesView))
+            let ask = try await Self.body(of: request, or: RestoreRequest())
             let restored = try ledger.restore(transactionId: id, deviceId: ask.deviceId, encode: encodeReceipt)
             return try minted(try refused(restored, id: id))
         }
@@ -163,11 +168,7 @@ public struct FakeAppStore: Sendable {
             // The last notification sent about the purchase (of `notificationType`, when given),
             // sent once more byte for byte, as Apple's retries and duplicate deliveries are.
             let id = try context.parameters.require("transactionId")
-            var request = request
-            let body = try await request.collectBody(upTo: 64 * 1024)
-            let ask =
-                body.readableBytes == 0
-                ? NotifyAgainRequest() : try JSONDecoder().decode(NotifyAgainRequest.self, from: Data(body.readableBytesView))
+            let ask = try await Self.body(of: request, or: NotifyAgainRequest())
             guard
                 let sent = ledger.notifications.last(where: {
                     $0.transactionId == id && (ask.notificationType == nil || $0.notificationType == ask.notificationType)
@@ -175,6 +176,23 @@ public struct FakeAppStore: Sendable {
             else { throw HTTPError(.notFound, message: "no notification sent about \(id)") }
             let result = await storeKit.resend(sent.signedPayload, to: notificationURL.withLockedValue { $0 })
             return try json(["transactionId": id, "notificationType": sent.notificationType, "sendAttempt": result])
+        }
+        router.post("/fake/rescind-consent") { request, context in
+            // A customer's (or their guardian's) consent withdrawn: RESCIND_CONSENT, about the
+            // app rather than a purchase. {"bundleId", "environment"?}.
+            let ask = try await request.decode(as: RescindConsentRequest.self, context: context)
+            let environment = ask.environment ?? "Production"
+            guard ["Production", "Sandbox"].contains(environment) else {
+                throw HTTPError(.badRequest, message: "environment must be Production or Sandbox")
+            }
+            let notification = try storeKit.signedConsentRescinded(bundleId: ask.bundleId, environment: environment)
+            await storeKit.send(
+                notification.payload, type: "RESCIND_CONSENT", transactionId: nil, environment: environment,
+                to: notificationURL.withLockedValue { $0 })
+            return try json([
+                "notificationType": "RESCIND_CONSENT", "notificationUUID": notification.uuid,
+                "appTransactionId": notification.appTransactionId,
+            ])
         }
         router.get("/fake/consumption/{transactionId}") { _, context in
             let id = try context.parameters.require("transactionId")
@@ -240,6 +258,18 @@ public struct FakeAppStore: Sendable {
         /// Every transaction the refund revoked (restores, or the billing period's), oldest first.
         var revokedTransactionIds: [String]
         var notificationType: String?
+    }
+
+    /// A request's optional JSON body: `empty` when it has none.
+    private static func body<Body: Decodable>(of request: Request, or empty: Body) async throws -> Body {
+        var request = request
+        let body = try await request.collectBody(upTo: 64 * 1024)
+        return body.readableBytes == 0 ? empty : try JSONDecoder().decode(Body.self, from: Data(body.readableBytesView))
+    }
+
+    private struct RescindConsentRequest: Decodable {
+        var bundleId: String
+        var environment: String?
     }
 
     private struct NotifyAgainRequest: Decodable {

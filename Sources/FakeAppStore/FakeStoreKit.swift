@@ -89,6 +89,56 @@ struct FakeStoreKit: Sendable {
         var signedDate: Int64
     }
 
+    /// Apple's `ResponseBodyV2DecodedPayload` about the app rather than a purchase
+    /// (`RESCIND_CONSENT`): `appData` in place of `data`.
+    struct AppNotification: Encodable {
+        struct AppData: Encodable {
+            var appAppleId: Int64
+            var bundleId: String
+            var environment: String
+            var signedAppTransactionInfo: String
+        }
+
+        var notificationType: String
+        var notificationUUID: String
+        var appData: AppData
+        var version = "2.0"
+        var signedDate: Int64
+    }
+
+    /// Apple's `AppTransaction` (`JWSAppTransactionDecodedPayload`): one customer's download.
+    struct AppTransaction: Encodable {
+        var appTransactionId: String
+        var bundleId: String
+        var appAppleId: Int64
+        var applicationVersion = "1"
+        var originalApplicationVersion = "1"
+        var receiptType: String
+        var receiptCreationDate: Int64
+        var originalPurchaseDate: Int64
+        var originalPlatform = "iOS"
+        var signedDate: Int64
+    }
+
+    /// A signed `RESCIND_CONSENT` for `bundleId`: the customer's signed `AppTransaction` in
+    /// its `appData`; also its `notificationUUID` and the `appTransactionId`.
+    func signedConsentRescinded(bundleId: String, environment: String) throws -> (payload: String, uuid: String, appTransactionId: String) {
+        let now = FakeAppStore.milliseconds(Date())
+        let appTransactionId = String(UInt64.random(in: 700_000_000_000_000_000...799_999_999_999_999_999))
+        let appTransaction = try authority.signJWS(
+            AppTransaction(
+                appTransactionId: appTransactionId, bundleId: bundleId, appAppleId: appAppleId, receiptType: environment,
+                receiptCreationDate: now, originalPurchaseDate: now - 86_400_000, signedDate: now))
+        let uuid = UUID().uuidString.lowercased()
+        let payload = try authority.signJWS(
+            AppNotification(
+                notificationType: "RESCIND_CONSENT", notificationUUID: uuid,
+                appData: .init(
+                    appAppleId: appAppleId, bundleId: bundleId, environment: environment, signedAppTransactionInfo: appTransaction),
+                signedDate: now))
+        return (payload, uuid, appTransactionId)
+    }
+
     static func appleType(_ type: String) -> String {
         switch type {
         case "non_consumable": "Non-Consumable"

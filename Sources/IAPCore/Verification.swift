@@ -235,13 +235,18 @@ public struct AppStoreNotification: Codable, Sendable, Equatable {
     public var gracePeriodExpiresDate: Date?
     /// For CONSUMPTION_REQUEST: why the customer asked for a refund.
     public var consumptionRequestReason: String?
+    /// For RESCIND_CONSENT: the customer's download of the app (`appTransactionId` of the
+    /// verified `AppTransaction` in `appData`), when Apple sent one.
+    public var appTransactionId: String?
 
     /// Creates a notification.
     public init(
         notificationUUID: String, notificationType: String, subtype: String?, environment: AppStoreEnvironment,
         bundleId: String?, signedDate: Date?, purchase: VerifiedPurchase?, subscriptionStatus: Int? = nil,
-        autoRenewStatus: Int? = nil, gracePeriodExpiresDate: Date? = nil, consumptionRequestReason: String? = nil
+        autoRenewStatus: Int? = nil, gracePeriodExpiresDate: Date? = nil, consumptionRequestReason: String? = nil,
+        appTransactionId: String? = nil
     ) {
+        self.appTransactionId = appTransactionId
         self.notificationUUID = notificationUUID
         self.notificationType = notificationType
         self.subtype = subtype

@@ -34,7 +34,15 @@ extension OrderStore {
     private static func outcome(
         of notification: AppStoreNotification, submissionId: String, policy: CreditPolicy, now: Date, in db: any SQLConnection
     ) throws -> String {
-        guard let purchase = notification.purchase else { return notification.notificationType == "TEST" ? "test" : "recorded" }
+        guard let purchase = notification.purchase else {
+            switch notification.notificationType {
+            case "TEST": return "test"
+            case "RESCIND_CONSENT":
+                try consentRescinded(notification, policy: policy, now: now, in: db)
+                return "recorded"
+            default: return "recorded"
+            }
+        }
         let key = policy.creditKey(of: purchase)
         let owner = try owner(of: purchase, key: key, in: db)
         let tag = "\(notification.notificationType):\(notification.notificationUUID)"
@@ -124,6 +132,28 @@ extension OrderStore {
         default:
             return "recorded"
         }
+    }
+
+    /// A customer (or their parent or guardian) withdrew the consent the app's use rests on:
+    /// nothing in the ledger changes, and the app's own services must act, so it is audited and
+    /// published as `consent.rescinded` with the customer's `appTransactionId`.
+    private static func consentRescinded(
+        _ notification: AppStoreNotification, policy: CreditPolicy, now: Date, in db: any SQLConnection
+    ) throws {
+        let app = notification.bundleId ?? ""
+        var details = ["notificationUUID": notification.notificationUUID, "environment": notification.environment.rawValue]
+        details["appTransactionId"] = notification.appTransactionId
+        try audit(
+            actor: "apple", action: "consent_rescinded", subject: "app:\(app)", reason: "RESCIND_CONSENT", details: details,
+            now: now, in: db)
+        try event(
+            "consent.rescinded",
+            [
+                "bundleId": .string(app), "environment": .string(notification.environment.rawValue),
+                "appTransactionId": notification.appTransactionId.map(EventField.string) ?? .null,
+                "notificationUUID": .string(notification.notificationUUID),
+                "signedDate": notification.signedDate.map { .string(iso8601($0)) } ?? .null, "receivedAt": .string(iso8601(now)),
+            ], id: "consent.rescinded:\(notification.notificationUUID)", policy: policy, now: now, in: db)
     }
 
     /// Whether `purchase` is its subscription's newest known period (or nothing says otherwise):

@@ -84,15 +84,21 @@ extension BrokerTests {
             #expect(try await eventually(timeout: .seconds(10)) { try await readyMessages(pipeline.names.verify) == 1 })
         }
 
-        @Test func aGenuineRefundStillRevokesTheGrant() async throws {
-            let pipeline = try await PipelineHarness.start(name: "notifygenuine")
-            defer { Task { await pipeline.stop() } }
+        /// A StoreKit 2 purchase credited to `user`, then refunded at the fake (which sends REFUND).
+        func creditedThenRefunded(_ pipeline: PipelineHarness, user: String) async throws -> PipelineHarness.Purchase {
             let purchase = try await pipeline.mintStoreKit2()
-            let id = try await pipeline.upload(["userId": "nina", "signedTransaction": try #require(purchase.signedTransaction)])
+            let id = try await pipeline.upload(["userId": user, "signedTransaction": try #require(purchase.signedTransaction)])
             #expect(try await pipeline.waitForState(id)["state"] as? String == "credited")
             let refund = try await HTTP.post(
                 pipeline.fakeURL + "/fake/purchases/\(purchase.transactionId)/refund", json: [String: String]())
             #expect(refund.status == 200, "\(refund.text)")
+            return purchase
+        }
+
+        @Test func aGenuineRefundStillRevokesTheGrant() async throws {
+            let pipeline = try await PipelineHarness.start(name: "notifygenuine")
+            defer { Task { await pipeline.stop() } }
+            let purchase = try await creditedThenRefunded(pipeline, user: "nina")
             let revoked = try await eventually(timeout: .seconds(20)) {
                 try await pipeline.grantState(of: purchase.transactionId, user: "nina") == "revoked"
             }
@@ -103,12 +109,7 @@ extension BrokerTests {
         @Test func aNotificationAppliedAlreadyIsAnsweredButNeverStoredAgain() async throws {
             let pipeline = try await PipelineHarness.start(name: "notifyreplay")
             defer { Task { await pipeline.stop() } }
-            let purchase = try await pipeline.mintStoreKit2()
-            let id = try await pipeline.upload(["userId": "nina", "signedTransaction": try #require(purchase.signedTransaction)])
-            #expect(try await pipeline.waitForState(id)["state"] as? String == "credited")
-            let refund = try await HTTP.post(
-                pipeline.fakeURL + "/fake/purchases/\(purchase.transactionId)/refund", json: [String: String]())
-            #expect(refund.status == 200, "\(refund.text)")
+            let purchase = try await creditedThenRefunded(pipeline, user: "nina")
             #expect(
                 try await eventually(timeout: .seconds(20)) {
                     try await pipeline.store.notifications(ofTransaction: purchase.transactionId).count == 1
@@ -125,6 +126,67 @@ extension BrokerTests {
             #expect(try await pipeline.store.outboxBacklog() == 0)
             #expect(try await pipeline.store.notifications(ofTransaction: purchase.transactionId).map(\.type) == ["REFUND"])
             #expect(try await pipeline.grantState(of: purchase.transactionId, user: "nina") == "revoked")
+        }
+
+        /// Apple declined a refund the customer asked for: recorded, and the grant stays.
+        @Test func aDeclinedRefundIsRecordedAndTheGrantStays() async throws {
+            let pipeline = try await PipelineHarness.start(name: "declined")
+            defer { Task { await pipeline.stop() } }
+            let purchase = try await pipeline.mintStoreKit2()
+            let id = try await pipeline.upload(["userId": "nina", "signedTransaction": try #require(purchase.signedTransaction)])
+            #expect(try await pipeline.waitForState(id)["state"] as? String == "credited")
+            let declined = try await HTTP.post(
+                pipeline.fakeURL + "/fake/purchases/\(purchase.transactionId)/decline-refund", json: [String: String]())
+            #expect(declined.status == 200, "\(declined.text)")
+            #expect(
+                try await eventually(timeout: .seconds(20)) {
+                    try await pipeline.store.notifications(ofTransaction: purchase.transactionId).map(\.type) == ["REFUND_DECLINED"]
+                })
+            #expect(try await pipeline.grantState(of: purchase.transactionId, user: "nina") == "active")
+            let rows = try await pipeline.store.testRows(
+                "SELECT outcome FROM notification WHERE transactionId = ?", [purchase.transactionId])
+            #expect(rows.map { $0["outcome"] as String } == ["recorded"])
+        }
+
+        /// `RESCIND_CONSENT` names the app, not a purchase (`appData`, no `data`): answered 200,
+        /// recorded, audited, and published as `consent.rescinded` with the customer's
+        /// `appTransactionId`, for the app's own services to act on.
+        @Test func aConsentRescindedIsRecordedAuditedAndPublished() async throws {
+            let pipeline = try await PipelineHarness.start(name: "rescind")
+            defer { Task { await pipeline.stop() } }
+            let names = pipeline.names
+            let queue = names.prefix + ".test-consent"
+            let listener = AMQPConnection(
+                configuration: try TestBroker.configuration(),
+                topology: Topology(
+                    exchanges: [.init(name: names.events, type: "topic")], queues: [.init(name: queue)],
+                    bindings: [.init(queue: queue, exchange: names.events, routingKey: "consent.*")]),
+                logger: TestBroker.logger)
+            defer { Task { await listener.close() } }
+            #expect(await listener.waitUntilConnected(timeout: .seconds(15)))
+
+            let rescind = try await HTTP.post(pipeline.fakeURL + "/fake/rescind-consent", json: ["bundleId": PipelineHarness.bundleId])
+            #expect(rescind.status == 200, "\(rescind.text)")
+            let uuid = try #require(rescind.json["notificationUUID"] as? String)
+            let appTransactionId = try #require(rescind.json["appTransactionId"] as? String)
+            var event: [String: Any]?
+            #expect(
+                try await eventually(timeout: .seconds(20)) {
+                    if let delivery = try await listener.get(queue) {
+                        event = (try? JSONSerialization.jsonObject(with: Data(delivery.body))) as? [String: Any]
+                        try await delivery.ack()
+                    }
+                    return event != nil
+                })
+            #expect(event?["event"] as? String == "consent.rescinded")
+            #expect(event?["eventId"] as? String == "consent.rescinded:\(uuid)")
+            #expect(event?["appTransactionId"] as? String == appTransactionId)
+            #expect(event?["bundleId"] as? String == PipelineHarness.bundleId)
+            let rows = try await pipeline.store.testRows(
+                "SELECT outcome FROM notification WHERE notificationUUID = ?", [uuid])
+            #expect(rows.map { $0["outcome"] as String } == ["recorded"])
+            let entries = try await pipeline.store.auditLog(limit: 20)
+            #expect(entries.contains { $0.action == "consent_rescinded" && $0.actor == "apple" && $0.subject == "app:\(PipelineHarness.bundleId)" })
         }
 
         @Test func anOversizedNotificationGets413AndABurstOfForgeriesGets429WhileTheServiceKeepsServing() async throws {

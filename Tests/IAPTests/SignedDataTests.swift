@@ -96,6 +96,55 @@ struct SignedDataTests {
         #expect(await code(verifier, "\(shortHeader).\(good[1]).\(good[2])") == .invalidChainLength)
     }
 
+    /// A notification about the app rather than a purchase (`RESCIND_CONSENT`) names the app in
+    /// `appData`, with the customer's signed `AppTransaction`; one that names no app at all is
+    /// refused, as Apple's library refuses it.
+    @Test func aNotificationNamesItsAppInDataOrAppData() async throws {
+        let verifier = Self.verifier()
+        let now = Date().appleMilliseconds
+        func app(bundleId: String, receiptType: String = "Production") throws -> String {
+            try Self.authority.signJWS(
+                AppTransactionDecodedPayload(
+                    appTransactionId: "704289572311258430", bundleId: bundleId, appAppleId: nil, receiptType: receiptType,
+                    originalPurchaseDate: now - 86_400_000, signedDate: now))
+        }
+        func notification(_ appData: ResponseBodyV2DecodedPayload.AppData?) throws -> String {
+            try Self.authority.signJWS(
+                ResponseBodyV2DecodedPayload(
+                    notificationType: "RESCIND_CONSENT", subtype: nil, notificationUUID: UUID().uuidString, data: nil,
+                    signedDate: now, appData: appData))
+        }
+        let ours = ResponseBodyV2DecodedPayload.AppData(
+            appAppleId: nil, bundleId: PipelineHarness.bundleId, environment: "Production",
+            signedAppTransactionInfo: try app(bundleId: PipelineHarness.bundleId))
+        let decoded = try await verifier.verifyNotification(try notification(ours))
+        #expect(decoded.appData?.bundleId == PipelineHarness.bundleId && decoded.data == nil)
+        let transaction = try await verifier.verifyAppTransaction(try #require(decoded.appData?.signedAppTransactionInfo))
+        #expect(transaction.appTransactionId == "704289572311258430")
+        func refusal(_ jws: String) async -> JWSVerificationError.Code? {
+            do {
+                _ = try await verifier.verifyNotification(jws)
+                return nil
+            } catch {
+                return error.code
+            }
+        }
+        #expect(await refusal(try notification(nil)) == .bundleIdMismatch)
+        var otherApp = ours
+        otherApp.bundleId = "com.other.app"
+        #expect(await refusal(try notification(otherApp)) == .bundleIdMismatch)
+        var noEnvironment = ours
+        noEnvironment.environment = nil
+        #expect(await refusal(try notification(noEnvironment)) == .environmentMismatch)
+        let xcode = try app(bundleId: PipelineHarness.bundleId, receiptType: "Xcode")
+        do {
+            _ = try await verifier.verifyAppTransaction(xcode)
+            Issue.record("an AppTransaction for Xcode's environment verified")
+        } catch {
+            #expect(error.code == .environmentMismatch)
+        }
+    }
+
     @Test func appleRootCAG3ShipsWithItsPublishedFingerprint() async throws {
         let der = try AppleRoot.g3DER()
         #expect(SHA256.hash(data: der).map { String(format: "%02X", $0) }.joined(separator: ":")

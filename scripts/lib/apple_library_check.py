@@ -302,6 +302,28 @@ def main():
 
     run("request_test_notification", test_notification)
 
+    def consent_rescinded():
+        # About the app, not a purchase: `appData` (no `data`) with the customer's AppTransaction.
+        sent = fake.post("/fake/rescind-consent", {"bundleId": bundle}, status=200)
+        now = int(time.time() * 1000)
+        request = NotificationHistoryRequest(startDate=now - 3_600_000, endDate=now + 60_000)
+        answer = production.get_notification_history(None, request)
+        found = [notification for notification in
+                 (mapped(verifier.verify_and_decode_notification(item.signedPayload), "notification")
+                  for item in answer.notificationHistory)
+                 if notification.notificationUUID == sent["notificationUUID"]]
+        expect(len(found) == 1, f"RESCIND_CONSENT {sent['notificationUUID']} not in the history")
+        notification = found[0]
+        expect(notification.rawNotificationType == "RESCIND_CONSENT", f"type {notification.rawNotificationType}")
+        expect(notification.data is None, "a RESCIND_CONSENT with data")
+        app_data = mapped(notification.appData, "appData")
+        expect(app_data.bundleId == bundle, f"appData names {app_data.bundleId}")
+        app = mapped(verifier.verify_and_decode_app_transaction(app_data.signedAppTransactionInfo), "app transaction")
+        expect(app.appTransactionId == sent["appTransactionId"], f"appTransactionId {app.appTransactionId}")
+        return {"appTransactionId": app.appTransactionId}
+
+    run("RESCIND_CONSENT + verify_and_decode_app_transaction", consent_rescinded)
+
 
 if __name__ == "__main__":
     main()
