@@ -1,6 +1,8 @@
 import Foundation
+import IAPCore
 import Intake
 import NIOHTTP1
+import OrderStore
 import Testing
 
 extension BrokerTests {
@@ -61,8 +63,13 @@ extension BrokerTests {
             let base = pipeline.intakeURL
             let purchase = try await pipeline.mint()
             let id = try await pipeline.upload(userId: "ana", receiptData: purchase.receiptData)
-            _ = try await pipeline.waitForState(id)
-            // Polling the status as ana used her bucket (1/s, burst 3): let it fill again.
+            // Waited for in the store: polling the status as ana would spend her bucket (1/s,
+            // burst 3) for as long as the credit takes.
+            let credited = try await eventually(timeout: .seconds(30)) {
+                try await pipeline.store.status(of: try #require(UUID(uuidString: id)))?.state.isTerminal == true
+            }
+            #expect(credited)
+            // The upload took from ana's bucket: let it fill again.
             try await Task.sleep(for: .seconds(3.2))
 
             // Ownership: the user the request names reads only their own.
