@@ -104,7 +104,7 @@ struct ReceiptUpload: Equatable {
     /// set). Every receipt Apple issues passes: a field the local parse reads more strictly than
     /// Apple does (`invalidField`) goes on to Apple, which has the last word. Nothing here is
     /// trusted to credit: the signature is not checked, so it can only turn junk away.
-    static func checkShape(_ bytes: [UInt8], bundleIds: Set<String>) throws(APIError) {
+    private static func checkShape(_ bytes: [UInt8], bundleIds: Set<String>) throws(APIError) {
         let receipt: AppReceipt
         do {
             receipt = try AppReceiptParser.parse(bytes)

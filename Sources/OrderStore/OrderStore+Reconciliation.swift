@@ -173,12 +173,17 @@ extension OrderStore {
 
     /// The upload a notification was applied as, or nil when no notification with this
     /// `notificationUUID` was applied yet: the intake answers a duplicate with it and stores
-    /// nothing again.
-    public func appliedNotification(_ notificationUUID: String) async throws -> UUID? {
-        try await database.read { db in
-            try String.fetchOne(
-                db, sql: "SELECT submissionId FROM notification WHERE notificationUUID = ?", arguments: [notificationUUID])
-        }.flatMap(UUID.init(uuidString:))
+    /// nothing again. A store it cannot read is `unavailable` (the intake answers 503, which
+    /// Apple retries).
+    public func appliedNotification(_ notificationUUID: String) async throws(OrderStoreError) -> UUID? {
+        do {
+            return try await database.read { db in
+                try String.fetchOne(
+                    db, sql: "SELECT submissionId FROM notification WHERE notificationUUID = ?", arguments: [notificationUUID])
+            }.flatMap(UUID.init(uuidString:))
+        } catch {
+            throw OrderStoreError(.unavailable, "cannot read the applied notifications: \(error)")
+        }
     }
 
     /// Whether a notification was applied already or re-delivered already.
