@@ -131,6 +131,37 @@ struct GroupCommitTests {
     }
 }
 
+extension GroupCommitTests {
+    /// Uploads are committed apart from results: a batch of results that fails (on PostgreSQL,
+    /// results of two order services conflict and a batch is rolled back) takes no upload
+    /// with it. An upload that arrives while a batch of results is being written waits for the
+    /// writer, then commits in a batch of uploads.
+    @Test func aFailedBatchOfResultsTakesNoUploadWithIt() async throws {
+        let (store, _) = try makeStore()
+        let writer = try await HeldWriter(store.groupCommit)
+        let upload = request()
+        let uploadsBefore = store.acceptCommit.batches
+        async let accepted: Void = store.accept(upload, message: OutboxMessage(routingKey: "q", body: [1]))
+        async let failing: Void = store.groupCommit.write { db in try db.execute(sql: "ROLLBACK") }
+        // Both wait for the writer: the failing write in the results' next batch, the upload in
+        // a batch of uploads (were uploads committed with results, it would wait beside the
+        // failing write, counted among the results' waiting writes).
+        let deadline = ContinuousClock.now + HeldWriter.limit
+        while store.groupCommit.waiting + (store.acceptCommit.batches - uploadsBefore) < 2 {
+            guard ContinuousClock.now < deadline else {
+                try await writer.release()
+                throw HeldWriterTimeout(what: "the upload and the failing write never queued")
+            }
+            try await Task.sleep(for: .milliseconds(2))
+        }
+        try await writer.release()
+        let uploadStored = await (try? accepted) != nil
+        let resultsFailed = await (try? failing) == nil
+        #expect(uploadStored && resultsFailed)
+        #expect(try await store.status(of: upload.submissionId)?.state == .pending)
+    }
+}
+
 /// Keeps the group commit's writer busy until released, so that the writes queued meanwhile
 /// are known to share the next batch, in the order they were queued.
 private struct HeldWriter {
