@@ -154,14 +154,7 @@ extension BrokerTests {
         @Test func aConsentRescindedIsRecordedAuditedAndPublished() async throws {
             let pipeline = try await PipelineHarness.start(name: "rescind")
             defer { Task { await pipeline.stop() } }
-            let names = pipeline.names
-            let queue = names.prefix + ".test-consent"
-            let listener = AMQPConnection(
-                configuration: try TestBroker.configuration(),
-                topology: Topology(
-                    exchanges: [.init(name: names.events, type: "topic")], queues: [.init(name: queue)],
-                    bindings: [.init(queue: queue, exchange: names.events, routingKey: "consent.*")]),
-                logger: TestBroker.logger)
+            let (listener, queue) = try TestBroker.eventListener(pipeline.names, name: "consent", routingKey: "consent.*")
             defer { Task { await listener.close() } }
             #expect(await listener.waitUntilConnected(timeout: .seconds(15)))
 

@@ -236,13 +236,7 @@ extension BrokerTests {
             let pipeline = try await PipelineHarness.start(name: "events", roles: [.intake, .verifier])
             defer { Task { await pipeline.stop() } }
             let names = pipeline.names
-            let listenerQueue = names.prefix + ".test-wallet"
-            let listener = AMQPConnection(
-                configuration: try TestBroker.configuration(),
-                topology: Topology(
-                    exchanges: [.init(name: names.events, type: "topic")], queues: [.init(name: listenerQueue)],
-                    bindings: [.init(queue: listenerQueue, exchange: names.events, routingKey: "grant.*")]),
-                logger: TestBroker.logger)
+            let (listener, listenerQueue) = try TestBroker.eventListener(names, name: "wallet", routingKey: "grant.*")
             #expect(await listener.waitUntilConnected(timeout: .seconds(15)))
             let received = NIOLockedValueBox([Data]())
             let consumer = listener.consume(queue: listenerQueue, prefetch: 50)

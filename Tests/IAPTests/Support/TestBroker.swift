@@ -1,4 +1,5 @@
 import Foundation
+import IAPCore
 import Logging
 import Messaging
 import Testing
@@ -77,3 +78,19 @@ func eventually(
 /// The repository's root folder, found from this file's place in it.
 let repositoryRoot: URL = URL(fileURLWithPath: #filePath)
     .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+
+extension TestBroker {
+    /// A connection of the test's own with a queue `<prefix>.test-<name>` bound to the
+    /// pipeline's events exchange for `routingKey` (`grant.*`, `consent.*`): what the app's own
+    /// services would read.
+    static func eventListener(_ names: PipelineNames, name: String, routingKey: String) throws -> (AMQPConnection, queue: String) {
+        let queue = names.prefix + ".test-" + name
+        let connection = AMQPConnection(
+            configuration: try configuration(),
+            topology: Topology(
+                exchanges: [.init(name: names.events, type: "topic")], queues: [.init(name: queue)],
+                bindings: [.init(queue: queue, exchange: names.events, routingKey: routingKey)]),
+            logger: logger)
+        return (connection, queue)
+    }
+}
