@@ -190,7 +190,7 @@ public final class AppStoreVerifier: ReceiptVerifying {
 
     /// A verified signed transaction as the ledger reads it (also what reconciliation applies).
     static func purchase(_ payload: JWSTransactionDecodedPayload) -> VerifiedPurchase {
-        VerifiedPurchase(
+        var purchase = VerifiedPurchase(
             transactionId: payload.transactionId, originalTransactionId: payload.originalTransactionId,
             productId: payload.productId, quantity: payload.quantity ?? 1,
             purchaseDate: payload.purchaseDate.map(Date.init(appleMilliseconds:)),
@@ -200,6 +200,9 @@ public final class AppStoreVerifier: ReceiptVerifying {
             appAccountToken: payload.appAccountToken?.lowercased(), webOrderLineItemId: payload.webOrderLineItemId,
             ownershipType: payload.inAppOwnershipType, isUpgraded: payload.isUpgraded,
             signedDate: payload.signedDate.map(Date.init(appleMilliseconds:)))
+        purchase.revocationType = payload.revocationType
+        purchase.revocationPercentage = payload.revocationPercentage
+        return purchase
     }
 
     /// Apple's transactions as one verified answer; `proven`, when given, says which of them

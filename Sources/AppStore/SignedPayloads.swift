@@ -35,6 +35,10 @@ public struct JWSTransactionDecodedPayload: SignedAppStorePayload, Codable, Equa
     public var signedDate: Int64?
     public var revocationDate: Int64?
     public var revocationReason: Int?
+    /// REFUND_FULL, REFUND_PRORATED or FAMILY_REVOKE (kept as Apple spells it).
+    public var revocationType: String?
+    /// For a prorated refund: the share refunded, in milli-units of 100 %.
+    public var revocationPercentage: Int?
     public var isUpgraded: Bool?
     public var webOrderLineItemId: String?
     public var subscriptionGroupIdentifier: String?

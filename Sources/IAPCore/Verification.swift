@@ -14,8 +14,15 @@ public struct VerifiedPurchase: Codable, Sendable, Equatable {
     public var purchaseDate: Date?
     /// Which App Store world the purchase was made in.
     public var environment: AppStoreEnvironment
-    /// When Apple refunded or revoked it; such a purchase is never credited.
+    /// When Apple refunded or revoked it; such a purchase is never credited (but for the
+    /// units a prorated refund left).
     public var cancellationDate: Date?
+    /// Apple's `revocationType`: REFUND_FULL, REFUND_PRORATED or FAMILY_REVOKE; nil when not
+    /// revoked or not said.
+    public var revocationType: String?
+    /// Apple's `revocationPercentage` of a prorated refund, in milli-units of 100 % (33,333
+    /// for one of three units).
+    public var revocationPercentage: Int?
     /// For subscriptions: when the period ends.
     public var expiresDate: Date?
     /// The UUID the app set (`appAccountToken`, or StoreKit 1's `applicationUsername` when a UUID):

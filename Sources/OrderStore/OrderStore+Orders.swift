@@ -108,48 +108,10 @@ extension OrderStore {
     ) async throws(OrderStoreError) -> Grant {
         do {
             return try await database.write { db throws -> Grant in
-                var id = "manual-\(UUID().uuidString.lowercased())"
-                var environment = AppStoreEnvironment.production
-                var original = id
-                var creditKey = "txn:\(id)"
-                var orderId: String?
-                var expiresAt: Date?
-                if let transactionId {
-                    guard
-                        let purchase = try db.row(sql: "SELECT * FROM purchase WHERE transactionId = ?", arguments: [transactionId])
-                    else { throw OrderStoreError(.notFound, "no purchase \(transactionId)") }
-                    guard (purchase["userId"] as String) == userId else {
-                        throw OrderStoreError(.conflict, "purchase \(transactionId) belongs to another user")
-                    }
-                    guard try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM grants WHERE transactionId = ?", arguments: [transactionId]) == 0
-                    else { throw OrderStoreError(.conflict, "purchase \(transactionId) is granted already") }
-                    id = transactionId
-                    creditKey = purchase["creditKey"] ?? "txn:\(transactionId)"
-                    guard try !Self.revocationStands(key: creditKey, in: db) else {
-                        throw OrderStoreError(.conflict, "Apple refunded or revoked purchase \(transactionId)")
-                    }
-                    guard try db.row(sql: "SELECT 1 FROM grants WHERE creditKey = ? AND state = 'active'", arguments: [creditKey]) == nil
-                    else { throw OrderStoreError(.conflict, "what purchase \(transactionId) buys is granted already") }
-                    original = purchase["originalTransactionId"]
-                    environment = AppStoreEnvironment(rawValue: purchase["environment"]) ?? .production
-                    orderId = purchase["orderId"]
-                    if case .billingPeriod? = CreditKey(stored: creditKey) {
-                        // A subscription period granted by hand ends with the period Apple sold,
-                        // and makes its subscription the user's (if nobody owned it yet).
-                        expiresAt = purchase["expiresDate"]
-                        try Self.recordSubscription(of: Self.recordedPurchase(purchase), owner: userId, now: now, in: db)
-                    }
-                    try db.execute(sql: "UPDATE purchase SET heldReason = NULL WHERE transactionId = ?", arguments: [transactionId])
-                }
-                try Self.grant(
-                    transactionId: id, originalTransactionId: original, creditKey: creditKey, userId: userId,
-                    productId: productId,
-                    orderId: orderId, quantity: max(1, quantity), grant: grant, environment: environment, source: "manual",
-                    expiresAt: expiresAt, policy: policy, now: now, in: db)
-                try Self.audit(
-                    actor: actor, action: "grant_manual", subject: "transaction:\(id)", reason: reason,
-                    details: ["userId": userId, "productId": productId, "quantity": "\(max(1, quantity))"], now: now, in: db)
-                return try Grant(row: db.row(sql: "SELECT * FROM grants WHERE transactionId = ?", arguments: [id])!)
+                let request = LedgerEvent.ManualGrant(
+                    userId: userId, productId: productId, quantity: quantity, grant: grant, transactionId: transactionId,
+                    goodwillId: "manual-\(UUID().uuidString.lowercased())", actor: actor, reason: reason)
+                return try Self.grantByLedger(.manualGrant(request), policy: policy, now: now, in: db)
             }
         } catch let error as OrderStoreError {
             throw error
@@ -164,16 +126,9 @@ extension OrderStore {
     {
         do {
             return try await database.write { db throws -> Grant in
-                guard let row = try db.row(sql: "SELECT * FROM grants WHERE transactionId = ?", arguments: [transactionId])
-                else { throw OrderStoreError(.notFound, "no grant for \(transactionId)") }
-                guard (row["state"] as String) == "active" else {
-                    throw OrderStoreError(.conflict, "the grant for \(transactionId) is revoked already")
-                }
-                try Self.revokeGrant(
-                    row, actor: Self.reservedActors.contains(actor) ? "admin:\(actor)" : actor, reason: reason,
-                    eventId: "grant.revoked:\(transactionId):admin:\(UUID().uuidString.lowercased())", policy: policy, now: now,
-                    in: db)
-                return try Grant(row: db.row(sql: "SELECT * FROM grants WHERE transactionId = ?", arguments: [transactionId])!)
+                let event = LedgerEvent.manualRevoke(
+                    transactionId: transactionId, actor: actor, reason: reason, eventTag: UUID().uuidString.lowercased())
+                return try Self.grantByLedger(event, policy: policy, now: now, in: db)
             }
         } catch let error as OrderStoreError {
             throw error
@@ -214,36 +169,19 @@ extension OrderStore {
 }
 
 extension OrderStore {
-    /// Actor names that stand for the ledger's own doings; a person's name never takes them.
-    static let reservedActors: Set<String> = ["apple", "transfer", "system", "reconciliation"]
-
-    /// Revokes an active grant (row of `grants`): its order becomes refunded, `grant.revoked`
-    /// is published, and the audit log says who and why.
-    static func revokeGrant(
-        _ row: SQLRow, actor: String, reason: String, eventId: String, policy: CreditPolicy, now: Date, in db: any SQLConnection,
-        audited: Bool = true
-    ) throws {
-        let transactionId: String = row["transactionId"]
-        // What took it back, not who typed it: only Apple's revocations are undone by Apple's reversal.
-        let revokedBy = ["apple", "transfer"].contains(actor) ? actor : "admin"
-        try db.execute(
-            sql: "UPDATE grants SET state = 'revoked', revokedAt = ?, revokedBy = ? WHERE transactionId = ?",
-            arguments: [now, revokedBy, transactionId])
-        if let orderId: String = row["orderId"] {
-            try db.execute(
-                sql: "UPDATE orders SET state = 'refunded', updatedAt = ? WHERE id = ? AND transactionId = ?",
-                arguments: [now, orderId, transactionId])
+    /// Applies customer service's grant or revocation through the ledger; the grant it wrote
+    /// or took back, or the refusal as an `OrderStoreError`.
+    static func grantByLedger(_ event: LedgerEvent, policy: CreditPolicy, now: Date, in db: any SQLConnection) throws -> Grant {
+        let plan = try applyLedger(event, policy: policy, now: now, in: db)
+        switch plan.outcome {
+        case .grant(let transactionId):
+            return try Grant(row: db.row(sql: "SELECT * FROM grants WHERE transactionId = ?", arguments: [transactionId])!)
+        case .refused(.notFound, let message):
+            throw OrderStoreError(.notFound, message)
+        case .refused(.conflict, let message):
+            throw OrderStoreError(.conflict, message)
+        case .transaction, .notification:
+            preconditionFailure("the ledger answered an action by hand with \(plan.outcome)")
         }
-        try Self.event(
-            "grant.revoked",
-            [
-                "transactionId": .string(transactionId), "userId": .string(row["userId"]),
-                "productId": .string(row["productId"]), "quantity": .int(row["quantity"]),
-                "grant": .json(row["grantJSON"]), "reason": .string(reason), "revokedAt": .string(Self.iso8601(now)),
-            ], id: eventId, policy: policy, now: now, in: db)
-        guard audited else { return }
-        try Self.audit(
-            actor: actor, action: "grant_revoked", subject: "transaction:\(transactionId)", reason: reason,
-            details: ["userId": row["userId"] as String], now: now, in: db)
     }
 }

@@ -303,6 +303,17 @@ extension OrderStore {
                     ALTER TABLE purchase ADD COLUMN expiresDate DATETIME;
                     """)
         }
+        migrator.registerMigration("v9: prorated refunds") { db in
+            try db.execute(
+                sql: """
+                    -- Apple's latest full refund or revocation, and its latest prorated refund of a
+                    -- consumable with the units it took back; revokedAt stays the latest of either.
+                    ALTER TABLE revocation ADD COLUMN fullyRevokedAt DATETIME;
+                    ALTER TABLE revocation ADD COLUMN partlyRevokedAt DATETIME;
+                    ALTER TABLE revocation ADD COLUMN revokedUnits INTEGER;
+                    UPDATE revocation SET fullyRevokedAt = revokedAt;
+                    """)
+        }
         return migrator
     }
 }

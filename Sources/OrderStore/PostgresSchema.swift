@@ -11,6 +11,7 @@ enum PostgresSchema {
         (1, "the ledger as of SQLite schema v6", version1),
         (2, "rate-limit buckets (SQLite schema v7)", version2),
         (3, "a purchase's period end (SQLite schema v8)", version3),
+        (4, "prorated refunds (SQLite schema v9)", version4),
     ]
 
     /// A key only this store's migrations take (`pg_advisory_lock`), so that the first
@@ -294,5 +295,14 @@ enum PostgresSchema {
     /// When a subscription period ends, as Apple said when it was recorded.
     static let version3 = """
         ALTER TABLE purchase ADD COLUMN expiresDate TEXT COLLATE "C";
+        """
+
+    /// Apple's latest full refund or revocation, and its latest prorated refund of a consumable
+    /// with the units it took back; revokedAt stays the latest of either.
+    static let version4 = """
+        ALTER TABLE revocation ADD COLUMN fullyRevokedAt TEXT COLLATE "C";
+        ALTER TABLE revocation ADD COLUMN partlyRevokedAt TEXT COLLATE "C";
+        ALTER TABLE revocation ADD COLUMN revokedUnits BIGINT;
+        UPDATE revocation SET fullyRevokedAt = revokedAt;
         """
 }

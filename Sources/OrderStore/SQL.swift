@@ -1,4 +1,5 @@
 import Foundation
+import IAPCore
 
 /// A value as the order store writes and reads it: the same five kinds on SQLite and
 /// PostgreSQL, so that one set of store operations runs on either.
@@ -97,40 +98,7 @@ extension Date: SQLValueConvertible {
 enum SQLDate {
     static func format(_ date: Date) -> String {
         // Milliseconds, rounded down, as the store has always kept them.
-        let milliseconds = Int64((date.timeIntervalSince1970 * 1000).rounded(.down))
-        var days = milliseconds >= 0 ? milliseconds / 86_400_000 : (milliseconds - 86_399_999) / 86_400_000
-        let inDay = milliseconds - days * 86_400_000
-        // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-        days += 719_468
-        let era = (days >= 0 ? days : days - 146_096) / 146_097
-        let dayOfEra = days - era * 146_097
-        let yearOfEra = (dayOfEra - dayOfEra / 1460 + dayOfEra / 36524 - dayOfEra / 146_096) / 365
-        let dayOfYear = dayOfEra - (365 * yearOfEra + yearOfEra / 4 - yearOfEra / 100)
-        let monthIndex = (5 * dayOfYear + 2) / 153
-        let day = dayOfYear - (153 * monthIndex + 2) / 5 + 1
-        let month = monthIndex < 10 ? monthIndex + 3 : monthIndex - 9
-        let year = yearOfEra + era * 400 + (month <= 2 ? 1 : 0)
-        var text = ""
-        text.reserveCapacity(23)
-        func append(_ value: Int64, width: Int) {
-            let digits = String(value)
-            if digits.count < width { text += String(repeating: "0", count: width - digits.count) }
-            text += digits
-        }
-        append(year, width: 4)
-        text += "-"
-        append(month, width: 2)
-        text += "-"
-        append(day, width: 2)
-        text += " "
-        append(inDay / 3_600_000, width: 2)
-        text += ":"
-        append(inDay / 60_000 % 60, width: 2)
-        text += ":"
-        append(inDay / 1000 % 60, width: 2)
-        text += "."
-        append(inDay % 1000, width: 3)
-        return text
+        DateText.format(date, separator: " ", zone: "")
     }
 
     /// Reads `yyyy-MM-dd`, optionally followed by ` HH:mm`, `:ss`, `.SSS…` (a `T` also separates

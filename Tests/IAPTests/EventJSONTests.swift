@@ -1,5 +1,5 @@
 import Foundation
-@testable import OrderStore
+import Ledger
 import Testing
 
 /// Event bodies are written by hand: they must stay JSON whatever a user id or reason holds.

@@ -215,6 +215,13 @@ struct LedgerModel {
             let state: String
             if revoked.contains(key) {
                 if !lookup {
+                    // Proven, though refunded: the subscription is theirs, as it is when the
+                    // period was credited before its refund arrived (Apple's order, not arrival).
+                    if transaction.product.kind == .autoRenewable, subscriptionOwner[transaction.originalId] == nil,
+                        claimedBy[id] == nil
+                    {
+                        subscriptionOwner[transaction.originalId] = user
+                    }
                     if claimedBy[id] == nil { claimedBy[id] = user }
                     if !(claimants[key] ?? []).contains(where: { $0.transactionId == id && $0.user == user }) {
                         claimants[key, default: []].append((user, id))

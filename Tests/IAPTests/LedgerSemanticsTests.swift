@@ -1,6 +1,7 @@
 import Foundation
 import GRDB
 import IAPCore
+import Ledger
 import NIOConcurrencyHelpers
 import OrderStore
 import Testing

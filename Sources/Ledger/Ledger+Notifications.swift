@@ -1,0 +1,360 @@
+import Foundation
+import IAPCore
+
+/// Apple's notification types (App Store Server Notifications V2), with a raw twin for the
+/// values Apple adds later: an unknown type is recorded, never refused.
+public enum NotificationType: Sendable, Equatable {
+    case refund, revoke, refundReversed, refundDeclined
+    case subscribed, didRenew, offerRedeemed, didChangeRenewalPref, renewalExtended, oneTimeCharge
+    case expired, gracePeriodExpired, didFailToRenew, didChangeRenewalStatus
+    case consumptionRequest, rescindConsent, test
+    /// Any other type, as Apple spelled it.
+    case other(String)
+
+    /// The type Apple's `notificationType` names.
+    public init(_ raw: String) {
+        self =
+            switch raw {
+            case "REFUND": .refund
+            case "REVOKE": .revoke
+            case "REFUND_REVERSED": .refundReversed
+            case "REFUND_DECLINED": .refundDeclined
+            case "SUBSCRIBED": .subscribed
+            case "DID_RENEW": .didRenew
+            case "OFFER_REDEEMED": .offerRedeemed
+            case "DID_CHANGE_RENEWAL_PREF": .didChangeRenewalPref
+            case "RENEWAL_EXTENDED": .renewalExtended
+            case "ONE_TIME_CHARGE": .oneTimeCharge
+            case "EXPIRED": .expired
+            case "GRACE_PERIOD_EXPIRED": .gracePeriodExpired
+            case "DID_FAIL_TO_RENEW": .didFailToRenew
+            case "DID_CHANGE_RENEWAL_STATUS": .didChangeRenewalStatus
+            case "CONSUMPTION_REQUEST": .consumptionRequest
+            case "RESCIND_CONSENT": .rescindConsent
+            case "TEST": .test
+            default: .other(raw)
+            }
+    }
+
+    /// Whether it tells of a purchase to credit (a new period, a new one-time purchase).
+    public var credits: Bool {
+        switch self {
+        case .subscribed, .didRenew, .offerRedeemed, .didChangeRenewalPref, .renewalExtended, .oneTimeCharge: true
+        default: false
+        }
+    }
+}
+
+extension Planner {
+    /// Applies a verified notification not applied before; returns what it did.
+    mutating func apply(_ notification: AppStoreNotification, submissionId: String) -> String {
+        let type = NotificationType(notification.notificationType)
+        guard let purchase = notification.purchase else {
+            switch type {
+            case .test: return "test"
+            case .rescindConsent:
+                consentRescinded(notification)
+                return "recorded"
+            default: return "recorded"
+            }
+        }
+        let key = policy.creditKey(of: purchase).stored
+        let owner = owner(of: purchase, key: key)
+        let tag = "\(notification.notificationType):\(notification.notificationUUID)"
+        let signed = notification.signedDate ?? now
+        switch type {
+        case .refund, .revoke:
+            // Per billing period: the subscription is revoked only when its newest period is;
+            // a refund of an earlier one leaves the paid current period, its state and expiry.
+            if isNewestPeriod(purchase) {
+                updateSubscription(notification, state: "revoked")
+            }
+            let quantity = max(facts.purchase?.quantity ?? purchase.quantity, 1)
+            guard
+                recordRevocation(
+                    key: key, transactionId: purchase.transactionId, source: notification.notificationType,
+                    at: purchase.cancellationDate ?? signed, units: partialUnits(purchase, quantity: quantity))
+            else { return "reversed_already" }
+            let before = facts.activeGrant(of: key)
+            if settle(key: key, quantity: quantity, reason: notification.notificationType, tag: tag) {
+                revoked += 1
+                return "revoked"
+            }
+            guard let before else { return facts.revocation?.stands == true ? "revocation_pending" : "reversed_already" }
+            return facts.activeGrant(of: key).map { $0.quantity < before.quantity ? "partly_revoked" : "unchanged" } ?? "unchanged"
+        case .refundReversed:
+            let stood = facts.revocation?.creditKey == key && facts.revocation?.stands == true
+            recordReversal(key: key, transactionId: purchase.transactionId, at: signed)
+            let before = facts.grants(of: key)
+            settle(key: key, quantity: max(purchase.quantity, 1), reason: "REFUND_REVERSED", tag: tag, purchase: purchase)
+            let after = facts.grants(of: key)
+            if before.isEmpty, !after.isEmpty { return "credited" }
+            if before != after {
+                updateSubscription(notification, state: "active")
+                return "restored"
+            }
+            let lifted = stood && facts.revocation?.stands != true
+            return lifted ? "revocation_lifted" : "nothing_revoked"
+        case .subscribed, .didRenew, .offerRedeemed, .didChangeRenewalPref, .renewalExtended, .oneTimeCharge:
+            guard notification.environment == .production || policy.sandbox.allows(userId: owner ?? "") else {
+                return "sandbox_not_allowed"
+            }
+            updateSubscription(notification, state: nil)
+            let credited: String
+            if let owner {
+                let upload = LedgerEvent.Upload(
+                    userId: owner, submissionId: submissionId, orderId: nil, transactionId: nil,
+                    bundleId: notification.bundleId ?? "")
+                let (state, reason) = credit(purchase, upload: upload)
+                credited = reason.map { "\(state.rawValue) (\($0))" } ?? state.rawValue
+            } else {
+                credited = "owner_unknown"
+            }
+            if type == .renewalExtended, let expires = purchase.expiresDate {
+                // Apple moved the period's end: the grant in force lasts as long.
+                // Never past the start of a period that replaced it (an upgrade).
+                var extended = false
+                for grant in facts.grants(of: key) where grant.isActive {
+                    var extendedPurchase = purchase
+                    extendedPurchase.purchaseDate = grant.periodStart ?? purchase.purchaseDate
+                    let until = replacedTiers(by: extendedPurchase, key: key).own.map { min($0, expires) } ?? expires
+                    guard let current = grant.expiresAt, current < until else { continue }
+                    emit(.extendGrant(transactionId: grant.transactionId, until: until))
+                    extended = true
+                }
+                if extended { return "extended" }
+            }
+            return credited
+        case .expired, .gracePeriodExpired:
+            updateSubscription(notification, state: "expired")
+            return "expired"
+        case .didFailToRenew:
+            let state = notification.subtype == "GRACE_PERIOD" ? "grace_period" : "billing_retry"
+            updateSubscription(notification, state: state)
+            return state
+        case .didChangeRenewalStatus:
+            updateSubscription(notification, state: nil)
+            return notification.subtype == "AUTO_RENEW_DISABLED" ? "auto_renew_off" : "auto_renew_on"
+        case .consumptionRequest:
+            emit(
+                .recordConsumptionRequest(
+                    .init(
+                        notificationUUID: notification.notificationUUID, transactionId: purchase.transactionId, userId: owner,
+                        reason: notification.consumptionRequestReason, environment: notification.environment.rawValue,
+                        receivedAt: now)))
+            return "recorded"
+        case .refundDeclined:
+            // A case closed: nothing changes; Apple may still refund later.
+            return "declined"
+        case .rescindConsent, .test, .other:
+            return "recorded"
+        }
+    }
+
+    /// A customer (or their guardian) withdrew the consent the app's use rests on: nothing in
+    /// the ledger changes; audited and published as `consent.rescinded` for the app's services.
+    mutating func consentRescinded(_ notification: AppStoreNotification) {
+        let app = notification.bundleId ?? ""
+        var details = ["notificationUUID": notification.notificationUUID, "environment": notification.environment.rawValue]
+        details["appTransactionId"] = notification.appTransactionId
+        audit(actor: "apple", action: "consent_rescinded", subject: "app:\(app)", reason: "RESCIND_CONSENT", details: details)
+        publish(
+            "consent.rescinded",
+            [
+                "bundleId": .string(app), "environment": .string(notification.environment.rawValue),
+                "appTransactionId": notification.appTransactionId.map(EventField.string) ?? .null,
+                "notificationUUID": .string(notification.notificationUUID),
+                "signedDate": notification.signedDate.map { .string(Ledger.iso8601($0)) } ?? .null,
+                "receivedAt": .string(nowText),
+            ], id: "consent.rescinded:\(notification.notificationUUID)")
+    }
+
+    /// Whether `purchase` is its subscription's newest known period (or nothing says otherwise).
+    func isNewestPeriod(_ purchase: VerifiedPurchase) -> Bool {
+        guard let expires = purchase.expiresDate, let subscription = facts.subscription,
+            subscription.originalTransactionId == purchase.originalTransactionId
+        else { return true }
+        return subscription.expiresDate.map { expires >= $0 } ?? true
+    }
+
+    /// Whose purchase this is: the owner of its active grant, else its subscription's owner,
+    /// else whoever it or its chain was credited to, else the order its `appAccountToken`
+    /// names; nil when nothing of it was credited yet (an upload a refund stopped or a person
+    /// holds does not make its uploader the owner).
+    func owner(of purchase: VerifiedPurchase, key: String) -> String? {
+        if let grant = facts.activeGrant(of: key) { return grant.userId }
+        if let owner = facts.subscription?.userId { return owner }
+        if let user = facts.chainCreditedUser { return user }
+        if purchase.appAccountToken != nil, let order = facts.tokenOrder { return order.userId }
+        return nil
+    }
+
+    /// Grants a purchase whose upload a refund stopped, now that Apple reversed the refund.
+    mutating func creditBlocked(_ row: LedgerFacts.Purchase, key: String, purchase: VerifiedPurchase) {
+        emit(.releasePurchase(transactionId: row.transactionId))
+        let product = product(row.productId)
+        let period = recorded(row, expiresDate: purchase.expiresDate)
+        let ends = product?.type == .autoRenewable ? replacedTiers(by: period, key: key) : nil
+        grant(
+            transactionId: row.transactionId, originalTransactionId: row.originalTransactionId, creditKey: key,
+            userId: row.userId, productId: row.productId, orderId: nil, quantity: row.quantity,
+            grant: product?.grant(quantity: row.quantity) ?? [:], environment: row.environment, source: "apple",
+            expiresAt: product?.type == .autoRenewable ? (ends?.own ?? purchase.expiresDate) : nil, periodStart: row.purchaseDate)
+        endReplaced(ends?.others ?? [], by: period)
+        if case .billingPeriod? = CreditKey(stored: key) {
+            // Credited now: its subscription has an owner, whose every later period is theirs.
+            recordSubscription(of: recorded(row, expiresDate: purchase.expiresDate), owner: row.userId)
+        }
+        audit(
+            actor: "apple", action: "grant_restored", subject: "transaction:\(row.transactionId)", reason: "REFUND_REVERSED",
+            details: ["userId": row.userId])
+    }
+
+    /// Undoes a revocation: the grant is active again, its order paid, `grant.restored` published.
+    mutating func restoreGrant(_ grant: LedgerFacts.Grant, tag: String) {
+        emit(.reactivateGrant(transactionId: grant.transactionId))
+        if let orderId = grant.orderId {
+            emit(.setOrderState(orderId: orderId, transactionId: grant.transactionId, state: "paid", at: now))
+        }
+        publish(
+            "grant.restored",
+            [
+                "transactionId": .string(grant.transactionId), "userId": .string(grant.userId),
+                "productId": .string(grant.productId), "quantity": .int(grant.quantity), "grant": .json(grant.grantJSON),
+                "restoredAt": .string(nowText),
+            ], id: "grant.restored:\(tag)")
+        audit(
+            actor: "apple", action: "grant_restored", subject: "transaction:\(grant.transactionId)", reason: "REFUND_REVERSED",
+            details: ["userId": grant.userId])
+    }
+
+    /// Records a subscription's state and expiry from a notification: `state`, else Apple's
+    /// status, else active; the newest period's grant lasts into Apple's grace period. A
+    /// notification names no owner: a subscription's owner is whoever its first period was
+    /// credited to (`credit`), never a notification's guess.
+    mutating func updateSubscription(_ notification: AppStoreNotification, state: String?) {
+        guard let purchase = notification.purchase, purchase.expiresDate != nil || notification.subscriptionStatus != nil
+        else { return }
+        if let grace = notification.gracePeriodExpiresDate,
+            let newest = facts.grants.filter({ $0.isActive && $0.originalTransactionId == purchase.originalTransactionId })
+                .max(by: { ($0.expiresAt ?? .distantPast, $0.id) < ($1.expiresAt ?? .distantPast, $1.id) })
+        {
+            emit(.setGracePeriod(transactionId: newest.transactionId, until: grace))
+        }
+        let fromStatus: String? =
+            switch notification.subscriptionStatus {
+            case 1: "active"
+            case 2: "expired"
+            case 3: "billing_retry"
+            case 4: "grace_period"
+            case 5: "revoked"
+            default: nil
+            }
+        updateSubscription(
+            purchase, owner: nil, environment: notification.environment.rawValue, state: state ?? fromStatus ?? "active",
+            autoRenew: notification.autoRenewStatus.map { $0 == 1 }, grace: .set(notification.gracePeriodExpiresDate),
+            stateDate: notification.signedDate ?? now)
+    }
+
+    /// A purchase row as the ledger reads a purchase; `expiresDate` where the row has none.
+    func recorded(_ row: LedgerFacts.Purchase, expiresDate: Date? = nil) -> VerifiedPurchase {
+        VerifiedPurchase(
+            transactionId: row.transactionId, originalTransactionId: row.originalTransactionId, productId: row.productId,
+            quantity: row.quantity, purchaseDate: row.purchaseDate, environment: row.environment,
+            expiresDate: row.expiresDate ?? expiresDate, webOrderLineItemId: row.webOrderLineItemId)
+    }
+}
+
+// MARK: - Customer service
+
+extension Planner {
+    /// Grants by hand: a held purchase to its owner, or goodwill under a new id. Audited.
+    mutating func grantByHand(_ request: LedgerEvent.ManualGrant) -> LedgerOutcome {
+        var id = request.goodwillId
+        var environment = AppStoreEnvironment.production
+        var original = id
+        var creditKey = CreditKey.transaction(id).stored
+        var orderId: String?
+        var expiresAt: Date?
+        var periodStart: Date?
+        if let transactionId = request.transactionId {
+            guard let purchase = facts.purchase, purchase.transactionId == transactionId else {
+                return .refused(.notFound, "no purchase \(transactionId)")
+            }
+            guard purchase.userId == request.userId else {
+                return .refused(.conflict, "purchase \(transactionId) belongs to another user")
+            }
+            guard facts.grant(ofTransaction: transactionId) == nil else {
+                return .refused(.conflict, "purchase \(transactionId) is granted already")
+            }
+            id = transactionId
+            creditKey = purchase.creditKey ?? CreditKey.transaction(transactionId).stored
+            if let revocation = facts.revocation, revocation.creditKey == creditKey, revocation.standsFully {
+                return .refused(.conflict, "Apple refunded or revoked purchase \(transactionId)")
+            }
+            guard facts.activeGrant(of: creditKey) == nil else {
+                return .refused(.conflict, "what purchase \(transactionId) buys is granted already")
+            }
+            original = purchase.originalTransactionId
+            environment = purchase.environment
+            orderId = purchase.orderId
+            if case .billingPeriod? = CreditKey(stored: creditKey) {
+                // A subscription period granted by hand ends with the period Apple sold (or where
+                // a plan change replaced it), and makes its subscription the user's (if nobody
+                // owned it yet).
+                let period = recorded(purchase)
+                let ends = replacedTiers(by: period, key: creditKey)
+                expiresAt = ends.own ?? purchase.expiresDate
+                periodStart = purchase.purchaseDate
+                recordSubscription(of: period, owner: request.userId)
+                endReplaced(ends.others, by: period)
+            }
+            emit(.releasePurchase(transactionId: transactionId))
+        } else if facts.grant(ofTransaction: id) != nil {
+            return .refused(.conflict, "grant \(id) exists already")
+        }
+        if let earlier = facts.grants(of: creditKey).first(where: { $0.userId == request.userId }) {
+            // The user held it before and it was taken back: customer service gives it again.
+            emit(.reactivateGrant(transactionId: earlier.transactionId))
+            publish(
+                "grant.created",
+                [
+                    "transactionId": .string(earlier.transactionId), "originalTransactionId": .string(original),
+                    "userId": .string(request.userId), "productId": .string(earlier.productId), "orderId": .null,
+                    "quantity": .int(earlier.quantity), "grant": .json(earlier.grantJSON), "environment": .string(earlier.environment),
+                    "source": .string("manual"), "grantedAt": .string(nowText),
+                ], id: "grant.created:\(earlier.transactionId):manual:\(request.goodwillId)")
+            audit(
+                actor: request.actor, action: "grant_manual", subject: "transaction:\(id)", reason: request.reason,
+                details: ["userId": request.userId, "productId": request.productId, "regranted": earlier.transactionId])
+            return .grant(transactionId: earlier.transactionId)
+        }
+        var quantity = max(1, request.quantity)
+        var granted = request.grant
+        if let revocation = facts.revocation, revocation.creditKey == creditKey, revocation.standingUnits > 0 {
+            // A prorated refund took some units back: the rest is granted.
+            quantity = max(quantity - revocation.standingUnits, 1)
+            granted = product(request.productId)?.grant(quantity: quantity) ?? granted
+        }
+        grant(
+            transactionId: id, originalTransactionId: original, creditKey: creditKey, userId: request.userId,
+            productId: request.productId, orderId: orderId, quantity: quantity, grant: granted,
+            environment: environment, source: "manual", expiresAt: expiresAt, periodStart: periodStart)
+        audit(
+            actor: request.actor, action: "grant_manual", subject: "transaction:\(id)", reason: request.reason,
+            details: ["userId": request.userId, "productId": request.productId, "quantity": "\(quantity)"])
+        return .grant(transactionId: id)
+    }
+
+    /// Takes a grant back by hand (refund, fraud): its order refunded, `grant.revoked`. Audited.
+    mutating func revokeByHand(_ transactionId: String, actor: String, reason: String, tag: String) -> LedgerOutcome {
+        guard let grant = facts.grant(ofTransaction: transactionId) else {
+            return .refused(.notFound, "no grant for \(transactionId)")
+        }
+        guard grant.isActive else { return .refused(.conflict, "the grant for \(transactionId) is revoked already") }
+        revokeGrant(
+            grant, actor: Ledger.reservedActors.contains(actor) ? "admin:\(actor)" : actor, reason: reason,
+            eventId: "grant.revoked:\(transactionId):admin:\(tag)")
+        return .grant(transactionId: transactionId)
+    }
+}

@@ -1,0 +1,673 @@
+import Foundation
+import IAPCore
+
+/// The money rules: an event and the facts the store holds for its keys become a plan of
+/// typed changes. No I/O, no clock (`now` is given), no database; each rule lives here once.
+/// docs/ledger.md states the same rules in prose.
+public enum Ledger {
+    /// The rows whose facts `plan` needs for `event`. `recorded` is the purchase row of the
+    /// transaction a manual grant names (its credit key is the stored one).
+    public static func query(for event: LedgerEvent, policy: LedgerPolicy, recorded: LedgerFacts.Purchase? = nil)
+        -> LedgerQuery
+    {
+        switch event {
+        case .upload(let purchase, let upload):
+            // Crediting reads a subscription only for what may be one (`credit`).
+            let type = policy.catalog?.product(purchase.productId)?.type
+            let key = policy.creditKey(of: purchase)
+            var billingPeriod = false
+            if case .billingPeriod = key { billingPeriod = true }
+            return LedgerQuery(
+                transactionId: purchase.transactionId, creditKey: key.stored,
+                originalTransactionId: purchase.originalTransactionId, tokenOrderId: purchase.appAccountToken,
+                uploadOrderId: upload.orderId,
+                readsSubscription: billingPeriod || type == .autoRenewable || (type == nil && purchase.expiresDate != nil))
+        case .notification(let notification, _):
+            guard let purchase = notification.purchase else { return LedgerQuery() }
+            return LedgerQuery(
+                transactionId: purchase.transactionId, creditKey: policy.creditKey(of: purchase).stored,
+                originalTransactionId: purchase.originalTransactionId, tokenOrderId: purchase.appAccountToken)
+        case .manualGrant(let grant):
+            guard let transactionId = grant.transactionId else { return LedgerQuery(transactionId: grant.goodwillId) }
+            return LedgerQuery(
+                transactionId: transactionId, creditKey: recorded.map { $0.creditKey ?? CreditKey.transaction(transactionId).stored },
+                originalTransactionId: recorded?.originalTransactionId)
+        case .manualRevoke(let transactionId, _, _, _):
+            return LedgerQuery(transactionId: transactionId)
+        }
+    }
+
+    /// The plan for `event` on `facts`: what to write, in order, and what it amounts to.
+    public static func plan(_ event: LedgerEvent, facts: LedgerFacts, policy: LedgerPolicy, now: Date) -> LedgerPlan {
+        var planner = Planner(facts: facts, policy: policy, now: now)
+        let outcome: LedgerOutcome
+        switch event {
+        case .upload(let purchase, let upload):
+            let (state, reason) = planner.credit(purchase, upload: upload)
+            outcome = .transaction(state, reason)
+        case .notification(let notification, let submissionId):
+            outcome = .notification(planner.apply(notification, submissionId: submissionId))
+        case .manualGrant(let grant):
+            outcome = planner.grantByHand(grant)
+        case .manualRevoke(let transactionId, let actor, let reason, let tag):
+            outcome = planner.revokeByHand(transactionId, actor: actor, reason: reason, tag: tag)
+        }
+        if case .refused = outcome { return LedgerPlan(changes: [], outcome: outcome, revoked: 0) }
+        return LedgerPlan(changes: planner.changes, outcome: outcome, revoked: planner.revoked)
+    }
+
+    /// Actor names that stand for the ledger's own doings; a person's name never takes them.
+    public static let reservedActors: Set<String> = ["apple", "transfer", "system", "reconciliation"]
+
+    /// ISO 8601 with milliseconds, as events carry dates.
+    public static func iso8601(_ date: Date) -> String { DateText.format(date) }
+
+    /// A grant's JSON as stored: keys sorted.
+    public static func grantJSON(_ grant: [String: Catalog.GrantValue]) -> String {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys]
+        return (try? encoder.encode(grant)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"
+    }
+
+    /// How many of `quantity` units a prorated refund of `percentage` (Apple's milli-units of
+    /// 100 %, 100,000 for all) took back: rounded to the nearest unit, at least one.
+    public static func refundedUnits(of quantity: Int, percentage: Int) -> Int {
+        let units = (Int64(quantity) * Int64(percentage) + 50_000) / 100_000
+        return Int(min(max(units, 1), Int64(quantity)))
+    }
+}
+
+/// One plan in the making: the facts as the changes so far left them.
+struct Planner {
+    var facts: LedgerFacts
+    let policy: LedgerPolicy
+    let now: Date
+    var changes: [LedgerChange] = []
+    var revoked = 0
+    /// `now` as events carry it, formatted once a plan.
+    let nowText: String
+
+    init(facts: LedgerFacts, policy: LedgerPolicy, now: Date) {
+        self.facts = facts
+        self.policy = policy
+        self.now = now
+        nowText = Ledger.iso8601(now)
+    }
+
+    mutating func emit(_ change: LedgerChange) {
+        changes.append(change)
+        facts.apply(change)
+    }
+
+    mutating func audit(actor: String, action: String, subject: String, reason: String, details: [String: String] = [:]) {
+        emit(.audit(.init(actor: actor, action: action, subject: subject, reason: reason, details: details, at: now)))
+    }
+
+    mutating func publish(_ name: String, _ fields: [String: EventField], id: String) {
+        emit(.publish(.init(name: name, fields: fields, id: id)))
+    }
+
+    func product(_ id: String) -> Catalog.Product? { policy.catalog?.product(id) }
+}
+
+// MARK: - Crediting
+
+extension Planner {
+    /// Credits one purchase once per credit key; binds it to its order; applies Apple's
+    /// revocations whatever came first; holds it when nothing proves whose it is or it cannot
+    /// be granted as is. Says what became of it.
+    mutating func credit(_ purchase: VerifiedPurchase, upload: LedgerEvent.Upload) -> (TransactionCreditState, ReasonCode?) {
+        if purchase.isUpgraded == true { return (.superseded, nil) }
+        let typedKey = policy.creditKey(of: purchase)
+        let key = typedKey.stored
+        let evidence = purchase.ownershipEvidence
+        let quantity = max(purchase.quantity, 1)
+        // Apple's own answer says it is refunded or revoked: remembered, and applied to a grant.
+        if let cancelled = purchase.cancellationDate {
+            recordRevocation(
+                key: key, transactionId: purchase.transactionId, source: "apple_answer", at: cancelled,
+                units: partialUnits(purchase, quantity: quantity))
+            if settle(key: key, quantity: quantity, reason: "revoked in Apple's answer", tag: "answer:\(upload.submissionId)") {
+                revoked += 1
+            }
+        }
+        if facts.revocation?.creditKey == key, facts.revocation?.standsFully == true {
+            // Nothing was credited: kept, so that Apple's reversal credits this upload.
+            recordBlocked(purchase, key: key, upload: upload)
+            return (.revoked, .purchaseRevoked)
+        }
+        let exact = facts.purchase
+        if let active = facts.activeGrant(of: key) {
+            let owner = active.userId
+            if sameUser(owner, upload.userId) { return (.alreadyCredited, nil) }
+            // The very transaction another user was credited with: a replay. Consumables are
+            // keyed per transaction, so for them this is always the case.
+            if exact.map({ !sameUser($0.userId, upload.userId) }) ?? false || active.transactionId == purchase.transactionId
+                || typedKey.isPerTransaction
+            {
+                return (.replayedFromOtherUser, nil)
+            }
+            // Only an upload Apple vouches for moves an entitlement; a lookup never does.
+            switch evidence == .signedUpload ? policy.restore : .keep {
+            case .keep:
+                audit(
+                    actor: "system", action: "restore_kept_by_owner", subject: "transaction:\(purchase.transactionId)",
+                    reason: "restored by \(upload.userId); \(key) stays with \(owner)",
+                    details: ["owner": owner, "uploader": upload.userId, "creditKey": key])
+                return (.ownedByOtherUser, nil)
+            case .transfer:
+                transfer(active, to: upload, purchase: purchase, key: key)
+                revoked += 1
+                return (.credited, nil)
+            }
+        }
+        // Revoked by customer service (or Apple's revocation that nothing lifted): stays revoked.
+        if !facts.grants(of: key).isEmpty { return (.revoked, .purchaseRevoked) }
+        if let exact {
+            // Held for a person (whoever uploads it): nobody is credited, nobody may finish it.
+            if let held = exact.heldReason, held != "revoked" { return (.held, ReasonCode(held)) }
+            if !sameUser(exact.userId, upload.userId) { return (.replayedFromOtherUser, nil) }
+            if let held = exact.heldReason { return (.held, ReasonCode(held)) }
+            // Recorded and credited before, under a key of an older version: nothing new.
+            return (.alreadyCredited, nil)
+        }
+        // Whose it is (`Ownership`): the token Apple carries names one of our orders, the
+        // subscription it renews has an owner, or the upload itself is Apple's word.
+        var order = purchase.appAccountToken != nil ? facts.tokenOrder : nil
+        var subscriptionOwner: String?
+        if case .billingPeriod = typedKey, let subscription = facts.subscription {
+            // Nil while only notifications, no credit, told of it.
+            subscriptionOwner = subscription.userId
+        }
+        let ownership = Ownership.Facts(
+            uploader: upload.userId, evidence: evidence, tokenOrderOwner: order?.userId, subscriptionOwner: subscriptionOwner)
+        let owner: String
+        var movesSubscriptionFrom: String?
+        switch Ownership.decide(ownership, restore: policy.restore) {
+        case .held(let reason):
+            // Recorded nowhere but in the upload's answer: a lookup that proves nothing must not
+            // make the purchase look like the uploader's to a later upload by its owner.
+            audit(
+                actor: "system", action: "purchase_held", subject: "transaction:\(purchase.transactionId)",
+                reason: reason.rawValue,
+                details: [
+                    "uploader": upload.userId, "productId": purchase.productId, "submissionId": upload.submissionId,
+                    "evidence": evidence.rawValue,
+                ])
+            return (.held, reason)
+        case .credit(let proven):
+            owner = proven
+        case .creditMovingSubscription(let from, let to):
+            owner = to
+            movesSubscriptionFrom = from
+        }
+        // The upload's own order (the client's word) binds only a purchase credited to the uploader.
+        if order == nil, sameUser(owner, upload.userId), upload.orderId != nil, let named = facts.uploadOrder,
+            named.state == "created", named.userId == upload.userId
+        {
+            if upload.transactionId == purchase.transactionId {
+                // The upload names both: an explicit binding, checked below like a token.
+                order = named
+            } else if upload.transactionId == nil, let purchased = purchase.purchaseDate, named.productId == purchase.productId,
+                named.createdAt <= purchased.addingTimeInterval(300)
+            {
+                // Only the order: a receipt may also hold earlier purchases; bind the one made
+                // after the order (a few minutes of clock skew allowed).
+                order = named
+            }
+        }
+        var heldReason: ReasonCode?
+        let product = product(purchase.productId)
+        let unpaidOrder = order.map { pays($0, purchase) } ?? false
+        if policy.catalog != nil && product == nil {
+            heldReason = .unknownProduct
+        } else if let order, unpaidOrder, order.productId != purchase.productId {
+            heldReason = .productMismatch
+        }
+        let boundOrder: String? = heldReason == nil && unpaidOrder ? order?.id : nil
+        emit(
+            .recordPurchase(
+                .init(
+                    transactionId: purchase.transactionId, originalTransactionId: purchase.originalTransactionId,
+                    productId: purchase.productId, quantity: quantity, environment: purchase.environment,
+                    bundleId: upload.bundleId, purchaseDate: purchase.purchaseDate, userId: owner, orderId: boundOrder,
+                    submissionId: upload.submissionId, appAccountToken: purchase.appAccountToken,
+                    heldReason: heldReason?.rawValue, creditedAt: now, creditKey: key,
+                    webOrderLineItemId: purchase.webOrderLineItemId, expiresDate: purchase.expiresDate),
+                ifAbsent: false))
+        if let heldReason {
+            if product?.type == .autoRenewable {
+                // Held for a person, but proven theirs: the subscription is theirs too.
+                recordSubscription(of: purchase, owner: owner)
+            }
+            audit(
+                actor: "system", action: "purchase_held", subject: "transaction:\(purchase.transactionId)",
+                reason: heldReason.rawValue, details: ["userId": owner, "productId": purchase.productId])
+            // Held for whoever it turns out to be: nobody is credited yet, so nobody may finish it.
+            return (.held, heldReason)
+        }
+        if let boundOrder {
+            emit(.bindOrder(orderId: boundOrder, transactionId: purchase.transactionId, at: now))
+            publish(
+                "order.paid",
+                [
+                    "orderId": .string(boundOrder), "userId": .string(owner), "productId": .string(purchase.productId),
+                    "transactionId": .string(purchase.transactionId), "paidAt": .string(nowText),
+                ], id: "order.paid:\(boundOrder)")
+        }
+        // A prorated refund that arrived first took part of it back: the rest is credited.
+        let refundedUnits = facts.revocation.map { $0.creditKey == key ? $0.standingUnits : 0 } ?? 0
+        let autoRenewable = product?.type == .autoRenewable
+        let ends = autoRenewable ? replacedTiers(by: purchase, key: key) : nil
+        grant(
+            transactionId: purchase.transactionId, originalTransactionId: purchase.originalTransactionId, creditKey: key,
+            userId: owner, productId: purchase.productId, orderId: boundOrder, quantity: max(quantity - refundedUnits, 1),
+            grant: product?.grant(quantity: max(quantity - refundedUnits, 1)) ?? [:], environment: purchase.environment,
+            source: "apple", expiresAt: autoRenewable ? (ends?.own ?? purchase.expiresDate) : nil, periodStart: purchase.purchaseDate)
+        if autoRenewable || (product == nil && purchase.expiresDate != nil) {
+            recordSubscription(of: purchase, owner: owner)
+        }
+        endReplaced(ends?.others ?? [], by: purchase)
+        if let from = movesSubscriptionFrom {
+            moveSubscription(purchase.originalTransactionId, from: from, to: owner)
+        }
+        if ownership.tokenOrderOwner == nil, let subscriptionOwner, !sameUser(owner, upload.userId) {
+            // A billing period of someone else's subscription: theirs, whoever uploads it.
+            audit(
+                actor: "system", action: "period_credited_to_subscription_owner", subject: "transaction:\(purchase.transactionId)",
+                reason: "a billing period of \(subscriptionOwner)'s subscription; uploaded by \(upload.userId)",
+                details: ["owner": subscriptionOwner, "uploader": upload.userId, "creditKey": key])
+            return (.ownedByOtherUser, nil)
+        }
+        if !sameUser(owner, upload.userId) {
+            audit(
+                actor: "system", action: "credited_to_order_owner", subject: "transaction:\(purchase.transactionId)",
+                reason: "the purchase names an order of \(owner); uploaded by \(upload.userId)",
+                details: ["orderId": boundOrder ?? ""])
+            return (.replayedFromOtherUser, nil)
+        }
+        return (.credited, nil)
+    }
+
+    /// Whether `purchase` pays `order`: the order is unpaid, and the purchase is what it was
+    /// placed for: a one-time purchase, or the first period of a subscription. Later periods
+    /// (renewals, a plan change in the group) name the same order and pay nothing, whether they
+    /// arrive before the first or after it.
+    func pays(_ order: LedgerFacts.Order, _ purchase: VerifiedPurchase) -> Bool {
+        let laterPeriod = product(purchase.productId)?.type == .autoRenewable && purchase.transactionId != purchase.originalTransactionId
+        return order.state == "created" && !laterPeriod
+    }
+
+    /// The units a prorated refund of a consumable took back, when it took back only some;
+    /// nil when the whole purchase was taken back (a full refund, a revocation, anything but a
+    /// consumable).
+    func partialUnits(_ purchase: VerifiedPurchase, quantity: Int) -> Int? {
+        guard purchase.revocationType == "REFUND_PRORATED", let percentage = purchase.revocationPercentage,
+            product(purchase.productId)?.type == .consumable
+        else { return nil }
+        let units = Ledger.refundedUnits(of: quantity, percentage: percentage)
+        return units < quantity ? units : nil
+    }
+
+    /// A plan change within a subscription (an upgrade): where two periods of different
+    /// products overlap, the one that began later replaces the other from its start (Apple
+    /// refunds the rest of the old one). Whichever of the two is credited first, the same
+    /// periods end at the same dates: `own` is the new period's end when a later-begun period
+    /// of the chain replaced it already, `others` the grants it replaces.
+    func replacedTiers(by purchase: VerifiedPurchase, key: String) -> (own: Date?, others: [(LedgerFacts.Grant, Date)]) {
+        guard let start = purchase.purchaseDate else { return (nil, []) }
+        var own: Date?
+        var others: [(LedgerFacts.Grant, Date)] = []
+        // Revoked periods too: a refund's reversal gives back a period as the plan change left it.
+        for grant in facts.grants
+        where grant.originalTransactionId == purchase.originalTransactionId && grant.creditKey != key
+            && grant.productId != purchase.productId
+        {
+            guard let begun = grant.periodStart else { continue }
+            if begun < start, start < (grant.expiresAt ?? .distantFuture) {
+                others.append((grant, start))
+            } else if start < begun, begun < (purchase.expiresDate ?? .distantFuture) {
+                own = min(own ?? begun, begun)
+            }
+        }
+        return (own, others)
+    }
+
+    /// Ends the periods a plan change replaced (see `replacedTiers`), audited.
+    mutating func endReplaced(_ replaced: [(LedgerFacts.Grant, Date)], by purchase: VerifiedPurchase) {
+        for (grant, at) in replaced {
+            emit(.endGrant(transactionId: grant.transactionId, at: at))
+            audit(
+                actor: "apple", action: "grant_upgraded", subject: "transaction:\(grant.transactionId)",
+                reason: "replaced by \(purchase.productId) from \(Ledger.iso8601(at))",
+                details: ["userId": grant.userId, "by": purchase.transactionId])
+        }
+    }
+
+    /// `IAP_RESTORE=transfer`: the entitlement moves from its owner to the uploader of a
+    /// restore: revoked for the one, granted to the other, one audit entry naming both.
+    mutating func transfer(_ active: LedgerFacts.Grant, to upload: LedgerEvent.Upload, purchase: VerifiedPurchase, key: String) {
+        let previous = active.userId
+        revokeGrant(
+            active, actor: "transfer", reason: "restored by \(upload.userId)",
+            eventId: "grant.revoked:\(active.transactionId):transfer:\(upload.submissionId)", audited: false)
+        if let earlier = facts.grants(of: key).first(where: { $0.userId == upload.userId }) {
+            // Moving back to a user who held it before: that grant is active again.
+            emit(.reactivateGrant(transactionId: earlier.transactionId))
+            publish(
+                "grant.created",
+                [
+                    "transactionId": .string(earlier.transactionId),
+                    "originalTransactionId": .string(purchase.originalTransactionId), "userId": .string(upload.userId),
+                    "productId": .string(earlier.productId), "orderId": .null, "quantity": .int(earlier.quantity),
+                    "grant": .json(earlier.grantJSON), "environment": .string(earlier.environment),
+                    "source": .string("transfer"), "grantedAt": .string(nowText),
+                ], id: "grant.created:\(earlier.transactionId):transfer:\(upload.submissionId)")
+        } else {
+            grant(
+                transactionId: purchase.transactionId, originalTransactionId: purchase.originalTransactionId, creditKey: key,
+                userId: upload.userId, productId: purchase.productId, orderId: nil, quantity: active.quantity,
+                grant: product(purchase.productId)?.grant(quantity: active.quantity) ?? [:],
+                environment: purchase.environment, source: "apple", expiresAt: active.expiresAt,
+                periodStart: purchase.purchaseDate)
+        }
+        // The restore's own transaction, unless it is recorded already.
+        emit(
+            .recordPurchase(
+                .init(
+                    transactionId: purchase.transactionId, originalTransactionId: purchase.originalTransactionId,
+                    productId: purchase.productId, quantity: max(purchase.quantity, 1), environment: purchase.environment,
+                    bundleId: upload.bundleId, purchaseDate: purchase.purchaseDate, userId: upload.userId, orderId: nil,
+                    submissionId: upload.submissionId, appAccountToken: purchase.appAccountToken, heldReason: nil,
+                    creditedAt: now, creditKey: key, webOrderLineItemId: purchase.webOrderLineItemId, expiresDate: nil),
+                ifAbsent: true))
+        audit(
+            actor: "system", action: "grant_transferred", subject: "transaction:\(purchase.transactionId)",
+            reason: "restored by \(upload.userId); moved from \(previous)",
+            details: ["from": previous, "to": upload.userId, "creditKey": key])
+        if case .billingPeriod? = CreditKey(stored: key) {
+            // The subscription moves with its period, so that its renewals follow the new owner.
+            moveSubscription(purchase.originalTransactionId, from: previous, to: upload.userId)
+        }
+    }
+
+    /// `IAP_RESTORE=transfer`: the subscription's owner becomes `to`; audited.
+    mutating func moveSubscription(_ originalTransactionId: String, from: String, to: String) {
+        if var subscription = facts.subscription, subscription.originalTransactionId == originalTransactionId {
+            subscription.userId = to
+            subscription.updatedAt = now
+            emit(.putSubscription(subscription))
+        }
+        audit(
+            actor: "system", action: "subscription_transferred", subject: "subscription:\(originalTransactionId)",
+            reason: "restored by \(to); moved from \(from)", details: ["from": from, "to": to])
+    }
+
+    /// A new grant and its `grant.created` event.
+    mutating func grant(
+        transactionId: String, originalTransactionId: String, creditKey: String, userId: String, productId: String,
+        orderId: String?, quantity: Int, grant: [String: Catalog.GrantValue], environment: AppStoreEnvironment,
+        source: String, expiresAt: Date?, periodStart: Date? = nil
+    ) {
+        let grantJSON = Ledger.grantJSON(grant)
+        emit(
+            .grant(
+                .init(
+                    id: 0, transactionId: transactionId, userId: userId, productId: productId, orderId: orderId,
+                    quantity: quantity, grantJSON: grantJSON, environment: environment.rawValue, source: source,
+                    isActive: true, grantedAt: now, revokedAt: nil, revokedBy: nil, creditKey: creditKey,
+                    originalTransactionId: originalTransactionId, expiresAt: expiresAt, gracePeriodExpiresAt: nil,
+                    periodStart: periodStart)))
+        publish(
+            "grant.created",
+            [
+                "transactionId": .string(transactionId), "originalTransactionId": .string(originalTransactionId),
+                "userId": .string(userId), "productId": .string(productId), "orderId": orderId.map(EventField.string) ?? .null,
+                "quantity": .int(quantity), "grant": .json(grantJSON), "environment": .string(environment.rawValue),
+                "source": .string(source), "grantedAt": .string(nowText),
+            ], id: "grant.created:\(transactionId)")
+    }
+
+    /// Records an auto-renewable subscription credited through any route: its owner (the
+    /// first one credited), product, expiry and state, unless a state Apple signed later is
+    /// recorded.
+    mutating func recordSubscription(of purchase: VerifiedPurchase, owner: String) {
+        let stateDate = purchase.signedDate ?? purchase.purchaseDate ?? now
+        let state = (purchase.expiresDate ?? .distantFuture) > now ? "active" : "expired"
+        updateSubscription(
+            purchase, owner: owner, environment: purchase.environment.rawValue, state: state, autoRenew: nil,
+            grace: .keep, stateDate: stateDate)
+    }
+
+    /// What becomes of the subscription's grace period end when a state is recorded.
+    enum GraceUpdate {
+        case keep
+        case set(Date?)
+    }
+
+    /// The subscription with `state` recorded, when Apple signed it no earlier than the one
+    /// recorded; its owner stays whoever was credited first. Ties in `stateDate` are settled
+    /// by the later period end, then the transaction id, then the state, so every order
+    /// service and every arrival order come to the same row.
+    mutating func updateSubscription(
+        _ purchase: VerifiedPurchase, owner: String?, environment: String, state: String, autoRenew: Bool?,
+        grace: GraceUpdate, stateDate: Date
+    ) {
+        let current = facts.subscription?.originalTransactionId == purchase.originalTransactionId ? facts.subscription : nil
+        var row =
+            current
+            ?? LedgerFacts.Subscription(
+                originalTransactionId: purchase.originalTransactionId, userId: owner, productId: purchase.productId,
+                environment: environment, state: state, expiresDate: purchase.expiresDate, autoRenew: autoRenew,
+                gracePeriodExpiresDate: nil, lastTransactionId: purchase.transactionId, updatedAt: now, stateDate: stateDate)
+        if current != nil {
+            row.userId = row.userId ?? owner
+            let incoming = (stateDate, purchase.expiresDate ?? .distantPast, purchase.transactionId, Self.stateRank(state))
+            let recorded = (
+                row.stateDate ?? .distantPast, row.expiresDate ?? .distantPast, row.lastTransactionId, Self.stateRank(row.state)
+            )
+            if row.stateDate == nil || !(incoming < recorded) {
+                row.productId = purchase.productId
+                row.environment = environment
+                row.state = state
+                row.expiresDate = purchase.expiresDate ?? row.expiresDate
+                row.autoRenew = autoRenew ?? row.autoRenew
+                row.lastTransactionId = purchase.transactionId
+                row.stateDate = stateDate
+                if case .set(let end) = grace { row.gracePeriodExpiresDate = end }
+            }
+            row.updatedAt = now
+        } else if case .set(let end) = grace {
+            row.gracePeriodExpiresDate = end
+        }
+        emit(.putSubscription(row))
+    }
+
+    /// Ranks states for ties in Apple's date: an ending outranks a lapse, a lapse outranks
+    /// being in force.
+    static func stateRank(_ state: String) -> Int {
+        switch state {
+        case "revoked": 4
+        case "expired": 3
+        case "billing_retry": 2
+        case "grace_period": 1
+        default: 0
+        }
+    }
+}
+
+// MARK: - Revocations
+
+extension Planner {
+    /// Remembers that Apple took back what `key` credits (dated `at`; `units` of it for a
+    /// prorated refund of a consumable), whether or not anything was credited yet. Each date
+    /// is the latest of its kind, so the row is the same whatever order Apple's word arrived in.
+    @discardableResult
+    mutating func recordRevocation(key: String, transactionId: String, source: String, at revokedAt: Date, units: Int?) -> Bool {
+        var row =
+            facts.revocation?.creditKey == key
+            ? facts.revocation!
+            : LedgerFacts.Revocation(creditKey: key, transactionId: transactionId, source: source, revokedAt: revokedAt, reversedAt: nil)
+        let before = facts.revocation?.creditKey == key ? facts.revocation : nil
+        // A refund Apple reversed later takes nothing: the caller says `reversed_already`.
+        if let reversed = before?.reversedAt, revokedAt <= reversed {
+            return false
+        }
+        if revokedAt >= row.revokedAt || before == nil {
+            row.revokedAt = revokedAt
+            row.transactionId = transactionId
+            row.source = source
+        }
+        if let units {
+            if revokedAt > (row.partlyRevokedAt ?? .distantPast) {
+                row.partlyRevokedAt = revokedAt
+                row.revokedUnits = units
+            } else if revokedAt == row.partlyRevokedAt {
+                row.revokedUnits = max(row.revokedUnits ?? 0, units)
+            }
+        } else {
+            row.fullyRevokedAt = max(row.fullyRevokedAt ?? revokedAt, revokedAt)
+        }
+        if row != before { emit(.putRevocation(row)) }
+        return true
+    }
+
+    /// Remembers Apple's reversal of a refund of `key` (REFUND_REVERSED, signed at
+    /// `reversedAt`); a refund signed after it still stands. With nothing recorded (the REFUND
+    /// it reverses is late), the reversal alone is kept, so that a refund Apple signed no later
+    /// than it takes nothing when it arrives.
+    mutating func recordReversal(key: String, transactionId: String, at reversedAt: Date) {
+        guard var row = facts.revocation, row.creditKey == key else {
+            emit(
+                .putRevocation(
+                    .init(
+                        creditKey: key, transactionId: transactionId, source: "REFUND_REVERSED", revokedAt: reversedAt,
+                        reversedAt: reversedAt)))
+            return
+        }
+        guard reversedAt > (row.reversedAt ?? .distantPast) else { return }
+        row.reversedAt = reversedAt
+        emit(.putRevocation(row))
+    }
+
+    /// Brings what `key` grants in line with Apple's word as recorded: revoked while a full
+    /// refund stands; else in force (restored, or credited to the upload a refund stopped) with
+    /// the units no prorated refund took. Says whether it took a grant back. Whatever order
+    /// refunds and reversals arrive in, the grant ends as Apple's latest word says.
+    @discardableResult
+    mutating func settle(key: String, quantity: Int, reason: String, tag: String, purchase: VerifiedPurchase? = nil) -> Bool {
+        let row = facts.revocation?.creditKey == key ? facts.revocation : nil
+        if row?.standsFully == true {
+            return revokeActiveGrant(key: key, reason: reason, tag: tag)
+        }
+        if facts.activeGrant(of: key) == nil {
+            if let grant = facts.grants(of: key).filter({ !$0.isActive && $0.revokedBy == "apple" })
+                .max(by: { ($0.revokedAt ?? .distantPast, $0.id) < ($1.revokedAt ?? .distantPast, $1.id) })
+            {
+                restoreGrant(grant, tag: "\(grant.transactionId):\(tag)")
+            } else if facts.grants(of: key).isEmpty, let blocked = facts.blocked.first, let purchase {
+                // An upload a refund stopped: what the refund took is given back to its owner.
+                creditBlocked(blocked, key: key, purchase: purchase)
+            }
+        }
+        guard let active = facts.activeGrant(of: key) else { return false }
+        let full = max(facts.purchase?.quantity ?? quantity, 1)
+        let units = max(full - (row?.standingUnits ?? 0), 1)
+        if units < active.quantity {
+            reduce(active, toUnits: units, reason: reason, tag: tag)
+        } else if units > active.quantity {
+            // A prorated refund reversed: the grant is whole again.
+            emit(
+                .reduceGrant(
+                    transactionId: active.transactionId, quantity: units,
+                    grantJSON: Ledger.grantJSON(product(active.productId)?.grant(quantity: units) ?? [:])))
+            audit(
+                actor: "apple", action: "grant_restored", subject: "transaction:\(active.transactionId)", reason: "REFUND_REVERSED",
+                details: ["userId": active.userId, "quantity": "\(units)"])
+        }
+        return false
+    }
+
+    /// Revokes the active grant of `key`, if any, as Apple's doing; says whether there was one.
+    mutating func revokeActiveGrant(key: String, reason: String, tag: String) -> Bool {
+        guard let grant = facts.activeGrant(of: key) else { return false }
+        revokeGrant(grant, actor: "apple", reason: reason, eventId: "grant.revoked:\(grant.transactionId):\(tag)")
+        return true
+    }
+
+    /// A prorated refund: the grant keeps `units` of its purchase; `grant.revoked` says how
+    /// many were taken back.
+    mutating func reduce(_ grant: LedgerFacts.Grant, toUnits units: Int, reason: String, tag: String) {
+        guard units < grant.quantity else { return }
+        let taken = grant.quantity - units
+        let json = Ledger.grantJSON(product(grant.productId)?.grant(quantity: units) ?? [:])
+        emit(.reduceGrant(transactionId: grant.transactionId, quantity: units, grantJSON: json))
+        publish(
+            "grant.revoked",
+            [
+                "transactionId": .string(grant.transactionId), "userId": .string(grant.userId),
+                "productId": .string(grant.productId), "quantity": .int(taken),
+                "grant": .json(Ledger.grantJSON(product(grant.productId)?.grant(quantity: taken) ?? [:])),
+                "reason": .string(reason), "partial": .string("true"), "remainingQuantity": .int(units),
+                "revokedAt": .string(nowText),
+            ], id: "grant.revoked:\(grant.transactionId):\(tag)")
+        audit(
+            actor: "apple", action: "grant_reduced", subject: "transaction:\(grant.transactionId)", reason: reason,
+            details: ["userId": grant.userId, "refundedUnits": "\(taken)", "remainingUnits": "\(units)"])
+        revoked += 1
+    }
+
+    /// Revokes a grant: its order becomes refunded, `grant.revoked` is published, and the
+    /// audit log says who and why.
+    mutating func revokeGrant(_ grant: LedgerFacts.Grant, actor: String, reason: String, eventId: String, audited: Bool = true) {
+        // What took it back, not who typed it: only Apple's revocations are undone by Apple's reversal.
+        let revokedBy = ["apple", "transfer"].contains(actor) ? actor : "admin"
+        emit(.revokeGrant(transactionId: grant.transactionId, by: revokedBy, at: now))
+        if let orderId = grant.orderId {
+            emit(.setOrderState(orderId: orderId, transactionId: grant.transactionId, state: "refunded", at: now))
+        }
+        publish(
+            "grant.revoked",
+            [
+                "transactionId": .string(grant.transactionId), "userId": .string(grant.userId),
+                "productId": .string(grant.productId), "quantity": .int(grant.quantity), "grant": .json(grant.grantJSON),
+                "reason": .string(reason), "revokedAt": .string(nowText),
+            ], id: eventId)
+        guard audited else { return }
+        audit(
+            actor: actor, action: "grant_revoked", subject: "transaction:\(grant.transactionId)", reason: reason,
+            details: ["userId": grant.userId])
+    }
+
+    /// An upload that a standing revocation stopped: kept (held as `revoked`) so that Apple's
+    /// reversal of the refund credits its owner. Whose it is, as crediting would say: the user
+    /// whose order Apple's token names, else the uploader when the upload proves it; a lookup
+    /// claims nothing for a reversal to credit.
+    mutating func recordBlocked(_ purchase: VerifiedPurchase, key: String, upload: LedgerEvent.Upload) {
+        let tokenOwner = purchase.appAccountToken != nil ? facts.tokenOrder?.userId : nil
+        guard tokenOwner != nil || purchase.ownershipEvidence == .signedUpload, facts.purchase == nil else { return }
+        // Named by a token for another product: held for a person, as it would be had it arrived
+        // before the refund (a reversal never credits it).
+        let mismatch = purchase.appAccountToken != nil && facts.tokenOrder.map { pays($0, purchase) && $0.productId != purchase.productId } == true
+        let row = LedgerFacts.Purchase(
+            transactionId: purchase.transactionId, originalTransactionId: purchase.originalTransactionId,
+            productId: purchase.productId, quantity: max(purchase.quantity, 1), environment: purchase.environment,
+            bundleId: upload.bundleId, purchaseDate: purchase.purchaseDate, userId: tokenOwner ?? upload.userId, orderId: nil,
+            submissionId: upload.submissionId, appAccountToken: purchase.appAccountToken,
+            heldReason: mismatch ? ReasonCode.productMismatch.rawValue : "revoked", creditedAt: now, creditKey: key,
+            webOrderLineItemId: purchase.webOrderLineItemId, expiresDate: mismatch ? purchase.expiresDate : nil)
+        emit(.recordPurchase(row, ifAbsent: true))
+        if case .billingPeriod? = CreditKey(stored: key) {
+            // Proven, though refunded: the subscription is theirs, as it would be had the period
+            // been credited before the refund arrived.
+            if var subscription = facts.subscription, subscription.originalTransactionId == purchase.originalTransactionId {
+                if subscription.userId == nil {
+                    subscription.userId = row.userId
+                    emit(.putSubscription(subscription))
+                }
+            } else {
+                recordSubscription(of: purchase, owner: row.userId)
+            }
+        }
+    }
+}

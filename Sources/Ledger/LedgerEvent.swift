@@ -1,0 +1,151 @@
+import Foundation
+import IAPCore
+
+/// Something that may change what users hold: the input of `Ledger.plan`.
+public enum LedgerEvent: Sendable, Equatable {
+    /// One purchase of a verified upload (a receipt, a signed transaction, a looked-up id).
+    case upload(VerifiedPurchase, Upload)
+    /// A verified App Store Server Notification, not applied before (the shell keeps each
+    /// `notificationUUID` once).
+    case notification(AppStoreNotification, submissionId: String)
+    /// Customer service grants by hand: a held purchase to its owner, or goodwill.
+    case manualGrant(ManualGrant)
+    /// Customer service takes a grant back.
+    case manualRevoke(transactionId: String, actor: String, reason: String, eventTag: String)
+
+    /// The upload a purchase came in.
+    public struct Upload: Sendable, Equatable {
+        /// The user whose upload it is.
+        public var userId: String
+        public var submissionId: String
+        /// The order the upload names (the client's word).
+        public var orderId: String?
+        /// The transaction the upload names.
+        public var transactionId: String?
+        public var bundleId: String
+
+        /// Creates an upload.
+        public init(userId: String, submissionId: String, orderId: String?, transactionId: String?, bundleId: String) {
+            self.userId = userId
+            self.submissionId = submissionId
+            self.orderId = orderId
+            self.transactionId = transactionId
+            self.bundleId = bundleId
+        }
+    }
+
+    /// A grant by hand.
+    public struct ManualGrant: Sendable, Equatable {
+        public var userId: String
+        public var productId: String
+        public var quantity: Int
+        public var grant: [String: Catalog.GrantValue]
+        /// A held purchase to grant; nil for goodwill under `goodwillId`.
+        public var transactionId: String?
+        /// The id of a goodwill grant (`manual-…`), chosen by the shell.
+        public var goodwillId: String
+        public var actor: String
+        public var reason: String
+
+        /// Creates a grant by hand.
+        public init(
+            userId: String, productId: String, quantity: Int, grant: [String: Catalog.GrantValue], transactionId: String?,
+            goodwillId: String, actor: String, reason: String
+        ) {
+            self.userId = userId
+            self.productId = productId
+            self.quantity = quantity
+            self.grant = grant
+            self.transactionId = transactionId
+            self.goodwillId = goodwillId
+            self.actor = actor
+            self.reason = reason
+        }
+    }
+}
+
+/// What the ledger needs to know beyond the event and the facts.
+public struct LedgerPolicy: Sendable {
+    /// What each product grants and its type; nil credits every purchase once per
+    /// transaction with its quantity only.
+    public var catalog: Catalog?
+    /// Which sandbox purchases are credited.
+    public var sandbox: SandboxPolicy
+    /// What a restore uploaded by another user than the owner does.
+    public var restore: RestorePolicy
+
+    /// Creates a policy.
+    public init(catalog: Catalog? = nil, sandbox: SandboxPolicy = .accept, restore: RestorePolicy = .keep) {
+        self.catalog = catalog
+        self.sandbox = sandbox
+        self.restore = restore
+    }
+
+    /// The key `purchase` is credited once by.
+    public func creditKey(of purchase: VerifiedPurchase) -> CreditKey {
+        CreditKey(of: purchase, type: catalog?.product(purchase.productId)?.type)
+    }
+}
+
+/// Which rows the facts of an event are: the shell reads exactly these.
+public struct LedgerQuery: Sendable, Equatable {
+    /// The purchase row, and the grant, of this transaction.
+    public var transactionId: String?
+    /// The credit key whose grants, revocation and stopped purchases are read.
+    public var creditKey: String?
+    /// The chain whose grants, subscription and first credited purchase are read.
+    public var originalTransactionId: String?
+    /// The order named by an `appAccountToken` (compared in lower case).
+    public var tokenOrderId: String?
+    /// The order the upload names (compared in lower case).
+    public var uploadOrderId: String?
+    /// Whether the subscription of `originalTransactionId` is read (not for a one-time purchase
+    /// of an upload: one statement less on the common path).
+    public var readsSubscription: Bool
+
+    /// Creates a query.
+    public init(
+        transactionId: String? = nil, creditKey: String? = nil, originalTransactionId: String? = nil,
+        tokenOrderId: String? = nil, uploadOrderId: String? = nil, readsSubscription: Bool = true
+    ) {
+        self.transactionId = transactionId
+        self.creditKey = creditKey
+        self.originalTransactionId = originalTransactionId
+        self.tokenOrderId = tokenOrderId
+        self.uploadOrderId = uploadOrderId
+        self.readsSubscription = readsSubscription
+    }
+}
+
+/// What a plan concluded, besides its changes.
+public enum LedgerOutcome: Sendable, Equatable {
+    /// For one purchase of an upload: what became of it, and why when it was not credited.
+    case transaction(TransactionCreditState, ReasonCode?)
+    /// For a notification: what it did (`revoked`, `restored`, `credited`, …).
+    case notification(String)
+    /// For an action by hand: the grant it wrote or took back.
+    case grant(transactionId: String)
+    /// An action by hand that cannot be done as asked; nothing changes.
+    case refused(Refusal, String)
+
+    /// Why an action by hand was refused.
+    public enum Refusal: Sendable, Equatable {
+        case notFound
+        case conflict
+    }
+}
+
+/// A plan: the changes, in order, and what they amount to.
+public struct LedgerPlan: Sendable, Equatable {
+    public var changes: [LedgerChange]
+    public var outcome: LedgerOutcome
+    /// Grants the plan took back (for the metrics).
+    public var revoked: Int
+}
+
+extension ReasonCode {
+    /// The product is not in the catalog: nothing to grant until a person decides.
+    public static let unknownProduct = ReasonCode("unknown_product")
+    /// The purchase names our order, but for another product.
+    public static let productMismatch = ReasonCode("product_mismatch")
+}

@@ -1,0 +1,325 @@
+import Foundation
+import IAPCore
+
+/// What the order store holds about the keys one event names: the only input of
+/// `Ledger.plan` besides the event itself.
+///
+/// The shell reads these rows in the transaction that will write the plan, so the plan is
+/// decided on exactly what it changes.
+public struct LedgerFacts: Sendable, Equatable {
+    /// The purchase row of the event's transaction, if recorded.
+    public var purchase: Purchase?
+    /// Every grant of the event's credit key and of its original transaction (subscription
+    /// periods, restores), active and revoked, oldest first.
+    public var grants: [Grant]
+    /// Apple's remembered revocation (or reversal) of the credit key.
+    public var revocation: Revocation?
+    /// The subscription of the event's original transaction.
+    public var subscription: Subscription?
+    /// Purchases of the credit key that a standing revocation stopped, oldest first.
+    public var blocked: [Purchase]
+    /// Whoever a purchase of the transaction or its chain was credited to (not held).
+    public var chainCreditedUser: String?
+    /// The order the purchase's `appAccountToken` names.
+    public var tokenOrder: Order?
+    /// The order the upload names (the client's word).
+    public var uploadOrder: Order?
+
+    /// Creates facts; everything absent unless given.
+    public init(
+        purchase: Purchase? = nil, grants: [Grant] = [], revocation: Revocation? = nil, subscription: Subscription? = nil,
+        blocked: [Purchase] = [], chainCreditedUser: String? = nil, tokenOrder: Order? = nil, uploadOrder: Order? = nil
+    ) {
+        self.purchase = purchase
+        self.grants = grants
+        self.revocation = revocation
+        self.subscription = subscription
+        self.blocked = blocked
+        self.chainCreditedUser = chainCreditedUser
+        self.tokenOrder = tokenOrder
+        self.uploadOrder = uploadOrder
+    }
+
+    /// One Apple transaction as recorded (table `purchase`).
+    public struct Purchase: Sendable, Equatable {
+        public var transactionId: String
+        public var originalTransactionId: String
+        public var productId: String
+        public var quantity: Int
+        public var environment: AppStoreEnvironment
+        public var bundleId: String
+        public var purchaseDate: Date?
+        /// The user it is recorded for (its owner, or the one it is held for).
+        public var userId: String
+        public var orderId: String?
+        public var submissionId: String
+        public var appAccountToken: String?
+        /// Why it is not granted (`revoked` when a refund stopped its upload); nil when granted.
+        public var heldReason: String?
+        public var creditedAt: Date
+        /// The stored credit key; nil in rows of the first schema.
+        public var creditKey: String?
+        public var webOrderLineItemId: String?
+        public var expiresDate: Date?
+
+        /// Creates a purchase row.
+        public init(
+            transactionId: String, originalTransactionId: String, productId: String, quantity: Int,
+            environment: AppStoreEnvironment, bundleId: String, purchaseDate: Date?, userId: String, orderId: String?,
+            submissionId: String, appAccountToken: String?, heldReason: String?, creditedAt: Date, creditKey: String?,
+            webOrderLineItemId: String?, expiresDate: Date?
+        ) {
+            self.transactionId = transactionId
+            self.originalTransactionId = originalTransactionId
+            self.productId = productId
+            self.quantity = quantity
+            self.environment = environment
+            self.bundleId = bundleId
+            self.purchaseDate = purchaseDate
+            self.userId = userId
+            self.orderId = orderId
+            self.submissionId = submissionId
+            self.appAccountToken = appAccountToken
+            self.heldReason = heldReason
+            self.creditedAt = creditedAt
+            self.creditKey = creditKey
+            self.webOrderLineItemId = webOrderLineItemId
+            self.expiresDate = expiresDate
+        }
+    }
+
+    /// One credit of one transaction to one user (table `grants`).
+    public struct Grant: Sendable, Equatable {
+        /// The store's row id (the order grants were written in); 0 for a grant this plan adds.
+        public var id: Int64
+        public var transactionId: String
+        public var userId: String
+        public var productId: String
+        public var orderId: String?
+        public var quantity: Int
+        /// What it grants, as JSON with sorted keys.
+        public var grantJSON: String
+        public var environment: String
+        /// `apple` or `manual`.
+        public var source: String
+        public var isActive: Bool
+        public var grantedAt: Date
+        public var revokedAt: Date?
+        /// `apple`, `transfer` or `admin`: what took it back.
+        public var revokedBy: String?
+        public var creditKey: String?
+        public var originalTransactionId: String?
+        public var expiresAt: Date?
+        public var gracePeriodExpiresAt: Date?
+        /// When the purchase it credits began (its period's start); read from the purchase row.
+        public var periodStart: Date?
+
+        /// Creates a grant row.
+        public init(
+            id: Int64, transactionId: String, userId: String, productId: String, orderId: String?, quantity: Int,
+            grantJSON: String, environment: String, source: String, isActive: Bool, grantedAt: Date, revokedAt: Date?,
+            revokedBy: String?, creditKey: String?, originalTransactionId: String?, expiresAt: Date?,
+            gracePeriodExpiresAt: Date?, periodStart: Date? = nil
+        ) {
+            self.periodStart = periodStart
+            self.id = id
+            self.transactionId = transactionId
+            self.userId = userId
+            self.productId = productId
+            self.orderId = orderId
+            self.quantity = quantity
+            self.grantJSON = grantJSON
+            self.environment = environment
+            self.source = source
+            self.isActive = isActive
+            self.grantedAt = grantedAt
+            self.revokedAt = revokedAt
+            self.revokedBy = revokedBy
+            self.creditKey = creditKey
+            self.originalTransactionId = originalTransactionId
+            self.expiresAt = expiresAt
+            self.gracePeriodExpiresAt = gracePeriodExpiresAt
+        }
+    }
+
+    /// Apple's word that a credit key was taken back, and whether Apple reversed it (table
+    /// `revocation`). Dates are Apple's; each is the latest of its kind, so the row says the
+    /// same whatever order Apple's notifications arrived in.
+    public struct Revocation: Sendable, Equatable {
+        public var creditKey: String
+        public var transactionId: String
+        /// REFUND, REVOKE, REFUND_REVERSED (a reversal that arrived first) or `apple_answer`.
+        public var source: String
+        /// Apple's latest refund or revocation of any kind.
+        public var revokedAt: Date
+        /// Apple's latest reversal.
+        public var reversedAt: Date?
+        /// Apple's latest full refund or revocation; nil when there was none (rows written
+        /// before prorated refunds were kept apart read `revokedAt` here).
+        public var fullyRevokedAt: Date?
+        /// Apple's latest prorated refund of a consumable, and how many units it took back.
+        public var partlyRevokedAt: Date?
+        public var revokedUnits: Int?
+
+        /// Creates a revocation row.
+        public init(
+            creditKey: String, transactionId: String, source: String, revokedAt: Date, reversedAt: Date?,
+            fullyRevokedAt: Date? = nil, partlyRevokedAt: Date? = nil, revokedUnits: Int? = nil
+        ) {
+            self.creditKey = creditKey
+            self.transactionId = transactionId
+            self.source = source
+            self.revokedAt = revokedAt
+            self.reversedAt = reversedAt
+            self.fullyRevokedAt = fullyRevokedAt
+            self.partlyRevokedAt = partlyRevokedAt
+            self.revokedUnits = revokedUnits
+        }
+
+        /// Whether Apple took the whole purchase back: a full refund later than every reversal
+        /// (a reversal wins a tie).
+        public var standsFully: Bool {
+            guard let full = fullyRevokedAt else { return false }
+            return reversedAt.map { $0 < full } ?? true
+        }
+
+        /// The units a prorated refund later than every reversal took back; 0 when none.
+        public var standingUnits: Int {
+            guard let partly = partlyRevokedAt, let units = revokedUnits, reversedAt.map({ $0 < partly }) ?? true else { return 0 }
+            return units
+        }
+
+        /// Whether it takes anything back now.
+        public var stands: Bool { standsFully || standingUnits > 0 }
+    }
+
+    /// An auto-renewable subscription (table `subscription`).
+    public struct Subscription: Sendable, Equatable {
+        public var originalTransactionId: String
+        /// Its owner: every billing period is theirs. Nil while only notifications told of it.
+        public var userId: String?
+        public var productId: String
+        public var environment: String
+        /// active, expired, billing_retry, grace_period or revoked.
+        public var state: String
+        public var expiresDate: Date?
+        public var autoRenew: Bool?
+        public var gracePeriodExpiresDate: Date?
+        public var lastTransactionId: String
+        public var updatedAt: Date
+        /// Apple's date of the state recorded (`signedDate`); a state signed earlier never replaces it.
+        public var stateDate: Date?
+
+        /// Creates a subscription row.
+        public init(
+            originalTransactionId: String, userId: String?, productId: String, environment: String, state: String,
+            expiresDate: Date?, autoRenew: Bool?, gracePeriodExpiresDate: Date?, lastTransactionId: String, updatedAt: Date,
+            stateDate: Date?
+        ) {
+            self.originalTransactionId = originalTransactionId
+            self.userId = userId
+            self.productId = productId
+            self.environment = environment
+            self.state = state
+            self.expiresDate = expiresDate
+            self.autoRenew = autoRenew
+            self.gracePeriodExpiresDate = gracePeriodExpiresDate
+            self.lastTransactionId = lastTransactionId
+            self.updatedAt = updatedAt
+            self.stateDate = stateDate
+        }
+    }
+
+    /// One of our orders (table `orders`).
+    public struct Order: Sendable, Equatable {
+        public var id: String
+        public var userId: String
+        public var productId: String
+        /// created, paid, cancelled or refunded.
+        public var state: String
+        public var transactionId: String?
+        public var createdAt: Date
+
+        /// Creates an order row.
+        public init(id: String, userId: String, productId: String, state: String, transactionId: String?, createdAt: Date) {
+            self.id = id
+            self.userId = userId
+            self.productId = productId
+            self.state = state
+            self.transactionId = transactionId
+            self.createdAt = createdAt
+        }
+    }
+}
+
+extension LedgerFacts {
+    /// The grants of `key`.
+    func grants(of key: String) -> [Grant] { grants.filter { $0.creditKey == key } }
+
+    /// The active grant of `key` (at most one: the store's unique index).
+    func activeGrant(of key: String) -> Grant? { grants.first { $0.creditKey == key && $0.isActive } }
+
+    /// The grant of one transaction.
+    func grant(ofTransaction transactionId: String) -> Grant? { grants.first { $0.transactionId == transactionId } }
+
+    /// These facts after `change`: what the rest of one plan reads.
+    public mutating func apply(_ change: LedgerChange) {
+        switch change {
+        case .recordPurchase(let row, _):
+            if purchase == nil {
+                purchase = row
+                if row.heldReason == "revoked" { blocked.append(row) }
+            }
+        case .releasePurchase(let transactionId):
+            if purchase?.transactionId == transactionId { purchase?.heldReason = nil }
+            blocked.removeAll { $0.transactionId == transactionId }
+        case .grant(let row):
+            var row = row
+            row.id = (grants.map(\.id).max() ?? 0) + 1
+            grants.append(row)
+        case .revokeGrant(let transactionId, let by, let at):
+            updateGrant(transactionId) {
+                $0.isActive = false
+                $0.revokedAt = at
+                $0.revokedBy = by
+            }
+        case .reactivateGrant(let transactionId):
+            updateGrant(transactionId) {
+                $0.isActive = true
+                $0.revokedAt = nil
+                $0.revokedBy = nil
+            }
+        case .reduceGrant(let transactionId, let quantity, let grantJSON):
+            updateGrant(transactionId) {
+                $0.quantity = quantity
+                $0.grantJSON = grantJSON
+            }
+        case .extendGrant(let transactionId, let until):
+            updateGrant(transactionId) { $0.expiresAt = until }
+        case .endGrant(let transactionId, let at):
+            updateGrant(transactionId) { $0.expiresAt = at }
+        case .setGracePeriod(let transactionId, let until):
+            updateGrant(transactionId) { $0.gracePeriodExpiresAt = until }
+        case .bindOrder(let orderId, let transactionId, _):
+            for path in [\LedgerFacts.tokenOrder, \LedgerFacts.uploadOrder] where self[keyPath: path]?.id == orderId {
+                self[keyPath: path]?.state = "paid"
+                self[keyPath: path]?.transactionId = transactionId
+            }
+        case .setOrderState(let orderId, let transactionId, let state, _):
+            for path in [\LedgerFacts.tokenOrder, \LedgerFacts.uploadOrder]
+            where self[keyPath: path]?.id == orderId && self[keyPath: path]?.transactionId == transactionId {
+                self[keyPath: path]?.state = state
+            }
+        case .putRevocation(let row):
+            revocation = row
+        case .putSubscription(let row):
+            subscription = row
+        case .recordConsumptionRequest, .audit, .publish:
+            break
+        }
+    }
+
+    private mutating func updateGrant(_ transactionId: String, _ body: (inout Grant) -> Void) {
+        if let index = grants.firstIndex(where: { $0.transactionId == transactionId }) { body(&grants[index]) }
+    }
+}
