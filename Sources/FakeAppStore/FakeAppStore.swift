@@ -39,7 +39,11 @@ import X509
 ///   "revokedTransactionIds"}`: refunds as Apple does (a non-consumable or non-renewing
 ///   subscription with every transaction of its original transaction id, a subscription period
 ///   with every transaction of its web order line item id, a consumable alone);
-///   `.../refund` does the same and sends REFUND (`"notificationType"` in the answer).
+///   `.../refund` `{"revocationType"?, "revocationPercentage"?}` (body optional) does the same
+///   and sends REFUND (`"notificationType"` in the answer): REFUND_FULL by default;
+///   REFUND_PRORATED with `revocationPercentage` (milli-units of 100 %) refunds a share and may
+///   follow another prorated refund; FAMILY_REVOKE ends a family member's access and sends
+///   REVOKE. The signed transaction then carries `revocationType` and `revocationPercentage`.
 /// - `POST /fake/purchases/{transactionId}/notify` `{"notificationType", "subtype"?,
 ///   "consumptionRequestReason"?}` → `{"transactionId", "notificationType"}`: sends any
 ///   notification; REFUND_REVERSED first undoes the refund of the same set.
@@ -115,17 +119,36 @@ public struct FakeAppStore: Sendable {
                     transactionId: id, cancellationDateMs: String(Self.milliseconds(refund.date)),
                     revokedTransactionIds: refund.revoked))
         }
-        router.post("/fake/purchases/{transactionId}/refund") { _, context in
-            // A refund as Apple makes it: the purchase is revoked and a REFUND notification sent.
+        router.post("/fake/purchases/{transactionId}/refund") { request, context in
+            // A refund as Apple makes it: the purchase is revoked and a REFUND notification sent
+            // (REVOKE for a family member's access); a prorated one refunds a share.
             let id = try context.parameters.require("transactionId")
-            guard let refund = try ledger.cancel(transactionId: id), let purchase = try ledger.purchase(transactionId: id) else {
+            let ask = try await Self.body(of: request, or: RefundRequest())
+            let type = ask.revocationType ?? "REFUND_FULL"
+            switch type {
+            case "REFUND_FULL", "FAMILY_REVOKE":
+                guard ask.revocationPercentage == nil else {
+                    throw HTTPError(.badRequest, message: "revocationPercentage goes with REFUND_PRORATED only")
+                }
+            case "REFUND_PRORATED":
+                guard let percentage = ask.revocationPercentage, (1...100_000).contains(percentage) else {
+                    throw HTTPError(.badRequest, message: "REFUND_PRORATED needs revocationPercentage in 1...100000 (milli-units of 100 %)")
+                }
+            default:
+                throw HTTPError(.badRequest, message: "revocationType is REFUND_FULL, REFUND_PRORATED or FAMILY_REVOKE")
+            }
+            guard let refund = try ledger.cancel(transactionId: id, type: type, percentage: ask.revocationPercentage),
+                let purchase = try ledger.purchase(transactionId: id)
+            else {
                 throw HTTPError(.notFound, message: "no purchase \(id)")
             }
-            try await notify("REFUND", subtype: nil, purchase: purchase)
+            let notificationType = type == "FAMILY_REVOKE" ? "REVOKE" : "REFUND"
+            try await notify(notificationType, subtype: nil, purchase: purchase)
             return try json(
                 RefundAnswer(
                     transactionId: id, cancellationDateMs: String(Self.milliseconds(refund.date)),
-                    revokedTransactionIds: refund.revoked, notificationType: "REFUND"))
+                    revokedTransactionIds: refund.revoked, notificationType: notificationType,
+                    revocationType: purchase.revocationType, revocationPercentage: purchase.revocationPercentage))
         }
         router.post("/fake/purchases/{transactionId}/decline-refund") { _, context in
             // The customer asked for a refund and Apple said no: REFUND_DECLINED, the purchase unchanged.
@@ -258,6 +281,15 @@ public struct FakeAppStore: Sendable {
         /// Every transaction the refund revoked (restores, or the billing period's), oldest first.
         var revokedTransactionIds: [String]
         var notificationType: String?
+        var revocationType: String?
+        var revocationPercentage: Int?
+    }
+
+    private struct RefundRequest: Decodable {
+        /// REFUND_FULL (default), REFUND_PRORATED or FAMILY_REVOKE.
+        var revocationType: String?
+        /// For REFUND_PRORATED: the share refunded, in milli-units of 100 % (1 of 3 units: 33333).
+        var revocationPercentage: Int?
     }
 
     /// A request's optional JSON body: `empty` when it has none.

@@ -26,6 +26,10 @@ final class FakeLedger: Sendable {
         var inAppOwnershipType = "PURCHASED"
         /// `PURCHASE` (a purchase or a restore of one), or `RENEWAL` (a period Apple billed).
         var transactionReason = "PURCHASE"
+        /// With `cancellationDate`: REFUND_FULL, REFUND_PRORATED or FAMILY_REVOKE.
+        var revocationType: String? = nil
+        /// For REFUND_PRORATED: the share refunded, in milli-units of 100 %.
+        var revocationPercentage: Int? = nil
     }
 
     /// What a receipt held when it was issued.
@@ -153,6 +157,13 @@ final class FakeLedger: Sendable {
                     ALTER TABLE purchase ADD COLUMN transactionReason TEXT NOT NULL DEFAULT 'PURCHASE';
                     CREATE INDEX purchase_original ON purchase(originalTransactionId);
                     CREATE INDEX purchase_line_item ON purchase(webOrderLineItemId);
+                    """)
+        }
+        migrator.registerMigration("v3: revocation type and percentage") { db in
+            try db.execute(
+                sql: """
+                    ALTER TABLE purchase ADD COLUMN revocationType TEXT;
+                    ALTER TABLE purchase ADD COLUMN revocationPercentage INTEGER;
                     """)
         }
         return migrator
@@ -372,15 +383,20 @@ final class FakeLedger: Sendable {
         }
     }
 
-    /// Refunds a purchase and everything Apple revokes with it (see `refundSet(of:)`); the
-    /// purchase's cancellation date and the ids revoked, nil if there is no such purchase.
-    func cancel(transactionId: String) throws -> (date: Date, revoked: [String])? {
+    /// Refunds a purchase and everything Apple revokes with it (see `refundSet(of:)`), as
+    /// `type` says (REFUND_FULL, REFUND_PRORATED with `percentage`, FAMILY_REVOKE); the
+    /// purchase's cancellation date and the ids revoked, nil if there is no such purchase. A
+    /// prorated refund may follow another (Apple's percentage grows); nothing follows a full one.
+    func cancel(transactionId: String, type: String = "REFUND_FULL", percentage: Int? = nil) throws -> (date: Date, revoked: [String])? {
         try database.write { db in
             guard let purchase = try Self.purchase(transactionId, db) else { return nil }
             let set = Self.refundSet(of: purchase)
             try db.execute(
-                sql: "UPDATE purchase SET cancellationDate = ? WHERE \(set.sql) AND cancellationDate IS NULL",
-                arguments: [Date(), set.argument])
+                sql: """
+                    UPDATE purchase SET cancellationDate = ?, revocationType = ?, revocationPercentage = ?
+                    WHERE \(set.sql) AND (cancellationDate IS NULL OR (revocationType = 'REFUND_PRORATED' AND ? = 'REFUND_PRORATED'))
+                    """,
+                arguments: [Date(), type, type == "REFUND_PRORATED" ? percentage : nil, set.argument, type])
             let revoked = try String.fetchAll(
                 db, sql: "SELECT transactionId FROM purchase WHERE \(set.sql) ORDER BY rowid", arguments: [set.argument])
             guard let date = try Self.purchase(transactionId, db)?.cancellationDate else { return nil }
@@ -419,7 +435,9 @@ final class FakeLedger: Sendable {
         try database.write { db in
             guard let purchase = try Self.purchase(transactionId, db) else { return nil }
             let set = Self.refundSet(of: purchase)
-            try db.execute(sql: "UPDATE purchase SET cancellationDate = NULL WHERE \(set.sql)", arguments: [set.argument])
+            try db.execute(
+                sql: "UPDATE purchase SET cancellationDate = NULL, revocationType = NULL, revocationPercentage = NULL WHERE \(set.sql)",
+                arguments: [set.argument])
             return try Self.purchase(transactionId, db)
         }
     }
@@ -568,6 +586,7 @@ extension FakeLedger.Purchase {
             expiresDate: row["expiresDate"], webOrderLineItemId: row["webOrderLineItemId"],
             cancellationDate: row["cancellationDate"], environment: row["environment"], bundleId: row["bundleId"],
             applicationUsername: row["applicationUsername"], deviceId: row["deviceId"],
-            inAppOwnershipType: row["inAppOwnershipType"], transactionReason: row["transactionReason"])
+            inAppOwnershipType: row["inAppOwnershipType"], transactionReason: row["transactionReason"],
+            revocationType: row["revocationType"], revocationPercentage: row["revocationPercentage"])
     }
 }

@@ -48,6 +48,8 @@ struct FakeStoreKit: Sendable {
         var signedDate: Int64
         var revocationReason: Int?
         var revocationDate: Int64?
+        var revocationType: String?
+        var revocationPercentage: Int?
         var environment: String
         var transactionReason: String
         var storefront = "USA"
@@ -161,8 +163,10 @@ struct FakeStoreKit: Sendable {
                 type: Self.appleType(purchase.type),
                 appAccountToken: purchase.applicationUsername.flatMap { UUID(uuidString: $0) }?.uuidString.lowercased(),
                 inAppOwnershipType: purchase.inAppOwnershipType, signedDate: now, revocationReason: purchase.cancellationDate == nil ? nil : 0,
-                revocationDate: purchase.cancellationDate.map(FakeAppStore.milliseconds), environment: purchase.environment,
-                transactionReason: purchase.transactionReason))
+                revocationDate: purchase.cancellationDate.map(FakeAppStore.milliseconds),
+                revocationType: purchase.cancellationDate == nil ? nil : purchase.revocationType ?? "REFUND_FULL",
+                revocationPercentage: purchase.cancellationDate == nil ? nil : purchase.revocationPercentage,
+                environment: purchase.environment, transactionReason: purchase.transactionReason))
     }
 
     func signedRenewalInfo(_ purchase: FakeLedger.Purchase, autoRenew: Bool = true) throws -> String {

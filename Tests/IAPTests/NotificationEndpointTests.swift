@@ -128,6 +128,59 @@ extension BrokerTests {
             #expect(try await pipeline.grantState(of: purchase.transactionId, user: "nina") == "revoked")
         }
 
+        /// Apple refunds one of three packs of a consumable (REFUND_PRORATED, 33,333 milli-units of
+        /// 100 %): the grant keeps two, and `grant.revoked` says one was taken. A larger prorated
+        /// refund leaves one; Apple's reversal gives all three back. A family member's access
+        /// revoked (REVOKE, FAMILY_REVOKE) takes the whole purchase back.
+        @Test func aProratedRefundTakesBackItsShareOfTheUnits() async throws {
+            struct Mint: Encodable {
+                var bundleId = PipelineHarness.bundleId
+                var productId = "com.example.coins.60"
+                var quantity = 3
+            }
+            struct Refund: Encodable {
+                var revocationType: String
+                var revocationPercentage: Int?
+            }
+            let pipeline = try await PipelineHarness.start(name: "prorated")
+            defer { Task { await pipeline.stop() } }
+            let minted = try await HTTP.post(pipeline.fakeURL + "/fake/purchases", json: Mint())
+            #expect(minted.status == 201, "\(minted.text)")
+            let purchase = try JSONDecoder().decode(PipelineHarness.Purchase.self, from: minted.body)
+            let id = try await pipeline.upload(["userId": "nina", "signedTransaction": try #require(purchase.signedTransaction)])
+            #expect(try await pipeline.waitForState(id)["state"] as? String == "credited")
+            func units() async throws -> Int? {
+                try await pipeline.store.grants(ofTransaction: purchase.transactionId).first.flatMap { $0.state == "active" ? $0.quantity : nil }
+            }
+            #expect(try await units() == 3)
+            let refundURL = pipeline.fakeURL + "/fake/purchases/\(purchase.transactionId)/refund"
+
+            let one = try await HTTP.post(refundURL, json: Refund(revocationType: "REFUND_PRORATED", revocationPercentage: 33_333))
+            #expect(one.status == 200 && one.json["revocationPercentage"] as? Int == 33_333, "\(one.text)")
+            #expect(try await eventually(timeout: .seconds(20)) { try await units() == 2 })
+            let grant = try #require(try await pipeline.store.grants(ofTransaction: purchase.transactionId).first)
+            #expect(grant.grantJSON == #"{"coins":120}"#)
+
+            let two = try await HTTP.post(refundURL, json: Refund(revocationType: "REFUND_PRORATED", revocationPercentage: 66_667))
+            #expect(two.status == 200, "\(two.text)")
+            #expect(try await eventually(timeout: .seconds(20)) { try await units() == 1 })
+            let outcomes = try await pipeline.store.notifications(ofTransaction: purchase.transactionId)
+            #expect(outcomes.map(\.type) == ["REFUND", "REFUND"] && outcomes.allSatisfy { $0.outcome == "partly_revoked" }, "\(outcomes)")
+
+            let reversed = try await HTTP.post(
+                pipeline.fakeURL + "/fake/purchases/\(purchase.transactionId)/notify", json: ["notificationType": "REFUND_REVERSED"])
+            #expect(reversed.status == 200, "\(reversed.text)")
+            #expect(try await eventually(timeout: .seconds(20)) { try await units() == 3 })
+
+            // Nonsense is refused by the fake as Apple would never send it.
+            let bad = try await HTTP.post(refundURL, json: Refund(revocationType: "REFUND_PRORATED", revocationPercentage: nil))
+            #expect(bad.status == 400, "\(bad.text)")
+            let family = try await HTTP.post(refundURL, json: Refund(revocationType: "FAMILY_REVOKE"))
+            #expect(family.status == 200 && family.json["notificationType"] as? String == "REVOKE", "\(family.text)")
+            #expect(try await eventually(timeout: .seconds(20)) { try await units() == nil })
+            #expect(try await pipeline.grantState(of: purchase.transactionId, user: "nina") == "revoked")
+        }
+
         /// Apple declined a refund the customer asked for: recorded, and the grant stays.
         @Test func aDeclinedRefundIsRecordedAndTheGrantStays() async throws {
             let pipeline = try await PipelineHarness.start(name: "declined")
@@ -145,7 +198,7 @@ extension BrokerTests {
             #expect(try await pipeline.grantState(of: purchase.transactionId, user: "nina") == "active")
             let rows = try await pipeline.store.testRows(
                 "SELECT outcome FROM notification WHERE transactionId = ?", [purchase.transactionId])
-            #expect(rows.map { $0["outcome"] as String } == ["recorded"])
+            #expect(rows.map { $0["outcome"] as String } == ["declined"])
         }
 
         /// `RESCIND_CONSENT` names the app, not a purchase (`appData`, no `data`): answered 200,

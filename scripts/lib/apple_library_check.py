@@ -27,6 +27,7 @@ from appstoreserverlibrary.models.Environment import Environment
 from appstoreserverlibrary.models.InAppOwnershipType import InAppOwnershipType
 from appstoreserverlibrary.models.NotificationHistoryRequest import NotificationHistoryRequest
 from appstoreserverlibrary.models.OrderLookupStatus import OrderLookupStatus
+from appstoreserverlibrary.models.RevocationType import RevocationType
 from appstoreserverlibrary.models.Status import Status
 from appstoreserverlibrary.models.TransactionHistoryRequest import Order, ProductType, TransactionHistoryRequest
 from appstoreserverlibrary.models.TransactionReason import TransactionReason
@@ -146,6 +147,10 @@ def main():
         minted["restore"] = fake.post(f"/fake/purchases/{minted['premium']['transactionId']}/restore", {})
         minted["renewal"] = fake.post(f"/fake/subscriptions/{minted['subscription']['originalTransactionId']}/renew")
         minted["refund"] = fake.post(f"/fake/purchases/{minted['consumable']['transactionId']}/refund", status=200)
+        # Three packs, one of them refunded (Apple's share in milli-units of 100 %).
+        minted["packs"] = fake.mint(bundle, "com.example.coins.60", "consumable", deviceId=device, quantity=3)
+        minted["prorated"] = fake.post(f"/fake/purchases/{minted['packs']['transactionId']}/refund",
+                                       {"revocationType": "REFUND_PRORATED", "revocationPercentage": 33333}, status=200)
         minted["sandbox"] = fake.mint(bundle, "com.example.vip.month", "auto_renewable", "Sandbox")
         minted["sandboxRenewal"] = fake.post(f"/fake/subscriptions/{minted['sandbox']['originalTransactionId']}/renew")
         expect(minted["restore"]["originalTransactionId"] == minted["premium"]["transactionId"], "restore lost its original id")
@@ -188,6 +193,11 @@ def main():
         decoded = mapped_txn(verifier, answer.signedTransactionInfo)
         expect(decoded.transactionId == minted["consumable"]["transactionId"], "wrong transaction")
         expect(decoded.revocationDate is not None, "the refunded consumable has no revocationDate")
+        expect(decoded.revocationType == RevocationType.REFUND_FULL, f"a full refund reads {decoded.rawRevocationType}")
+        packs = mapped_txn(verifier, production.get_transaction_info(minted["packs"]["transactionId"]).signedTransactionInfo)
+        expect(packs.quantity == 3, f"the packs' quantity is {packs.quantity}")
+        expect(packs.revocationType == RevocationType.REFUND_PRORATED and packs.revocationPercentage == 33333,
+               f"a prorated refund reads {packs.rawRevocationType} {packs.revocationPercentage}")
         sandboxed = sandbox.get_transaction_info(minted["sandbox"]["transactionId"])
         mapped_txn(sandbox_verifier, sandboxed.signedTransactionInfo)
         return {"transactionId": decoded.transactionId, "revocationDate": decoded.revocationDate}
