@@ -148,7 +148,7 @@ def main():
         minted["renewal"] = fake.post(f"/fake/subscriptions/{minted['subscription']['originalTransactionId']}/renew")
         minted["refund"] = fake.post(f"/fake/purchases/{minted['consumable']['transactionId']}/refund", status=200)
         # Three packs, one of them refunded (Apple's share in milli-units of 100 %).
-        minted["packs"] = fake.mint(bundle, "com.example.coins.60", "consumable", deviceId=device, quantity=3)
+        minted["packs"] = fake.mint(bundle, "com.example.coins.60", "consumable", quantity=3)  # a device of its own
         minted["prorated"] = fake.post(f"/fake/purchases/{minted['packs']['transactionId']}/refund",
                                        {"revocationType": "REFUND_PRORATED", "revocationPercentage": 33333}, status=200)
         minted["sandbox"] = fake.mint(bundle, "com.example.vip.month", "auto_renewable", "Sandbox")
