@@ -550,6 +550,11 @@ struct LedgerSemanticsTests {
         try await upload([purchase("w1", product: "com.example.vip.month", period: "p1")], by: "ana", to: store)
         _ = try await notify("DID_RENEW", purchase("w2", original: "w1", product: "com.example.vip.month", period: "p2"), to: store, status: 1)
         _ = try await notify("EXPIRED", purchase("w2", original: "w1", product: "com.example.vip.month", period: "p2"), to: store, status: 2)
+        // Customer service: a goodwill grant, taken back again.
+        let goodwill = try await store.grantManually(
+            userId: "ana", productId: "com.example.coins.60", quantity: 1, grant: ["coins": .number(5)], transactionId: nil,
+            actor: "agent", reason: "sorry", policy: transfer)
+        _ = try await store.revoke(transactionId: goodwill.transactionId, actor: "agent", reason: "twice", policy: transfer)
         let pending = VerifyRequest(submissionId: UUID(), userId: "ana", receiptData: "AAAA", acceptedAt: Date())
         try await store.accept(pending, message: OutboxMessage(routingKey: "q", body: [1], messageId: pending.submissionId.uuidString))
         _ = try await store.requeueStuck(pendingBefore: Date(), retryDueBefore: Date(), limit: 10) { request in
@@ -579,7 +584,8 @@ struct LedgerSemanticsTests {
                 }
             }
         case .postgres:
-            #expect(queries.count > 20, "the workload ran too few queries to judge")
+            // The ledger's shell reads each kind of row with one statement: fewer, broader ones.
+            #expect(queries.count > 15, "the workload ran too few queries to judge")
             for sql in queries {
                 for step in try await store.testGenericPlan(sql) {
                     guard let on = step.range(of: "Seq Scan on ") else { continue }

@@ -41,7 +41,7 @@ extension BrokerTests {
                 orders = try await scrape(ordersPort)
                 // A sample holds the store's counts and, once the broker answered, the queues'.
                 return orders.value(MetricNames.submissions, ["state": "credited"]) == 20
-                    && orders.value(MetricNames.queueConsumers, ["queue": "\(drill.prefix).results"]) != nil
+                    && orders.value(MetricNames.queueConsumers, ["queue": "\(drill.prefix).results"]) == 1
                     && orders.value(MetricNames.queueConsumers, ["queue": "\(drill.prefix).verify"]) == 1
             }
             let verifier = try await scrape(verifierPort)
