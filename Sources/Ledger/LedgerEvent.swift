@@ -99,8 +99,9 @@ public struct LedgerQuery: Sendable, Equatable {
     public var tokenOrderId: String?
     /// The order the upload names (compared in lower case).
     public var uploadOrderId: String?
-    /// Whether the subscription of `originalTransactionId` is read (not for a one-time purchase
-    /// of an upload: one statement less on the common path).
+    /// Whether the subscription of `originalTransactionId` and its chain's grants are read
+    /// (not for a one-time purchase of an upload: one statement less on the common path, and
+    /// only its credit key's grants).
     public var readsSubscription: Bool
 
     /// Creates a query.

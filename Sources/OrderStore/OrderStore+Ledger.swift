@@ -39,14 +39,25 @@ extension OrderStore {
             facts.purchase = try db.cachedRow(sql: "SELECT * FROM purchase WHERE transactionId = ?", arguments: [transactionId])
                 .map(purchaseFact)
         }
-        facts.grants = try db.rows(
-            sql: """
-                SELECT grants.*, purchase.purchaseDate AS periodStart FROM grants
-                    LEFT JOIN purchase ON purchase.transactionId = grants.transactionId
-                WHERE grants.creditKey = ? OR grants.originalTransactionId = ? OR grants.transactionId = ? ORDER BY grants.id
-                """,
-            arguments: [query.creditKey, query.originalTransactionId, query.transactionId]
-        ).map(grantFact)
+        if query.readsSubscription, query.originalTransactionId != nil {
+            // A subscription's whole chain, with each period's start (upgrades, grace periods).
+            facts.grants = try db.rows(
+                sql: """
+                    SELECT grants.*, purchase.purchaseDate AS periodStart FROM grants
+                        LEFT JOIN purchase ON purchase.transactionId = grants.transactionId
+                    WHERE grants.creditKey = ? OR grants.originalTransactionId = ? OR grants.transactionId = ?
+                    ORDER BY grants.id
+                    """,
+                arguments: [query.creditKey, query.originalTransactionId, query.transactionId]
+            ).map(grantFact)
+        } else {
+            // A one-time purchase: its key's grants only. Fewer index ranges read, so fewer
+            // conflicts between order services crediting at once on PostgreSQL.
+            facts.grants = try db.rows(
+                sql: "SELECT * FROM grants WHERE creditKey = ? OR transactionId = ? ORDER BY id",
+                arguments: [query.creditKey, query.transactionId]
+            ).map(grantFact)
+        }
         if let key = query.creditKey {
             facts.revocation = try db.cachedRow(sql: "SELECT * FROM revocation WHERE creditKey = ?", arguments: [key]).map {
                 LedgerFacts.Revocation(

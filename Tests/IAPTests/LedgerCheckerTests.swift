@@ -37,9 +37,11 @@ struct MemoryLedger {
     func facts(for query: LedgerQuery, event: LedgerEvent) -> LedgerFacts {
         var facts = LedgerFacts()
         if let id = query.transactionId { facts.purchase = purchases[id] }
+        // As the store reads them: a subscription's chain, or a one-time purchase's key alone.
+        let chain = query.readsSubscription && query.originalTransactionId != nil
         facts.grants = grants.filter {
             ($0.creditKey != nil && $0.creditKey == query.creditKey)
-                || ($0.originalTransactionId != nil && $0.originalTransactionId == query.originalTransactionId)
+                || (chain && $0.originalTransactionId != nil && $0.originalTransactionId == query.originalTransactionId)
                 || $0.transactionId == query.transactionId
         }
         if let key = query.creditKey { facts.revocation = revocations[key] }
