@@ -35,6 +35,20 @@ import X509
 ///   billing period (new transaction and web order line item ids, `transactionReason` RENEWAL)
 ///   on the device of the chain's latest transaction, whose receipt holds the whole chain;
 ///   sends DID_RENEW. 404 unknown chain, 409 not auto-renewable.
+/// - `POST /fake/subscriptions/{originalTransactionId}/upgrade` `{"productId",
+///   "expiresInSeconds"?}` → 201 in the same shape: an upgrade within the group, at once (a new
+///   period of `productId` in the same chain, `transactionReason` PURCHASE; the period it
+///   replaces is marked `isUpgraded`, `is_upgraded`); sends DID_CHANGE_RENEWAL_PREF (UPGRADE).
+///   404 unknown chain, 409 not auto-renewable or already on that product.
+/// - `POST /fake/subscriptions/{originalTransactionId}/extend` `{"days"}` (1 to 90) →
+///   `{"originalTransactionId", "transactionId", "expiresDateMs", "notificationType"}`: the
+///   period in force ends `days` later; sends RENEWAL_EXTENDED. 409 when no period is in force.
+/// - `POST /fake/notifications/hold` → 204: from now on every notification (renewals, refunds,
+///   `/notify`, resends, all of them) waits, keeping the `signedDate` it was signed with.
+///   `POST /fake/notifications/release` `{"order"?: "signed"|"reverse"|"shuffle", "seed"?,
+///   "duplicate"?}` (body optional; `signed` by default) ends the hold and delivers what waited
+///   in that order (each twice with `duplicate`) → `{"order", "released": [{"notificationType",
+///   "transactionId", "signedDate", "results"}]}`.
 /// - `POST /fake/purchases/{transactionId}/cancel` → `{"transactionId", "cancellationDateMs",
 ///   "revokedTransactionIds"}`: refunds as Apple does (a non-consumable or non-renewing
 ///   subscription with every transaction of its original transaction id, a subscription period
@@ -53,7 +67,9 @@ import X509
 /// - `POST /fake/config` `{"latencyMs"?, "errorRate"?, "notificationURL"?}` → 204.
 /// - `GET /fake/stats` → `{"verifyReceiptCalls", "serverAPICalls"}`; `GET /fake/root-certificate`
 ///   → the root (DER); `GET /healthz`.
-/// - `POST /verifyReceipt`, `POST /sandbox/verifyReceipt`: Apple's `verifyReceipt`.
+/// - `POST /verifyReceipt`, `POST /sandbox/verifyReceipt`: Apple's `verifyReceipt`; like
+///   Apple's, its `in_app` leaves out consumables and non-consumables refunded in full or
+///   revoked, and keeps refunded subscription periods with their `cancellation_date`.
 /// - With an API key, the App Store Server API under `/inApps` (production) and
 ///   `/sandbox/inApps`: Get Transaction Info, Get Transaction History (v1 and v2 alike, with
 ///   Apple's filters), Get Refund History v2,
@@ -171,6 +187,47 @@ public struct FakeAppStore: Sendable {
             try await notify("DID_RENEW", subtype: nil, purchase: renewal.0)
             return try minted(renewal)
         }
+        router.post("/fake/subscriptions/{originalTransactionId}/upgrade") { request, context in
+            // An upgrade within the subscription group, at once: a new period of the higher tier
+            // in the same chain; DID_CHANGE_RENEWAL_PREF (UPGRADE) about it.
+            let id = try context.parameters.require("originalTransactionId")
+            let ask = try await request.decode(as: UpgradeRequest.self, context: context)
+            guard !ask.productId.isEmpty else { throw HTTPError(.badRequest, message: "productId must not be empty") }
+            if let seconds = ask.expiresInSeconds, seconds <= 0 {
+                throw HTTPError(.badRequest, message: "expiresInSeconds must be positive")
+            }
+            let upgrade = try refused(
+                try ledger.upgrade(
+                    originalTransactionId: id, to: ask.productId, length: ask.expiresInSeconds.map(TimeInterval.init),
+                    encode: encodeReceipt),
+                id: id)
+            try await notify("DID_CHANGE_RENEWAL_PREF", subtype: "UPGRADE", purchase: upgrade.0)
+            return try minted(upgrade)
+        }
+        router.post("/fake/subscriptions/{originalTransactionId}/extend") { request, context in
+            // Apple's Extend a Subscription Renewal Date: the period in force ends `days` later;
+            // RENEWAL_EXTENDED about it.
+            let id = try context.parameters.require("originalTransactionId")
+            let ask = try await request.decode(as: ExtendRequest.self, context: context)
+            guard (1...90).contains(ask.days) else {
+                throw HTTPError(.badRequest, message: "days must be 1 to 90, as Apple's extendByDays")
+            }
+            let period = try refused(try ledger.extend(originalTransactionId: id, days: ask.days), id: id)
+            try await notify("RENEWAL_EXTENDED", subtype: nil, purchase: period)
+            return try json(
+                ExtendAnswer(
+                    originalTransactionId: id, transactionId: period.transactionId,
+                    expiresDateMs: period.expiresDate.map { String(Self.milliseconds($0)) } ?? "",
+                    notificationType: "RENEWAL_EXTENDED"))
+        }
+        router.post("/fake/notifications/hold") { _, _ in
+            // From now on every notification waits for /fake/notifications/release.
+            ledger.hold()
+            return HTTPResponse.Status.noContent
+        }
+        router.post("/fake/notifications/release") { request, _ in
+            try await release(try await Self.body(of: request, or: ReleaseRequest()))
+        }
         router.post("/fake/purchases/{transactionId}/notify") { request, context in
             // Any notification about a purchase: {"notificationType", "subtype"?, "consumptionRequestReason"?}.
             let id = try context.parameters.require("transactionId")
@@ -197,7 +254,9 @@ public struct FakeAppStore: Sendable {
                     $0.transactionId == id && (ask.notificationType == nil || $0.notificationType == ask.notificationType)
                 })
             else { throw HTTPError(.notFound, message: "no notification sent about \(id)") }
-            let result = await storeKit.resend(sent.signedPayload, to: notificationURL.withLockedValue { $0 })
+            let result = await storeKit.resend(
+                sent.signedPayload, type: sent.notificationType, transactionId: sent.transactionId, environment: sent.environment,
+                to: notificationURL.withLockedValue { $0 })
             return try json(["transactionId": id, "notificationType": sent.notificationType, "sendAttempt": result])
         }
         router.post("/fake/rescind-consent") { request, context in
@@ -268,6 +327,84 @@ public struct FakeAppStore: Sendable {
         /// The share of calls answered with 503, 0 to 1.
         var errorRate: Double?
         var notificationURL: String?
+    }
+
+    private struct UpgradeRequest: Decodable {
+        var productId: String
+        /// The new period's length (default: the chain's first period's).
+        var expiresInSeconds: Int?
+    }
+
+    private struct ExtendRequest: Decodable {
+        var days: Int
+    }
+
+    private struct ExtendAnswer: Encodable {
+        var originalTransactionId: String
+        var transactionId: String
+        var expiresDateMs: String
+        var notificationType: String
+    }
+
+    private struct ReleaseRequest: Decodable {
+        /// `signed` (default: Apple's order), `reverse` or `shuffle`.
+        var order: String?
+        /// The shuffle's seed: the same seed gives the same order.
+        var seed: UInt64?
+        /// Deliver each notification twice, as Apple's duplicate deliveries do.
+        var duplicate: Bool?
+    }
+
+    private struct ReleaseAnswer: Encodable {
+        struct Delivered: Encodable {
+            var notificationType: String
+            var transactionId: String?
+            var signedDate: Int64
+            /// Each delivery's result, as Get Notification History spells it.
+            var results: [String]
+        }
+
+        var order: String
+        var released: [Delivered]
+    }
+
+    /// `POST /fake/notifications/release`: ends the hold and delivers what waited, one at a
+    /// time, in the order asked (ties in `signedDate` keep the order they were signed in).
+    private func release(_ ask: ReleaseRequest) async throws -> Response {
+        let order = ask.order ?? "signed"
+        guard ["signed", "reverse", "shuffle"].contains(order) else {
+            throw HTTPError(.badRequest, message: "order is signed, reverse or shuffle")
+        }
+        guard order == "shuffle" || ask.seed == nil else {
+            throw HTTPError(.badRequest, message: "seed goes with order shuffle only")
+        }
+        var waiting = ledger.release().enumerated().sorted { ($0.element.signedDate, $0.offset) < ($1.element.signedDate, $1.offset) }
+            .map(\.element)
+        switch order {
+        case "reverse":
+            waiting.reverse()
+        case "shuffle":
+            var generator = SeededGenerator(seed: ask.seed ?? UInt64.random(in: .min ... .max))
+            waiting.shuffle(using: &generator)
+        default:
+            break
+        }
+        let url = notificationURL.withLockedValue { $0 }
+        var released: [ReleaseAnswer.Delivered] = []
+        for notification in waiting {
+            var results = [await storeKit.deliver(notification, to: url)]
+            if ask.duplicate == true {
+                results.append(
+                    await storeKit.resend(
+                        notification.signedPayload, type: notification.notificationType,
+                        transactionId: notification.transactionId, environment: notification.environment, to: url))
+            }
+            released.append(
+                .init(
+                    notificationType: notification.notificationType, transactionId: notification.transactionId,
+                    signedDate: notification.signedDate, results: results))
+        }
+        return try json(ReleaseAnswer(order: order, released: released))
     }
 
     private struct RestoreRequest: Decodable {
@@ -518,6 +655,7 @@ struct AppleVerifyReceiptAnswer: Encodable {
         var cancellation_reason: String?
         var app_account_token: String?
         var is_trial_period = "false"
+        var is_upgraded: String?
         var in_app_ownership_type: String
 
         init(_ purchase: FakeLedger.Purchase) {
@@ -537,6 +675,7 @@ struct AppleVerifyReceiptAnswer: Encodable {
             cancellation_reason = purchase.cancellationDate == nil ? nil : "0"
             app_account_token = purchase.applicationUsername?.lowercased()
             in_app_ownership_type = purchase.inAppOwnershipType
+            is_upgraded = purchase.isUpgraded ? "true" : nil
         }
     }
 
@@ -560,7 +699,7 @@ struct AppleVerifyReceiptAnswer: Encodable {
             bundle_id: receipt.bundleId,
             receipt_creation_date_ms: String(FakeAppStore.milliseconds(receipt.createdAt)),
             request_date_ms: String(FakeAppStore.milliseconds(Date())),
-            in_app: receipt.purchases.map(Transaction.init))
+            in_app: receipt.purchases.filter(\.isListedInReceipt).map(Transaction.init))
         if !subscriptions.isEmpty {
             // Newest first, as Apple lists them; only the latest per chain with exclude-old-transactions.
             var latest = subscriptions.sorted { $0.purchaseDate > $1.purchaseDate }
@@ -590,5 +729,33 @@ struct AppleVerifyReceiptAnswer: Encodable {
         }
         return digits(parts.tm_year + 1900, 4) + "-" + digits(parts.tm_mon + 1, 2) + "-" + digits(parts.tm_mday, 2) + " "
             + digits(parts.tm_hour, 2) + ":" + digits(parts.tm_min, 2) + ":" + digits(parts.tm_sec, 2) + " Etc/GMT"
+    }
+}
+
+extension FakeLedger.Purchase {
+    /// Whether `verifyReceipt` lists it in the receipt's `in_app`: Apple leaves out consumables
+    /// and non-consumables it refunded in full or revoked (a prorated refund keeps the rest of
+    /// the purchase); a refunded subscription period stays, with its `cancellation_date`.
+    var isListedInReceipt: Bool {
+        guard cancellationDate != nil, type == "consumable" || type == "non_consumable" else { return true }
+        return revocationType == "REFUND_PRORATED"
+    }
+}
+
+/// SplitMix64: a seeded generator, so that `{"order": "shuffle", "seed": N}` gives the same
+/// order every time.
+struct SeededGenerator: RandomNumberGenerator {
+    private var state: UInt64
+
+    init(seed: UInt64) {
+        state = seed
+    }
+
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var mixed = state
+        mixed = (mixed ^ (mixed >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        mixed = (mixed ^ (mixed >> 27)) &* 0x94D0_49BB_1331_11EB
+        return mixed ^ (mixed >> 31)
     }
 }

@@ -30,6 +30,9 @@ final class FakeLedger: Sendable {
         var revocationType: String? = nil
         /// For REFUND_PRORATED: the share refunded, in milli-units of 100 %.
         var revocationPercentage: Int? = nil
+        /// A subscription period the customer upgraded from (Apple's `isUpgraded`,
+        /// `is_upgraded`): the higher tier's period began when this one was replaced.
+        var isUpgraded = false
     }
 
     /// What a receipt held when it was issued.
@@ -90,6 +93,9 @@ final class FakeLedger: Sendable {
         var verifyReceiptCalls = 0
         var serverAPICalls = 0
         var notifications: [SentNotification] = []
+        /// Notifications signed while held (`POST /fake/notifications/hold`), waiting for
+        /// release; nil when notifications go out as they are signed.
+        var held: [HeldNotification]?
         var consumption: [String: String] = [:]
     }
 
@@ -166,6 +172,9 @@ final class FakeLedger: Sendable {
                     ALTER TABLE purchase ADD COLUMN revocationPercentage INTEGER;
                     """)
         }
+        migrator.registerMigration("v4: upgraded periods") { db in
+            try db.execute(sql: "ALTER TABLE purchase ADD COLUMN isUpgraded BOOLEAN NOT NULL DEFAULT 0")
+        }
         return migrator
     }
 
@@ -236,27 +245,95 @@ final class FakeLedger: Sendable {
         originalTransactionId: String, encode: (Receipt) throws -> [UInt8]
     ) throws -> Result<(Purchase, [UInt8]), Refusal> {
         try database.write { db in
-            let chain = try Row.fetchAll(
-                db, sql: "SELECT * FROM purchase WHERE originalTransactionId = ? ORDER BY rowid",
-                arguments: [originalTransactionId]
-            ).map(Purchase.init(row:))
-            guard let latest = chain.last, let first = chain.first else { return .failure(.notFound) }
-            guard latest.type == "auto_renewable", let firstExpiry = first.expiresDate,
-                let lastExpiry = chain.compactMap(\.expiresDate).max()
-            else {
+            try Self.nextPeriod(of: originalTransactionId, db, encode: encode) { chain, renewal, now in
+                let first = chain[0]
+                let length = first.expiresDate!.timeIntervalSince(first.purchaseDate)
+                renewal.expiresDate = max(chain.compactMap(\.expiresDate).max()!, now).addingTimeInterval(length)
+                renewal.transactionReason = "RENEWAL"
+                return nil
+            }
+        }
+    }
+
+    /// Upgrades an auto-renewable chain to `productId` as Apple does within a subscription
+    /// group: at once, with a new billing period of the new product (a new transaction and web
+    /// order line item id, the same original transaction id, `transactionReason` PURCHASE)
+    /// from now for `length` (the first period's length when nil); the period in force is
+    /// marked `isUpgraded`. Refused for an unknown chain, a chain that is not auto-renewable,
+    /// and the product it already has.
+    func upgrade(
+        originalTransactionId: String, to productId: String, length: TimeInterval?, encode: (Receipt) throws -> [UInt8]
+    ) throws -> Result<(Purchase, [UInt8]), Refusal> {
+        try database.write { db in
+            try Self.nextPeriod(of: originalTransactionId, db, encode: encode) { chain, upgrade, now in
+                let latest = chain[chain.count - 1]
+                guard latest.productId != productId else { return "the subscription is already on \(productId)" }
+                let first = chain[0]
+                upgrade.productId = productId
+                upgrade.expiresDate = now.addingTimeInterval(length ?? first.expiresDate!.timeIntervalSince(first.purchaseDate))
+                upgrade.transactionReason = "PURCHASE"
+                try db.execute(
+                    sql: """
+                        UPDATE purchase SET isUpgraded = 1
+                        WHERE originalTransactionId = ? AND webOrderLineItemId = ? AND cancellationDate IS NULL
+                        """,
+                    arguments: [originalTransactionId, latest.webOrderLineItemId])
+                return nil
+            }
+        }
+    }
+
+    /// A new billing period of the chain `originalTransactionId`, shaped by `shape` (which may
+    /// refuse it with a reason), stored, and the receipt of the device of the chain's latest
+    /// transaction, which holds the whole chain.
+    private static func nextPeriod(
+        of originalTransactionId: String, _ db: Database, encode: (Receipt) throws -> [UInt8],
+        shape: (_ chain: [Purchase], _ period: inout Purchase, _ now: Date) throws -> String?
+    ) throws -> Result<(Purchase, [UInt8]), Refusal> {
+        let chain = try Row.fetchAll(
+            db, sql: "SELECT * FROM purchase WHERE originalTransactionId = ? ORDER BY rowid", arguments: [originalTransactionId]
+        ).map(Purchase.init(row:))
+        guard let latest = chain.last, let first = chain.first else { return .failure(.notFound) }
+        guard latest.type == "auto_renewable", first.expiresDate != nil else {
+            return .failure(.conflict("\(originalTransactionId) is not an auto-renewable subscription"))
+        }
+        let now = Date()
+        let transactionId = try nextTransactionId(db)
+        var period = latest
+        period.transactionId = transactionId
+        period.webOrderLineItemId = lineItemId(transactionId)
+        period.purchaseDate = now
+        period.cancellationDate = nil
+        period.revocationType = nil
+        period.revocationPercentage = nil
+        period.isUpgraded = false
+        if let refusal = try shape(chain, &period, now) { return .failure(.conflict(refusal)) }
+        try insert(period, db)
+        return .success((period, try issueReceipt(for: period, at: now, db, encode: encode)))
+    }
+
+    /// Extends the billing period in force of an auto-renewable chain by `days` (Apple's
+    /// Extend a Subscription Renewal Date): its transactions' `expiresDate` moves; the period as
+    /// it is now. Refused for an unknown chain, one that is not auto-renewable, and a refunded
+    /// or lapsed period.
+    func extend(originalTransactionId: String, days: Int) throws -> Result<Purchase, Refusal> {
+        try database.write { db in
+            guard
+                let latest = try Row.fetchOne(
+                    db, sql: "SELECT * FROM purchase WHERE originalTransactionId = ? ORDER BY rowid DESC LIMIT 1",
+                    arguments: [originalTransactionId]
+                ).map(Purchase.init(row:))
+            else { return .failure(.notFound) }
+            guard latest.type == "auto_renewable", let expires = latest.expiresDate, let lineItem = latest.webOrderLineItemId else {
                 return .failure(.conflict("\(originalTransactionId) is not an auto-renewable subscription"))
             }
-            let now = Date()
-            let transactionId = try Self.nextTransactionId(db)
-            var renewal = latest
-            renewal.transactionId = transactionId
-            renewal.webOrderLineItemId = Self.lineItemId(transactionId)
-            renewal.purchaseDate = now
-            renewal.expiresDate = max(lastExpiry, now).addingTimeInterval(firstExpiry.timeIntervalSince(first.purchaseDate))
-            renewal.cancellationDate = nil
-            renewal.transactionReason = "RENEWAL"
-            try Self.insert(renewal, db)
-            return .success((renewal, try Self.issueReceipt(for: renewal, at: now, db, encode: encode)))
+            guard latest.cancellationDate == nil, expires > Date() else {
+                return .failure(.conflict("the subscription has no period in force to extend"))
+            }
+            try db.execute(
+                sql: "UPDATE purchase SET expiresDate = ? WHERE webOrderLineItemId = ?",
+                arguments: [expires.addingTimeInterval(TimeInterval(days) * 86_400), lineItem])
+            return .success(try Self.purchase(latest.transactionId, db)!)
         }
     }
 
@@ -267,14 +344,15 @@ final class FakeLedger: Sendable {
                 INSERT INTO purchase (
                     transactionId, originalTransactionId, productId, type, quantity, purchaseDate,
                     originalPurchaseDate, expiresDate, webOrderLineItemId, cancellationDate, environment, bundleId,
-                    applicationUsername, deviceId, inAppOwnershipType, transactionReason
-                ) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    applicationUsername, deviceId, inAppOwnershipType, transactionReason, isUpgraded
+                ) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                 """,
             arguments: [
                 purchase.transactionId, purchase.originalTransactionId, purchase.productId, purchase.type,
                 purchase.quantity, purchase.purchaseDate, purchase.originalPurchaseDate, purchase.expiresDate,
                 purchase.webOrderLineItemId, purchase.cancellationDate, purchase.environment, purchase.bundleId,
                 purchase.applicationUsername, purchase.deviceId, purchase.inAppOwnershipType, purchase.transactionReason,
+                purchase.isUpgraded,
             ])
     }
 
@@ -451,6 +529,39 @@ final class FakeLedger: Sendable {
         var attempts: [(date: Date, result: String)]
     }
 
+    /// A notification signed while notifications are held, waiting to be delivered.
+    struct HeldNotification: Sendable {
+        var signedPayload: String
+        var notificationType: String
+        var transactionId: String?
+        var environment: String
+        /// The payload's `signedDate`, in milliseconds: Apple's order.
+        var signedDate: Int64
+    }
+
+    /// From now on, notifications wait (see `keep(_:)`) until `release()`; holding twice
+    /// keeps what already waits.
+    func hold() {
+        volatile.withLockedValue { if $0.held == nil { $0.held = [] } }
+    }
+
+    /// Keeps `notification` for later when notifications are held; false when they are not.
+    func keep(_ notification: HeldNotification) -> Bool {
+        volatile.withLockedValue { state in
+            guard state.held != nil else { return false }
+            state.held!.append(notification)
+            return true
+        }
+    }
+
+    /// Ends the hold: what waited, in the order it was signed.
+    func release() -> [HeldNotification] {
+        volatile.withLockedValue { state in
+            defer { state.held = nil }
+            return state.held ?? []
+        }
+    }
+
     func recordNotification(_ notification: SentNotification) {
         volatile.withLockedValue { $0.notifications.append(notification) }
     }
@@ -587,6 +698,7 @@ extension FakeLedger.Purchase {
             cancellationDate: row["cancellationDate"], environment: row["environment"], bundleId: row["bundleId"],
             applicationUsername: row["applicationUsername"], deviceId: row["deviceId"],
             inAppOwnershipType: row["inAppOwnershipType"], transactionReason: row["transactionReason"],
-            revocationType: row["revocationType"], revocationPercentage: row["revocationPercentage"])
+            revocationType: row["revocationType"], revocationPercentage: row["revocationPercentage"],
+            isUpgraded: row["isUpgraded"])
     }
 }

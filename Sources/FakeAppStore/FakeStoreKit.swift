@@ -52,6 +52,7 @@ struct FakeStoreKit: Sendable {
         var revocationPercentage: Int?
         var environment: String
         var transactionReason: String
+        var isUpgraded: Bool?
         var storefront = "USA"
         var storefrontId = "143441"
         var price = 990
@@ -166,7 +167,8 @@ struct FakeStoreKit: Sendable {
                 revocationDate: purchase.cancellationDate.map(FakeAppStore.milliseconds),
                 revocationType: purchase.cancellationDate == nil ? nil : purchase.revocationType ?? "REFUND_FULL",
                 revocationPercentage: purchase.cancellationDate == nil ? nil : purchase.revocationPercentage,
-                environment: purchase.environment, transactionReason: purchase.transactionReason))
+                environment: purchase.environment, transactionReason: purchase.transactionReason,
+                isUpgraded: purchase.isUpgraded ? true : nil))
     }
 
     func signedRenewalInfo(_ purchase: FakeLedger.Purchase, autoRenew: Bool = true) throws -> String {
@@ -199,18 +201,46 @@ struct FakeStoreKit: Sendable {
 
     /// POSTs `{"signedPayload"}` to `url` once (Apple retries only in production, hours apart)
     /// and records the attempt for Get Notification History.
+    /// While notifications are held (`FakeLedger.hold()`) it waits instead, for `deliver(_:to:)`.
     func send(_ signedPayload: String, type: String, transactionId: String?, environment: String, to url: String?) async {
-        let result = await post(signedPayload, to: url)
+        let waiting = FakeLedger.HeldNotification(
+            signedPayload: signedPayload, notificationType: type, transactionId: transactionId, environment: environment,
+            signedDate: Self.signedDate(of: signedPayload) ?? FakeAppStore.milliseconds(Date()))
+        if ledger.keep(waiting) { return }
+        await deliver(waiting, to: url)
+    }
+
+    /// POSTs a notification that was held, as `send` would have, and records the attempt.
+    @discardableResult
+    func deliver(_ notification: FakeLedger.HeldNotification, to url: String?) async -> String {
+        let result = await post(notification.signedPayload, to: url)
         ledger.recordNotification(
             .init(
-                signedPayload: signedPayload, notificationType: type, transactionId: transactionId, environment: environment,
+                signedPayload: notification.signedPayload, notificationType: notification.notificationType,
+                transactionId: notification.transactionId, environment: notification.environment,
                 attempts: [(Date(), result)]))
+        return result
+    }
+
+    /// The `signedDate` of a JWS's payload, in milliseconds.
+    static func signedDate(of jws: String) -> Int64? {
+        let parts = jws.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 3, let payload = base64URLDecode(parts[1]),
+            let object = try? JSONSerialization.jsonObject(with: payload) as? [String: Any],
+            let date = object["signedDate"] as? NSNumber
+        else { return nil }
+        return date.int64Value
     }
 
     /// POSTs a notification sent before once more, byte for byte (Apple's retry, or its
     /// duplicate delivery), and records the attempt; the result as Get Notification History
     /// spells it (`SUCCESS` for a 200).
-    func resend(_ signedPayload: String, to url: String?) async -> String {
+    /// While notifications are held the copy waits with them (`HELD`).
+    func resend(_ signedPayload: String, type: String, transactionId: String?, environment: String, to url: String?) async -> String {
+        let copy = FakeLedger.HeldNotification(
+            signedPayload: signedPayload, notificationType: type, transactionId: transactionId, environment: environment,
+            signedDate: Self.signedDate(of: signedPayload) ?? FakeAppStore.milliseconds(Date()))
+        if ledger.keep(copy) { return "HELD" }
         let result = await post(signedPayload, to: url)
         ledger.recordAttempt(signedPayload: signedPayload, at: Date(), result: result)
         return result

@@ -8,6 +8,7 @@ enum DemoCatalog {
     {"productId": "com.example.coins.300", "type": "consumable", "grant": {"coins": 300}},
     {"productId": "com.example.remove_ads", "type": "non_consumable", "grant": {"entitlement": "no_ads"}},
     {"productId": "com.example.vip.month", "type": "auto_renewable", "grant": {"entitlement": "vip"}},
+    {"productId": "com.example.vip.year", "type": "auto_renewable", "grant": {"entitlement": "vip"}},
     {"productId": "com.example.pass.season", "type": "non_renewing", "grant": {"entitlement": "season_pass"}}
   ]
 }

@@ -151,6 +151,12 @@ def main():
         minted["packs"] = fake.mint(bundle, "com.example.coins.60", "consumable", quantity=3)  # a device of its own
         minted["prorated"] = fake.post(f"/fake/purchases/{minted['packs']['transactionId']}/refund",
                                        {"revocationType": "REFUND_PRORATED", "revocationPercentage": 33333}, status=200)
+        # An upgrade to the yearly tier, then its period extended (a device of its own).
+        minted["tiered"] = fake.mint(bundle, "com.example.vip.month", "auto_renewable")
+        minted["upgrade"] = fake.post(f"/fake/subscriptions/{minted['tiered']['originalTransactionId']}/upgrade",
+                                      {"productId": "com.example.vip.year"})
+        minted["extended"] = fake.post(f"/fake/subscriptions/{minted['tiered']['originalTransactionId']}/extend",
+                                       {"days": 7}, status=200)
         minted["sandbox"] = fake.mint(bundle, "com.example.vip.month", "auto_renewable", "Sandbox")
         minted["sandboxRenewal"] = fake.post(f"/fake/subscriptions/{minted['sandbox']['originalTransactionId']}/renew")
         expect(minted["restore"]["originalTransactionId"] == minted["premium"]["transactionId"], "restore lost its original id")
@@ -304,6 +310,30 @@ def main():
         return {"production": sorted(kind for kind, _ in kinds), "sandbox": sandbox_kinds}
 
     run("get_notification_history + verify_and_decode_notification", notifications)
+
+    def upgrade_and_extension():
+        tiered = mapped_txn(verifier, production.get_transaction_info(minted["tiered"]["transactionId"]).signedTransactionInfo)
+        expect(tiered.isUpgraded is True, f"the period upgraded from reads isUpgraded {tiered.isUpgraded}")
+        upgrade = mapped_txn(verifier, production.get_transaction_info(minted["upgrade"]["transactionId"]).signedTransactionInfo)
+        expect(upgrade.productId == "com.example.vip.year", f"the upgrade is {upgrade.productId}")
+        expect(upgrade.originalTransactionId == minted["tiered"]["originalTransactionId"], "the upgrade left its chain")
+        expect(upgrade.transactionReason == TransactionReason.PURCHASE, f"upgrade: {upgrade.rawTransactionReason}")
+        expect(not upgrade.isUpgraded, "the upgrade itself reads isUpgraded")
+        expect(upgrade.expiresDate == int(minted["extended"]["expiresDateMs"]), "the extension did not move expiresDate")
+        now = int(time.time() * 1000)
+        request = NotificationHistoryRequest(startDate=now - 3_600_000, endDate=now + 60_000)
+        seen = set()
+        for item in production.get_notification_history(None, request).notificationHistory:
+            notification = mapped_notification(verifier, item.signedPayload)
+            if notification.data and notification.data.signedTransactionInfo:
+                transaction = mapped_txn(verifier, notification.data.signedTransactionInfo)
+                if transaction.transactionId == minted["upgrade"]["transactionId"]:
+                    seen.add((notification.rawNotificationType, notification.rawSubtype))
+        expect(("DID_CHANGE_RENEWAL_PREF", "UPGRADE") in seen, f"no DID_CHANGE_RENEWAL_PREF UPGRADE: {seen}")
+        expect(("RENEWAL_EXTENDED", None) in seen, f"no RENEWAL_EXTENDED: {seen}")
+        return {"notifications": sorted(f"{kind} {subtype or ''}".strip() for kind, subtype in seen)}
+
+    run("upgrade and extension: isUpgraded, DID_CHANGE_RENEWAL_PREF UPGRADE, RENEWAL_EXTENDED", upgrade_and_extension)
 
     def test_notification():
         answer = production.request_test_notification()
