@@ -59,12 +59,8 @@ extension OrderStore {
             ).map(grantFact)
         }
         if let key = query.creditKey {
-            facts.revocation = try db.cachedRow(sql: "SELECT * FROM revocation WHERE creditKey = ?", arguments: [key]).map {
-                LedgerFacts.Revocation(
-                    creditKey: $0["creditKey"], transactionId: $0["transactionId"], source: $0["source"],
-                    revokedAt: $0["revokedAt"], reversedAt: $0["reversedAt"], fullyRevokedAt: $0["fullyRevokedAt"],
-                    partlyRevokedAt: $0["partlyRevokedAt"], revokedUnits: $0["revokedUnits"])
-            }
+            facts.revocation = try db.cachedRow(sql: "SELECT * FROM revocation WHERE creditKey = ?", arguments: [key]).map(
+                revocationFact)
         }
         if let original = query.originalTransactionId, query.readsSubscription {
             facts.subscription = try db.cachedRow(
@@ -110,6 +106,13 @@ extension OrderStore {
             submissionId: row["submissionId"], appAccountToken: row["appAccountToken"], heldReason: row["heldReason"],
             creditedAt: row["creditedAt"], creditKey: row["creditKey"], webOrderLineItemId: row["webOrderLineItemId"],
             expiresDate: row["expiresDate"])
+    }
+
+    static func revocationFact(_ row: SQLRow) -> LedgerFacts.Revocation {
+        LedgerFacts.Revocation(
+            creditKey: row["creditKey"], transactionId: row["transactionId"], source: row["source"],
+            revokedAt: row["revokedAt"], reversedAt: row["reversedAt"], fullyRevokedAt: row["fullyRevokedAt"],
+            partlyRevokedAt: row["partlyRevokedAt"], revokedUnits: row["revokedUnits"])
     }
 
     static func grantFact(_ row: SQLRow) -> LedgerFacts.Grant {
