@@ -6,7 +6,7 @@ import Testing
 extension BrokerTests {
     /// Apple's own App Store Server Library for Python, unmodified, is the referee: everything
     /// it sends the fake accepts, everything the fake answers it accepts.
-    @Suite("Apple's App Store Server Library against the fake App Store")
+    @Suite("Apple's App Store Server Library against the fake App Store", .sqlitePassOnly)
     struct AppleLibraryTests {
         @Test func appleServerLibraryAcceptsTheFakeAppStore() async throws {
             let python = try #require(

@@ -5,9 +5,11 @@ import NIOConcurrencyHelpers
 import OrderStore
 import Testing
 
-extension BrokerTests {
+extension DisruptiveTests {
     /// Against the private three-node cluster (quorum queues), never a fake.
-    @Suite("RabbitMQ cluster: failover and quorum queues", .enabled(if: TestCluster.isAvailable, Comment(rawValue: TestCluster.missing)))
+    @Suite(
+        "RabbitMQ cluster: failover and quorum queues", .sqlitePassOnly,
+        .enabled(if: TestCluster.isAvailable, Comment(rawValue: TestCluster.missing)))
     struct ClusterTests {
         /// `iap` given several broker URLs and no IAP_QUEUE_TYPE declares quorum queues: the
         /// queue it declared takes a quorum declaration with the default delivery limit and

@@ -2,7 +2,7 @@ import Foundation
 import NIOHTTP1
 import Testing
 
-extension BrokerTests {
+extension DisruptiveTests {
     /// Each drill pushes a few thousand real uploads through real `iap` processes, breaks
     /// something mid-stream, and then checks the three promises: every accepted upload
     /// reaches a terminal state, one grant per purchase, and no transient failure became
@@ -11,8 +11,11 @@ extension BrokerTests {
     struct FaultDrillTests {
         static let purchases = 2_000
 
-        /// Fake App Store, order service and one verifier, each its own process.
+        /// Fake App Store, order service and one verifier, each its own process, on the node the
+        /// run starts for the drills (the ordinary tests stop and start the test broker).
         func startStandardDrill(_ name: String, environment: [String: String] = [:]) async throws -> ProcessDrill {
+            var environment = environment
+            if environment["IAP_AMQP_URL"] == nil { environment["IAP_AMQP_URL"] = try TestBroker.drillNodeURL() }
             let drill = try ProcessDrill(name: name, environment: environment)
             try drill.start("fake-appstore")
             try await drill.waitHealthy(drill.fakeURL)
@@ -62,12 +65,12 @@ extension BrokerTests {
             let purchases = try await drill.mint(Self.purchases)
             let uploads = Task { try await drill.upload(purchases, concurrency: 8) }
             try await Task.sleep(for: .seconds(1))
-            try TestBroker.control("stop")
+            try TestBroker.controlDrillNode("stop")
             // The intake keeps answering 202 while the broker is away.
             let duringOutage = try await HTTP.post(
                 drill.intakeURL + "/v1/receipts", json: ["userId": "user-0", "receiptData": purchases[0].receiptData])
             try await Task.sleep(for: .seconds(10))
-            try TestBroker.control("start")
+            try TestBroker.controlDrillNode("start")
             let recovered = ContinuousClock.now
             #expect(duringOutage.status == 202)
             var submissions = try await uploads.value

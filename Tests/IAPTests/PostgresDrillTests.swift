@@ -3,7 +3,7 @@ import IAPCore
 import OrderStore
 import Testing
 
-extension BrokerTests {
+extension DisruptiveTests {
     /// Drills for several order services on one PostgreSQL store (the PostgreSQL pass of the
     /// suite): real `iap` processes, 2,000 purchases, something broken mid-stream, and the same
     /// three promises as the other fault drills (see docs/reliability.md).
@@ -16,8 +16,8 @@ extension BrokerTests {
         /// brokers, on the suite's three-node cluster (quorum queues) when the run has one.
         func startTwoOfEach(_ name: String, environment: [String: String] = [:]) async throws -> (ProcessDrill, [String]) {
             var environment = environment
-            if environment["IAP_AMQP_URL"] == nil, TestCluster.isAvailable {
-                environment["IAP_AMQP_URL"] = try TestCluster.urls()
+            if environment["IAP_AMQP_URL"] == nil {
+                environment["IAP_AMQP_URL"] = try TestCluster.isAvailable ? TestCluster.urls() : TestBroker.drillNodeURL()
             }
             let drill = try ProcessDrill(name: name, environment: environment)
             try drill.start("fake-appstore")

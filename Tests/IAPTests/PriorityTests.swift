@@ -4,18 +4,11 @@ import Messaging
 import Testing
 
 extension BrokerTests {
-    @Suite("First attempts before retries")
+    @Suite("First attempts before retries", .sqlitePassOnly)
     struct PriorityTests {
         /// Classic queues on the single node: `verify` is a priority queue.
         @Test func newUploadIsVerifiedAheadOfTenThousandWaitingRetries() async throws {
             try await newUploadGoesFirst(onCluster: false)
-        }
-
-        /// Quorum queues on the cluster have no priorities: retries wait in a queue of their
-        /// own, which verifiers serve only when no first attempt waits.
-        @Test(.enabled(if: TestCluster.isAvailable, Comment(rawValue: TestCluster.missing)))
-        func onQuorumQueues_newUploadIsVerifiedAheadOfTenThousandWaitingRetries() async throws {
-            try await newUploadGoesFirst(onCluster: true)
         }
 
         func newUploadGoesFirst(onCluster: Bool) async throws {
@@ -55,12 +48,26 @@ extension BrokerTests {
             let elapsed = ContinuousClock.now - started
             let stillWaiting = try await connection.queueStatus(retryQueue).messageCount
             #expect(status["state"] as? String == "credited")
-            #expect(elapsed < .seconds(3), "the new upload took \(elapsed)")
-            #expect(stillWaiting > 5_000, "the backlog drained first: \(stillWaiting) left")
+            // Order, not speed, is the promise (a clock would flake on a loaded machine): the
+            // backlog takes 25 s to drain, and most of it still waits.
+            #expect(stillWaiting > 5_000, "the backlog drained first: \(stillWaiting) left after \(elapsed)")
             print(
                 "priority (\(onCluster ? "quorum, cluster" : "classic")): new upload credited in \(elapsed) with \(stillWaiting) retries still waiting"
             )
             await connection.close()
+        }
+    }
+}
+
+extension DisruptiveTests {
+    @Suite("First attempts before retries, on quorum queues", .sqlitePassOnly)
+    struct PriorityOnClusterTests {
+        /// Quorum queues on the cluster have no priorities: retries wait in a queue of their
+        /// own, which verifiers serve only when no first attempt waits. With the cluster's other
+        /// tests, which kill and cut off its nodes.
+        @Test(.enabled(if: TestCluster.isAvailable, Comment(rawValue: TestCluster.missing)))
+        func onQuorumQueues_newUploadIsVerifiedAheadOfTenThousandWaitingRetries() async throws {
+            try await BrokerTests.PriorityTests().newUploadGoesFirst(onCluster: true)
         }
     }
 }

@@ -28,9 +28,28 @@ enum TestBroker {
         return configuration
     }
 
+    /// The node `scripts/dev test` starts for the fault drills (one of which stops it): no other
+    /// test uses it, so the drills and the tests that stop the test broker never meet.
+    static func drillNodeURL() throws -> String {
+        guard let url = ProcessInfo.processInfo.environment["IAP_TEST_DRILL_AMQP_URL"], !url.isEmpty else {
+            throw Missing()
+        }
+        return url
+    }
+
     /// Stops or starts the node through the command `scripts/dev test` exports.
     static func control(_ action: String) throws {
-        guard let command = ProcessInfo.processInfo.environment["IAP_TEST_BROKER_CTL"], !command.isEmpty else {
+        try run(action, through: "IAP_TEST_BROKER_CTL")
+    }
+
+    /// Stops or starts the drills' own node (`drillNodeURL()`) through the command
+    /// `scripts/dev test` exports.
+    static func controlDrillNode(_ action: String) throws {
+        try run(action, through: "IAP_TEST_DRILL_BROKER_CTL")
+    }
+
+    private static func run(_ action: String, through variable: String) throws {
+        guard let command = ProcessInfo.processInfo.environment[variable], !command.isEmpty else {
             throw Missing()
         }
         let process = Process()
