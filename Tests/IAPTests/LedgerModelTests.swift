@@ -944,16 +944,6 @@ extension BrokerTests {
         func randomSequencesMatchTheReferenceModel(policy: RestorePolicy) async throws {
             let total = ModelSeeds.sequences
             let count = policy == .keep ? total - total / 4 : total / 4
-            let regressions = try ModelSeeds.regressions(for: policy)
-            let random = (0..<count).map { ModelRandom.sequenceSeed(base: ModelSeeds.base, policy: policy, index: $0) }
-            let pipeline = try await PipelineHarness.start(name: "model-\(policy.rawValue)", sandboxPolicy: .reject, restorePolicy: policy)
-            let relay = try await NotificationRelay.start(for: pipeline)
-            defer {
-                Task {
-                    await relay.stop()
-                    await pipeline.stop()
-                }
-            }
             // The whole test is bounded. It runs beside the fault drills (`DisruptiveTests`),
             // which take most of a core: there 117 sequences of the keep policy took 160 s on
             // SQLite. On PostgreSQL each statement is a round trip through postgres-nio, which in
@@ -961,37 +951,33 @@ extension BrokerTests {
             // three times as long there, so that pass runs half the sequences
             // (`ModelSeeds.sequences`) under a bound 1.4 times as long (within the suite's five
             // minutes a test).
-            let started = ContinuousClock.now
-            let seconds = (policy == .keep ? 200 : 120) * (TestStore.usesPostgres ? 14 : 10) / 10
-            let deadline = started + .seconds(seconds)
-            for divergence in await Self.run(regressions, policy: policy, pipeline: pipeline, relay: relay, deadline: deadline) {
-                Issue.record("regression seed from \(ModelSeeds.fixtureName) diverges: \(divergence)")
-            }
-            let divergences = await Self.run(random, policy: policy, pipeline: pipeline, relay: relay, deadline: deadline)
-            for divergence in divergences {
-                Issue.record(
-                    """
-                    \(divergence)
-                    Keep it as a regression case: add the line `\(LedgerModelRun.hex(divergence.seed)) \(policy.rawValue)` to \
-                    \(ModelSeeds.fixtureName) (base seed \(LedgerModelRun.hex(ModelSeeds.base)); IAP_TEST_MODEL_SEED overrides it).
-                    """)
-            }
-            let elapsed = ContinuousClock.now - started
-            #expect(
-                ContinuousClock.now < deadline,
-                "\(regressions.count + count) sequences with restore policy \(policy.rawValue) took \(elapsed), over the bound")
+            try await Self.runModel(
+                "model", policy: policy, held: false,
+                random: (0..<count).map { ModelRandom.sequenceSeed(base: ModelSeeds.base, policy: policy, index: $0) },
+                bound: .seconds((policy == .keep ? 200 : 120) * (TestStore.usesPostgres ? 14 : 10) / 10), concurrency: 12)
         }
 
         /// The same model with Apple's notifications held at random: uploads between Apple's
         /// events and their notifications, and what waited released in Apple's order, in
         /// reverse or shuffled, sometimes each twice. The model applies them in Apple's order.
+        /// One sequence at a time on a pipeline of its own: the fake holds all it sends.
         @Test(arguments: [RestorePolicy.keep, .transfer])
         func heldNotificationsReleasedInAnyOrderMatchTheModel(policy: RestorePolicy) async throws {
-            let regressions = try ModelSeeds.regressions(for: policy, held: true)
-            let random = (0..<ModelSeeds.heldSequences(policy)).map {
-                ModelRandom.sequenceSeed(base: ModelSeeds.base ^ 0x4845_4C44, policy: policy, index: $0)
-            }
-            let pipeline = try await PipelineHarness.start(name: "held-\(policy.rawValue)", sandboxPolicy: .reject, restorePolicy: policy)
+            try await Self.runModel(
+                "held", policy: policy, held: true,
+                random: (0..<ModelSeeds.heldSequences(policy)).map {
+                    ModelRandom.sequenceSeed(base: ModelSeeds.base ^ 0x4845_4C44, policy: policy, index: $0)
+                },
+                bound: .seconds(120 * (TestStore.usesPostgres ? 2 : 1)), concurrency: 1)
+        }
+
+        /// The regression seeds of the fixture, then `random`, on a pipeline of their own within
+        /// `bound`: each divergence is an issue, a new one with the fixture line that keeps it.
+        static func runModel(
+            _ name: String, policy: RestorePolicy, held: Bool, random: [UInt64], bound: Duration, concurrency: Int
+        ) async throws {
+            let regressions = try ModelSeeds.regressions(for: policy, held: held)
+            let pipeline = try await PipelineHarness.start(name: "\(name)-\(policy.rawValue)", sandboxPolicy: .reject, restorePolicy: policy)
             let relay = try await NotificationRelay.start(for: pipeline)
             defer {
                 Task {
@@ -1000,27 +986,28 @@ extension BrokerTests {
                 }
             }
             let started = ContinuousClock.now
-            let deadline = started + .seconds(120 * (TestStore.usesPostgres ? 2 : 1))
-            for divergence in await Self.run(
-                regressions, policy: policy, pipeline: pipeline, relay: relay, deadline: deadline, concurrency: 1,
-                holdsNotifications: true)
+            let deadline = started + bound
+            for divergence in await run(
+                regressions, policy: policy, pipeline: pipeline, relay: relay, deadline: deadline, concurrency: concurrency,
+                holdsNotifications: held)
             {
                 Issue.record("regression seed from \(ModelSeeds.fixtureName) diverges: \(divergence)")
             }
-            for divergence in await Self.run(
-                random, policy: policy, pipeline: pipeline, relay: relay, deadline: deadline, concurrency: 1, holdsNotifications: true)
+            for divergence in await run(
+                random, policy: policy, pipeline: pipeline, relay: relay, deadline: deadline, concurrency: concurrency,
+                holdsNotifications: held)
             {
                 Issue.record(
                     """
                     \(divergence)
-                    Keep it as a regression case: add the line `\(LedgerModelRun.hex(divergence.seed)) \(policy.rawValue) held` to \
-                    \(ModelSeeds.fixtureName).
+                    Keep it as a regression case: add the line `\(LedgerModelRun.hex(divergence.seed)) \(policy.rawValue)\(held ? " held" : "")` \
+                    to \(ModelSeeds.fixtureName) (base seed \(LedgerModelRun.hex(ModelSeeds.base)); IAP_TEST_MODEL_SEED overrides it).
                     """)
             }
             let elapsed = ContinuousClock.now - started
             #expect(
                 ContinuousClock.now < deadline,
-                "\(regressions.count + random.count) held sequences with restore policy \(policy.rawValue) took \(elapsed), over the bound")
+                "\(regressions.count + random.count) \(name) sequences with restore policy \(policy.rawValue) took \(elapsed), over the bound")
         }
 
         // MARK: The cases the model stands on
