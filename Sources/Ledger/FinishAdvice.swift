@@ -28,6 +28,16 @@ public enum FinishAdvice {
         }
     }
 
+    /// Why an upload whose receipt does not hold the transaction it names is rejected, from
+    /// Apple's refunds and revocations of that transaction (of its own id, or of its credit key
+    /// once credited): refunded in full, it is `purchase_revoked` and settled, because Apple's
+    /// `verifyReceipt` leaves such a purchase out of every receipt and refreshing would never
+    /// help; otherwise the receipt may be older than the purchase, and the app refreshes it and
+    /// uploads again (`transaction_not_in_receipt`, not finishable).
+    public static func namedTransactionMissing(revocations: [LedgerFacts.Revocation]) -> ReasonCode {
+        revocations.contains(where: \.standsFully) ? .purchaseRevoked : .transactionNotInReceipt
+    }
+
     /// Whether the app may finish the transaction the upload names (the answer's top-level
     /// `finishTransaction`): customer service settled it; or the upload names a transaction or
     /// an order and is credited, or rejected for a reason that settles it (Apple said it is

@@ -316,14 +316,14 @@ extension OrderStore {
                     state = .needsReview
                     reason = held.0
                     message = "purchase \(held.1) is held for review (\(held.0))"
-                } else if let named, !seen.contains(named), try Self.refundedInFull(named, in: db) {
-                    // Apple leaves a purchase it refunded in full out of the receipt, and told us so.
-                    (state, reason) = (.rejected, .purchaseRevoked)
-                    message = "Apple refunded or revoked transaction \(named)"
                 } else if let named, !seen.contains(named) {
-                    // Whatever else the receipt held is credited above; the named purchase is not here yet.
-                    (state, reason) = (.rejected, .transactionNotInReceipt)
-                    message = "transaction \(named) is not in this receipt yet: refresh the receipt and upload it again"
+                    // Whatever else the receipt held is credited above; the named purchase is not here.
+                    let missing = FinishAdvice.namedTransactionMissing(revocations: try Self.revocations(of: named, in: db))
+                    (state, reason) = (.rejected, missing)
+                    message =
+                        missing == .purchaseRevoked
+                        ? "Apple refunded or revoked transaction \(named): it is left out of every receipt"
+                        : "transaction \(named) is not in this receipt yet: refresh the receipt and upload it again"
                 } else if named == nil, let orderId = result.orderId,
                     try Self.orderAwaitsPayment(orderId, of: userId, in: db)
                 {
@@ -355,19 +355,19 @@ extension OrderStore {
         }
     }
 
-    /// Whether the uploader's order `orderId` exists and is still unpaid.
-    /// Whether Apple's refund or revocation of `transactionId` (or of the purchase it restores,
-    /// once credited) stands in full: what `verifyReceipt` leaves such a purchase out for.
-    private static func refundedInFull(_ transactionId: String, in db: any SQLConnection) throws -> Bool {
+    /// Apple's refunds and revocations of `transactionId`: of its own id, or of the credit key
+    /// it was credited under (a restore of a refunded non-consumable).
+    private static func revocations(of transactionId: String, in db: any SQLConnection) throws -> [LedgerFacts.Revocation] {
         try db.rows(
             sql: """
                 SELECT * FROM revocation WHERE transactionId = ?
                     OR creditKey IN (SELECT creditKey FROM grants WHERE transactionId = ?)
                 """,
             arguments: [transactionId, transactionId]
-        ).contains { revocationFact($0).standsFully }
+        ).map(revocationFact)
     }
 
+    /// Whether the uploader's order `orderId` exists and is still unpaid.
     private static func orderAwaitsPayment(_ orderId: String, of userId: String, in db: any SQLConnection) throws -> Bool {
         try db.cachedRow(
             sql: "SELECT 1 FROM orders WHERE id = lower(?) AND userId = ? AND state = 'created'", arguments: [orderId, userId]

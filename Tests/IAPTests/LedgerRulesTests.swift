@@ -76,6 +76,32 @@ struct LedgerRulesTests {
         #expect(sameUser("ana", "ana"))
     }
 
+    /// A receipt that does not hold the transaction the upload names: refunded in full (and not
+    /// reversed since), Apple leaves it out of every receipt, so the upload is settled; anything
+    /// else may be a receipt older than the purchase, and the app refreshes it.
+    @Test func aNamedTransactionMissingFromTheReceiptIsSettledOnlyByAFullRefund() {
+        let at = Date(timeIntervalSince1970: 1_800_000_000)
+        func revocation(full: Date? = nil, partly: Date? = nil, reversed: Date? = nil) -> LedgerFacts.Revocation {
+            LedgerFacts.Revocation(
+                creditKey: "txn:1", transactionId: "1", source: "REFUND", revokedAt: full ?? partly ?? at, reversedAt: reversed,
+                fullyRevokedAt: full, partlyRevokedAt: partly, revokedUnits: partly == nil ? nil : 1)
+        }
+        let cases: [([LedgerFacts.Revocation], ReasonCode)] = [
+            ([], .transactionNotInReceipt),
+            ([revocation(full: at)], .purchaseRevoked),
+            ([revocation(full: at, reversed: at.addingTimeInterval(1))], .transactionNotInReceipt),
+            ([revocation(full: at.addingTimeInterval(2), reversed: at.addingTimeInterval(1))], .purchaseRevoked),
+            ([revocation(partly: at)], .transactionNotInReceipt),
+        ]
+        for (revocations, expected) in cases {
+            let reason = FinishAdvice.namedTransactionMissing(revocations: revocations)
+            #expect(reason == expected, "\(revocations)")
+            #expect(
+                FinishAdvice.mayFinishUpload(state: .rejected, reason: reason, named: .transaction, settledByHand: false)
+                    == (expected == .purchaseRevoked))
+        }
+    }
+
     @Test func anUploadThatNamesNothingIsNeverFinishableAtTheTop() {
         for state in SubmissionState.allCases {
             for reason in [nil, ReasonCode.invalidReceipt, .replayedFromOtherUser, .purchaseRevoked] {
