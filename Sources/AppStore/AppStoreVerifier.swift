@@ -202,6 +202,7 @@ public final class AppStoreVerifier: ReceiptVerifying {
             signedDate: payload.signedDate.map(Date.init(appleMilliseconds:)))
         purchase.revocationType = payload.revocationType
         purchase.revocationPercentage = payload.revocationPercentage
+        purchase.transactionReason = payload.transactionReason
         return purchase
     }
 

@@ -35,6 +35,10 @@ public struct VerifiedPurchase: Codable, Sendable, Equatable {
     public var ownershipType: String?
     /// Apple replaced this subscription transaction by an upgrade: never credited.
     public var isUpgraded: Bool?
+    /// Apple's `transactionReason`: PURCHASE for a purchase the customer made (a first
+    /// purchase, a resubscription, an upgrade or crossgrade), RENEWAL for an automatic renewal;
+    /// nil where Apple's answer does not say (`verifyReceipt`).
+    public var transactionReason: String?
     /// When Apple signed what this purchase was read from (StoreKit 2), for ordering states.
     public var signedDate: Date?
     /// For receipts looked up through the App Store Server API: whether the uploaded receipt

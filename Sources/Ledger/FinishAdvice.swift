@@ -56,3 +56,118 @@ public enum FinishAdvice {
         }
     }
 }
+
+/// What an upload amounts to, decided by the core from what became of each purchase in it:
+/// the submission's state, its reason and a message for people. The top-level
+/// `finishTransaction` follows from it (`FinishAdvice.mayFinishUpload`).
+public struct UploadVerdict: Sendable, Equatable {
+    public var state: SubmissionState
+    public var reason: ReasonCode?
+    public var message: String?
+    /// Whether the status answer lists the upload's transactions: not for a lookup that
+    /// proved nothing, which must not tell a stranger what the id is.
+    public var listsTransactions: Bool
+
+    /// Creates a verdict.
+    public init(state: SubmissionState, reason: ReasonCode? = nil, message: String? = nil, listsTransactions: Bool = true) {
+        self.state = state
+        self.reason = reason
+        self.message = message
+        self.listsTransactions = listsTransactions
+    }
+}
+
+extension FinishAdvice {
+    /// What became of one purchase of an upload (`Ledger.plan`'s outcome for it).
+    public struct PurchaseOutcome: Sendable, Equatable {
+        public var transactionId: String
+        public var state: TransactionCreditState
+        public var reason: ReasonCode?
+        /// Whether the upload only looked the purchase up (a bare id): it proves nothing.
+        public var lookup: Bool
+
+        /// Creates an outcome.
+        public init(transactionId: String, state: TransactionCreditState, reason: ReasonCode?, lookup: Bool = false) {
+            self.transactionId = transactionId
+            self.state = state
+            self.reason = reason
+            self.lookup = lookup
+        }
+    }
+
+    /// The rows the verdict of an upload needs once its purchases are planned: Apple's
+    /// revocations of the transaction it names when the receipt lacks it, and the order it names.
+    public struct VerdictQuery: Sendable, Equatable {
+        /// Read Apple's revocations of this transaction (`FinishAdvice.namedTransactionMissing`).
+        public var revocationsOf: String?
+        /// Read this order, as the plans left it.
+        public var order: String?
+    }
+
+    /// What `verdict` needs read, for an upload naming `transactionId` and `orderId` whose
+    /// purchases came to `outcomes`.
+    public static func verdictQuery(transactionId: String?, orderId: String?, outcomes: [PurchaseOutcome]) -> VerdictQuery {
+        var query = VerdictQuery()
+        if let transactionId, !outcomes.contains(where: { $0.transactionId == transactionId }) {
+            query.revocationsOf = transactionId
+        }
+        if transactionId == nil { query.order = orderId }
+        return query
+    }
+
+    /// The verdict of an upload that Apple verified.
+    ///
+    /// - `userId`, `transactionId`, `orderId`: who uploaded it and what it named.
+    /// - `outcomes`: what became of each purchase in it, in receipt order.
+    /// - `namedRevocations`, `namedOrder`: the rows `verdictQuery` asked for.
+    ///
+    /// An upload naming an order (and no transaction) is credited only once that order is
+    /// paid, which only the purchase made for it does (`Ledger`): a receipt that does not hold
+    /// that purchase yet is never an answer the app may finish on, whatever else it credited.
+    public static func verdict(
+        userId: String, transactionId: String?, orderId: String?, outcomes: [PurchaseOutcome],
+        namedRevocations: [LedgerFacts.Revocation], namedOrder: LedgerFacts.Order?
+    ) -> UploadVerdict {
+        if let held = outcomes.first(where: { $0.state == .held }) {
+            let reason = held.reason ?? .ownerUnknown
+            return UploadVerdict(
+                state: .needsReview, reason: reason, message: "purchase \(held.transactionId) is held for review (\(reason))")
+        }
+        if let named = transactionId, !outcomes.contains(where: { $0.transactionId == named }) {
+            // Whatever else the receipt held is credited; the named purchase is not here.
+            let missing = namedTransactionMissing(revocations: namedRevocations)
+            return UploadVerdict(
+                state: .rejected, reason: missing,
+                message: missing == .purchaseRevoked
+                    ? "Apple refunded or revoked transaction \(named): it is left out of every receipt"
+                    : "transaction \(named) is not in this receipt yet: refresh the receipt and upload it again")
+        }
+        if transactionId == nil, let orderId, let order = namedOrder, IAPCore.sameUser(order.userId, userId),
+            order.state == "created"
+        {
+            // The order named is still unpaid: the receipt is older than its purchase.
+            return UploadVerdict(
+                state: .rejected, reason: .transactionNotInReceipt,
+                message: "no purchase in this receipt pays order \(orderId) yet: refresh the receipt and upload it again")
+        }
+        let settledForUploader = outcomes.contains { [.credited, .alreadyCredited, .superseded].contains($0.state) }
+        guard !outcomes.isEmpty, !settledForUploader else { return UploadVerdict(state: .credited) }
+        if outcomes.allSatisfy(\.lookup) {
+            // A bare id that is not the uploader's: someone else's, refunded or unknown read
+            // alike, so that a lookup tells a stranger nothing about the id.
+            return UploadVerdict(
+                state: .rejected, reason: .transactionNotFound, message: "no purchase of this user has this transaction id",
+                listsTransactions: false)
+        }
+        // Nothing in it is (or was) credited to the uploader: say the strongest why.
+        if outcomes.contains(where: { $0.state == .replayedFromOtherUser }) {
+            return UploadVerdict(
+                state: .rejected, reason: .replayedFromOtherUser, message: "every purchase in this receipt belongs to another user")
+        }
+        if outcomes.contains(where: { $0.state == .ownedByOtherUser }) {
+            return UploadVerdict(
+                state: .rejected, reason: .ownedByOtherUser, message: "what this restores belongs to another user of the app")
+        }
+        return UploadVerdict(state: .rejected, reason: .purchaseRevoked, message: "Apple refunded or revoked this purchase")
+    }
+}

@@ -108,6 +108,10 @@ extension Planner {
                 let (state, reason) = credit(purchase, upload: upload)
                 credited = reason.map { "\(state.rawValue) (\($0))" } ?? state.rawValue
             } else {
+                // Nobody owns the subscription yet: Apple's signed period is kept, and credited
+                // to whoever the app's first upload proves is the owner (Apple does not tell
+                // again of a notification we answered).
+                recordUnowned(purchase, key: key, submissionId: submissionId, bundleId: notification.bundleId ?? "")
                 credited = "owner_unknown"
             }
             if type == .renewalExtended, let expires = purchase.expiresDate {
@@ -125,9 +129,14 @@ extension Planner {
                 if extended { return "extended" }
             }
             return credited
-        case .expired, .gracePeriodExpired:
+        case .expired:
             updateSubscription(notification, state: "expired")
             return "expired"
+        case .gracePeriodExpired:
+            // The grace ended, billing retry goes on (Apple's status 3): no access, but not
+            // over; a later DID_RENEW (BILLING_RECOVERY) brings it back.
+            updateSubscription(notification, state: "billing_retry")
+            return "billing_retry"
         case .didFailToRenew:
             let state = notification.subtype == "GRACE_PERIOD" ? "grace_period" : "billing_retry"
             updateSubscription(notification, state: state)
@@ -187,6 +196,54 @@ extension Planner {
         if let user = facts.chainCreditedUser { return user }
         if purchase.appAccountToken != nil, let order = facts.tokenOrder { return order.userId }
         return nil
+    }
+
+    /// Keeps a billing period Apple told of while its subscription has no owner (held
+    /// `owner_unknown`, for nobody), so that the owner's first credit credits it too.
+    mutating func recordUnowned(_ purchase: VerifiedPurchase, key: String, submissionId: String, bundleId: String) {
+        guard case .billingPeriod? = CreditKey(stored: key), facts.purchase == nil, facts.grants(of: key).isEmpty,
+            purchase.isUpgraded != true
+        else { return }
+        emit(
+            .recordPurchase(
+                .init(
+                    transactionId: purchase.transactionId, originalTransactionId: purchase.originalTransactionId,
+                    productId: purchase.productId, quantity: max(purchase.quantity, 1), environment: purchase.environment,
+                    bundleId: bundleId, purchaseDate: purchase.purchaseDate, userId: "", orderId: nil,
+                    submissionId: submissionId, appAccountToken: purchase.appAccountToken,
+                    heldReason: ReasonCode.ownerUnknown.rawValue, creditedAt: now, creditKey: key,
+                    webOrderLineItemId: purchase.webOrderLineItemId, expiresDate: purchase.expiresDate),
+                ifAbsent: true))
+    }
+
+    /// Credits a period kept while its subscription had no owner to the owner known now,
+    /// unless Apple took it back meanwhile (then it waits, held `revoked`, for a reversal).
+    mutating func creditUnowned(_ row: LedgerFacts.Purchase, owner: String, upload: LedgerEvent.Upload) {
+        let key = row.creditKey ?? CreditKey.transaction(row.transactionId).stored
+        // The period is credited already (this credit was a restore of it): its own upload
+        // settles the transaction, as if Apple had not told of it.
+        guard facts.grants(of: key).isEmpty else { return }
+        let revocation = facts.unownedRevocations.first { $0.creditKey == key }
+        var claimed = row
+        claimed.userId = owner
+        claimed.creditedAt = now
+        claimed.heldReason = revocation?.standsFully == true ? "revoked" : nil
+        emit(.claimPurchase(claimed))
+        guard claimed.heldReason == nil else { return }
+        let product = product(row.productId)
+        let period = recorded(row)
+        let ends = replacedTiers(by: period, key: key)
+        let quantity = max(row.quantity - (revocation?.standingUnits ?? 0), 1)
+        grant(
+            transactionId: row.transactionId, originalTransactionId: row.originalTransactionId, creditKey: key,
+            userId: owner, productId: row.productId, orderId: nil, quantity: quantity,
+            grant: product?.grant(quantity: quantity) ?? [:], environment: row.environment, source: "apple",
+            expiresAt: ends.own ?? row.expiresDate, periodStart: row.purchaseDate)
+        endReplaced(ends.others, by: period)
+        audit(
+            actor: "system", action: "period_credited_to_new_owner", subject: "transaction:\(row.transactionId)",
+            reason: "Apple told of this period before the subscription had an owner; \(owner) proved it theirs",
+            details: ["userId": owner, "submissionId": upload.submissionId, "creditKey": key])
     }
 
     /// Grants a purchase whose upload a refund stopped, now that Apple reversed the refund.
@@ -277,11 +334,29 @@ extension Planner {
         var orderId: String?
         var expiresAt: Date?
         var periodStart: Date?
-        if let transactionId = request.transactionId {
-            guard let purchase = facts.purchase, purchase.transactionId == transactionId else {
-                return .refused(.notFound, "no purchase \(transactionId)")
+        if let transactionId = request.transactionId, facts.purchase?.transactionId != transactionId {
+            // Goodwill for an Apple purchase that has not reached us (the customer wrote before
+            // the app uploaded it): bound to what that purchase credits, so that its upload is
+            // `already_credited`, not a second credit. A subscription's period cannot be known
+            // from its transaction id: those are granted once their purchase is held.
+            guard product(request.productId)?.type != .autoRenewable else {
+                return .refused(.notFound, "no purchase \(transactionId): a subscription is granted by hand once its purchase is held")
             }
-            guard purchase.userId == request.userId else {
+            id = transactionId
+            original = transactionId
+            creditKey = policy.creditKey(of: request.applePurchase).stored
+            if let revocation = facts.revocation, revocation.creditKey == creditKey, revocation.standsFully {
+                return .refused(.conflict, "Apple refunded or revoked purchase \(transactionId)")
+            }
+            guard facts.activeGrant(of: creditKey) == nil, facts.grant(ofTransaction: transactionId) == nil else {
+                return .refused(.conflict, "what purchase \(transactionId) buys is granted already")
+            }
+        } else if let transactionId = request.transactionId {
+            guard let purchase = facts.purchase else { return .refused(.notFound, "no purchase \(transactionId)") }
+            // A period Apple told of before anyone owned its subscription is nobody's yet: customer
+            // service may give it to the user they found paid for it.
+            let unowned = purchase.heldReason == ReasonCode.ownerUnknown.rawValue
+            guard purchase.userId == request.userId || unowned else {
                 return .refused(.conflict, "purchase \(transactionId) belongs to another user")
             }
             guard facts.grant(ofTransaction: transactionId) == nil else {
@@ -309,7 +384,14 @@ extension Planner {
                 recordSubscription(of: period, owner: request.userId)
                 endReplaced(ends.others, by: period)
             }
-            emit(.releasePurchase(transactionId: transactionId))
+            if unowned {
+                var claimed = purchase
+                claimed.userId = request.userId
+                claimed.heldReason = nil
+                emit(.claimPurchase(claimed))
+            } else {
+                emit(.releasePurchase(transactionId: transactionId))
+            }
         } else if facts.grant(ofTransaction: id) != nil {
             return .refused(.conflict, "grant \(id) exists already")
         }

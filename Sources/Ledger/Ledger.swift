@@ -29,9 +29,13 @@ public enum Ledger {
                 originalTransactionId: purchase.originalTransactionId, tokenOrderId: purchase.appAccountToken)
         case .manualGrant(let grant):
             guard let transactionId = grant.transactionId else { return LedgerQuery(transactionId: grant.goodwillId) }
+            guard let recorded else {
+                // Goodwill for an Apple purchase not uploaded yet: bound to the key it will have.
+                return LedgerQuery(transactionId: transactionId, creditKey: policy.creditKey(of: grant.applePurchase).stored)
+            }
             return LedgerQuery(
-                transactionId: transactionId, creditKey: recorded.map { $0.creditKey ?? CreditKey.transaction(transactionId).stored },
-                originalTransactionId: recorded?.originalTransactionId)
+                transactionId: transactionId, creditKey: recorded.creditKey ?? CreditKey.transaction(transactionId).stored,
+                originalTransactionId: recorded.originalTransactionId)
         case .manualRevoke(let transactionId, _, _, _):
             return LedgerQuery(transactionId: transactionId)
         }
@@ -123,7 +127,20 @@ extension Planner {
         let evidence = purchase.ownershipEvidence
         let quantity = max(purchase.quantity, 1)
         // Apple's own answer says it is refunded or revoked: remembered, and applied to a grant.
-        if let cancelled = purchase.cancellationDate {
+        // A cancellation without Apple's type (`verifyReceipt` says neither a full refund nor
+        // how much) never takes back more than Apple's typed word: with one unit it is the
+        // whole purchase; with several, a prorated refund may have taken only some, so the
+        // purchase waits for the REFUND notification (or reconciliation), listed for customer
+        // service, and what Apple's typed word recorded stands.
+        if let cancelled = purchase.cancellationDate, purchase.revocationType == nil, quantity > 1 {
+            audit(
+                actor: "system", action: "cancellation_untyped", subject: "transaction:\(purchase.transactionId)",
+                reason: "Apple's answer dates a cancellation but not how much it took back; waiting for Apple's refund notification",
+                details: [
+                    "uploader": upload.userId, "productId": purchase.productId, "quantity": "\(quantity)",
+                    "cancellationDate": Ledger.iso8601(cancelled), "submissionId": upload.submissionId,
+                ])
+        } else if let cancelled = purchase.cancellationDate {
             recordRevocation(
                 key: key, transactionId: purchase.transactionId, source: "apple_answer", at: cancelled,
                 units: partialUnits(purchase, quantity: quantity))
@@ -136,10 +153,24 @@ extension Planner {
             recordBlocked(purchase, key: key, upload: upload)
             return (.revoked, .purchaseRevoked)
         }
-        let exact = facts.purchase
+        // A period Apple told of before its subscription had an owner is recorded, not owned:
+        // this upload decides whose it is, as if nothing were recorded.
+        let claiming = facts.purchase?.heldReason == ReasonCode.ownerUnknown.rawValue
+        let exact = claiming ? nil : facts.purchase
         if let active = facts.activeGrant(of: key) {
             let owner = active.userId
-            if sameUser(owner, upload.userId) { return (.alreadyCredited, nil) }
+            if sameUser(owner, upload.userId) {
+                // Credited before without its order (its upload named none, or the receipt then
+                // was older than the order's purchase): the order it was bought for is paid now.
+                if active.transactionId == purchase.transactionId, active.orderId == nil, exact?.orderId == nil,
+                    let named = namedOrder(for: purchase, upload: upload), pays(named, purchase),
+                    named.productId == purchase.productId
+                {
+                    emit(.attachOrder(orderId: named.id, transactionId: purchase.transactionId))
+                    payOrder(named.id, by: purchase, owner: owner)
+                }
+                return (.alreadyCredited, nil)
+            }
             // The very transaction another user was credited with: a replay. Consumables are
             // keyed per transaction, so for them this is always the case.
             if exact.map({ !sameUser($0.userId, upload.userId) }) ?? false || active.transactionId == purchase.transactionId
@@ -180,7 +211,8 @@ extension Planner {
             subscriptionOwner = subscription.userId
         }
         let ownership = Ownership.Facts(
-            uploader: upload.userId, evidence: evidence, tokenOrderOwner: order?.userId, subscriptionOwner: subscriptionOwner)
+            uploader: upload.userId, evidence: evidence, tokenOrderOwner: order?.userId, subscriptionOwner: subscriptionOwner,
+            newPurchaseInChain: purchase.isNewPurchaseInChain)
         let owner: String
         var movesSubscriptionFrom: String?
         switch Ownership.decide(ownership, restore: policy.restore) {
@@ -202,19 +234,8 @@ extension Planner {
             movesSubscriptionFrom = from
         }
         // The upload's own order (the client's word) binds only a purchase credited to the uploader.
-        if order == nil, sameUser(owner, upload.userId), upload.orderId != nil, let named = facts.uploadOrder,
-            named.state == "created", named.userId == upload.userId
-        {
-            if upload.transactionId == purchase.transactionId {
-                // The upload names both: an explicit binding, checked below like a token.
-                order = named
-            } else if upload.transactionId == nil, let purchased = purchase.purchaseDate, named.productId == purchase.productId,
-                named.createdAt <= purchased.addingTimeInterval(300)
-            {
-                // Only the order: a receipt may also hold earlier purchases; bind the one made
-                // after the order (a few minutes of clock skew allowed).
-                order = named
-            }
+        if order == nil, sameUser(owner, upload.userId), let named = namedOrder(for: purchase, upload: upload) {
+            order = named
         }
         var heldReason: ReasonCode?
         let product = product(purchase.productId)
@@ -225,16 +246,14 @@ extension Planner {
             heldReason = .productMismatch
         }
         let boundOrder: String? = heldReason == nil && unpaidOrder ? order?.id : nil
-        emit(
-            .recordPurchase(
-                .init(
-                    transactionId: purchase.transactionId, originalTransactionId: purchase.originalTransactionId,
-                    productId: purchase.productId, quantity: quantity, environment: purchase.environment,
-                    bundleId: upload.bundleId, purchaseDate: purchase.purchaseDate, userId: owner, orderId: boundOrder,
-                    submissionId: upload.submissionId, appAccountToken: purchase.appAccountToken,
-                    heldReason: heldReason?.rawValue, creditedAt: now, creditKey: key,
-                    webOrderLineItemId: purchase.webOrderLineItemId, expiresDate: purchase.expiresDate),
-                ifAbsent: false))
+        let row = LedgerFacts.Purchase(
+            transactionId: purchase.transactionId, originalTransactionId: purchase.originalTransactionId,
+            productId: purchase.productId, quantity: quantity, environment: purchase.environment,
+            bundleId: upload.bundleId, purchaseDate: purchase.purchaseDate, userId: owner, orderId: boundOrder,
+            submissionId: upload.submissionId, appAccountToken: purchase.appAccountToken,
+            heldReason: heldReason?.rawValue, creditedAt: now, creditKey: key,
+            webOrderLineItemId: purchase.webOrderLineItemId, expiresDate: purchase.expiresDate)
+        emit(claiming ? .claimPurchase(row) : .recordPurchase(row, ifAbsent: false))
         if let heldReason {
             if product?.type == .autoRenewable {
                 // Held for a person, but proven theirs: the subscription is theirs too.
@@ -247,13 +266,7 @@ extension Planner {
             return (.held, heldReason)
         }
         if let boundOrder {
-            emit(.bindOrder(orderId: boundOrder, transactionId: purchase.transactionId, at: now))
-            publish(
-                "order.paid",
-                [
-                    "orderId": .string(boundOrder), "userId": .string(owner), "productId": .string(purchase.productId),
-                    "transactionId": .string(purchase.transactionId), "paidAt": .string(nowText),
-                ], id: "order.paid:\(boundOrder)")
+            payOrder(boundOrder, by: purchase, owner: owner)
         }
         // A prorated refund that arrived first took part of it back: the rest is credited.
         let refundedUnits = facts.revocation.map { $0.creditKey == key ? $0.standingUnits : 0 } ?? 0
@@ -268,8 +281,17 @@ extension Planner {
             recordSubscription(of: purchase, owner: owner)
         }
         endReplaced(ends?.others ?? [], by: purchase)
+        if subscriptionOwner == nil {
+            // The subscription has its owner now: the periods Apple told of before are theirs.
+            for period in facts.unownedPeriods where period.transactionId != purchase.transactionId {
+                creditUnowned(period, owner: owner, upload: upload)
+            }
+        }
         if let from = movesSubscriptionFrom {
-            moveSubscription(purchase.originalTransactionId, from: from, to: owner)
+            moveSubscription(purchase.originalTransactionId, from: from, to: owner, newPurchase: purchase.isNewPurchaseInChain)
+        } else if purchase.isNewPurchaseInChain, let subscriptionOwner, !sameUser(subscriptionOwner, owner) {
+            // Bought for another user's order (its token): the chain's renewals are theirs now.
+            moveSubscription(purchase.originalTransactionId, from: subscriptionOwner, to: owner, newPurchase: true)
         }
         if ownership.tokenOrderOwner == nil, let subscriptionOwner, !sameUser(owner, upload.userId) {
             // A billing period of someone else's subscription: theirs, whoever uploads it.
@@ -289,13 +311,45 @@ extension Planner {
         return (.credited, nil)
     }
 
+    /// The uploader's own unpaid order that the upload names and `purchase` may pay: named
+    /// together with this very transaction (an explicit binding, checked like a token), or named
+    /// alone (a receipt may also hold earlier purchases, made for something else: only one of
+    /// the order's product bought at or after the order was placed pays it).
+    func namedOrder(for purchase: VerifiedPurchase, upload: LedgerEvent.Upload) -> LedgerFacts.Order? {
+        guard upload.orderId != nil, let named = facts.uploadOrder, named.state == "created", sameUser(named.userId, upload.userId)
+        else { return nil }
+        if upload.transactionId == purchase.transactionId { return named }
+        guard upload.transactionId == nil, let purchased = purchase.purchaseDate, named.productId == purchase.productId,
+            named.createdAt <= purchased
+        else { return nil }
+        return named
+    }
+
+    /// The order is paid by `purchase`, credited to `owner`: `order.paid` for the app's services.
+    mutating func payOrder(_ orderId: String, by purchase: VerifiedPurchase, owner: String) {
+        emit(.bindOrder(orderId: orderId, transactionId: purchase.transactionId, at: now))
+        publish(
+            "order.paid",
+            [
+                "orderId": .string(orderId), "userId": .string(owner), "productId": .string(purchase.productId),
+                "transactionId": .string(purchase.transactionId), "paidAt": .string(nowText),
+            ], id: "order.paid:\(orderId)")
+    }
+
     /// Whether `purchase` pays `order`: the order is unpaid, and the purchase is what it was
     /// placed for: a one-time purchase, or the first period of a subscription. Later periods
     /// (renewals, a plan change in the group) name the same order and pay nothing, whether they
     /// arrive before the first or after it.
+    ///
+    /// A later period pays an order only when the customer bought it (Apple's
+    /// `transactionReason` PURCHASE: a resubscription after the chain lapsed, an upgrade or a
+    /// crossgrade), and only an order for its product: Apple keeps the chain's
+    /// `originalTransactionId` for those, so the order placed for them is paid by them.
     func pays(_ order: LedgerFacts.Order, _ purchase: VerifiedPurchase) -> Bool {
+        guard order.state == "created" else { return false }
         let laterPeriod = product(purchase.productId)?.type == .autoRenewable && purchase.transactionId != purchase.originalTransactionId
-        return order.state == "created" && !laterPeriod
+        guard laterPeriod else { return true }
+        return purchase.isNewPurchaseInChain && order.productId == purchase.productId
     }
 
     /// The units a prorated refund of a consumable took back, when it took back only some;
@@ -391,8 +445,9 @@ extension Planner {
         }
     }
 
-    /// `IAP_RESTORE=transfer`: the subscription's owner becomes `to`; audited.
-    mutating func moveSubscription(_ originalTransactionId: String, from: String, to: String) {
+    /// The subscription's owner becomes `to` (`IAP_RESTORE=transfer`, or a new purchase in the
+    /// chain that `to` proved); audited.
+    mutating func moveSubscription(_ originalTransactionId: String, from: String, to: String, newPurchase: Bool = false) {
         if var subscription = facts.subscription, subscription.originalTransactionId == originalTransactionId {
             subscription.userId = to
             subscription.updatedAt = now
@@ -400,7 +455,8 @@ extension Planner {
         }
         audit(
             actor: "system", action: "subscription_transferred", subject: "subscription:\(originalTransactionId)",
-            reason: "restored by \(to); moved from \(from)", details: ["from": from, "to": to])
+            reason: newPurchase ? "bought again by \(to); moved from \(from)" : "restored by \(to); moved from \(from)",
+            details: ["from": from, "to": to])
     }
 
     /// A new grant and its `grant.created` event.
@@ -645,7 +701,9 @@ extension Planner {
     /// claims nothing for a reversal to credit.
     mutating func recordBlocked(_ purchase: VerifiedPurchase, key: String, upload: LedgerEvent.Upload) {
         let tokenOwner = purchase.appAccountToken != nil ? facts.tokenOrder?.userId : nil
-        guard tokenOwner != nil || purchase.ownershipEvidence == .signedUpload, facts.purchase == nil else { return }
+        // Recorded only as a period Apple told of before anyone owned it: this proof claims it.
+        let unowned = facts.purchase?.heldReason == ReasonCode.ownerUnknown.rawValue
+        guard tokenOwner != nil || purchase.ownershipEvidence == .signedUpload, facts.purchase == nil || unowned else { return }
         // Named by a token for another product: held for a person, as it would be had it arrived
         // before the refund (a reversal never credits it).
         let mismatch = purchase.appAccountToken != nil && facts.tokenOrder.map { pays($0, purchase) && $0.productId != purchase.productId } == true
@@ -656,7 +714,7 @@ extension Planner {
             submissionId: upload.submissionId, appAccountToken: purchase.appAccountToken,
             heldReason: mismatch ? ReasonCode.productMismatch.rawValue : "revoked", creditedAt: now, creditKey: key,
             webOrderLineItemId: purchase.webOrderLineItemId, expiresDate: mismatch ? purchase.expiresDate : nil)
-        emit(.recordPurchase(row, ifAbsent: true))
+        emit(unowned ? .claimPurchase(row) : .recordPurchase(row, ifAbsent: true))
         if case .billingPeriod? = CreditKey(stored: key) {
             // Proven, though refunded: the subscription is theirs, as it would be had the period
             // been credited before the refund arrived.

@@ -9,6 +9,10 @@ public enum LedgerChange: Sendable, Equatable {
     case recordPurchase(LedgerFacts.Purchase, ifAbsent: Bool)
     /// A held purchase is granted now: it is held no more.
     case releasePurchase(transactionId: String)
+    /// A period Apple told of before anyone owned its subscription (held `owner_unknown`)
+    /// is recorded as `row` now that its owner is known; finding it claimed already means the
+    /// facts are stale (the shell retries the unit).
+    case claimPurchase(LedgerFacts.Purchase)
     /// A new active grant (`id` is the store's to give); refused when its credit key has one.
     case grant(LedgerFacts.Grant)
     /// The grant of `transactionId` is taken back, by `apple`, `transfer` or `admin`.
@@ -25,6 +29,8 @@ public enum LedgerChange: Sendable, Equatable {
     case setGracePeriod(transactionId: String, until: Date)
     /// The order is paid by `transactionId`.
     case bindOrder(orderId: String, transactionId: String, at: Date)
+    /// A purchase credited before without an order, and its grant, are the order's now.
+    case attachOrder(orderId: String, transactionId: String)
     /// The order paid by `transactionId` is now `state` (refunded, or paid again).
     case setOrderState(orderId: String, transactionId: String, state: String, at: Date)
     /// Apple's revocation or reversal of a credit key, as it now stands (insert or replace).

@@ -61,6 +61,15 @@ public enum LedgerEvent: Sendable, Equatable {
             self.actor = actor
             self.reason = reason
         }
+
+        /// The Apple purchase a grant naming a transaction not recorded yet stands for: its
+        /// product, bought as the first transaction of its chain.
+        public var applePurchase: VerifiedPurchase {
+            let id = transactionId ?? goodwillId
+            return VerifiedPurchase(
+                transactionId: id, originalTransactionId: id, productId: productId, quantity: quantity, purchaseDate: nil,
+                environment: .production)
+        }
     }
 }
 

@@ -24,12 +24,20 @@ public struct LedgerFacts: Sendable, Equatable {
     public var tokenOrder: Order?
     /// The order the upload names (the client's word).
     public var uploadOrder: Order?
+    /// Periods of the subscription Apple told of before anyone owned it (held
+    /// `owner_unknown`), oldest first: read while the subscription has no owner.
+    public var unownedPeriods: [Purchase]
+    /// Apple's revocations of those periods' credit keys.
+    public var unownedRevocations: [Revocation]
 
     /// Creates facts; everything absent unless given.
     public init(
         purchase: Purchase? = nil, grants: [Grant] = [], revocation: Revocation? = nil, subscription: Subscription? = nil,
-        blocked: [Purchase] = [], chainCreditedUser: String? = nil, tokenOrder: Order? = nil, uploadOrder: Order? = nil
+        blocked: [Purchase] = [], chainCreditedUser: String? = nil, tokenOrder: Order? = nil, uploadOrder: Order? = nil,
+        unownedPeriods: [Purchase] = [], unownedRevocations: [Revocation] = []
     ) {
+        self.unownedPeriods = unownedPeriods
+        self.unownedRevocations = unownedRevocations
         self.purchase = purchase
         self.grants = grants
         self.revocation = revocation
@@ -273,6 +281,9 @@ extension LedgerFacts {
         case .releasePurchase(let transactionId):
             if purchase?.transactionId == transactionId { purchase?.heldReason = nil }
             blocked.removeAll { $0.transactionId == transactionId }
+        case .claimPurchase(let row):
+            if purchase?.transactionId == row.transactionId { purchase = row }
+            unownedPeriods.removeAll { $0.transactionId == row.transactionId }
         case .grant(let row):
             var row = row
             row.id = (grants.map(\.id).max() ?? 0) + 1
@@ -305,6 +316,9 @@ extension LedgerFacts {
                 self[keyPath: path]?.state = "paid"
                 self[keyPath: path]?.transactionId = transactionId
             }
+        case .attachOrder(let orderId, let transactionId):
+            if purchase?.transactionId == transactionId { purchase?.orderId = orderId }
+            updateGrant(transactionId) { $0.orderId = orderId }
         case .setOrderState(let orderId, let transactionId, let state, _):
             for path in [\LedgerFacts.tokenOrder, \LedgerFacts.uploadOrder]
             where self[keyPath: path]?.id == orderId && self[keyPath: path]?.transactionId == transactionId {

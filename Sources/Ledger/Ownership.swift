@@ -8,7 +8,8 @@ import IAPCore
 /// owner is that owner's; otherwise only an upload Apple vouches for (a verified signed
 /// transaction, Apple's answer about the uploaded receipt) makes it the uploader's. A lookup (a
 /// bare transaction id, a receipt read without its signature checked) proves nothing: the
-/// purchase is held for customer service.
+/// purchase is held for customer service. A new purchase in a chain (a resubscription, an
+/// upgrade) is not a renewal: it is the uploader's when their upload proves it.
 public enum Ownership {
     /// The facts one decision reads, from the purchase, the upload and the store.
     public struct Facts: Sendable, Equatable {
@@ -21,15 +22,21 @@ public enum Ownership {
         /// For a billing period of an auto-renewable subscription: the subscription's owner,
         /// when any route credited it before.
         public var subscriptionOwner: String?
+        /// The period is a new purchase in its chain (a resubscription, an upgrade, a
+        /// crossgrade: Apple's `transactionReason` PURCHASE on a later transaction), not a
+        /// renewal or a restore of one.
+        public var newPurchaseInChain: Bool
 
         /// Creates the facts of one decision.
         public init(
-            uploader: String, evidence: OwnershipEvidence, tokenOrderOwner: String? = nil, subscriptionOwner: String? = nil
+            uploader: String, evidence: OwnershipEvidence, tokenOrderOwner: String? = nil, subscriptionOwner: String? = nil,
+            newPurchaseInChain: Bool = false
         ) {
             self.uploader = uploader
             self.evidence = evidence
             self.tokenOrderOwner = tokenOrderOwner
             self.subscriptionOwner = subscriptionOwner
+            self.newPurchaseInChain = newPurchaseInChain
         }
     }
 
@@ -37,8 +44,10 @@ public enum Ownership {
     public enum Decision: Sendable, Equatable {
         /// Credit it to `owner` (the uploader, or the proven owner when that is someone else).
         case credit(owner: String)
-        /// `IAP_RESTORE=transfer`: the uploader proved they hold a period of another owner's
-        /// subscription; the period is credited to them and the subscription moves with it.
+        /// The uploader proved they hold a period of another owner's subscription: a new
+        /// purchase they made in its chain (a resubscription, an upgrade), or, under
+        /// `IAP_RESTORE=transfer`, any period. The period is credited to them and the
+        /// subscription, with its later renewals, moves with it; earlier periods stay.
         case creditMovingSubscription(from: String, to: String)
         /// Nothing proves whose it is: held for customer service, not finishable.
         case held(ReasonCode)
@@ -49,7 +58,9 @@ public enum Ownership {
         if let owner = facts.tokenOrderOwner { return .credit(owner: owner) }
         if let owner = facts.subscriptionOwner {
             if IAPCore.sameUser(owner, facts.uploader) { return .credit(owner: owner) }
-            if restore == .transfer, facts.evidence == .signedUpload {
+            // A new purchase belongs to whoever proves they bought it (the same Apple ID may
+            // serve several accounts of the app); renewals and restores follow the owner.
+            if facts.newPurchaseInChain || restore == .transfer, facts.evidence == .signedUpload {
                 return .creditMovingSubscription(from: owner, to: facts.uploader)
             }
             // Every billing period belongs to the subscription's owner, whoever uploads it.
@@ -57,5 +68,14 @@ public enum Ownership {
         }
         guard facts.evidence == .signedUpload else { return .held(.ownerUnknown) }
         return .credit(owner: facts.uploader)
+    }
+}
+
+extension VerifiedPurchase {
+    /// A later transaction of its chain that the customer bought (Apple's `transactionReason`
+    /// PURCHASE: a resubscription after the chain lapsed, an upgrade, a crossgrade), not a
+    /// renewal. Unknown where Apple's answer does not say (`verifyReceipt`): false.
+    public var isNewPurchaseInChain: Bool {
+        transactionId != originalTransactionId && transactionReason == "PURCHASE"
     }
 }

@@ -1,5 +1,6 @@
 import Foundation
 import IAPCore
+import Ledger
 
 /// A user that a console search matched, and by what.
 public struct ConsoleSearchHit: Sendable, Equatable {
@@ -200,8 +201,12 @@ extension OrderStore {
             ).map {
                 SubscriptionRecord(
                     originalTransactionId: $0["originalTransactionId"], productId: $0["productId"],
-                    environment: $0["environment"], state: $0["state"], expiresDate: $0["expiresDate"],
-                    autoRenew: $0["autoRenew"], gracePeriodExpiresDate: $0["gracePeriodExpiresDate"], updatedAt: $0["updatedAt"])
+                    environment: $0["environment"],
+                    state: InForce.subscriptionState(
+                        recorded: $0["state"], expiresDate: $0["expiresDate"], gracePeriodExpiresDate: $0["gracePeriodExpiresDate"],
+                        at: Date()),
+                    expiresDate: $0["expiresDate"], autoRenew: $0["autoRenew"],
+                    gracePeriodExpiresDate: $0["gracePeriodExpiresDate"], updatedAt: $0["updatedAt"])
             }
             let orders = try db.rows(sql: "SELECT * FROM orders WHERE userId = ? ORDER BY createdAt LIMIT ?", arguments: [userId, limit]
             ).map {

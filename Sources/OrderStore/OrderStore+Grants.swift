@@ -1,5 +1,6 @@
 import Foundation
 import IAPCore
+import Ledger
 
 /// One credit of one Apple transaction to one user.
 public struct Grant: Sendable, Equatable {
@@ -28,11 +29,10 @@ public struct Grant: Sendable, Equatable {
     /// For a subscription period in Apple's billing grace period: when the grace ends.
     public var gracePeriodExpiresAt: Date? = nil
 
-    /// Whether the user may use it at `now`: active, and not past its period (or grace).
+    /// Whether the user may use it at `now` (`InForce.grant`: active, and not past its period
+    /// or grace).
     public func isInForce(at now: Date) -> Bool {
-        guard state == "active" else { return false }
-        guard let expiresAt else { return true }
-        return max(expiresAt, gracePeriodExpiresAt ?? expiresAt) > now
+        InForce.grant(isActive: state == "active", expiresAt: expiresAt, gracePeriodExpiresAt: gracePeriodExpiresAt, at: now)
     }
 }
 
@@ -60,9 +60,10 @@ extension OrderStore {
     /// which products are consumable, and without one every grant without an expiry counts).
     public func entitlements(ofUser userId: String, catalog: Catalog?, now: Date = Date()) async throws -> Entitlements {
         let grants = try await grants(ofUser: userId).filter { $0.isInForce(at: now) }
-        let subscriptions = try await subscriptions(ofUser: userId).filter { subscription in
-            subscription.state != "expired" && subscription.state != "revoked"
-                && max(subscription.expiresDate ?? .distantFuture, subscription.gracePeriodExpiresDate ?? .distantPast) > now
+        let subscriptions = try await subscriptions(ofUser: userId, now: now).filter { subscription in
+            InForce.subscription(
+                recorded: subscription.state, expiresDate: subscription.expiresDate,
+                gracePeriodExpiresDate: subscription.gracePeriodExpiresDate, at: now)
         }
         var balances: [String: Int] = [:]
         for grant in grants {

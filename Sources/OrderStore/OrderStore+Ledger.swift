@@ -67,6 +67,26 @@ extension OrderStore {
                 sql: "SELECT * FROM subscription WHERE originalTransactionId = ?", arguments: [original]
             ).map(subscriptionFact)
         }
+        if let original = query.originalTransactionId, let subscription = facts.subscription, subscription.userId == nil {
+            // Nobody owns the subscription yet: the periods Apple told of meanwhile, for the
+            // credit that gives it an owner.
+            facts.unownedPeriods = try db.rows(
+                sql: """
+                    SELECT * FROM purchase WHERE originalTransactionId = ? AND heldReason = 'owner_unknown'
+                    ORDER BY purchaseDate, transactionId
+                    """,
+                arguments: [original]
+            ).map(purchaseFact)
+            if !facts.unownedPeriods.isEmpty {
+                facts.unownedRevocations = try db.rows(
+                    sql: """
+                        SELECT * FROM revocation WHERE creditKey IN
+                            (SELECT creditKey FROM purchase WHERE originalTransactionId = ? AND heldReason = 'owner_unknown')
+                        """,
+                    arguments: [original]
+                ).map(revocationFact)
+            }
+        }
         if case .notification = event, let key = query.creditKey, let original = query.originalTransactionId {
             facts.blocked = try db.rows(
                 sql: "SELECT * FROM purchase WHERE creditKey = ? AND heldReason = 'revoked' ORDER BY creditedAt, rowid",
@@ -89,7 +109,7 @@ extension OrderStore {
         return facts
     }
 
-    private static func order(_ id: String, in db: any SQLConnection) throws -> LedgerFacts.Order? {
+    static func order(_ id: String, in db: any SQLConnection) throws -> LedgerFacts.Order? {
         try db.cachedRow(sql: "SELECT * FROM orders WHERE id = lower(?)", arguments: [id]).map {
             LedgerFacts.Order(
                 id: $0["id"], userId: $0["userId"], productId: $0["productId"], state: $0["state"],
@@ -155,6 +175,20 @@ extension OrderStore {
             }
         case .releasePurchase(let transactionId):
             try db.executeCached(sql: "UPDATE purchase SET heldReason = NULL WHERE transactionId = ?", arguments: [transactionId])
+        case .claimPurchase(let row):
+            try db.executeCached(
+                sql: """
+                    UPDATE purchase SET userId = ?, orderId = ?, submissionId = ?, appAccountToken = ?, heldReason = ?,
+                        creditedAt = ?, creditKey = ?, quantity = ?, purchaseDate = ?, expiresDate = ?
+                    WHERE transactionId = ? AND heldReason = 'owner_unknown'
+                    """,
+                arguments: [
+                    row.userId, row.orderId, row.submissionId, row.appAccountToken, row.heldReason, row.creditedAt,
+                    row.creditKey, row.quantity, row.purchaseDate, row.expiresDate, row.transactionId,
+                ])
+            if db.changesCount == 0 {
+                throw SQLError(.serializationFailure, "purchase \(row.transactionId) was claimed by another writer")
+            }
         case .grant(let grant):
             try db.executeCached(
                 sql: """
@@ -197,6 +231,11 @@ extension OrderStore {
             try db.executeCached(
                 sql: "UPDATE orders SET state = 'paid', transactionId = ?, updatedAt = ? WHERE id = ?",
                 arguments: [transactionId, at, orderId])
+        case .attachOrder(let orderId, let transactionId):
+            try db.executeCached(
+                sql: "UPDATE purchase SET orderId = ? WHERE transactionId = ? AND orderId IS NULL", arguments: [orderId, transactionId])
+            try db.executeCached(
+                sql: "UPDATE grants SET orderId = ? WHERE transactionId = ? AND orderId IS NULL", arguments: [orderId, transactionId])
         case .setOrderState(let orderId, let transactionId, let state, let at):
             try db.executeCached(
                 sql: "UPDATE orders SET state = ?, updatedAt = ? WHERE id = ? AND transactionId = ?",

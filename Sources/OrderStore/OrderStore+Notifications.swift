@@ -34,13 +34,17 @@ extension OrderStore {
         return (.credited, "\(notification.notificationType): \(outcome)", plan.revoked)
     }
 
-    /// The subscriptions of a user, as the notifications left them.
-    public func subscriptions(ofUser userId: String) async throws -> [SubscriptionRecord] {
+    /// The subscriptions of a user, as Apple's word left them, each in its state as of `now`
+    /// (`InForce.subscriptionState`: never `active` past its period's end and grace).
+    public func subscriptions(ofUser userId: String, now: Date = Date()) async throws -> [SubscriptionRecord] {
         try await database.read { db in
             try db.rows(sql: "SELECT * FROM subscription WHERE userId = ? ORDER BY updatedAt DESC", arguments: [userId]).map {
                 SubscriptionRecord(
                     originalTransactionId: $0["originalTransactionId"], productId: $0["productId"], environment: $0["environment"],
-                    state: $0["state"], expiresDate: $0["expiresDate"], autoRenew: $0["autoRenew"],
+                    state: InForce.subscriptionState(
+                        recorded: $0["state"], expiresDate: $0["expiresDate"], gracePeriodExpiresDate: $0["gracePeriodExpiresDate"],
+                        at: now),
+                    expiresDate: $0["expiresDate"], autoRenew: $0["autoRenew"],
                     gracePeriodExpiresDate: $0["gracePeriodExpiresDate"], updatedAt: $0["updatedAt"])
             }
         }

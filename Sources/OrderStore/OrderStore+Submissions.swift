@@ -274,20 +274,28 @@ extension OrderStore {
                 return state.state
             case .verified(let receipt):
                 var seen = Set<String>()
-                var outcomes: [TransactionCreditState: Int] = [:]
-                var replayed = 0
-                var total = 0
-                var held: (ReasonCode, String)?
+                var outcomes: [FinishAdvice.PurchaseOutcome] = []
+                var listed: [(VerifiedPurchase, TransactionCreditState, ReasonCode?)] = []
+                let named: String? = row["transactionId"]
                 let upload = Upload(
-                    userId: userId, submissionId: id, orderId: result.orderId, transactionId: row["transactionId"],
+                    userId: userId, submissionId: id, orderId: result.orderId, transactionId: named,
                     bundleId: receipt.bundleId)
                 for purchase in receipt.purchases where seen.insert(purchase.transactionId).inserted {
-                    total += 1
                     let (state, reason) = try Self.credit(purchase, upload: upload, policy: policy, now: now, in: db)
-                    outcomes[state, default: 0] += 1
-                    if state == .replayedFromOtherUser { replayed += 1 }
+                    outcomes.append(
+                        .init(
+                            transactionId: purchase.transactionId, state: state, reason: reason,
+                            lookup: purchase.ownershipEvidence == .lookup))
+                    listed.append((purchase, state, reason))
                     if state == .credited { counts.credited += 1 }
-                    if state == .held, held == nil, let reason { held = (reason, purchase.transactionId) }
+                }
+                // The verdict is the core's; the shell reads what it asks for, as the plans left it.
+                let query = FinishAdvice.verdictQuery(transactionId: named, orderId: result.orderId, outcomes: outcomes)
+                let verdict = FinishAdvice.verdict(
+                    userId: userId, transactionId: named, orderId: result.orderId, outcomes: outcomes,
+                    namedRevocations: try query.revocationsOf.map { try Self.revocations(of: $0, in: db) } ?? [],
+                    namedOrder: try query.order.map { try Self.order($0, in: db) } ?? nil)
+                for (purchase, state, reason) in listed where verdict.listsTransactions {
                     try db.executeCached(
                         sql: """
                             INSERT INTO submission_transaction
@@ -300,6 +308,7 @@ extension OrderStore {
                             purchase.environment.rawValue, state.rawValue, reason?.rawValue, policy.creditKey(of: purchase),
                         ])
                 }
+                let replayed = outcomes.filter { $0.state == .replayedFromOtherUser }.count
                 counts.replayed = replayed
                 counts.revoked += upload.revocations
                 if replayed > 0 {
@@ -308,49 +317,10 @@ extension OrderStore {
                         reason: "purchases credited to another user uploaded by \(userId)",
                         details: ["count": "\(replayed)"], now: now, in: db)
                 }
-                let named: String? = row["transactionId"]
-                let state: SubmissionState
-                let reason: ReasonCode?
-                let message: String?
-                if let held {
-                    state = .needsReview
-                    reason = held.0
-                    message = "purchase \(held.1) is held for review (\(held.0))"
-                } else if let named, !seen.contains(named) {
-                    // Whatever else the receipt held is credited above; the named purchase is not here.
-                    let missing = FinishAdvice.namedTransactionMissing(revocations: try Self.revocations(of: named, in: db))
-                    (state, reason) = (.rejected, missing)
-                    message =
-                        missing == .purchaseRevoked
-                        ? "Apple refunded or revoked transaction \(named): it is left out of every receipt"
-                        : "transaction \(named) is not in this receipt yet: refresh the receipt and upload it again"
-                } else if named == nil, let orderId = result.orderId,
-                    try Self.orderAwaitsPayment(orderId, of: userId, in: db)
-                {
-                    // The order named is still unpaid: the receipt is older than its purchase.
-                    (state, reason) = (.rejected, .transactionNotInReceipt)
-                    message = "no purchase in this receipt pays order \(orderId) yet: refresh the receipt and upload it again"
-                } else if total > 0, outcomes[.credited, default: 0] + outcomes[.alreadyCredited, default: 0]
-                    + outcomes[.superseded, default: 0] == 0
-                {
-                    // Nothing in it is (or was) credited to the uploader: say the strongest why.
-                    if replayed > 0 {
-                        (state, reason) = (.rejected, .replayedFromOtherUser)
-                        message = "every purchase in this receipt belongs to another user"
-                    } else if outcomes[.ownedByOtherUser, default: 0] > 0 {
-                        (state, reason) = (.rejected, .ownedByOtherUser)
-                        message = "what this restores belongs to another user of the app"
-                    } else {
-                        (state, reason) = (.rejected, .purchaseRevoked)
-                        message = "Apple refunded or revoked this purchase"
-                    }
-                } else {
-                    (state, reason, message) = (.credited, nil, nil)
-                }
                 try Self.finish(
-                    id, state: state, reason: reason, message: message, attempt: max(attempts, result.attempt),
-                    environment: receipt.environment, now: now, in: db)
-                return state
+                    id, state: verdict.state, reason: verdict.reason, message: verdict.message,
+                    attempt: max(attempts, result.attempt), environment: receipt.environment, now: now, in: db)
+                return verdict.state
             }
         }
     }
@@ -365,13 +335,6 @@ extension OrderStore {
                 """,
             arguments: [transactionId, transactionId]
         ).map(revocationFact)
-    }
-
-    /// Whether the uploader's order `orderId` exists and is still unpaid.
-    private static func orderAwaitsPayment(_ orderId: String, of userId: String, in db: any SQLConnection) throws -> Bool {
-        try db.cachedRow(
-            sql: "SELECT 1 FROM orders WHERE id = lower(?) AND userId = ? AND state = 'created'", arguments: [orderId, userId]
-        ) != nil
     }
 
     private static func finish(

@@ -1,0 +1,224 @@
+import Foundation
+import IAPCore
+import Ledger
+import Testing
+
+/// The core's new rules as examples, with no store, broker or clock: the verdict of an upload,
+/// which purchase pays an order, a new purchase in a chain, a cancellation without Apple's
+/// type, a renewal told before its subscription had an owner, goodwill bound to an Apple
+/// purchase, and what is in force now.
+@Suite("Ledger rules: the verdict and who really paid")
+struct LedgerVerdictTests {
+    static let t0 = Date(timeIntervalSince1970: 1_800_000_000)
+    let catalog = Catalog(products: [
+        .init(productId: "coins", type: .consumable, grant: ["coins": .number(100)]),
+        .init(productId: "month", type: .autoRenewable, grant: ["tier": .name("vip")]),
+        .init(productId: "year", type: .autoRenewable, grant: ["tier": .name("vip")]),
+    ])
+    var policy: LedgerPolicy { LedgerPolicy(catalog: catalog) }
+
+    func coins(_ id: String, at date: Date, quantity: Int = 1) -> VerifiedPurchase {
+        VerifiedPurchase(
+            transactionId: id, originalTransactionId: id, productId: "coins", quantity: quantity, purchaseDate: date,
+            environment: .production)
+    }
+
+    func upload(_ user: String, order: String? = nil, transaction: String? = nil) -> LedgerEvent.Upload {
+        LedgerEvent.Upload(userId: user, submissionId: "s", orderId: order, transactionId: transaction, bundleId: "app")
+    }
+
+    func order(_ id: String, user: String = "olga", product: String = "coins", at date: Date, state: String = "created")
+        -> LedgerFacts.Order
+    {
+        LedgerFacts.Order(id: id, userId: user, productId: product, state: state, transactionId: nil, createdAt: date)
+    }
+
+    func plan(_ event: LedgerEvent, _ facts: LedgerFacts = LedgerFacts()) -> LedgerPlan {
+        Ledger.plan(event, facts: facts, policy: policy, now: Self.t0 + 3_600)
+    }
+
+    func boundOrders(_ plan: LedgerPlan) -> [String] {
+        plan.changes.compactMap { if case .bindOrder(let id, _, _) = $0 { id } else { nil } }
+    }
+
+    @Test func anOrderIsPaidOnlyByAPurchaseBoughtAtOrAfterIt() {
+        let o2 = order("o2", at: Self.t0)
+        // Bought a second before the order: made for something else, never pays it (the
+        // window that let a purchase up to 300 s older pay an order is gone).
+        let earlier = plan(.upload(coins("t1", at: Self.t0 - 1), upload("olga", order: "o2")), LedgerFacts(uploadOrder: o2))
+        #expect(earlier.outcome == .transaction(.credited, nil))
+        #expect(boundOrders(earlier).isEmpty)
+        let later = plan(.upload(coins("t2", at: Self.t0 + 1), upload("olga", order: "o2")), LedgerFacts(uploadOrder: o2))
+        #expect(boundOrders(later) == ["o2"])
+        // Named together with the transaction: an explicit binding, whatever the dates.
+        let named = plan(.upload(coins("t1", at: Self.t0 - 1), upload("olga", order: "o2", transaction: "t1")), LedgerFacts(uploadOrder: o2))
+        #expect(boundOrders(named) == ["o2"])
+        // Someone else's order: never.
+        let other = plan(.upload(coins("t3", at: Self.t0 + 1), upload("mallory", order: "o2")), LedgerFacts(uploadOrder: o2))
+        #expect(boundOrders(other).isEmpty)
+    }
+
+    @Test func aPurchaseCreditedWithoutItsOrderPaysItWhenAnUploadNamesIt() {
+        let o1 = order("o1", at: Self.t0 - 10)
+        let grant = LedgerFacts.Grant(
+            id: 1, transactionId: "t1", userId: "olga", productId: "coins", orderId: nil, quantity: 1, grantJSON: "{}",
+            environment: "Production", source: "apple", isActive: true, grantedAt: Self.t0, revokedAt: nil, revokedBy: nil,
+            creditKey: "txn:t1", originalTransactionId: "t1", expiresAt: nil, gracePeriodExpiresAt: nil)
+        let retry = plan(.upload(coins("t1", at: Self.t0), upload("olga", order: "o1")), LedgerFacts(grants: [grant], uploadOrder: o1))
+        #expect(retry.outcome == .transaction(.alreadyCredited, nil))
+        #expect(boundOrders(retry) == ["o1"])
+        #expect(retry.changes.contains(.attachOrder(orderId: "o1", transactionId: "t1")))
+    }
+
+    @Test func theVerdictOfAnOrderNamedUploadWaitsForThePurchaseMadeForIt() {
+        let credited = [FinishAdvice.PurchaseOutcome(transactionId: "t1", state: .credited, reason: nil)]
+        let unpaid = FinishAdvice.verdict(
+            userId: "olga", transactionId: nil, orderId: "o2", outcomes: credited, namedRevocations: [],
+            namedOrder: order("o2", at: Self.t0))
+        #expect(unpaid.state == .rejected && unpaid.reason == .transactionNotInReceipt)
+        #expect(!FinishAdvice.mayFinishUpload(state: unpaid.state, reason: unpaid.reason, named: .order, settledByHand: false))
+        let paid = FinishAdvice.verdict(
+            userId: "olga", transactionId: nil, orderId: "o2", outcomes: credited, namedRevocations: [],
+            namedOrder: order("o2", at: Self.t0, state: "paid"))
+        #expect(paid == UploadVerdict(state: .credited))
+        #expect(FinishAdvice.verdictQuery(transactionId: nil, orderId: "o2", outcomes: credited).order == "o2")
+        #expect(FinishAdvice.verdictQuery(transactionId: "t9", orderId: "o2", outcomes: credited).revocationsOf == "t9")
+    }
+
+    @Test func aLookupThatProvesNothingAnswersAlike() {
+        for state in [TransactionCreditState.replayedFromOtherUser, .revoked, .ownedByOtherUser] {
+            let verdict = FinishAdvice.verdict(
+                userId: "eve", transactionId: "t1", orderId: nil,
+                outcomes: [.init(transactionId: "t1", state: state, reason: nil, lookup: true)], namedRevocations: [],
+                namedOrder: nil)
+            #expect(verdict.state == .rejected && verdict.reason == .transactionNotFound && !verdict.listsTransactions)
+        }
+        // The same outcome on an upload Apple vouches for says what it is.
+        let signed = FinishAdvice.verdict(
+            userId: "eve", transactionId: "t1", orderId: nil,
+            outcomes: [.init(transactionId: "t1", state: .replayedFromOtherUser, reason: nil)], namedRevocations: [], namedOrder: nil)
+        #expect(signed.reason == .replayedFromOtherUser && signed.listsTransactions)
+    }
+
+    func period(_ id: String, product: String = "month", reason: String?, token: String? = nil) -> VerifiedPurchase {
+        var purchase = VerifiedPurchase(
+            transactionId: id, originalTransactionId: "t1", productId: product, quantity: 1, purchaseDate: Self.t0 + 60,
+            environment: .production, expiresDate: Self.t0 + 30 * 86_400, appAccountToken: token, webOrderLineItemId: "w-\(id)")
+        purchase.transactionReason = reason
+        return purchase
+    }
+
+    func subscription(owner: String?) -> LedgerFacts.Subscription {
+        LedgerFacts.Subscription(
+            originalTransactionId: "t1", userId: owner, productId: "month", environment: "Production", state: "expired",
+            expiresDate: Self.t0, autoRenew: false, gracePeriodExpiresDate: nil, lastTransactionId: "t1", updatedAt: Self.t0,
+            stateDate: Self.t0)
+    }
+
+    @Test func aResubscriptionIsItsBuyersAndARenewalItsOwners() {
+        #expect(
+            Ownership.decide(
+                .init(uploader: "ben", evidence: .signedUpload, subscriptionOwner: "ana", newPurchaseInChain: true), restore: .keep)
+                == .creditMovingSubscription(from: "ana", to: "ben"))
+        #expect(
+            Ownership.decide(.init(uploader: "ben", evidence: .lookup, subscriptionOwner: "ana", newPurchaseInChain: true), restore: .keep)
+                == .credit(owner: "ana"))
+        let facts = LedgerFacts(subscription: subscription(owner: "ana"))
+        let bought = plan(.upload(period("t5", reason: "PURCHASE"), upload("ben")), facts)
+        #expect(bought.outcome == .transaction(.credited, nil))
+        #expect(bought.changes.contains { if case .putSubscription(let row) = $0 { row.userId == "ben" } else { false } })
+        let renewal = plan(.upload(period("t5", reason: "RENEWAL"), upload("ben")), facts)
+        #expect(renewal.outcome == .transaction(.ownedByOtherUser, nil))
+        // Without Apple's word (verifyReceipt), a later period follows the owner.
+        let unsaid = plan(.upload(period("t5", reason: nil), upload("ben")), facts)
+        #expect(unsaid.outcome == .transaction(.ownedByOtherUser, nil))
+    }
+
+    @Test func anOrderPlacedForAnUpgradeOrResubscriptionIsPaidByIt() {
+        let yearOrder = order("o9", user: "ana", product: "year", at: Self.t0)
+        let facts = LedgerFacts(subscription: subscription(owner: "ana"), uploadOrder: yearOrder)
+        let upgrade = plan(.upload(period("t5", product: "year", reason: "PURCHASE"), upload("ana", order: "o9")), facts)
+        #expect(boundOrders(upgrade) == ["o9"])
+        // A renewal pays nothing, even of the order's product after the order.
+        let renewal = plan(.upload(period("t6", product: "year", reason: "RENEWAL"), upload("ana", order: "o9")), facts)
+        #expect(boundOrders(renewal).isEmpty)
+    }
+
+    @Test func aCancellationWithoutItsTypeTakesBackOnlyWhatAppleTyped() {
+        var packs = coins("t1", at: Self.t0, quantity: 3)
+        packs.cancellationDate = Self.t0 + 100
+        // Several units, no type: nothing taken back by the answer alone; listed for a person.
+        let untyped = plan(.upload(packs, upload("pia", transaction: "t1")))
+        #expect(untyped.outcome == .transaction(.credited, nil))
+        #expect(!untyped.changes.contains { if case .putRevocation = $0 { true } else { false } })
+        #expect(untyped.changes.contains { if case .audit(let entry) = $0 { entry.action == "cancellation_untyped" } else { false } })
+        // One unit: the whole purchase.
+        var one = coins("t2", at: Self.t0)
+        one.cancellationDate = Self.t0 + 100
+        #expect(plan(.upload(one, upload("pia", transaction: "t2"))).outcome == .transaction(.revoked, .purchaseRevoked))
+        // Apple's typed word: a full refund takes all.
+        packs.revocationType = "REFUND_FULL"
+        #expect(plan(.upload(packs, upload("pia", transaction: "t1"))).outcome == .transaction(.revoked, .purchaseRevoked))
+    }
+
+    @Test func aRenewalToldBeforeTheOwnerIsCreditedWhenTheOwnerBecomesKnown() {
+        let renewal = period("t2", reason: "RENEWAL")
+        let told = AppStoreNotification(
+            notificationUUID: "n1", notificationType: "DID_RENEW", subtype: nil, environment: .production, bundleId: "app",
+            signedDate: Self.t0 + 60, purchase: renewal)
+        let kept = plan(.notification(told, submissionId: "s1"))
+        guard case .recordPurchase(let row, true)? = kept.changes.first(where: { if case .recordPurchase = $0 { true } else { false } })
+        else {
+            Issue.record("the renewal was not kept: \(kept.changes)")
+            return
+        }
+        #expect(row.heldReason == ReasonCode.ownerUnknown.rawValue && row.userId.isEmpty)
+        #expect(!kept.changes.contains { if case .grant = $0 { true } else { false } })
+
+        // The owner's first upload, of the first period: the renewal is theirs too.
+        let first = VerifiedPurchase(
+            transactionId: "t1", originalTransactionId: "t1", productId: "month", quantity: 1, purchaseDate: Self.t0 - 86_400,
+            environment: .production, expiresDate: Self.t0 + 60, webOrderLineItemId: "w-t1")
+        let facts = LedgerFacts(subscription: subscription(owner: nil), unownedPeriods: [row])
+        let credited = plan(.upload(first, upload("rita")), facts)
+        #expect(credited.outcome == .transaction(.credited, nil))
+        let granted = credited.changes.compactMap { if case .grant(let grant) = $0 { grant.transactionId } else { nil } }
+        #expect(granted == ["t1", "t2"])
+        #expect(credited.changes.contains { if case .claimPurchase(let claimed) = $0 { claimed.userId == "rita" && claimed.heldReason == nil } else { false } })
+    }
+
+    @Test func goodwillNamingAnApplePurchaseIsBoundToIt() {
+        let request = LedgerEvent.ManualGrant(
+            userId: "gil", productId: "coins", quantity: 1, grant: ["coins": .number(100)], transactionId: "t7",
+            goodwillId: "manual-1", actor: "agent", reason: "paid, nothing came")
+        let query = Ledger.query(for: .manualGrant(request), policy: policy)
+        #expect(query.creditKey == "txn:t7")
+        let granted = plan(.manualGrant(request))
+        #expect(granted.outcome == .grant(transactionId: "t7"))
+        let grant = granted.changes.compactMap { if case .grant(let grant) = $0 { grant } else { nil } }.first
+        #expect(grant?.creditKey == "txn:t7" && grant?.source == "manual")
+        // The purchase's later upload finds it.
+        let facts = LedgerFacts(grants: grant.map { [$0] } ?? [])
+        #expect(plan(.upload(coins("t7", at: Self.t0), upload("gil", transaction: "t7")), facts).outcome == .transaction(.alreadyCredited, nil))
+    }
+
+    @Test func nothingIsInForcePastItsPeriodAndGrace() {
+        let now = Self.t0
+        #expect(InForce.subscriptionState(recorded: "active", expiresDate: now - 1, gracePeriodExpiresDate: nil, at: now) == "expired")
+        #expect(InForce.subscriptionState(recorded: "active", expiresDate: now - 1, gracePeriodExpiresDate: now + 1, at: now) == "active")
+        #expect(InForce.subscriptionState(recorded: "billing_retry", expiresDate: now - 1, gracePeriodExpiresDate: nil, at: now) == "billing_retry")
+        #expect(!InForce.subscription(recorded: "active", expiresDate: now - 1, gracePeriodExpiresDate: nil, at: now))
+        #expect(InForce.subscription(recorded: "grace_period", expiresDate: now - 1, gracePeriodExpiresDate: now + 1, at: now))
+        #expect(!InForce.grant(isActive: true, expiresAt: now - 1, gracePeriodExpiresAt: nil, at: now))
+        #expect(InForce.grant(isActive: true, expiresAt: nil, gracePeriodExpiresAt: nil, at: now))
+    }
+
+    @Test func theGraceEndingLeavesBillingRetryNotTheEnd() {
+        let notification = AppStoreNotification(
+            notificationUUID: "n2", notificationType: "GRACE_PERIOD_EXPIRED", subtype: nil, environment: .production,
+            bundleId: "app", signedDate: Self.t0, purchase: period("t1", reason: "PURCHASE"))
+        let planned = plan(.notification(notification, submissionId: "s2"), LedgerFacts(subscription: subscription(owner: "ana")))
+        #expect(planned.outcome == .notification("billing_retry"))
+        #expect(planned.changes.contains { if case .putSubscription(let row) = $0 { row.state == "billing_retry" } else { false } })
+    }
+}
