@@ -46,6 +46,13 @@ struct MemoryLedger {
         }
         if let key = query.creditKey { facts.revocation = revocations[key] }
         if let original = query.originalTransactionId, query.readsSubscription { facts.subscription = subscriptions[original] }
+        if let original = query.originalTransactionId, let subscription = facts.subscription, subscription.userId == nil {
+            facts.unownedPeriods = purchases.values
+                .filter { $0.originalTransactionId == original && $0.heldReason == ReasonCode.ownerUnknown.rawValue }
+                .sorted { ($0.purchaseDate ?? .distantPast, $0.transactionId) < ($1.purchaseDate ?? .distantPast, $1.transactionId) }
+            let keys = Set(facts.unownedPeriods.compactMap(\.creditKey))
+            facts.unownedRevocations = revocations.values.filter { keys.contains($0.creditKey) }
+        }
         if case .notification = event, let key = query.creditKey, let original = query.originalTransactionId {
             facts.blocked = purchases.values.filter { $0.creditKey == key && $0.heldReason == "revoked" }
                 .sorted { ($0.creditedAt, purchaseRow[$0.transactionId]!) < ($1.creditedAt, purchaseRow[$1.transactionId]!) }
@@ -88,6 +95,11 @@ struct MemoryLedger {
             purchaseRow[row.transactionId] = purchaseRow.count + 1
         case .releasePurchase(let id):
             purchases[id]?.heldReason = nil
+        case .claimPurchase(let row):
+            guard purchases[row.transactionId]?.heldReason == ReasonCode.ownerUnknown.rawValue else {
+                throw Refused(description: "purchase \(row.transactionId) claimed but not unowned")
+            }
+            purchases[row.transactionId] = row
         case .grant(var grant):
             if grants.contains(where: { $0.transactionId == grant.transactionId }) {
                 throw Refused(description: "a second grant of transaction \(grant.transactionId)")
@@ -127,8 +139,19 @@ struct MemoryLedger {
             if orders.values.contains(where: { $0.transactionId == transactionId && $0.id != orderId }) {
                 throw Refused(description: "transaction \(transactionId) pays two orders")
             }
+            // Who really paid: only the purchase made for an order pays it, never one bought before it.
+            if let order = orders[orderId], let purchase = purchases[transactionId], purchase.appAccountToken != orderId,
+                let bought = purchase.purchaseDate, bought < order.createdAt
+            {
+                throw Refused(description: "order \(orderId) paid by \(transactionId), bought before the order was placed")
+            }
             orders[orderId]?.state = "paid"
             orders[orderId]?.transactionId = transactionId
+        case .attachOrder(let orderId, let transactionId):
+            if purchases[transactionId]?.orderId == nil { purchases[transactionId]?.orderId = orderId }
+            if let index = grants.firstIndex(where: { $0.transactionId == transactionId }), grants[index].orderId == nil {
+                grants[index].orderId = orderId
+            }
         case .setOrderState(let orderId, let transactionId, let state, _):
             if orders[orderId]?.transactionId == transactionId { orders[orderId]?.state = state }
         case .putRevocation(let row):
@@ -198,6 +221,8 @@ struct AppleTransaction {
     /// The user whose Apple account (and device) made it.
     var buyer: Int
     var token: String?
+    /// The order the app placed for it (its token's, or one placed without a token).
+    var order: String?
     var period: String?
     var purchased: Date
     var expires: Date?
@@ -246,6 +271,9 @@ struct ReferenceLedger {
     var subscriptionOwner: [String: String] = [:]
     /// Orders: id → (user, product, paid).
     var orders: [String: (user: String, product: String, paid: Bool)] = [:]
+    /// Periods Apple told of while their subscription had no owner, per chain: credited to the
+    /// owner its first credit makes.
+    var told: [String: [(transaction: AppleTransaction, key: String)]] = [:]
 
     enum Standing: Equatable {
         case none
@@ -320,7 +348,14 @@ struct ReferenceLedger {
         let claimant = uploader ?? holder[key] ?? subscriptionOwner[transaction.original]
             ?? recorded.first { $0.key == transaction.id && !$0.value.held }?.value.user
             ?? tokenOrder?.user
-        guard let claimant else { return }
+        guard let claimant else {
+            if period, uploader == nil, recorded[transaction.id] == nil, holder[key] == nil,
+                !(told[transaction.original] ?? []).contains(where: { $0.key == key })
+            {
+                told[transaction.original, default: []].append((transaction, key))
+            }
+            return
+        }
         if let current = holder[key] {
             // Held already: a restore moves it only under `transfer`, only on Apple's word about
             // an upload by another user, and only while it is in force.
@@ -368,7 +403,23 @@ struct ReferenceLedger {
             return
         }
         if let token = transaction.token, pays, tokenOrder?.paid == false { orders[token]?.paid = true }
+        let firstOwner = period && subscriptionOwner[transaction.original] == nil
         credit(key, to: owner, transaction: transaction, period: period)
+        if firstOwner { creditTold(transaction.original, to: owner, except: transaction.id) }
+    }
+
+    /// The subscription `original` has its first owner: the periods Apple told of before are theirs
+    /// (stopped, for a reversal to credit, where Apple took one back).
+    mutating func creditTold(_ original: String, to owner: String, except id: String) {
+        for (transaction, key) in told.removeValue(forKey: original) ?? []
+        where transaction.id != id && recorded[transaction.id] == nil && holder[key] == nil {
+            if standing(key) == .all {
+                recorded[transaction.id] = (owner, true)
+                if stopped[key] == nil { stopped[key] = (owner, transaction.id) }
+            } else {
+                credit(key, to: owner, transaction: transaction, period: true)
+            }
+        }
     }
 }
 
@@ -558,10 +609,20 @@ struct CheckerRun {
                 token = id
             }
             let id = nextId("t")
+            var order = token
+            if tokenChoice == 0, productIndex % products.count == 3 {
+                // The app placed an order and bought without a token (StoreKit 1): only a
+                // purchase bought at or after the order pays it.
+                let orderId = "order-for-\(id)"
+                ledger.orders[orderId] = .init(
+                    id: orderId, userId: Self.user(user), productId: product, state: "created", transactionId: nil,
+                    createdAt: clock - 30)
+                order = orderId
+            }
             let subscription = product == CheckerCatalog.vip
             var transaction = AppleTransaction(
                 id: id, original: id, product: product, quantity: product == CheckerCatalog.coins ? quantity : 1, buyer: user,
-                token: token, period: subscription ? nextId("w") : nil, purchased: clock,
+                token: token, order: order, period: subscription ? nextId("w") : nil, purchased: clock,
                 expires: subscription ? clock + 30 * 86_400 : nil, signed: clock)
             transaction.signed = clock
             transactions.append(transaction)
@@ -591,7 +652,12 @@ struct CheckerRun {
                 let held = (0..<upTo).filter {
                     transactions[$0].buyer == transaction.buyer && !(transactions[$0].revokedAt != nil && !transactions[$0].isSubscription)
                 }
-                try upload(held, by: uploader, evidence: .signedUpload)
+                if pick >= 32, transaction.token == nil, let order = transaction.order {
+                    // The app names only the order it bought for (no token, no transaction id).
+                    try upload(held, by: uploader, evidence: .signedUpload, naming: .order(order))
+                } else {
+                    try upload(held, by: uploader, evidence: .signedUpload)
+                }
             }
         case .restore(let pick, let stranger):
             let restorable = transactions.indices.filter { transactions[$0].product != CheckerCatalog.coins && !transactions[$0].upgraded }
@@ -719,7 +785,10 @@ struct CheckerRun {
                 throw fail("notifications in another order give another ledger:\n  drawn order: \(drawn.ledger.holdings)\n  Apple's order: \(inOrder.ledger.holdings)" + apple)
             }
         case .grantHeld(let pick):
-            let held = ledger.purchases.values.filter { $0.heldReason != nil && $0.heldReason != "revoked" }.sorted { $0.transactionId < $1.transactionId }
+            // Periods nobody owns yet (told before any upload) are left to the owner's upload.
+            let held = ledger.purchases.values.filter {
+                $0.heldReason != nil && $0.heldReason != "revoked" && $0.heldReason != ReasonCode.ownerUnknown.rawValue
+            }.sorted { $0.transactionId < $1.transactionId }
             guard !held.isEmpty else { return }
             let purchase = held[pick % held.count]
             let plan = try apply(
@@ -811,13 +880,30 @@ struct CheckerRun {
         }
     }
 
-    mutating func upload(_ indexes: [Int], by uploader: String, evidence: OwnershipEvidence) throws {
+    /// What an upload names: each purchase its own transaction (the checker's usual upload), or
+    /// one order only (a receipt sent for the order the app bought for).
+    enum Naming {
+        case eachTransaction
+        case order(String)
+    }
+
+    mutating func upload(_ indexes: [Int], by uploader: String, evidence: OwnershipEvidence, naming: Naming = .eachTransaction)
+        throws
+    {
         let submission = nextId("s-")
+        var outcomes: [FinishAdvice.PurchaseOutcome] = []
+        var orderId: String?
+        if case .order(let id) = naming { orderId = id }
         for index in indexes {
             let transaction = transactions[index]
             let purchase = transaction.purchase(evidence: evidence)
-            let upload = LedgerEvent.Upload(userId: uploader, submissionId: submission, orderId: nil, transactionId: transaction.id, bundleId: "app")
+            let upload = LedgerEvent.Upload(
+                userId: uploader, submissionId: submission, orderId: orderId, transactionId: orderId == nil ? transaction.id : nil,
+                bundleId: "app")
             let plan = try apply(.upload(purchase, upload))
+            if case .transaction(let state, let reason) = plan.outcome {
+                outcomes.append(.init(transactionId: transaction.id, state: state, reason: reason))
+            }
             reference.received(transaction, key: key(transaction), uploader: uploader, evidence: evidence, catalog: CheckerCatalog.catalog)
             guard case .transaction(let state, _) = plan.outcome else { throw fail("an upload answered \(plan.outcome)") }
             // The app is told to finish only what is settled: credited means held by the uploader.
@@ -835,6 +921,23 @@ struct CheckerRun {
                     throw fail("a bare id credited \(transaction.id) to \(uploader)")
                 }
             }
+        }
+        guard let orderId else { return }
+        // Who really paid: the app that bought for this order finishes what it holds only once
+        // that purchase is credited to the order's user, or Apple took it back.
+        let verdict = FinishAdvice.verdict(
+            userId: uploader, transactionId: nil, orderId: orderId, outcomes: outcomes, namedRevocations: [],
+            namedOrder: ledger.orders[orderId])
+        guard FinishAdvice.mayFinishUpload(state: verdict.state, reason: verdict.reason, named: .order, settledByHand: false),
+            let bought = transactions.first(where: { $0.order == orderId }), sameUser(Self.user(bought.buyer), uploader)
+        else { return }
+        let key = key(bought)
+        guard ledger.holdings.keys[key].map({ sameUser($0.user, uploader) }) == true || bought.revokedAt != nil
+            || reference.revokedByHand.contains(key)
+        else {
+            throw fail(
+                "the upload naming \(orderId) was told to finish (\(verdict.state)), but \(bought.id), bought for it, is \(ledger.holdings.keys[key].map(\.description) ?? "credited to nobody")"
+            )
         }
     }
 
