@@ -27,19 +27,40 @@ import X509
 ///   invoice's), "deviceId"}`.
 /// - `POST /fake/devices/{deviceId}/receipt` → `{"receiptData"}`: the device's refreshed
 ///   receipt, holding everything it bought; 404 for a device that bought nothing.
-/// - `POST /fake/purchases/{transactionId}/restore` `{"deviceId"?}` (body optional; a new device
-///   when absent) → 201 in the same shape: a new transaction id, the same original transaction
-///   id, web order line item id, product and expiry; 404 unknown, 409 a consumable or a
-///   refunded purchase.
+/// - `POST /fake/purchases/{transactionId}/restore` `{"deviceId"?, "inReceipt"?}` (body optional;
+///   a new device when absent) → 201 in the same shape: a new transaction id, the same original
+///   transaction id, web order line item id, product and expiry; 404 unknown, 409 a consumable
+///   or a refunded purchase. With `"inReceipt": false` the new id is one StoreKit 1 hands the
+///   app but no receipt holds: the device's receipt lists the restored transaction instead.
+/// - `POST /fake/purchases/{transactionId}/finish` → `{"transactionId", "finishedDateMs",
+///   "leavesReceipt"}`: the app's `finishTransaction`. A finished consumable leaves every
+///   receipt its device is issued afterwards (and their `verifyReceipt` answers); other
+///   purchases stay. Idempotent; 404 unknown.
 /// - `POST /fake/subscriptions/{originalTransactionId}/renew` → 201 in the same shape: the next
 ///   billing period (new transaction and web order line item ids, `transactionReason` RENEWAL)
 ///   on the device of the chain's latest transaction, whose receipt holds the whole chain;
-///   sends DID_RENEW. 404 unknown chain, 409 not auto-renewable.
+///   sends DID_RENEW (BILLING_RECOVERY while Apple retries a failed renewal). 404 unknown
+///   chain, 409 not auto-renewable or lapsed (that is `/resubscribe`).
+/// - `POST /fake/subscriptions/{originalTransactionId}/resubscribe` `{"deviceId"?,
+///   "appAccountToken"?, "productId"?, "expiresInSeconds"?}` (body optional) → 201 in the same
+///   shape: a lapsed chain bought again, a new period from now in the same chain
+///   (`transactionReason` PURCHASE), on `deviceId` when given (another account of the same
+///   Apple ID); sends SUBSCRIBED (RESUBSCRIBE). 404 unknown chain, 409 not auto-renewable, a
+///   period in force or a renewal being retried.
+/// - `POST /fake/subscriptions/{originalTransactionId}/fail-renewal` `{"gracePeriodSeconds"?}`
+///   (body optional) → `{"originalTransactionId", "transactionId", "notificationType", "subtype",
+///   "status", "gracePeriodExpiresDateMs"?}`: the period in force ends now and Apple's billing
+///   retry opens (status 3; 4 during the grace period); renewal info and `pending_renewal_info`
+///   say so; sends DID_FAIL_TO_RENEW (GRACE_PERIOD with a grace period). 409 lapsed or failing.
+/// - `POST /fake/subscriptions/{originalTransactionId}/expire` → the same shape: EXPIRED,
+///   BILLING_RETRY when a retry was open, else VOLUNTARY (the period in force ends now,
+///   auto-renew off). 409 when it already expired.
 /// - `POST /fake/subscriptions/{originalTransactionId}/upgrade` `{"productId",
-///   "expiresInSeconds"?}` → 201 in the same shape: an upgrade within the group, at once (a new
-///   period of `productId` in the same chain, `transactionReason` PURCHASE; the period it
-///   replaces is marked `isUpgraded`, `is_upgraded`); sends DID_CHANGE_RENEWAL_PREF (UPGRADE).
-///   404 unknown chain, 409 not auto-renewable or already on that product.
+///   "expiresInSeconds"?, "appAccountToken"?}` → 201 in the same shape: an upgrade within the
+///   group, at once (a new period of `productId` in the same chain, `transactionReason`
+///   PURCHASE, with the token it was bought with; the period it replaces is marked
+///   `isUpgraded`, `is_upgraded`); sends DID_CHANGE_RENEWAL_PREF (UPGRADE). 404 unknown chain,
+///   409 not auto-renewable or already on that product.
 /// - `POST /fake/subscriptions/{originalTransactionId}/extend` `{"days"}` (1 to 90) →
 ///   `{"originalTransactionId", "transactionId", "expiresDateMs", "notificationType"}`: the
 ///   period in force ends `days` later; sends RENEWAL_EXTENDED. 409 when no period is in force.
@@ -178,14 +199,72 @@ public struct FakeAppStore: Sendable {
         router.post("/fake/purchases/{transactionId}/restore") { request, context in
             let id = try context.parameters.require("transactionId")
             let ask = try await Self.body(of: request, or: RestoreRequest())
-            let restored = try ledger.restore(transactionId: id, deviceId: ask.deviceId, encode: encodeReceipt)
+            let restored = try ledger.restore(
+                transactionId: id, deviceId: ask.deviceId, inReceipt: ask.inReceipt ?? true, encode: encodeReceipt)
             return try minted(try refused(restored, id: id))
         }
+        router.post("/fake/purchases/{transactionId}/finish") { _, context in
+            // The app's finishTransaction: a finished consumable leaves the device's later receipts.
+            let id = try context.parameters.require("transactionId")
+            guard let purchase = try ledger.finish(transactionId: id) else {
+                throw HTTPError(.notFound, message: "no purchase \(id)")
+            }
+            return try json(
+                FinishAnswer(
+                    transactionId: id, finishedDateMs: String(Self.milliseconds(purchase.finishedDate ?? Date())),
+                    leavesReceipt: purchase.type == "consumable"))
+        }
         router.post("/fake/subscriptions/{originalTransactionId}/renew") { _, context in
+            // The next period; while Apple retries a failed renewal, its recovery.
             let id = try context.parameters.require("originalTransactionId")
             let renewal = try refused(try ledger.renew(originalTransactionId: id, encode: encodeReceipt), id: id)
-            try await notify("DID_RENEW", subtype: nil, purchase: renewal.0)
-            return try minted(renewal)
+            try await notify("DID_RENEW", subtype: renewal.billingRecovery ? "BILLING_RECOVERY" : nil, purchase: renewal.0)
+            return try minted((renewal.0, renewal.1))
+        }
+        router.post("/fake/subscriptions/{originalTransactionId}/resubscribe") { request, context in
+            // A lapsed chain bought again, perhaps by another account of the same Apple ID:
+            // SUBSCRIBED (RESUBSCRIBE) about the new period.
+            let id = try context.parameters.require("originalTransactionId")
+            let ask = try await Self.body(of: request, or: ResubscribeRequest())
+            if let seconds = ask.expiresInSeconds, seconds <= 0 {
+                throw HTTPError(.badRequest, message: "expiresInSeconds must be positive")
+            }
+            if ask.productId?.isEmpty == true { throw HTTPError(.badRequest, message: "productId must not be empty") }
+            let token = try Self.accountToken(ask.appAccountToken)
+            let period = try refused(
+                try ledger.resubscribe(
+                    originalTransactionId: id, deviceId: ask.deviceId, appAccountToken: token, productId: ask.productId,
+                    length: ask.expiresInSeconds.map(TimeInterval.init), encode: encodeReceipt),
+                id: id)
+            try await notify("SUBSCRIBED", subtype: "RESUBSCRIBE", purchase: period.0)
+            return try minted(period)
+        }
+        router.post("/fake/subscriptions/{originalTransactionId}/fail-renewal") { request, context in
+            // Apple cannot charge the renewal: DID_FAIL_TO_RENEW, GRACE_PERIOD when there is one.
+            let id = try context.parameters.require("originalTransactionId")
+            let ask = try await Self.body(of: request, or: FailRenewalRequest())
+            if let seconds = ask.gracePeriodSeconds, seconds <= 0 {
+                throw HTTPError(.badRequest, message: "gracePeriodSeconds must be positive")
+            }
+            let (latest, state) = try refused(
+                try ledger.failRenewal(originalTransactionId: id, gracePeriod: ask.gracePeriodSeconds.map(TimeInterval.init)), id: id)
+            let subtype = state.gracePeriodExpiresDate == nil ? nil : "GRACE_PERIOD"
+            try await notify("DID_FAIL_TO_RENEW", subtype: subtype, purchase: latest)
+            return try json(
+                RenewalTroubleAnswer(
+                    originalTransactionId: id, transactionId: latest.transactionId, notificationType: "DID_FAIL_TO_RENEW",
+                    subtype: subtype, status: FakeStoreKit.status(of: latest, state: state),
+                    gracePeriodExpiresDateMs: state.gracePeriodExpiresDate.map { String(Self.milliseconds($0)) }))
+        }
+        router.post("/fake/subscriptions/{originalTransactionId}/expire") { _, context in
+            // EXPIRED: BILLING_RETRY when Apple gave up a failed renewal, VOLUNTARY otherwise.
+            let id = try context.parameters.require("originalTransactionId")
+            let (latest, subtype, state) = try refused(try ledger.expire(originalTransactionId: id), id: id)
+            try await notify("EXPIRED", subtype: subtype, purchase: latest)
+            return try json(
+                RenewalTroubleAnswer(
+                    originalTransactionId: id, transactionId: latest.transactionId, notificationType: "EXPIRED",
+                    subtype: subtype, status: FakeStoreKit.status(of: latest, state: state)))
         }
         router.post("/fake/subscriptions/{originalTransactionId}/upgrade") { request, context in
             // An upgrade within the subscription group, at once: a new period of the higher tier
@@ -199,7 +278,7 @@ public struct FakeAppStore: Sendable {
             let upgrade = try refused(
                 try ledger.upgrade(
                     originalTransactionId: id, to: ask.productId, length: ask.expiresInSeconds.map(TimeInterval.init),
-                    encode: encodeReceipt),
+                    appAccountToken: try Self.accountToken(ask.appAccountToken), encode: encodeReceipt),
                 id: id)
             try await notify("DID_CHANGE_RENEWAL_PREF", subtype: "UPGRADE", purchase: upgrade.0)
             return try minted(upgrade)
@@ -331,8 +410,54 @@ public struct FakeAppStore: Sendable {
 
     private struct UpgradeRequest: Decodable {
         var productId: String
-        /// The new period's length (default: the chain's first period's).
+        /// The new period's length, and the chain's from then on (default: the chain's period).
         var expiresInSeconds: Int?
+        /// The token the upgrade was bought with (a UUID); none when absent.
+        var appAccountToken: String?
+    }
+
+    private struct ResubscribeRequest: Decodable {
+        /// The account or device of the same Apple ID that buys it (default: the device of the
+        /// chain's latest transaction).
+        var deviceId: String?
+        /// The token the resubscription was bought with (a UUID); none when absent.
+        var appAccountToken: String?
+        /// Default: the product of the chain's latest period.
+        var productId: String?
+        /// The new period's length, and the chain's from then on (default: the chain's period).
+        var expiresInSeconds: Int?
+    }
+
+    private struct FailRenewalRequest: Decodable {
+        /// The billing grace period's length; none when absent.
+        var gracePeriodSeconds: Int?
+    }
+
+    private struct FinishAnswer: Encodable {
+        var transactionId: String
+        /// When the transaction was first finished.
+        var finishedDateMs: String
+        /// True for a consumable: the device's later receipts no longer hold it.
+        var leavesReceipt: Bool
+    }
+
+    /// What `/fail-renewal` and `/expire` did.
+    private struct RenewalTroubleAnswer: Encodable {
+        var originalTransactionId: String
+        /// The chain's latest transaction, which the notification carries.
+        var transactionId: String
+        var notificationType: String
+        var subtype: String?
+        /// Apple's subscription status now: 2 expired, 3 billing retry, 4 grace period.
+        var status: Int
+        var gracePeriodExpiresDateMs: String?
+    }
+
+    /// A request's `appAccountToken`, lowercased; 400 when it is not a UUID.
+    private static func accountToken(_ token: String?) throws -> String? {
+        guard let token else { return nil }
+        guard UUID(uuidString: token) != nil else { throw HTTPError(.badRequest, message: "appAccountToken must be a UUID") }
+        return token.lowercased()
     }
 
     private struct ExtendRequest: Decodable {
@@ -410,6 +535,9 @@ public struct FakeAppStore: Sendable {
     private struct RestoreRequest: Decodable {
         /// The device the purchase is restored on; a new one when absent.
         var deviceId: String?
+        /// False: the new transaction id is StoreKit 1's, which no receipt holds; the device's
+        /// receipt lists the restored transaction instead. Default true.
+        var inReceipt: Bool?
     }
 
     private struct RefundAnswer: Encodable {
@@ -603,7 +731,9 @@ public struct FakeAppStore: Sendable {
         }
         let excludeOld = (object?["exclude-old-transactions"] as? Bool) ?? false
         let subscriptions = try ledger.subscriptions(of: receipt)
-        return try json(AppleVerifyReceiptAnswer(receipt: receipt, subscriptions: subscriptions, excludeOld: excludeOld))
+        let states = try ledger.subscriptionStates(of: subscriptions.map(\.originalTransactionId))
+        return try json(
+            AppleVerifyReceiptAnswer(receipt: receipt, subscriptions: subscriptions, states: states, excludeOld: excludeOld))
     }
 
     private func json(_ value: some Encodable, status: HTTPResponse.Status = .ok) throws -> Response {
@@ -684,6 +814,25 @@ struct AppleVerifyReceiptAnswer: Encodable {
         var product_id: String
         var original_transaction_id: String
         var auto_renew_status = "1"
+        /// "1" while Apple retries a failed renewal, "0" once the subscription expired.
+        var is_in_billing_retry_period: String?
+        /// "1" the customer cancelled, "2" a billing error.
+        var expiration_intent: String?
+        var grace_period_expires_date: String?
+        var grace_period_expires_date_ms: String?
+
+        init(latest: FakeLedger.Purchase, state: FakeLedger.SubscriptionState?, now: Date) {
+            auto_renew_product_id = latest.productId
+            product_id = latest.productId
+            original_transaction_id = latest.originalTransactionId
+            auto_renew_status = state?.autoRenew == false ? "0" : "1"
+            let retrying = state?.billingRetrySince != nil
+            let expired = !retrying && (latest.expiresDate ?? .distantFuture) <= now
+            is_in_billing_retry_period = retrying ? "1" : expired ? "0" : nil
+            expiration_intent = retrying || expired ? state?.expirationIntent.map(String.init) : nil
+            grace_period_expires_date = state?.gracePeriodExpiresDate.map(AppleVerifyReceiptAnswer.appleDate)
+            grace_period_expires_date_ms = state?.gracePeriodExpiresDate.map { String(FakeAppStore.milliseconds($0)) }
+        }
     }
 
     var status = 0
@@ -692,7 +841,10 @@ struct AppleVerifyReceiptAnswer: Encodable {
     var latest_receipt_info: [Transaction]?
     var pending_renewal_info: [PendingRenewal]?
 
-    init(receipt: FakeLedger.Receipt, subscriptions: [FakeLedger.Purchase], excludeOld: Bool) {
+    init(
+        receipt: FakeLedger.Receipt, subscriptions: [FakeLedger.Purchase], states: [String: FakeLedger.SubscriptionState],
+        excludeOld: Bool
+    ) {
         environment = receipt.environment
         self.receipt = Receipt(
             receipt_type: receipt.environment == "Sandbox" ? "ProductionSandbox" : "Production",
@@ -709,10 +861,9 @@ struct AppleVerifyReceiptAnswer: Encodable {
             }
             latest_receipt_info = latest.map(Transaction.init)
             var seen = Set<String>()
+            let now = Date()
             pending_renewal_info = latest.filter { seen.insert($0.originalTransactionId).inserted }.map {
-                PendingRenewal(
-                    auto_renew_product_id: $0.productId, product_id: $0.productId,
-                    original_transaction_id: $0.originalTransactionId)
+                PendingRenewal(latest: $0, state: states[$0.originalTransactionId], now: now)
             }
         }
     }

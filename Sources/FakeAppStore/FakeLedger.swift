@@ -33,6 +33,12 @@ final class FakeLedger: Sendable {
         /// A subscription period the customer upgraded from (Apple's `isUpgraded`,
         /// `is_upgraded`): the higher tier's period began when this one was replaced.
         var isUpgraded = false
+        /// When the app finished the transaction (`finishTransaction`); a finished consumable
+        /// leaves the device's later receipts.
+        var finishedDate: Date? = nil
+        /// A StoreKit 1 restore the receipt never holds: receipts list this transaction (the
+        /// one restored) in its place.
+        var receiptTransactionId: String? = nil
     }
 
     /// What a receipt held when it was issued.
@@ -99,7 +105,7 @@ final class FakeLedger: Sendable {
         var consumption: [String: String] = [:]
     }
 
-    private let database: DatabaseQueue
+    let database: DatabaseQueue
     private let volatile = NIOLockedValueBox(Volatile())
 
     /// Opens the ledger at `path`, or in memory when `path` is nil.
@@ -175,6 +181,24 @@ final class FakeLedger: Sendable {
         migrator.registerMigration("v4: upgraded periods") { db in
             try db.execute(sql: "ALTER TABLE purchase ADD COLUMN isUpgraded BOOLEAN NOT NULL DEFAULT 0")
         }
+        migrator.registerMigration("v5: finished transactions, restores off the receipt, renewal state") { db in
+            try db.execute(
+                sql: """
+                    ALTER TABLE purchase ADD COLUMN finishedDate DATETIME;
+                    ALTER TABLE purchase ADD COLUMN receiptTransactionId TEXT;
+                    -- One row per auto-renewable chain: its billing period's length and how its
+                    -- renewal stands (see SubscriptionState).
+                    CREATE TABLE subscription (
+                        originalTransactionId TEXT PRIMARY KEY NOT NULL,
+                        periodSeconds DOUBLE NOT NULL,
+                        autoRenew BOOLEAN NOT NULL DEFAULT 1,
+                        billingRetrySince DATETIME,
+                        gracePeriodExpiresDate DATETIME,
+                        expirationIntent INTEGER,
+                        expiredDate DATETIME
+                    );
+                    """)
+        }
         return migrator
     }
 
@@ -194,6 +218,9 @@ final class FakeLedger: Sendable {
                 applicationUsername: order.applicationUsername, deviceId: order.deviceId ?? UUID().uuidString,
                 inAppOwnershipType: order.familyShared ? "FAMILY_SHARED" : "PURCHASED")
             try Self.insert(purchase, db)
+            if subscription, let expires = purchase.expiresDate {
+                try Self.save(SubscriptionState(periodSeconds: expires.timeIntervalSince(now)), of: transactionId, db)
+            }
             let excluded: Set<String> = order.receiptIncludesPurchase ? [] : [transactionId]
             return (purchase, try Self.issueReceipt(for: purchase, at: now, db, excluding: excluded, encode: encode))
         }
@@ -217,9 +244,11 @@ final class FakeLedger: Sendable {
     /// Restores a purchase as Apple does: a new transaction id with the same original
     /// transaction id, web order line item id, product and expiry, on `deviceId` (a new device
     /// when nil), and that device's new receipt. Consumables and refunded purchases cannot be
-    /// restored.
+    /// restored. With `inReceipt` false the new id is one StoreKit 1 hands the app but no
+    /// receipt holds (`transactionIdentifier` "may not be the same" as the receipt's): the
+    /// device's receipts list the restored transaction in its place.
     func restore(
-        transactionId: String, deviceId: String?, encode: (Receipt) throws -> [UInt8]
+        transactionId: String, deviceId: String?, inReceipt: Bool = true, encode: (Receipt) throws -> [UInt8]
     ) throws -> Result<(Purchase, [UInt8]), Refusal> {
         try database.write { db in
             guard let restored = try Self.purchase(transactionId, db) else { return .failure(.notFound) }
@@ -232,133 +261,51 @@ final class FakeLedger: Sendable {
             var restore = restored
             restore.transactionId = try Self.nextTransactionId(db)
             restore.deviceId = deviceId ?? UUID().uuidString
+            restore.finishedDate = nil
+            restore.receiptTransactionId = inReceipt ? nil : restored.receiptTransactionId ?? restored.transactionId
             try Self.insert(restore, db)
             return .success((restore, try Self.issueReceipt(for: restore, at: Date(), db, encode: encode)))
         }
     }
 
-    /// Bills the next period of an auto-renewable chain: a new transaction id and web order line
-    /// item id, the same original transaction id, bought now, expiring one period (the first
-    /// period's length) after the chain's latest expiry (after now, once lapsed); on the device
-    /// of the chain's latest transaction, whose new receipt holds the whole chain.
-    func renew(
-        originalTransactionId: String, encode: (Receipt) throws -> [UInt8]
-    ) throws -> Result<(Purchase, [UInt8]), Refusal> {
+    /// Marks a transaction finished, as the app's `finishTransaction` does (and, later, the
+    /// Server API's Finish Transaction): the one place that state is kept. A finished consumable
+    /// leaves every receipt its device is issued from now on; other purchases stay. Finishing
+    /// again changes nothing. The purchase as it is now.
+    func finish(transactionId: String) throws -> Purchase? {
         try database.write { db in
-            try Self.nextPeriod(of: originalTransactionId, db, encode: encode) { chain, renewal, now in
-                let first = chain[0]
-                let length = first.expiresDate!.timeIntervalSince(first.purchaseDate)
-                renewal.expiresDate = max(chain.compactMap(\.expiresDate).max()!, now).addingTimeInterval(length)
-                renewal.transactionReason = "RENEWAL"
-                return nil
-            }
-        }
-    }
-
-    /// Upgrades an auto-renewable chain to `productId` as Apple does within a subscription
-    /// group: at once, with a new billing period of the new product (a new transaction and web
-    /// order line item id, the same original transaction id, `transactionReason` PURCHASE)
-    /// from now for `length` (the first period's length when nil); the period in force is
-    /// marked `isUpgraded`. Refused for an unknown chain, a chain that is not auto-renewable,
-    /// and the product it already has.
-    func upgrade(
-        originalTransactionId: String, to productId: String, length: TimeInterval?, encode: (Receipt) throws -> [UInt8]
-    ) throws -> Result<(Purchase, [UInt8]), Refusal> {
-        try database.write { db in
-            try Self.nextPeriod(of: originalTransactionId, db, encode: encode) { chain, upgrade, now in
-                let latest = chain[chain.count - 1]
-                guard latest.productId != productId else { return "the subscription is already on \(productId)" }
-                let first = chain[0]
-                upgrade.productId = productId
-                upgrade.expiresDate = now.addingTimeInterval(length ?? first.expiresDate!.timeIntervalSince(first.purchaseDate))
-                upgrade.transactionReason = "PURCHASE"
-                try db.execute(
-                    sql: """
-                        UPDATE purchase SET isUpgraded = 1
-                        WHERE originalTransactionId = ? AND webOrderLineItemId = ? AND cancellationDate IS NULL
-                        """,
-                    arguments: [originalTransactionId, latest.webOrderLineItemId])
-                return nil
-            }
-        }
-    }
-
-    /// A new billing period of the chain `originalTransactionId`, shaped by `shape` (which may
-    /// refuse it with a reason), stored, and the receipt of the device of the chain's latest
-    /// transaction, which holds the whole chain.
-    private static func nextPeriod(
-        of originalTransactionId: String, _ db: Database, encode: (Receipt) throws -> [UInt8],
-        shape: (_ chain: [Purchase], _ period: inout Purchase, _ now: Date) throws -> String?
-    ) throws -> Result<(Purchase, [UInt8]), Refusal> {
-        let chain = try Row.fetchAll(
-            db, sql: "SELECT * FROM purchase WHERE originalTransactionId = ? ORDER BY rowid", arguments: [originalTransactionId]
-        ).map(Purchase.init(row:))
-        guard let latest = chain.last, let first = chain.first else { return .failure(.notFound) }
-        guard latest.type == "auto_renewable", first.expiresDate != nil else {
-            return .failure(.conflict("\(originalTransactionId) is not an auto-renewable subscription"))
-        }
-        let now = Date()
-        let transactionId = try nextTransactionId(db)
-        var period = latest
-        period.transactionId = transactionId
-        period.webOrderLineItemId = lineItemId(transactionId)
-        period.purchaseDate = now
-        period.cancellationDate = nil
-        period.revocationType = nil
-        period.revocationPercentage = nil
-        period.isUpgraded = false
-        if let refusal = try shape(chain, &period, now) { return .failure(.conflict(refusal)) }
-        try insert(period, db)
-        return .success((period, try issueReceipt(for: period, at: now, db, encode: encode)))
-    }
-
-    /// Extends the billing period in force of an auto-renewable chain by `days` (Apple's
-    /// Extend a Subscription Renewal Date): its transactions' `expiresDate` moves; the period as
-    /// it is now. Refused for an unknown chain, one that is not auto-renewable, and a refunded
-    /// or lapsed period.
-    func extend(originalTransactionId: String, days: Int) throws -> Result<Purchase, Refusal> {
-        try database.write { db in
-            guard
-                let latest = try Row.fetchOne(
-                    db, sql: "SELECT * FROM purchase WHERE originalTransactionId = ? ORDER BY rowid DESC LIMIT 1",
-                    arguments: [originalTransactionId]
-                ).map(Purchase.init(row:))
-            else { return .failure(.notFound) }
-            guard latest.type == "auto_renewable", let expires = latest.expiresDate, let lineItem = latest.webOrderLineItemId else {
-                return .failure(.conflict("\(originalTransactionId) is not an auto-renewable subscription"))
-            }
-            guard latest.cancellationDate == nil, expires > Date() else {
-                return .failure(.conflict("the subscription has no period in force to extend"))
-            }
             try db.execute(
-                sql: "UPDATE purchase SET expiresDate = ? WHERE webOrderLineItemId = ?",
-                arguments: [expires.addingTimeInterval(TimeInterval(days) * 86_400), lineItem])
-            return .success(try Self.purchase(latest.transactionId, db)!)
+                sql: "UPDATE purchase SET finishedDate = ? WHERE transactionId = ? AND finishedDate IS NULL",
+                arguments: [Date(), transactionId])
+            return try Self.purchase(transactionId, db)
         }
     }
 
     /// Stores a purchase.
-    private static func insert(_ purchase: Purchase, _ db: Database) throws {
+    static func insert(_ purchase: Purchase, _ db: Database) throws {
         try db.execute(
             sql: """
                 INSERT INTO purchase (
                     transactionId, originalTransactionId, productId, type, quantity, purchaseDate,
                     originalPurchaseDate, expiresDate, webOrderLineItemId, cancellationDate, environment, bundleId,
-                    applicationUsername, deviceId, inAppOwnershipType, transactionReason, isUpgraded
-                ) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    applicationUsername, deviceId, inAppOwnershipType, transactionReason, isUpgraded, finishedDate,
+                    receiptTransactionId
+                ) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                 """,
             arguments: [
                 purchase.transactionId, purchase.originalTransactionId, purchase.productId, purchase.type,
                 purchase.quantity, purchase.purchaseDate, purchase.originalPurchaseDate, purchase.expiresDate,
                 purchase.webOrderLineItemId, purchase.cancellationDate, purchase.environment, purchase.bundleId,
                 purchase.applicationUsername, purchase.deviceId, purchase.inAppOwnershipType, purchase.transactionReason,
-                purchase.isUpgraded,
+                purchase.isUpgraded, purchase.finishedDate, purchase.receiptTransactionId,
             ])
     }
 
     /// Issues the new receipt of `purchase`'s device: every purchase of that device (same app
-    /// and environment) and, for a subscription, every transaction of its chain.
-    private static func issueReceipt(
+    /// and environment) and, for a subscription, every transaction of its chain; not the
+    /// consumables the app finished (StoreKit removes them from the receipt), and for a restore
+    /// no receipt holds, the transaction it restored.
+    static func issueReceipt(
         for purchase: Purchase, at now: Date, _ db: Database, excluding excluded: Set<String> = [],
         encode: (Receipt) throws -> [UInt8]
     ) throws -> [UInt8] {
@@ -377,7 +324,15 @@ final class FakeLedger: Sendable {
             ).map(Purchase.init(row:)).filter { !ids.contains($0.transactionId) }
             held.sort { ($0.purchaseDate, $0.transactionId) < ($1.purchaseDate, $1.transactionId) }
         }
-        held.removeAll { excluded.contains($0.transactionId) }
+        held.removeAll { excluded.contains($0.transactionId) || ($0.type == "consumable" && $0.finishedDate != nil) }
+        if held.contains(where: { $0.receiptTransactionId != nil }) {
+            var listed = Set<String>()
+            held = try held.compactMap { purchase in
+                guard let shown = purchase.receiptTransactionId else { return purchase }
+                return try Self.purchase(shown, db)
+            }.filter { listed.insert($0.transactionId).inserted }
+            held.sort { ($0.purchaseDate, $0.transactionId) < ($1.purchaseDate, $1.transactionId) }
+        }
         let receipt = Receipt(
             bundleId: purchase.bundleId, environment: purchase.environment, deviceId: purchase.deviceId, createdAt: now,
             purchases: held)
@@ -393,11 +348,11 @@ final class FakeLedger: Sendable {
 
     /// The fake's web order line item ids: the transaction id that began the period, shifted
     /// clear of transaction ids.
-    private static func lineItemId(_ transactionId: String) -> String {
+    static func lineItemId(_ transactionId: String) -> String {
         String(UInt64(transactionId)! + 7_000_000_000_000_000)
     }
 
-    private static func purchase(_ transactionId: String, _ db: Database) throws -> Purchase? {
+    static func purchase(_ transactionId: String, _ db: Database) throws -> Purchase? {
         try Row.fetchOne(db, sql: "SELECT * FROM purchase WHERE transactionId = ?", arguments: [transactionId])
             .map(Purchase.init(row:))
     }
@@ -438,7 +393,8 @@ final class FakeLedger: Sendable {
     }
 
     /// Every auto-renewable purchase of the receipt's device, and every transaction of the
-    /// chains the receipt holds: what `latest_receipt_info` lists.
+    /// chains the receipt holds: what `latest_receipt_info` lists (not a restore no receipt
+    /// holds).
     func subscriptions(of receipt: Receipt) throws -> [Purchase] {
         try database.read { db in
             var all = try Row.fetchAll(
@@ -457,7 +413,8 @@ final class FakeLedger: Sendable {
                     all.append(purchase)
                 }
             }
-            return all.sorted { ($0.purchaseDate, $0.transactionId) < ($1.purchaseDate, $1.transactionId) }
+            return all.filter { $0.receiptTransactionId == nil }
+                .sorted { ($0.purchaseDate, $0.transactionId) < ($1.purchaseDate, $1.transactionId) }
         }
     }
 
@@ -667,7 +624,7 @@ final class FakeLedger: Sendable {
 
     /// Apple's ids are 16-digit numbers. Starting from the clock keeps ids of a fake that lost
     /// its file clear of the ones it minted before.
-    private static func nextTransactionId(_ db: Database) throws -> String {
+    static func nextTransactionId(_ db: Database) throws -> String {
         let fromClock = 2_000_000_000_000_000 + UInt64(Date().timeIntervalSince1970 * 1000) * 1000
         // Ids only grow, so the newest row holds the largest: one index step, where MAX over
         // every row made minting quadratic (160,000 purchases took many minutes).
@@ -699,6 +656,7 @@ extension FakeLedger.Purchase {
             applicationUsername: row["applicationUsername"], deviceId: row["deviceId"],
             inAppOwnershipType: row["inAppOwnershipType"], transactionReason: row["transactionReason"],
             revocationType: row["revocationType"], revocationPercentage: row["revocationPercentage"],
-            isUpgraded: row["isUpgraded"])
+            isUpgraded: row["isUpgraded"], finishedDate: row["finishedDate"],
+            receiptTransactionId: row["receiptTransactionId"])
     }
 }

@@ -69,6 +69,11 @@ struct FakeStoreKit: Sendable {
         var signedDate: Int64
         var renewalDate: Int64?
         var recentSubscriptionStartDate: Int64
+        /// 1 the customer cancelled, 2 a billing error: why it expired, or why renewing fails.
+        var expirationIntent: Int?
+        /// True while Apple retries a failed renewal; false once the subscription expired.
+        var isInBillingRetryPeriod: Bool?
+        var gracePeriodExpiresDate: Int64?
     }
 
     /// Apple's `ResponseBodyV2DecodedPayload`.
@@ -171,13 +176,21 @@ struct FakeStoreKit: Sendable {
                 isUpgraded: purchase.isUpgraded ? true : nil))
     }
 
-    func signedRenewalInfo(_ purchase: FakeLedger.Purchase, autoRenew: Bool = true) throws -> String {
-        try authority.signJWS(
+    /// The renewal info of `purchase`'s chain as it stands (`state`, read from the ledger when nil).
+    func signedRenewalInfo(_ purchase: FakeLedger.Purchase, state: FakeLedger.SubscriptionState? = nil) throws -> String {
+        let state = try state ?? ledger.subscriptionStates(of: [purchase.originalTransactionId])[purchase.originalTransactionId]
+        let now = Date()
+        let expired = state?.billingRetrySince == nil && (purchase.expiresDate ?? .distantFuture) <= now
+        return try authority.signJWS(
             RenewalInfo(
                 originalTransactionId: purchase.originalTransactionId, autoRenewProductId: purchase.productId,
-                productId: purchase.productId, autoRenewStatus: autoRenew ? 1 : 0, environment: purchase.environment,
-                signedDate: FakeAppStore.milliseconds(Date()), renewalDate: purchase.expiresDate.map(FakeAppStore.milliseconds),
-                recentSubscriptionStartDate: FakeAppStore.milliseconds(purchase.originalPurchaseDate)))
+                productId: purchase.productId, autoRenewStatus: state?.autoRenew == false ? 0 : 1,
+                environment: purchase.environment, signedDate: FakeAppStore.milliseconds(now),
+                renewalDate: purchase.expiresDate.map(FakeAppStore.milliseconds),
+                recentSubscriptionStartDate: FakeAppStore.milliseconds(purchase.originalPurchaseDate),
+                expirationIntent: state?.billingRetrySince != nil || expired ? state?.expirationIntent : nil,
+                isInBillingRetryPeriod: state?.billingRetrySince != nil ? true : expired ? false : nil,
+                gracePeriodExpiresDate: state?.gracePeriodExpiresDate.map(FakeAppStore.milliseconds)))
     }
 
     /// A signed notification of `type` about `purchase`.
@@ -185,16 +198,17 @@ struct FakeStoreKit: Sendable {
         type: String, subtype: String?, purchase: FakeLedger.Purchase, consumptionRequestReason: String? = nil
     ) throws -> String {
         let subscription = purchase.type == "auto_renewable"
-        let status: Int? =
+        let state =
             subscription
-            ? (purchase.cancellationDate != nil ? 5 : (purchase.expiresDate ?? .distantFuture) < Date() ? 2 : 1) : nil
+            ? try ledger.subscriptionStates(of: [purchase.originalTransactionId])[purchase.originalTransactionId] : nil
+        let status: Int? = subscription ? Self.status(of: purchase, state: state) : nil
         return try authority.signJWS(
             Notification(
                 notificationType: type, subtype: subtype, notificationUUID: UUID().uuidString.lowercased(),
                 data: .init(
                     appAppleId: appAppleId, bundleId: purchase.bundleId, environment: purchase.environment,
                     signedTransactionInfo: try signedTransaction(purchase),
-                    signedRenewalInfo: subscription ? try signedRenewalInfo(purchase) : nil, status: status,
+                    signedRenewalInfo: subscription ? try signedRenewalInfo(purchase, state: state) : nil, status: status,
                     consumptionRequestReason: consumptionRequestReason),
                 signedDate: FakeAppStore.milliseconds(Date())))
     }
@@ -320,12 +334,17 @@ struct FakeStoreKit: Sendable {
         router.get("\(prefix)/inApps/v1/subscriptions/{transactionId}") { request, context in
             try await answer(request) { bundleId in
                 let purchase = try found(try context.parameters.require("transactionId"), bundleId, environment)
-                let subscriptions = try ledger.history(of: purchase.transactionId).filter { $0.type == "auto_renewable" }
+                // Each chain of the customer's, by its latest transaction wherever it was bought
+                // (a resubscription may be another device's).
+                let chains = Set(
+                    try ledger.history(of: purchase.transactionId).filter { $0.type == "auto_renewable" }.map(\.originalTransactionId))
                 var latest: [String: FakeLedger.Purchase] = [:]
-                for subscription in subscriptions { latest[subscription.originalTransactionId] = subscription }
+                for chain in chains { latest[chain] = try ledger.latestTransaction(ofChain: chain) }
+                let states = try ledger.subscriptionStates(of: chains)
+                func status(_ last: FakeLedger.Purchase) -> Int { Self.status(of: last, state: states[last.originalTransactionId]) }
                 // `status` may repeat: only subscriptions in one of those states.
                 let wanted = Set(request.uri.queryParameters[values: "status"].compactMap { Int($0) })
-                if !wanted.isEmpty { latest = latest.filter { wanted.contains(Self.status(of: $0.value)) } }
+                if !wanted.isEmpty { latest = latest.filter { wanted.contains(status($0.value)) } }
                 return StatusesAnswer(
                     environment: environment, bundleId: bundleId, appAppleId: appAppleId,
                     data: latest.isEmpty
@@ -335,10 +354,10 @@ struct FakeStoreKit: Sendable {
                                 subscriptionGroupIdentifier: Self.subscriptionGroup,
                                 lastTransactions: try latest.values.sorted { $0.purchaseDate < $1.purchaseDate }.map { last in
                                     .init(
-                                        status: Self.status(of: last),
+                                        status: status(last),
                                         originalTransactionId: last.originalTransactionId,
                                         signedTransactionInfo: try signedTransaction(last),
-                                        signedRenewalInfo: try signedRenewalInfo(last))
+                                        signedRenewalInfo: try signedRenewalInfo(last, state: states[last.originalTransactionId]))
                                 })
                         ])
             }
@@ -391,9 +410,10 @@ struct FakeStoreKit: Sendable {
         }
     }
 
-    /// Apple's subscription status: 1 active, 2 expired, 5 revoked.
-    static func status(of purchase: FakeLedger.Purchase) -> Int {
-        purchase.cancellationDate != nil ? 5 : (purchase.expiresDate ?? .distantFuture) < Date() ? 2 : 1
+    /// Apple's subscription status: 1 active, 2 expired, 3 billing retry, 4 billing grace
+    /// period, 5 revoked.
+    static func status(of purchase: FakeLedger.Purchase, state: FakeLedger.SubscriptionState?) -> Int {
+        (state ?? FakeLedger.SubscriptionState(periodSeconds: 0)).status(of: purchase)
     }
 
     /// Get Transaction History's query: `productId`, `productType` and

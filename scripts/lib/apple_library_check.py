@@ -24,11 +24,13 @@ import attr
 
 from appstoreserverlibrary.api_client import APIError, APIException, AppStoreServerAPIClient, GetTransactionHistoryVersion
 from appstoreserverlibrary.models.Environment import Environment
+from appstoreserverlibrary.models.ExpirationIntent import ExpirationIntent
 from appstoreserverlibrary.models.InAppOwnershipType import InAppOwnershipType
 from appstoreserverlibrary.models.NotificationHistoryRequest import NotificationHistoryRequest
 from appstoreserverlibrary.models.OrderLookupStatus import OrderLookupStatus
 from appstoreserverlibrary.models.RevocationType import RevocationType
 from appstoreserverlibrary.models.Status import Status
+from appstoreserverlibrary.models.Subtype import Subtype
 from appstoreserverlibrary.models.TransactionHistoryRequest import Order, ProductType, TransactionHistoryRequest
 from appstoreserverlibrary.models.TransactionReason import TransactionReason
 from appstoreserverlibrary.receipt_utility import ReceiptUtility
@@ -159,6 +161,26 @@ def main():
                                        {"days": 7}, status=200)
         minted["sandbox"] = fake.mint(bundle, "com.example.vip.month", "auto_renewable", "Sandbox")
         minted["sandboxRenewal"] = fake.post(f"/fake/subscriptions/{minted['sandbox']['originalTransactionId']}/renew")
+        # Renewal trouble, each chain on a device of its own: a grace period kept open, a billing
+        # retry kept open, a retry recovered, a retry Apple gave up; a chain that lapsed and was
+        # bought again by another account of the same Apple ID.
+        minted["graced"] = fake.mint(bundle, "com.example.vip.month", "auto_renewable")
+        minted["gracedFailure"] = fake.post(f"/fake/subscriptions/{minted['graced']['originalTransactionId']}/fail-renewal",
+                                            {"gracePeriodSeconds": 3600}, status=200)
+        minted["retrying"] = fake.mint(bundle, "com.example.vip.month", "auto_renewable")
+        fake.post(f"/fake/subscriptions/{minted['retrying']['originalTransactionId']}/fail-renewal", status=200)
+        minted["recovering"] = fake.mint(bundle, "com.example.vip.month", "auto_renewable")
+        fake.post(f"/fake/subscriptions/{minted['recovering']['originalTransactionId']}/fail-renewal",
+                  {"gracePeriodSeconds": 600}, status=200)
+        minted["recovery"] = fake.post(f"/fake/subscriptions/{minted['recovering']['originalTransactionId']}/renew")
+        minted["givenUp"] = fake.mint(bundle, "com.example.vip.month", "auto_renewable")
+        fake.post(f"/fake/subscriptions/{minted['givenUp']['originalTransactionId']}/fail-renewal", status=200)
+        minted["givenUpExpiry"] = fake.post(f"/fake/subscriptions/{minted['givenUp']['originalTransactionId']}/expire", status=200)
+        minted["lapsing"] = fake.mint(bundle, "com.example.vip.month", "auto_renewable")
+        minted["lapse"] = fake.post(f"/fake/subscriptions/{minted['lapsing']['originalTransactionId']}/expire", status=200)
+        minted["resubscription"] = fake.post(f"/fake/subscriptions/{minted['lapsing']['originalTransactionId']}/resubscribe",
+                                             {"deviceId": f"referee-other-{time.time_ns()}",
+                                              "appAccountToken": "0E1D2C3B-4A59-4687-9A0B-1C2D3E4F5A6B"})
         expect(minted["restore"]["originalTransactionId"] == minted["premium"]["transactionId"], "restore lost its original id")
         expect(minted["renewal"]["webOrderLineItemId"] != minted["subscription"]["webOrderLineItemId"],
                "a renewal kept the period's webOrderLineItemId")
@@ -334,6 +356,74 @@ def main():
         return {"notifications": sorted(f"{kind} {subtype or ''}".strip() for kind, subtype in seen)}
 
     run("upgrade and extension: isUpgraded, DID_CHANGE_RENEWAL_PREF UPGRADE, RENEWAL_EXTENDED", upgrade_and_extension)
+
+    def renewal_trouble_statuses():
+        def last(name, statuses=None):
+            answer = production.get_all_subscription_statuses(minted[name]["transactionId"], statuses)
+            items = [item for group in answer.data for item in group.lastTransactions]
+            expect(len(items) == 1, f"{name}: {len(items)} subscriptions listed")
+            return items[0], mapped_txn(verifier, items[0].signedTransactionInfo), mapped_renewal(verifier, items[0].signedRenewalInfo)
+
+        graced, _, graced_info = last("graced")
+        expect(graced.status == Status.BILLING_GRACE_PERIOD, f"in grace: status {graced.rawStatus}")
+        expect(graced_info.isInBillingRetryPeriod is True, f"in grace: isInBillingRetryPeriod {graced_info.isInBillingRetryPeriod}")
+        expect(graced_info.gracePeriodExpiresDate == int(minted["gracedFailure"]["gracePeriodExpiresDateMs"]),
+               f"gracePeriodExpiresDate {graced_info.gracePeriodExpiresDate}")
+        expect(graced_info.expirationIntent == ExpirationIntent.BILLING_ERROR, f"in grace: {graced_info.rawExpirationIntent}")
+        retrying, _, retrying_info = last("retrying", [Status.BILLING_RETRY])
+        expect(retrying.status == Status.BILLING_RETRY, f"billing retry: status {retrying.rawStatus}")
+        expect(retrying_info.isInBillingRetryPeriod is True and retrying_info.gracePeriodExpiresDate is None,
+               f"billing retry: {retrying_info}")
+        recovered, recovered_txn, recovered_info = last("recovering")
+        expect(recovered.status == Status.ACTIVE and recovered_txn.transactionId == minted["recovery"]["transactionId"],
+               f"recovered: status {recovered.rawStatus}, {recovered_txn.transactionId}")
+        expect(recovered_txn.transactionReason == TransactionReason.RENEWAL, f"recovery: {recovered_txn.rawTransactionReason}")
+        expect(not recovered_info.isInBillingRetryPeriod, "recovered but still in billing retry")
+        given_up, _, given_up_info = last("givenUp")
+        expect(given_up.status == Status.EXPIRED and given_up_info.isInBillingRetryPeriod is False,
+               f"given up: status {given_up.rawStatus}, {given_up_info.isInBillingRetryPeriod}")
+        resubscribed, resubscription, _ = last("lapsing")
+        expect(resubscribed.status == Status.ACTIVE, f"resubscribed: status {resubscribed.rawStatus}")
+        expect(resubscription.transactionId == minted["resubscription"]["transactionId"], "resubscribed: not the new period")
+        expect(resubscription.originalTransactionId == minted["lapsing"]["originalTransactionId"], "the resubscription left its chain")
+        expect(resubscription.transactionReason == TransactionReason.PURCHASE, f"resubscription: {resubscription.rawTransactionReason}")
+        expect(resubscription.appAccountToken == "0e1d2c3b-4a59-4687-9a0b-1c2d3e4f5a6b", f"token {resubscription.appAccountToken}")
+        return {"statuses": [int(item.status) for item in (graced, retrying, recovered, given_up, resubscribed)]}
+
+    run("renewal trouble: get_all_subscription_statuses status 3 and 4, renewal info in billing retry and grace",
+        renewal_trouble_statuses)
+
+    def renewal_trouble_notifications():
+        now = int(time.time() * 1000)
+        request = NotificationHistoryRequest(startDate=now - 3_600_000, endDate=now + 60_000)
+        wanted = {
+            minted["gracedFailure"]["transactionId"]: ("DID_FAIL_TO_RENEW", Subtype.GRACE_PERIOD, Status.BILLING_GRACE_PERIOD),
+            minted["retrying"]["transactionId"]: ("DID_FAIL_TO_RENEW", None, Status.BILLING_RETRY),
+            minted["recovery"]["transactionId"]: ("DID_RENEW", Subtype.BILLING_RECOVERY, Status.ACTIVE),
+            minted["givenUpExpiry"]["transactionId"]: ("EXPIRED", Subtype.BILLING_RETRY, Status.EXPIRED),
+            minted["lapse"]["transactionId"]: ("EXPIRED", Subtype.VOLUNTARY, Status.EXPIRED),
+            minted["resubscription"]["transactionId"]: ("SUBSCRIBED", Subtype.RESUBSCRIBE, Status.ACTIVE),
+        }
+        seen = {}
+        for item in production.get_notification_history(None, request).notificationHistory:
+            notification = mapped_notification(verifier, item.signedPayload)
+            if not notification.data or not notification.data.signedTransactionInfo:
+                continue
+            transaction = mapped_txn(verifier, notification.data.signedTransactionInfo)
+            kind = (notification.rawNotificationType, notification.subtype, notification.data.status)
+            if transaction.transactionId in wanted and kind == wanted[transaction.transactionId]:
+                seen[transaction.transactionId] = kind
+                info = mapped_renewal(verifier, notification.data.signedRenewalInfo)
+                if notification.subtype == Subtype.GRACE_PERIOD:
+                    expect(info.gracePeriodExpiresDate == int(minted["gracedFailure"]["gracePeriodExpiresDateMs"]),
+                           f"DID_FAIL_TO_RENEW GRACE_PERIOD: gracePeriodExpiresDate {info.gracePeriodExpiresDate}")
+                    expect(info.isInBillingRetryPeriod is True, "DID_FAIL_TO_RENEW: not in billing retry")
+        missing = {id: kind for id, kind in wanted.items() if id not in seen}
+        expect(not missing, f"notifications not found or not as Apple's: {missing}")
+        return {"notifications": sorted(f"{kind} {subtype.value if subtype else ''}".strip() for kind, subtype, _ in seen.values())}
+
+    run("renewal trouble: DID_FAIL_TO_RENEW GRACE_PERIOD, DID_RENEW BILLING_RECOVERY, EXPIRED BILLING_RETRY and "
+        "VOLUNTARY, SUBSCRIBED RESUBSCRIBE", renewal_trouble_notifications)
 
     def test_notification():
         answer = production.request_test_notification()
