@@ -100,8 +100,13 @@ extension Planner {
                 return "sandbox_not_allowed"
             }
             updateSubscription(notification, state: nil)
+            // A resubscription is a new purchase, maybe by another account of the app on the
+            // same Apple ID: without a token naming an order, only the buyer's upload proves
+            // whose it is, so it waits for that upload like a period nobody owns yet.
+            let resubscribed = type == .subscribed && notification.subtype == "RESUBSCRIBE" && purchase.isNewPurchaseInChain
+                && !(purchase.appAccountToken != nil && facts.tokenOrder != nil)
             let credited: String
-            if let owner {
+            if let owner, !resubscribed {
                 let upload = LedgerEvent.Upload(
                     userId: owner, submissionId: submissionId, orderId: nil, transactionId: nil,
                     bundleId: notification.bundleId ?? "")

@@ -3,6 +3,7 @@ import Crypto
 import FakeAppStore
 import Foundation
 import NIOHTTP1
+import ServiceLifecycle
 import Testing
 
 /// Talks to a running fake App Store over HTTP: its `/fake/` routes, `verifyReceipt` and the

@@ -1,0 +1,285 @@
+import Foundation
+import IAPCore
+import NIOHTTP1
+import OrderStore
+import Testing
+
+/// The core's answers checked against who really paid, through the real pipeline (fake App
+/// Store, broker, verifier, finisher) on the pass's store: an order is paid only by the purchase
+/// made for it, a renewal told before the first upload reaches its owner, a new purchase in a
+/// chain is its buyer's, a cancellation without Apple's type takes back no more than Apple's
+/// typed word, an order placed for an upgrade is paid by it, and the lesser edges.
+extension BrokerTests {
+    @Suite("Who really paid: orders, renewals, resubscriptions, untyped cancellations")
+    struct WhoReallyPaidTests {
+        static let coins = "com.example.coins.300"
+        static let month = "com.example.vip.month"
+        static let year = "com.example.vip.year"
+
+        struct Mint: Encodable {
+            var bundleId = PipelineHarness.bundleId
+            var productId: String
+            var type: String = "consumable"
+            var quantity: Int?
+            var deviceId: String?
+            var expiresInSeconds: Int?
+            var receiptIncludesPurchase: Bool?
+        }
+
+        func mint(_ pipeline: PipelineHarness, _ mint: Mint) async throws -> FakePurchaseAnswer {
+            let answer = try await HTTP.post(pipeline.fakeURL + "/fake/purchases", json: mint)
+            #expect(answer.status == 201, "\(answer.text)")
+            return try JSONDecoder().decode(FakePurchaseAnswer.self, from: answer.body)
+        }
+
+        func upload(_ pipeline: PipelineHarness, _ body: [String: String]) async throws -> [String: Any] {
+            try await pipeline.waitForState(try await pipeline.upload(body))
+        }
+
+        func balance(_ pipeline: PipelineHarness, of user: String) async throws -> Int {
+            let answer = try await HTTP.get(pipeline.intakeURL + "/v1/users/\(user)/entitlements")
+            return (answer.json["balances"] as? [String: Any])?["coins"] as? Int ?? 0
+        }
+
+        func receipt(_ pipeline: PipelineHarness, device: String) async throws -> String {
+            let answer = try await HTTP.post(pipeline.fakeURL + "/fake/devices/\(device)/receipt", json: [String: String]())
+            return try #require(answer.json["receiptData"] as? String, "\(answer.text)")
+        }
+
+        /// Finding 1. The app buys 300 coins for o1; the upload is lost. The user orders again
+        /// (o2) and buys again; the receipt is not refreshed yet: it holds the first purchase
+        /// only. An upload naming o2 with that receipt must not let the first purchase pay o2,
+        /// nor tell the app to finish: the second purchase is not credited, and a finished
+        /// consumable leaves every later receipt. The first purchase's own retry pays o1; the
+        /// refreshed receipt pays o2; the user holds 600.
+        @Test func anOrderIsNeverPaidByAPurchaseMadeBeforeIt() async throws {
+            let pipeline = try await PipelineHarness.start(name: "paid-before")
+            defer { Task { await pipeline.stop() } }
+            let o1 = try await pipeline.createOrder(userId: "olga", productId: Self.coins)
+            let first = try await mint(pipeline, Mint(productId: Self.coins, deviceId: "olga-phone"))
+            try await Task.sleep(for: .milliseconds(20))
+            let o2 = try await pipeline.createOrder(userId: "olga", productId: Self.coins)
+            try await Task.sleep(for: .milliseconds(20))
+            let second = try await mint(pipeline, Mint(productId: Self.coins, deviceId: "olga-phone"))
+
+            let stale = try await upload(pipeline, ["userId": "olga", "receiptData": first.receiptData, "orderId": o2])
+            #expect(stale["state"] as? String == "rejected", "\(stale)")
+            #expect(stale["reason"] as? String == "transaction_not_in_receipt", "\(stale)")
+            #expect(stale["finishTransaction"] as? Bool == false, "\(stale)")
+            #expect(try await pipeline.order(o2)["state"] as? String == "created")
+
+            // The first purchase's own retry: it pays the order it was bought for.
+            let retry = try await upload(pipeline, ["userId": "olga", "receiptData": first.receiptData, "orderId": o1])
+            #expect(retry["state"] as? String == "credited" && retry["finishTransaction"] as? Bool == true, "\(retry)")
+            #expect(try await pipeline.order(o1)["state"] as? String == "paid")
+            #expect(try await pipeline.order(o1)["transactionId"] as? String == first.transactionId)
+            // The app finishes the first purchase: StoreKit drops a finished consumable from
+            // every later receipt, as the fake does.
+            let finished = try await HTTP.post(pipeline.fakeURL + "/fake/purchases/\(first.transactionId)/finish", json: [String: String]())
+            #expect(finished.status == 200, "\(finished.text)")
+
+            // The refreshed receipt holds the second purchase only: it pays o2.
+            let refreshed = try await upload(
+                pipeline, ["userId": "olga", "receiptData": try await receipt(pipeline, device: "olga-phone"), "orderId": o2])
+            #expect(refreshed["state"] as? String == "credited" && refreshed["finishTransaction"] as? Bool == true, "\(refreshed)")
+            #expect(try await pipeline.order(o2)["transactionId"] as? String == second.transactionId)
+            #expect(try await balance(pipeline, of: "olga") == 600)
+        }
+
+        /// Finding 2. Apple announces a renewal before the app's first upload (nobody owns the
+        /// subscription yet). When the first upload makes the user its owner, the renewed
+        /// period is credited to them too: Apple does not tell again.
+        @Test func aRenewalToldBeforeTheFirstUploadIsCreditedToTheOwner() async throws {
+            let pipeline = try await PipelineHarness.start(name: "renew-first")
+            defer { Task { await pipeline.stop() } }
+            let first = try await mint(pipeline, Mint(productId: Self.month, type: "auto_renewable", deviceId: "rita-phone"))
+            let renewed = try await HTTP.post(
+                pipeline.fakeURL + "/fake/subscriptions/\(first.originalTransactionId)/renew", json: [String: String]())
+            #expect(renewed.status == 201, "\(renewed.text)")
+            let renewal = try JSONDecoder().decode(FakePurchaseAnswer.self, from: renewed.body)
+            #expect(
+                try await eventually(timeout: .seconds(20)) {
+                    try await pipeline.store.notifications(ofTransaction: renewal.transactionId).contains { $0.outcome == "owner_unknown" }
+                }, "DID_RENEW was not applied before the upload")
+
+            let answer = try await upload(pipeline, ["userId": "rita", "signedTransaction": first.signedTransaction])
+            #expect(answer["state"] as? String == "credited", "\(answer)")
+            let grant = try #require(try await pipeline.store.grants(ofTransaction: renewal.transactionId).first)
+            #expect(grant.userId == "rita" && grant.state == "active")
+            #expect((grant.expiresAt ?? .distantPast) > Date().addingTimeInterval(40 * 86_400))
+            let active = try await HTTP.get(pipeline.intakeURL + "/v1/users/rita/entitlements")
+            #expect((active.json["grants"] as? [[String: Any]] ?? []).contains { $0["transactionId"] as? String == renewal.transactionId })
+        }
+
+        /// Finding 3. A subscription lapses; another account of the app on the same Apple ID
+        /// resubscribes (Apple keeps the chain's original transaction id). The resubscription
+        /// is a new purchase: it is credited to the account that proves it bought it, not to the
+        /// chain's first owner, and that buyer is not told its purchase belongs to someone else.
+        /// Apple's SUBSCRIBED (RESUBSCRIBE) notification alone gives it to nobody.
+        @Test func aResubscriptionByAnotherAccountIsCreditedToItsBuyer() async throws {
+            let pipeline = try await PipelineHarness.start(name: "resubscribe")
+            defer { Task { await pipeline.stop() } }
+            let month = try await mint(
+                pipeline, Mint(productId: Self.month, type: "auto_renewable", deviceId: "family-ipad", expiresInSeconds: 2))
+            let first = try await upload(pipeline, ["userId": "ana", "signedTransaction": month.signedTransaction])
+            #expect(first["state"] as? String == "credited", "\(first)")
+            try await Task.sleep(for: .seconds(3))
+            let resubscribed = try await HTTP.post(
+                pipeline.fakeURL + "/fake/subscriptions/\(month.originalTransactionId)/resubscribe", json: ["deviceId": "family-ipad"])
+            #expect(resubscribed.status == 201, "\(resubscribed.text)")
+            let again = try JSONDecoder().decode(FakePurchaseAnswer.self, from: resubscribed.body)
+            #expect(again.originalTransactionId == month.originalTransactionId && again.transactionId != month.transactionId)
+            #expect(
+                try await eventually(timeout: .seconds(20)) {
+                    try await !pipeline.store.notifications(ofTransaction: again.transactionId).isEmpty
+                }, "SUBSCRIBED (RESUBSCRIBE) was not applied")
+            #expect(try await pipeline.store.grants(ofTransaction: again.transactionId).isEmpty, "the notification gave it to ana")
+
+            let bought = try await upload(pipeline, ["userId": "ben", "signedTransaction": again.signedTransaction])
+            #expect(bought["state"] as? String == "credited" && bought["finishTransaction"] as? Bool == true, "\(bought)")
+            let grant = try #require(try await pipeline.store.grants(ofTransaction: again.transactionId).first)
+            #expect(grant.userId == "ben" && grant.state == "active")
+            // The earlier period stays ana's; the subscription (its renewals) is ben's now.
+            #expect(try await pipeline.store.grants(ofTransaction: month.transactionId).first?.userId == "ana")
+            let listed = try await HTTP.get(pipeline.intakeURL + "/v1/users/ben/subscriptions")
+            #expect((listed.json["subscriptions"] as? [[String: Any]] ?? []).count == 1, "\(listed.text)")
+            let renewed = try await HTTP.post(
+                pipeline.fakeURL + "/fake/subscriptions/\(month.originalTransactionId)/renew", json: [String: String]())
+            #expect(renewed.status == 201, "\(renewed.text)")
+            let renewal = try JSONDecoder().decode(FakePurchaseAnswer.self, from: renewed.body)
+            #expect(
+                try await eventually(timeout: .seconds(20)) {
+                    try await pipeline.store.grants(ofTransaction: renewal.transactionId).first?.userId == "ben"
+                }, "the resubscription's renewal did not go to its buyer")
+        }
+
+        /// Finding 4. Three packs, one refunded prorated: two are left. `verifyReceipt` then
+        /// dates a cancellation of the purchase but says neither its type nor how much: the app's
+        /// next receipt upload must not take the other two back, whether it comes after Apple's
+        /// REFUND notification or before it.
+        @Test(arguments: [false, true])
+        func aCancellationWithoutItsTypeTakesBackNoMoreThanApplesWord(receiptFirst: Bool) async throws {
+            let pipeline = try await PipelineHarness.start(name: "untyped-\(receiptFirst)")
+            defer { Task { await pipeline.stop() } }
+            let packs = try await mint(pipeline, Mint(productId: Self.coins, quantity: 3, deviceId: "pia-phone"))
+            let credited = try await upload(
+                pipeline, ["userId": "pia", "receiptData": packs.receiptData, "transactionId": packs.transactionId])
+            #expect(credited["state"] as? String == "credited", "\(credited)")
+            #expect(try await balance(pipeline, of: "pia") == 900)
+
+            if receiptFirst {
+                let held = try await HTTP.post(pipeline.fakeURL + "/fake/notifications/hold", json: [String: String]())
+                #expect(held.status < 300, "\(held.text)")
+            }
+            struct Refund: Encodable {
+                var revocationType = "REFUND_PRORATED"
+                var revocationPercentage = 33_333
+            }
+            let refunded = try await HTTP.post(pipeline.fakeURL + "/fake/purchases/\(packs.transactionId)/refund", json: Refund())
+            #expect(refunded.status == 200, "\(refunded.text)")
+            if !receiptFirst {
+                #expect(
+                    try await eventually(timeout: .seconds(20)) { try await balance(pipeline, of: "pia") == 600 },
+                    "the prorated refund did not take one pack back")
+            }
+            // The refreshed receipt lists the purchase with a cancellation date and no type.
+            let again = try await upload(
+                pipeline,
+                ["userId": "pia", "receiptData": try await receipt(pipeline, device: "pia-phone"), "transactionId": packs.transactionId])
+            #expect(again["finishTransaction"] as? Bool == true, "\(again)")
+            #expect(try await balance(pipeline, of: "pia") == (receiptFirst ? 900 : 600), "the receipt took back more than Apple did")
+            if receiptFirst {
+                let audit = try await pipeline.admin(.GET, "/v1/admin/audit?limit=500")
+                #expect(audit.text.contains("cancellation_untyped"), "\(audit.text)")
+                let released = try await HTTP.post(pipeline.fakeURL + "/fake/notifications/release", json: [String: String]())
+                #expect(released.status == 200, "\(released.text)")
+                #expect(
+                    try await eventually(timeout: .seconds(20)) { try await balance(pipeline, of: "pia") == 600 },
+                    "Apple's REFUND did not take its share back")
+            }
+        }
+
+        /// Finding 5. An order placed for an upgrade is paid by the upgrade's own upload: Apple
+        /// keeps the chain's original transaction id, and the upgrade is a purchase the customer
+        /// made (`transactionReason` PURCHASE), not a renewal.
+        @Test func anOrderPlacedForAnUpgradeIsPaidByIt() async throws {
+            let pipeline = try await PipelineHarness.start(name: "upgrade-order")
+            defer { Task { await pipeline.stop() } }
+            let month = try await mint(pipeline, Mint(productId: Self.month, type: "auto_renewable", deviceId: "ugo-phone"))
+            let first = try await upload(pipeline, ["userId": "ugo", "signedTransaction": month.signedTransaction])
+            #expect(first["state"] as? String == "credited", "\(first)")
+            let order = try await pipeline.createOrder(userId: "ugo", productId: Self.year)
+            let upgraded = try await HTTP.post(
+                pipeline.fakeURL + "/fake/subscriptions/\(month.originalTransactionId)/upgrade", json: ["productId": Self.year])
+            #expect(upgraded.status == 201, "\(upgraded.text)")
+            let year = try JSONDecoder().decode(FakePurchaseAnswer.self, from: upgraded.body)
+            let answer = try await upload(pipeline, ["userId": "ugo", "signedTransaction": year.signedTransaction, "orderId": order])
+            #expect(answer["state"] as? String == "credited" && answer["finishTransaction"] as? Bool == true, "\(answer)")
+            #expect(
+                try await eventually(timeout: .seconds(10)) { try await pipeline.order(order)["state"] as? String == "paid" },
+                "the order placed for the upgrade stayed unpaid")
+            #expect(try await pipeline.order(order)["transactionId"] as? String == year.transactionId)
+        }
+
+        /// Lesser: a stranger's bare id proves nothing and tells nothing. Someone else's
+        /// purchase, a refunded one and an unknown id answer alike, with no transactions listed.
+        @Test func aStrangersLookupAnswersAlikeForTakenRefundedAndUnknownIds() async throws {
+            let pipeline = try await PipelineHarness.start(name: "lookup-alike")
+            defer { Task { await pipeline.stop() } }
+            let taken = try await mint(pipeline, Mint(productId: Self.coins, deviceId: "tom-phone"))
+            #expect(try await upload(pipeline, ["userId": "tom", "signedTransaction": taken.signedTransaction])["state"] as? String == "credited")
+            let refunded = try await mint(pipeline, Mint(productId: Self.coins, deviceId: "tom-phone"))
+            #expect(try await upload(pipeline, ["userId": "tom", "signedTransaction": refunded.signedTransaction])["state"] as? String == "credited")
+            let refund = try await HTTP.post(pipeline.fakeURL + "/fake/purchases/\(refunded.transactionId)/refund", json: [String: String]())
+            #expect(refund.status == 200, "\(refund.text)")
+            #expect(try await eventually(timeout: .seconds(20)) { try await balance(pipeline, of: "tom") == 300 })
+
+            var answers: [[String: Any]] = []
+            for id in [taken.transactionId, refunded.transactionId, "2000000999999999"] {
+                answers.append(try await upload(pipeline, ["userId": "eve", "transactionId": id]))
+            }
+            for answer in answers {
+                #expect(answer["state"] as? String == "rejected", "\(answer)")
+                #expect(answer["reason"] as? String == "transaction_not_found", "\(answer)")
+                #expect((answer["transactions"] as? [Any] ?? []).isEmpty, "\(answer)")
+                #expect(answer["finishTransaction"] as? Bool == answers[0]["finishTransaction"] as? Bool)
+            }
+            #expect(try await balance(pipeline, of: "eve") == 0)
+        }
+
+        /// Lesser: a goodwill grant naming the Apple transaction the customer wrote about is
+        /// bound to it: the purchase's later upload is `already_credited`, not a second credit.
+        @Test func aGoodwillGrantNamingTheApplePurchaseIsNotCreditedTwice() async throws {
+            let pipeline = try await PipelineHarness.start(name: "goodwill-bound")
+            defer { Task { await pipeline.stop() } }
+            let purchase = try await mint(pipeline, Mint(productId: Self.coins, deviceId: "gil-phone"))
+            let granted = try await pipeline.admin(
+                .POST, "/v1/admin/grants",
+                ["userId": "gil", "productId": Self.coins, "transactionId": purchase.transactionId, "reason": "paid, nothing came"])
+            #expect(granted.status == 201, "\(granted.text)")
+            #expect(try await balance(pipeline, of: "gil") == 300)
+            let answer = try await upload(
+                pipeline, ["userId": "gil", "receiptData": purchase.receiptData, "transactionId": purchase.transactionId])
+            #expect(answer["state"] as? String == "credited" && answer["finishTransaction"] as? Bool == true, "\(answer)")
+            let state = (answer["transactions"] as? [[String: Any]])?.first?["state"] as? String
+            #expect(state == "already_credited", "\(answer)")
+            #expect(try await balance(pipeline, of: "gil") == 300)
+        }
+
+        /// Lesser: `/subscriptions` never says `active` past the period's end and grace, when
+        /// Apple said nothing as it ended (`/entitlements` agrees).
+        @Test func aSubscriptionPastItsPeriodIsNotActive() async throws {
+            let pipeline = try await PipelineHarness.start(name: "past-period")
+            defer { Task { await pipeline.stop() } }
+            let month = try await mint(
+                pipeline, Mint(productId: Self.month, type: "auto_renewable", deviceId: "sam-phone", expiresInSeconds: 2))
+            #expect(try await upload(pipeline, ["userId": "sam", "signedTransaction": month.signedTransaction])["state"] as? String == "credited")
+            try await Task.sleep(for: .seconds(3))
+            let listed = try await HTTP.get(pipeline.intakeURL + "/v1/users/sam/subscriptions")
+            let states = (listed.json["subscriptions"] as? [[String: Any]] ?? []).compactMap { $0["state"] as? String }
+            #expect(states == ["expired"], "\(listed.text)")
+            let entitled = try await HTTP.get(pipeline.intakeURL + "/v1/users/sam/entitlements")
+            #expect((entitled.json["subscriptions"] as? [Any] ?? []).isEmpty, "\(entitled.text)")
+        }
+    }
+}
