@@ -41,10 +41,20 @@ struct AdminController: Sendable {
                 }
                 grant = product.grant(quantity: quantity)
             }
+            // Goodwill for an Apple purchase the customer wrote about before the app uploaded it:
+            // bound to it, so that its upload is not a second credit.
+            let apple = try fields.string("appleTransactionId", maxLength: 32)
+            if let apple, !(apple.allSatisfy { $0.isASCII && $0.isNumber } && !apple.isEmpty) {
+                throw APIError.invalidField("appleTransactionId", "must be Apple's numeric transaction id")
+            }
+            let named = try fields.string("transactionId")
+            if apple != nil, named != nil {
+                throw APIError.invalidField("appleTransactionId", "name a held purchase (transactionId) or an Apple purchase not uploaded yet, not both")
+            }
             let granted = try await mapped(notFound: .purchaseNotFound) {
                 try await store.grantManually(
                     userId: userId, productId: productId, quantity: quantity, grant: grant,
-                    transactionId: try fields.string("transactionId"), actor: try Self.actor(fields),
+                    transactionId: named, appleTransactionId: apple, actor: try Self.actor(fields),
                     reason: try fields.requiredString("reason", maxLength: 1000), policy: policy)
             }
             Counter(label: MetricNames.grants).increment()

@@ -339,13 +339,16 @@ extension Planner {
         var orderId: String?
         var expiresAt: Date?
         var periodStart: Date?
-        if let transactionId = request.transactionId, facts.purchase?.transactionId != transactionId {
+        if request.transactionId == nil, let transactionId = request.appleTransactionId {
             // Goodwill for an Apple purchase that has not reached us (the customer wrote before
             // the app uploaded it): bound to what that purchase credits, so that its upload is
             // `already_credited`, not a second credit. A subscription's period cannot be known
             // from its transaction id: those are granted once their purchase is held.
             guard product(request.productId)?.type != .autoRenewable else {
-                return .refused(.notFound, "no purchase \(transactionId): a subscription is granted by hand once its purchase is held")
+                return .refused(.conflict, "a subscription period is granted by hand once its purchase is held, not by its transaction id")
+            }
+            if let recorded = facts.purchase, recorded.transactionId == transactionId {
+                return .refused(.conflict, "purchase \(transactionId) is recorded: grant it as a held purchase, or it is credited already")
             }
             id = transactionId
             original = transactionId
@@ -357,7 +360,9 @@ extension Planner {
                 return .refused(.conflict, "what purchase \(transactionId) buys is granted already")
             }
         } else if let transactionId = request.transactionId {
-            guard let purchase = facts.purchase else { return .refused(.notFound, "no purchase \(transactionId)") }
+            guard let purchase = facts.purchase, purchase.transactionId == transactionId else {
+                return .refused(.notFound, "no purchase \(transactionId)")
+            }
             // A period Apple told of before anyone owned its subscription is nobody's yet: customer
             // service may give it to the user they found paid for it.
             let unowned = purchase.heldReason == ReasonCode.ownerUnknown.rawValue

@@ -28,14 +28,14 @@ public enum Ledger {
                 transactionId: purchase.transactionId, creditKey: policy.creditKey(of: purchase).stored,
                 originalTransactionId: purchase.originalTransactionId, tokenOrderId: purchase.appAccountToken)
         case .manualGrant(let grant):
-            guard let transactionId = grant.transactionId else { return LedgerQuery(transactionId: grant.goodwillId) }
-            guard let recorded else {
+            if grant.transactionId == nil, let apple = grant.appleTransactionId {
                 // Goodwill for an Apple purchase not uploaded yet: bound to the key it will have.
-                return LedgerQuery(transactionId: transactionId, creditKey: policy.creditKey(of: grant.applePurchase).stored)
+                return LedgerQuery(transactionId: apple, creditKey: policy.creditKey(of: grant.applePurchase).stored)
             }
+            guard let transactionId = grant.transactionId else { return LedgerQuery(transactionId: grant.goodwillId) }
             return LedgerQuery(
-                transactionId: transactionId, creditKey: recorded.creditKey ?? CreditKey.transaction(transactionId).stored,
-                originalTransactionId: recorded.originalTransactionId)
+                transactionId: transactionId, creditKey: recorded.map { $0.creditKey ?? CreditKey.transaction(transactionId).stored },
+                originalTransactionId: recorded?.originalTransactionId)
         case .manualRevoke(let transactionId, _, _, _):
             return LedgerQuery(transactionId: transactionId)
         }

@@ -40,8 +40,11 @@ public enum LedgerEvent: Sendable, Equatable {
         public var productId: String
         public var quantity: Int
         public var grant: [String: Catalog.GrantValue]
-        /// A held purchase to grant; nil for goodwill under `goodwillId`.
+        /// A held purchase to grant; nil for goodwill.
         public var transactionId: String?
+        /// Goodwill for this Apple purchase, not uploaded yet: bound to what it credits, so that
+        /// its later upload is `already_credited`. Nil for goodwill under `goodwillId`.
+        public var appleTransactionId: String?
         /// The id of a goodwill grant (`manual-…`), chosen by the shell.
         public var goodwillId: String
         public var actor: String
@@ -50,8 +53,9 @@ public enum LedgerEvent: Sendable, Equatable {
         /// Creates a grant by hand.
         public init(
             userId: String, productId: String, quantity: Int, grant: [String: Catalog.GrantValue], transactionId: String?,
-            goodwillId: String, actor: String, reason: String
+            goodwillId: String, actor: String, reason: String, appleTransactionId: String? = nil
         ) {
+            self.appleTransactionId = appleTransactionId
             self.userId = userId
             self.productId = productId
             self.quantity = quantity
@@ -62,10 +66,10 @@ public enum LedgerEvent: Sendable, Equatable {
             self.reason = reason
         }
 
-        /// The Apple purchase a grant naming a transaction not recorded yet stands for: its
+        /// The Apple purchase a goodwill grant bound to an Apple transaction stands for: its
         /// product, bought as the first transaction of its chain.
         public var applePurchase: VerifiedPurchase {
-            let id = transactionId ?? goodwillId
+            let id = appleTransactionId ?? transactionId ?? goodwillId
             return VerifiedPurchase(
                 transactionId: id, originalTransactionId: id, productId: productId, quantity: quantity, purchaseDate: nil,
                 environment: .production)

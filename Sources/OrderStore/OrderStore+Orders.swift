@@ -101,16 +101,19 @@ extension OrderStore {
     }
 
     /// Grants by hand. With `transactionId` of a held purchase, grants that purchase to its
-    /// owner; without one, a goodwill grant under a new `manual-…` id. Audited.
+    /// owner; with `appleTransactionId` of an Apple purchase not uploaded yet, goodwill bound to
+    /// what that purchase credits (its later upload is `already_credited`); with neither, a
+    /// goodwill grant under a new `manual-…` id. Audited.
     public func grantManually(
         userId: String, productId: String, quantity: Int, grant: [String: Catalog.GrantValue], transactionId: String?,
-        actor: String, reason: String, policy: CreditPolicy, now: Date = Date()
+        appleTransactionId: String? = nil, actor: String, reason: String, policy: CreditPolicy, now: Date = Date()
     ) async throws(OrderStoreError) -> Grant {
         do {
             return try await database.write { db throws -> Grant in
                 let request = LedgerEvent.ManualGrant(
                     userId: userId, productId: productId, quantity: quantity, grant: grant, transactionId: transactionId,
-                    goodwillId: "manual-\(UUID().uuidString.lowercased())", actor: actor, reason: reason)
+                    goodwillId: "manual-\(UUID().uuidString.lowercased())", actor: actor, reason: reason,
+                    appleTransactionId: appleTransactionId)
                 return try Self.grantByLedger(.manualGrant(request), policy: policy, now: now, in: db)
             }
         } catch let error as OrderStoreError {

@@ -267,14 +267,19 @@ struct LedgerModel {
         for entry in states { perKey[entry.key, default: 0] += 1 }
         let exact = Dictionary(uniqueKeysWithValues: states.filter { perKey[$0.key] == 1 }.map { ($0.id, $0.state) })
         let all = Set(states.map(\.state))
+        // A bare id that is not the uploader's tells nothing: answered alike, nothing listed.
+        let provesNothing = lookup && !all.isEmpty && !all.contains("held") && all.isDisjoint(with: ["credited", "already_credited"])
         let outcome: (String, String?) =
             if all.isEmpty { ("credited", nil) }  // a receipt that holds nothing: nothing to settle
             else if all.contains("held") { ("needs_review", "owner_unknown") }
             else if !all.isDisjoint(with: ["credited", "already_credited"]) { ("credited", nil) }
+            else if provesNothing { ("rejected", "transaction_not_found") }
             else if all.contains("replayed_from_other_user") { ("rejected", "replayed_from_other_user") }
             else if all.contains("owned_by_other_user") { ("rejected", "owned_by_other_user") }
             else { ("rejected", "purchase_revoked") }
-        return UploadExpectation(states: exact, covered: Set(states.map(\.id)), state: outcome.0, reason: outcome.1)
+        return UploadExpectation(
+            states: provesNothing ? [:] : exact, covered: provesNothing ? [] : Set(states.map(\.id)), state: outcome.0,
+            reason: outcome.1)
     }
 
     /// Apple refunds `transactionId` (and what it revokes with it): its answers say so from now on.
@@ -1089,7 +1094,9 @@ extension BrokerTests {
                 #expect(other["state"] as? String == "credited" && otherState == "credited", "\(other)")
             }
             let replay = try await pipeline.waitForState(try await pipeline.upload(["userId": "quentin", "transactionId": purchase.transactionId]))
-            #expect(replay["reason"] as? String == "replayed_from_other_user", "\(replay)")
+            // A bare id proves nothing and tells nothing of whose the purchase is.
+            #expect(replay["reason"] as? String == "transaction_not_found", "\(replay)")
+            #expect((replay["transactions"] as? [Any] ?? []).isEmpty, "\(replay)")
 
             let olga = try await pipeline.grants(of: "olga").filter { $0["state"] as? String == "active" }
             let pavel = try await pipeline.grants(of: "pavel").filter { $0["state"] as? String == "active" }

@@ -189,8 +189,8 @@ struct LedgerVerdictTests {
 
     @Test func goodwillNamingAnApplePurchaseIsBoundToIt() {
         let request = LedgerEvent.ManualGrant(
-            userId: "gil", productId: "coins", quantity: 1, grant: ["coins": .number(100)], transactionId: "t7",
-            goodwillId: "manual-1", actor: "agent", reason: "paid, nothing came")
+            userId: "gil", productId: "coins", quantity: 1, grant: ["coins": .number(100)], transactionId: nil,
+            goodwillId: "manual-1", actor: "agent", reason: "paid, nothing came", appleTransactionId: "t7")
         let query = Ledger.query(for: .manualGrant(request), policy: policy)
         #expect(query.creditKey == "txn:t7")
         let granted = plan(.manualGrant(request))

@@ -255,7 +255,7 @@ extension BrokerTests {
             let purchase = try await mint(pipeline, Mint(productId: Self.coins, deviceId: "gil-phone"))
             let granted = try await pipeline.admin(
                 .POST, "/v1/admin/grants",
-                ["userId": "gil", "productId": Self.coins, "transactionId": purchase.transactionId, "reason": "paid, nothing came"])
+                ["userId": "gil", "productId": Self.coins, "appleTransactionId": purchase.transactionId, "reason": "paid, nothing came"])
             #expect(granted.status == 201, "\(granted.text)")
             #expect(try await balance(pipeline, of: "gil") == 300)
             let answer = try await upload(
