@@ -203,6 +203,7 @@ public final class AppStoreVerifier: ReceiptVerifying {
         purchase.revocationType = payload.revocationType
         purchase.revocationPercentage = payload.revocationPercentage
         purchase.transactionReason = payload.transactionReason
+        purchase.originalPurchaseDate = payload.originalPurchaseDate.map(Date.init(appleMilliseconds:))
         return purchase
     }
 

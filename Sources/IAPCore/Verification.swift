@@ -39,6 +39,9 @@ public struct VerifiedPurchase: Codable, Sendable, Equatable {
     /// purchase, a resubscription, an upgrade or crossgrade), RENEWAL for an automatic renewal;
     /// nil where Apple's answer does not say (`verifyReceipt`).
     public var transactionReason: String?
+    /// When the chain's first transaction was bought (Apple's `originalPurchaseDate`); a
+    /// restore of a period keeps that period's `purchaseDate`.
+    public var originalPurchaseDate: Date?
     /// When Apple signed what this purchase was read from (StoreKit 2), for ordering states.
     public var signedDate: Date?
     /// For receipts looked up through the App Store Server API: whether the uploaded receipt

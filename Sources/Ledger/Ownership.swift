@@ -74,8 +74,12 @@ public enum Ownership {
 extension VerifiedPurchase {
     /// A later transaction of its chain that the customer bought (Apple's `transactionReason`
     /// PURCHASE: a resubscription after the chain lapsed, an upgrade, a crossgrade), not a
-    /// renewal. Unknown where Apple's answer does not say (`verifyReceipt`): false.
+    /// renewal, nor a restore of the chain's first purchase (a restore keeps its period's
+    /// purchase date, which for the first period is the chain's original purchase date).
+    /// Unknown where Apple's answer does not say (`verifyReceipt`): false.
     public var isNewPurchaseInChain: Bool {
-        transactionId != originalTransactionId && transactionReason == "PURCHASE"
+        guard transactionId != originalTransactionId, transactionReason == "PURCHASE" else { return false }
+        guard let original = originalPurchaseDate, let bought = purchaseDate else { return true }
+        return bought > original
     }
 }

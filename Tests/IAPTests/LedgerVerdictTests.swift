@@ -105,6 +105,7 @@ struct LedgerVerdictTests {
             transactionId: id, originalTransactionId: "t1", productId: product, quantity: 1, purchaseDate: Self.t0 + 60,
             environment: .production, expiresDate: Self.t0 + 30 * 86_400, appAccountToken: token, webOrderLineItemId: "w-\(id)")
         purchase.transactionReason = reason
+        purchase.originalPurchaseDate = Self.t0 - 86_400
         return purchase
     }
 
@@ -129,6 +130,11 @@ struct LedgerVerdictTests {
         #expect(bought.changes.contains { if case .putSubscription(let row) = $0 { row.userId == "ben" } else { false } })
         let renewal = plan(.upload(period("t5", reason: "RENEWAL"), upload("ben")), facts)
         #expect(renewal.outcome == .transaction(.ownedByOtherUser, nil))
+        // A restore of the chain's first period keeps its purchase date: not a new purchase.
+        var restore = period("t5", reason: "PURCHASE")
+        restore.purchaseDate = restore.originalPurchaseDate
+        #expect(!restore.isNewPurchaseInChain)
+        #expect(plan(.upload(restore, upload("ben")), facts).outcome == .transaction(.ownedByOtherUser, nil))
         // Without Apple's word (verifyReceipt), a later period follows the owner.
         let unsaid = plan(.upload(period("t5", reason: nil), upload("ben")), facts)
         #expect(unsaid.outcome == .transaction(.ownedByOtherUser, nil))
