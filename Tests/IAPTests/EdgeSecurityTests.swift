@@ -8,6 +8,7 @@ import NIOConcurrencyHelpers
 import NIOCore
 import NIOFoundationCompat
 import NIOHTTP1
+@testable import OrderStore
 import Testing
 
 /// The third security round's findings, each against the listener it names, with real
@@ -247,6 +248,36 @@ struct EdgeSecurityTests {
             let note = "userId=ana&text=ok&csrf=\(csrf)&back=%2Fadmin%2F&key=\(UUID().uuidString)"
             let acted = try await Self.send(admin + "/admin/actions/note", method: .POST, form: note, headers: ["Cookie": cookie])
             #expect(acted.status == 303, "\(acted.status) \(acted.text.prefix(300))")
+        }
+    }
+}
+
+extension BrokerTests {
+    @Suite("What a rejected upload leaves on disk")
+    struct RejectedUploadTests {
+        /// A receipt that passes the intake's first look (a real container, padded with 200 KiB
+        /// in a field it reads) and that Apple then rejects leaves less than 1 KB in the store:
+        /// the finisher keeps only its digest.
+        @Test func anUploadAppleRejectsKeepsLessThan1KB() async throws {
+            let pipeline = try await PipelineHarness.start(name: "rejectdigest")
+            defer { Task { await pipeline.stop() } }
+            var padded = AppReceiptTests.payload
+            padded.bundleId = PipelineHarness.bundleId
+            padded.opaqueValue = [UInt8](repeating: 7, count: 200 * 1024)
+            let receipt = try ReceiptMinter(authority: try FakeCertificateAuthority.generate(name: "Not Apple")).mint(padded)
+            let id = try await pipeline.upload(userId: "mallory", receiptData: Data(receipt).base64EncodedString())
+            let state = try await pipeline.waitForState(id)
+            #expect(state["state"] as? String == "rejected", "\(state)")
+            func kept() async throws -> Int {
+                let rows = try await pipeline.store.testRows(
+                    "SELECT receiptData, signedTransaction, signedPayload FROM submission WHERE id = ?", [id])
+                guard let row = rows.first else { return -1 }
+                let texts: [String?] = [row["receiptData"], row["signedTransaction"], row["signedPayload"]]
+                return texts.compactMap { $0?.utf8.count }.reduce(0, +)
+            }
+            let small = try await eventually(timeout: .seconds(10)) { (0..<1024).contains(try await kept()) }
+            let bytes = try await kept()
+            #expect(small, "the rejected upload keeps \(bytes) bytes")
         }
     }
 }
