@@ -107,9 +107,7 @@ struct ReceiptUpload: Equatable {
     private static func checkShape(_ bytes: [UInt8], bundleIds: Set<String>) throws(APIError) {
         let receipt: AppReceipt
         do {
-            // Apple's receipts carry certificates and a signer: a shell without them, or padded
-            // with filler attributes, is refused before it is stored.
-            receipt = try AppReceiptParser.parse(bytes, limits: .intake)
+            receipt = try AppReceiptParser.parse(bytes)
         } catch {
             if error.code == .invalidField { return }
             throw APIError(.receiptMalformed, "'receiptData' is not an app receipt (\(error.code))")
