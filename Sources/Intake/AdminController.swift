@@ -49,7 +49,8 @@ struct AdminController: Sendable {
             }
             let named = try fields.string("transactionId")
             if apple != nil, named != nil {
-                throw APIError.invalidField("appleTransactionId", "name a held purchase (transactionId) or an Apple purchase not uploaded yet, not both")
+                throw APIError(
+                    .conflict, "name a held purchase (transactionId) or an Apple purchase not uploaded yet (appleTransactionId), not both")
             }
             let granted = try await mapped(notFound: .purchaseNotFound) {
                 try await store.grantManually(
