@@ -133,13 +133,16 @@ extension Planner {
         // purchase waits for the REFUND notification (or reconciliation), listed for customer
         // service, and what Apple's typed word recorded stands.
         if let cancelled = purchase.cancellationDate, purchase.revocationType == nil, quantity > 1 {
-            audit(
+            // Listed until Apple's typed word arrives; once recorded, it settles the grant.
+            if facts.revocation?.creditKey != key {
+                audit(
                 actor: "system", action: "cancellation_untyped", subject: "transaction:\(purchase.transactionId)",
                 reason: "Apple's answer dates a cancellation but not how much it took back; waiting for Apple's refund notification",
                 details: [
                     "uploader": upload.userId, "productId": purchase.productId, "quantity": "\(quantity)",
                     "cancellationDate": Ledger.iso8601(cancelled), "submissionId": upload.submissionId,
                 ])
+            }
         } else if let cancelled = purchase.cancellationDate {
             recordRevocation(
                 key: key, transactionId: purchase.transactionId, source: "apple_answer", at: cancelled,

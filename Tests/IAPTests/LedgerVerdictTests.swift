@@ -158,6 +158,15 @@ struct LedgerVerdictTests {
         #expect(untyped.outcome == .transaction(.credited, nil))
         #expect(!untyped.changes.contains { if case .putRevocation = $0 { true } else { false } })
         #expect(untyped.changes.contains { if case .audit(let entry) = $0 { entry.action == "cancellation_untyped" } else { false } })
+        // Apple's prorated refund recorded already: it stands, nothing more is taken, nothing listed.
+        let prorated = LedgerFacts.Revocation(
+            creditKey: "txn:t1", transactionId: "t1", source: "REFUND", revokedAt: Self.t0 + 100, reversedAt: nil,
+            partlyRevokedAt: Self.t0 + 100, revokedUnits: 1)
+        let typed = plan(.upload(packs, upload("pia", transaction: "t1")), LedgerFacts(revocation: prorated))
+        #expect(typed.outcome == .transaction(.credited, nil))
+        #expect(!typed.changes.contains { if case .putRevocation = $0 { true } else { false } })
+        #expect(!typed.changes.contains { if case .audit(let entry) = $0 { entry.action == "cancellation_untyped" } else { false } })
+        #expect(typed.changes.contains { if case .grant(let grant) = $0 { grant.quantity == 2 } else { false } })
         // One unit: the whole purchase.
         var one = coins("t2", at: Self.t0)
         one.cancellationDate = Self.t0 + 100
