@@ -11,8 +11,8 @@ import Testing
 struct AdminSurfaceTests {
     /// `iap orders` with an admin token and no admin listener refuses to start, naming the
     /// settings that fix it; the main compose file serves the admin port on loopback only.
-    @Test(.timeLimit(.minutes(1))) func ordersRefusesToServeTheAdminSurfaceOnThePublicPort() throws {
-        let run = try CommandLineTests().iap(
+    @Test(.timeLimit(.minutes(1))) func ordersRefusesToServeTheAdminSurfaceOnThePublicPort() async throws {
+        let run = try await CommandLineTests().iap(
             ["orders"],
             environment: [
                 "IAP_ADMIN_TOKEN": "an-admin-token-0123456789", "IAP_ADMIN_PORT": "", "IAP_ADMIN_PUBLIC": "",
@@ -23,7 +23,7 @@ struct AdminSurfaceTests {
         #expect(run.output.contains("IAP_ADMIN_PORT") && run.output.contains("IAP_ADMIN_PUBLIC=1"), "\(run.output)")
     }
 
-    @Test func theMainComposeFilePublishesTheAdminPortOnLoopbackOnly() throws {
+    @Test func theMainComposeFilePublishesTheAdminPortOnLoopbackOnly() async throws {
         let text = try String(contentsOf: repositoryRoot.appendingPathComponent("compose/docker-compose.yml"), encoding: .utf8)
         #expect(text.contains("IAP_ADMIN_PORT: \"8081\""))
         let published = text.split(separator: "\n").filter { $0.contains(":8081") }

@@ -28,7 +28,7 @@ extension BrokerTests {
             let root = folder.appendingPathComponent("root.der")
             try await HTTP.get(pipeline.fakeURL + "/fake/root-certificate").body.write(to: root)
 
-            let (status, text) = try runPythonScript(python, "scripts/lib/apple_library_check.py", [
+            let (status, text) = try await runPythonScript(python, "scripts/lib/apple_library_check.py", [
                 "--url", pipeline.fakeURL, "--key", key.path, "--key-id", ServerAPIKey.keyId,
                 "--issuer-id", ServerAPIKey.issuerId, "--bundle-id", PipelineHarness.bundleId,
                 "--app-apple-id", String(FakeAppStore.defaultAppAppleId), "--root", root.path,

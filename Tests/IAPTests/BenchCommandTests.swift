@@ -7,8 +7,8 @@ extension BrokerTests {
         /// A small run of the load generator end to end, in both modes: its JSON report holds
         /// every field scripts read, and every purchase is credited exactly once.
         @Test(arguments: ["queue", "inline"])
-        func aSmallRunReportsEveryFigureAndNothingLost(mode: String) throws {
-            let run = try CommandLineTests().iap(
+        func aSmallRunReportsEveryFigureAndNothingLost(mode: String) async throws {
+            let run = try await CommandLineTests().iap(
                 ["bench", "--start-dev", "--purchases", "40", "--concurrency", "8", "--mode", mode, "--json",
                     "--settle-timeout", "60"],
                 environment: ["IAP_AMQP_URL": try TestBroker.url()])
@@ -27,16 +27,16 @@ extension BrokerTests {
 
         /// Holding the verifiers back only means something for a cluster bench starts itself.
         @Test(arguments: [["--verify-after-upload"], ["--start-dev", "--mode", "inline", "--verify-after-upload"]])
-        func verifyAfterUploadNeedsItsOwnQueueCluster(arguments: [String]) throws {
-            let run = try CommandLineTests().iap(["bench"] + arguments, environment: ["IAP_AMQP_URL": try TestBroker.url()])
+        func verifyAfterUploadNeedsItsOwnQueueCluster(arguments: [String]) async throws {
+            let run = try await CommandLineTests().iap(["bench"] + arguments, environment: ["IAP_AMQP_URL": try TestBroker.url()])
             #expect(run.status != 0 && run.output.contains("--verify-after-upload needs --start-dev and --mode queue"), "\(run.output)")
         }
 
         /// The production shape, verifiers held back until every upload is in: each process
         /// is reported by role (CPU per phase, peak RSS), the verifiers used no CPU while the
         /// intake was measured alone, and nothing is lost.
-        @Test func verifiersStartedAfterTheUploadsDrainTheQueue() throws {
-            let run = try CommandLineTests().iap(
+        @Test func verifiersStartedAfterTheUploadsDrainTheQueue() async throws {
+            let run = try await CommandLineTests().iap(
                 ["bench", "--start-dev", "--purchases", "60", "--concurrency", "8", "--verifiers", "2",
                     "--verify-after-upload", "--json", "--settle-timeout", "60"],
                 environment: ["IAP_AMQP_URL": try TestBroker.url()])

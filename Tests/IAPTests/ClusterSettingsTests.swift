@@ -6,7 +6,7 @@ import Testing
 /// What several broker URLs and the queue type change, read without a broker.
 @Suite("Cluster settings: broker URLs and queue types")
 struct ClusterSettingsTests {
-    @Test func oneURLReadsAsBefore() throws {
+    @Test func oneURLReadsAsBefore() async throws {
         let configuration = try AMQPConfiguration(url: "amqp://user:pa%40ss@broker.example:5673/vh")
         #expect(configuration.nodes.count == 1)
         #expect(configuration.host == "broker.example" && configuration.port == 5673)
@@ -17,7 +17,7 @@ struct ClusterSettingsTests {
         #expect(throws: AMQPError.self) { try AMQPConfiguration(url: "http://localhost/") }
     }
 
-    @Test func severalURLsAreTheNodesInOrder() throws {
+    @Test func severalURLsAreTheNodesInOrder() async throws {
         let configuration = try AMQPConfiguration(
             url: "amqp://u:secret@rabbit-1:5672/, amqp://u:secret@rabbit-2:5673/ ,amqp://u:secret@rabbit-3/")
         #expect(configuration.nodes.map(\.host) == ["rabbit-1", "rabbit-2", "rabbit-3"])
@@ -80,14 +80,14 @@ struct ClusterSettingsTests {
         #expect(names.verifyQueues == ["p.verify", "p.verify.retries"])
     }
 
-    @Test func badQueueSettingsStopStartUpNamingTheVariable() throws {
+    @Test func badQueueSettingsStopStartUpNamingTheVariable() async throws {
         let cli = CommandLineTests()
         let base = ["IAP_OPS_PORT": "off", "IAP_BUNDLE_IDS": "com.example.tests"]
-        let type = try cli.iap(["verifier"], environment: base.merging(["IAP_QUEUE_TYPE": "mirrored"]) { $1 })
+        let type = try await cli.iap(["verifier"], environment: base.merging(["IAP_QUEUE_TYPE": "mirrored"]) { $1 })
         #expect(type.status != 0 && type.output.contains("IAP_QUEUE_TYPE"), "\(type.output)")
-        let limit = try cli.iap(["verifier"], environment: base.merging(["IAP_QUEUE_DELIVERY_LIMIT": "0"]) { $1 })
+        let limit = try await cli.iap(["verifier"], environment: base.merging(["IAP_QUEUE_DELIVERY_LIMIT": "0"]) { $1 })
         #expect(limit.status != 0 && limit.output.contains("IAP_QUEUE_DELIVERY_LIMIT"), "\(limit.output)")
-        let url = try cli.iap(
+        let url = try await cli.iap(
             ["verifier"], environment: base.merging(["IAP_AMQP_URL": "amqp://127.0.0.1:1/,127.0.0.1:2"]) { $1 })
         #expect(url.status != 0 && url.output.contains("IAP_AMQP_URL") && url.output.contains("URL 2 of 2"), "\(url.output)")
     }

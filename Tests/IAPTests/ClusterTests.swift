@@ -80,7 +80,7 @@ extension DisruptiveTests {
                     if number >= 50 { try await group.next() }
                     if killed.withLockedValue({ $0 }) == nil, confirmed.withLockedValue({ $0.count }) >= 500 {
                         killed.withLockedValue { $0 = .now }
-                        do { try TestCluster.control("kill \(firstPort)") } catch { killError = error }
+                        do { try await TestCluster.control("kill \(firstPort)") } catch { killError = error }
                     }
                     group.addTask {
                         let message = OutgoingMessage(
@@ -103,43 +103,40 @@ extension DisruptiveTests {
                 }
                 try await group.waitForAll()
             }
-            defer {
-                // The next tests want all three nodes again; the node keeps its data and rejoins.
-                do { try TestCluster.control("start-node \(firstPort)") } catch {
-                    Issue.record("could not restart the killed node: \(error)")
+            // The next tests want all three nodes again; the node keeps its data and rejoins.
+            try await TestCluster.restartingNode(firstPort) {
+                #expect(killError == nil, "kill -9 of the node failed: \(String(describing: killError))")
+                #expect(killed.withLockedValue { $0 } != nil, "the node was never killed")
+
+                let confirmedNumbers = confirmed.withLockedValue { $0 }
+                let allDelivered = try await eventually(timeout: .seconds(60), interval: .milliseconds(200)) {
+                    let seen = delivered.withLockedValue { Set($0.keys) }
+                    return confirmedNumbers.isSubset(of: seen)
                 }
-            }
-            #expect(killError == nil, "kill -9 of the node failed: \(String(describing: killError))")
-            #expect(killed.withLockedValue { $0 } != nil, "the node was never killed")
+                let seen = delivered.withLockedValue { $0 }
+                let missing = confirmedNumbers.subtracting(seen.keys).sorted()
+                let twice = seen.values.filter { $0 > 1 }.count
+                let failures = failed.withLockedValue { $0 }
+                let now = try #require(connection.connectedNode, "not connected again after the kill")
+                let refused = refusals.withLockedValue { $0 }
+                let times = refused.map(\.after)
+                let window = times.isEmpty ? "none" : "\(times.min()!) to \(times.max()!) after the kill"
+                print(
+                    "failover: \(confirmedNumbers.count) of \(total) confirmed, \(refused.count) refusals retried (\(window)), \(failures.count) never confirmed, \(seen.count) delivered (\(twice) more than once); moved from \(first) to \(now)"
+                )
+                #expect(allDelivered, "\(missing.count) confirmed messages never delivered, e.g. \(missing.prefix(10))")
+                #expect(TestCluster.port(of: now) != firstPort, "still on the killed node \(first)")
+                // Publishes waiting for a confirm are sent again on the next node; a refusal must
+                // say so (and leaves the message to the caller), never vanish.
+                #expect(confirmedNumbers.count == total, "never confirmed: \(failures.values.prefix(5))")
+                #expect(
+                    refused.allSatisfy { [.nacked, .channelClosed, .timedOut].contains($0.code) },
+                    "unexpected refusals: \(Set(refused.map(\.code)))")
 
-            let confirmedNumbers = confirmed.withLockedValue { $0 }
-            let allDelivered = try await eventually(timeout: .seconds(60), interval: .milliseconds(200)) {
-                let seen = delivered.withLockedValue { Set($0.keys) }
-                return confirmedNumbers.isSubset(of: seen)
+                await consumer.cancel()
+                consuming.cancel()
+                await connection.close()
             }
-            let seen = delivered.withLockedValue { $0 }
-            let missing = confirmedNumbers.subtracting(seen.keys).sorted()
-            let twice = seen.values.filter { $0 > 1 }.count
-            let failures = failed.withLockedValue { $0 }
-            let now = try #require(connection.connectedNode, "not connected again after the kill")
-            let refused = refusals.withLockedValue { $0 }
-            let times = refused.map(\.after)
-            let window = times.isEmpty ? "none" : "\(times.min()!) to \(times.max()!) after the kill"
-            print(
-                "failover: \(confirmedNumbers.count) of \(total) confirmed, \(refused.count) refusals retried (\(window)), \(failures.count) never confirmed, \(seen.count) delivered (\(twice) more than once); moved from \(first) to \(now)"
-            )
-            #expect(allDelivered, "\(missing.count) confirmed messages never delivered, e.g. \(missing.prefix(10))")
-            #expect(TestCluster.port(of: now) != firstPort, "still on the killed node \(first)")
-            // Publishes waiting for a confirm are sent again on the next node; a refusal must
-            // say so (and leaves the message to the caller), never vanish.
-            #expect(confirmedNumbers.count == total, "never confirmed: \(failures.values.prefix(5))")
-            #expect(
-                refused.allSatisfy { [.nacked, .channelClosed, .timedOut].contains($0.code) },
-                "unexpected refusals: \(Set(refused.map(\.code)))")
-
-            await consumer.cancel()
-            consuming.cancel()
-            await connection.close()
         }
 
         /// The whole pipeline on quorum queues (intake, verifier, finisher; all their
@@ -154,27 +151,25 @@ extension DisruptiveTests {
             for _ in 0..<total { purchases.append(try await pipeline.mint()) }
             var ids: [String] = []
             var refused = 0
-            defer {
-                do { try TestCluster.control("start-node \(firstPort)") } catch {
-                    Issue.record("could not restart the killed node: \(error)")
+            // The next tests want all three nodes again; the node keeps its data and rejoins.
+            try await TestCluster.restartingNode(firstPort) {
+                for (index, purchase) in purchases.enumerated() {
+                    if index == 40 { try await TestCluster.control("kill \(firstPort)") }
+                    do {
+                        ids.append(try await pipeline.upload(userId: "u\(index)", receiptData: purchase.receiptData))
+                    } catch {
+                        refused += 1
+                    }
                 }
-            }
-            for (index, purchase) in purchases.enumerated() {
-                if index == 40 { try TestCluster.control("kill \(firstPort)") }
-                do {
-                    ids.append(try await pipeline.upload(userId: "u\(index)", receiptData: purchase.receiptData))
-                } catch {
-                    refused += 1
+                var credited = 0
+                for id in ids where try await pipeline.waitForState(id, timeout: .seconds(60))["state"] as? String == "credited" {
+                    credited += 1
                 }
+                print("cluster drill: \(ids.count) of \(total) uploads accepted, \(refused) refused, \(credited) credited")
+                #expect(refused == 0, "the intake writes to its store first: a broker node's death refuses no upload")
+                #expect(credited == ids.count)
+                #expect(try await pipeline.store.outboxBacklog() == 0)
             }
-            var credited = 0
-            for id in ids where try await pipeline.waitForState(id, timeout: .seconds(60))["state"] as? String == "credited" {
-                credited += 1
-            }
-            print("cluster drill: \(ids.count) of \(total) uploads accepted, \(refused) refused, \(credited) credited")
-            #expect(refused == 0, "the intake writes to its store first: a broker node's death refuses no upload")
-            #expect(credited == ids.count)
-            #expect(try await pipeline.store.outboxBacklog() == 0)
         }
 
         /// The whole pipeline on quorum queues: a retry waits in its delay queue, comes back

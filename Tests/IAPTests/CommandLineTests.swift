@@ -8,7 +8,7 @@ struct CommandLineTests {
         var output: String
     }
 
-    func iap(_ arguments: [String], environment: [String: String] = [:]) throws -> Run {
+    func iap(_ arguments: [String], environment: [String: String] = [:]) async throws -> Run {
         guard let binary = ProcessInfo.processInfo.environment["IAP_TEST_IAP_BINARY"], !binary.isEmpty else {
             throw ProcessDrill.MissingBinary()
         }
@@ -23,7 +23,7 @@ struct CommandLineTests {
         process.standardOutput = output
         process.standardError = output
         try process.run()
-        process.waitUntilExit()
+        await process.exited()
         return Run(status: process.terminationStatus, output: (try? String(contentsOf: log, encoding: .utf8)) ?? "")
     }
 
@@ -43,7 +43,7 @@ struct CommandLineTests {
         let file = FileManager.default.temporaryDirectory.appendingPathComponent("receipt-\(UUID().uuidString).b64")
         try receipt.write(to: file, atomically: true, encoding: .utf8)
 
-        let run = try iap(["inspect", "receipt", file.path])
+        let run = try await iap(["inspect", "receipt", file.path])
         #expect(run.status == 0, "\(run.output)")
         let json = try JSONSerialization.jsonObject(with: Data(run.output.utf8)) as? [String: Any]
         #expect(json?["bundleId"] as? String == PipelineHarness.bundleId)
@@ -52,21 +52,21 @@ struct CommandLineTests {
 
         let junk = FileManager.default.temporaryDirectory.appendingPathComponent("junk-\(UUID().uuidString)")
         try Data("certainly not a receipt".utf8).write(to: junk)
-        let refused = try iap(["inspect", "receipt", junk.path])
+        let refused = try await iap(["inspect", "receipt", junk.path])
         #expect(refused.status != 0)
         #expect(refused.output.contains("error:"))
     }
 
-    @Test func badSettingStopsStartUpNamingTheVariable() throws {
-        let run = try iap(["verifier", "--bundle-ids", "com.example.demo", "--concurrency", "0"])
+    @Test func badSettingStopsStartUpNamingTheVariable() async throws {
+        let run = try await iap(["verifier", "--bundle-ids", "com.example.demo", "--concurrency", "0"])
         #expect(run.status != 0)
         #expect(run.output.contains("IAP_VERIFIER_CONCURRENCY"), "\(run.output)")
-        let missing = try iap(["verifier"])
+        let missing = try await iap(["verifier"])
         #expect(missing.status != 0)
         #expect(missing.output.contains("IAP_BUNDLE_IDS"), "\(missing.output)")
     }
 
-    @Test func theIntakeRefusesToStartWithoutAKeyForUserTokens() throws {
+    @Test func theIntakeRefusesToStartWithoutAKeyForUserTokens() async throws {
         let catalog = FileManager.default.temporaryDirectory.appendingPathComponent("catalog-\(UUID().uuidString).json")
         try JSONEncoder().encode(PipelineHarness.testCatalog).write(to: catalog)
         // Unroutable settings: a role that got past its checks would fail here, not hang.
@@ -75,24 +75,24 @@ struct CommandLineTests {
             "IAP_AUTH_PUBLIC_KEY_PATH": "", "IAP_HTTP_PORT": "1", "IAP_AMQP_URL": "amqp://guest:guest@127.0.0.1:1/",
         ]
         for role in ["intake", "orders"] {
-            let run = try iap([role], environment: base)
+            let run = try await iap([role], environment: base)
             #expect(run.status != 0)
             #expect(run.output.contains("IAP_AUTH_HS256_SECRET") && run.output.contains("IAP_AUTH=off"), "\(run.output)")
         }
-        let short = try iap(["intake"], environment: base.merging(["IAP_AUTH_HS256_SECRET": "short"]) { $1 })
+        let short = try await iap(["intake"], environment: base.merging(["IAP_AUTH_HS256_SECRET": "short"]) { $1 })
         #expect(short.status != 0 && short.output.contains("at least 32 bytes"), "\(short.output)")
-        let unknown = try iap(["intake"], environment: base.merging(["IAP_AUTH": "maybe"]) { $1 })
+        let unknown = try await iap(["intake"], environment: base.merging(["IAP_AUTH": "maybe"]) { $1 })
         #expect(unknown.status != 0 && unknown.output.contains("IAP_AUTH must be jwt or off"), "\(unknown.output)")
         let keyFile = FileManager.default.temporaryDirectory.appendingPathComponent("key-\(UUID().uuidString).pem")
         try Data("-----BEGIN PUBLIC KEY-----\nnonsense\n-----END PUBLIC KEY-----\n".utf8).write(to: keyFile)
-        let badKey = try iap(["intake", "--auth-public-key-path", keyFile.path], environment: base)
+        let badKey = try await iap(["intake", "--auth-public-key-path", keyFile.path], environment: base)
         #expect(badKey.status != 0 && badKey.output.contains("IAP_AUTH_PUBLIC_KEY_PATH"), "\(badKey.output)")
         // The broker password has no flag: ps would show it.
-        let flag = try iap(["verifier", "--amqp-url", "amqp://user:secret@127.0.0.1/"], environment: base)
+        let flag = try await iap(["verifier", "--amqp-url", "amqp://user:secret@127.0.0.1/"], environment: base)
         #expect(flag.status != 0 && flag.output.contains("--amqp-url"), "\(flag.output)")
     }
 
-    @Test func theIntakeNeedsTheBundleIdsItTakesNotificationsForAndTypedLimits() throws {
+    @Test func theIntakeNeedsTheBundleIdsItTakesNotificationsForAndTypedLimits() async throws {
         let catalog = FileManager.default.temporaryDirectory.appendingPathComponent("catalog-\(UUID().uuidString).json")
         try JSONEncoder().encode(PipelineHarness.testCatalog).write(to: catalog)
         let base = [
@@ -100,11 +100,11 @@ struct CommandLineTests {
             "IAP_HTTP_PORT": "1", "IAP_AMQP_URL": "amqp://guest:guest@127.0.0.1:1/",
         ]
         for role in ["intake", "orders"] {
-            let run = try iap([role], environment: base)
+            let run = try await iap([role], environment: base)
             #expect(run.status != 0 && run.output.contains("IAP_BUNDLE_IDS"), "\(run.output)")
         }
         for (variable, value) in [("IAP_NOTIFICATION_RATE", "fast"), ("IAP_NOTIFICATION_MAX_BYTES", "10"), ("IAP_RETENTION_DAYS", "-1")] {
-            let run = try iap(["orders"], environment: base.merging(["IAP_BUNDLE_IDS": "com.example.tests", variable: value]) { $1 })
+            let run = try await iap(["orders"], environment: base.merging(["IAP_BUNDLE_IDS": "com.example.tests", variable: value]) { $1 })
             #expect(run.status != 0 && run.output.contains(variable), "\(run.output)")
         }
     }
@@ -122,18 +122,18 @@ struct CommandLineTests {
         let root = folder.appendingPathComponent("root.der")
         try (try await HTTP.get(apple.url + "/fake/root-certificate")).body.write(to: root)
 
-        let run = try iap(["inspect", "jws", "--root", root.path, "--bundle-id", PipelineHarness.bundleId, file.path])
+        let run = try await iap(["inspect", "jws", "--root", root.path, "--bundle-id", PipelineHarness.bundleId, file.path])
         #expect(run.status == 0, "\(run.output)")
         let json = try JSONSerialization.jsonObject(with: Data(run.output.utf8)) as? [String: Any]
         #expect(json?["transactionId"] as? String == answer.json["transactionId"] as? String, "\(run.output)")
         #expect(json?["type"] as? String == "Consumable")
         // Apple's root by default: the fake's chain is not Apple's.
-        let untrusted = try iap(["inspect", "jws", file.path])
+        let untrusted = try await iap(["inspect", "jws", file.path])
         #expect(untrusted.status != 0 && untrusted.output.contains("jws_untrusted_chain"), "\(untrusted.output)")
-        let otherApp = try iap(["inspect", "jws", "--root", root.path, "--bundle-id", "com.other", file.path])
+        let otherApp = try await iap(["inspect", "jws", "--root", root.path, "--bundle-id", "com.other", file.path])
         #expect(otherApp.status != 0 && otherApp.output.contains("bundle_id_mismatch"), "\(otherApp.output)")
         try "not.a.jws".write(to: file, atomically: true, encoding: .utf8)
-        let junk = try iap(["inspect", "jws", "--root", root.path, file.path])
+        let junk = try await iap(["inspect", "jws", "--root", root.path, file.path])
         #expect(junk.status != 0 && junk.output.contains("jws_malformed"), "\(junk.output)")
     }
 }

@@ -4,21 +4,21 @@ import Testing
 
 @Suite("Deployment files")
 struct ComposeTests {
-    @Test func composeFileIsValid() throws {
-        try expectValid("compose/docker-compose.yml")
+    @Test func composeFileIsValid() async throws {
+        try await expectValid("compose/docker-compose.yml")
     }
 
     /// Three RabbitMQ nodes, PostgreSQL, two order services behind a load balancer.
-    @Test func clusterComposeFileIsValid() throws {
-        try expectValid("compose/docker-compose.cluster.yml")
+    @Test func clusterComposeFileIsValid() async throws {
+        try await expectValid("compose/docker-compose.cluster.yml")
     }
 
     /// The cluster file as docker-compose resolves it has the shape docs/scaling.md describes:
     /// three RabbitMQ nodes that form one cluster, PostgreSQL on a volume, two order services
     /// on it behind the balancer, verifiers that scale and see no secret but their own, and
     /// Prometheus and Grafana.
-    @Test func clusterComposeFileHasTheDeploymentsShape() throws {
-        let config = try resolved("compose/docker-compose.cluster.yml")
+    @Test func clusterComposeFileHasTheDeploymentsShape() async throws {
+        let config = try await resolved("compose/docker-compose.cluster.yml")
         let services = try #require(config["services"] as? [String: [String: Any]])
         for name in ["rabbitmq-1", "rabbitmq-2", "rabbitmq-3", "postgres", "orders-1", "orders-2", "lb", "verifier", "prometheus", "grafana"] {
             #expect(services[name] != nil, "no service \(name)")
@@ -62,20 +62,20 @@ struct ComposeTests {
     /// it out of the run: its provisioning is checked here instead. The files parse, the data
     /// source is the compose files' Prometheus, the dashboards folder is the one mounted, and
     /// every panel query names only metrics the services export (`MetricNames`).
-    @Test func grafanaProvisioningMatchesTheStack() throws {
-        let datasources = try yaml("compose/grafana/provisioning/datasources/prometheus.yml")
+    @Test func grafanaProvisioningMatchesTheStack() async throws {
+        let datasources = try await yaml("compose/grafana/provisioning/datasources/prometheus.yml")
         let sources = try #require(datasources["datasources"] as? [[String: Any]])
         let prometheus = try #require(sources.first { $0["type"] as? String == "prometheus" }, "\(sources)")
         #expect(prometheus["url"] as? String == "http://prometheus:9090")
         let uid = try #require(prometheus["uid"] as? String)
         for file in ["compose/docker-compose.yml", "compose/docker-compose.cluster.yml"] {
-            let services = try #require(try resolved(file)["services"] as? [String: [String: Any]])
+            let services = try #require(try await resolved(file)["services"] as? [String: [String: Any]])
             let ports = (services["prometheus"]?["ports"] as? [Any] ?? []).map { "\($0)" }
             #expect(ports.contains { $0.contains("9090") }, "\(file): prometheus serves 9090: \(ports)")
             let grafana = (services["grafana"]?["volumes"] as? [Any] ?? []).map { "\($0)" }
             #expect(grafana.contains { $0.contains("/var/lib/grafana/dashboards") }, "\(file): \(grafana)")
         }
-        let providers = try yaml("compose/grafana/provisioning/dashboards/iap.yml")
+        let providers = try await yaml("compose/grafana/provisioning/dashboards/iap.yml")
         let provider = try #require((providers["providers"] as? [[String: Any]])?.first)
         #expect((provider["options"] as? [String: Any])?["path"] as? String == "/var/lib/grafana/dashboards")
 
@@ -104,8 +104,8 @@ struct ComposeTests {
     }
 
     /// A YAML file of the repository as JSON objects (PyYAML, as `resolved`).
-    private func yaml(_ path: String) throws -> [String: Any] {
-        let run = try runProgram(
+    private func yaml(_ path: String) async throws -> [String: Any] {
+        let run = try await runProgram(
             "/usr/bin/python3",
             ["-c", "import json, sys, yaml; json.dump(yaml.safe_load(open(sys.argv[1])), sys.stdout)",
              repositoryRoot.appendingPathComponent(path).path])
@@ -115,8 +115,8 @@ struct ComposeTests {
 
     /// `docker-compose config` of `path`, as JSON objects (its YAML read by the PyYAML that
     /// Debian's docker-compose itself runs on).
-    private func resolved(_ path: String) throws -> [String: Any] {
-        let run = try runProgram(
+    private func resolved(_ path: String) async throws -> [String: Any] {
+        let run = try await runProgram(
             "/bin/sh",
             [
                 "-c",
@@ -129,7 +129,7 @@ struct ComposeTests {
 
     /// Fails when `docker-compose config` refuses the file, or when the file is missing (the
     /// tool then exits non-zero too; the first check says which).
-    private func expectValid(_ path: String) throws {
+    private func expectValid(_ path: String) async throws {
         #expect(
             FileManager.default.fileExists(atPath: repositoryRoot.appendingPathComponent(path).path),
             "\(path) is missing")
@@ -140,7 +140,7 @@ struct ComposeTests {
         let errors = Pipe()
         process.standardError = errors
         try process.run()
-        process.waitUntilExit()
+        await process.exited()
         let message = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
         #expect(process.terminationStatus == 0, "docker-compose config \(path): \(message)")
     }

@@ -56,7 +56,7 @@ extension BrokerTests {
             #expect(try await pipeline.waitForState(hostileUpload)["state"] as? String == "needs_review")
 
             let out = repositoryRoot.appendingPathComponent(".run/console")
-            let (status, text) = try runPythonScript(python, "scripts/lib/console_check.py", [
+            let (status, text) = try await runPythonScript(python, "scripts/lib/console_check.py", [
                 "--admin-url", adminURL, "--intake-url", pipeline.intakeURL,
                 "--operator-token", PipelineHarness.adminToken, "--viewer-token", PipelineHarness.viewerToken,
                 "--order-id", orderId, "--held-user", "carol@example.com", "--held-transaction", held.transactionId,

@@ -65,12 +65,12 @@ extension DisruptiveTests {
             let purchases = try await drill.mint(Self.purchases)
             let uploads = Task { try await drill.upload(purchases, concurrency: 8) }
             try await Task.sleep(for: .seconds(1))
-            try TestBroker.controlDrillNode("stop")
+            try await TestBroker.controlDrillNode("stop")
             // The intake keeps answering 202 while the broker is away.
             let duringOutage = try await HTTP.post(
                 drill.intakeURL + "/v1/receipts", json: ["userId": "user-0", "receiptData": purchases[0].receiptData])
             try await Task.sleep(for: .seconds(10))
-            try TestBroker.controlDrillNode("start")
+            try await TestBroker.controlDrillNode("start")
             let recovered = ContinuousClock.now
             #expect(duringOutage.status == 202)
             var submissions = try await uploads.value
@@ -113,8 +113,8 @@ extension DisruptiveTests {
             let uploads = Task { try await drill.upload(purchases) }
             try await Task.sleep(for: .milliseconds(800))
             let started = ContinuousClock.now
-            let verifierStatus = drill.terminate("verifier")
-            let ordersStatus = drill.terminate("orders")
+            let verifierStatus = await drill.terminate("verifier")
+            let ordersStatus = await drill.terminate("orders")
             let stopping = ContinuousClock.now - started
             #expect(verifierStatus == 0, "\(drill.logTail("verifier"))")
             #expect(ordersStatus == 0, "\(drill.logTail("orders"))")

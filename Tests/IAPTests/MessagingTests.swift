@@ -143,10 +143,10 @@ extension BrokerTests {
             }
             for number in 0..<100 { try await publisher.publish(message(queues.work, number)) }
 
-            try TestBroker.control("stop")
+            try await TestBroker.control("stop")
             let restarted = Task {
                 try await Task.sleep(for: .seconds(2))
-                try TestBroker.control("start")
+                try await TestBroker.control("start")
             }
             // Published while the broker is down: each call waits and returns once confirmed.
             try await withThrowingTaskGroup(of: Void.self) { group in

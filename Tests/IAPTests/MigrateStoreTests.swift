@@ -60,7 +60,7 @@ struct MigrateStoreTests {
         // The move, with the command the guide gives.
         let target = try TestStore.emptyPostgresDatabase()
         let binary = try #require(ProcessInfo.processInfo.environment["IAP_TEST_IAP_BINARY"])
-        let run = try runProgram(binary, ["admin", "migrate-store", "--from", sqlitePath, "--to", target.url])
+        let run = try await runProgram(binary, ["admin", "migrate-store", "--from", sqlitePath, "--to", target.url])
         #expect(run.status == 0, "migrate-store failed: \(run.error)")
         let report = try JSONDecoder().decode(StoreCopyReport.self, from: Data(run.output.utf8))
         #expect(report.verified && report.tables.count == OrderStore.ledgerTables.count)

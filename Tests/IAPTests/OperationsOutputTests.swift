@@ -39,15 +39,15 @@ extension BrokerTests {
             }
         }
 
-        @Test func theMetricsTableIsTheCodesList() throws {
+        @Test func theMetricsTableIsTheCodesList() async throws {
             let documented = try Self.documentedMetrics()
             #expect(documented.subtracting(MetricNames.all).isEmpty, "documented, not exported: \(documented.subtracting(MetricNames.all).sorted())")
             #expect(Set(MetricNames.all).subtracting(documented).isEmpty, "exported, not documented: \(Set(MetricNames.all).subtracting(documented).sorted())")
         }
 
-        @Test func anEmptyDeadLetterListingSaysSo() throws {
+        @Test func anEmptyDeadLetterListingSaysSo() async throws {
             let prefix = TestBroker.uniquePrefix("deadempty")
-            let run = try CommandLineTests().iap(
+            let run = try await CommandLineTests().iap(
                 ["admin", "dead-letters", "list", "--queue", "results"],
                 environment: ["IAP_AMQP_URL": try TestBroker.url(), "IAP_QUEUE_PREFIX": prefix, "IAP_LOG_LEVEL": "error"])
             #expect(run.status == 0, "\(run.output)")

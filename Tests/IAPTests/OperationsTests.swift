@@ -79,10 +79,10 @@ extension BrokerTests {
             defer { Task { await pipeline.stop() } }
             let url = try #require(pipeline.opsURL) + "/readyz"
             #expect(try await HTTP.get(url).status == 200)
-            try TestBroker.control("stop")
+            try await TestBroker.control("stop")
             let notReady = try await eventually(timeout: .seconds(20)) { try await HTTP.get(url).status == 503 }
             let answer = try await HTTP.get(url)
-            try TestBroker.control("start")
+            try await TestBroker.control("start")
             #expect(notReady)
             #expect((answer.json["checks"] as? [String: String])?["broker"] == "not connected")
             #expect((answer.json["checks"] as? [String: String])?["store"] == "ok")
@@ -95,7 +95,7 @@ extension BrokerTests {
 @Suite("Deployment files match the code")
 struct DeploymentFileTests {
     /// Every metric a dashboard query names is one the services export.
-    @Test func dashboardIsValidAndNamesOnlyExportedMetrics() throws {
+    @Test func dashboardIsValidAndNamesOnlyExportedMetrics() async throws {
         let url = repositoryRoot.appendingPathComponent("compose/grafana/dashboards/iap-pipeline.json")
         let dashboard = try #require(try JSONSerialization.jsonObject(with: Data(contentsOf: url)) as? [String: Any])
         let panels = try #require(dashboard["panels"] as? [[String: Any]])
@@ -126,16 +126,16 @@ struct DeploymentFileTests {
 
     /// Each compose service that runs `iap` names a real subcommand, sets only settings that
     /// subcommand documents, and publishes the ports those settings choose.
-    @Test func composeServicesMatchTheExecutablesHelp() throws {
-        let compose = try composeAsJSON()
+    @Test func composeServicesMatchTheExecutablesHelp() async throws {
+        let compose = try await composeAsJSON()
         let services = try #require(compose["services"] as? [String: [String: Any]])
-        let topHelp = try CommandLineTests().iap(["--help"]).output
+        let topHelp = try await CommandLineTests().iap(["--help"]).output
         var checked = 0
         for (name, service) in services where (service["image"] as? String) == "iap-pipeline:local" {
             let command = try #require(service["command"] as? [String], "\(name) has no command")
             let subcommand = try #require(command.first)
             #expect(topHelp.contains("  \(subcommand) "), "\(name): iap has no subcommand \(subcommand)")
-            let help = try CommandLineTests().iap([subcommand, "--help"]).output
+            let help = try await CommandLineTests().iap([subcommand, "--help"]).output
             let environment = service["environment"] as? [String: Any] ?? [:]
             for key in environment.keys where key.hasPrefix("IAP_") {
                 #expect(help.contains(key), "\(name): `iap \(subcommand) --help` does not document \(key)")
@@ -154,7 +154,7 @@ struct DeploymentFileTests {
 
     /// The compose file as `docker-compose config` resolves it, read with Debian's python3
     /// (installed with docker-compose, which brings PyYAML).
-    func composeAsJSON() throws -> [String: Any] {
+    func composeAsJSON() async throws -> [String: Any] {
         let script = "import sys, json, yaml; json.dump(yaml.safe_load(sys.stdin), sys.stdout)"
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/bin/sh")
@@ -163,8 +163,8 @@ struct DeploymentFileTests {
         let output = Pipe()
         process.standardOutput = output
         try process.run()
-        let data = output.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
+        let data = try await offThePool { output.fileHandleForReading.readDataToEndOfFile() }
+        await process.exited()
         #expect(process.terminationStatus == 0)
         return try JSONSerialization.jsonObject(with: data) as? [String: Any] ?? [:]
     }

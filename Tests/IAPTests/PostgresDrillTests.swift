@@ -68,13 +68,13 @@ extension DisruptiveTests {
             let folder = repositoryRoot.appendingPathComponent(".run/test/drill-postgres-\(UUID().uuidString.prefix(8))")
             let server = try DrillPostgres(folder: folder, root: repositoryRoot)
             defer { server.stop() }
-            let url = try server.start()
+            let url = try await server.start()
             let (drill, intakes) = try await startTwoOfEach("pg-restart", environment: ["IAP_DATABASE_URL": url])
             defer { drill.stopAll() }
             let purchases = try await drill.mint(Self.purchases)
             let uploads = Task { try await drill.upload(purchases, deadline: .seconds(200), intakes: intakes) }
             try await Task.sleep(for: .milliseconds(1500))
-            try server.restart(pause: .seconds(3))
+            try await server.restart(pause: .seconds(3))
             let recovered = ContinuousClock.now
             let outcome = try await drill.settle(try await uploads.value, store: .postgres(try .init(url: url)))
             check(outcome, purchases: purchases.count, drill: drill, name: "PostgreSQL restarted (3 s down)", recovery: .now - recovered)
@@ -96,12 +96,10 @@ extension DisruptiveTests {
             let uploads = Task { try await drill.upload(purchases, deadline: .seconds(200), intakes: intakes) }
             try await Task.sleep(for: .milliseconds(1500))
             // Two connections each (publishing, consuming), four services: all eight on node 2.
-            #expect(try TestCluster.clientConnections(onNodeWithPort: victim) >= 8, "the services are not all on node 2")
-            try TestCluster.control("kill \(victim)")
-            // Whatever happens next, the suite's cluster gets its node back.
-            defer { try? TestCluster.control("start-node \(victim)") }
-            try await Task.sleep(for: .seconds(3))
-            try TestCluster.control("start-node \(victim)")
+            #expect(try await TestCluster.clientConnections(onNodeWithPort: victim) >= 8, "the services are not all on node 2")
+            try await TestCluster.control("kill \(victim)")
+            // Whatever happens to the wait, the suite's cluster gets its node back.
+            try await TestCluster.restartingNode(victim) { try await Task.sleep(for: .seconds(3)) }
             let recovered = ContinuousClock.now
             let outcome = try await drill.settle(try await uploads.value)
             check(outcome, purchases: purchases.count, drill: drill, name: "kill -9 the broker node in use", recovery: .now - recovered)
@@ -115,7 +113,7 @@ extension DisruptiveTests {
             let folder = repositoryRoot.appendingPathComponent(".run/test/drill-cluster-\(UUID().uuidString.prefix(8))")
             let cluster = try DrillCluster(folder: folder, root: repositoryRoot)
             defer { cluster.stop() }
-            let urls = try cluster.start()
+            let urls = try await cluster.start()
             try #require(urls.count == 3)
             // Node 3, the one in a namespace of its own, first in every service's list.
             let (drill, intakes) = try await startTwoOfEach(
@@ -125,18 +123,18 @@ extension DisruptiveTests {
             let uploads = Task { try await drill.upload(purchases, deadline: .seconds(200), intakes: intakes) }
             try await Task.sleep(for: .milliseconds(1500))
             // Two connections each (publishing, consuming), four services: all eight on node 3.
-            #expect(try cluster.clientConnections(onNode: 3) >= 8, "the services are not all on node 3")
-            try cluster.partition(.down)
+            #expect(try await cluster.clientConnections(onNode: 3) >= 8, "the services are not all on node 3")
+            try await cluster.partition(.down)
             let cut = ContinuousClock.now
             // While the link is down the services notice by missed heartbeats and reach the
             // majority's nodes.
             let moved = try await eventually(timeout: .seconds(19), interval: .milliseconds(500)) {
-                try cluster.clientConnections(onNode: 1) + cluster.clientConnections(onNode: 2) >= 4
+                try await cluster.clientConnections(onNode: 1) + cluster.clientConnections(onNode: 2) >= 4
             }
             #expect(moved, "the services did not reach nodes 1 and 2 while node 3 was cut off")
             let movedAfter = ContinuousClock.now - cut
             try await Task.sleep(until: cut + .seconds(20), clock: .continuous)
-            try cluster.partition(.up)
+            try await cluster.partition(.up)
             let recovered = ContinuousClock.now
             let outcome = try await drill.settle(try await uploads.value)
             check(
@@ -144,7 +142,7 @@ extension DisruptiveTests {
                 name: "partition: node in use cut off for 20 s (services on the majority after \(movedAfter))",
                 recovery: .now - recovered)
             // And the node that was cut off is a running member of the cluster again.
-            let whole = try await eventually(timeout: .seconds(60), interval: .seconds(1)) { cluster.isWhole() }
+            let whole = try await eventually(timeout: .seconds(60), interval: .seconds(1)) { await cluster.isWhole() }
             #expect(whole, "node 3 did not rejoin the cluster after the link came back")
         }
     }
@@ -154,8 +152,14 @@ extension DisruptiveTests {
 /// drill's folder, `$3` the env file of the server it keeps there. Fails with the end of its
 /// error output.
 @discardableResult
-private func drillScript(_ text: String, root: URL, folder: URL, env: String, what: String) throws -> String {
-    let run = try runProgram("/bin/bash", ["-c", "set -euo pipefail; " + text, what, root.path, folder.path, env])
+private func drillScript(_ text: String, root: URL, folder: URL, env: String, what: String) async throws -> String {
+    try await offThePool { try drillScriptBlocking(text, root: root, folder: folder, env: env, what: what) }
+}
+
+/// `drillScript` for `stop()`, which runs from `defer`.
+@discardableResult
+private func drillScriptBlocking(_ text: String, root: URL, folder: URL, env: String, what: String) throws -> String {
+    let run = try runProgramBlocking("/bin/bash", ["-c", "set -euo pipefail; " + text, what, root.path, folder.path, env])
     guard run.status == 0 else { throw HarnessError("\(what): \(run.error.suffix(800))") }
     return run.output
 }
@@ -177,38 +181,40 @@ struct DrillCluster {
     }
 
     /// Starts a fresh cluster and returns its nodes' AMQP URLs, node 1 first.
-    func start() throws -> [String] {
-        try script(
+    func start() async throws -> [String] {
+        try await script(
             #"source "$1/scripts/lib/common.sh"; source "$1/scripts/lib/broker.sh"; cluster_fresh_start iap-drill "$2/nodes" "$3" netns >&2"#)
-        return try script(
+        return try await script(
             #"source "$1/scripts/lib/common.sh"; source "$1/scripts/lib/broker.sh"; cluster_load "$3"; echo "$IAP_CLUSTER_AMQP_URLS""#
         ).trimmingCharacters(in: .whitespacesAndNewlines).split(separator: ",").map(String.init)
     }
 
     /// Takes node 3's link down or brings it up.
-    func partition(_ link: Link) throws {
-        try script(#"IAP_CLUSTER_ENV="$3" "$1/scripts/dev" cluster partition "# + link.rawValue + " >&2")
+    func partition(_ link: Link) async throws {
+        try await script(#"IAP_CLUSTER_ENV="$3" "$1/scripts/dev" cluster partition "# + link.rawValue + " >&2")
     }
 
     /// How many client connections node `node` (1-3) holds.
-    func clientConnections(onNode node: Int) throws -> Int {
-        try Int(script(#"IAP_CLUSTER_ENV="$3" "$1/scripts/dev" cluster connections "# + String(node))
+    func clientConnections(onNode node: Int) async throws -> Int {
+        try await Int(script(#"IAP_CLUSTER_ENV="$3" "$1/scripts/dev" cluster connections "# + String(node))
             .trimmingCharacters(in: .whitespacesAndNewlines)) ?? 0
     }
 
     /// Whether all three nodes run as members of one cluster (`scripts/dev cluster status`).
-    func isWhole() -> Bool {
-        (try? script(#"IAP_CLUSTER_ENV="$3" "$1/scripts/dev" cluster status >&2"#)) != nil
+    func isWhole() async -> Bool {
+        (try? await script(#"IAP_CLUSTER_ENV="$3" "$1/scripts/dev" cluster status >&2"#)) != nil
     }
 
     /// Stops the nodes, removes the namespace and the folder.
     func stop() {
-        _ = try? script(#"IAP_CLUSTER_ENV="$3" "$1/scripts/dev" cluster stop >&2"#)
+        _ = try? drillScriptBlocking(
+            #"IAP_CLUSTER_ENV="$3" "$1/scripts/dev" cluster stop >&2"#, root: root, folder: folder, env: env, what: "drill cluster")
         try? FileManager.default.removeItem(at: folder)
     }
 
-    private func script(_ text: String) throws -> String {
-        try drillScript(text, root: root, folder: folder, env: env, what: "drill cluster")
+    @discardableResult
+    private func script(_ text: String) async throws -> String {
+        try await drillScript(text, root: root, folder: folder, env: env, what: "drill cluster")
     }
 }
 
@@ -226,29 +232,31 @@ struct DrillPostgres {
     }
 
     /// Starts a fresh server and returns the admin URL of database `postgres`.
-    func start() throws -> String {
-        try script(
+    func start() async throws -> String {
+        try await script(
             #"source "$1/scripts/lib/common.sh"; source "$1/scripts/lib/postgres.sh"; postgres_fresh_start "$2/postgres" "$3" on >&2"#)
-        return try script(
+        return try await script(
             #"source "$1/scripts/lib/common.sh"; source "$1/scripts/lib/postgres.sh"; postgres_load "$3"; postgres_url postgres"#
         ).trimmingCharacters(in: .whitespacesAndNewlines)
     }
 
     /// Stops the server (fast shutdown: sessions end), waits `pause`, starts it again.
-    func restart(pause: Duration) throws {
-        try script(#"IAP_POSTGRES_ENV="$3" "$1/scripts/dev" postgres stop >&2"#)
-        Thread.sleep(forTimeInterval: Double(pause.components.seconds))
-        try script(#"IAP_POSTGRES_ENV="$3" "$1/scripts/dev" postgres start >&2"#)
+    func restart(pause: Duration) async throws {
+        try await script(#"IAP_POSTGRES_ENV="$3" "$1/scripts/dev" postgres stop >&2"#)
+        try await Task.sleep(for: pause)
+        try await script(#"IAP_POSTGRES_ENV="$3" "$1/scripts/dev" postgres start >&2"#)
     }
 
     /// Stops the server and removes its folder.
     func stop() {
-        _ = try? script(#"IAP_POSTGRES_ENV="$3" "$1/scripts/dev" postgres stop >&2"#)
+        _ = try? drillScriptBlocking(
+            #"IAP_POSTGRES_ENV="$3" "$1/scripts/dev" postgres stop >&2"#, root: root, folder: folder, env: env,
+            what: "drill PostgreSQL")
         try? FileManager.default.removeItem(at: folder)
     }
 
     @discardableResult
-    private func script(_ text: String) throws -> String {
-        try drillScript(text, root: root, folder: folder, env: env, what: "drill PostgreSQL")
+    private func script(_ text: String) async throws -> String {
+        try await drillScript(text, root: root, folder: folder, env: env, what: "drill PostgreSQL")
     }
 }

@@ -5,7 +5,7 @@ import Testing
 struct ReceiptFuzzTests {
     /// A short libFuzzer run (address sanitizer on) over the local receipt parser; longer runs:
     /// `scripts/fuzz-receipt-parser 600`.
-    @Test func parserSurvivesABoundedFuzzRun() throws {
+    @Test func parserSurvivesABoundedFuzzRun() async throws {
         let log = FileManager.default.temporaryDirectory.appendingPathComponent("fuzz-\(UUID().uuidString).log")
         FileManager.default.createFile(atPath: log.path, contents: nil)
         let output = try FileHandle(forWritingTo: log)
@@ -17,7 +17,7 @@ struct ReceiptFuzzTests {
         process.standardOutput = output
         process.standardError = output
         try process.run()
-        process.waitUntilExit()
+        await process.exited()
         let text = (try? String(contentsOf: log, encoding: .utf8)) ?? ""
         #expect(process.terminationStatus == 0, "\(text.split(separator: "\n").suffix(30).joined(separator: "\n"))")
         let executed = text.split(separator: "\n").first { $0.hasPrefix("stat::number_of_executed_units:") }

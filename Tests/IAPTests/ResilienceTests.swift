@@ -13,7 +13,7 @@ extension BrokerTests {
             defer { Task { await pipeline.stop() } }
             let purchases = [try await pipeline.mint(), try await pipeline.mint()]
 
-            try TestBroker.control("stop")
+            try await TestBroker.control("stop")
             var ids: [String] = []
             do {
                 // The intake keeps answering 202: the upload is in the store and its outbox.
@@ -23,10 +23,10 @@ extension BrokerTests {
                 #expect(try await pipeline.store.outboxBacklog() == 2)
                 for id in ids { #expect(try await pipeline.status(id)["state"] as? String == "pending") }
             } catch {
-                try TestBroker.control("start")
+                try await TestBroker.control("start")
                 throw error
             }
-            try TestBroker.control("start")
+            try await TestBroker.control("start")
 
             for id in ids {
                 #expect(try await pipeline.waitForState(id, timeout: .seconds(60))["state"] as? String == "credited")

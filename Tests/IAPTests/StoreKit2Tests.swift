@@ -205,7 +205,7 @@ extension BrokerTests.StoreKit2Tests {
         let binary = try #require(ProcessInfo.processInfo.environment["IAP_TEST_IAP_BINARY"])
         let keyFile = FileManager.default.temporaryDirectory.appendingPathComponent("key-\(UUID().uuidString).p8")
         try ServerAPIKey.privateKey.pemRepresentation.write(to: keyFile, atomically: true, encoding: .utf8)
-        let run = try CommandLineTests().iap(
+        let run = try await CommandLineTests().iap(
             ["admin", "reconcile-notifications", "--notification-url", pipeline.intakeURL + "/v1/notifications/appstore"],
             environment: [
                 "IAP_APPSTORE_KEY_PATH": keyFile.path, "IAP_APPSTORE_KEY_ID": ServerAPIKey.keyId,

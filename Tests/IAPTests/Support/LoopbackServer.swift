@@ -29,10 +29,14 @@ struct LoopbackServer: Sendable {
     }
 }
 
-/// Runs one of the repository's Python scripts with the interpreter at `python` (absolute, or
-/// relative to the repository); its exit status and everything it printed.
-/// Runs a program to its end: its exit status, standard output and standard error.
-func runProgram(_ path: String, _ arguments: [String]) throws -> (status: Int32, output: String, error: String) {
+/// Runs a program to its end, waiting off the cooperative pool: its exit status, standard
+/// output and standard error.
+func runProgram(_ path: String, _ arguments: [String]) async throws -> (status: Int32, output: String, error: String) {
+    try await offThePool { try runProgramBlocking(path, arguments) }
+}
+
+/// `runProgram` for a caller that cannot wait (a `stop()` run from `defer`).
+func runProgramBlocking(_ path: String, _ arguments: [String]) throws -> (status: Int32, output: String, error: String) {
     let process = Process()
     process.executableURL = URL(fileURLWithPath: path)
     process.arguments = arguments
@@ -51,7 +55,14 @@ func runProgram(_ path: String, _ arguments: [String]) throws -> (status: Int32,
     return (process.terminationStatus, String(decoding: out, as: UTF8.self), String(decoding: errors.withLockedValue { $0 }, as: UTF8.self))
 }
 
-func runPythonScript(_ python: String, _ script: String, _ arguments: [String]) throws -> (status: Int32, output: String) {
+/// Runs one of the repository's Python scripts with the interpreter at `python` (absolute, or
+/// relative to the repository), waiting off the cooperative pool; its exit status and
+/// everything it printed.
+func runPythonScript(_ python: String, _ script: String, _ arguments: [String]) async throws -> (status: Int32, output: String) {
+    try await offThePool { try runPythonScriptBlocking(python, script, arguments) }
+}
+
+private func runPythonScriptBlocking(_ python: String, _ script: String, _ arguments: [String]) throws -> (status: Int32, output: String) {
     let process = Process()
     process.executableURL = python.hasPrefix("/") ? URL(fileURLWithPath: python) : repositoryRoot.appendingPathComponent(python)
     process.arguments = [repositoryRoot.appendingPathComponent(script).path] + arguments

@@ -121,10 +121,10 @@ final class ProcessDrill: Sendable {
 
     /// Asks a role to shut down gracefully (SIGTERM) and waits for it; returns its exit status.
     @discardableResult
-    func terminate(_ role: String) -> Int32? {
+    func terminate(_ role: String) async -> Int32? {
         guard let process = children.withLockedValue({ $0.removeValue(forKey: role) }) else { return nil }
         process.terminate()
-        process.waitUntilExit()
+        await process.exited()
         return process.terminationStatus
     }
 

@@ -38,17 +38,17 @@ enum TestBroker {
     }
 
     /// Stops or starts the node through the command `scripts/dev test` exports.
-    static func control(_ action: String) throws {
-        try run(action, through: "IAP_TEST_BROKER_CTL")
+    static func control(_ action: String) async throws {
+        try await run(action, through: "IAP_TEST_BROKER_CTL")
     }
 
     /// Stops or starts the drills' own node (`drillNodeURL()`) through the command
     /// `scripts/dev test` exports.
-    static func controlDrillNode(_ action: String) throws {
-        try run(action, through: "IAP_TEST_DRILL_BROKER_CTL")
+    static func controlDrillNode(_ action: String) async throws {
+        try await run(action, through: "IAP_TEST_DRILL_BROKER_CTL")
     }
 
-    private static func run(_ action: String, through variable: String) throws {
+    private static func run(_ action: String, through variable: String) async throws {
         guard let command = ProcessInfo.processInfo.environment[variable], !command.isEmpty else {
             throw Missing()
         }
@@ -57,7 +57,7 @@ enum TestBroker {
         process.arguments = ["-c", "\(command) \(action)"]
         process.standardInput = FileHandle.nullDevice
         try process.run()
-        process.waitUntilExit()
+        await process.exited()
         guard process.terminationStatus == 0 else {
             throw BrokerControlFailed(action: action, status: process.terminationStatus)
         }

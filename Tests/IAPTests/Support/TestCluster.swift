@@ -45,7 +45,7 @@ enum TestCluster {
     }
 
     /// Runs `scripts/dev cluster <arguments>` (kill N, start-node N, status), N a node's AMQP port.
-    static func control(_ arguments: String) throws {
+    static func control(_ arguments: String) async throws {
         guard let command = ProcessInfo.processInfo.environment["IAP_TEST_CLUSTER_CTL"], !command.isEmpty else {
             throw Missing()
         }
@@ -54,7 +54,7 @@ enum TestCluster {
         process.arguments = ["-c", "\(command) \(arguments)"]
         process.standardInput = FileHandle.nullDevice
         try process.run()
-        process.waitUntilExit()
+        await process.exited()
         guard process.terminationStatus == 0 else {
             throw TestBroker.BrokerControlFailed(action: "cluster \(arguments)", status: process.terminationStatus)
         }
@@ -62,12 +62,23 @@ enum TestCluster {
 }
 
 extension TestCluster {
+    /// Runs `body`, which kills the node with AMQP port `port`, then starts that node again
+    /// whether the body threw or not (a restart from `defer` could not wait off the pool).
+    static func restartingNode<T>(_ port: Int, _ body: () async throws -> T) async throws -> T {
+        let result: Result<T, any Error>
+        do { result = .success(try await body()) } catch { result = .failure(error) }
+        do { try await control("start-node \(port)") } catch {
+            Issue.record("could not restart the killed node: \(error)")
+        }
+        return try result.get()
+    }
+
     /// How many client connections the node with AMQP port `port` holds.
-    static func clientConnections(onNodeWithPort port: Int) throws -> Int {
+    static func clientConnections(onNodeWithPort port: Int) async throws -> Int {
         guard let command = ProcessInfo.processInfo.environment["IAP_TEST_CLUSTER_CTL"], !command.isEmpty else {
             throw Missing()
         }
-        let run = try runProgram("/bin/sh", ["-c", "\(command) connections \(port)"])
+        let run = try await runProgram("/bin/sh", ["-c", "\(command) connections \(port)"])
         guard run.status == 0 else {
             throw TestBroker.BrokerControlFailed(action: "cluster connections \(port)", status: run.status)
         }
