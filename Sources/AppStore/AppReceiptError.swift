@@ -31,6 +31,8 @@ public struct AppReceiptError: Error, Sendable, Equatable, CustomStringConvertib
         public static let invalidTag = Code(rawValue: "invalid_tag")
         /// The input is not a PKCS#7 `SignedData` container.
         public static let notPKCS7 = Code(rawValue: "not_pkcs7")
+        /// The container carries no certificates or no signer (Apple's always carry both).
+        public static let unsigned = Code(rawValue: "unsigned")
         /// The container is well formed but does not hold an app receipt payload.
         public static let notAReceipt = Code(rawValue: "not_a_receipt")
         /// A receipt attribute is missing, repeated or has a value of the wrong shape.

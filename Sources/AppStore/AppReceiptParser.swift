@@ -18,6 +18,20 @@ public enum AppReceiptParser {
         public var maxDepth: Int
         /// Most element headers one parse may decode (indefinite lengths re-read some).
         public var maxElements: Int
+        /// Whether the container must carry what Apple's always do: certificates and at least one
+        /// `SignerInfo` (not checked: the signature is Apple's to vouch for). A shell without them
+        /// is refused with `unsigned`.
+        public var requireSigners = false
+        /// Largest certificates and signerInfos of the container, in bytes each (Apple's chain
+        /// is a few KB).
+        public var maxSignatureBytes = Int.max
+        /// Largest value of an attribute type this parser does not read, and most such
+        /// attributes in one set; a receipt over either is `notAReceipt` (a filler attribute).
+        public var maxUnknownAttributeBytes = Int.max
+        /// Most attributes of types this parser does not read in one set.
+        public var maxUnknownAttributes = Int.max
+        /// Largest in-app purchase attribute, in bytes (Apple's are a few hundred).
+        public var maxPurchaseBytes = Int.max
 
         /// Creates limits.
         public init(maxInputBytes: Int, maxDepth: Int, maxElements: Int) {
@@ -28,6 +42,19 @@ public enum AppReceiptParser {
 
         /// 4 MiB, 32 levels, a million elements: far above any receipt Apple issues.
         public static let standard = Limits(maxInputBytes: 4 * 1024 * 1024, maxDepth: 32, maxElements: 1_000_000)
+
+        /// The intake's first look, before anything is stored: `standard`, and the container must
+        /// carry certificates (32 KiB at most) and signerInfos (8 KiB at most), unknown attributes
+        /// hold 4 KiB at most, 64 to a set, and an in-app purchase 16 KiB at most.
+        public static let intake: Limits = {
+            var limits = standard
+            limits.requireSigners = true
+            limits.maxSignatureBytes = 32 * 1024
+            limits.maxUnknownAttributeBytes = 4 * 1024
+            limits.maxUnknownAttributes = 64
+            limits.maxPurchaseBytes = 16 * 1024
+            return limits
+        }()
     }
 
     /// Parses a receipt from its raw bytes (DER or BER).
@@ -43,7 +70,7 @@ public enum AppReceiptParser {
         let outer = BERReader(bytes: bytes, budget: budget, maxDepth: limits.maxDepth)
         let contentInfo = try outer.root(depth: 0)
         try outer.validateTree(contentInfo, depth: 0)
-        let (payloadBytes, depth) = try signedContent(of: contentInfo, in: outer)
+        let (payloadBytes, depth) = try signedContent(of: contentInfo, in: outer, limits: limits)
         return try receipt(fromPayload: payloadBytes, depth: depth, budget: budget, limits: limits)
     }
 
@@ -79,7 +106,7 @@ public enum AppReceiptParser {
     /// Walks ContentInfo → SignedData → encapContentInfo → eContent and returns the content
     /// octets, with the nesting depth they were found at.
     private static func signedContent(
-        of contentInfo: BERElement, in reader: BERReader
+        of contentInfo: BERElement, in reader: BERReader, limits: Limits
     ) throws(AppReceiptError) -> ([UInt8], Int) {
         let notPKCS7 = { (message: String) in AppReceiptError(.notPKCS7, message) }
         guard contentInfo.tag.isUniversalConstructed(BERTag.sequence) else { throw notPKCS7("not a SEQUENCE") }
@@ -101,6 +128,7 @@ public enum AppReceiptParser {
         else {
             throw notPKCS7("SignedData does not have version, digestAlgorithms, encapContentInfo and signerInfos")
         }
+        if limits.requireSigners { try checkSigners(signedData, in: reader, limits: limits) }
         let encapsulated = try reader.children(of: signedData[2], depth: 3)
         guard let contentType = encapsulated.first, try isOID(contentType, nil, in: reader) else {
             throw notPKCS7("encapContentInfo has no content type")
@@ -116,6 +144,42 @@ public enum AppReceiptParser {
             throw AppReceiptError(.notAReceipt, "the signed content is not an OCTET STRING")
         }
         return (try reader.stringContent(of: eContent[0], depth: 5), 6)
+    }
+
+    /// Apple's receipts carry their certificates (`[0]`) and a `SignerInfo`; a shell without
+    /// them is `unsigned`, and ones larger than `maxSignatureBytes` are filler.
+    private static func checkSigners(
+        _ signedData: [BERElement], in reader: BERReader, limits: Limits
+    ) throws(AppReceiptError) {
+        guard try !reader.children(of: signedData[1], depth: 3).isEmpty else {
+            throw AppReceiptError(.unsigned, "SignedData names no digest algorithm")
+        }
+        guard let certificates = signedData[3..<(signedData.count - 1)].first(where: { $0.tag.isContextConstructed(0) })
+        else { throw AppReceiptError(.unsigned, "SignedData carries no certificates") }
+        let signers = signedData[signedData.count - 1]
+        for (name, element) in [("certificates", certificates), ("signerInfos", signers)] {
+            let children = try reader.children(of: element, depth: 3)
+            guard !children.isEmpty, children.allSatisfy({ $0.tag.isUniversalConstructed(BERTag.sequence) }) else {
+                throw AppReceiptError(.unsigned, "SignedData's \(name) are empty or not SEQUENCEs")
+            }
+            guard element.end - element.start <= limits.maxSignatureBytes else {
+                throw AppReceiptError(.unsigned, "SignedData's \(name) hold \(element.end - element.start) bytes, more than \(limits.maxSignatureBytes)")
+            }
+        }
+    }
+
+    /// Refuses an attribute of a type this parser does not read when it is larger than, or one
+    /// more than, `limits` allow (a filler attribute of a padded shell).
+    private static func checkUnknown(
+        _ attribute: RawAttribute, count: inout Int, limits: Limits
+    ) throws(AppReceiptError) {
+        count += 1
+        let size = attribute.value.end - attribute.value.start
+        guard size <= limits.maxUnknownAttributeBytes, count <= limits.maxUnknownAttributes else {
+            throw AppReceiptError(
+                .notAReceipt,
+                "attribute \(attribute.type) of an unknown type holds \(size) bytes (the \(count)th such attribute of its set)")
+        }
     }
 
     /// Whether `element` is an OBJECT IDENTIFIER (equal to `expected` when given).
@@ -156,8 +220,16 @@ public enum AppReceiptParser {
         var hashCount: Int?
         var purchases: [AppReceipt.InAppPurchase] = []
         var seen: Set<Int64> = []
+        var unknown = 0
         for attribute in try attributes(of: set, in: reader, depth: setDepth) {
-            guard let field = ReceiptField(rawValue: attribute.type) else { continue }
+            guard let field = ReceiptField(rawValue: attribute.type) else {
+                try checkUnknown(attribute, count: &unknown, limits: limits)
+                continue
+            }
+            if field == .inAppPurchase, attribute.value.end - attribute.value.start > limits.maxPurchaseBytes {
+                throw AppReceiptError(
+                    .notAReceipt, "an in-app purchase holds \(attribute.value.end - attribute.value.start) bytes, more than \(limits.maxPurchaseBytes)")
+            }
             if field != .inAppPurchase {
                 guard seen.insert(attribute.type).inserted else {
                     throw AppReceiptError(.invalidField, "receipt attribute \(attribute.type) appears twice")
@@ -199,8 +271,12 @@ public enum AppReceiptParser {
         var webOrderLineItemId: Int64?
         var cancellationDate: Date?
         var seen: Set<Int64> = []
+        var unknown = 0
         for attribute in try attributes(of: set, in: reader, depth: setDepth) {
-            guard let field = PurchaseField(rawValue: attribute.type) else { continue }
+            guard let field = PurchaseField(rawValue: attribute.type) else {
+                try checkUnknown(attribute, count: &unknown, limits: value.limits)
+                continue
+            }
             guard seen.insert(attribute.type).inserted else {
                 throw AppReceiptError(.invalidField, "in-app attribute \(attribute.type) appears twice")
             }

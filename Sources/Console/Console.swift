@@ -25,16 +25,28 @@ public struct ConsoleSettings: Sendable {
     public var clientAddressHeader: String?
     /// Time allowed to receive a form body (the intake's `IAP_BODY_TIMEOUT_SECONDS`).
     public var bodyTimeout: Duration
-    /// Console requests handled at once; more get 503 at once. The console's own count, so
-    /// slow sign-ins never hold the app's in-flight slots.
+    /// Signed-in people's form posts handled at once; more get 503 at once. The console's own
+    /// count, apart from the app's in-flight slots and from strangers' sign-ins.
     public var maxInFlight: Int
+    /// Form posts of one session handled at once; more get 503 at once.
+    public var maxInFlightPerSession: Int
+    /// Sign-ins handled at once, a cap of their own: when all are taken, the oldest one still
+    /// waiting for its body gives way to the newcomer, so half-sent sign-ins never keep an
+    /// operator out.
+    public var maxSignInsInFlight: Int
+    /// Time allowed to receive a sign-in form (about 100 bytes).
+    public var signInBodyTimeout: Duration
 
     /// Creates settings.
     public init(
         operatorTokens: [String] = [], viewerTokens: [String] = [], insecureCookies: Bool = false,
         sessionLifetime: Duration = .seconds(8 * 3600), clientAddressHeader: String? = nil,
-        bodyTimeout: Duration = .seconds(30), maxInFlight: Int = 64
+        bodyTimeout: Duration = .seconds(30), maxInFlight: Int = 64, maxInFlightPerSession: Int = 4,
+        maxSignInsInFlight: Int = 16, signInBodyTimeout: Duration = .seconds(3)
     ) {
+        self.maxInFlightPerSession = maxInFlightPerSession
+        self.maxSignInsInFlight = maxSignInsInFlight
+        self.signInBodyTimeout = signInBodyTimeout
         self.clientAddressHeader = clientAddressHeader
         self.bodyTimeout = bodyTimeout
         self.maxInFlight = maxInFlight
@@ -88,9 +100,12 @@ public final class Console: Sendable {
     let templates: MustacheLibrary
     let stylesheet: String
     let sessions: ConsoleSessions
-    let limiter = SignInLimiter()
+    /// Failed sign-ins per address (five in five minutes, then one try every two seconds).
+    let limiter = FailedAttempts()
     let keys = IdempotencyKeys()
-    let inFlight = NIOLockedValueBox(0)
+    /// Signed-in people's form posts in progress: all of them, and by session.
+    let inFlight = NIOLockedValueBox((all: 0, bySession: [String: Int]()))
+    let signIns: SignInSlots
 
     static let cookieName = "iap_console"
 
@@ -107,6 +122,7 @@ public final class Console: Sendable {
         stylesheet = try String(contentsOf: cssURL, encoding: .utf8)
         let lifetime = settings.sessionLifetime.components
         sessions = ConsoleSessions(lifetime: TimeInterval(lifetime.seconds))
+        signIns = SignInSlots(capacity: settings.maxSignInsInFlight)
     }
 
     /// The templates in `folder`, each escaping with `ConsoleHTML`: one without its pragma is
@@ -139,7 +155,7 @@ public final class Console: Sendable {
             return self.page("login", title: "Sign in", session: nil, ["next": next])
         }
         router.post("/admin/login") { request, context in
-            await self.admitted { await self.signIn(request, address: self.address(of: request, context)) }
+            await self.signIn(request, address: self.address(of: request, context))
         }
         router.post("/admin/logout") { request, _ in
             await self.guarded(request, action: "logout", change: false) { session, _ in
@@ -169,10 +185,8 @@ public final class Console: Sendable {
         }
         for action in ConsoleAction.allCases {
             router.post("/admin/actions/\(action.rawValue)") { request, _ in
-                await self.admitted {
-                    await self.guarded(request, action: action.rawValue, change: true) { session, form in
-                        await self.perform(action, form: form, session: session)
-                    }
+                await self.guarded(request, action: action.rawValue, change: true) { session, form in
+                    await self.perform(action, form: form, session: session)
                 }
             }
         }
@@ -181,20 +195,30 @@ public final class Console: Sendable {
     // MARK: - Sign-in
 
     private func signIn(_ request: Request, address: String) async -> Response {
-        // The attempt is counted before its body is read: held-back guesses count too.
-        guard let attempt = limiter.reserve(address) else {
-            let wait = limiter.retryAfter(address) ?? 1
+        // The attempt is counted before its body is read: held-back guesses count too. A try a
+        // locked address still has (one every two seconds) is answered 429 unless it is right.
+        let locked = limiter.isLocked(address)
+        let attempt: UInt64
+        switch limiter.reserve(address) {
+        case .refused(let wait): return tooManySignIns(wait)
+        case .attempt(let id): attempt = id
+        }
+        // A slot of the sign-ins' own cap; a stranger's sign-in still waiting for its body gives
+        // way to this one when they are all taken.
+        guard let slot = signIns.acquire() else {
             var response = message(
-                status: .tooManyRequests, title: "Too many failed sign-ins",
-                text: "Too many failed sign-ins from this address. Try again in \(wait) seconds.", session: nil)
-            response.headers[.retryAfter] = String(wait)
+                status: .serviceUnavailable, title: "Busy", text: "The console is busy. Try again in a moment.", session: nil)
+            response.headers[.retryAfter] = "1"
             return response
         }
-        guard let form = await form(request, limit: 4096) else {
+        defer { signIns.release(slot.id) }
+        guard let form = await form(request, limit: 4096, timeout: settings.signInBodyTimeout, givingWayTo: slot.evicted)
+        else {
             return message(
                 status: .badRequest, title: "Sign-in refused",
                 text: "The sign-in form was too large or too slow to arrive. Try again.", session: nil)
         }
+        signIns.bodyArrived(slot.id)
         let token = form["token"] ?? ""
         let role: ConsoleRole?
         if !token.isEmpty, settings.operatorTokens.contains(where: { ConsoleSessions.constantTimeEqual($0, token) }) {
@@ -207,6 +231,7 @@ public final class Console: Sendable {
         guard let role else {
             // Never the token itself.
             logger.warning("console sign-in failed", metadata: ["iap.address": "\(address)"])
+            if locked { return tooManySignIns(Int(limiter.lockedInterval)) }
             var context = ["error": "That token is not valid. Check it and try again."]
             if settings.operatorTokens.isEmpty && settings.viewerTokens.isEmpty {
                 context["error"] = "The console is disabled: IAP_ADMIN_TOKEN is not set."
@@ -216,12 +241,20 @@ public final class Console: Sendable {
         limiter.release(attempt)
         var name = String((form["name"] ?? "").trimmingCharacters(in: .whitespacesAndNewlines).prefix(80))
         // A person never signs the audit log as one of the services, nor with text that joins the page around it.
-        if IdentifierText.isReservedActor(name) || IdentifierText.problem(name) != nil { name = "" }
+        if IdentifierText.actorProblem(name) != nil || IdentifierText.problem(name) != nil { name = "" }
         let session = sessions.create(role: role, actor: name.isEmpty ? role.rawValue : name)
         logger.info(
             "console sign-in", metadata: ["iap.actor": "\(session.actor)", "iap.role": "\(role.rawValue)", "iap.address": "\(address)"])
         var response = Self.redirect(form["next"].flatMap(Self.consolePath) ?? "/admin/")
         response.headers[.setCookie] = cookie(value: session.id, maxAge: Int(sessions.lifetime))
+        return response
+    }
+
+    private func tooManySignIns(_ wait: Int) -> Response {
+        var response = message(
+            status: .tooManyRequests, title: "Too many failed sign-ins",
+            text: "Too many failed sign-ins from this address. Try again in \(wait) seconds.", session: nil)
+        response.headers[.retryAfter] = String(wait)
         return response
     }
 
@@ -272,6 +305,15 @@ public final class Console: Sendable {
                 text: "You are signed in as read-only support; only an operator can change anything. Nothing was changed.",
                 session: session)
         }
+        // Strangers were turned away above, before their bodies were read; a signed-in person's
+        // posts count against caps of their own.
+        guard let done = admit(session) else {
+            var response = message(
+                status: .serviceUnavailable, title: "Busy", text: "The console is busy. Try again in a moment.", session: session)
+            response.headers[.retryAfter] = "1"
+            return response
+        }
+        defer { done() }
         guard let form = await form(request, limit: 64 * 1024) else {
             return message(
                 status: .badRequest, title: "Form refused",
@@ -345,21 +387,26 @@ public final class Console: Sendable {
         return context.remoteAddress?.ipAddress ?? "unknown"
     }
 
-    /// Runs `body` within the console's own in-flight cap; past it, 503 at once.
-    func admitted(_ body: () async -> Response) async -> Response {
-        let admitted = inFlight.withLockedValue { count in
-            guard count < settings.maxInFlight else { return false }
-            count += 1
+    /// A place among the form posts in progress for `session` (the console's cap and the
+    /// session's own); the closure gives it back. Nil when either is full.
+    func admit(_ session: ConsoleSession) -> (@Sendable () -> Void)? {
+        let id = session.id
+        let admitted = inFlight.withLockedValue { state in
+            guard state.all < settings.maxInFlight, state.bySession[id, default: 0] < settings.maxInFlightPerSession else {
+                return false
+            }
+            state.all += 1
+            state.bySession[id, default: 0] += 1
             return true
         }
-        guard admitted else {
-            var response = message(
-                status: .serviceUnavailable, title: "Busy", text: "The console is busy. Try again in a moment.", session: nil)
-            response.headers[.retryAfter] = "1"
-            return response
+        guard admitted else { return nil }
+        return { [inFlight] in
+            inFlight.withLockedValue { state in
+                state.all -= 1
+                let left = state.bySession[id, default: 1] - 1
+                state.bySession[id] = left > 0 ? left : nil
+            }
         }
-        defer { inFlight.withLockedValue { $0 -= 1 } }
-        return await body()
     }
 
     /// A page refusing an id no user or order can have (`IdentifierText`), or nil when it is fine.
@@ -368,22 +415,39 @@ public final class Console: Sendable {
         return message(status: .badRequest, title: "Not a valid \(name)", text: "That \(name) \(problem).", session: session)
     }
 
-    /// An `application/x-www-form-urlencoded` body of at most `limit` bytes, read within the
-    /// body timeout; nil when it is larger, slower or cut off.
-    func form(_ request: Request, limit: Int) async -> [String: String]? {
+    /// An `application/x-www-form-urlencoded` body of at most `limit` bytes, read within
+    /// `timeout` (the body timeout unless told) and before `givingWayTo` yields; nil when it is
+    /// larger, slower, cut off, given way, or in a transfer coding other than `chunked` alone.
+    func form(
+        _ request: Request, limit: Int, timeout: Duration? = nil, givingWayTo evicted: AsyncStream<Void>? = nil
+    ) async -> [String: String]? {
         if let length = request.headers[.contentLength].flatMap(Int.init), length > limit { return nil }
-        let timeout = settings.bodyTimeout
+        let timeout = timeout ?? settings.bodyTimeout
         let buffer: ByteBuffer?? = try? await withThrowingTaskGroup(of: ByteBuffer?.self) { group in
             group.addTask { try await request.body.collect(upTo: limit) }
             group.addTask {
                 try await Task.sleep(for: timeout)
                 return nil
             }
+            if let evicted {
+                group.addTask {
+                    for await _ in evicted { break }
+                    return nil
+                }
+            }
             defer { group.cancelAll() }
             return try await group.next() ?? nil
         }
-        guard let buffer = buffer ?? nil else { return nil }
+        guard let buffer = buffer ?? nil, Self.readableTransferCoding(request.headers) else { return nil }
         return Self.parseForm(String(buffer: buffer))
+    }
+
+    /// Whether a request has no `Transfer-Encoding` or `chunked` alone: a form in any other
+    /// coding (`gzip`, `xchunked`) is not read as one.
+    static func readableTransferCoding(_ headers: HTTPFields) -> Bool {
+        let values = headers[values: .transferEncoding]
+        return values.isEmpty
+            || values.flatMap { $0.split(separator: ",") }.map { $0.trimmingCharacters(in: .whitespaces).lowercased() } == ["chunked"]
     }
 
     static func parseForm(_ text: String) -> [String: String] {

@@ -100,59 +100,62 @@ final class ConsoleSessions: Sendable {
     }
 }
 
-/// Failed sign-ins per address: after `limit` failures within `window`, that address waits.
-/// Each attempt is counted when it starts (`reserve`), before its body is read, and forgiven
-/// only when it succeeds (`release`): guesses held back mid-body count like any other.
-final class SignInLimiter: Sendable {
-    private struct Attempt {
+/// The sign-ins in progress, a cap of their own. When every slot is taken, the oldest
+/// sign-in still waiting for its body gives way (its form read ends, and it is answered 400):
+/// a form of about 100 bytes arrives with its headers, so half-sent sign-ins from any number
+/// of addresses never keep out one that arrives whole.
+final class SignInSlots: Sendable {
+    private struct Slot {
         var id: UInt64
-        var at: Date
+        var waitingForBody: Bool
+        var evict: AsyncStream<Void>.Continuation
     }
 
-    private let attempts = NIOLockedValueBox((next: UInt64(0), all: [String: [Attempt]]()))
-    let limit: Int
-    let window: TimeInterval
+    private let state = NIOLockedValueBox((next: UInt64(0), slots: [Slot]()))
+    let capacity: Int
 
-    init(limit: Int = 5, window: TimeInterval = 300) {
-        self.limit = limit
-        self.window = window
+    init(capacity: Int) {
+        self.capacity = max(1, capacity)
     }
 
-    /// Counts an attempt from `address`: its id, or nil when the address must wait.
-    func reserve(_ address: String, now: Date = Date()) -> UInt64? {
-        attempts.withLockedValue { state in
-            if state.all.count > 10_000 {
-                state.all = state.all.filter { ($0.value.last.map { now.timeIntervalSince($0.at) } ?? window) < window }
-            }
-            let recent = (state.all[address] ?? []).filter { now.timeIntervalSince($0.at) < window }
-            guard recent.count < limit else {
-                state.all[address] = recent
-                return nil
+    /// A slot, and what yields when it must give way; nil when every slot holds a sign-in
+    /// whose body has arrived (each is done in moments).
+    func acquire() -> (id: UInt64, evicted: AsyncStream<Void>)? {
+        let (stream, continuation) = AsyncStream<Void>.makeStream()
+        let (id, evicted) = state.withLockedValue { state -> (UInt64?, AsyncStream<Void>.Continuation?) in
+            var evicted: AsyncStream<Void>.Continuation?
+            if state.slots.count >= capacity {
+                guard let oldest = state.slots.firstIndex(where: \.waitingForBody) else { return (nil, nil) }
+                evicted = state.slots.remove(at: oldest).evict
             }
             state.next += 1
-            state.all[address] = recent + [Attempt(id: state.next, at: now)]
-            return state.next
+            state.slots.append(Slot(id: state.next, waitingForBody: true, evict: continuation))
+            return (state.next, evicted)
+        }
+        evicted?.yield()
+        evicted?.finish()
+        guard let id else { return nil }
+        return (id, stream)
+    }
+
+    /// The slot's body arrived: it no longer gives way.
+    func bodyArrived(_ id: UInt64) {
+        state.withLockedValue { state in
+            if let index = state.slots.firstIndex(where: { $0.id == id }) { state.slots[index].waitingForBody = false }
         }
     }
 
-    /// Forgives a reserved attempt that signed in.
+    /// Gives the slot back (a no-op for one that gave way already).
     func release(_ id: UInt64) {
-        attempts.withLockedValue { state in
-            for (address, list) in state.all where list.contains(where: { $0.id == id }) {
-                let left = list.filter { $0.id != id }
-                state.all[address] = left.isEmpty ? nil : left
-            }
+        let continuation = state.withLockedValue { state -> AsyncStream<Void>.Continuation? in
+            guard let index = state.slots.firstIndex(where: { $0.id == id }) else { return nil }
+            return state.slots.remove(at: index).evict
         }
+        continuation?.finish()
     }
 
-    /// Seconds to wait before the next try, or nil when the address may try now.
-    func retryAfter(_ address: String, now: Date = Date()) -> Int? {
-        attempts.withLockedValue { state in
-            let recent = (state.all[address] ?? []).filter { now.timeIntervalSince($0.at) < window }
-            guard recent.count >= limit, let oldest = recent.first else { return nil }
-            return max(1, Int((window - now.timeIntervalSince(oldest.at)).rounded(.up)))
-        }
-    }
+    /// Sign-ins in progress now.
+    var count: Int { state.withLockedValue { $0.slots.count } }
 }
 
 /// Each change form carries a one-time key: the first post does the work, a second post of the

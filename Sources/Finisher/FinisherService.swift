@@ -1,4 +1,5 @@
 import AsyncHTTPClient
+import Crypto
 import Foundation
 import IAPCore
 import Logging
@@ -117,6 +118,12 @@ public final class FinisherService: Service, Sendable {
         Task { await alerts.send(alert) }
     }
 
+    /// What is kept of a rejected upload's receipt or signed data: `sha256:<hex>:<bytes>`.
+    public static func digest(_ text: String) -> String {
+        let hex = SHA256.hash(data: Data(text.utf8)).map { String(format: "%02x", $0) }.joined()
+        return "sha256:\(hex):\(text.utf8.count)"
+    }
+
     func handle(_ delivery: AMQPDelivery) async {
         let result: VerifyResult
         do {
@@ -146,6 +153,14 @@ public final class FinisherService: Service, Sendable {
                     metadata: metadata.merging(["iap.count": "\(applied.replayed)"]) { $1 })
             }
             logger.debug("result applied", metadata: metadata.merging(["iap.state": "\(state.rawValue)"]) { $1 })
+            if state == .rejected {
+                // Apple declared it invalid: a digest is all that is kept of what it was sent with.
+                do {
+                    try await store.keepOnlyDigests(ofRejected: result.submissionId, digest: Self.digest)
+                } catch {
+                    logger.warning("rejected upload kept whole until retention", metadata: metadata.merging(["error": "\(error)"]) { $1 })
+                }
+            }
             await alertIfNeeded(result, state: state)
         } catch let error as OrderStoreError where error.code == .unknownSubmission {
             logger.warning("result for an unknown submission sent to the dead-letter queue", metadata: metadata)

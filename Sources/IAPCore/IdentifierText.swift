@@ -41,9 +41,101 @@ public enum IdentifierText {
         "apple", "system", "reconciliation", "transfer", "intake", "verifier", "finisher", "console",
     ]
 
-    /// Whether `name`, trimmed and in lower case, is one of `reservedActors`.
+    /// Apple's own names besides `apple`: a person signing as one would read as Apple too.
+    public static let applesNames: Set<String> = [
+        "apple inc", "apple computer", "apple computer inc", "app store", "apple app store", "itunes", "itunes store",
+        "applecare", "apple support", "storekit",
+    ]
+
+    /// The skeletons of `reservedActors` and `applesNames`.
+    private static let reservedSkeletons = Set((reservedActors.union(applesNames)).map(skeleton))
+
+    /// Whether `name` looks like one of `reservedActors` or Apple's names: compared by their
+    /// confusable skeletons (`skeleton`), so `Apple Inc.`, full-width `ａｐｐｌｅ` and `apple` with a
+    /// Cyrillic `а` are all Apple.
     public static func isReservedActor(_ name: String) -> Bool {
-        reservedActors.contains(name.trimmingCharacters(in: .whitespacesAndNewlines).lowercased())
+        reservedSkeletons.contains(skeleton(name))
+    }
+
+    /// Why `name` may not sign the audit log, or nil when it may: it looks like a service's or
+    /// Apple's name, or its letters come from more than one script (Latin with Cyrillic or Greek
+    /// letters is how a lookalike is spelled).
+    public static func actorProblem(_ name: String) -> String? {
+        if isReservedActor(name) {
+            return "looks like one of the services' or Apple's names (\(reservedActors.sorted().joined(separator: ", ")), Apple Inc., …)"
+        }
+        let scripts = scripts(of: name)
+        if scripts.count > 1 { return "mixes letters of several scripts (\(scripts.sorted().joined(separator: ", ")))" }
+        return nil
+    }
+
+    /// A confusable skeleton in the spirit of Unicode's UTS #39, from a small built-in table: the
+    /// compatibility form (full-width letters become ASCII), lower case, marks, spaces,
+    /// punctuation and symbols dropped, the letters of other scripts that look like Latin ones
+    /// (Cyrillic `а`, Greek `ο`, …) mapped to those, `0` to `o`, `m` to `rn`, and `l`, `1` and
+    /// `I` (lower-cased: `i`) to one letter, `i`.
+    /// Two names with one skeleton look alike; the table covers the lookalikes of the names
+    /// reserved here, not every script.
+    public static func skeleton(_ text: String) -> String {
+        var skeleton = String.UnicodeScalarView()
+        let folded = text.precomposedStringWithCompatibilityMapping.lowercased()
+        for scalar in folded.decomposedStringWithCanonicalMapping.unicodeScalars {
+            switch scalar.properties.generalCategory {
+            case .uppercaseLetter, .lowercaseLetter, .titlecaseLetter, .modifierLetter, .otherLetter, .decimalNumber,
+                .letterNumber, .otherNumber:
+                skeleton.append(contentsOf: (lookalikes[scalar] ?? String(scalar)).unicodeScalars)
+            default:
+                continue
+            }
+        }
+        return String(skeleton)
+    }
+
+    /// Letters that look like Latin ones, and what they look like.
+    private static let lookalikes: [Unicode.Scalar: String] = [
+        // Cyrillic
+        "\u{0430}": "a", "\u{0435}": "e", "\u{043E}": "o", "\u{0440}": "p", "\u{0441}": "c", "\u{0443}": "y",
+        "\u{0445}": "x", "\u{0456}": "i", "\u{0458}": "j", "\u{0455}": "s", "\u{0501}": "d", "\u{04CF}": "i",
+        "\u{04BB}": "h", "\u{051B}": "q", "\u{051D}": "w", "\u{043A}": "k", "\u{0432}": "b", "\u{043D}": "h",
+        "\u{0442}": "t", "\u{043C}": "rn", "\u{0457}": "i",
+        // Greek
+        "\u{03B1}": "a", "\u{03BF}": "o", "\u{03C1}": "p", "\u{03BD}": "v", "\u{03B9}": "i", "\u{03BA}": "k",
+        "\u{03C4}": "t", "\u{03C5}": "u", "\u{03C7}": "x", "\u{03B5}": "e", "\u{03B2}": "b", "\u{03B7}": "n",
+        // Latin letters that pass for others
+        "\u{0131}": "i", "\u{0261}": "g", "\u{0251}": "a", "\u{1D00}": "a", "\u{0269}": "i", "\u{026A}": "i",
+        "m": "rn", "0": "o", "1": "i", "l": "i", "|": "i",
+    ]
+
+    /// The scripts of the letters of `text` (after its compatibility form), from a small table of
+    /// blocks; Han, Hiragana, Katakana and Hangul count as one (they are written together).
+    public static func scripts(of text: String) -> Set<String> {
+        var scripts = Set<String>()
+        for scalar in text.precomposedStringWithCompatibilityMapping.unicodeScalars where scalar.properties.isAlphabetic {
+            if isMark(scalar) { continue }
+            scripts.insert(script(of: scalar.value))
+        }
+        return scripts
+    }
+
+    private static func script(of value: UInt32) -> String {
+        switch value {
+        case 0x41...0x5A, 0x61...0x7A, 0xAA, 0xBA, 0xC0...0x24F, 0x250...0x2AF, 0x1D00...0x1D7F, 0x1E00...0x1EFF,
+            0x2C60...0x2C7F, 0xA720...0xA7FF, 0xAB30...0xAB6F:
+            "Latin"
+        case 0x370...0x3FF, 0x1F00...0x1FFF: "Greek"
+        case 0x400...0x52F, 0x1C80...0x1C8F, 0x2DE0...0x2DFF, 0xA640...0xA69F: "Cyrillic"
+        case 0x530...0x58F: "Armenian"
+        case 0x590...0x5FF: "Hebrew"
+        case 0x600...0x6FF, 0x750...0x77F, 0x8A0...0x8FF: "Arabic"
+        case 0x900...0x97F: "Devanagari"
+        case 0xE00...0xE7F: "Thai"
+        case 0x10A0...0x10FF: "Georgian"
+        case 0x13A0...0x13FF, 0xAB70...0xABBF: "Cherokee"
+        case 0x1100...0x11FF, 0x3040...0x30FF, 0x3130...0x318F, 0x31F0...0x31FF, 0x3400...0x4DBF, 0x4E00...0x9FFF,
+            0xAC00...0xD7AF, 0xF900...0xFAFF, 0x20000...0x3FFFF:
+            "Han, Kana and Hangul"
+        default: "another script (U+\(String(value >> 8, radix: 16, uppercase: true))xx)"
+        }
     }
 
     /// Whether `text` is its own canonical composition, compared by bytes.

@@ -4,6 +4,7 @@ import Hummingbird
 import Logging
 import NIOConcurrencyHelpers
 import NIOCore
+import NIOHTTP1
 import OrderStore
 
 /// An error answer of the intake: `{"error": {"code": "...", "message": "..."}}` with a
@@ -105,6 +106,10 @@ struct APIErrorMiddleware<Context: RequestContext>: RouterMiddleware {
             return error.makeResponse()
         } catch is NIOTooManyBytesError {
             return APIError(.bodyTooLarge, "the body is larger than this route accepts").makeResponse()
+        } catch is HTTPParserError {
+            // The client's bytes, not our fault: a 4xx, and no error-level line a stranger could fill the log with.
+            context.logger.info("request unreadable", metadata: ["iap.error.code": "\(APIErrorCode.badRequest.rawValue)"])
+            return APIError(.badRequest, "the request's bytes cannot be read as HTTP/1.1").makeResponse()
         } catch let error as OrderStoreError where error.code == .unavailable {
             // Nothing was accepted: the app keeps its transaction and tries again.
             context.logger.error("order store unavailable", metadata: ["error": "\(error.message)"])

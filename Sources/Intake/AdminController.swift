@@ -2,6 +2,7 @@ import Crypto
 import Foundation
 import Hummingbird
 import IAPCore
+import Logging
 import Metrics
 import OrderStore
 
@@ -11,20 +12,23 @@ import OrderStore
 struct AdminController: Sendable {
     let store: OrderStore
     let settings: IntakeSettings
+    /// Failed authorizations per client address: five in five minutes lock the address, which
+    /// then has one try every two seconds (the right token gets through a stranger's lockout).
+    let attempts = FailedAttempts()
 
     var policy: CreditPolicy { CreditPolicy(catalog: settings.catalog, eventsExchange: settings.names.events) }
 
     func addRoutes(to router: Router<IntakeContext>, changed: @escaping @Sendable () -> Void) {
         router.get("/v1/admin/purchases/{transactionId}") { request, context in
-            try authorize(request)
+            try authorize(request, context)
             let id = try context.pathParameter("transactionId")
             guard let purchase = try await store.purchase(id) else {
                 throw APIError(.purchaseNotFound, "no purchase \(id) in this store")
             }
             return try JSONResponse.make(PurchaseBody(purchase))
         }
-        router.post("/v1/admin/grants") { request, _ in
-            try authorize(request)
+        router.post("/v1/admin/grants") { request, context in
+            try authorize(request, context)
             let fields = try await fields(of: request)
             let userId = try fields.requiredID("userId")
             // Granting a held purchase: what Apple sold, unless the body says otherwise.
@@ -63,7 +67,7 @@ struct AdminController: Sendable {
             return try JSONResponse.make(GrantBody(granted), status: .created)
         }
         router.post("/v1/admin/grants/{transactionId}/revoke") { request, context in
-            try authorize(request)
+            try authorize(request, context)
             let id = try context.pathParameter("transactionId")
             let fields = try await fields(of: request)
             let revoked = try await mapped(notFound: .purchaseNotFound) {
@@ -76,7 +80,7 @@ struct AdminController: Sendable {
             return try JSONResponse.make(GrantBody(revoked))
         }
         router.post("/v1/admin/submissions/{submissionId}/finishable") { request, context in
-            try authorize(request)
+            try authorize(request, context)
             guard let id = UUID(uuidString: try context.pathParameter("submissionId")) else {
                 throw APIError(.submissionNotFound, "no such submission")
             }
@@ -90,27 +94,26 @@ struct AdminController: Sendable {
             }
             return try JSONResponse.make(SubmissionStatusBody(status))
         }
-        router.get("/v1/admin/consumption-requests") { request, _ in
-            try authorize(request)
+        router.get("/v1/admin/consumption-requests") { request, context in
+            try authorize(request, context)
             let limit = try Self.limit(request)
             let requests = try await store.consumptionRequests(limit: limit).map(ConsumptionRequestBody.init)
             return try JSONResponse.make(["consumptionRequests": requests])
         }
-        router.get("/v1/admin/audit") { request, _ in
-            try authorize(request)
+        router.get("/v1/admin/audit") { request, context in
+            try authorize(request, context)
             let limit = try Self.limit(request)
             let entries = try await store.auditLog(limit: limit).map(AuditBody.init)
             return try JSONResponse.make(["entries": entries])
         }
     }
 
-    /// The body's `actor` (default `admin`): an id-like name that is none of the services' own
-    /// (`apple`, `system`, `reconciliation`, …), refused with 400 `invalid_field`.
+    /// The body's `actor` (default `admin`): an id-like name that neither looks like one of the
+    /// services' own or Apple's (`apple`, `system`, `Apple Inc.`, `ａｐｐｌｅ`, `аpple` with a Cyrillic
+    /// `а`, …) nor mixes scripts, refused with 400 `invalid_field`.
     private static func actor(_ fields: JSONFields) throws(APIError) -> String {
         guard let actor = try fields.id("actor") else { return "admin" }
-        guard !IdentifierText.isReservedActor(actor) else {
-            throw .invalidField("actor", "names one of the services (\(IdentifierText.reservedActors.sorted().joined(separator: ", ")))")
-        }
+        if let problem = IdentifierText.actorProblem(actor) { throw .invalidField("actor", problem) }
         return actor
     }
 
@@ -129,13 +132,26 @@ struct AdminController: Sendable {
     }
 
     /// Refuses requests without an admin token (a user's token is refused too). Every
-    /// configured token is compared, each in the same time whatever matches.
-    private func authorize(_ request: Request) throws(APIError) {
+    /// configured token is compared, each in the same time whatever matches. Every
+    /// authorization counts against the client's address until it succeeds (`attempts`): an
+    /// address past its failures gets 429 before anything is compared.
+    private func authorize(_ request: Request, _ context: IntakeContext) throws(APIError) {
         guard !settings.adminTokens.isEmpty else {
             throw APIError(.adminDisabled, "IAP_ADMIN_TOKEN is not set")
         }
+        let address = settings.limits.clientAddress(of: request, peer: context.remoteAddress)
+        // A try a locked address still has (one every two seconds) is answered 429 unless it is right.
+        let locked = attempts.isLocked(address)
+        let attempt: UInt64
+        switch attempts.reserve(address) {
+        case .refused(let wait):
+            throw APIError.rateLimited(retryAfter: wait)
+        case .attempt(let id):
+            attempt = id
+        }
         guard let header = request.headers[.authorization], header.count > 7, header.prefix(7).lowercased() == "bearer "
         else {
+            if locked { throw APIError.rateLimited(retryAfter: Int(attempts.lockedInterval)) }
             var error = APIError(.unauthenticated, "admin routes need Authorization: Bearer <admin token>")
             error.headers[.wwwAuthenticate] = "Bearer"
             throw error
@@ -149,8 +165,12 @@ struct AdminController: Sendable {
             matched = matched || difference == 0
         }
         guard matched else {
+            // Never the token itself.
+            context.logger.info("admin token refused", metadata: ["iap.address": "\(address)"])
+            if locked { throw APIError.rateLimited(retryAfter: Int(attempts.lockedInterval)) }
             throw APIError(.forbidden, "this token may not use admin routes")
         }
+        attempts.release(attempt)
     }
 
     /// The store's errors as API answers: what the store lacks is answered with the route's

@@ -16,8 +16,10 @@ public enum UserAuthentication: Sendable {
 }
 
 /// Checks the JWTs the app's login backend issues: the algorithm is the configured key's,
-/// the signature verifies, `exp` has not passed (and `nbf` has), and `aud` / `iss` match
-/// when configured. The token's `sub` is the user id.
+/// the header names no `crit` extension (this intake understands none; RFC 7515 §4.1.11),
+/// the signature verifies, `exp` has not passed (and `nbf` has), `iat` when present is a
+/// number not ahead of now, the token lives no longer than `maxLifetime`, and `aud` / `iss`
+/// match when configured. The token's `sub` is the user id.
 public struct UserTokenVerifier: Sendable {
     /// Where the verification key comes from.
     public enum Key: Sendable {
@@ -35,14 +37,24 @@ public struct UserTokenVerifier: Sendable {
     private let keyAlgorithms: [String: String]?
     private let audience: String?
     private let issuer: String?
-    /// Clock skew tolerated on `exp` and `nbf`.
+    /// Clock skew tolerated on `exp`, `nbf` and `iat`.
     private let leeway: TimeInterval = 30
+    /// The longest a token may live: `exp - iat`, or `exp - now` without `iat`
+    /// (`IAP_AUTH_MAX_LIFETIME`), so a token stolen once is not good until the year 9999.
+    private let maxLifetime: TimeInterval
+
+    /// `IAP_AUTH_MAX_LIFETIME`'s default: a day.
+    public static let defaultMaxLifetime: TimeInterval = 86_400
 
     /// The longest user id a token may carry, as for ids in bodies.
     static let maxSubjectLength = 256
 
     /// Builds a verifier; throws a message fit for a start-up error when the key is unusable.
-    public init(key: Key, audience: String? = nil, issuer: String? = nil) async throws(UserTokenVerifierError) {
+    public init(
+        key: Key, audience: String? = nil, issuer: String? = nil, maxLifetime: TimeInterval = defaultMaxLifetime
+    ) async throws(UserTokenVerifierError) {
+        guard maxLifetime > 0 else { throw UserTokenVerifierError("the longest token lifetime must be more than 0 seconds") }
+        self.maxLifetime = maxLifetime
         let keys = JWTKeyCollection()
         switch key {
         case .hs256(let secret):
@@ -84,7 +96,9 @@ public struct UserTokenVerifier: Sendable {
     /// The user id of a valid token; a refusal says which check failed.
     public func userId(from token: String, now: Date = Date()) async throws(AuthenticationFailure) -> String {
         guard token.utf8.count <= 16 * 1024 else { throw .init(.malformed, "longer than 16 KiB") }
-        guard let (algorithm, kid) = Self.header(of: token) else { throw .init(.malformed, "no readable JWS header") }
+        guard let (algorithm, kid, critical) = Self.header(of: token) else { throw .init(.malformed, "no readable JWS header") }
+        // RFC 7515 §4.1.11: extensions named in `crit` must be understood, and this intake understands none.
+        guard !critical else { throw .init(.malformed, "the header names crit extensions, which this intake does not understand") }
         // Only the configured key's algorithm: `none`, or HS256 signed with a public key, never verify.
         guard algorithms.contains(algorithm) else {
             throw .init(
@@ -121,6 +135,15 @@ public struct UserTokenVerifier: Sendable {
         guard claims.exp.value.addingTimeInterval(leeway) > now else {
             throw .init(.expired, "exp \(Int(claims.exp.value.timeIntervalSince1970)) is past")
         }
+        // `iat` is optional, but when present it is a NumericDate (JWTKit's decoding is lenient about its type).
+        let issuedAt = try Self.issuedAt(of: token)
+        if let issuedAt, issuedAt.addingTimeInterval(-leeway) > now {
+            throw .init(.notYetValid, "iat \(Int(issuedAt.timeIntervalSince1970)) is ahead")
+        }
+        let lifetime = claims.exp.value.timeIntervalSince(issuedAt ?? now)
+        guard lifetime <= maxLifetime + leeway else {
+            throw .init(.malformed, "lives \(Int(lifetime)) s, longer than IAP_AUTH_MAX_LIFETIME (\(Int(maxLifetime)) s)")
+        }
         if let notBefore = claims.nbf?.value, notBefore.addingTimeInterval(-leeway) > now {
             throw .init(.notYetValid, "nbf \(Int(notBefore.timeIntervalSince1970)) is ahead")
         }
@@ -139,13 +162,32 @@ public struct UserTokenVerifier: Sendable {
         return subject
     }
 
-    /// The `alg` and `kid` of a compact JWS header, or nil when the header is not readable.
-    private static func header(of token: String) -> (algorithm: String, kid: String?)? {
+    /// The `alg` and `kid` of a compact JWS header, and whether it has a `crit` member, or nil
+    /// when the header is not readable.
+    private static func header(of token: String) -> (algorithm: String, kid: String?, critical: Bool)? {
         guard let dot = token.firstIndex(of: "."), let header = Base64URL.decode(token.utf8[..<dot]),
             let object = try? JSONSerialization.jsonObject(with: header) as? [String: Any],
             let algorithm = object["alg"] as? String
         else { return nil }
-        return (algorithm, object["kid"] as? String)
+        return (algorithm, object["kid"] as? String, object["crit"] != nil)
+    }
+
+    /// The payload's `iat`, nil when it has none; refused when it is not a number (`"x"`, `true`).
+    private static func issuedAt(of token: String) throws(AuthenticationFailure) -> Date? {
+        struct IssuedAt: Decodable {
+            var iat: Double?
+        }
+        let parts = token.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 3, let payload = Base64URL.decode(parts[1].utf8) else {
+            throw .init(.malformed, "no readable payload")
+        }
+        // JSONDecoder takes no string or boolean for a Double.
+        guard let decoded = try? JSONDecoder().decode(IssuedAt.self, from: Data(payload)) else {
+            throw .init(.malformed, "iat is not a number")
+        }
+        guard let seconds = decoded.iat else { return nil }
+        guard seconds.isFinite else { throw .init(.malformed, "iat is not a number") }
+        return Date(timeIntervalSince1970: seconds)
     }
 
     /// Each key of a JWKS document by `kid`, with the algorithm its type signs with.

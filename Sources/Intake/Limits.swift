@@ -111,6 +111,17 @@ final class TokenBuckets: Sendable {
         update(key, taking: false)
     }
 
+    /// Gives back a token taken for `key` (the request it was reserved for cost its sender
+    /// nothing after all); never above the burst.
+    func giveBack(_ key: String) {
+        let bytes = Array(key.utf8)
+        buckets.withLockedValue { buckets in
+            guard var bucket = buckets[bytes] else { return }
+            bucket.tokens = min(burst, bucket.tokens + 1)
+            buckets[bytes] = bucket
+        }
+    }
+
     private func update(_ key: String, taking: Bool) -> Int? {
         let bytes = Array(key.utf8)
         return buckets.withLockedValue { buckets in
@@ -228,6 +239,15 @@ struct AdmissionMiddleware: RouterMiddleware {
             let wait = await addressLimit.take(limits.clientAddress(of: request, peer: context.remoteAddress), logger: context.logger)
         {
             throw APIError.rateLimited(retryAfter: wait)
+        }
+        // A body no route can read (`Transfer-Encoding: gzip`) is the sender's fault, answered
+        // 400 after its address paid for it above; Apple's notifications count it in their own
+        // bucket, and the console's forms refuse it themselves.
+        if request.uri.path != "/v1/notifications/appstore", !request.uri.path.hasPrefix("/admin/"),
+            let coding = IntakeBody.unreadableTransferCoding(request.headers)
+        {
+            await IntakeBody.discard(request, timeout: limits.bodyTimeout)
+            throw APIError(.badRequest, coding)
         }
         // The console's pages count against a cap of their own (where IAP_ADMIN_PUBLIC serves them
         // here): a slow sign-in never holds one of the app's slots.

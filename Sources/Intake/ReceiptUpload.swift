@@ -107,7 +107,9 @@ struct ReceiptUpload: Equatable {
     private static func checkShape(_ bytes: [UInt8], bundleIds: Set<String>) throws(APIError) {
         let receipt: AppReceipt
         do {
-            receipt = try AppReceiptParser.parse(bytes)
+            // Apple's receipts carry certificates and a signer: a shell without them, or padded
+            // with filler attributes, is refused before it is stored.
+            receipt = try AppReceiptParser.parse(bytes, limits: .intake)
         } catch {
             if error.code == .invalidField { return }
             throw APIError(.receiptMalformed, "'receiptData' is not an app receipt (\(error.code))")

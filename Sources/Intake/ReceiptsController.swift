@@ -6,6 +6,7 @@ import Logging
 import Metrics
 import NIOConcurrencyHelpers
 import NIOCore
+import NIOHTTP1
 import OrderStore
 
 /// `POST /v1/receipts` (accept an upload) and `GET /v1/receipts/{submissionId}` (its status).
@@ -87,9 +88,12 @@ struct ReceiptsController: Sendable {
     /// downtime of ours; a fault of ours (store unavailable) stays 503, never 4xx.
     ///
     /// Nobody spends Apple's budget but Apple: the signature is checked first (the validated
-    /// chain is cached, so this is one ECDSA verification); a notification that fails any
-    /// check takes a token from its sender's address (`notificationFailuresPerAddress`), and
-    /// an address with none left is answered 429 before its body is read. Only verified
+    /// chain is cached, so this is one ECDSA verification). Each notification reserves a token
+    /// of its sender's address (`notificationFailuresPerAddress`) before its body is read, so
+    /// bodies held back mid-way count too, and an address with none left is answered 429 at
+    /// once. The token is given back when the notification verifies, and when the refusal cost
+    /// nothing to find (no body, not JSON, no `signedPayload`, not shaped as a JWS): only a
+    /// failed signature check, a body too large, too slow or unreadable keeps it. Only verified
     /// notifications take from the deployment's notification budget (`notifications`), and
     /// one over it is answered 503 with `Retry-After`, which Apple retries, and raises an
     /// alert (an error log line and `iap_notifications_refused_total{reason="notifications_busy"}`).
@@ -104,23 +108,34 @@ struct ReceiptsController: Sendable {
         let limits = settings.limits
         router.post("/v1/notifications/appstore") { request, context in
             let address = limits.clientAddress(of: request, peer: context.remoteAddress)
-            if let wait = failures?.peek(address) {
+            // Reserved before the body is read: a body held back mid-way holds its token.
+            if let wait = failures?.take(address) {
                 context.logger.info("App Store notification refused", metadata: ["iap.error.code": "rate_limited"])
                 throw APIError.rateLimited(retryAfter: wait)
             }
             let payload: String
-            let notification: ResponseBodyV2DecodedPayload
             do {
                 payload = try await signedPayload(of: request, context: context)
+            } catch let error as APIError {
+                // No body, not JSON, no `signedPayload`: refused at no cost to us, so at none to
+                // an address Apple may share with the sender.
+                if Self.freeRefusals.contains(error.code) { failures?.giveBack(address) }
+                Counter(label: MetricNames.notificationsRefused, dimensions: [("reason", error.code.rawValue)]).increment()
+                throw error
+            }
+            let notification: ResponseBodyV2DecodedPayload
+            do {
                 notification = try await checkSignature(of: payload, context: context)
             } catch let error as APIError {
                 // Only what the sender could have got right counts against it; a fault of ours does not.
                 if error.status.code < 500 {
-                    _ = failures?.take(address)
                     Counter(label: MetricNames.notificationsRefused, dimensions: [("reason", error.code.rawValue)]).increment()
+                } else {
+                    failures?.giveBack(address)
                 }
                 throw error
             }
+            failures?.giveBack(address)
             // Applied already (Apple's retry of one we answered, or a replay of a captured one):
             // answered as the first time, stored again never, and no budget spent on it. One
             // still on its way through the pipeline is stored again; the finisher applies a
@@ -159,6 +174,10 @@ struct ReceiptsController: Sendable {
             return try JSONResponse.make(["notificationId": verifyRequest.submissionId.uuidString])
         }
     }
+
+    /// Refusals of a notification body that cost nothing to find: the token reserved for it is
+    /// given back.
+    static let freeRefusals: Set<APIErrorCode> = [.invalidJSON, .missingField, .invalidField, .jwsMalformed]
 
     /// The notification's `signedPayload`, in the shape of a JWS, from a body of at most
     /// `maxNotificationBytes`.
@@ -268,11 +287,45 @@ enum JSONResponse {
 enum IntakeBody {
     /// The body, refused with 413 past `limit` bytes and 408 when it takes longer than
     /// `timeout` to arrive (a client trickling bytes holds no server resources for long).
+    ///
+    /// A body in a transfer coding other than `chunked` alone (`gzip`, `xchunked`,
+    /// `gzip, chunked`), or whose bytes NIO's parser cannot read, is refused with 400
+    /// `bad_request`, never a 500: the client sent it, and the route that read it counts it
+    /// against its sender as any other refusal.
     static func collect(_ request: Request, limit: Int, timeout: Duration) async throws -> Data {
         if let length = request.headers[.contentLength].flatMap(Int.init), length > limit {
             throw APIError.bodyTooLarge(limit: limit)
         }
-        return try await withThrowingTaskGroup(of: Data?.self) { group in
+        let coding = unreadableTransferCoding(request.headers)
+        let body: Data
+        do {
+            body = try await read(request, limit: limit, timeout: timeout)
+        } catch is HTTPParserError {
+            throw APIError(.badRequest, coding ?? "the body cannot be read as HTTP/1.1 (a malformed chunk)")
+        }
+        // `gzip, chunked` parses; its bytes are still not what the route reads.
+        if let coding { throw APIError(.badRequest, coding) }
+        return body
+    }
+
+    /// Why a request's `Transfer-Encoding` cannot be read, or nil when it has none or is
+    /// `chunked` alone (RFC 9112 §6.1: a request whose final coding is not `chunked` is a 400).
+    static func unreadableTransferCoding(_ headers: HTTPFields) -> String? {
+        let values = headers[values: .transferEncoding]
+        guard !values.isEmpty else { return nil }
+        let codings = values.flatMap { $0.split(separator: ",") }.map { $0.trimmingCharacters(in: .whitespaces).lowercased() }
+        guard codings != ["chunked"] else { return nil }
+        return "Transfer-Encoding \(String(values.joined(separator: ", ").prefix(40)).debugDescription) is not chunked alone"
+    }
+
+    /// Reads what is left of the body of a request refused before its route read it, so that
+    /// the connection answers once (bounded by `limit` and `timeout`); what it holds is dropped.
+    static func discard(_ request: Request, limit: Int = 64 * 1024, timeout: Duration) async {
+        _ = try? await read(request, limit: limit, timeout: timeout)
+    }
+
+    private static func read(_ request: Request, limit: Int, timeout: Duration) async throws -> Data {
+        try await withThrowingTaskGroup(of: Data?.self) { group in
             group.addTask {
                 var request = request
                 do {

@@ -241,7 +241,9 @@ public struct Pipeline: Sendable {
                         operatorTokens: intake.adminTokens, viewerTokens: settings.console.viewerTokens,
                         insecureCookies: settings.console.insecureCookies, sessionLifetime: settings.console.sessionLifetime,
                         clientAddressHeader: intake.limits.clientAddressHeader, bodyTimeout: intake.limits.bodyTimeout,
-                        maxInFlight: settings.console.maxInFlight),
+                        maxInFlight: settings.console.maxInFlight, maxInFlightPerSession: settings.console.maxInFlightPerSession,
+                        maxSignInsInFlight: settings.console.maxSignInsInFlight,
+                        signInBodyTimeout: min(settings.console.signInBodyTimeout, intake.limits.bodyTimeout)),
                     dependencies: ConsoleDependencies(
                         store: store, catalog: intake.catalog, names: settings.names, broker: connection,
                         appStore: try settings.storeKit.serverAPI.flatMap { serverAPI in

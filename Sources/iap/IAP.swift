@@ -20,7 +20,7 @@ import SwiftASN1
 enum HelpText {
     static let admin = """
         Customer service's admin routes (/v1/admin/...) need IAP_ADMIN_TOKEN (or IAP_ADMIN_TOKEN_FILE): \
-        one or more tokens separated by commas, each at least 16 characters, sent as Authorization: Bearer <token>; \
+        one or more tokens separated by commas, each at least 32 characters (`openssl rand -hex 16` makes one), sent as Authorization: Bearer <token>; \
         unset, they answer 503. The same tokens sign an operator in to the console at /admin/ (beside the admin routes); \
         with a token set, the admin routes and the console need a listener of their own (IAP_ADMIN_PORT) unless \
         IAP_ADMIN_PUBLIC=1 serves them on the intake's port (the default only for iap dev on loopback); \
@@ -98,15 +98,15 @@ private func apply(
     settings.finisher.catalog = catalog
     if let raw = try SettingReader().secret("IAP_ADMIN_TOKEN") {
         let tokens = raw.split(whereSeparator: { $0 == "," || $0.isWhitespace }).map(String.init)
-        guard !tokens.isEmpty, tokens.allSatisfy({ $0.utf8.count >= 16 }) else {
-            throw ValidationError("IAP_ADMIN_TOKEN: each token must be at least 16 characters")
+        guard !tokens.isEmpty, tokens.allSatisfy({ $0.utf8.count >= 32 }) else {
+            throw ValidationError("IAP_ADMIN_TOKEN: each token must be at least 32 characters (openssl rand -hex 16 makes one)")
         }
         settings.intake.adminTokens = tokens
     }
     if let raw = try SettingReader().secret("IAP_VIEWER_TOKEN") {
         let tokens = raw.split(whereSeparator: { $0 == "," || $0.isWhitespace }).map(String.init)
-        guard !tokens.isEmpty, tokens.allSatisfy({ $0.utf8.count >= 16 }) else {
-            throw ValidationError("IAP_VIEWER_TOKEN: each token must be at least 16 characters")
+        guard !tokens.isEmpty, tokens.allSatisfy({ $0.utf8.count >= 32 }) else {
+            throw ValidationError("IAP_VIEWER_TOKEN: each token must be at least 32 characters (openssl rand -hex 16 makes one)")
         }
         settings.console.viewerTokens = tokens
     }
@@ -118,7 +118,25 @@ private func apply(
     if let http {
         settings.intake.authentication = try await http.authentication(defaultMode: authDefault)
         try checkAdminSurface(settings, authDefault: authDefault)
+        try checkAuthenticationOff(settings)
     }
+}
+
+/// Whether `host` is a loopback address: only this machine reaches a listener there.
+private func isLoopback(_ host: String) -> Bool {
+    ["localhost", "::1", "[::1]"].contains(host.lowercased()) || host.hasPrefix("127.")
+}
+
+/// `IAP_AUTH=off` lets every request name its user: it is for a laptop, so a process refuses
+/// to start with it unless the public listener (IAP_HTTP_HOST) is a loopback address.
+private func checkAuthenticationOff(_ settings: PipelineSettings) throws {
+    guard case .off = settings.intake.authentication, !isLoopback(settings.intake.host) else { return }
+    throw ValidationError(
+        """
+        IAP_AUTH=off lets anyone upload and read as any user, and IAP_HTTP_HOST is \(settings.intake.host), not \
+        loopback: set IAP_AUTH=jwt with a key (IAP_AUTH_HS256_SECRET or IAP_AUTH_PUBLIC_KEY_PATH), or listen on \
+        127.0.0.1 for local development.
+        """)
 }
 
 /// The admin routes and the console belong on their own listener (IAP_ADMIN_PORT): with
@@ -129,7 +147,7 @@ private func checkAdminSurface(_ settings: PipelineSettings, authDefault: String
     guard settings.intake.adminListener == nil,
         !settings.intake.adminTokens.isEmpty || !settings.console.viewerTokens.isEmpty
     else { return }
-    let loopback = ["127.0.0.1", "localhost", "::1"].contains(settings.intake.host)
+    let loopback = isLoopback(settings.intake.host)
     switch SettingReader().string(nil, "IAP_ADMIN_PUBLIC", default: authDefault == "off" && loopback ? "1" : "0") {
     case "1", "true": return
     case "0", "false":

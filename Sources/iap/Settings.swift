@@ -298,7 +298,7 @@ struct HTTPOptions: ParsableArguments {
     @Option(name: .long, help: "Serve the admin routes on this port only, not beside the app's routes. (env IAP_ADMIN_PORT; default: the intake's port)")
     var adminPort: Int?
 
-    @Option(name: .long, help: "User authentication: jwt, or off (local development only: the body names the user). (env IAP_AUTH; default jwt, off for dev)")
+    @Option(name: .long, help: "User authentication: jwt, or off (local development only: the body names the user; refused unless IAP_HTTP_HOST is loopback). (env IAP_AUTH; default jwt, off for dev)")
     var auth: String?
 
     @Option(name: .long, help: "PEM public key (P-256 for ES256, RSA for RS256) or JWKS file that verifies user tokens. (env IAP_AUTH_PUBLIC_KEY_PATH)")
@@ -309,6 +309,9 @@ struct HTTPOptions: ParsableArguments {
 
     @Option(name: .long, help: "Issuer user tokens must name in iss; unset skips the check. (env IAP_AUTH_ISSUER)")
     var authIssuer: String?
+
+    @Option(name: .long, help: "Longest a user token may live, exp - iat (exp - now without iat): seconds, or with s, m, h or d; longer ones get 401 token_malformed. (env IAP_AUTH_MAX_LIFETIME; default 24h)")
+    var authMaxLifetime: String?
 
     func settings(names: PipelineNames, defaultHost: String = "0.0.0.0") throws -> IntakeSettings {
         let reader = SettingReader()
@@ -346,6 +349,18 @@ struct HTTPOptions: ParsableArguments {
                 notificationMaxBytes, "IAP_NOTIFICATION_MAX_BYTES", default: 65_536, in: 1024...(1 << 20)))
     }
 
+    /// `IAP_AUTH_MAX_LIFETIME`: whole seconds, or a number with `s`, `m`, `h` or `d`; one second to a year.
+    static func maxLifetime(_ text: String) throws -> TimeInterval {
+        let units: [Character: Double] = ["s": 1, "m": 60, "h": 3600, "d": 86_400]
+        let trimmed = text.trimmingCharacters(in: .whitespaces).lowercased()
+        let unit = trimmed.last.flatMap { units[$0] }
+        let number = unit == nil ? trimmed : String(trimmed.dropLast())
+        guard let value = Int(number), value > 0, case let seconds = Double(value) * (unit ?? 1), seconds <= 366 * 86_400 else {
+            throw ValidationError("IAP_AUTH_MAX_LIFETIME must be a duration such as 3600, 90m, 24h or 7d (at most a year), got '\(text)'")
+        }
+        return seconds
+    }
+
     /// How app users authenticate. `jwt` (the default, `off` for dev) needs exactly one key:
     /// IAP_AUTH_HS256_SECRET (or its _FILE; never a flag) or IAP_AUTH_PUBLIC_KEY_PATH.
     func authentication(defaultMode: String = "jwt") async throws -> UserAuthentication {
@@ -354,6 +369,7 @@ struct HTTPOptions: ParsableArguments {
         case "off":
             return .off
         case "jwt":
+            let lifetime = try Self.maxLifetime(reader.string(authMaxLifetime, "IAP_AUTH_MAX_LIFETIME", default: "24h"))
             let secret = try reader.secret("IAP_AUTH_HS256_SECRET")
             let keyPath = reader.optionalString(authPublicKeyPath, "IAP_AUTH_PUBLIC_KEY_PATH")
             let key: UserTokenVerifier.Key
@@ -376,7 +392,7 @@ struct HTTPOptions: ParsableArguments {
                 return .jwt(
                     try await UserTokenVerifier(
                         key: key, audience: reader.optionalString(authAudience, "IAP_AUTH_AUDIENCE"),
-                        issuer: reader.optionalString(authIssuer, "IAP_AUTH_ISSUER")))
+                        issuer: reader.optionalString(authIssuer, "IAP_AUTH_ISSUER"), maxLifetime: lifetime))
             } catch {
                 throw ValidationError(keyPath == nil ? "IAP_AUTH_HS256_SECRET: \(error)" : "IAP_AUTH_PUBLIC_KEY_PATH: \(error)")
             }

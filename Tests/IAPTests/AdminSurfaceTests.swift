@@ -15,7 +15,7 @@ struct AdminSurfaceTests {
         let run = try await CommandLineTests().iap(
             ["orders"],
             environment: [
-                "IAP_ADMIN_TOKEN": "an-admin-token-0123456789", "IAP_ADMIN_PORT": "", "IAP_ADMIN_PUBLIC": "",
+                "IAP_ADMIN_TOKEN": "an-admin-token-0123456789abcdefghijkl", "IAP_ADMIN_PORT": "", "IAP_ADMIN_PUBLIC": "",
                 "IAP_AUTH": "off", "IAP_HTTP_PORT": "0", "IAP_BUNDLE_IDS": "com.example.tests",
                 "IAP_CATALOG": repositoryRoot.appendingPathComponent("compose/catalog.json").path,
             ])

@@ -97,7 +97,7 @@ struct CommandLineTests {
         try JSONEncoder().encode(PipelineHarness.testCatalog).write(to: catalog)
         let base = [
             "IAP_CATALOG": catalog.path, "IAP_OPS_PORT": "off", "IAP_AUTH": "off", "IAP_BUNDLE_IDS": "",
-            "IAP_HTTP_PORT": "1", "IAP_AMQP_URL": "amqp://guest:guest@127.0.0.1:1/",
+            "IAP_HTTP_PORT": "1", "IAP_AMQP_URL": "amqp://guest:guest@127.0.0.1:1/", "IAP_HTTP_HOST": "127.0.0.1",
         ]
         for role in ["intake", "orders"] {
             let run = try await iap([role], environment: base)
@@ -107,6 +107,51 @@ struct CommandLineTests {
             let run = try await iap(["orders"], environment: base.merging(["IAP_BUNDLE_IDS": "com.example.tests", variable: value]) { $1 })
             #expect(run.status != 0 && run.output.contains(variable), "\(run.output)")
         }
+    }
+
+    /// `IAP_AUTH=off` lets a request name its user: `iap intake` and `iap orders` refuse it on
+    /// any address but loopback, naming both settings; on loopback they start past that check.
+    @Test func authenticationOffIsRefusedUnlessTheIntakeListensOnLoopback() throws {
+        let catalog = FileManager.default.temporaryDirectory.appendingPathComponent("catalog-\(UUID().uuidString).json")
+        try JSONEncoder().encode(PipelineHarness.testCatalog).write(to: catalog)
+        let base = [
+            "IAP_CATALOG": catalog.path, "IAP_OPS_PORT": "off", "IAP_AUTH": "off", "IAP_BUNDLE_IDS": "",
+            "IAP_HTTP_PORT": "1", "IAP_AMQP_URL": "amqp://guest:guest@127.0.0.1:1/", "IAP_ADMIN_TOKEN": "",
+        ]
+        for role in ["intake", "orders"] {
+            for host in ["0.0.0.0", "192.0.2.10", "::"] {
+                let run = try iap([role], environment: base.merging(["IAP_HTTP_HOST": host]) { $1 })
+                #expect(run.status != 0, "\(role) \(host): \(run.output)")
+                #expect(run.output.contains("IAP_AUTH=off") && run.output.contains("IAP_HTTP_HOST"), "\(role) \(host): \(run.output)")
+            }
+            for host in ["127.0.0.1", "localhost", "::1"] {
+                let run = try iap([role], environment: base.merging(["IAP_HTTP_HOST": host]) { $1 })
+                #expect(!run.output.contains("IAP_AUTH=off lets"), "\(role) \(host): \(run.output)")
+                #expect(run.output.contains("IAP_BUNDLE_IDS"), "\(role) \(host) stopped before the bundle ids: \(run.output)")
+            }
+        }
+    }
+
+    /// Admin and viewer tokens shorter than 32 characters are refused at start, naming the
+    /// variable; `scripts/dev up` refuses them too, and its `auto` token is 32 characters.
+    @Test func adminTokensShorterThan32CharactersAreRefused() throws {
+        let catalog = FileManager.default.temporaryDirectory.appendingPathComponent("catalog-\(UUID().uuidString).json")
+        try JSONEncoder().encode(PipelineHarness.testCatalog).write(to: catalog)
+        let base = [
+            "IAP_CATALOG": catalog.path, "IAP_OPS_PORT": "off", "IAP_AUTH": "off", "IAP_BUNDLE_IDS": "",
+            "IAP_HTTP_PORT": "1", "IAP_AMQP_URL": "amqp://guest:guest@127.0.0.1:1/", "IAP_HTTP_HOST": "127.0.0.1",
+            "IAP_ADMIN_PORT": "0",
+        ]
+        for variable in ["IAP_ADMIN_TOKEN", "IAP_VIEWER_TOKEN"] {
+            for tokens in ["sixteen-chars-xx", String(repeating: "a", count: 31), "\(String(repeating: "b", count: 40)),short"] {
+                let run = try iap(["orders"], environment: base.merging([variable: tokens]) { $1 })
+                #expect(run.status != 0 && run.output.contains("\(variable): each token must be at least 32 characters"), "\(run.output)")
+            }
+            let long = try iap(["orders"], environment: base.merging([variable: String(repeating: "c", count: 32)]) { $1 })
+            #expect(!long.output.contains("at least 32 characters"), "\(long.output)")
+        }
+        let dev = try String(contentsOf: repositoryRoot.appendingPathComponent("scripts/dev"), encoding: .utf8)
+        #expect(dev.contains("${#admin_token} -ge 32") && dev.contains("secrets.token_hex(16)"))
     }
 
     @Test func inspectJWSVerifiesAndPrintsOrSaysWhy() async throws {

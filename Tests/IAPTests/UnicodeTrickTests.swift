@@ -65,7 +65,7 @@ struct UnicodeTrickTests {
         let store = try TestStore.open(in: folder)
         defer { Task { await store.close() } }
         let console = try Console(
-            settings: ConsoleSettings(operatorTokens: ["operator-token-0123456789"], insecureCookies: true),
+            settings: ConsoleSettings(operatorTokens: ["operator-token-0123456789abcdefghijkl"], insecureCookies: true),
             dependencies: ConsoleDependencies(
                 store: store, catalog: nil, names: .init(), broker: nil, appStore: nil, signedData: nil, changed: {}),
             logger: Logger(label: "iap.tests.console"))

@@ -100,6 +100,46 @@ struct UserTokenTests {
         #expect(await failure(verifier, [good[0], other[1], good[2]].joined(separator: ".")) == .signatureInvalid)
     }
 
+    /// An HS256 token of any header and payload, signed with the test secret.
+    static func signed(header: [String: Any], payload: [String: Any]) throws -> String {
+        let input = try TestTokens.base64URL(JSONSerialization.data(withJSONObject: header)) + "."
+            + TestTokens.base64URL(JSONSerialization.data(withJSONObject: payload))
+        let mac = HMAC<SHA256>.authenticationCode(for: Data(input.utf8), using: SymmetricKey(data: Data(TestTokens.secret.utf8)))
+        return input + "." + TestTokens.base64URL(Data(mac))
+    }
+
+    /// A `crit` header is refused (this intake understands no extension), so is an `iat` that is
+    /// no number or lies ahead, and a token living longer than `IAP_AUTH_MAX_LIFETIME` (24 h by
+    /// default), counted from `iat`, or from now without one.
+    @Test func critHeadersMalformedIatAndOverlongLifetimesAreRefused() async throws {
+        let verifier = try await UserTokenVerifier(key: .hs256(secret: TestTokens.secret))
+        let now = Int(Date().timeIntervalSince1970)
+        let header: [String: Any] = ["alg": "HS256", "typ": "JWT"]
+        let fine = try Self.signed(header: header, payload: ["sub": "ana", "iat": now, "exp": now + 3600])
+        #expect(try await verifier.userId(from: fine) == "ana")
+        var critical = header
+        critical["crit"] = ["exp"]
+        #expect(await failure(verifier, try Self.signed(header: critical, payload: ["sub": "ana", "exp": now + 3600, "exp2": 1])) == .malformed)
+        critical["crit"] = ["urn:example:unknown"]
+        #expect(await failure(verifier, try Self.signed(header: critical, payload: ["sub": "ana", "exp": now + 3600])) == .malformed)
+        for iat: Any in ["x", true, [now], ["n": now]] {
+            #expect(
+                await failure(verifier, try Self.signed(header: header, payload: ["sub": "ana", "iat": iat, "exp": now + 3600])) == .malformed,
+                "\(iat)")
+        }
+        #expect(await failure(verifier, try Self.signed(header: header, payload: ["sub": "ana", "iat": now + 600, "exp": now + 3600])) == .notYetValid)
+        // Year 9999, with and without iat; and a day and an hour after iat.
+        let farFuture = 253_402_300_799
+        #expect(await failure(verifier, try Self.signed(header: header, payload: ["sub": "ana", "exp": farFuture])) == .malformed)
+        #expect(await failure(verifier, try Self.signed(header: header, payload: ["sub": "ana", "iat": now, "exp": farFuture])) == .malformed)
+        #expect(await failure(verifier, try Self.signed(header: header, payload: ["sub": "ana", "iat": now, "exp": now + 25 * 3600])) == .malformed)
+        #expect(try await verifier.userId(from: Self.signed(header: header, payload: ["sub": "ana", "exp": now + 23 * 3600])) == "ana")
+        // A deployment's own ceiling.
+        let strict = try await UserTokenVerifier(key: .hs256(secret: TestTokens.secret), maxLifetime: 600)
+        #expect(await failure(strict, fine) == .malformed)
+        #expect(try await strict.userId(from: Self.signed(header: header, payload: ["sub": "ana", "iat": now, "exp": now + 300])) == "ana")
+    }
+
     @Test func shortSecretsAndUnusableKeysAreRefused() async throws {
         await #expect(throws: UserTokenVerifierError.self) { try await UserTokenVerifier(key: .hs256(secret: "too-short")) }
         await #expect(throws: UserTokenVerifierError.self) { try await UserTokenVerifier(key: .publicKey("not a key")) }

@@ -43,9 +43,9 @@ final class PipelineHarness: Sendable {
     /// suites start at once on two cores, and a 10 s bound failed there (the fake App Store's
     /// port had not been reported yet).
     static let startLimit: Duration = .seconds(60)
-    static let adminToken = "test-admin-token-0123456789"
+    static let adminToken = "test-admin-token-0123456789abcdefghij"
     /// Signs read-only support in to the console.
-    static let viewerToken = "test-viewer-token-0123456789"
+    static let viewerToken = "test-viewer-token-0123456789abcdefghij"
 
     /// What the tests' app sells.
     static let testCatalog = Catalog(products: [

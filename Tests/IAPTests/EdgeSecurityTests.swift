@@ -1,0 +1,283 @@
+import AppStore
+import AsyncHTTPClient
+import FakeAppStore
+import Foundation
+import IAPCore
+import Intake
+import NIOConcurrencyHelpers
+import NIOCore
+import NIOFoundationCompat
+import NIOHTTP1
+@testable import OrderStore
+import Testing
+
+/// The third security round's findings, each against the listener it names, with real
+/// sockets on loopback and no broker: what strangers may cost, and what they may never take
+/// from Apple or from operators.
+@Suite("Security at the edges", .serialized, .timeLimit(.minutes(3)))
+struct EdgeSecurityTests {
+    // MARK: - Apple's notifications (finding 3)
+
+    /// Notifications held back mid-body each hold their address's token from the moment they
+    /// arrive: past the burst, the next is answered 429 at once, before its body is read, and
+    /// no held one is ever checked.
+    @Test func heldBackNotificationsSpendTheirTokensBeforeTheirBodiesArrive() async throws {
+        let limits = IntakeLimits(
+            perUser: nil, perAddress: nil, bodyTimeout: .seconds(20), notifications: nil,
+            notificationFailuresPerAddress: RateLimit(perSecond: 1, burst: 5))
+        try await EdgeHarness.with(limits: limits) { edge in
+            let port = EdgeHarness.port(edge.intakeURL)
+            let head = "POST /v1/notifications/appstore HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                + "Content-Length: 4000\r\n\r\n{\"signedPayload\": \"eyJ"
+            let held = try (0..<5).map { _ in try RawHTTPClient(port: port) }
+            for client in held { try client.send(head) }
+            try await Task.sleep(for: .milliseconds(300))
+            let next = try RawHTTPClient(port: port)
+            let started = ContinuousClock.now
+            try next.send(head)
+            let reply = try await next.receiveOffThePool(timeout: 5)
+            #expect(reply.hasPrefix("HTTP/1.1 429"), "\(reply)")
+            #expect(reply.contains("rate_limited") && reply.contains("Retry-After"), "\(reply)")
+            #expect(ContinuousClock.now - started < .seconds(2), "answered after \(ContinuousClock.now - started)")
+            withExtendedLifetime(held) {}
+        }
+    }
+
+    /// Where every sender shares one address (a proxy without IAP_CLIENT_IP_HEADER), a flood of
+    /// notifications refused at no cost (no body, not JSON, no `signedPayload`) spends no
+    /// budget: Apple's genuine REFUND from that address is still taken. Forgeries that fail the
+    /// signature check do spend it, and a verified notification gives its token back.
+    @Test func freeRefusalsSpendNoBudgetAndAGenuineNotificationStillGetsIn() async throws {
+        let limits = IntakeLimits(
+            perUser: nil, perAddress: nil, notifications: nil, notificationFailuresPerAddress: RateLimit(perSecond: 1, burst: 5))
+        try await EdgeHarness.with(limits: limits) { edge in
+            let url = edge.intakeURL + "/v1/notifications/appstore"
+            var statuses: [Int: Int] = [:]
+            let bodies: [Data?] = [nil, Data(), Data("not json".utf8), Data("[1]".utf8), Data(#"{"other": 1}"#.utf8),
+                Data(#"{"signedPayload": 42}"#.utf8), Data(#"{"signedPayload": "not-a-jws"}"#.utf8)]
+            for index in 0..<210 {
+                let answer = try await HTTP.send(url, method: .POST, body: bodies[index % bodies.count])
+                statuses[answer.status, default: 0] += 1
+            }
+            #expect(statuses == [400: 210], "\(statuses)")
+            // Apple's, from the same address: taken, and three more after it (each gave its token back).
+            for _ in 0..<8 {
+                let genuine = try await HTTP.post(url, json: ["signedPayload": try ForgedNotification.make(signer: edge.apple)])
+                #expect(genuine.status == 200, "\(genuine.text)")
+            }
+            // Forgeries spend the address's budget: five, then 429.
+            let forged = try ForgedNotification.make(signer: try FakeCertificateAuthority.generate(name: "Not Apple"))
+            var forgedStatuses: [Int] = []
+            for _ in 0..<10 { forgedStatuses.append(try await HTTP.post(url, json: ["signedPayload": forged]).status) }
+            // Five, and one more if a second passed meanwhile (the bucket refills one a second).
+            #expect(
+                forgedStatuses.prefix(5).allSatisfy { $0 == 403 } && (5...6).contains(forgedStatuses.filter { $0 == 403 }.count)
+                    && forgedStatuses.last == 429, "\(forgedStatuses)")
+            #expect(edge.errorLines.withLockedValue { $0 }.isEmpty, "\(edge.errorLines.withLockedValue { $0 })")
+        }
+    }
+
+    // MARK: - Admin tokens (findings 4 and 7)
+
+    /// Guesses at the admin token on the admin listener: five from one address are answered
+    /// 403, then 429 before anything is compared. The right token from another address works at
+    /// once; from the locked address, as soon as the guessing there pauses for two seconds.
+    @Test func adminTokenGuessesReach429AndTheRightTokenGetsThroughAStrangersLockout() async throws {
+        let limits = IntakeLimits(perUser: nil, perAddress: nil, clientAddressHeader: "X-Real-IP")
+        try await EdgeHarness.with(limits: limits, separateAdmin: true) { edge in
+            let audit = try #require(edge.adminURL) + "/v1/admin/audit"
+            let office = ["X-Real-IP": "198.51.100.20"]
+            var statuses: [Int: Int] = [:]
+            var first429: Int?
+            for index in 0..<800 {
+                var headers = office
+                headers["Authorization"] = "Bearer guess-\(index)-0123456789abcdefghijklmnopqrstuvwxyz"
+                if index.isMultiple(of: 3) { headers["Authorization"] = nil }
+                let answer = try await HTTP.send(audit, method: .GET, body: nil, headers: headers)
+                statuses[answer.status, default: 0] += 1
+                if answer.status == 429, first429 == nil {
+                    first429 = index
+                    #expect(answer.errorCode == "rate_limited" && answer.headers.first(name: "Retry-After") != nil, "\(answer.text)")
+                }
+            }
+            #expect(first429 == 5, "\(statuses)")
+            #expect(Set(statuses.keys).isSubset(of: [401, 403, 429]) && statuses[429, default: 0] >= 790, "\(statuses)")
+            let admin = "Bearer \(EdgeHarness.adminToken)"
+            let elsewhere = try await HTTP.send(
+                audit, method: .GET, body: nil, headers: ["X-Real-IP": "203.0.113.5", "Authorization": admin])
+            #expect(elsewhere.status == 200, "\(elsewhere.text)")
+            try await Task.sleep(for: .milliseconds(2100))
+            let operatorInTheOffice = try await HTTP.send(
+                audit, method: .GET, body: nil, headers: office.merging(["Authorization": admin]) { $1 })
+            #expect(operatorInTheOffice.status == 200, "\(operatorInTheOffice.text)")
+            #expect(edge.errorLines.withLockedValue { $0 }.isEmpty, "\(edge.errorLines.withLockedValue { $0 })")
+        }
+    }
+
+    /// Five bad sign-ins from an office's address (a stranger behind its NAT) no longer lock the
+    /// console for five minutes: the operator's right token from that address signs in once the
+    /// guessing pauses for two seconds, while the stranger's next guesses get 429.
+    @Test func aStrangersFailedSignInsDoNotLockTheOperatorOut() async throws {
+        let limits = IntakeLimits(perUser: nil, perAddress: nil, clientAddressHeader: "X-Real-IP")
+        try await EdgeHarness.with(limits: limits, separateAdmin: true) { edge in
+            let admin = try #require(edge.adminURL)
+            let office = ["X-Real-IP": "198.51.100.30"]
+            var statuses: [Int] = []
+            for index in 0..<8 {
+                statuses.append(try await Self.signIn(admin, token: "wrong-\(index)", headers: office).status)
+            }
+            #expect(statuses.prefix(5).allSatisfy { $0 == 401 } && statuses.suffix(3).allSatisfy { $0 == 429 }, "\(statuses)")
+            try await Task.sleep(for: .milliseconds(2100))
+            let signedIn = try await Self.signIn(admin, token: EdgeHarness.adminToken, headers: office)
+            #expect(signedIn.status == 303 && signedIn.cookie != nil, "\(signedIn.status) \(signedIn.text.prefix(300))")
+            // The operator's success is forgiven, not the stranger's failures: two more guesses lock the address again.
+            var again: [Int] = []
+            for _ in 0..<2 { again.append(try await Self.signIn(admin, token: "wrong-again", headers: office).status) }
+            #expect(again.last == 429, "\(again)")
+        }
+    }
+
+    // MARK: - The console's sign-ins and actions (finding 2)
+
+    /// A client that shows the console's redirects instead of following them.
+    static let console = HTTPClient(eventLoopGroupProvider: .singleton, configuration: .init(redirectConfiguration: .disallow))
+
+    /// A request to the console: its status, text and headers.
+    static func send(
+        _ url: String, method: HTTPMethod = .GET, form: String? = nil, headers: [String: String] = [:]
+    ) async throws -> HTTP.Answer {
+        var request = HTTPClientRequest(url: url)
+        request.method = method
+        for (name, value) in headers { request.headers.add(name: name, value: value) }
+        if let form {
+            request.headers.add(name: "Content-Type", value: "application/x-www-form-urlencoded")
+            request.body = .bytes(ByteBuffer(string: form))
+        }
+        let response = try await console.execute(request, timeout: .seconds(30))
+        let bytes = try await response.body.collect(upTo: 16 * 1024 * 1024)
+        return HTTP.Answer(status: Int(response.status.code), body: Data(buffer: bytes), headers: response.headers)
+    }
+
+    /// A console sign-in; the answer's status, text and session cookie.
+    static func signIn(_ base: String, token: String, headers: [String: String] = [:]) async throws
+        -> (status: Int, text: String, cookie: String?)
+    {
+        let form = "token=\(token.addingPercentEncoding(withAllowedCharacters: .alphanumerics) ?? "")&name=sam"
+        let answer = try await send(base + "/admin/login", method: .POST, form: form, headers: headers)
+        let cookie = answer.headers.first(name: "Set-Cookie")?.split(separator: ";").first.map(String.init)
+        return (answer.status, answer.text, cookie)
+    }
+
+    /// The CSRF token of the note form on a customer's page.
+    static func noteCSRF(_ base: String, cookie: String, headers: [String: String]) async throws -> String? {
+        let page = try await send(base + "/admin/users/ana", headers: headers.merging(["Cookie": cookie]) { $1 })
+        guard let form = page.text.range(of: "id=\"note-form\"") else { return nil }
+        let rest = page.text[form.upperBound...]
+        guard let field = rest.range(of: "name=\"csrf\" value=\"") else { return nil }
+        return String(rest[field.upperBound...].prefix { $0 != "\"" })
+    }
+
+    /// While strangers hold half-sent sign-ins from 64 addresses (two each, far more than the
+    /// sign-ins' cap), an operator with the right token signs in and acts within a second, and
+    /// an operator signed in before acts too. The held sign-ins are cut off by the sign-ins' own
+    /// body timeout.
+    @Test func halfSentSignInsFrom64AddressesNeverKeepAnOperatorOut() async throws {
+        let limits = IntakeLimits(perUser: nil, perAddress: nil, clientAddressHeader: "X-Real-IP", bodyTimeout: .seconds(30))
+        try await EdgeHarness.with(limits: limits, separateAdmin: true) { edge in
+            let admin = try #require(edge.adminURL)
+            let port = EdgeHarness.port(admin)
+            let earlier = try await Self.signIn(admin, token: EdgeHarness.adminToken, headers: ["X-Real-IP": "10.0.0.2"])
+            let earlierCookie = try #require(earlier.cookie)
+            var held: [RawHTTPClient] = []
+            for address in 0..<64 {
+                for _ in 0..<2 {
+                    let client = try RawHTTPClient(port: port)
+                    try client.send(
+                        "POST /admin/login HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Real-IP: 203.0.113.\(address)\r\n"
+                            + "Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\ntoken=gu")
+                    held.append(client)
+                }
+            }
+            try await Task.sleep(for: .milliseconds(500))
+            let office = ["X-Real-IP": "10.0.0.1"]
+            let started = ContinuousClock.now
+            let signedIn = try await Self.signIn(admin, token: EdgeHarness.adminToken, headers: office)
+            let cookie = try #require(signedIn.cookie, "\(signedIn.status) \(signedIn.text.prefix(300))")
+            let csrf = try #require(try await Self.noteCSRF(admin, cookie: cookie, headers: office))
+            let note = "userId=ana&text=called%20back&csrf=\(csrf)&back=%2Fadmin%2Fusers%2Fana&key=\(UUID().uuidString)"
+            let acted = try await Self.send(
+                admin + "/admin/actions/note", method: .POST, form: note, headers: office.merging(["Cookie": cookie]) { $1 })
+            let took = ContinuousClock.now - started
+            #expect(acted.status == 303, "\(acted.status) \(acted.text.prefix(300))")
+            #expect(took < .seconds(1), "signing in and acting took \(took)")
+            // The operator signed in before the flood acts too.
+            let earlierCSRF = try #require(try await Self.noteCSRF(admin, cookie: earlierCookie, headers: office))
+            let earlierNote = "userId=ana&text=noted&csrf=\(earlierCSRF)&back=%2Fadmin%2Fusers%2Fana&key=\(UUID().uuidString)"
+            let earlierActed = try await Self.send(
+                admin + "/admin/actions/note", method: .POST, form: earlierNote, headers: office.merging(["Cookie": earlierCookie]) { $1 })
+            #expect(earlierActed.status == 303, "\(earlierActed.status) \(earlierActed.text.prefix(300))")
+            // Every held sign-in is answered (given way, or cut off by the sign-ins' body timeout), none with 5xx.
+            var answers: [Int: Int] = [:]
+            for client in held {
+                let reply = try await client.receiveOffThePool(timeout: 10)
+                answers[Int(reply.split(separator: " ").dropFirst().first ?? "") ?? 0, default: 0] += 1
+            }
+            #expect(Set(answers.keys).isSubset(of: [400, 429]), "\(answers)")
+        }
+    }
+
+    /// A signed-in operator's posts count against the session's own cap: a stranger's
+    /// held-back posts without a session are refused at once and hold nothing.
+    @Test func strangersPostsToActionsAreRefusedBeforeTheirBodiesArrive() async throws {
+        try await EdgeHarness.with(separateAdmin: true) { edge in
+            let admin = try #require(edge.adminURL)
+            let port = EdgeHarness.port(admin)
+            var held: [RawHTTPClient] = []
+            for _ in 0..<80 {
+                let client = try RawHTTPClient(port: port)
+                try client.send(
+                    "POST /admin/actions/note HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+                        + "Content-Length: 1000\r\n\r\ntext=")
+                held.append(client)
+            }
+            let reply = try await held[0].receiveOffThePool(timeout: 5)
+            #expect(reply.hasPrefix("HTTP/1.1 401"), "\(reply.prefix(200))")
+            let signedIn = try await Self.signIn(admin, token: EdgeHarness.adminToken)
+            let cookie = try #require(signedIn.cookie)
+            let csrf = try #require(try await Self.noteCSRF(admin, cookie: cookie, headers: [:]))
+            let note = "userId=ana&text=ok&csrf=\(csrf)&back=%2Fadmin%2F&key=\(UUID().uuidString)"
+            let acted = try await Self.send(admin + "/admin/actions/note", method: .POST, form: note, headers: ["Cookie": cookie])
+            #expect(acted.status == 303, "\(acted.status) \(acted.text.prefix(300))")
+        }
+    }
+}
+
+extension BrokerTests {
+    @Suite("What a rejected upload leaves on disk")
+    struct RejectedUploadTests {
+        /// A receipt that passes the intake's first look (a real container, padded with 200 KiB
+        /// in a field it reads) and that Apple then rejects leaves less than 1 KB in the store:
+        /// the finisher keeps only its digest.
+        @Test func anUploadAppleRejectsKeepsLessThan1KB() async throws {
+            let pipeline = try await PipelineHarness.start(name: "rejectdigest")
+            defer { Task { await pipeline.stop() } }
+            var padded = AppReceiptTests.payload
+            padded.bundleId = PipelineHarness.bundleId
+            padded.opaqueValue = [UInt8](repeating: 7, count: 200 * 1024)
+            let receipt = try ReceiptMinter(authority: try FakeCertificateAuthority.generate(name: "Not Apple")).mint(padded)
+            let id = try await pipeline.upload(userId: "mallory", receiptData: Data(receipt).base64EncodedString())
+            let state = try await pipeline.waitForState(id)
+            #expect(state["state"] as? String == "rejected", "\(state)")
+            func kept() async throws -> Int {
+                let rows = try await pipeline.store.testRows(
+                    "SELECT receiptData, signedTransaction, signedPayload FROM submission WHERE id = ?", [id])
+                guard let row = rows.first else { return -1 }
+                let texts: [String?] = [row["receiptData"], row["signedTransaction"], row["signedPayload"]]
+                return texts.compactMap { $0?.utf8.count }.reduce(0, +)
+            }
+            let small = try await eventually(timeout: .seconds(10)) { (0..<1024).contains(try await kept()) }
+            let bytes = try await kept()
+            #expect(small, "the rejected upload keeps \(bytes) bytes")
+        }
+    }
+}

@@ -1,0 +1,234 @@
+import AppStore
+import FakeAppStore
+import Finisher
+import Foundation
+import IAPCore
+import Intake
+import NIOHTTP1
+@testable import OrderStore
+import NIOConcurrencyHelpers
+import Testing
+
+/// Requests no well-behaved client sends, as raw bytes on loopback, against the intake's
+/// listeners alone (no broker): each class is answered with a 4xx that costs its sender,
+/// never a 5xx or an error-level log line.
+@Suite("Hostile input at the edges", .serialized, .timeLimit(.minutes(3)))
+struct HostileInputEdgeTests {
+    /// Transfer codings the intake does not read: llhttp refuses a request whose final coding is
+    /// not `chunked`; `gzip, chunked` parses, and its bytes are still no JSON or form.
+    static let unknownTransferCodings = ["gzip", "xchunked", "chunked, gzip", "gzip, chunked", "identity", "chunked, chunked"]
+
+    /// One raw request on a connection of its own: the status and the whole answer.
+    static func raw(
+        _ url: String, _ method: String, _ path: String, headers: [String] = [], body: String = ""
+    ) async throws -> (status: Int, text: String) {
+        let client = try RawHTTPClient(port: EdgeHarness.port(url))
+        let head = (["\(method) \(path) HTTP/1.1", "Host: 127.0.0.1"] + headers).joined(separator: "\r\n")
+        try client.send(head + "\r\n\r\n" + body)
+        let reply = try await client.receiveOffThePool(timeout: 10)
+        let status = reply.split(separator: " ", maxSplits: 2).dropFirst().first.flatMap { Int($0) } ?? 0
+        return (status, reply)
+    }
+
+    /// A chunked body of `text` in one chunk.
+    static func chunked(_ text: String) -> String {
+        String(text.utf8.count, radix: 16) + "\r\n" + text + "\r\n0\r\n\r\n"
+    }
+
+    // MARK: - Unknown transfer codings
+
+    /// Every listener (the app's routes, Apple's notifications, the admin routes on their own
+    /// port, the console's forms) answers an unknown `Transfer-Encoding` with a 4xx, never a
+    /// 500 and never an error-level log line; where a route reads the body, with 400 `bad_request`.
+    @Test func anUnknownTransferCodingIsA400OnEveryListener() async throws {
+        try await EdgeHarness.with(separateAdmin: true) { edge in
+            let admin = try #require(edge.adminURL)
+            let token = "Authorization: Bearer \(EdgeHarness.adminToken)"
+            let targets: [(url: String, path: String, headers: [String], expected: Set<Int>)] = [
+                (edge.intakeURL, "/v1/receipts", ["Content-Type: application/json"], [400]),
+                (edge.intakeURL, "/v1/orders", ["Content-Type: application/json"], [400]),
+                (edge.intakeURL, "/v1/notifications/appstore", ["Content-Type: application/json"], [400]),
+                (admin, "/v1/admin/grants", ["Content-Type: application/json", token], [400]),
+                // A stranger without the token is refused by the authorization first, and counted there.
+                (admin, "/v1/admin/grants", ["Content-Type: application/json"], [401, 429]),
+                (admin, "/admin/login", ["Content-Type: application/x-www-form-urlencoded"], [400, 429]),
+            ]
+            for coding in Self.unknownTransferCodings {
+                for target in targets {
+                    let body = coding.hasSuffix("chunked") ? Self.chunked("{\"userId\":\"ana\"}") : "{\"userId\":\"ana\"}"
+                    let answer = try await Self.raw(
+                        target.url, "POST", target.path, headers: target.headers + ["Transfer-Encoding: \(coding)"], body: body)
+                    // NIO's parser refuses some codings (`chunked, gzip`) with the head itself: a bare
+                    // 400 that closes the connection before any route sees the request.
+                    let refusedByTheParser = answer.status == 400 && answer.text.contains("Connection: close")
+                        && answer.text.hasSuffix("Content-Length: 0\r\n\r\n")
+                    #expect(
+                        target.expected.contains(answer.status) || refusedByTheParser,
+                        "\(coding) \(target.path): \(answer.text.prefix(300))")
+                    if answer.status == 400 && !target.path.hasPrefix("/admin/") && !refusedByTheParser {
+                        #expect(answer.text.contains("\"bad_request\""), "\(coding) \(target.path): \(answer.text.prefix(300))")
+                    }
+                    #expect(answer.status < 500, "\(coding) \(target.path): \(answer.text.prefix(300))")
+                }
+            }
+            #expect(edge.errorLines.withLockedValue { $0 }.isEmpty, "\(edge.errorLines.withLockedValue { $0 })")
+            #expect(try await HTTP.get(edge.intakeURL + "/healthz").status == 200)
+        }
+    }
+
+    /// Unknown transfer codings from one address spend that address's budget: past the
+    /// notification failures' burst they are answered 429 before their bodies are read, and
+    /// past the per-address burst on the app's routes too; 1,000 of each, no 5xx.
+    @Test func unknownTransferCodingsFromOneAddressReach429WithinTheirBurst() async throws {
+        let limits = IntakeLimits(
+            perUser: nil, perAddress: RateLimit(perSecond: 1, burst: 50), clientAddressHeader: "X-Real-IP",
+            notifications: nil, notificationFailuresPerAddress: RateLimit(perSecond: 1, burst: 20))
+        try await EdgeHarness.with(limits: limits) { edge in
+            for (path, burst) in [("/v1/notifications/appstore", 20), ("/v1/receipts", 50)] {
+                var statuses: [Int: Int] = [:]
+                var first429: Int?
+                for index in 0..<1000 {
+                    let answer = try await Self.raw(
+                        edge.intakeURL, "POST", path,
+                        headers: ["Content-Type: application/json", "X-Real-IP: 198.51.100.9", "Transfer-Encoding: gzip"],
+                        body: "{}")
+                    statuses[answer.status, default: 0] += 1
+                    if answer.status == 429, first429 == nil { first429 = index }
+                }
+                #expect(Set(statuses.keys).isSubset(of: [400, 429]), "\(path): \(statuses)")
+                #expect(first429.map { $0 <= burst + 1 } ?? false, "\(path): first 429 at \(String(describing: first429)): \(statuses)")
+            }
+            #expect(edge.errorLines.withLockedValue { $0 }.isEmpty, "\(edge.errorLines.withLockedValue { $0 })")
+        }
+    }
+
+    // MARK: - Unsigned and padded containers
+
+    /// A receipt payload of this app (`PipelineHarness.bundleId`) with `extra` attributes.
+    static func payload(_ extra: [[UInt8]] = []) -> [UInt8] {
+        TestDER.set(
+            [TestDER.attribute(2, TestDER.utf8(PipelineHarness.bundleId)), TestDER.attribute(3, TestDER.utf8("1"))] + extra)
+    }
+
+    /// A SignedData around `content` with stand-ins for the certificates and the signer (the
+    /// intake does not check the signature: Apple does).
+    static func signedShell(content: [UInt8], certificates: [UInt8] = TestDER.element(0x30, [0x05, 0x00])) -> [UInt8] {
+        let pkcs7: [UInt8] = [0x2A, 0x86, 0x48, 0x86, 0xF7, 0x0D, 0x01, 0x07]
+        let sha256 = TestDER.element(0x30, TestDER.element(0x06, [0x60, 0x86, 0x48, 0x01, 0x65, 0x03, 0x04, 0x02, 0x01]))
+        let encapsulated = TestDER.element(
+            0x30, TestDER.element(0x06, pkcs7 + [0x01]) + TestDER.element(0xA0, TestDER.element(0x04, content)))
+        let signer = TestDER.element(0x30, TestDER.integer(1))
+        let signed = TestDER.element(
+            0x30,
+            TestDER.integer(1) + TestDER.element(0x31, sha256) + encapsulated + TestDER.element(0xA0, certificates)
+                + TestDER.element(0x31, signer))
+        return TestDER.element(0x30, TestDER.element(0x06, pkcs7 + [0x02]) + TestDER.element(0xA0, signed))
+    }
+
+    /// PKCS#7 shells are refused at the door with 400 `receipt_malformed` and nothing is stored:
+    /// one with no certificates and no signer (Apple's always carry both) around a payload of
+    /// this app, padded to 250 KB or not, and signed-looking ones padded with a filler attribute,
+    /// a filler purchase or filler certificates. Receipts minted as Apple does, DER or BER, pass.
+    @Test func unsignedAndPaddedContainersAreRefusedAtTheDoor() async throws {
+        try await EdgeHarness.with { edge in
+            let filler = [TestDER.attribute(9999, [UInt8](repeating: 0x41, count: 250_000))]
+            let shells: [(String, [UInt8])] = [
+                ("unsigned", TestDER.signedData(content: Self.payload())),
+                ("unsigned, padded", TestDER.signedData(content: Self.payload(filler))),
+                ("signed-looking, a filler attribute", Self.signedShell(content: Self.payload(filler))),
+                ("signed-looking, many small fillers",
+                    Self.signedShell(content: Self.payload((0..<100).map { TestDER.attribute(9000 + $0, [1, 2, 3]) }))),
+                ("signed-looking, a filler purchase",
+                    Self.signedShell(content: Self.payload([TestDER.attribute(17, [UInt8](repeating: 0x30, count: 100_000))]))),
+                ("signed-looking, filler certificates",
+                    Self.signedShell(content: Self.payload(), certificates: TestDER.element(0x30, TestDER.element(0x04, [UInt8](repeating: 0, count: 100_000))))),
+            ]
+            for (kind, shell) in shells {
+                let answer = try await HTTP.post(
+                    edge.intakeURL + "/v1/receipts", json: ["userId": "mallory", "receiptData": Data(shell).base64EncodedString()])
+                #expect(answer.status == 400 && answer.errorCode == "receipt_malformed", "\(kind): \(answer.status) \(answer.text)")
+            }
+            #expect(try await edge.store.submissionCounts().values.reduce(0, +) == 0)
+            // What Apple issues (here: minted the same way, DER, and BER as Xcode writes it) passes.
+            var ours = AppReceiptTests.payload
+            ours.bundleId = PipelineHarness.bundleId
+            let minted = try ReceiptMinter(authority: try FakeCertificateAuthority.generate(name: "Door")).mint(ours)
+            for receipt in [minted, BERTranscoder.reencode(minted)] {
+                #expect(throws: Never.self) { try AppReceiptParser.parse(receipt, limits: .intake) }
+                let taken = try await HTTP.post(
+                    edge.intakeURL + "/v1/receipts", json: ["userId": "mallory", "receiptData": Data(receipt).base64EncodedString()])
+                #expect(taken.status == 202, "\(taken.text)")
+            }
+            // The parser's own reading (the verifier's, `iap inspect`) is unchanged: it reads an unsigned container.
+            #expect(try AppReceiptParser.parse(TestDER.signedData(content: Self.payload())).bundleId == PipelineHarness.bundleId)
+        }
+    }
+
+    /// A receipt that passes the first look and that Apple then rejects keeps less than 1 KB:
+    /// the finisher replaces what the upload carried by its digest, on either store; a
+    /// submission still pending keeps its receipt.
+    @Test func aRejectedUploadKeepsOnlyADigest() async throws {
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-digest-\(UUID().uuidString)")
+        let store = try TestStore.open(in: folder)
+        let padded = String(repeating: "QUJD", count: 60_000)
+        var rejected = VerifyRequest(submissionId: UUID(), userId: "mallory", receiptData: padded, acceptedAt: Date())
+        rejected.signedTransaction = String(repeating: "a", count: 50_000) + ".b.c"
+        let pending = VerifyRequest(submissionId: UUID(), userId: "mallory", receiptData: padded, acceptedAt: Date())
+        try await store.accept(rejected, message: nil)
+        try await store.accept(pending, message: nil)
+        _ = try await store.apply(
+            VerifyResult(
+                submissionId: rejected.submissionId, userId: "mallory", orderId: nil, attempt: 1,
+                outcome: .rejected(.invalidReceipt, message: "Apple: 21002")))
+        for id in [rejected.submissionId, pending.submissionId] {
+            try await store.keepOnlyDigests(ofRejected: id, digest: FinisherService.digest)
+        }
+        func kept(_ id: SubmissionID) async throws -> Int {
+            let rows = try await store.testRows(
+                "SELECT receiptData, signedTransaction, signedPayload FROM submission WHERE id = ?", [id.uuidString])
+            let row = try #require(rows.first)
+            let texts: [String?] = [row["receiptData"], row["signedTransaction"], row["signedPayload"]]
+            return texts.compactMap { $0?.utf8.count }.reduce(0, +)
+        }
+        #expect(try await kept(rejected.submissionId) < 1024)
+        #expect(try await kept(pending.submissionId) == padded.utf8.count)
+        #expect(FinisherService.digest(padded).hasPrefix("sha256:") && FinisherService.digest(padded).hasSuffix(":240000"))
+    }
+
+    // MARK: - Confusable names
+
+    /// Names that look like Apple's or a service's, or mix scripts.
+    static let confusableActors = [
+        "\u{0430}pple", "appl\u{0435}", "\u{0410}PPLE", "\u{FF41}\u{FF50}\u{FF50}\u{FF4C}\u{FF45}", "Apple Inc.", "APPLE",
+        " apple ", "AppIe", "app1e", "Apple Computer, Inc.", "App Store", "iTunes", "\u{0430}\u{0440}\u{0440}\u{04CF}\u{0435}",
+        "\u{03B1}pple", "\u{0455}ystem", "syst\u{0435}m", "recon\u{0441}iliation", "s\u{0443}stem", "\u{1D00}pple",
+        "sa\u{0301}m\u{0430}", "jos\u{00E9}\u{0441}", "m\u{0430}ria",
+    ]
+
+    /// An admin action's `actor` that looks like Apple or a service (a Cyrillic `а`, full-width
+    /// letters, `Apple Inc.`) or mixes scripts is refused with 400 `invalid_field`; plain names
+    /// in any one script are taken.
+    @Test func confusableActorsAreRefused() async throws {
+        for name in Self.confusableActors {
+            #expect(IdentifierText.actorProblem(name) != nil, "\(name.unicodeScalars.map { String($0.value, radix: 16) })")
+        }
+        for name in ["sam", "Samantha Appleton", "Jos\u{00E9}", "\u{041C}\u{0430}\u{0440}\u{0438}\u{044F}", "\u{5C71}\u{7530}", "admin", "cs-team-2", "\u{03A3}\u{03BF}\u{03C6}\u{03AF}\u{03B1}"] {
+            #expect(IdentifierText.actorProblem(name) == nil, "\(name)")
+        }
+        try await EdgeHarness.with { edge in
+            let admin = ["Authorization": "Bearer \(EdgeHarness.adminToken)"]
+            for name in Self.confusableActors {
+                let answer = try await HTTP.send(
+                    edge.intakeURL + "/v1/admin/grants", method: .POST,
+                    body: try JSONEncoder().encode(["userId": "ana", "productId": "com.example.coins.60", "reason": "r", "actor": name]),
+                    headers: admin)
+                #expect(answer.status == 400 && answer.errorCode == "invalid_field", "\(name): \(answer.text)")
+            }
+            let plain = try await HTTP.send(
+                edge.intakeURL + "/v1/admin/grants", method: .POST,
+                body: try JSONEncoder().encode(["userId": "ana", "productId": "com.example.coins.60", "reason": "r", "actor": "sam"]),
+                headers: admin)
+            #expect(plain.status == 201, "\(plain.text)")
+        }
+    }
+}
