@@ -75,6 +75,7 @@ public func makeIntakeRouter(
 ) -> Router<IntakeContext> {
     let router = Router(context: IntakeContext.self)
     let routes = RouteTable()
+    router.add(middleware: RefusalCostMiddleware(limits: settings.limits, store: store))
     router.add(middleware: APIErrorMiddleware(routes: routes))
     router.add(middleware: AdmissionMiddleware(limits: settings.limits, store: store))
     router.get("/healthz") { _, _ in
@@ -102,6 +103,7 @@ public func makeAdminRouter(
 ) -> Router<IntakeContext> {
     let router = Router(context: IntakeContext.self)
     let routes = RouteTable()
+    router.add(middleware: RefusalCostMiddleware(limits: settings.limits, store: store))
     router.add(middleware: APIErrorMiddleware(routes: routes))
     router.get("/healthz") { _, _ in
         try JSONResponse.make(["status": "ok"])

@@ -42,15 +42,23 @@ public struct IntakeLimits: Sendable {
     /// per client address: an address past it gets 429 at once, before its body is read, so
     /// forgeries spend their sender's budget and never Apple's. Nil is unlimited.
     public var notificationFailuresPerAddress: RateLimit?
+    /// Requests refused for what they carried (400, 408, 413, 415) per client address, on the
+    /// app's routes, Apple's notifications and the admin routes: past it, such a refusal is
+    /// answered 429 with `Retry-After` instead. Good requests from the address are never refused
+    /// for it (many apps may share a carrier's address; Apple's notifications may share a
+    /// proxy's). Nil is unlimited.
+    public var refusalsPerAddress: RateLimit?
 
     /// Creates limits (the defaults are those of `iap`).
     public init(
         perUser: RateLimit? = RateLimit(perSecond: 10), perAddress: RateLimit? = RateLimit(perSecond: 300),
         maxInFlight: Int = 1024, clientAddressHeader: String? = nil, bodyTimeout: Duration = .seconds(30),
         notifications: RateLimit? = RateLimit(perSecond: 50),
-        notificationFailuresPerAddress: RateLimit? = RateLimit(perSecond: 5, burst: 20)
+        notificationFailuresPerAddress: RateLimit? = RateLimit(perSecond: 5, burst: 20),
+        refusalsPerAddress: RateLimit? = RateLimit(perSecond: 10)
     ) {
         self.notifications = notifications
+        self.refusalsPerAddress = refusalsPerAddress
         self.notificationFailuresPerAddress = notificationFailuresPerAddress
         self.perUser = perUser
         self.perAddress = perAddress
@@ -61,7 +69,7 @@ public struct IntakeLimits: Sendable {
 
     /// No rate limits (tests and benchmarks on one address); in-flight work stays bounded.
     public static let unlimited = IntakeLimits(
-        perUser: nil, perAddress: nil, notifications: nil, notificationFailuresPerAddress: nil)
+        perUser: nil, perAddress: nil, notifications: nil, notificationFailuresPerAddress: nil, refusalsPerAddress: nil)
 
     /// The client's address: the last value of `clientAddressHeader` when set (the one the
     /// trusted proxy appended), else the TCP peer.
@@ -212,6 +220,39 @@ extension APIError {
         var error = APIError(.rateLimited, "too many requests; retry after \(seconds) s")
         error.headers[.retryAfter] = String(seconds)
         return error
+    }
+}
+
+/// Makes a request refused for what it carried cost its sender: each such refusal (400, 408,
+/// 413, 415) takes a token of the client address's refusal budget
+/// (`IntakeLimits.refusalsPerAddress`), and one past it is answered 429 `rate_limited` with
+/// `Retry-After` instead, so a client sending junk in a loop is told to back off.
+///
+/// The budget is spent after the answer is known and never consulted before a request is
+/// read: a good request from the same address (an app behind the same carrier, Apple behind
+/// the same proxy) is never refused for someone else's junk. The console's pages are left to
+/// their own limits (they answer pages, not JSON).
+struct RefusalCostMiddleware: RouterMiddleware {
+    typealias Context = IntakeContext
+
+    static let refusals: Set<Int> = [400, 408, 413, 415]
+
+    let limits: IntakeLimits
+    private let budget: RateLimiter?
+
+    init(limits: IntakeLimits, store: OrderStore) {
+        self.limits = limits
+        budget = limits.refusalsPerAddress.map { RateLimiter($0, scope: "refusals", store: store) }
+    }
+
+    func handle(
+        _ request: Request, context: Context, next: (Request, Context) async throws -> Response
+    ) async throws -> Response {
+        let response = try await next(request, context)
+        guard let budget, Self.refusals.contains(response.status.code), !request.uri.path.hasPrefix("/admin/"),
+            let wait = await budget.take(limits.clientAddress(of: request, peer: context.remoteAddress), logger: context.logger)
+        else { return response }
+        return APIError.rateLimited(retryAfter: wait).makeResponse()
     }
 }
 

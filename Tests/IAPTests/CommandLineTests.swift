@@ -111,7 +111,7 @@ struct CommandLineTests {
 
     /// `IAP_AUTH=off` lets a request name its user: `iap intake` and `iap orders` refuse it on
     /// any address but loopback, naming both settings; on loopback they start past that check.
-    @Test func authenticationOffIsRefusedUnlessTheIntakeListensOnLoopback() throws {
+    @Test func authenticationOffIsRefusedUnlessTheIntakeListensOnLoopback() async throws {
         let catalog = FileManager.default.temporaryDirectory.appendingPathComponent("catalog-\(UUID().uuidString).json")
         try JSONEncoder().encode(PipelineHarness.testCatalog).write(to: catalog)
         let base = [
@@ -120,12 +120,12 @@ struct CommandLineTests {
         ]
         for role in ["intake", "orders"] {
             for host in ["0.0.0.0", "192.0.2.10", "::"] {
-                let run = try iap([role], environment: base.merging(["IAP_HTTP_HOST": host]) { $1 })
+                let run = try await iap([role], environment: base.merging(["IAP_HTTP_HOST": host]) { $1 })
                 #expect(run.status != 0, "\(role) \(host): \(run.output)")
                 #expect(run.output.contains("IAP_AUTH=off") && run.output.contains("IAP_HTTP_HOST"), "\(role) \(host): \(run.output)")
             }
             for host in ["127.0.0.1", "localhost", "::1"] {
-                let run = try iap([role], environment: base.merging(["IAP_HTTP_HOST": host]) { $1 })
+                let run = try await iap([role], environment: base.merging(["IAP_HTTP_HOST": host]) { $1 })
                 #expect(!run.output.contains("IAP_AUTH=off lets"), "\(role) \(host): \(run.output)")
                 #expect(run.output.contains("IAP_BUNDLE_IDS"), "\(role) \(host) stopped before the bundle ids: \(run.output)")
             }
@@ -134,7 +134,7 @@ struct CommandLineTests {
 
     /// Admin and viewer tokens shorter than 32 characters are refused at start, naming the
     /// variable; `scripts/dev up` refuses them too, and its `auto` token is 32 characters.
-    @Test func adminTokensShorterThan32CharactersAreRefused() throws {
+    @Test func adminTokensShorterThan32CharactersAreRefused() async throws {
         let catalog = FileManager.default.temporaryDirectory.appendingPathComponent("catalog-\(UUID().uuidString).json")
         try JSONEncoder().encode(PipelineHarness.testCatalog).write(to: catalog)
         let base = [
@@ -144,10 +144,10 @@ struct CommandLineTests {
         ]
         for variable in ["IAP_ADMIN_TOKEN", "IAP_VIEWER_TOKEN"] {
             for tokens in ["sixteen-chars-xx", String(repeating: "a", count: 31), "\(String(repeating: "b", count: 40)),short"] {
-                let run = try iap(["orders"], environment: base.merging([variable: tokens]) { $1 })
+                let run = try await iap(["orders"], environment: base.merging([variable: tokens]) { $1 })
                 #expect(run.status != 0 && run.output.contains("\(variable): each token must be at least 32 characters"), "\(run.output)")
             }
-            let long = try iap(["orders"], environment: base.merging([variable: String(repeating: "c", count: 32)]) { $1 })
+            let long = try await iap(["orders"], environment: base.merging([variable: String(repeating: "c", count: 32)]) { $1 })
             #expect(!long.output.contains("at least 32 characters"), "\(long.output)")
         }
         let dev = try String(contentsOf: repositoryRoot.appendingPathComponent("scripts/dev"), encoding: .utf8)

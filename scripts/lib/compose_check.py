@@ -157,6 +157,7 @@ class Stack:
             "IAP_ADMIN_TOKEN": self.state["admin_token"],
             # Every upload of the test comes from one address.
             "IAP_RATE_LIMIT_PER_IP": "0",
+            "IAP_REFUSALS_PER_IP": "0",
             "IAP_APPSTORE_VERIFY_URL": "http://fake-appstore:8090/verifyReceipt",
             "IAP_APPSTORE_SANDBOX_VERIFY_URL": "http://fake-appstore:8090/sandbox/verifyReceipt",
             "SWIFT_IMAGE": "swift:6.2-bookworm",
