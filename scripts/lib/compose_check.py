@@ -345,30 +345,28 @@ def wait_all_credited(stack: Stack, purchases: list[Purchase], timeout: float = 
                    f"every accepted upload reads credited")
 
 
-def send_purchases(stack: Stack, label: str, count: int, during=None, workers: int = 8) -> list[Purchase]:
-    """Mint COUNT purchases, upload them (WORKERS at a time); `during(accepted_so_far)` runs
-    once a third of them are accepted (a fault in mid-stream)."""
+def send_purchases(stack: Stack, label: str, count: int, fault=None, recover=None, workers: int = 8) -> list[Purchase]:
+    """Mint COUNT purchases and upload them (WORKERS at a time). With FAULT, a third are uploaded
+    first, then `fault()` runs and returns once the fault has landed (the container is dead),
+    then `recover()` (if any) starts beside the uploads of the rest: those are all sent after
+    the fault landed, so the drill never passes or fails on how fast the first ones went."""
     purchases = [Purchase(stack, label, i) for i in range(count)]
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         list(pool.map(lambda p: mint(stack, p), purchases))
-    accepted = []
-    lock = threading.Lock()
-
-    def one(p: Purchase) -> None:
-        upload(stack, p)
-        with lock:
-            accepted.append(p)
-
     start = time.monotonic()
+    first, rest = (purchases[:count // 3], purchases[count // 3:]) if fault is not None else ([], purchases)
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        futures = [pool.submit(one, p) for p in purchases]
-        if during is not None:
-            # (An upload that gave up ends the wait: its result() below raises.)
-            while len(accepted) < count // 3 and not any(f.done() and f.exception() for f in futures):
-                time.sleep(0.05)
-            during()
-        for future in futures:
-            future.result()
+        list(pool.map(lambda p: upload(stack, p), first))
+    recovering = None
+    if fault is not None:
+        fault()
+        if recover is not None:
+            recovering = threading.Thread(target=recover)
+            recovering.start()
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        list(pool.map(lambda p: upload(stack, p), rest))
+    if recovering is not None:
+        recovering.join()
     retried = sum(1 for p in purchases if p.failed_attempts)
     say(f"{count} uploads accepted in {time.monotonic() - start:.1f}s ({retried} needed more than one try)")
     return purchases
@@ -467,14 +465,16 @@ def test_single(stack: Stack, count: int) -> None:
     with Stage("docker kill of the order service mid-stream, then up again"):
         orders = stack.container("orders")
 
-        def kill_and_restart() -> None:
+        def kill() -> None:
             run([DOCKER, "kill", orders])
             say("killed the order service's container")
+
+        def restart() -> None:
             time.sleep(2)
             stack.up("--scale", "verifier=3", demo=False)
             say("docker-compose up again")
 
-        purchases = send_purchases(stack, "kill-orders", max(30, count // 4), during=kill_and_restart, workers=4)
+        purchases = send_purchases(stack, "kill-orders", max(30, count // 4), fault=kill, recover=restart, workers=4)
         stack.wait_healthy()
         check(any(p.failed_attempts for p in purchases), "uploads were refused while the order service was down")
         wait_all_credited(stack, purchases)
@@ -558,7 +558,7 @@ def test_cluster(stack: Stack, count: int) -> None:
             say(f"killed rabbitmq-{victim}")
 
         # Half the single-node file's count: the point is the failover, not the volume.
-        purchases = send_purchases(stack, "kill-node", max(50, count // 2), during=kill_node)
+        purchases = send_purchases(stack, "kill-node", max(50, count // 2), fault=kill_node)
         wait_all_credited(stack, purchases, timeout=300)
     with Stage(f"rabbitmq-{victim} restarts and rejoins"):
         if stack.inspect(victim_id)["State"]["Status"] != "running":
