@@ -36,14 +36,18 @@ public struct ConsoleSettings: Sendable {
     public var maxSignInsInFlight: Int
     /// Time allowed to receive a sign-in form (about 100 bytes).
     public var signInBodyTimeout: Duration
+    /// Failed sign-ins one address may make within five minutes before it is locked to one
+    /// try every two seconds (the intake's `IntakeLimits.failedAdminAttempts`); nil is unlimited.
+    public var failedSignIns: Int?
 
     /// Creates settings.
     public init(
         operatorTokens: [String] = [], viewerTokens: [String] = [], insecureCookies: Bool = false,
         sessionLifetime: Duration = .seconds(8 * 3600), clientAddressHeader: String? = nil,
         bodyTimeout: Duration = .seconds(30), maxInFlight: Int = 64, maxInFlightPerSession: Int = 4,
-        maxSignInsInFlight: Int = 16, signInBodyTimeout: Duration = .seconds(3)
+        maxSignInsInFlight: Int = 16, signInBodyTimeout: Duration = .seconds(3), failedSignIns: Int? = 5
     ) {
+        self.failedSignIns = failedSignIns
         self.maxInFlightPerSession = maxInFlightPerSession
         self.maxSignInsInFlight = maxSignInsInFlight
         self.signInBodyTimeout = signInBodyTimeout
@@ -100,8 +104,9 @@ public final class Console: Sendable {
     let templates: MustacheLibrary
     let stylesheet: String
     let sessions: ConsoleSessions
-    /// Failed sign-ins per address (five in five minutes, then one try every two seconds).
-    let limiter = FailedAttempts()
+    /// Failed sign-ins per address (`ConsoleSettings.failedSignIns` in five minutes, then one
+    /// try every two seconds).
+    let limiter: FailedAttempts
     let keys = IdempotencyKeys()
     /// Signed-in people's form posts in progress: all of them, and by session.
     let inFlight = NIOLockedValueBox((all: 0, bySession: [String: Int]()))
@@ -122,6 +127,7 @@ public final class Console: Sendable {
         stylesheet = try String(contentsOf: cssURL, encoding: .utf8)
         let lifetime = settings.sessionLifetime.components
         sessions = ConsoleSessions(lifetime: TimeInterval(lifetime.seconds))
+        limiter = FailedAttempts(limit: settings.failedSignIns ?? .max)
         signIns = SignInSlots(capacity: settings.maxSignInsInFlight)
     }
 

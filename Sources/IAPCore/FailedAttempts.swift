@@ -44,7 +44,8 @@ public final class FailedAttempts: Sendable {
     public let lockedInterval: TimeInterval
     private let maxAddresses: Int
 
-    /// Creates a limiter: five attempts in five minutes, then one every two seconds.
+    /// Creates a limiter: five attempts in five minutes, then one every two seconds. A `limit`
+    /// of `Int.max` counts nothing.
     public init(limit: Int = 5, window: TimeInterval = 300, lockedInterval: TimeInterval = 2, maxAddresses: Int = 10_000) {
         self.limit = limit
         self.window = window
@@ -56,6 +57,9 @@ public final class FailedAttempts: Sendable {
     /// its one check within `lockedInterval`.
     public func reserve(_ address: String, now: Date = Date()) -> Admission {
         state.withLock { state in
+            state.next += 1
+            // Unlimited (`Int.max`): nothing is kept.
+            if limit == .max { return .attempt(id: state.next) }
             if state.attempts.count > maxAddresses {
                 state.attempts = state.attempts.filter { ($0.value.last.map { now.timeIntervalSince($0.at) } ?? window) < window }
                 state.lockedChecks = state.lockedChecks.filter { now.timeIntervalSince($0.value) < lockedInterval }
@@ -69,7 +73,6 @@ public final class FailedAttempts: Sendable {
                 }
                 state.lockedChecks[address] = now
             }
-            state.next += 1
             // A locked address's list stays at `limit` entries: the oldest gives way.
             state.attempts[address] = Array((recent + [Attempt(id: state.next, at: now)]).suffix(limit))
             return .attempt(id: state.next)

@@ -12,9 +12,16 @@ import OrderStore
 struct AdminController: Sendable {
     let store: OrderStore
     let settings: IntakeSettings
-    /// Failed authorizations per client address: five in five minutes lock the address, which
-    /// then has one try every two seconds (the right token gets through a stranger's lockout).
-    let attempts = FailedAttempts()
+    /// Failed authorizations per client address: five (`IntakeLimits.failedAdminAttempts`) in
+    /// five minutes lock the address, which then has one try every two seconds (the right token
+    /// gets through a stranger's lockout).
+    let attempts: FailedAttempts
+
+    init(store: OrderStore, settings: IntakeSettings) {
+        self.store = store
+        self.settings = settings
+        attempts = FailedAttempts(limit: settings.limits.failedAdminAttempts ?? .max)
+    }
 
     var policy: CreditPolicy { CreditPolicy(catalog: settings.catalog, eventsExchange: settings.names.events) }
 

@@ -48,6 +48,11 @@ public struct IntakeLimits: Sendable {
     /// for it (many apps may share a carrier's address; Apple's notifications may share a
     /// proxy's). Nil is unlimited.
     public var refusalsPerAddress: RateLimit?
+    /// Failed admin authorizations (bearer tokens on the admin routes, console sign-ins) one
+    /// client address may make within five minutes before it is locked to one try every two
+    /// seconds. Nil is unlimited: only for API conformance checks that send wrong tokens on
+    /// purpose.
+    public var failedAdminAttempts: Int?
 
     /// Creates limits (the defaults are those of `iap`).
     public init(
@@ -55,8 +60,9 @@ public struct IntakeLimits: Sendable {
         maxInFlight: Int = 1024, clientAddressHeader: String? = nil, bodyTimeout: Duration = .seconds(30),
         notifications: RateLimit? = RateLimit(perSecond: 50),
         notificationFailuresPerAddress: RateLimit? = RateLimit(perSecond: 5, burst: 20),
-        refusalsPerAddress: RateLimit? = RateLimit(perSecond: 10)
+        refusalsPerAddress: RateLimit? = RateLimit(perSecond: 10), failedAdminAttempts: Int? = 5
     ) {
+        self.failedAdminAttempts = failedAdminAttempts
         self.notifications = notifications
         self.refusalsPerAddress = refusalsPerAddress
         self.notificationFailuresPerAddress = notificationFailuresPerAddress

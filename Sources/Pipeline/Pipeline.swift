@@ -243,7 +243,8 @@ public struct Pipeline: Sendable {
                         clientAddressHeader: intake.limits.clientAddressHeader, bodyTimeout: intake.limits.bodyTimeout,
                         maxInFlight: settings.console.maxInFlight, maxInFlightPerSession: settings.console.maxInFlightPerSession,
                         maxSignInsInFlight: settings.console.maxSignInsInFlight,
-                        signInBodyTimeout: min(settings.console.signInBodyTimeout, intake.limits.bodyTimeout)),
+                        signInBodyTimeout: min(settings.console.signInBodyTimeout, intake.limits.bodyTimeout),
+                        failedSignIns: intake.limits.failedAdminAttempts),
                     dependencies: ConsoleDependencies(
                         store: store, catalog: intake.catalog, names: settings.names, broker: connection,
                         appStore: try settings.storeKit.serverAPI.flatMap { serverAPI in

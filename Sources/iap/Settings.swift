@@ -277,6 +277,9 @@ struct HTTPOptions: ParsableArguments {
     @Option(name: .long, help: "Requests per second one client address may have refused for what they carried (400, 408, 413, 415; bursts of twice that); past it they are answered 429; good requests are never refused for it; 0 is unlimited. (env IAP_REFUSALS_PER_IP; default 10)")
     var refusalsPerIP: Int?
 
+    @Option(name: .long, help: "Failed admin authorizations (admin bearer tokens, console sign-ins) one client address may make in five minutes before it is locked to one try every two seconds; 0 is unlimited (API conformance checks only). (env IAP_ADMIN_FAILED_ATTEMPTS; default 5)")
+    var adminFailedAttempts: Int?
+
     @Option(name: .long, help: "Header a trusted reverse proxy sets to the client's address, e.g. X-Real-IP; unset uses the TCP peer. (env IAP_CLIENT_IP_HEADER)")
     var clientIPHeader: String?
 
@@ -322,6 +325,7 @@ struct HTTPOptions: ParsableArguments {
         let perAddress = try reader.int(rateLimitPerIP, "IAP_RATE_LIMIT_PER_IP", default: 300, in: 0...1_000_000)
         let notifications = try reader.int(notificationRate, "IAP_NOTIFICATION_RATE", default: 50, in: 0...1_000_000)
         let refusals = try reader.int(refusalsPerIP, "IAP_REFUSALS_PER_IP", default: 10, in: 0...1_000_000)
+        let failedAdminAttempts = try reader.int(adminFailedAttempts, "IAP_ADMIN_FAILED_ATTEMPTS", default: 5, in: 0...1_000_000)
         let retention = try reader.int(retentionDays, "IAP_RETENTION_DAYS", default: 30, in: 0...36_500)
         let adminPort = try reader.optionalString(adminPort.map(String.init), "IAP_ADMIN_PORT").map { raw in
             guard let port = Int(raw), (0...65535).contains(port) else {
@@ -348,7 +352,8 @@ struct HTTPOptions: ParsableArguments {
                 clientAddressHeader: reader.optionalString(clientIPHeader, "IAP_CLIENT_IP_HEADER"),
                 bodyTimeout: .seconds(try reader.int(bodyTimeoutSeconds, "IAP_BODY_TIMEOUT_SECONDS", default: 30, in: 1...3600)),
                 notifications: notifications == 0 ? nil : RateLimit(perSecond: notifications),
-                refusalsPerAddress: refusals == 0 ? nil : RateLimit(perSecond: refusals)),
+                refusalsPerAddress: refusals == 0 ? nil : RateLimit(perSecond: refusals),
+                failedAdminAttempts: failedAdminAttempts == 0 ? nil : failedAdminAttempts),
             adminListener: adminPort.map { (reader.string(adminHost, "IAP_ADMIN_HOST", default: "127.0.0.1"), $0) },
             maxNotificationBytes: try reader.int(
                 notificationMaxBytes, "IAP_NOTIFICATION_MAX_BYTES", default: 65_536, in: 1024...(1 << 20)))

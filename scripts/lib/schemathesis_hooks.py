@@ -5,7 +5,9 @@
 - Positive cases are made meaningful where JSON Schema cannot say what the server needs:
   `receiptData` becomes a real receipt and `signedTransaction` a real signed transaction
   (minted by the script at the fake App Store), `signedPayload` a notification the fake signed,
-  `productId` a product of the live catalog, and the user the token's subject. Without this,
+  `productId` a product of the live catalog, the user the token's subject, and an admin
+  action's `actor` plain ASCII when it is not (an actor mixing scripts, which a random string
+  of the schema's pattern usually does, is rightly refused as `invalid_field`). Without this,
   every "valid" upload would be a random base64 string, rightly refused as
   `receipt_malformed`, and the success paths would never be exercised.
 - Every request must stay on the intake under test, on a documented path.
@@ -82,6 +84,9 @@ def before_call(context, case, kwargs):
         if path in ("/v1/orders", "/v1/admin/grants") and body is not None and PRODUCTS:
             if body.get("productId") not in PRODUCTS:
                 body["productId"] = PRODUCTS[len(str(body.get("productId"))) % len(PRODUCTS)]
+        if path.startswith("/v1/admin/") and body is not None and isinstance(body.get("actor"), str):
+            if not body["actor"].isascii():
+                body["actor"] = f"cs-{len(body['actor'])}"
         if path in ("/v1/users/{userId}/grants", "/v1/users/{userId}/subscriptions", "/v1/users/{userId}/entitlements"):
             case.path_parameters["userId"] = USER_ID
     target = urlsplit(BASE_URL + case.formatted_path)
