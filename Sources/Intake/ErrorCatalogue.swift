@@ -127,7 +127,7 @@ public enum APIErrorCode: String, CaseIterable, Sendable {
         case .requestTimeout: "the body took longer than `IAP_BODY_TIMEOUT_SECONDS` (30) to arrive"
         case .conflict: "the change contradicts the store (another user's purchase, granted or revoked already)"
         case .bodyTooLarge: "the body exceeds `IAP_MAX_BODY_BYTES` (1 MiB; notifications: `IAP_NOTIFICATION_MAX_BYTES`, 64 KiB)"
-        case .rateLimited: "over `IAP_RATE_LIMIT_PER_USER` (10/s) or `IAP_RATE_LIMIT_PER_IP` (300/s), bursts of twice that, or past 20 App Store notifications failing their checks from one address (then 5/s), or past 20 requests from one address refused for what they carried (400, 408, 413, 415; then `IAP_REFUSALS_PER_IP`, 10/s); wait `Retry-After` seconds"
+        case .rateLimited: "over `IAP_RATE_LIMIT_PER_USER` (10/s) or `IAP_RATE_LIMIT_PER_IP` (300/s), bursts of twice that, or past 20 App Store notifications failing their checks from one address (then 5/s), or past 20 requests from one address refused for what they carried (400, 408, 413; then `IAP_REFUSALS_PER_IP`, 10/s); wait `Retry-After` seconds"
         case .internalError: "a fault of ours; the process keeps serving"
         case .overloaded: "more than `IAP_MAX_IN_FLIGHT_REQUESTS` (1024) requests in progress; retry after `Retry-After`"
         case .storeUnavailable: "the store could not be written or read (disk full, file locked); nothing was accepted"

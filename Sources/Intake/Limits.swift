@@ -42,7 +42,7 @@ public struct IntakeLimits: Sendable {
     /// per client address: an address past it gets 429 at once, before its body is read, so
     /// forgeries spend their sender's budget and never Apple's. Nil is unlimited.
     public var notificationFailuresPerAddress: RateLimit?
-    /// Requests refused for what they carried (400, 408, 413, 415) per client address, on the
+    /// Requests refused for what they carried (400, 408, 413) per client address, on the
     /// app's routes, Apple's notifications and the admin routes: past it, such a refusal is
     /// answered 429 with `Retry-After` instead. Good requests from the address are never refused
     /// for it (many apps may share a carrier's address; Apple's notifications may share a
@@ -230,7 +230,7 @@ extension APIError {
 }
 
 /// Makes a request refused for what it carried cost its sender: each such refusal (400, 408,
-/// 413, 415) takes a token of the client address's refusal budget
+/// 413) takes a token of the client address's refusal budget
 /// (`IntakeLimits.refusalsPerAddress`), and one past it is answered 429 `rate_limited` with
 /// `Retry-After` instead, so a client sending junk in a loop is told to back off.
 ///
@@ -241,7 +241,7 @@ extension APIError {
 struct RefusalCostMiddleware: RouterMiddleware {
     typealias Context = IntakeContext
 
-    static let refusals: Set<Int> = [400, 408, 413, 415]
+    static let refusals: Set<Int> = [400, 408, 413]
 
     let limits: IntakeLimits
     private let budget: RateLimiter?

@@ -274,7 +274,7 @@ struct HTTPOptions: ParsableArguments {
     @Option(name: .long, help: "Requests per second one client address may send, counted across the order services sharing a PostgreSQL store (bursts of twice that); 0 is unlimited. (env IAP_RATE_LIMIT_PER_IP; default 300)")
     var rateLimitPerIP: Int?
 
-    @Option(name: .long, help: "Requests per second one client address may have refused for what they carried (400, 408, 413, 415; bursts of twice that); past it they are answered 429; good requests are never refused for it; 0 is unlimited. (env IAP_REFUSALS_PER_IP; default 10)")
+    @Option(name: .long, help: "Requests per second one client address may have refused for what they carried (400, 408, 413; bursts of twice that); past it they are answered 429; good requests are never refused for it; 0 is unlimited. (env IAP_REFUSALS_PER_IP; default 10)")
     var refusalsPerIP: Int?
 
     @Option(name: .long, help: "Failed admin authorizations (admin bearer tokens, console sign-ins) one client address may make in five minutes before it is locked to one try every two seconds; 0 is unlimited (API conformance checks only). (env IAP_ADMIN_FAILED_ATTEMPTS; default 5)")
