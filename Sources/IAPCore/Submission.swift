@@ -68,6 +68,10 @@ public struct VerifyRequest: Codable, Sendable, Equatable {
     public var transactionId: String?
     /// Our own order the app says this upload pays for, if it said.
     public var orderId: String?
+    /// What the named StoreKit 1 transaction stands for, if the app said: its original
+    /// transaction (`SKPaymentTransaction.original`, for a restore) and its product.
+    public var originalTransactionId: String?
+    public var productId: String?
     /// 1 for the first attempt; grows by one for every retry.
     public var attempt: Int
     /// When the intake accepted the upload; retries give up after a maximum age counted from here.

@@ -152,6 +152,12 @@ public struct ReasonCode: RawRepresentable, Codable, Sendable, Hashable, CustomS
     /// The transaction the upload named is not in the receipt yet: the app should refresh
     /// its receipt and upload again (Apple sometimes tells the app before the receipt has it).
     public static let transactionNotInReceipt = ReasonCode("transaction_not_in_receipt")
+    /// The StoreKit 1 transaction the upload names is not in the receipt, as Apple's restores
+    /// often are not (StoreKit 1's id "may not be the same" as the receipt's), but the receipt
+    /// holds the purchase it stands for (the original transaction the upload named, of the same
+    /// product), settled: the app may finish it. Only for non-consumables and subscriptions,
+    /// which stay in every later receipt; a consumable missing from its receipt never is.
+    public static let originalTransactionSettled = ReasonCode("original_transaction_settled")
     /// Apple reported an internal error it will not recover from for this receipt.
     public static let appleUnresolvable = ReasonCode("apple_unresolvable")
     /// A sandbox purchase, refused by the deployment's sandbox policy.

@@ -10,6 +10,10 @@ struct ReceiptUpload: Equatable {
     var userId: String
     var orderId: String?
     var transactionId: String?
+    /// What the named StoreKit 1 transaction stands for (`SKPaymentTransaction.original` of a
+    /// restore, and its product): only with `transactionId`.
+    var originalTransactionId: String?
+    var productId: String?
     /// The base64 receipt, or empty.
     var receiptData: String
     var signedTransaction: String?
@@ -44,10 +48,22 @@ struct ReceiptUpload: Equatable {
         }
         self.userId = userId
         self.orderId = try body.id("orderId", maxLength: Self.maxIdLength)
-        if let transactionId, !(transactionId.count <= 32 && transactionId.allSatisfy { $0.isASCII && $0.isNumber }) {
-            throw .invalidField("transactionId", "must be Apple's numeric transaction id")
+        let originalTransactionId = try body.string("originalTransactionId", maxLength: Self.maxIdLength)
+        for (name, id) in [("transactionId", transactionId), ("originalTransactionId", originalTransactionId)] {
+            if let id, !Self.isAppleTransactionId(id) {
+                throw .invalidField(name, "must be Apple's numeric transaction id")
+            }
+        }
+        let productId = try body.id("productId", maxLength: Self.maxIdLength)
+        if originalTransactionId != nil, transactionId == nil {
+            throw .invalidField("originalTransactionId", "says what 'transactionId' stands for: send 'transactionId' too")
+        }
+        if productId != nil, originalTransactionId == nil {
+            throw .invalidField("productId", "goes with 'originalTransactionId': send both")
         }
         self.transactionId = transactionId
+        self.originalTransactionId = originalTransactionId
+        self.productId = productId
         if let signed {
             try Self.checkJWSShape(signed)
         }
@@ -70,6 +86,11 @@ struct ReceiptUpload: Equatable {
         }
         try Self.checkShape(bytes, bundleIds: bundleIds)
         self.receiptData = compact
+    }
+
+    /// Whether `id` has the shape of Apple's transaction ids: 1 to 32 ASCII digits.
+    static func isAppleTransactionId(_ id: String) -> Bool {
+        !id.isEmpty && id.utf8.count <= 32 && id.utf8.allSatisfy { $0 >= 0x30 && $0 <= 0x39 }
     }
 
     /// `text` without spaces, tabs and line breaks (a copy only when it has some).

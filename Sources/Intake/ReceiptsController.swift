@@ -43,6 +43,8 @@ struct ReceiptsController: Sendable {
             submissionId: UUID(), userId: upload.userId, receiptData: upload.receiptData,
             transactionId: upload.transactionId, orderId: upload.orderId, attempt: 1, acceptedAt: Date())
         verifyRequest.signedTransaction = upload.signedTransaction
+        verifyRequest.originalTransactionId = upload.originalTransactionId
+        verifyRequest.productId = upload.productId
         if let verifier = settings.inlineVerifier {
             return try await verifyInline(verifyRequest, with: verifier)
         }

@@ -85,13 +85,51 @@ extension FinishAdvice {
         public var reason: ReasonCode?
         /// Whether the upload only looked the purchase up (a bare id): it proves nothing.
         public var lookup: Bool
+        /// Apple's original transaction id and product of the purchase.
+        public var originalTransactionId: String?
+        public var productId: String?
+        /// Whether it stays in every later receipt once finished (a non-consumable or a
+        /// subscription period; a finished consumable leaves them).
+        public var staysInReceipts: Bool
 
         /// Creates an outcome.
-        public init(transactionId: String, state: TransactionCreditState, reason: ReasonCode?, lookup: Bool = false) {
+        public init(
+            transactionId: String, state: TransactionCreditState, reason: ReasonCode?, lookup: Bool = false,
+            originalTransactionId: String? = nil, productId: String? = nil, staysInReceipts: Bool = false
+        ) {
             self.transactionId = transactionId
             self.state = state
             self.reason = reason
             self.lookup = lookup
+            self.originalTransactionId = originalTransactionId
+            self.productId = productId
+            self.staysInReceipts = staysInReceipts
+        }
+    }
+
+    /// What a StoreKit 1 upload says the transaction it names stands for, when its id is not the
+    /// receipt's (a restore: `SKPaymentTransaction.original`): the original transaction and
+    /// the product.
+    public struct NamedOriginal: Sendable, Equatable {
+        public var originalTransactionId: String
+        public var productId: String?
+
+        /// Creates the pair.
+        public init(originalTransactionId: String, productId: String?) {
+            self.originalTransactionId = originalTransactionId
+            self.productId = productId
+        }
+    }
+
+    /// The purchase in `outcomes` that a named transaction missing from the receipt stands for:
+    /// one of the original transaction and product the upload named (never the named id itself),
+    /// of a product that stays in every later receipt. Nil for a consumable: a consumable the
+    /// receipt lacks is a purchase not in it yet, and finishing it would lose it.
+    static func standIn(for named: String, original: NamedOriginal?, in outcomes: [PurchaseOutcome]) -> PurchaseOutcome? {
+        guard let original, original.originalTransactionId != named else { return nil }
+        return outcomes.first {
+            $0.staysInReceipts && $0.originalTransactionId == original.originalTransactionId
+                && (original.productId == nil || $0.productId == original.productId)
         }
     }
 
@@ -124,14 +162,34 @@ extension FinishAdvice {
     /// An upload naming an order (and no transaction) is credited only once that order is
     /// paid, which only the purchase made for it does (`Ledger`): a receipt that does not hold
     /// that purchase yet is never an answer the app may finish on, whatever else it credited.
+    /// A named StoreKit 1 transaction the receipt lacks, where the receipt holds the purchase it
+    /// stands for (`namedOriginal`: its original transaction and product, a non-consumable or a
+    /// subscription), is settled as that purchase is: `credited` with
+    /// `original_transaction_settled` when it is the uploader's, else the reason it is not.
     public static func verdict(
         userId: String, transactionId: String?, orderId: String?, outcomes: [PurchaseOutcome],
-        namedRevocations: [LedgerFacts.Revocation], namedOrder: LedgerFacts.Order?
+        namedRevocations: [LedgerFacts.Revocation], namedOrder: LedgerFacts.Order?, namedOriginal: NamedOriginal? = nil
     ) -> UploadVerdict {
         if let held = outcomes.first(where: { $0.state == .held }) {
             let reason = held.reason ?? .ownerUnknown
             return UploadVerdict(
                 state: .needsReview, reason: reason, message: "purchase \(held.transactionId) is held for review (\(reason))")
+        }
+        if let named = transactionId, !outcomes.contains(where: { $0.transactionId == named }),
+            let standIn = standIn(for: named, original: namedOriginal, in: outcomes)
+        {
+            let what = "transaction \(named) is not in this receipt, but the purchase it stands for (\(standIn.transactionId))"
+            switch standIn.state {
+            case .credited, .alreadyCredited, .superseded:
+                return UploadVerdict(
+                    state: .credited, reason: .originalTransactionSettled, message: "\(what) is credited to this user")
+            case .replayedFromOtherUser, .ownedByOtherUser:
+                return UploadVerdict(state: .rejected, reason: .ownedByOtherUser, message: "\(what) belongs to another user")
+            case .revoked, .cancelled:
+                return UploadVerdict(state: .rejected, reason: .purchaseRevoked, message: "\(what) was refunded or revoked by Apple")
+            case .held:
+                break  // answered above: held for review
+            }
         }
         if let named = transactionId, !outcomes.contains(where: { $0.transactionId == named }) {
             // Whatever else the receipt held is credited; the named purchase is not here.
@@ -169,5 +227,14 @@ extension FinishAdvice {
                 state: .rejected, reason: .ownedByOtherUser, message: "what this restores belongs to another user of the app")
         }
         return UploadVerdict(state: .rejected, reason: .purchaseRevoked, message: "Apple refunded or revoked this purchase")
+    }
+}
+
+extension LedgerPolicy {
+    /// Whether a finished purchase of `productId` stays in every later receipt: a
+    /// non-consumable or a subscription of the catalog. A consumable leaves them, and a product
+    /// the catalog does not know is taken for one.
+    public func staysInReceipts(_ productId: String) -> Bool {
+        catalog?.product(productId).map { $0.type != .consumable } ?? false
     }
 }

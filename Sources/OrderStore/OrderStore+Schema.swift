@@ -314,6 +314,15 @@ extension OrderStore {
                     UPDATE revocation SET fullyRevokedAt = revokedAt;
                     """)
         }
+        migrator.registerMigration("v10: what a named StoreKit 1 transaction stands for") { db in
+            try db.execute(
+                sql: """
+                    -- The original transaction and product the app said the named transaction
+                    -- stands for (a StoreKit 1 restore, whose id the receipt may not hold).
+                    ALTER TABLE submission ADD COLUMN originalTransactionId TEXT;
+                    ALTER TABLE submission ADD COLUMN productId TEXT;
+                    """)
+        }
         return migrator
     }
 }

@@ -96,13 +96,13 @@ extension OrderStore {
     static func insertSubmission(_ request: VerifyRequest, in db: any SQLConnection) throws {
         try db.executeCached(
             sql: """
-                INSERT INTO submission (id, userId, orderId, transactionId, receiptData, signedTransaction,
-                    signedPayload, state, acceptedAt, updatedAt)
-                VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)
+                INSERT INTO submission (id, userId, orderId, transactionId, originalTransactionId, productId,
+                    receiptData, signedTransaction, signedPayload, state, acceptedAt, updatedAt)
+                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)
                 """,
             arguments: [
                 request.submissionId.uuidString, request.userId, request.orderId, request.transactionId,
-                request.receiptData, request.signedTransaction, request.signedPayload, request.acceptedAt,
+                request.originalTransactionId, request.productId, request.receiptData, request.signedTransaction, request.signedPayload, request.acceptedAt,
                 request.acceptedAt,
             ])
     }
@@ -229,7 +229,10 @@ extension OrderStore {
         do {
             guard
                 let row = try db.cachedRow(
-                    sql: "SELECT userId, state, attempts, transactionId FROM submission WHERE id = ?",
+                    sql: """
+                        SELECT userId, state, attempts, transactionId, originalTransactionId, productId
+                        FROM submission WHERE id = ?
+                        """,
                     arguments: [result.submissionId.uuidString])
             else {
                 throw OrderStoreError(.unknownSubmission, "no submission \(result.submissionId)")
@@ -285,7 +288,9 @@ extension OrderStore {
                     outcomes.append(
                         .init(
                             transactionId: purchase.transactionId, state: state, reason: reason,
-                            lookup: purchase.ownershipEvidence == .lookup))
+                            lookup: purchase.ownershipEvidence == .lookup, originalTransactionId: purchase.originalTransactionId,
+                            productId: purchase.productId,
+                            staysInReceipts: policy.ledger.staysInReceipts(purchase.productId)))
                     listed.append((purchase, state, reason))
                     if state == .credited { counts.credited += 1 }
                 }
@@ -294,7 +299,10 @@ extension OrderStore {
                 let verdict = FinishAdvice.verdict(
                     userId: userId, transactionId: named, orderId: result.orderId, outcomes: outcomes,
                     namedRevocations: try query.revocationsOf.map { try Self.revocations(of: $0, in: db) } ?? [],
-                    namedOrder: try query.order.map { try Self.order($0, in: db) } ?? nil)
+                    namedOrder: try query.order.map { try Self.order($0, in: db) } ?? nil,
+                    namedOriginal: (row["originalTransactionId"] as String?).map {
+                        FinishAdvice.NamedOriginal(originalTransactionId: $0, productId: row["productId"])
+                    })
                 for (purchase, state, reason) in listed where verdict.listsTransactions {
                     try db.executeCached(
                         sql: """

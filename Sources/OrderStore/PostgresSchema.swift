@@ -12,6 +12,7 @@ enum PostgresSchema {
         (2, "rate-limit buckets (SQLite schema v7)", version2),
         (3, "a purchase's period end (SQLite schema v8)", version3),
         (4, "prorated refunds (SQLite schema v9)", version4),
+        (5, "what a named StoreKit 1 transaction stands for (SQLite schema v10)", version5),
     ]
 
     /// A key only this store's migrations take (`pg_advisory_lock`), so that the first
@@ -304,5 +305,12 @@ enum PostgresSchema {
         ALTER TABLE revocation ADD COLUMN partlyRevokedAt TEXT COLLATE "C";
         ALTER TABLE revocation ADD COLUMN revokedUnits BIGINT;
         UPDATE revocation SET fullyRevokedAt = revokedAt;
+        """
+
+    /// The original transaction and product the app said the named transaction stands for (a
+    /// StoreKit 1 restore, whose id the receipt may not hold).
+    static let version5 = """
+        ALTER TABLE submission ADD COLUMN originalTransactionId TEXT COLLATE "C";
+        ALTER TABLE submission ADD COLUMN productId TEXT COLLATE "C";
         """
 }

@@ -100,6 +100,38 @@ struct LedgerVerdictTests {
         #expect(signed.reason == .replayedFromOtherUser && signed.listsTransactions)
     }
 
+    /// A StoreKit 1 id the receipt does not hold, named with what it stands for: settled as the
+    /// purchase of that original transaction and product in the receipt is, for a product that
+    /// stays in receipts; never for a consumable, a product that differs, or the named id itself.
+    @Test func aNamedStoreKit1IdTheReceiptLacksIsSettledByItsOriginalOnly() {
+        func outcome(_ state: TransactionCreditState, product: String = "premium", stays: Bool = true) -> FinishAdvice.PurchaseOutcome {
+            .init(transactionId: "t1", state: state, reason: nil, originalTransactionId: "t1", productId: product, staysInReceipts: stays)
+        }
+        func verdict(_ outcome: FinishAdvice.PurchaseOutcome, named: String = "t9", original: String = "t1", product: String? = "premium")
+            -> UploadVerdict
+        {
+            FinishAdvice.verdict(
+                userId: "ria", transactionId: named, orderId: nil, outcomes: [outcome], namedRevocations: [], namedOrder: nil,
+                namedOriginal: .init(originalTransactionId: original, productId: product))
+        }
+        for state in [TransactionCreditState.credited, .alreadyCredited, .superseded] {
+            #expect(verdict(outcome(state)) == UploadVerdict(state: .credited, reason: .originalTransactionSettled, message: verdict(outcome(state)).message))
+            #expect(verdict(outcome(state), product: nil).reason == .originalTransactionSettled)
+        }
+        #expect(verdict(outcome(.replayedFromOtherUser)).reason == .ownedByOtherUser)
+        #expect(verdict(outcome(.revoked)).reason == .purchaseRevoked)
+        #expect(verdict(outcome(.held)).state == .needsReview)
+        // Not a stand-in: a consumable, another product, another original, the id itself.
+        #expect(verdict(outcome(.credited, product: "coins", stays: false)).reason == .transactionNotInReceipt)
+        #expect(verdict(outcome(.credited), product: "month").reason == .transactionNotInReceipt)
+        #expect(verdict(outcome(.credited), original: "t2").reason == .transactionNotInReceipt)
+        #expect(verdict(outcome(.credited), named: "t1", original: "t1").reason == nil)
+        let unnamed = FinishAdvice.verdict(
+            userId: "ria", transactionId: "t9", orderId: nil, outcomes: [outcome(.credited)], namedRevocations: [], namedOrder: nil)
+        #expect(unnamed.reason == .transactionNotInReceipt)
+        #expect(FinishAdvice.mayFinishUpload(state: .credited, reason: .originalTransactionSettled, named: .transaction, settledByHand: false))
+    }
+
     func period(_ id: String, product: String = "month", reason: String?, token: String? = nil) -> VerifiedPurchase {
         var purchase = VerifiedPurchase(
             transactionId: id, originalTransactionId: "t1", productId: product, quantity: 1, purchaseDate: Self.t0 + 60,

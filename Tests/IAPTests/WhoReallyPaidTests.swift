@@ -26,6 +26,11 @@ extension BrokerTests {
             var receiptIncludesPurchase: Bool?
         }
 
+        struct RestoreAsk: Encodable {
+            var deviceId: String
+            var inReceipt: Bool
+        }
+
         func mint(_ pipeline: PipelineHarness, _ mint: Mint) async throws -> FakePurchaseAnswer {
             let answer = try await HTTP.post(pipeline.fakeURL + "/fake/purchases", json: mint)
             #expect(answer.status == 201, "\(answer.text)")
@@ -245,6 +250,65 @@ extension BrokerTests {
                 #expect(answer["finishTransaction"] as? Bool == answers[0]["finishTransaction"] as? Bool)
             }
             #expect(try await balance(pipeline, of: "eve") == 0)
+        }
+
+        /// Lesser: StoreKit 1 hands a restore an id that Apple may never put in the receipt. Named
+        /// with what it stands for (its original transaction and product), it is settled by the
+        /// credited purchase the receipt holds, and finishable with its own reason; named alone it
+        /// still asks for a refreshed receipt. A consumable never: one the receipt lacks is a
+        /// purchase not in it yet, and finishing it would lose it.
+        @Test func aStoreKit1RestoreTheReceiptDoesNotHoldIsSettledByItsOriginal() async throws {
+            let pipeline = try await PipelineHarness.start(name: "sk1-restore")
+            defer { Task { await pipeline.stop() } }
+            let premium = try await mint(pipeline, Mint(productId: "com.example.premium", type: "non_consumable", deviceId: "ria-phone"))
+            #expect(try await upload(pipeline, ["userId": "ria", "receiptData": premium.receiptData])["state"] as? String == "credited")
+            let restore = try await HTTP.post(
+                pipeline.fakeURL + "/fake/purchases/\(premium.transactionId)/restore", json: RestoreAsk(deviceId: "ria-ipad", inReceipt: false))
+            #expect(restore.status == 201, "\(restore.text)")
+            let restored = try JSONDecoder().decode(FakePurchaseAnswer.self, from: restore.body)
+            #expect(restored.transactionId != premium.transactionId)
+
+            let alone = try await upload(pipeline, ["userId": "ria", "receiptData": restored.receiptData, "transactionId": restored.transactionId])
+            #expect(alone["reason"] as? String == "transaction_not_in_receipt" && alone["finishTransaction"] as? Bool == false, "\(alone)")
+            let named = try await upload(
+                pipeline,
+                [
+                    "userId": "ria", "receiptData": restored.receiptData, "transactionId": restored.transactionId,
+                    "originalTransactionId": premium.originalTransactionId, "productId": "com.example.premium",
+                ])
+            #expect(named["state"] as? String == "credited", "\(named)")
+            #expect(named["reason"] as? String == "original_transaction_settled", "\(named)")
+            #expect(named["finishTransaction"] as? Bool == true, "\(named)")
+            // Another product named with the same original: not what the receipt holds.
+            let wrongProduct = try await upload(
+                pipeline,
+                [
+                    "userId": "ria", "receiptData": restored.receiptData, "transactionId": restored.transactionId,
+                    "originalTransactionId": premium.originalTransactionId, "productId": "com.example.vip.month",
+                ])
+            #expect(wrongProduct["reason"] as? String == "transaction_not_in_receipt", "\(wrongProduct)")
+            // Someone else's app naming the same pair holds nothing of it: not finishable as theirs.
+            let stranger = try await upload(
+                pipeline,
+                [
+                    "userId": "sid", "receiptData": restored.receiptData, "transactionId": restored.transactionId,
+                    "originalTransactionId": premium.originalTransactionId,
+                ])
+            #expect(stranger["state"] as? String != "credited", "\(stranger)")
+
+            // A consumable the receipt lacks, named with an earlier credited consumable as its
+            // "original": the new purchase is not in the receipt yet; never finishable.
+            let first = try await mint(pipeline, Mint(productId: Self.coins, deviceId: "ria-phone"))
+            #expect(try await upload(pipeline, ["userId": "ria", "signedTransaction": first.signedTransaction])["state"] as? String == "credited")
+            let second = try await mint(pipeline, Mint(productId: Self.coins, deviceId: "ria-phone", receiptIncludesPurchase: false))
+            let coins = try await upload(
+                pipeline,
+                [
+                    "userId": "ria", "receiptData": second.receiptData, "transactionId": second.transactionId,
+                    "originalTransactionId": first.transactionId, "productId": Self.coins,
+                ])
+            #expect(coins["reason"] as? String == "transaction_not_in_receipt" && coins["finishTransaction"] as? Bool == false, "\(coins)")
+            #expect(try await balance(pipeline, of: "ria") == 300)
         }
 
         /// Lesser: a goodwill grant naming the Apple transaction the customer wrote about is
