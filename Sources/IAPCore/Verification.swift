@@ -182,6 +182,11 @@ public struct ReasonCode: RawRepresentable, Codable, Sendable, Hashable, CustomS
     /// uploader made it (a bare transaction id, a receipt read without its signature checked):
     /// held for customer service.
     public static let ownerUnknown = ReasonCode("owner_unknown")
+    /// A new purchase in a subscription's chain (a resubscription, an upgrade) that Apple told
+    /// of and nothing proves whose it is yet (the same Apple ID may serve several accounts of
+    /// the app): held until its buyer's upload (a signed transaction, a receipt holding it) or an
+    /// order's token proves it; the periods after it wait with it.
+    public static let buyerUnknown = ReasonCode("buyer_unknown")
     /// Apple's transaction history for the receipt's transaction is empty: a person looks
     /// (never a rejection: Apple did not say the receipt is invalid).
     public static let appleHistoryEmpty = ReasonCode("apple_history_empty")

@@ -200,10 +200,9 @@ extension FinishAdvice {
                     ? "Apple refunded or revoked transaction \(named): it is left out of every receipt"
                     : "transaction \(named) is not in this receipt yet: refresh the receipt and upload it again")
         }
-        if transactionId == nil, let orderId, let order = namedOrder, IAPCore.sameUser(order.userId, userId),
-            order.state == "created"
-        {
-            // The order named is still unpaid: the receipt is older than its purchase.
+        if transactionId == nil, let orderId, namedOrder.map({ $0.state == "created" }) ?? true {
+            // The order named is still unpaid (or not ours at all): the receipt is older than
+            // its purchase, whoever uploaded it and whatever else it credited.
             return UploadVerdict(
                 state: .rejected, reason: .transactionNotInReceipt,
                 message: "no purchase in this receipt pays order \(orderId) yet: refresh the receipt and upload it again")

@@ -94,19 +94,37 @@ extension Planner {
                 return "restored"
             }
             let lifted = stood && facts.revocation?.stands != true
+            if after.isEmpty, facts.purchase == nil, facts.revocation?.stands != true {
+                // Apple gave back a purchase nobody was credited with (its app may have finished
+                // it on the refund, so no later receipt holds it): its token's order's owner is
+                // credited; otherwise it is kept for its owner's proof and listed for customer
+                // service, never dropped.
+                if let owner, purchase.appAccountToken != nil, facts.tokenOrder != nil {
+                    let upload = LedgerEvent.Upload(
+                        userId: owner, submissionId: submissionId, orderId: nil, transactionId: nil, bundleId: notification.bundleId ?? "")
+                    let (state, reason) = credit(purchase, upload: upload)
+                    return reason.map { "\(state.rawValue) (\($0))" } ?? state.rawValue
+                }
+                if owner == nil,
+                    recordUnowned(purchase, key: key, submissionId: submissionId, bundleId: notification.bundleId ?? "", anyKey: true)
+                {
+                    return ReasonCode.ownerUnknown.rawValue
+                }
+            }
             return lifted ? "revocation_lifted" : "nothing_revoked"
         case .subscribed, .didRenew, .offerRedeemed, .didChangeRenewalPref, .renewalExtended, .oneTimeCharge:
             guard notification.environment == .production || policy.sandbox.allows(userId: owner ?? "") else {
                 return "sandbox_not_allowed"
             }
             updateSubscription(notification, state: nil)
-            // A resubscription is a new purchase, maybe by another account of the app on the
-            // same Apple ID: without a token naming an order, only the buyer's upload proves
-            // whose it is, so it waits for that upload like a period nobody owns yet.
-            let resubscribed = type == .subscribed && notification.subtype == "RESUBSCRIBE" && purchase.isNewPurchaseInChain
-                && !(purchase.appAccountToken != nil && facts.tokenOrder != nil)
+            // A new purchase in the chain (a resubscription, an upgrade, a crossgrade) may be
+            // another account's of the app on the same Apple ID: without a token naming an
+            // order, only the buyer's upload proves whose it is, so it waits for that upload
+            // (`buyer_unknown`) like a period nobody owns yet.
+            let newPurchase = purchase.isNewPurchaseInChain && !(purchase.appAccountToken != nil && facts.tokenOrder != nil)
+                && facts.activeGrant(of: key) == nil
             let credited: String
-            if let owner, !resubscribed {
+            if let owner, !newPurchase {
                 let upload = LedgerEvent.Upload(
                     userId: owner, submissionId: submissionId, orderId: nil, transactionId: nil,
                     bundleId: notification.bundleId ?? "")
@@ -116,8 +134,13 @@ extension Planner {
                 // Nobody owns the subscription yet: Apple's signed period is kept, and credited
                 // to whoever the app's first upload proves is the owner (Apple does not tell
                 // again of a notification we answered).
-                recordUnowned(purchase, key: key, submissionId: submissionId, bundleId: notification.bundleId ?? "")
-                credited = "owner_unknown"
+                if recordUnowned(
+                    purchase, key: key, submissionId: submissionId, bundleId: notification.bundleId ?? "", awaitsBuyer: newPurchase),
+                    newPurchase
+                {
+                    awaitBuyer(of: purchase)
+                }
+                credited = newPurchase ? ReasonCode.buyerUnknown.rawValue : ReasonCode.ownerUnknown.rawValue
             }
             if type == .renewalExtended, let expires = purchase.expiresDate {
                 // Apple moved the period's end: the grant in force lasts as long.
@@ -205,10 +228,15 @@ extension Planner {
 
     /// Keeps a billing period Apple told of while its subscription has no owner (held
     /// `owner_unknown`, for nobody), so that the owner's first credit credits it too.
-    mutating func recordUnowned(_ purchase: VerifiedPurchase, key: String, submissionId: String, bundleId: String) {
-        guard case .billingPeriod? = CreditKey(stored: key), facts.purchase == nil, facts.grants(of: key).isEmpty,
-            purchase.isUpgraded != true
-        else { return }
+    @discardableResult
+    mutating func recordUnowned(
+        _ purchase: VerifiedPurchase, key: String, submissionId: String, bundleId: String, awaitsBuyer: Bool = false,
+        anyKey: Bool = false
+    ) -> Bool {
+        var period = false
+        if case .billingPeriod? = CreditKey(stored: key) { period = true }
+        guard period || anyKey, facts.purchase == nil, facts.grants(of: key).isEmpty, purchase.isUpgraded != true
+        else { return false }
         emit(
             .recordPurchase(
                 .init(
@@ -216,9 +244,23 @@ extension Planner {
                     productId: purchase.productId, quantity: max(purchase.quantity, 1), environment: purchase.environment,
                     bundleId: bundleId, purchaseDate: purchase.purchaseDate, userId: "", orderId: nil,
                     submissionId: submissionId, appAccountToken: purchase.appAccountToken,
-                    heldReason: ReasonCode.ownerUnknown.rawValue, creditedAt: now, creditKey: key,
+                    heldReason: (awaitsBuyer ? ReasonCode.buyerUnknown : .ownerUnknown).rawValue, creditedAt: now, creditKey: key,
                     webOrderLineItemId: purchase.webOrderLineItemId, expiresDate: purchase.expiresDate),
                 ifAbsent: true))
+        return true
+    }
+
+    /// A new purchase in the chain that nothing proves whose it is yet: kept for its buyer's
+    /// upload (`buyer_unknown`); the periods before it stay with the owner they were credited
+    /// to. Audited.
+    mutating func awaitBuyer(of purchase: VerifiedPurchase) {
+        guard let subscription = facts.subscription, subscription.originalTransactionId == purchase.originalTransactionId,
+            let previous = subscription.userId
+        else { return }
+        audit(
+            actor: "system", action: "subscription_awaits_buyer", subject: "subscription:\(purchase.originalTransactionId)",
+            reason: "bought again (transaction \(purchase.transactionId)) by an account not proven yet; owned by \(previous)",
+            details: ["owner": previous, "transactionId": purchase.transactionId])
     }
 
     /// Credits a period kept while its subscription had no owner to the owner known now,
@@ -365,7 +407,7 @@ extension Planner {
             }
             // A period Apple told of before anyone owned its subscription is nobody's yet: customer
             // service may give it to the user they found paid for it.
-            let unowned = purchase.heldReason == ReasonCode.ownerUnknown.rawValue
+            let unowned = purchase.isUnowned
             guard purchase.userId == request.userId || unowned else {
                 return .refused(.conflict, "purchase \(transactionId) belongs to another user")
             }

@@ -158,7 +158,7 @@ extension Planner {
         }
         // A period Apple told of before its subscription had an owner is recorded, not owned:
         // this upload decides whose it is, as if nothing were recorded.
-        let claiming = facts.purchase?.heldReason == ReasonCode.ownerUnknown.rawValue
+        let claiming = facts.purchase?.isUnowned == true
         let exact = claiming ? nil : facts.purchase
         if let active = facts.activeGrant(of: key) {
             let owner = active.userId
@@ -286,7 +286,8 @@ extension Planner {
         endReplaced(ends?.others ?? [], by: purchase)
         if subscriptionOwner == nil {
             // The subscription has its owner now: the periods Apple told of before are theirs.
-            for period in facts.unownedPeriods where period.transactionId != purchase.transactionId {
+            // Not a new purchase in the chain Apple told of: that waits for its own buyer.
+            for period in facts.unownedPeriods where period.transactionId != purchase.transactionId && !period.awaitsBuyer {
                 creditUnowned(period, owner: owner, upload: upload)
             }
         }
@@ -705,7 +706,7 @@ extension Planner {
     mutating func recordBlocked(_ purchase: VerifiedPurchase, key: String, upload: LedgerEvent.Upload) {
         let tokenOwner = purchase.appAccountToken != nil ? facts.tokenOrder?.userId : nil
         // Recorded only as a period Apple told of before anyone owned it: this proof claims it.
-        let unowned = facts.purchase?.heldReason == ReasonCode.ownerUnknown.rawValue
+        let unowned = facts.purchase?.isUnowned == true
         guard tokenOwner != nil || purchase.ownershipEvidence == .signedUpload, facts.purchase == nil || unowned else { return }
         // Named by a token for another product: held for a person, as it would be had it arrived
         // before the refund (a reversal never credits it).

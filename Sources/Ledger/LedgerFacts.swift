@@ -50,6 +50,14 @@ public struct LedgerFacts: Sendable, Equatable {
 
     /// One Apple transaction as recorded (table `purchase`).
     public struct Purchase: Sendable, Equatable {
+        /// Kept while nobody owns it: a period Apple told of before its subscription had an owner
+        /// (`owner_unknown`), or a new purchase in the chain awaiting its buyer (`buyer_unknown`).
+        public var isUnowned: Bool {
+            heldReason == ReasonCode.ownerUnknown.rawValue || heldReason == ReasonCode.buyerUnknown.rawValue
+        }
+        /// A new purchase in the chain awaiting its buyer's proof.
+        public var awaitsBuyer: Bool { heldReason == ReasonCode.buyerUnknown.rawValue }
+
         public var transactionId: String
         public var originalTransactionId: String
         public var productId: String

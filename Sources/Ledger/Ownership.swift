@@ -57,10 +57,18 @@ public enum Ownership {
     public static func decide(_ facts: Facts, restore: RestorePolicy) -> Decision {
         if let owner = facts.tokenOrderOwner { return .credit(owner: owner) }
         if let owner = facts.subscriptionOwner {
+            if facts.newPurchaseInChain {
+                // A new purchase is its buyer's, who need not be the subscription's owner (the
+                // same Apple ID may serve several accounts of the app): only Apple's word about
+                // the upload says who that is; a bare id is held like any lookup.
+                guard facts.evidence == .signedUpload else { return .held(.ownerUnknown) }
+                if IAPCore.sameUser(owner, facts.uploader) { return .credit(owner: owner) }
+                return .creditMovingSubscription(from: owner, to: facts.uploader)
+            }
             if IAPCore.sameUser(owner, facts.uploader) { return .credit(owner: owner) }
-            // A new purchase belongs to whoever proves they bought it (the same Apple ID may
-            // serve several accounts of the app); renewals and restores follow the owner.
-            if facts.newPurchaseInChain || restore == .transfer, facts.evidence == .signedUpload {
+            // Renewals and restores follow the owner, unless `transfer` moves them to whoever
+            // proves they hold one.
+            if restore == .transfer, facts.evidence == .signedUpload {
                 return .creditMovingSubscription(from: owner, to: facts.uploader)
             }
             // Every billing period belongs to the subscription's owner, whoever uploads it.

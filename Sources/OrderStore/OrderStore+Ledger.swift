@@ -72,7 +72,7 @@ extension OrderStore {
             // credit that gives it an owner.
             facts.unownedPeriods = try db.rows(
                 sql: """
-                    SELECT * FROM purchase WHERE originalTransactionId = ? AND heldReason = 'owner_unknown'
+                    SELECT * FROM purchase WHERE originalTransactionId = ? AND heldReason IN ('owner_unknown', 'buyer_unknown')
                     ORDER BY purchaseDate, transactionId
                     """,
                 arguments: [original]
@@ -81,7 +81,8 @@ extension OrderStore {
                 facts.unownedRevocations = try db.rows(
                     sql: """
                         SELECT * FROM revocation WHERE creditKey IN
-                            (SELECT creditKey FROM purchase WHERE originalTransactionId = ? AND heldReason = 'owner_unknown')
+                            (SELECT creditKey FROM purchase WHERE originalTransactionId = ?
+                                AND heldReason IN ('owner_unknown', 'buyer_unknown'))
                         """,
                     arguments: [original]
                 ).map(revocationFact)
@@ -180,7 +181,7 @@ extension OrderStore {
                 sql: """
                     UPDATE purchase SET userId = ?, orderId = ?, submissionId = ?, appAccountToken = ?, heldReason = ?,
                         creditedAt = ?, creditKey = ?, quantity = ?, purchaseDate = ?, expiresDate = ?
-                    WHERE transactionId = ? AND heldReason = 'owner_unknown'
+                    WHERE transactionId = ? AND heldReason IN ('owner_unknown', 'buyer_unknown')
                     """,
                 arguments: [
                     row.userId, row.orderId, row.submissionId, row.appAccountToken, row.heldReason, row.creditedAt,

@@ -40,10 +40,13 @@ extension BrokerTests {
         }
 
         /// An upgrade from the monthly to the yearly tier, as Apple makes it: a new period of the
-        /// higher tier in the same chain, DID_CHANGE_RENEWAL_PREF (UPGRADE) about it. The owner is
-        /// credited the year and the month ends at the upgrade; another user's upload of the new
-        /// period gets nothing; the owner's refreshed receipt marks the month `is_upgraded`.
-        @Test func anUpgradeEndsTheLowerTierAndCreditsTheHigherToTheOwner() async throws {
+        /// higher tier in the same chain (`transactionReason` PURCHASE), DID_CHANGE_RENEWAL_PREF
+        /// (UPGRADE) about it. An upgrade is a new purchase, and another account of the app on the
+        /// same Apple ID may have made it: without a token, Apple's notification alone credits
+        /// nobody (`buyer_unknown`) and the month stays in force; the buyer's upload credits the
+        /// year and ends the month at the upgrade; another user's upload then gets nothing; the
+        /// owner's refreshed receipt marks the month `is_upgraded`.
+        @Test func anUpgradeEndsTheLowerTierAndCreditsTheHigherToItsBuyer() async throws {
             let pipeline = try await PipelineHarness.start(name: "upgrade")
             defer { Task { await pipeline.stop() } }
             let month = try await mint(pipeline, Self.month, type: "auto_renewable", deviceId: "uma-phone")
@@ -61,22 +64,28 @@ extension BrokerTests {
             #expect(year.originalTransactionId == month.originalTransactionId && year.transactionId != month.transactionId)
             #expect(year.webOrderLineItemId != nil && year.webOrderLineItemId != month.webOrderLineItemId)
 
-            // The notification credits the higher tier to the subscription's owner.
+            // The notification keeps the year for its buyer: nobody is credited, the month runs on.
             #expect(
                 try await eventually(timeout: .seconds(20)) {
-                    try await grant(pipeline, of: year.transactionId).map { $0.userId == "uma" && $0.state == "active" } == true
-                }, "DID_CHANGE_RENEWAL_PREF did not credit the yearly tier to its owner")
+                    try await pipeline.store.purchase(year.transactionId)?.heldReason == "buyer_unknown"
+                }, "DID_CHANGE_RENEWAL_PREF did not keep the yearly tier for its buyer")
+            #expect(try await grant(pipeline, of: year.transactionId) == nil)
+            #expect(try await grant(pipeline, of: month.transactionId).map { $0.state == "active" && ($0.expiresAt ?? .distantPast) > Date() } == true)
+
+            // The buyer's app uploads the upgrade: the year is hers and the month ends at the upgrade.
+            let bought = try await pipeline.waitForState(
+                try await pipeline.upload(["userId": "uma", "signedTransaction": year.signedTransaction]))
+            #expect(bought["state"] as? String == "credited" && bought["finishTransaction"] as? Bool == true, "\(bought)")
             let yearGrant = try #require(try await grant(pipeline, of: year.transactionId))
             let monthGrant = try #require(try await grant(pipeline, of: month.transactionId))
-            #expect(yearGrant.productId == Self.year)
+            #expect(yearGrant.productId == Self.year && yearGrant.userId == "uma")
             let upgradedAt = yearGrant.grantedAt
             #expect(
                 (monthGrant.expiresAt ?? .distantFuture) <= upgradedAt.addingTimeInterval(5),
                 "the monthly tier still runs to \(monthGrant.expiresAt as Any), past the upgrade at \(upgradedAt)")
             #expect((yearGrant.expiresAt ?? .distantPast) > Date().addingTimeInterval(300 * 86_400))
 
-            // Another user uploading the new period: it is the owner's (this very transaction is
-            // credited to her).
+            // Another user uploading the new period: this very transaction is credited to her.
             let stranger = try await pipeline.waitForState(
                 try await pipeline.upload(["userId": "vic", "signedTransaction": year.signedTransaction]))
             #expect(

@@ -312,6 +312,12 @@ struct LedgerModel {
             grants[index].revokedByRefund = false
         } else if activeGrant(key) == nil, let first = claimants[key]?.first {
             credit(first.transactionId, to: first.user)
+        } else if let transaction = transactions[transactionId], transaction.product.kind == .autoRenewable,
+            subscriptionOwner[transaction.originalId] == nil, claimants[key] == nil, !grants.contains(where: { $0.key == key })
+        {
+            // Given back, never credited, its chain owned by nobody yet: kept for the owner its
+            // first upload proves, as a renewal told of before would be.
+            told[transaction.originalId, default: []].append(transactionId)
         }
         claimants[key] = nil
     }
