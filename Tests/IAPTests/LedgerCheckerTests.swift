@@ -48,7 +48,7 @@ struct MemoryLedger {
         if let original = query.originalTransactionId, query.readsSubscription { facts.subscription = subscriptions[original] }
         if let original = query.originalTransactionId, let subscription = facts.subscription, subscription.userId == nil {
             facts.unownedPeriods = purchases.values
-                .filter { $0.originalTransactionId == original && $0.heldReason == ReasonCode.ownerUnknown.rawValue }
+                .filter { $0.originalTransactionId == original && $0.isUnowned }
                 .sorted { ($0.purchaseDate ?? .distantPast, $0.transactionId) < ($1.purchaseDate ?? .distantPast, $1.transactionId) }
             let keys = Set(facts.unownedPeriods.compactMap(\.creditKey))
             facts.unownedRevocations = revocations.values.filter { keys.contains($0.creditKey) }
@@ -96,7 +96,7 @@ struct MemoryLedger {
         case .releasePurchase(let id):
             purchases[id]?.heldReason = nil
         case .claimPurchase(let row):
-            guard purchases[row.transactionId]?.heldReason == ReasonCode.ownerUnknown.rawValue else {
+            guard purchases[row.transactionId]?.isUnowned == true else {
                 throw Refused(description: "purchase \(row.transactionId) claimed but not unowned")
             }
             purchases[row.transactionId] = row
@@ -232,6 +232,19 @@ struct AppleTransaction {
     var upgraded = false
     /// When Apple last signed a change to it (its notifications carry this).
     var signed: Date
+    /// Apple's `transactionReason`: PURCHASE for what the customer bought, RENEWAL for a
+    /// renewal; nil where Apple's answer does not say.
+    var reason: String?
+    /// When the chain's first period was bought (Apple's `originalPurchaseDate`).
+    var originalPurchased: Date?
+    /// The Apple ID (its device) it was bought or restored on: the receipt that holds it.
+    var device = 0
+    /// For a period: the index of the purchase it renews (nil: it is one, bought by `buyer`).
+    var renews: Int?
+    /// A restore: what it restores was bought before, under another id.
+    var isRestore = false
+    /// Whether receipts hold it under its own id (a StoreKit 1 restore's may never be).
+    var inReceipt = true
 
     var isSubscription: Bool { period != nil }
 
@@ -244,6 +257,8 @@ struct AppleTransaction {
             isUpgraded: upgraded ? true : nil, signedDate: signed)
         purchase.revocationType = revokedAt == nil ? nil : revocationType
         purchase.revocationPercentage = revokedAt == nil ? nil : percentage
+        purchase.transactionReason = reason
+        purchase.originalPurchaseDate = originalPurchased
         purchase.evidence = evidence
         return purchase
     }
@@ -313,13 +328,18 @@ struct ReferenceLedger {
     }
 
     /// Apple reversed a refund of `key`: what a refund stopped is credited now.
-    mutating func reversed(_ key: String, at: Date, transaction: AppleTransaction, period: Bool) {
+    mutating func reversed(_ key: String, at: Date, transaction: AppleTransaction, period: Bool, catalog: Catalog) {
         let before = standing(key)
         apple[key, default: []].append((at, true, nil))
         if before == .all, standing(key) != .all, holder[key] == nil, let (user, id) = stopped[key] {
             var stoppedTransaction = transaction
             stoppedTransaction.id = id
             credit(key, to: user, transaction: stoppedTransaction, period: period)
+        } else if standing(key) == .none, holder[key] == nil, stopped[key] == nil, recorded[transaction.id] == nil,
+            transaction.token.flatMap({ orders[$0] }) != nil
+        {
+            // Given back, never uploaded: its token's order says whose it is.
+            received(transaction, key: key, uploader: nil, evidence: .signedUpload, catalog: catalog)
         }
     }
 
@@ -453,6 +473,9 @@ enum CheckerStep: Equatable, CustomStringConvertible {
     case grantHeld(pick: Int)
     case revokeByHand(pick: Int)
     case goodwill(user: Int)
+    /// Ground truth only: StoreKit 1 restores a one-time purchase or a period under an id no
+    /// receipt holds; the app uploads its receipt naming that id and what it stands for.
+    case restoreMissing(transaction: Int, stranger: Int)
 
     var description: String {
         switch self {
@@ -473,16 +496,21 @@ enum CheckerStep: Equatable, CustomStringConvertible {
         case .grantHeld(let p): "grantHeld(\(p))"
         case .revokeByHand(let p): "revokeByHand(\(p))"
         case .goodwill(let u): "goodwill(u\(u))"
+        case .restoreMissing(let t, let s): "restoreMissing(#\(t), stranger \(s))"
         }
     }
 
-    /// A sequence of `count` steps drawn from `seed`.
-    static func sequence(seed: UInt64, count: Int) -> [CheckerStep] {
+    /// A sequence of `count` steps drawn from `seed`; `truth` draws the steps only the
+    /// ground-truth run takes too.
+    static func sequence(seed: UInt64, count: Int, truth: Bool = false) -> [CheckerStep] {
         var random = ModelRandom(seed: seed)
         return (0..<count).map { _ in
             let n = random.below(100)
             let a = random.below(64)
             let b = random.below(64)
+            if truth {
+                if random.below(100) < 5 { return .restoreMissing(transaction: a, stranger: random.pick([0, 0, 1])) }
+            }
             switch n {
             case 0..<16: return .buy(user: random.below(4), product: random.below(4), quantity: random.within(1...3), token: random.pick([0, 0, 1, 1, 2, 3]))
             case 16..<38: return .upload(transaction: a, stranger: random.pick([0, 0, 0, 1, 2]), route: random.below(3))
@@ -530,10 +558,25 @@ struct CheckerRun {
     /// What happened, step by step, when `tracing` (a shrunk failure's replay prints it).
     var log: [String] = []
     var tracing = false
+    /// Checked against who really paid only (`LedgerGroundTruth.swift`), with the steps the
+    /// reference model does not know; otherwise against the reference model too.
+    let truth: Bool
+    /// Ground truth: the users whose uploads carried Apple's proof of each transaction (a
+    /// signed transaction, a receipt holding it, a restore).
+    var provers: [String: Set<String>] = [:]
+    /// Transactions the app finished, as its answers told it.
+    var finished: Set<String> = []
+    /// What customer service granted or took back by hand, by identity: a person decided.
+    var byHand: Set<String> = []
+    /// Each order's user, as the app placed it.
+    var orderUser: [String: String] = [:]
+    /// What Apple took back at some point (a later reversal gives it back, and the ledger with it).
+    var tookBack: Set<String> = []
 
-    init(restore: RestorePolicy) {
+    init(restore: RestorePolicy, truth: Bool = false) {
         policy = LedgerPolicy(catalog: CheckerCatalog.catalog, sandbox: .accept, restore: restore)
         reference = ReferenceLedger(restore: restore)
+        self.truth = truth
     }
 
     static func user(_ index: Int) -> String { "u\(index)" }
@@ -553,6 +596,8 @@ struct CheckerRun {
             self.steps = index
             clock += 60
             if tracing { log.append("  \(step)") }
+            // Apple stops retrying after a few days: what it sent a week ago has arrived.
+            if truth { try deliverOverdue(before: clock) }
             try perform(step)
             if tracing { log.append("    holds \(ledger.holdings)") }
             try check()
@@ -564,6 +609,13 @@ struct CheckerRun {
         waiting = []
         for item in rest { try deliver(item) }
         try check()
+        if truth {
+            // Every app uploads its refreshed receipt once more: then every paid purchase is
+            // credited to who really paid, or held for a person.
+            try catchUp()
+            try check()
+            try checkWhoPaidInTheEnd()
+        }
     }
 
     func fail(_ problem: String) -> CheckerFailure { CheckerFailure(step: steps, problem: problem, log: log) }
@@ -606,6 +658,7 @@ struct CheckerRun {
                 let id = nextId("order-")
                 ledger.orders[id] = .init(id: id, userId: orderUser, productId: orderProduct, state: "created", transactionId: nil, createdAt: clock)
                 reference.orders[id] = (orderUser, orderProduct, false)
+                self.orderUser[id] = orderUser
                 token = id
             }
             let id = nextId("t")
@@ -617,14 +670,15 @@ struct CheckerRun {
                 ledger.orders[orderId] = .init(
                     id: orderId, userId: Self.user(user), productId: product, state: "created", transactionId: nil,
                     createdAt: clock - 30)
+                orderUser[orderId] = Self.user(user)
                 order = orderId
             }
             let subscription = product == CheckerCatalog.vip
             var transaction = AppleTransaction(
                 id: id, original: id, product: product, quantity: product == CheckerCatalog.coins ? quantity : 1, buyer: user,
                 token: token, order: order, period: subscription ? nextId("w") : nil, purchased: clock,
-                expires: subscription ? clock + 30 * 86_400 : nil, signed: clock)
-            transaction.signed = clock
+                expires: subscription ? clock + 30 * 86_400 : nil, signed: clock, reason: "PURCHASE", originalPurchased: clock,
+                device: user)
             transactions.append(transaction)
             if subscription {
                 subscriptions.append([transactions.count - 1])
@@ -637,6 +691,10 @@ struct CheckerRun {
             let index = pick % transactions.count
             let transaction = transactions[index]
             let uploader = stranger == 0 ? Self.user(transaction.buyer) : Self.user((transaction.buyer + stranger) % 4)
+            if truth {
+                try appUpload(index, by: uploader, route: route, stale: stranger == 2, pick: pick)
+                return
+            }
             switch route {
             case 0:
                 // A signed transaction (or Apple's answer about the uploaded receipt).
@@ -665,8 +723,13 @@ struct CheckerRun {
             var restored = transactions[restorable[pick % restorable.count]]
             restored.id = nextId("r")
             restored.signed = clock
+            restored.isRestore = true
             transactions.append(restored)
             let uploader = Self.user((restored.buyer + stranger) % 4)
+            if truth {
+                try appUpload(transactions.count - 1, by: uploader, route: 0, stale: false, pick: 0)
+                return
+            }
             try upload([transactions.count - 1], by: uploader, evidence: .signedUpload)
         case .renew(let pick):
             guard let (chain, last) = subscription(pick), !transactions[last].upgraded else { return }
@@ -678,7 +741,13 @@ struct CheckerRun {
             renewal.purchased = max(clock, renewal.expires!)
             renewal.expires = renewal.purchased + 30 * 86_400
             renewal.revokedAt = nil
-            renewal.token = transactions[chain[0]].token
+            renewal.renews = transactions[last].renews ?? last
+            renewal.token = truth ? transactions[renewal.renews!].token : transactions[chain[0]].token
+            renewal.reason = "RENEWAL"
+            // A renewal is bought for no order (the ground-truth run says so; the reference
+            // model's run keeps its old sequences).
+            if truth { renewal.order = nil }
+            renewal.isRestore = false
             renewal.signed = clock
             transactions.append(renewal)
             subscriptions[pick % subscriptions.count].append(transactions.count - 1)
@@ -696,6 +765,11 @@ struct CheckerRun {
             higher.expires = clock + 30 * 86_400
             higher.upgraded = false
             higher.revokedAt = nil
+            higher.renews = transactions[last].renews ?? last
+            higher.reason = nil
+            // Not bought for the first purchase's order (the ground-truth run says so).
+            if truth { higher.order = nil }
+            higher.isRestore = false
             higher.signed = clock
             transactions.append(higher)
             subscriptions[pick % subscriptions.count].append(transactions.count - 1)
@@ -726,6 +800,10 @@ struct CheckerRun {
                 transaction.percentage = nil
             }
             transactions[index] = transaction
+            if truth {
+                sameRevocation(as: index)
+                if allowedUnits(identity(transaction))?.contains(0) ?? true { tookBack.insert(identity(transaction)) }
+            }
             notify(kind == 2 ? "REVOKE" : "REFUND", about: index, status: transaction.isSubscription ? 5 : nil)
         case .reverse(let pick):
             let refunded = transactions.indices.filter { transactions[$0].revokedAt != nil && transactions[$0].revocationType != "FAMILY_REVOKE" }
@@ -735,6 +813,7 @@ struct CheckerRun {
             transactions[index].revocationType = nil
             transactions[index].percentage = nil
             transactions[index].signed = clock
+            if truth { sameRevocation(as: index) }
             notify("REFUND_REVERSED", about: index, status: transactions[index].isSubscription ? 1 : nil)
         case .decline(let pick):
             guard !transactions.isEmpty else { return }
@@ -757,6 +836,7 @@ struct CheckerRun {
             let index = pick % waiting.count
             let item = waiting[index]
             if !duplicate { waiting.remove(at: index) }
+            if truth { try deliverOverdue(before: item.notification.signedDate!) }
             try deliver(item)
         case .releaseAll(let order):
             guard !waiting.isEmpty else { return }
@@ -769,6 +849,7 @@ struct CheckerRun {
             var random = ModelRandom(seed: order)
             var shuffled = waiting
             for i in stride(from: shuffled.count - 1, to: 0, by: -1) { shuffled.swapAt(i, random.below(i + 1)) }
+            if truth { shuffled = Self.withinRetryWindow(shuffled) }
             waiting = []
             for item in shuffled { try deliver(item) }
             // What a notification could not credit yet (a renewal of a subscription nobody
@@ -787,7 +868,7 @@ struct CheckerRun {
         case .grantHeld(let pick):
             // Periods nobody owns yet (told before any upload) are left to the owner's upload.
             let held = ledger.purchases.values.filter {
-                $0.heldReason != nil && $0.heldReason != "revoked" && $0.heldReason != ReasonCode.ownerUnknown.rawValue
+                $0.heldReason != nil && $0.heldReason != "revoked" && !$0.isUnowned
             }.sorted { $0.transactionId < $1.transactionId }
             guard !held.isEmpty else { return }
             let purchase = held[pick % held.count]
@@ -797,6 +878,9 @@ struct CheckerRun {
                         userId: purchase.userId, productId: purchase.productId, quantity: purchase.quantity,
                         grant: CheckerCatalog.catalog.product(purchase.productId)?.grant(quantity: purchase.quantity) ?? [:],
                         transactionId: purchase.transactionId, goodwillId: nextId("manual-"), actor: "agent", reason: "checked")))
+            if let transaction = transactions.first(where: { $0.id == purchase.transactionId }) {
+                byHand.insert(identity(transaction))
+            }
             if case .grant = plan.outcome, let transaction = transactions.first(where: { $0.id == purchase.transactionId }) {
                 let key = purchase.creditKey ?? key(transaction)
                 reference.revokedByHand.remove(key)
@@ -810,6 +894,7 @@ struct CheckerRun {
             let plan = try apply(.manualRevoke(transactionId: grant.transactionId, actor: "agent", reason: "fraud", eventTag: nextId("x")))
             guard case .grant = plan.outcome else { throw fail("revoking an active grant by hand was refused: \(plan.outcome)") }
             reference.revokedByHand.insert(grant.creditKey!)
+            if let transaction = transactions.first(where: { $0.id == grant.transactionId }) { byHand.insert(identity(transaction)) }
         case .goodwill(let user):
             let plan = try apply(
                 .manualGrant(
@@ -817,12 +902,20 @@ struct CheckerRun {
                         userId: Self.user(user), productId: CheckerCatalog.coins, quantity: 1, grant: ["coins": .number(5)],
                         transactionId: nil, goodwillId: nextId("manual-"), actor: "agent", reason: "sorry")))
             guard case .grant = plan.outcome else { throw fail("a goodwill grant was refused: \(plan.outcome)") }
+        case .restoreMissing(let pick, let stranger):
+            try restoreMissing(pick, stranger: stranger)
         }
     }
 
     /// Every buyer's app uploads its receipt: everything its device bought that Apple has not
     /// refunded (refunded subscription periods stay in a receipt).
     mutating func catchUp() throws {
+        if truth {
+            for device in 0..<4 where transactions.contains(where: { $0.device == device }) {
+                try appUpload(receiptOf: device, by: Self.user(device), naming: .nothing)
+            }
+            return
+        }
         for buyer in 0..<4 {
             let held = transactions.indices.filter {
                 transactions[$0].buyer == buyer && !(transactions[$0].revokedAt != nil && !transactions[$0].isSubscription)
@@ -872,7 +965,8 @@ struct CheckerRun {
                 : nil
             reference.refunded(key, at: purchase.cancellationDate ?? notification.signedDate!, units: units)
         case .refundReversed:
-            reference.reversed(key, at: notification.signedDate!, transaction: transaction, period: key.hasPrefix("wol:"))
+            reference.reversed(
+                key, at: notification.signedDate!, transaction: transaction, period: key.hasPrefix("wol:"), catalog: CheckerCatalog.catalog)
         case let type where type.credits:
             reference.received(transaction, key: key, uploader: nil, evidence: .signedUpload, catalog: CheckerCatalog.catalog)
         default:
@@ -904,6 +998,7 @@ struct CheckerRun {
             if case .transaction(let state, let reason) = plan.outcome {
                 outcomes.append(.init(transactionId: transaction.id, state: state, reason: reason))
             }
+            if evidence == .signedUpload { provers[transaction.id, default: []].insert(uploader) }
             reference.received(transaction, key: key(transaction), uploader: uploader, evidence: evidence, catalog: CheckerCatalog.catalog)
             guard case .transaction(let state, _) = plan.outcome else { throw fail("an upload answered \(plan.outcome)") }
             // The app is told to finish only what is settled: credited means held by the uploader.
@@ -943,6 +1038,8 @@ struct CheckerRun {
 
     /// After every step: what users hold is what the reference says, and the store's rules hold.
     func check() throws {
+        try checkWhoHolds()
+        if truth { return }
         let actual = ledger.holdings
         let expected = reference.holdings
         guard actual == expected else {
@@ -983,8 +1080,8 @@ enum LedgerChecker {
     static let length = 14
 
     /// Runs the sequence `steps` under `restore`; the failure, if any.
-    static func failure(of steps: [CheckerStep], restore: RestorePolicy, tracing: Bool = false) -> CheckerFailure? {
-        var run = CheckerRun(restore: restore)
+    static func failure(of steps: [CheckerStep], restore: RestorePolicy, truth: Bool = false, tracing: Bool = false) -> CheckerFailure? {
+        var run = CheckerRun(restore: restore, truth: truth)
         run.tracing = tracing
         do {
             try run.run(steps)
@@ -997,7 +1094,7 @@ enum LedgerChecker {
     }
 
     /// The fewest steps of `steps` that still fail: each step left out while the rest still fails.
-    static func shrink(_ steps: [Int], of all: [CheckerStep], restore: RestorePolicy) -> [Int] {
+    static func shrink(_ steps: [Int], of all: [CheckerStep], restore: RestorePolicy, truth: Bool = false) -> [Int] {
         var kept = steps
         var changed = true
         while changed {
@@ -1005,7 +1102,7 @@ enum LedgerChecker {
             for index in kept.indices.reversed() {
                 var fewer = kept
                 fewer.remove(at: index)
-                if failure(of: fewer.map { all[$0] }, restore: restore) != nil {
+                if failure(of: fewer.map { all[$0] }, restore: restore, truth: truth) != nil {
                     kept = fewer
                     changed = true
                 }
@@ -1014,14 +1111,15 @@ enum LedgerChecker {
         return kept
     }
 
-    /// A regression case as kept in the fixture: `<seed> <policy> <kept step indexes>`.
+    /// A regression case as kept in the fixture: `<seed> <policy>[+truth] <kept step indexes>`.
     struct Regression {
         var seed: UInt64
         var restore: RestorePolicy
+        var truth = false
         var kept: [Int]?
 
         var steps: [CheckerStep] {
-            let all = CheckerStep.sequence(seed: seed, count: LedgerChecker.length)
+            let all = CheckerStep.sequence(seed: seed, count: LedgerChecker.length, truth: truth)
             return kept.map { $0.map { all[$0] } } ?? all
         }
     }
@@ -1034,11 +1132,11 @@ enum LedgerChecker {
         try String(contentsOf: fixture, encoding: .utf8).split(separator: "\n").compactMap { line in
             let fields = line.split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false).first?
                 .split(separator: " ", omittingEmptySubsequences: true) ?? []
-            guard fields.count >= 2, let seed = ModelSeeds.parse(String(fields[0])),
-                let restore = RestorePolicy(rawValue: String(fields[1]))
+            let mode = fields.count >= 2 ? fields[1].split(separator: "+").map(String.init) : []
+            guard fields.count >= 2, let seed = ModelSeeds.parse(String(fields[0])), let restore = RestorePolicy(rawValue: mode[0])
             else { return nil }
             let kept = fields.count > 2 ? fields[2].split(separator: ",").compactMap { Int($0) } : nil
-            return Regression(seed: seed, restore: restore, kept: kept)
+            return Regression(seed: seed, restore: restore, truth: mode.contains("truth"), kept: kept)
         }
     }
 
@@ -1053,23 +1151,35 @@ enum LedgerChecker {
 struct LedgerCheckerTests {
     /// Checks sequences `worker`, `worker + workers`, … until `total` or the time bound.
     static func check(worker: Int, workers: Int, total: Int, base: UInt64, start: ContinuousClock.Instant)
-        -> (checked: Int, failures: [(UInt64, RestorePolicy, CheckerFailure)])
+        -> (checked: Int, truth: Int, failures: [Failed])
     {
         var checked = 0
-        var failures: [(UInt64, RestorePolicy, CheckerFailure)] = []
+        var truthChecked = 0
+        var failures: [Failed] = []
         for index in stride(from: worker, to: total, by: workers) {
             if ContinuousClock.now - start > LedgerChecker.timeBound { break }
-            // A quarter of them under `transfer`.
-            let restore: RestorePolicy = index % 4 == 3 ? .transfer : .keep
+            // Half of them against who really paid only, with the steps the reference does not
+            // know; a quarter of each half under `transfer`.
+            let truth = index % 2 == 1
+            let restore: RestorePolicy = (index / 2) % 4 == 3 ? .transfer : .keep
             let seed = ModelRandom.sequenceSeed(base: base, policy: restore, index: index)
-            let steps = CheckerStep.sequence(seed: seed, count: LedgerChecker.length)
-            if let failure = LedgerChecker.failure(of: steps, restore: restore) {
-                failures.append((seed, restore, failure))
+            let steps = CheckerStep.sequence(seed: seed, count: LedgerChecker.length, truth: truth)
+            if truth { truthChecked += 1 }
+            if let failure = LedgerChecker.failure(of: steps, restore: restore, truth: truth) {
+                failures.append(Failed(seed: seed, restore: restore, truth: truth, failure: failure))
                 if failures.count >= 3 { break }
             }
             checked += 1
         }
-        return (checked, failures)
+        return (checked, truthChecked, failures)
+    }
+
+    /// A sequence that failed: its seed, policy and mode.
+    struct Failed: Sendable {
+        var seed: UInt64
+        var restore: RestorePolicy
+        var truth: Bool
+        var failure: CheckerFailure
     }
 
     /// `scripts/dev test` runs this alone before the store passes, which then leave it out
@@ -1085,7 +1195,7 @@ struct LedgerCheckerTests {
         let workers = 2
         // On threads of their own: the cooperative pool (two threads here) stays free for the
         // suites that start servers meanwhile.
-        let results = await withTaskGroup(of: (checked: Int, failures: [(UInt64, RestorePolicy, CheckerFailure)]).self) { group in
+        let results = await withTaskGroup(of: (checked: Int, truth: Int, failures: [Failed]).self) { group in
             for worker in 0..<workers {
                 group.addTask {
                     await withCheckedContinuation { continuation in
@@ -1098,40 +1208,46 @@ struct LedgerCheckerTests {
                 }
             }
             var checked = 0
-            var failures: [(UInt64, RestorePolicy, CheckerFailure)] = []
+            var truth = 0
+            var failures: [Failed] = []
             for await result in group {
                 checked += result.checked
+                truth += result.truth
                 failures += result.failures
             }
-            return (checked, failures)
+            return (checked, truth, failures)
         }
         let elapsed = clock.now - start
-        print("ledger checker: \(results.0) sequences of \(LedgerChecker.length) steps in \(elapsed) (base seed \(LedgerModelRun.hex(base)))")
-        for (seed, restore, _) in results.1.prefix(6) {
-            let all = CheckerStep.sequence(seed: seed, count: LedgerChecker.length)
-            let kept = LedgerChecker.shrink(Array(all.indices), of: all, restore: restore)
-            let failure = LedgerChecker.failure(of: kept.map { all[$0] }, restore: restore, tracing: true)
+        print(
+            "ledger checker: \(results.0) sequences of \(LedgerChecker.length) steps (\(results.1) against who really paid only) in \(elapsed) (base seed \(LedgerModelRun.hex(base)))"
+        )
+        for failed in results.2.prefix(6) {
+            let (seed, restore, truth) = (failed.seed, failed.restore, failed.truth)
+            let all = CheckerStep.sequence(seed: seed, count: LedgerChecker.length, truth: truth)
+            let kept = LedgerChecker.shrink(Array(all.indices), of: all, restore: restore, truth: truth)
+            let failure = LedgerChecker.failure(of: kept.map { all[$0] }, restore: restore, truth: truth, tracing: true)
+            let mode = restore.rawValue + (truth ? "+truth" : "")
             Issue.record(
                 """
-                sequence \(LedgerModelRun.hex(seed)) (\(restore.rawValue)) fails; shrunk to \(kept.count) steps:
+                sequence \(LedgerModelRun.hex(seed)) (\(mode)) fails; shrunk to \(kept.count) steps:
                   \(kept.map { "\($0): \(all[$0])" }.joined(separator: "\n  "))
                 \(failure.map(\.description) ?? "(the shrunk sequence passes)")
                 what happened:
                 \(failure?.log.joined(separator: "\n") ?? "")
                 keep it in Fixtures/ledger-checker-regressions.txt as:
-                \(LedgerModelRun.hex(seed)) \(restore.rawValue) \(kept.map(String.init).joined(separator: ","))
+                \(LedgerModelRun.hex(seed)) \(mode) \(kept.map(String.init).joined(separator: ","))
                 """)
         }
-        #expect(results.1.isEmpty)
+        #expect(results.2.isEmpty)
         // Bounded in time, never silently short: the run must reach its count within the bound.
-        #expect(results.0 >= total || !results.1.isEmpty, "checked \(results.0) of \(total) sequences within \(LedgerChecker.timeBound)")
+        #expect(results.0 >= total || !results.2.isEmpty, "checked \(results.0) of \(total) sequences within \(LedgerChecker.timeBound)")
     }
 
     @Test func theKeptRegressionsPass() throws {
         let cases = try LedgerChecker.regressions()
         #expect(!cases.isEmpty)
         for regression in cases {
-            let failure = LedgerChecker.failure(of: regression.steps, restore: regression.restore)
+            let failure = LedgerChecker.failure(of: regression.steps, restore: regression.restore, truth: regression.truth)
             #expect(failure == nil, "regression \(LedgerModelRun.hex(regression.seed)) \(regression.restore.rawValue): \(failure?.description ?? "")")
         }
     }

@@ -1,0 +1,327 @@
+import Foundation
+import IAPCore
+import Ledger
+
+// The checker's ground truth: what each sequence's users really did (which account bought what
+// on which Apple ID, for which order, what Apple took back and how much), and invariants that
+// need no model of the ledger's rules and share no code with the planner or its shell:
+//
+// 1. nothing is held by someone who did not pay for it (the account that bought it, the owner
+//    of the order its token names; without a token, any account of the app that uploaded
+//    Apple's proof of it first, because accounts sharing an Apple ID are told apart by a token
+//    only; whoever restored it on the Apple ID's device, as the restore policy allows);
+// 2. the app is told to finish a purchase only once what it paid for is held by who paid, or
+//    Apple took it back, or a person decided;
+// 3. once every app uploaded its refreshed receipt and every notification arrived, every paid
+//    purchase is held by someone (1 says who) or held for a person, never silently dropped;
+// 4. what Apple took back, and only that, is gone.
+//
+// The no-earlier-purchase rule of orders is checked where the memory shell binds an order.
+
+extension CheckerRun {
+    /// What an app's upload names.
+    enum AppNaming {
+        /// The transaction it holds (with what a StoreKit 1 id stands for, when it says).
+        case transaction(String, original: FinishAdvice.NamedOriginal?)
+        /// The order it bought for.
+        case order(String)
+        /// Nothing: a receipt on its own.
+        case nothing
+    }
+
+    /// What is credited once, from Apple's facts alone: a consumable per transaction, a
+    /// non-consumable per original transaction, a subscription per billing period.
+    func identity(_ transaction: AppleTransaction) -> String {
+        switch transaction.product {
+        case CheckerCatalog.coins: "consumable \(transaction.id)"
+        case CheckerCatalog.pro: "non-consumable \(transaction.original)"
+        default: "period \(transaction.period ?? transaction.id)"
+        }
+    }
+
+    func transaction(_ id: String) -> AppleTransaction? { transactions.first { $0.id == id } }
+
+    /// The purchase that paid for `transaction`: itself, the purchase a renewal renews, or what
+    /// a restore restores.
+    func paidBy(_ transaction: AppleTransaction) -> AppleTransaction {
+        if let renews = transaction.renews { return transactions[renews] }
+        if transaction.isRestore, let bought = transactions.first(where: { !$0.isRestore && identity($0) == identity(transaction) }) {
+            return paidBy(bought)
+        }
+        return transaction
+    }
+
+    /// Who may hold `identity`, by who really paid (see the file's comment).
+    func legitUsers(_ identity: String) -> Set<String> {
+        var users: Set<String> = []
+        for transaction in transactions where self.identity(transaction) == identity {
+            let bought = paidBy(transaction)
+            if let token = bought.token, let user = orderUser[token] {
+                users.insert(user)
+            } else {
+                users.insert(Self.user(bought.buyer))
+                for other in transactions where paidBy(other).id == bought.id { users.formUnion(provers[other.id] ?? []) }
+            }
+            if transaction.isRestore || policy.restore == .transfer { users.formUnion(provers[transaction.id] ?? []) }
+        }
+        return users
+    }
+
+    /// The users holding `identity` in force now (grants of Apple purchases).
+    func holders(_ identity: String) -> [String: Int] {
+        var held: [String: Int] = [:]
+        for grant in ledger.grants where grant.isActive && grant.source == "apple" {
+            if let transaction = transaction(grant.transactionId), self.identity(transaction) == identity {
+                held[grant.userId, default: 0] += grant.quantity
+            }
+        }
+        return held
+    }
+
+    /// How many units of `identity` may be held now, by Apple's word alone; nil when Apple took
+    /// it all back. A prorated refund of a multi-unit consumable takes back its share, rounded
+    /// either way; 0 in the set means nothing may be held.
+    func allowedUnits(_ identity: String) -> Set<Int>? {
+        let all = transactions.filter { self.identity($0) == identity }
+        guard let first = all.first else { return [] }
+        let quantity = first.product == CheckerCatalog.coins ? max(first.quantity, 1) : 1
+        var allowed: Set<Int> = [quantity]
+        for transaction in all where transaction.revokedAt != nil {
+            guard transaction.product == CheckerCatalog.coins, transaction.revocationType == "REFUND_PRORATED", quantity > 1,
+                let percentage = transaction.percentage, percentage < 100_000
+            else { return nil }
+            let share = Double(quantity) * Double(percentage) / 100_000
+            allowed = Set([quantity - Int(share.rounded(.down)), quantity - Int(share.rounded(.up))].map { max($0, 0) })
+        }
+        return allowed
+    }
+
+    /// How long Apple retries a notification we did not answer: 1, 12, 24, 48 and 72 hours
+    /// after the first try, then it stops. One can overtake another by no more than that.
+    static let retryWindow: TimeInterval = 7 * 86_400
+
+    /// Before a notification signed at `date` arrives, those signed more than Apple's retry
+    /// window before it do (in Apple's order): Apple does not hold a notification longer.
+    mutating func deliverOverdue(before date: Date) throws {
+        while let index = waiting.indices.filter({ waiting[$0].notification.signedDate! < date - Self.retryWindow })
+            .min(by: { waiting[$0].notification.signedDate! < waiting[$1].notification.signedDate! })
+        {
+            let item = waiting.remove(at: index)
+            try deliver(item)
+        }
+    }
+
+    /// `items` in their drawn order, except that none arrives before those signed more than
+    /// Apple's retry window before it.
+    static func withinRetryWindow(_ items: [(notification: AppStoreNotification, transaction: Int?)])
+        -> [(notification: AppStoreNotification, transaction: Int?)]
+    {
+        var rest = items
+        var ordered: [(notification: AppStoreNotification, transaction: Int?)] = []
+        while let next = rest.first {
+            let overdue = rest.indices.filter { rest[$0].notification.signedDate! < next.notification.signedDate! - retryWindow }
+                .min { rest[$0].notification.signedDate! < rest[$1].notification.signedDate! }
+            ordered.append(rest.remove(at: overdue ?? 0))
+        }
+        return ordered
+    }
+
+    /// Apple refunds a purchase, not one of its ids: its restores say what it says.
+    mutating func sameRevocation(as index: Int) {
+        let source = transactions[index]
+        for other in transactions.indices where other != index && identity(transactions[other]) == identity(source) {
+            transactions[other].revokedAt = source.revokedAt
+            transactions[other].revocationType = source.revocationType
+            transactions[other].percentage = source.percentage
+        }
+    }
+
+    /// Invariant 1, after every step.
+    func checkWhoHolds() throws {
+        for grant in ledger.grants where grant.isActive && grant.source == "apple" {
+            guard let transaction = transaction(grant.transactionId), !transaction.upgraded else { continue }
+            let identity = identity(transaction)
+            if byHand.contains(identity) { continue }
+            let legit = legitUsers(identity)
+            guard legit.contains(grant.userId) else {
+                throw fail("\(identity) is held by \(grant.userId), but was paid for by \(legit.sorted().joined(separator: ", "))")
+            }
+        }
+    }
+
+    /// The app finished `id` on its Apple ID, as its answer (`told`) let it. Invariant 2.
+    mutating func appFinishes(_ id: String, told: String) throws {
+        guard let transaction = transaction(id) else { return }
+        finished.insert(id)
+        // A restore was paid for before, and an upgraded period is replaced by its upgrade.
+        guard !transaction.isRestore, !transaction.upgraded else { return }
+        let identity = identity(transaction)
+        // Apple took it back (all of it, as its share may round): nothing is left to credit.
+        if byHand.contains(identity) || tookBack.contains(identity) || allowedUnits(identity)?.contains(0) ?? true { return }
+        let legit = legitUsers(identity)
+        guard holders(identity).keys.contains(where: legit.contains) else {
+            throw fail(
+                "the app was told to finish \(id) (\(told)), but \(identity) is held by \(holders(identity).keys.sorted()) and was paid for by \(legit.sorted())"
+            )
+        }
+    }
+
+    /// What the receipt of the Apple ID `device` holds (before index `upTo`: a stale one), as
+    /// Apple's `verifyReceipt` answers: no finished consumable, no one-time purchase refunded
+    /// in full, no StoreKit 1 id a receipt never holds.
+    func receipt(of device: Int, upTo: Int? = nil) -> [Int] {
+        transactions.indices.filter { index in
+            let transaction = transactions[index]
+            guard transaction.device == device, index < (upTo ?? transactions.count), transaction.inReceipt else { return false }
+            if transaction.product == CheckerCatalog.coins, finished.contains(transaction.id) { return false }
+            if transaction.revokedAt != nil, !transaction.isSubscription {
+                let prorated = transaction.product == CheckerCatalog.coins && transaction.revocationType == "REFUND_PRORATED"
+                return prorated
+            }
+            return true
+        }
+    }
+
+    /// The app's upload in the ground-truth run: a signed transaction, a bare id, or the
+    /// receipt of its Apple ID (stale or refreshed) naming the transaction it holds, its order,
+    /// or nothing.
+    mutating func appUpload(_ index: Int, by uploader: String, route: Int, stale: Bool, pick: Int) throws {
+        let transaction = transactions[index]
+        switch route {
+        case 0:
+            try submit([index], by: uploader, evidence: .signedUpload, naming: .transaction(transaction.id, original: nil))
+        case 1:
+            // A bare id may come from anywhere: only the buyer's own app finishes on its answer.
+            try submit(
+                [index], by: uploader, evidence: .lookup, naming: .transaction(transaction.id, original: nil),
+                onDevice: uploader == Self.user(transaction.buyer))
+        default:
+            let naming: AppNaming =
+                switch pick % 4 {
+                case 0: .nothing
+                case 1: transaction.order.map { .order($0) } ?? .transaction(transaction.id, original: nil)
+                default: .transaction(transaction.id, original: nil)
+                }
+            try submit(receipt(of: transaction.device, upTo: stale ? index : nil), by: uploader, evidence: .signedUpload, naming: naming, holding: transaction.id, receipt: true)
+        }
+    }
+
+    /// The app signed in on Apple ID `device` uploads its refreshed receipt.
+    mutating func appUpload(receiptOf device: Int, by uploader: String, naming: AppNaming) throws {
+        try submit(receipt(of: device), by: uploader, evidence: .signedUpload, naming: naming, receipt: true)
+    }
+
+    /// One upload through the core, its verdict as the shell asks for it, and what the app
+    /// finishes on it. A receipt's cancellations carry no revocation type (`verifyReceipt`).
+    mutating func submit(
+        _ indexes: [Int], by uploader: String, evidence: OwnershipEvidence, naming: AppNaming, holding: String? = nil,
+        receipt: Bool = false, onDevice: Bool = true
+    ) throws {
+        let submission = nextId("s-")
+        var named: String?
+        var orderId: String?
+        var original: FinishAdvice.NamedOriginal?
+        switch naming {
+        case .transaction(let id, let standsFor): (named, original) = (id, standsFor)
+        case .order(let id): orderId = id
+        case .nothing: break
+        }
+        var outcomes: [FinishAdvice.PurchaseOutcome] = []
+        for index in indexes {
+            let transaction = transactions[index]
+            var purchase = transaction.purchase(evidence: evidence)
+            if receipt {
+                purchase.revocationType = nil
+                purchase.revocationPercentage = nil
+            }
+            let upload = LedgerEvent.Upload(userId: uploader, submissionId: submission, orderId: orderId, transactionId: named, bundleId: "app")
+            let plan = try apply(.upload(purchase, upload))
+            guard case .transaction(let state, let reason) = plan.outcome else { throw fail("an upload answered \(plan.outcome)") }
+            outcomes.append(
+                .init(
+                    transactionId: transaction.id, state: state, reason: reason, lookup: evidence == .lookup,
+                    originalTransactionId: transaction.original, productId: transaction.product,
+                    staysInReceipts: policy.staysInReceipts(transaction.product)))
+            if evidence == .signedUpload { provers[transaction.id, default: []].insert(uploader) }
+        }
+        let query = FinishAdvice.verdictQuery(transactionId: named, orderId: orderId, outcomes: outcomes)
+        let verdict = FinishAdvice.verdict(
+            userId: uploader, transactionId: named, orderId: orderId, outcomes: outcomes,
+            namedRevocations: query.revocationsOf.map(ledger.revocations(of:)) ?? [], namedOrder: query.order.flatMap { ledger.orders[$0] },
+            namedOriginal: original)
+        if tracing { log.append("    verdict \(verdict.state) \(verdict.reason?.rawValue ?? "")") }
+        let told = "\(verdict.state) \(verdict.reason?.rawValue ?? "")"
+        guard onDevice else { return }
+        switch naming {
+        case .transaction(let id, _):
+            if FinishAdvice.mayFinishUpload(state: verdict.state, reason: verdict.reason, named: .transaction, settledByHand: false) {
+                try appFinishes(id, told: told)
+            }
+        case .order:
+            if FinishAdvice.mayFinishUpload(state: verdict.state, reason: verdict.reason, named: .order, settledByHand: false), let holding {
+                try appFinishes(holding, told: told)
+            }
+        case .nothing:
+            // Each transaction's own advice.
+            for outcome in outcomes where FinishAdvice.mayFinish(outcome.state) {
+                try appFinishes(outcome.transactionId, told: "\(outcome.state)")
+            }
+        }
+    }
+
+    /// StoreKit 1 restores a one-time purchase or a period under an id no receipt holds; the
+    /// app uploads its Apple ID's receipt naming that id and what it stands for.
+    mutating func restoreMissing(_ pick: Int, stranger: Int) throws {
+        let restorable = transactions.indices.filter {
+            transactions[$0].product != CheckerCatalog.coins && !transactions[$0].upgraded && !transactions[$0].isRestore
+        }
+        guard !restorable.isEmpty else { return }
+        var restored = transactions[restorable[pick % restorable.count]]
+        restored.id = nextId("r")
+        restored.signed = clock
+        restored.isRestore = true
+        restored.inReceipt = false
+        transactions.append(restored)
+        let uploader = Self.user((restored.buyer + stranger) % 4)
+        // Restored on the Apple ID's device, where this account of the app is signed in.
+        provers[restored.id, default: []].insert(uploader)
+        try submit(
+            receipt(of: restored.device), by: uploader, evidence: .signedUpload,
+            naming: .transaction(restored.id, original: .init(originalTransactionId: restored.original, productId: restored.product)),
+            receipt: true)
+    }
+
+    /// Invariants 3 and 4, at the end of a ground-truth run.
+    func checkWhoPaidInTheEnd() throws {
+        for transaction in transactions where !transaction.isRestore && !transaction.upgraded {
+            let identity = identity(transaction)
+            guard !byHand.contains(identity), let allowed = allowedUnits(identity), !allowed.contains(0) else { continue }
+            if !holders(identity).isEmpty { continue }
+            let heldForAPerson = ledger.purchases.values.contains { row in
+                row.heldReason != nil && row.heldReason != "revoked" && self.transaction(row.transactionId).map(self.identity) == identity
+            }
+            if heldForAPerson { continue }
+            throw fail(
+                "\(transaction.id) (\(identity)), paid for by \(Self.user(transaction.buyer)), is held by nobody and for nobody after every app uploaded its refreshed receipt"
+            )
+        }
+        for identity in Set(transactions.map(identity)) where !byHand.contains(identity) {
+            let held = holders(identity)
+            guard !held.isEmpty else { continue }
+            guard let allowed = allowedUnits(identity) else { throw fail("\(identity) is still held by \(held), but Apple took it back") }
+            let units = held.values.reduce(0, +)
+            guard allowed.contains(units) else {
+                throw fail("\(identity) is held with \(units) units, but Apple's word leaves \(allowed.sorted())")
+            }
+        }
+    }
+}
+
+extension MemoryLedger {
+    /// Apple's refunds and revocations of `transactionId`, as the shell reads them for a
+    /// verdict: of its own id, or of the credit key it was credited under.
+    func revocations(of transactionId: String) -> [LedgerFacts.Revocation] {
+        let keys = Set(grants.filter { $0.transactionId == transactionId }.compactMap(\.creditKey))
+        return revocations.values.filter { $0.transactionId == transactionId || keys.contains($0.creditKey) }
+    }
+}
