@@ -19,6 +19,10 @@ extension BrokerTests {
                 (Data(#"{"userId": 42, "receiptData": "AAAA"}"#.utf8), 400, "invalid_field"),
                 (Data(#"{"userId": "u1", "receiptData": ""}"#.utf8), 400, "missing_field"),
                 (Data(#"{"userId": "u1", "receiptData": "AAAA", "orderId": ["x"]}"#.utf8), 400, "invalid_field"),
+                // What a named StoreKit 1 transaction stands for goes with the transaction named.
+                (Data(#"{"userId": "u1", "transactionId": "1", "productId": "p"}"#.utf8), 400, "invalid_field"),
+                (Data(#"{"userId": "u1", "receiptData": "AAAA", "originalTransactionId": "1"}"#.utf8), 400, "invalid_field"),
+                (Data(#"{"userId": "u1", "transactionId": "1", "originalTransactionId": "x1"}"#.utf8), 400, "invalid_field"),
             ]
             for testCase in cases {
                 let answer = try await HTTP.post(url, raw: testCase.body)
