@@ -158,6 +158,10 @@ public struct ReasonCode: RawRepresentable, Codable, Sendable, Hashable, CustomS
     /// product), settled: the app may finish it. Only for non-consumables and subscriptions,
     /// which stay in every later receipt; a consumable missing from its receipt never is.
     public static let originalTransactionSettled = ReasonCode("original_transaction_settled")
+    /// The upload names an order that is not one of the uploader's (unknown, or another user's):
+    /// it says nothing of the purchase the app holds, so the top-level advice is not to finish;
+    /// each transaction's own advice says what is settled.
+    public static let orderUnknown = ReasonCode("order_unknown")
     /// Apple reported an internal error it will not recover from for this receipt.
     public static let appleUnresolvable = ReasonCode("apple_unresolvable")
     /// A sandbox purchase, refused by the deployment's sandbox policy.

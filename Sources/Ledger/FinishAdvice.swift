@@ -200,12 +200,21 @@ extension FinishAdvice {
                     ? "Apple refunded or revoked transaction \(named): it is left out of every receipt"
                     : "transaction \(named) is not in this receipt yet: refresh the receipt and upload it again")
         }
-        if transactionId == nil, let orderId, namedOrder.map({ $0.state == "created" }) ?? true {
-            // The order named is still unpaid (or not ours at all): the receipt is older than
-            // its purchase, whoever uploaded it and whatever else it credited.
-            return UploadVerdict(
-                state: .rejected, reason: .transactionNotInReceipt,
-                message: "no purchase in this receipt pays order \(orderId) yet: refresh the receipt and upload it again")
+        if transactionId == nil, let orderId {
+            // An order that is not the uploader's says nothing of the purchase the app holds:
+            // only each transaction's own advice does.
+            guard let order = namedOrder, IAPCore.sameUser(order.userId, userId) else {
+                return UploadVerdict(
+                    state: .rejected, reason: .orderUnknown,
+                    message: "order \(orderId) is not one of this user's orders: finish each transaction by its own advice")
+            }
+            if order.state == "created" {
+                // The order named is still unpaid: the receipt is older than its purchase,
+                // whatever else it credited.
+                return UploadVerdict(
+                    state: .rejected, reason: .transactionNotInReceipt,
+                    message: "no purchase in this receipt pays order \(orderId) yet: refresh the receipt and upload it again")
+            }
         }
         let settledForUploader = outcomes.contains { [.credited, .alreadyCredited, .superseded].contains($0.state) }
         guard !outcomes.isEmpty, !settledForUploader else { return UploadVerdict(state: .credited) }

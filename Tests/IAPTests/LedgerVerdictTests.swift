@@ -85,6 +85,21 @@ struct LedgerVerdictTests {
         #expect(FinishAdvice.verdictQuery(transactionId: "t9", orderId: "o2", outcomes: credited).revocationsOf == "t9")
     }
 
+    /// An order that is not the uploader's (unknown, or another user's, paid or not) says nothing
+    /// of the purchase the app holds: never finishable at the top, whatever the receipt credited.
+    @Test func anOrderThatIsNotTheUploadersIsNeverFinishableAtTheTop() {
+        let credited = [FinishAdvice.PurchaseOutcome(transactionId: "t1", state: .credited, reason: nil)]
+        for (outcomes, order) in [
+            (credited, nil), ([], nil), (credited, order("o2", user: "mallory", at: Self.t0, state: "paid")),
+            ([], order("o2", user: "mallory", at: Self.t0)),
+        ] as [([FinishAdvice.PurchaseOutcome], LedgerFacts.Order?)] {
+            let verdict = FinishAdvice.verdict(
+                userId: "olga", transactionId: nil, orderId: "o2", outcomes: outcomes, namedRevocations: [], namedOrder: order)
+            #expect(verdict.state == .rejected && verdict.reason == .orderUnknown, "\(verdict)")
+            #expect(!FinishAdvice.mayFinishUpload(state: verdict.state, reason: verdict.reason, named: .order, settledByHand: false))
+        }
+    }
+
     @Test func aLookupThatProvesNothingAnswersAlike() {
         for state in [TransactionCreditState.replayedFromOtherUser, .revoked, .ownedByOtherUser] {
             let verdict = FinishAdvice.verdict(
