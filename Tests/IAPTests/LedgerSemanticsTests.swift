@@ -145,6 +145,12 @@ struct LedgerSemanticsTests {
                 == "REFUND_REVERSED: owner_unknown")
         #expect(try await store.purchase("t9")?.heldReason == "owner_unknown")
         #expect(try await active(store, "ana") == ["t1"])
+        // With a token naming one of our orders, its owner is credited: the token says whose it is.
+        let order = try await store.createOrder(userId: "bea", productId: "com.example.coins.60")
+        let tokened = purchase("t10", product: "com.example.coins.60", token: order.orderId)
+        #expect(try await notify("REFUND", tokened, to: store) == "REFUND: revocation_pending")
+        #expect(try await notify("REFUND_REVERSED", tokened, to: store) == "REFUND_REVERSED: credited")
+        #expect(try await active(store, "bea") == ["t10"])
     }
 
     @Test func aRefundOfANonConsumableCoversItsRestores() async throws {
