@@ -1,5 +1,6 @@
 import Foundation
 import IAPCore
+import Ledger
 
 /// A subscription the reconciliation asks Apple about: due to renew, or in billing retry or
 /// a grace period.
@@ -50,23 +51,33 @@ extension OrderStore {
         case notifications
     }
 
-    /// Subscriptions to ask Apple about: active ones whose period ends before `horizon` (or
-    /// ended already), and those in billing retry or a grace period; soonest expiry first.
+    /// Subscriptions to ask Apple about, as `ReconciliationChoice` chooses them: the store
+    /// reads every subscription in a state that can be due, with whether it holds periods nobody
+    /// owns yet, and the core picks and orders them.
     public func subscriptionsDue(before horizon: Date) async throws -> [DueSubscription] {
-        try await database.read { db in
-            try db.rows(sql: """
-                    SELECT * FROM subscription
-                    WHERE (state = 'active' AND expiresDate < ?) OR state IN ('billing_retry', 'grace_period')
-                    ORDER BY expiresDate NULLS FIRST, originalTransactionId
-                    """,
-                arguments: [horizon]
+        let states = ReconciliationChoice.candidateStates.map { "'\($0)'" }.joined(separator: ", ")
+        let candidates = try await database.read { db in
+            try db.rows(
+                sql: """
+                    SELECT subscription.*, CASE WHEN EXISTS (
+                            SELECT 1 FROM purchase WHERE purchase.originalTransactionId = subscription.originalTransactionId
+                                AND purchase.heldReason IN ('owner_unknown', 'buyer_unknown')
+                        ) THEN 1 ELSE 0 END AS holdsUnowned
+                    FROM subscription WHERE state IN (\(states))
+                    """
             ).map { row in
-                DueSubscription(
-                    originalTransactionId: row["originalTransactionId"], lastTransactionId: row["lastTransactionId"],
-                    environment: AppStoreEnvironment(rawValue: row["environment"]) ?? .production, state: row["state"],
-                    expiresDate: row["expiresDate"], userId: row["userId"])
+                (
+                    due: DueSubscription(
+                        originalTransactionId: row["originalTransactionId"], lastTransactionId: row["lastTransactionId"],
+                        environment: AppStoreEnvironment(rawValue: row["environment"]) ?? .production, state: row["state"],
+                        expiresDate: row["expiresDate"], userId: row["userId"]),
+                    candidate: ReconciliationChoice.Candidate(
+                        originalTransactionId: row["originalTransactionId"], state: row["state"], expiresDate: row["expiresDate"],
+                        gracePeriodExpiresDate: row["gracePeriodExpiresDate"], holdsUnownedPeriods: (row["holdsUnowned"] as Int) != 0)
+                )
             }
         }
+        return ReconciliationChoice.due(candidates, horizon: horizon, by: \.candidate).map(\.due)
     }
 
     /// Applies a notification built from Apple's answer (not sent by Apple) exactly as the

@@ -290,6 +290,13 @@ struct ReferenceLedger {
     /// owner its first credit makes.
     var told: [String: [(transaction: AppleTransaction, key: String)]] = [:]
 
+    /// The units a prorated refund of `percentage` (Apple's thousandths of a percent) takes
+    /// back of `quantity`: the nearest whole unit, halves up, at least one and at most all.
+    static func unitsRefunded(of quantity: Int, percentage: Int) -> Int {
+        let exact = Double(quantity) * Double(percentage) / 100_000
+        return min(max(Int(exact.rounded(.toNearestOrAwayFromZero)), 1), quantity)
+    }
+
     enum Standing: Equatable {
         case none
         case all
@@ -358,7 +365,7 @@ struct ReferenceLedger {
         if transaction.upgraded { return }
         if let at = transaction.revokedAt {
             let partial = transaction.revocationType == "REFUND_PRORATED" && type == .consumable
-                ? transaction.percentage.map { Ledger.refundedUnits(of: max(transaction.quantity, 1), percentage: $0) }.flatMap { $0 < max(transaction.quantity, 1) ? $0 : nil }
+                ? transaction.percentage.map { ReferenceLedger.unitsRefunded(of: max(transaction.quantity, 1), percentage: $0) }.flatMap { $0 < max(transaction.quantity, 1) ? $0 : nil }
                 : nil
             refunded(key, at: at, units: partial)
         }
@@ -379,8 +386,8 @@ struct ReferenceLedger {
         if let current = holder[key] {
             // Held already: a restore moves it only under `transfer`, only on Apple's word about
             // an upload by another user, and only while it is in force.
-            guard restore == .transfer, uploader != nil, evidence == .signedUpload, !sameUser(current, claimant),
-                !key.hasPrefix("txn:"), inForce(key), recorded[transaction.id].map({ sameUser($0.user, claimant) }) ?? true
+            guard restore == .transfer, uploader != nil, evidence == .signedUpload, current != claimant,
+                !key.hasPrefix("txn:"), inForce(key), recorded[transaction.id].map({ $0.user == claimant }) ?? true
             else { return }
             holder[key] = claimant
             recorded[transaction.id] = recorded[transaction.id] ?? (claimant, false)
@@ -408,7 +415,7 @@ struct ReferenceLedger {
             owner = tokenOrder.user
         } else if period, let subscriber = subscriptionOwner[transaction.original] {
             owner = subscriber
-            if restore == .transfer, uploader != nil, evidence == .signedUpload, !sameUser(subscriber, claimant) {
+            if restore == .transfer, uploader != nil, evidence == .signedUpload, subscriber != claimant {
                 owner = claimant
                 subscriptionOwner[transaction.original] = claimant
             }
@@ -586,8 +593,16 @@ struct CheckerRun {
         return "\(prefix)\(counter)"
     }
 
+    /// What Apple's documentation says is bought once, in the stored form the store's keys
+    /// compare with: a consumable per transaction, a non-consumable or non-renewing
+    /// subscription per original transaction, an auto-renewable subscription per billing period.
+    /// Stated here, not asked of the ledger, so that a wrong key in the ledger shows.
     func key(_ transaction: AppleTransaction) -> String {
-        policy.creditKey(of: transaction.purchase(evidence: nil)).stored
+        switch CheckerCatalog.catalog.product(transaction.product)?.type {
+        case .nonConsumable?, .nonRenewing?: "otx:\(transaction.original)"
+        case .autoRenewable?: transaction.period.map { "wol:\($0)" } ?? "txn:\(transaction.id)"
+        case .consumable?, nil: "txn:\(transaction.id)"
+        }
     }
 
     /// Runs `steps`, comparing after each; throws the first failure.
@@ -674,7 +689,7 @@ struct CheckerRun {
                 order = orderId
             }
             let subscription = product == CheckerCatalog.vip
-            var transaction = AppleTransaction(
+            let transaction = AppleTransaction(
                 id: id, original: id, product: product, quantity: product == CheckerCatalog.coins ? quantity : 1, buyer: user,
                 token: token, order: order, period: subscription ? nextId("w") : nil, purchased: clock,
                 expires: subscription ? clock + 30 * 86_400 : nil, signed: clock, reason: "PURCHASE", originalPurchased: clock,
@@ -961,7 +976,7 @@ struct CheckerRun {
             let type = CheckerCatalog.catalog.product(transaction.product)?.type
             let quantity = max(ledger.purchases[transaction.id]?.quantity ?? transaction.quantity, 1)
             let units = transaction.revocationType == "REFUND_PRORATED" && type == .consumable
-                ? transaction.percentage.map { Ledger.refundedUnits(of: quantity, percentage: $0) }.flatMap { $0 < quantity ? $0 : nil }
+                ? transaction.percentage.map { ReferenceLedger.unitsRefunded(of: quantity, percentage: $0) }.flatMap { $0 < quantity ? $0 : nil }
                 : nil
             reference.refunded(key, at: purchase.cancellationDate ?? notification.signedDate!, units: units)
         case .refundReversed:
@@ -1004,7 +1019,7 @@ struct CheckerRun {
             // The app is told to finish only what is settled: credited means held by the uploader.
             let key = key(transaction)
             if state == .credited || state == .alreadyCredited {
-                guard let held = ledger.holdings.keys[key], sameUser(held.user, uploader) else {
+                guard let held = ledger.holdings.keys[key], held.user == uploader else {
                     throw fail("\(transaction.id) answered \(state) to \(uploader), but \(key) is \(ledger.holdings.keys[key].map(\.description) ?? "held by nobody")")
                 }
             }
@@ -1024,10 +1039,10 @@ struct CheckerRun {
             userId: uploader, transactionId: nil, orderId: orderId, outcomes: outcomes, namedRevocations: [],
             namedOrder: ledger.orders[orderId])
         guard FinishAdvice.mayFinishUpload(state: verdict.state, reason: verdict.reason, named: .order, settledByHand: false),
-            let bought = transactions.first(where: { $0.order == orderId }), sameUser(Self.user(bought.buyer), uploader)
+            let bought = transactions.first(where: { $0.order == orderId }), Self.user(bought.buyer) == uploader
         else { return }
         let key = key(bought)
-        guard ledger.holdings.keys[key].map({ sameUser($0.user, uploader) }) == true || bought.revokedAt != nil
+        guard ledger.holdings.keys[key].map({ $0.user == uploader }) == true || bought.revokedAt != nil
             || reference.revokedByHand.contains(key)
         else {
             throw fail(
@@ -1054,7 +1069,7 @@ struct CheckerRun {
         if policy.restore == .keep {
             var users: [String: String] = [:]
             for grant in ledger.grants where grant.source == "apple" {
-                if let other = users[grant.creditKey!], !sameUser(other, grant.userId) {
+                if let other = users[grant.creditKey!], other != grant.userId {
                     throw fail("\(grant.creditKey!) was granted to \(other) and to \(grant.userId)")
                 }
                 users[grant.creditKey!] = grant.userId

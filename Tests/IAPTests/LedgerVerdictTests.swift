@@ -280,6 +280,33 @@ struct LedgerVerdictTests {
         #expect(InForce.grant(isActive: true, expiresAt: nil, gracePeriodExpiresAt: nil, at: now))
     }
 
+    @Test func reconciliationAsksAboutWhatMayBeOutOfDateSoonestFirst() {
+        let now = Self.t0
+        let horizon = now + 86_400
+        func candidate(_ id: String, _ state: String, ends: Date?, grace: Date? = nil, unowned: Bool = false)
+            -> ReconciliationChoice.Candidate
+        {
+            .init(originalTransactionId: id, state: state, expiresDate: ends, gracePeriodExpiresDate: grace, holdsUnownedPeriods: unowned)
+        }
+        let all = [
+            candidate("a-far", "active", ends: now + 30 * 86_400),
+            // A renewal nobody owns yet moved the recorded end a month on: still asked about.
+            candidate("b-unowned", "active", ends: now + 30 * 86_400, unowned: true),
+            candidate("c-soon", "active", ends: now + 3_600),
+            candidate("d-ended", "active", ends: now - 3_600),
+            candidate("e-retry", "billing_retry", ends: now - 7 * 86_400),
+            candidate("f-grace", "grace_period", ends: now - 86_400, grace: now + 5 * 86_400),
+            candidate("g-expired", "expired", ends: now - 86_400, unowned: true),
+            candidate("h-revoked", "revoked", ends: now + 3_600),
+            candidate("i-open", "active", ends: nil),
+            candidate("j-unknown-end", "billing_retry", ends: nil),
+            // Active, its grace (recorded) reaching past the horizon: not due yet.
+            candidate("k-graced", "active", ends: now + 3_600, grace: horizon + 3_600),
+        ]
+        let due = ReconciliationChoice.due(all, horizon: horizon, by: { $0 }).map(\.originalTransactionId)
+        #expect(due == ["j-unknown-end", "e-retry", "f-grace", "d-ended", "c-soon", "b-unowned"])
+    }
+
     @Test func theGraceEndingLeavesBillingRetryNotTheEnd() {
         let notification = AppStoreNotification(
             notificationUUID: "n2", notificationType: "GRACE_PERIOD_EXPIRED", subtype: nil, environment: .production,

@@ -198,4 +198,31 @@ struct ReconciliationNotificationTests {
         #expect(audit.first?.reason == "Apple's answer applied as DID_FAIL_TO_RENEW: billing_retry")
         #expect(try await store.subscriptionsDue(before: now).map(\.state) == ["billing_retry"])
     }
+
+    @Test func aRenewalNobodyOwnsNeverHidesItsSubscriptionFromReconciliation() async throws {
+        let store = try TestStore.open(
+            in: FileManager.default.temporaryDirectory.appendingPathComponent("iap-reconcile-\(UUID().uuidString)"))
+        let policy = CreditPolicy(catalog: PipelineHarness.testCatalog)
+        let now = Date()
+        // The first period ends in an hour; Apple's renewal, told before the app's first upload and
+        // so held for the owner to come, moved the recorded end a month on.
+        let first = VerifiedPurchase(
+            transactionId: "2000000000000200", originalTransactionId: "2000000000000200", productId: "com.example.vip.month",
+            quantity: 1, purchaseDate: now.addingTimeInterval(-30 * 86_400), environment: .production,
+            expiresDate: now.addingTimeInterval(3_600), webOrderLineItemId: "2000000000000201",
+            signedDate: now.addingTimeInterval(-30 * 86_400))
+        var renewal = first
+        renewal.transactionId = "2000000000000202"
+        renewal.webOrderLineItemId = "2000000000000203"
+        renewal.purchaseDate = now.addingTimeInterval(3_600)
+        renewal.expiresDate = now.addingTimeInterval(31 * 86_400)
+        renewal.signedDate = now
+        let renewed = AppStoreNotification(
+            notificationUUID: UUID().uuidString, notificationType: "DID_RENEW", subtype: nil, environment: .production,
+            bundleId: "com.example.tests", signedDate: now, purchase: renewal, subscriptionStatus: 1)
+        _ = try #require(try await store.applyReconciliation(renewed, signedTransaction: nil, policy: policy))
+        let due = try await store.subscriptionsDue(before: now.addingTimeInterval(86_400))
+        #expect(due.map(\.originalTransactionId) == ["2000000000000200"])
+        #expect(due.first?.expiresDate.map { $0 > now.addingTimeInterval(30 * 86_400) } == true)
+    }
 }
