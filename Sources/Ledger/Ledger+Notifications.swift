@@ -58,7 +58,7 @@ extension Planner {
             default: return "recorded"
             }
         }
-        let key = policy.creditKey(of: purchase).stored
+        let key = policy.creditKey(of: purchase)
         let owner = owner(of: purchase, key: key)
         let tag = "\(notification.notificationType):\(notification.notificationUUID)"
         let signed = notification.signedDate ?? now
@@ -218,7 +218,7 @@ extension Planner {
     /// else whoever it or its chain was credited to, else the order its `appAccountToken`
     /// names; nil when nothing of it was credited yet (an upload a refund stopped or a person
     /// holds does not make its uploader the owner).
-    func owner(of purchase: VerifiedPurchase, key: String) -> String? {
+    func owner(of purchase: VerifiedPurchase, key: CreditKey) -> String? {
         if let grant = facts.activeGrant(of: key) { return grant.userId }
         if let owner = facts.subscription?.userId { return owner }
         if let user = facts.chainCreditedUser { return user }
@@ -230,11 +230,11 @@ extension Planner {
     /// `owner_unknown`, for nobody), so that the owner's first credit credits it too.
     @discardableResult
     mutating func recordUnowned(
-        _ purchase: VerifiedPurchase, key: String, submissionId: String, bundleId: String, awaitsBuyer: Bool = false,
+        _ purchase: VerifiedPurchase, key: CreditKey, submissionId: String, bundleId: String, awaitsBuyer: Bool = false,
         anyKey: Bool = false
     ) -> Bool {
         var period = false
-        if case .billingPeriod? = CreditKey(stored: key) { period = true }
+        if case .billingPeriod = key { period = true }
         guard period || anyKey, facts.purchase == nil, facts.grants(of: key).isEmpty, purchase.isUpgraded != true
         else { return false }
         emit(
@@ -266,7 +266,7 @@ extension Planner {
     /// Credits a period kept while its subscription had no owner to the owner known now,
     /// unless Apple took it back meanwhile (then it waits, held `revoked`, for a reversal).
     mutating func creditUnowned(_ row: LedgerFacts.Purchase, owner: String, upload: LedgerEvent.Upload) {
-        let key = row.creditKey ?? CreditKey.transaction(row.transactionId).stored
+        let key = row.creditKey ?? .transaction(row.transactionId)
         // The period is credited already (this credit was a restore of it): its own upload
         // settles the transaction, as if Apple had not told of it.
         guard facts.grants(of: key).isEmpty else { return }
@@ -290,11 +290,11 @@ extension Planner {
         audit(
             actor: "system", action: "period_credited_to_new_owner", subject: "transaction:\(row.transactionId)",
             reason: "Apple told of this period before the subscription had an owner; \(owner) proved it theirs",
-            details: ["userId": owner, "submissionId": upload.submissionId, "creditKey": key])
+            details: ["userId": owner, "submissionId": upload.submissionId, "creditKey": key.stored])
     }
 
     /// Grants a purchase whose upload a refund stopped, now that Apple reversed the refund.
-    mutating func creditBlocked(_ row: LedgerFacts.Purchase, key: String, purchase: VerifiedPurchase) {
+    mutating func creditBlocked(_ row: LedgerFacts.Purchase, key: CreditKey, purchase: VerifiedPurchase) {
         emit(.releasePurchase(transactionId: row.transactionId))
         let product = product(row.productId)
         let period = recorded(row, expiresDate: purchase.expiresDate)
@@ -305,7 +305,7 @@ extension Planner {
             grant: product?.grant(quantity: row.quantity) ?? [:], environment: row.environment, source: "apple",
             expiresAt: product?.type == .autoRenewable ? (ends?.own ?? purchase.expiresDate) : nil, periodStart: row.purchaseDate)
         endReplaced(ends?.others ?? [], by: period)
-        if case .billingPeriod? = CreditKey(stored: key) {
+        if case .billingPeriod = key {
             // Credited now: its subscription has an owner, whose every later period is theirs.
             recordSubscription(of: recorded(row, expiresDate: purchase.expiresDate), owner: row.userId)
         }
@@ -377,7 +377,7 @@ extension Planner {
         var id = request.goodwillId
         var environment = AppStoreEnvironment.production
         var original = id
-        var creditKey = CreditKey.transaction(id).stored
+        var creditKey = CreditKey.transaction(id)
         var orderId: String?
         var expiresAt: Date?
         var periodStart: Date?
@@ -394,7 +394,7 @@ extension Planner {
             }
             id = transactionId
             original = transactionId
-            creditKey = policy.creditKey(of: request.applePurchase).stored
+            creditKey = policy.creditKey(of: request.applePurchase)
             if let revocation = facts.revocation, revocation.creditKey == creditKey, revocation.standsFully {
                 return .refused(.conflict, "Apple refunded or revoked purchase \(transactionId)")
             }
@@ -415,7 +415,7 @@ extension Planner {
                 return .refused(.conflict, "purchase \(transactionId) is granted already")
             }
             id = transactionId
-            creditKey = purchase.creditKey ?? CreditKey.transaction(transactionId).stored
+            creditKey = purchase.creditKey ?? .transaction(transactionId)
             if let revocation = facts.revocation, revocation.creditKey == creditKey, revocation.standsFully {
                 return .refused(.conflict, "Apple refunded or revoked purchase \(transactionId)")
             }
@@ -425,7 +425,7 @@ extension Planner {
             original = purchase.originalTransactionId
             environment = purchase.environment
             orderId = purchase.orderId
-            if case .billingPeriod? = CreditKey(stored: creditKey) {
+            if case .billingPeriod = creditKey {
                 // A subscription period granted by hand ends with the period Apple sold (or where
                 // a plan change replaced it), and makes its subscription the user's (if nobody
                 // owned it yet).

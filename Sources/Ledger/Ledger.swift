@@ -18,23 +18,23 @@ public enum Ledger {
             var billingPeriod = false
             if case .billingPeriod = key { billingPeriod = true }
             return LedgerQuery(
-                transactionId: purchase.transactionId, creditKey: key.stored,
+                transactionId: purchase.transactionId, creditKey: key,
                 originalTransactionId: purchase.originalTransactionId, tokenOrderId: purchase.appAccountToken,
                 uploadOrderId: upload.orderId,
                 readsSubscription: billingPeriod || type == .autoRenewable || (type == nil && purchase.expiresDate != nil))
         case .notification(let notification, _):
             guard let purchase = notification.purchase else { return LedgerQuery() }
             return LedgerQuery(
-                transactionId: purchase.transactionId, creditKey: policy.creditKey(of: purchase).stored,
+                transactionId: purchase.transactionId, creditKey: policy.creditKey(of: purchase),
                 originalTransactionId: purchase.originalTransactionId, tokenOrderId: purchase.appAccountToken)
         case .manualGrant(let grant):
             if grant.transactionId == nil, let apple = grant.appleTransactionId {
                 // Goodwill for an Apple purchase not uploaded yet: bound to the key it will have.
-                return LedgerQuery(transactionId: apple, creditKey: policy.creditKey(of: grant.applePurchase).stored)
+                return LedgerQuery(transactionId: apple, creditKey: policy.creditKey(of: grant.applePurchase))
             }
             guard let transactionId = grant.transactionId else { return LedgerQuery(transactionId: grant.goodwillId) }
             return LedgerQuery(
-                transactionId: transactionId, creditKey: recorded.map { $0.creditKey ?? CreditKey.transaction(transactionId).stored },
+                transactionId: transactionId, creditKey: recorded.map { $0.creditKey ?? .transaction(transactionId) },
                 originalTransactionId: recorded?.originalTransactionId)
         case .manualRevoke(let transactionId, _, _, _):
             return LedgerQuery(transactionId: transactionId)
@@ -122,8 +122,7 @@ extension Planner {
     /// be granted as is. Says what became of it.
     mutating func credit(_ purchase: VerifiedPurchase, upload: LedgerEvent.Upload) -> (TransactionCreditState, ReasonCode?) {
         if purchase.isUpgraded == true { return (.superseded, nil) }
-        let typedKey = policy.creditKey(of: purchase)
-        let key = typedKey.stored
+        let key = policy.creditKey(of: purchase)
         let evidence = purchase.ownershipEvidence
         let quantity = max(purchase.quantity, 1)
         // Apple's own answer says it is refunded or revoked: remembered, and applied to a grant.
@@ -177,7 +176,7 @@ extension Planner {
             // The very transaction another user was credited with: a replay. Consumables are
             // keyed per transaction, so for them this is always the case.
             if exact.map({ !sameUser($0.userId, upload.userId) }) ?? false || active.transactionId == purchase.transactionId
-                || typedKey.isPerTransaction
+                || key.isPerTransaction
             {
                 return (.replayedFromOtherUser, nil)
             }
@@ -187,7 +186,7 @@ extension Planner {
                 audit(
                     actor: "system", action: "restore_kept_by_owner", subject: "transaction:\(purchase.transactionId)",
                     reason: "restored by \(upload.userId); \(key) stays with \(owner)",
-                    details: ["owner": owner, "uploader": upload.userId, "creditKey": key])
+                    details: ["owner": owner, "uploader": upload.userId, "creditKey": key.stored])
                 return (.ownedByOtherUser, nil)
             case .transfer:
                 transfer(active, to: upload, purchase: purchase, key: key)
@@ -209,7 +208,7 @@ extension Planner {
         // subscription it renews has an owner, or the upload itself is Apple's word.
         var order = purchase.appAccountToken != nil ? facts.tokenOrder : nil
         var subscriptionOwner: String?
-        if case .billingPeriod = typedKey, let subscription = facts.subscription {
+        if case .billingPeriod = key, let subscription = facts.subscription {
             // Nil while only notifications, no credit, told of it.
             subscriptionOwner = subscription.userId
         }
@@ -302,7 +301,7 @@ extension Planner {
             audit(
                 actor: "system", action: "period_credited_to_subscription_owner", subject: "transaction:\(purchase.transactionId)",
                 reason: "a billing period of \(subscriptionOwner)'s subscription; uploaded by \(upload.userId)",
-                details: ["owner": subscriptionOwner, "uploader": upload.userId, "creditKey": key])
+                details: ["owner": subscriptionOwner, "uploader": upload.userId, "creditKey": key.stored])
             return (.ownedByOtherUser, nil)
         }
         if !sameUser(owner, upload.userId) {
@@ -372,7 +371,7 @@ extension Planner {
     /// refunds the rest of the old one). Whichever of the two is credited first, the same
     /// periods end at the same dates: `own` is the new period's end when a later-begun period
     /// of the chain replaced it already, `others` the grants it replaces.
-    func replacedTiers(by purchase: VerifiedPurchase, key: String) -> (own: Date?, others: [(LedgerFacts.Grant, Date)]) {
+    func replacedTiers(by purchase: VerifiedPurchase, key: CreditKey) -> (own: Date?, others: [(LedgerFacts.Grant, Date)]) {
         guard let start = purchase.purchaseDate else { return (nil, []) }
         var own: Date?
         var others: [(LedgerFacts.Grant, Date)] = []
@@ -404,7 +403,7 @@ extension Planner {
 
     /// `IAP_RESTORE=transfer`: the entitlement moves from its owner to the uploader of a
     /// restore: revoked for the one, granted to the other, one audit entry naming both.
-    mutating func transfer(_ active: LedgerFacts.Grant, to upload: LedgerEvent.Upload, purchase: VerifiedPurchase, key: String) {
+    mutating func transfer(_ active: LedgerFacts.Grant, to upload: LedgerEvent.Upload, purchase: VerifiedPurchase, key: CreditKey) {
         let previous = active.userId
         revokeGrant(
             active, actor: "transfer", reason: "restored by \(upload.userId)",
@@ -442,8 +441,8 @@ extension Planner {
         audit(
             actor: "system", action: "grant_transferred", subject: "transaction:\(purchase.transactionId)",
             reason: "restored by \(upload.userId); moved from \(previous)",
-            details: ["from": previous, "to": upload.userId, "creditKey": key])
-        if case .billingPeriod? = CreditKey(stored: key) {
+            details: ["from": previous, "to": upload.userId, "creditKey": key.stored])
+        if case .billingPeriod = key {
             // The subscription moves with its period, so that its renewals follow the new owner.
             moveSubscription(purchase.originalTransactionId, from: previous, to: upload.userId)
         }
@@ -465,7 +464,7 @@ extension Planner {
 
     /// A new grant and its `grant.created` event.
     mutating func grant(
-        transactionId: String, originalTransactionId: String, creditKey: String, userId: String, productId: String,
+        transactionId: String, originalTransactionId: String, creditKey: CreditKey, userId: String, productId: String,
         orderId: String?, quantity: Int, grant: [String: Catalog.GrantValue], environment: AppStoreEnvironment,
         source: String, expiresAt: Date?, periodStart: Date? = nil
     ) {
@@ -563,7 +562,7 @@ extension Planner {
     /// prorated refund of a consumable), whether or not anything was credited yet. Each date
     /// is the latest of its kind, so the row is the same whatever order Apple's word arrived in.
     @discardableResult
-    mutating func recordRevocation(key: String, transactionId: String, source: String, at revokedAt: Date, units: Int?) -> Bool {
+    mutating func recordRevocation(key: CreditKey, transactionId: String, source: String, at revokedAt: Date, units: Int?) -> Bool {
         var row =
             facts.revocation?.creditKey == key
             ? facts.revocation!
@@ -596,7 +595,7 @@ extension Planner {
     /// `reversedAt`); a refund signed after it still stands. With nothing recorded (the REFUND
     /// it reverses is late), the reversal alone is kept, so that a refund Apple signed no later
     /// than it takes nothing when it arrives.
-    mutating func recordReversal(key: String, transactionId: String, at reversedAt: Date) {
+    mutating func recordReversal(key: CreditKey, transactionId: String, at reversedAt: Date) {
         guard var row = facts.revocation, row.creditKey == key else {
             emit(
                 .putRevocation(
@@ -615,7 +614,7 @@ extension Planner {
     /// the units no prorated refund took. Says whether it took a grant back. Whatever order
     /// refunds and reversals arrive in, the grant ends as Apple's latest word says.
     @discardableResult
-    mutating func settle(key: String, quantity: Int, reason: String, tag: String, purchase: VerifiedPurchase? = nil) -> Bool {
+    mutating func settle(key: CreditKey, quantity: Int, reason: String, tag: String, purchase: VerifiedPurchase? = nil) -> Bool {
         let row = facts.revocation?.creditKey == key ? facts.revocation : nil
         if row?.standsFully == true {
             return revokeActiveGrant(key: key, reason: reason, tag: tag)
@@ -649,7 +648,7 @@ extension Planner {
     }
 
     /// Revokes the active grant of `key`, if any, as Apple's doing; says whether there was one.
-    mutating func revokeActiveGrant(key: String, reason: String, tag: String) -> Bool {
+    mutating func revokeActiveGrant(key: CreditKey, reason: String, tag: String) -> Bool {
         guard let grant = facts.activeGrant(of: key) else { return false }
         revokeGrant(grant, actor: "apple", reason: reason, eventId: "grant.revoked:\(grant.transactionId):\(tag)")
         return true
@@ -703,7 +702,7 @@ extension Planner {
     /// reversal of the refund credits its owner. Whose it is, as crediting would say: the user
     /// whose order Apple's token names, else the uploader when the upload proves it; a lookup
     /// claims nothing for a reversal to credit.
-    mutating func recordBlocked(_ purchase: VerifiedPurchase, key: String, upload: LedgerEvent.Upload) {
+    mutating func recordBlocked(_ purchase: VerifiedPurchase, key: CreditKey, upload: LedgerEvent.Upload) {
         let tokenOwner = purchase.appAccountToken != nil ? facts.tokenOrder?.userId : nil
         // Recorded only as a period Apple told of before anyone owned it: this proof claims it.
         let unowned = facts.purchase?.isUnowned == true
@@ -719,7 +718,7 @@ extension Planner {
             heldReason: mismatch ? ReasonCode.productMismatch.rawValue : "revoked", creditedAt: now, creditKey: key,
             webOrderLineItemId: purchase.webOrderLineItemId, expiresDate: mismatch ? purchase.expiresDate : nil)
         emit(unowned ? .claimPurchase(row) : .recordPurchase(row, ifAbsent: true))
-        if case .billingPeriod? = CreditKey(stored: key) {
+        if case .billingPeriod = key {
             // Proven, though refunded: the subscription is theirs, as it would be had the period
             // been credited before the refund arrived.
             if var subscription = facts.subscription, subscription.originalTransactionId == purchase.originalTransactionId {

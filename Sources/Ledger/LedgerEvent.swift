@@ -105,7 +105,7 @@ public struct LedgerQuery: Sendable, Equatable {
     /// The purchase row, and the grant, of this transaction.
     public var transactionId: String?
     /// The credit key whose grants, revocation and stopped purchases are read.
-    public var creditKey: String?
+    public var creditKey: CreditKey?
     /// The chain whose grants, subscription and first credited purchase are read.
     public var originalTransactionId: String?
     /// The order named by an `appAccountToken` (compared in lower case).
@@ -119,7 +119,7 @@ public struct LedgerQuery: Sendable, Equatable {
 
     /// Creates a query.
     public init(
-        transactionId: String? = nil, creditKey: String? = nil, originalTransactionId: String? = nil,
+        transactionId: String? = nil, creditKey: CreditKey? = nil, originalTransactionId: String? = nil,
         tokenOrderId: String? = nil, uploadOrderId: String? = nil, readsSubscription: Bool = true
     ) {
         self.transactionId = transactionId

@@ -73,8 +73,8 @@ public struct LedgerFacts: Sendable, Equatable {
         /// Why it is not granted (`revoked` when a refund stopped its upload); nil when granted.
         public var heldReason: String?
         public var creditedAt: Date
-        /// The stored credit key; nil in rows of the first schema.
-        public var creditKey: String?
+        /// Its credit key; nil in rows of the first schema.
+        public var creditKey: CreditKey?
         public var webOrderLineItemId: String?
         public var expiresDate: Date?
 
@@ -82,7 +82,7 @@ public struct LedgerFacts: Sendable, Equatable {
         public init(
             transactionId: String, originalTransactionId: String, productId: String, quantity: Int,
             environment: AppStoreEnvironment, bundleId: String, purchaseDate: Date?, userId: String, orderId: String?,
-            submissionId: String, appAccountToken: String?, heldReason: String?, creditedAt: Date, creditKey: String?,
+            submissionId: String, appAccountToken: String?, heldReason: String?, creditedAt: Date, creditKey: CreditKey?,
             webOrderLineItemId: String?, expiresDate: Date?
         ) {
             self.transactionId = transactionId
@@ -123,7 +123,7 @@ public struct LedgerFacts: Sendable, Equatable {
         public var revokedAt: Date?
         /// `apple`, `transfer` or `admin`: what took it back.
         public var revokedBy: String?
-        public var creditKey: String?
+        public var creditKey: CreditKey?
         public var originalTransactionId: String?
         public var expiresAt: Date?
         public var gracePeriodExpiresAt: Date?
@@ -134,7 +134,7 @@ public struct LedgerFacts: Sendable, Equatable {
         public init(
             id: Int64, transactionId: String, userId: String, productId: String, orderId: String?, quantity: Int,
             grantJSON: String, environment: String, source: String, isActive: Bool, grantedAt: Date, revokedAt: Date?,
-            revokedBy: String?, creditKey: String?, originalTransactionId: String?, expiresAt: Date?,
+            revokedBy: String?, creditKey: CreditKey?, originalTransactionId: String?, expiresAt: Date?,
             gracePeriodExpiresAt: Date?, periodStart: Date? = nil
         ) {
             self.periodStart = periodStart
@@ -162,7 +162,7 @@ public struct LedgerFacts: Sendable, Equatable {
     /// `revocation`). Dates are Apple's; each is the latest of its kind, so the row says the
     /// same whatever order Apple's notifications arrived in.
     public struct Revocation: Sendable, Equatable {
-        public var creditKey: String
+        public var creditKey: CreditKey
         public var transactionId: String
         /// REFUND, REVOKE, REFUND_REVERSED (a reversal that arrived first) or `apple_answer`.
         public var source: String
@@ -179,7 +179,7 @@ public struct LedgerFacts: Sendable, Equatable {
 
         /// Creates a revocation row.
         public init(
-            creditKey: String, transactionId: String, source: String, revokedAt: Date, reversedAt: Date?,
+            creditKey: CreditKey, transactionId: String, source: String, revokedAt: Date, reversedAt: Date?,
             fullyRevokedAt: Date? = nil, partlyRevokedAt: Date? = nil, revokedUnits: Int? = nil
         ) {
             self.creditKey = creditKey
@@ -270,10 +270,10 @@ public struct LedgerFacts: Sendable, Equatable {
 
 extension LedgerFacts {
     /// The grants of `key`.
-    func grants(of key: String) -> [Grant] { grants.filter { $0.creditKey == key } }
+    func grants(of key: CreditKey) -> [Grant] { grants.filter { $0.creditKey == key } }
 
     /// The active grant of `key` (at most one: the store's unique index).
-    func activeGrant(of key: String) -> Grant? { grants.first { $0.creditKey == key && $0.isActive } }
+    func activeGrant(of key: CreditKey) -> Grant? { grants.first { $0.creditKey == key && $0.isActive } }
 
     /// The grant of one transaction.
     func grant(ofTransaction transactionId: String) -> Grant? { grants.first { $0.transactionId == transactionId } }

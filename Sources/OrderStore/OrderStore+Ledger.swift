@@ -209,7 +209,7 @@ extension OrderStore {
                 // instead, and it runs again.) The unit is undone, as a unique key's refusal
                 // would. The conflict target is the index the facts were read by: under
                 // SERIALIZABLE no other index is read, so no new conflicts between writers arise.
-                throw SQLError(.uniqueViolation, "an active grant for \(grant.creditKey ?? grant.transactionId) exists already")
+                throw SQLError(.uniqueViolation, "an active grant for \(grant.creditKey?.stored ?? grant.transactionId) exists already")
             }
         case .revokeGrant(let transactionId, let by, let at):
             try db.executeCached(
@@ -291,4 +291,11 @@ extension OrderStore {
             try event(message.name, message.fields, id: message.id, policy: policy, now: now, in: db)
         }
     }
+}
+
+/// A credit key is kept in its stored form (`txn:`, `otx:` or `wol:` and the id): the one place
+/// where it becomes text and is read back.
+extension CreditKey: SQLValueConvertible {
+    public var sqlValue: SQLValue { .text(stored) }
+    public static func fromSQL(_ value: SQLValue) -> CreditKey? { String.fromSQL(value).flatMap(CreditKey.init(stored:)) }
 }

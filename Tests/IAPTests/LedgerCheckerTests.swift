@@ -21,7 +21,7 @@ struct MemoryLedger {
     var purchases: [String: LedgerFacts.Purchase] = [:]
     var purchaseRow: [String: Int] = [:]
     var grants: [LedgerFacts.Grant] = []
-    var revocations: [String: LedgerFacts.Revocation] = [:]
+    var revocations: [CreditKey: LedgerFacts.Revocation] = [:]
     var subscriptions: [String: LedgerFacts.Subscription] = [:]
     var orders: [String: LedgerFacts.Order] = [:]
     /// Notification UUIDs applied (the shell applies each once).
@@ -105,10 +105,10 @@ struct MemoryLedger {
                 throw Refused(description: "a second grant of transaction \(grant.transactionId)")
             }
             if grants.contains(where: { $0.creditKey == grant.creditKey && $0.isActive }) {
-                throw Refused(description: "a second active grant of \(grant.creditKey ?? "")")
+                throw Refused(description: "a second active grant of \(grant.creditKey?.stored ?? "")")
             }
             if grants.contains(where: { $0.creditKey == grant.creditKey && $0.userId == grant.userId }) {
-                throw Refused(description: "a second grant of \(grant.creditKey ?? "") to \(grant.userId)")
+                throw Refused(description: "a second grant of \(grant.creditKey?.stored ?? "") to \(grant.userId)")
             }
             grant.id = Int64(grants.count + 1)
             grants.append(grant)
@@ -121,7 +121,7 @@ struct MemoryLedger {
         case .reactivateGrant(let id):
             let index = try grantIndex(id)
             if grants.contains(where: { $0.creditKey == grants[index].creditKey && $0.isActive }) {
-                throw Refused(description: "a second active grant of \(grants[index].creditKey ?? "") (reactivated)")
+                throw Refused(description: "a second active grant of \(grants[index].creditKey?.stored ?? "") (reactivated)")
             }
             grants[index].isActive = true
             grants[index].revokedAt = nil
@@ -172,8 +172,8 @@ struct MemoryLedger {
     var holdings: Holdings {
         var keys: [String: Holdings.Held] = [:]
         // Goodwill grants (under their own `manual-` ids) buy nothing and are left out.
-        for grant in grants where grant.isActive && grant.creditKey?.hasPrefix("txn:manual-") != true {
-            keys[grant.creditKey ?? grant.transactionId] = .init(user: grant.userId, units: grant.quantity)
+        for grant in grants where grant.isActive && grant.creditKey?.stored.hasPrefix("txn:manual-") != true {
+            keys[grant.creditKey?.stored ?? grant.transactionId] = .init(user: grant.userId, units: grant.quantity)
         }
         return Holdings(keys: keys, subscriptionOwners: subscriptions.compactMapValues(\.userId))
     }
@@ -897,7 +897,7 @@ struct CheckerRun {
                 byHand.insert(identity(transaction))
             }
             if case .grant = plan.outcome, let transaction = transactions.first(where: { $0.id == purchase.transactionId }) {
-                let key = purchase.creditKey ?? key(transaction)
+                let key = purchase.creditKey?.stored ?? key(transaction)
                 reference.revokedByHand.remove(key)
                 reference.credit(key, to: purchase.userId, transaction: transaction, period: key.hasPrefix("wol:"))
                 reference.recorded[purchase.transactionId] = (purchase.userId, false)
@@ -908,7 +908,7 @@ struct CheckerRun {
             let grant = active[pick % active.count]
             let plan = try apply(.manualRevoke(transactionId: grant.transactionId, actor: "agent", reason: "fraud", eventTag: nextId("x")))
             guard case .grant = plan.outcome else { throw fail("revoking an active grant by hand was refused: \(plan.outcome)") }
-            reference.revokedByHand.insert(grant.creditKey!)
+            reference.revokedByHand.insert(grant.creditKey!.stored)
             if let transaction = transactions.first(where: { $0.id == grant.transactionId }) { byHand.insert(identity(transaction)) }
         case .goodwill(let user):
             let plan = try apply(
@@ -1069,10 +1069,10 @@ struct CheckerRun {
         if policy.restore == .keep {
             var users: [String: String] = [:]
             for grant in ledger.grants where grant.source == "apple" {
-                if let other = users[grant.creditKey!], other != grant.userId {
+                if let other = users[grant.creditKey!.stored], other != grant.userId {
                     throw fail("\(grant.creditKey!) was granted to \(other) and to \(grant.userId)")
                 }
-                users[grant.creditKey!] = grant.userId
+                users[grant.creditKey!.stored] = grant.userId
             }
         }
         // An upgraded period never stays in force past the upgrade.

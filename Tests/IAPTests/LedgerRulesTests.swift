@@ -83,7 +83,7 @@ struct LedgerRulesTests {
         let at = Date(timeIntervalSince1970: 1_800_000_000)
         func revocation(full: Date? = nil, partly: Date? = nil, reversed: Date? = nil) -> LedgerFacts.Revocation {
             LedgerFacts.Revocation(
-                creditKey: "txn:1", transactionId: "1", source: "REFUND", revokedAt: full ?? partly ?? at, reversedAt: reversed,
+                creditKey: .transaction("1"), transactionId: "1", source: "REFUND", revokedAt: full ?? partly ?? at, reversedAt: reversed,
                 fullyRevokedAt: full, partlyRevokedAt: partly, revokedUnits: partly == nil ? nil : 1)
         }
         let cases: [([LedgerFacts.Revocation], ReasonCode)] = [

@@ -63,7 +63,7 @@ struct LedgerVerdictTests {
         let grant = LedgerFacts.Grant(
             id: 1, transactionId: "t1", userId: "olga", productId: "coins", orderId: nil, quantity: 1, grantJSON: "{}",
             environment: "Production", source: "apple", isActive: true, grantedAt: Self.t0, revokedAt: nil, revokedBy: nil,
-            creditKey: "txn:t1", originalTransactionId: "t1", expiresAt: nil, gracePeriodExpiresAt: nil)
+            creditKey: .transaction("t1"), originalTransactionId: "t1", expiresAt: nil, gracePeriodExpiresAt: nil)
         let retry = plan(.upload(coins("t1", at: Self.t0), upload("olga", order: "o1")), LedgerFacts(grants: [grant], uploadOrder: o1))
         #expect(retry.outcome == .transaction(.alreadyCredited, nil))
         #expect(boundOrders(retry) == ["o1"])
@@ -212,7 +212,7 @@ struct LedgerVerdictTests {
         #expect(untyped.changes.contains { if case .audit(let entry) = $0 { entry.action == "cancellation_untyped" } else { false } })
         // Apple's prorated refund recorded already: it stands, nothing more is taken, nothing listed.
         let prorated = LedgerFacts.Revocation(
-            creditKey: "txn:t1", transactionId: "t1", source: "REFUND", revokedAt: Self.t0 + 100, reversedAt: nil,
+            creditKey: .transaction("t1"), transactionId: "t1", source: "REFUND", revokedAt: Self.t0 + 100, reversedAt: nil,
             partlyRevokedAt: Self.t0 + 100, revokedUnits: 1)
         let typed = plan(.upload(packs, upload("pia", transaction: "t1")), LedgerFacts(revocation: prorated))
         #expect(typed.outcome == .transaction(.credited, nil))
@@ -259,11 +259,11 @@ struct LedgerVerdictTests {
             userId: "gil", productId: "coins", quantity: 1, grant: ["coins": .number(100)], transactionId: nil,
             goodwillId: "manual-1", actor: "agent", reason: "paid, nothing came", appleTransactionId: "t7")
         let query = Ledger.query(for: .manualGrant(request), policy: policy)
-        #expect(query.creditKey == "txn:t7")
+        #expect(query.creditKey == .transaction("t7"))
         let granted = plan(.manualGrant(request))
         #expect(granted.outcome == .grant(transactionId: "t7"))
         let grant = granted.changes.compactMap { if case .grant(let grant) = $0 { grant } else { nil } }.first
-        #expect(grant?.creditKey == "txn:t7" && grant?.source == "manual")
+        #expect(grant?.creditKey == .transaction("t7") && grant?.source == "manual")
         // The purchase's later upload finds it.
         let facts = LedgerFacts(grants: grant.map { [$0] } ?? [])
         #expect(plan(.upload(coins("t7", at: Self.t0), upload("gil", transaction: "t7")), facts).outcome == .transaction(.alreadyCredited, nil))
