@@ -47,15 +47,15 @@ public enum NotificationType: Sendable, Equatable {
 
 extension Planner {
     /// Applies a verified notification not applied before; returns what it did.
-    mutating func apply(_ notification: AppStoreNotification, submissionId: String) -> String {
+    mutating func apply(_ notification: AppStoreNotification, submissionId: String) -> NotificationOutcome {
         let type = NotificationType(notification.notificationType)
         guard let purchase = notification.purchase else {
             switch type {
-            case .test: return "test"
+            case .test: return .test
             case .rescindConsent:
                 consentRescinded(notification)
-                return "recorded"
-            default: return "recorded"
+                return .recorded
+            default: return .recorded
             }
         }
         let key = policy.creditKey(of: purchase)
@@ -74,24 +74,24 @@ extension Planner {
                 recordRevocation(
                     key: key, transactionId: purchase.transactionId, source: notification.notificationType,
                     at: purchase.cancellationDate ?? signed, units: partialUnits(purchase, quantity: quantity))
-            else { return "reversed_already" }
+            else { return .reversedAlready }
             let before = facts.activeGrant(of: key)
             if settle(key: key, quantity: quantity, reason: notification.notificationType, tag: tag) {
                 revoked += 1
-                return "revoked"
+                return .revoked
             }
-            guard let before else { return facts.revocation?.stands == true ? "revocation_pending" : "reversed_already" }
-            return facts.activeGrant(of: key).map { $0.quantity < before.quantity ? "partly_revoked" : "unchanged" } ?? "unchanged"
+            guard let before else { return facts.revocation?.stands == true ? .revocationPending : .reversedAlready }
+            return facts.activeGrant(of: key).map { $0.quantity < before.quantity ? .partlyRevoked : .unchanged } ?? .unchanged
         case .refundReversed:
             let stood = facts.revocation?.creditKey == key && facts.revocation?.stands == true
             recordReversal(key: key, transactionId: purchase.transactionId, at: signed)
             let before = facts.grants(of: key)
             settle(key: key, quantity: max(purchase.quantity, 1), reason: "REFUND_REVERSED", tag: tag, purchase: purchase)
             let after = facts.grants(of: key)
-            if before.isEmpty, !after.isEmpty { return "credited" }
+            if before.isEmpty, !after.isEmpty { return .credit(.credited, nil) }
             if before != after {
                 updateSubscription(notification, state: "active")
-                return "restored"
+                return .restored
             }
             let lifted = stood && facts.revocation?.stands != true
             if after.isEmpty, facts.purchase == nil, facts.revocation?.stands != true {
@@ -103,18 +103,18 @@ extension Planner {
                     let upload = LedgerEvent.Upload(
                         userId: owner, submissionId: submissionId, orderId: nil, transactionId: nil, bundleId: notification.bundleId ?? "")
                     let (state, reason) = credit(purchase, upload: upload)
-                    return reason.map { "\(state.rawValue) (\($0))" } ?? state.rawValue
+                    return .credit(state, reason)
                 }
                 if owner == nil,
                     recordUnowned(purchase, key: key, submissionId: submissionId, bundleId: notification.bundleId ?? "", anyKey: true)
                 {
-                    return ReasonCode.ownerUnknown.rawValue
+                    return .kept(.ownerUnknown)
                 }
             }
-            return lifted ? "revocation_lifted" : "nothing_revoked"
+            return lifted ? .revocationLifted : .nothingRevoked
         case .subscribed, .didRenew, .offerRedeemed, .didChangeRenewalPref, .renewalExtended, .oneTimeCharge:
             guard notification.environment == .production || policy.sandbox.allows(userId: owner ?? "") else {
-                return "sandbox_not_allowed"
+                return .sandboxNotAllowed
             }
             updateSubscription(notification, state: nil)
             // A new purchase in the chain (a resubscription, an upgrade, a crossgrade) may be
@@ -123,13 +123,13 @@ extension Planner {
             // (`buyer_unknown`) like a period nobody owns yet.
             let newPurchase = purchase.isNewPurchaseInChain && !(purchase.appAccountToken != nil && facts.tokenOrder != nil)
                 && facts.activeGrant(of: key) == nil
-            let credited: String
+            let credited: NotificationOutcome
             if let owner, !newPurchase {
                 let upload = LedgerEvent.Upload(
                     userId: owner, submissionId: submissionId, orderId: nil, transactionId: nil,
                     bundleId: notification.bundleId ?? "")
                 let (state, reason) = credit(purchase, upload: upload)
-                credited = reason.map { "\(state.rawValue) (\($0))" } ?? state.rawValue
+                credited = .credit(state, reason)
             } else {
                 // Nobody owns the subscription yet: Apple's signed period is kept, and credited
                 // to whoever the app's first upload proves is the owner (Apple does not tell
@@ -140,7 +140,7 @@ extension Planner {
                 {
                     awaitBuyer(of: purchase)
                 }
-                credited = newPurchase ? ReasonCode.buyerUnknown.rawValue : ReasonCode.ownerUnknown.rawValue
+                credited = .kept(newPurchase ? .buyerUnknown : .ownerUnknown)
             }
             if type == .renewalExtended, let expires = purchase.expiresDate {
                 // Apple moved the period's end: the grant in force lasts as long.
@@ -154,24 +154,24 @@ extension Planner {
                     emit(.extendGrant(transactionId: grant.transactionId, until: until))
                     extended = true
                 }
-                if extended { return "extended" }
+                if extended { return .extended }
             }
             return credited
         case .expired:
             updateSubscription(notification, state: "expired")
-            return "expired"
+            return .subscriptionState("expired")
         case .gracePeriodExpired:
             // The grace ended, billing retry goes on (Apple's status 3): no access, but not
             // over; a later DID_RENEW (BILLING_RECOVERY) brings it back.
             updateSubscription(notification, state: "billing_retry")
-            return "billing_retry"
+            return .subscriptionState("billing_retry")
         case .didFailToRenew:
             let state = notification.subtype == "GRACE_PERIOD" ? "grace_period" : "billing_retry"
             updateSubscription(notification, state: state)
-            return state
+            return .subscriptionState(state)
         case .didChangeRenewalStatus:
             updateSubscription(notification, state: nil)
-            return notification.subtype == "AUTO_RENEW_DISABLED" ? "auto_renew_off" : "auto_renew_on"
+            return .autoRenew(on: notification.subtype != "AUTO_RENEW_DISABLED")
         case .consumptionRequest:
             emit(
                 .recordConsumptionRequest(
@@ -179,12 +179,12 @@ extension Planner {
                         notificationUUID: notification.notificationUUID, transactionId: purchase.transactionId, userId: owner,
                         reason: notification.consumptionRequestReason, environment: notification.environment.rawValue,
                         receivedAt: now)))
-            return "recorded"
+            return .recorded
         case .refundDeclined:
             // A case closed: nothing changes; Apple may still refund later.
-            return "declined"
+            return .declined
         case .rescindConsent, .test, .other:
-            return "recorded"
+            return .recorded
         }
     }
 
@@ -244,7 +244,7 @@ extension Planner {
                     productId: purchase.productId, quantity: max(purchase.quantity, 1), environment: purchase.environment,
                     bundleId: bundleId, purchaseDate: purchase.purchaseDate, userId: "", orderId: nil,
                     submissionId: submissionId, appAccountToken: purchase.appAccountToken,
-                    heldReason: (awaitsBuyer ? ReasonCode.buyerUnknown : .ownerUnknown).rawValue, creditedAt: now, creditKey: key,
+                    heldReason: awaitsBuyer ? .buyerUnknown : .ownerUnknown, creditedAt: now, creditKey: key,
                     webOrderLineItemId: purchase.webOrderLineItemId, expiresDate: purchase.expiresDate),
                 ifAbsent: true))
         return true
@@ -274,7 +274,7 @@ extension Planner {
         var claimed = row
         claimed.userId = owner
         claimed.creditedAt = now
-        claimed.heldReason = revocation?.standsFully == true ? "revoked" : nil
+        claimed.heldReason = revocation?.standsFully == true ? .stoppedByRefund : nil
         emit(.claimPurchase(claimed))
         guard claimed.heldReason == nil else { return }
         let product = product(row.productId)

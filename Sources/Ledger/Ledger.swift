@@ -198,9 +198,9 @@ extension Planner {
         if !facts.grants(of: key).isEmpty { return (.revoked, .purchaseRevoked) }
         if let exact {
             // Held for a person (whoever uploads it): nobody is credited, nobody may finish it.
-            if let held = exact.heldReason, held != "revoked" { return (.held, ReasonCode(held)) }
+            if let held = exact.heldReason, held != .stoppedByRefund { return (.held, held) }
             if !sameUser(exact.userId, upload.userId) { return (.replayedFromOtherUser, nil) }
-            if let held = exact.heldReason { return (.held, ReasonCode(held)) }
+            if let held = exact.heldReason { return (.held, held) }
             // Recorded and credited before, under a key of an older version: nothing new.
             return (.alreadyCredited, nil)
         }
@@ -253,7 +253,7 @@ extension Planner {
             productId: purchase.productId, quantity: quantity, environment: purchase.environment,
             bundleId: upload.bundleId, purchaseDate: purchase.purchaseDate, userId: owner, orderId: boundOrder,
             submissionId: upload.submissionId, appAccountToken: purchase.appAccountToken,
-            heldReason: heldReason?.rawValue, creditedAt: now, creditKey: key,
+            heldReason: heldReason, creditedAt: now, creditKey: key,
             webOrderLineItemId: purchase.webOrderLineItemId, expiresDate: purchase.expiresDate)
         emit(claiming ? .claimPurchase(row) : .recordPurchase(row, ifAbsent: false))
         if let heldReason {
@@ -715,7 +715,7 @@ extension Planner {
             productId: purchase.productId, quantity: max(purchase.quantity, 1), environment: purchase.environment,
             bundleId: upload.bundleId, purchaseDate: purchase.purchaseDate, userId: tokenOwner ?? upload.userId, orderId: nil,
             submissionId: upload.submissionId, appAccountToken: purchase.appAccountToken,
-            heldReason: mismatch ? ReasonCode.productMismatch.rawValue : "revoked", creditedAt: now, creditKey: key,
+            heldReason: mismatch ? .productMismatch : .stoppedByRefund, creditedAt: now, creditKey: key,
             webOrderLineItemId: purchase.webOrderLineItemId, expiresDate: mismatch ? purchase.expiresDate : nil)
         emit(unowned ? .claimPurchase(row) : .recordPurchase(row, ifAbsent: true))
         if case .billingPeriod = key {

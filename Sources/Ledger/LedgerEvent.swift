@@ -135,8 +135,8 @@ public struct LedgerQuery: Sendable, Equatable {
 public enum LedgerOutcome: Sendable, Equatable {
     /// For one purchase of an upload: what became of it, and why when it was not credited.
     case transaction(TransactionCreditState, ReasonCode?)
-    /// For a notification: what it did (`revoked`, `restored`, `credited`, …).
-    case notification(String)
+    /// For a notification: what it did.
+    case notification(NotificationOutcome)
     /// For an action by hand: the grant it wrote or took back.
     case grant(transactionId: String)
     /// An action by hand that cannot be done as asked; nothing changes.
@@ -146,6 +146,69 @@ public enum LedgerOutcome: Sendable, Equatable {
     public enum Refusal: Sendable, Equatable {
         case notFound
         case conflict
+    }
+}
+
+/// What applying one of Apple's notifications did. Its text (`description`) is the one word the
+/// store records per notification (`notification.outcome`), the console shows and the
+/// reconciliation reports; it is written only at that edge.
+public enum NotificationOutcome: Sendable, Equatable, CustomStringConvertible {
+    /// Apple's test notification.
+    case test
+    /// Kept, with nothing to change (consent rescinded, a consumption request, a type the
+    /// ledger does not act on).
+    case recorded
+    /// Apple declined a refund request: nothing changes.
+    case declined
+    /// A grant was taken back in full.
+    case revoked
+    /// Units of a grant were taken back (a prorated refund).
+    case partlyRevoked
+    /// Apple's word was kept; what users hold did not change.
+    case unchanged
+    /// The refund is recorded before anything of it was credited: it stops the purchase's upload.
+    case revocationPending
+    /// A reversal of the refund was recorded first: the refund takes nothing.
+    case reversedAlready
+    /// A grant taken back by Apple is in force again.
+    case restored
+    /// A recorded refund no longer stands; nothing was granted to give back.
+    case revocationLifted
+    /// A reversal with no refund of it recorded.
+    case nothingRevoked
+    /// The purchase was credited to its owner, or not and why: as the owner's upload would be.
+    case credit(TransactionCreditState, ReasonCode?)
+    /// Kept as Apple signed it for the owner (`owner_unknown`) or buyer (`buyer_unknown`) to come.
+    case kept(ReasonCode)
+    /// A sandbox purchase for a user the sandbox policy does not allow.
+    case sandboxNotAllowed
+    /// Apple moved a period's end (`RENEWAL_EXTENDED`): the grant in force lasts as long.
+    case extended
+    /// The subscription's state recorded: `expired`, `billing_retry` or `grace_period`.
+    case subscriptionState(String)
+    /// The customer turned auto-renewal on or off.
+    case autoRenew(on: Bool)
+
+    public var description: String {
+        switch self {
+        case .test: "test"
+        case .recorded: "recorded"
+        case .declined: "declined"
+        case .revoked: "revoked"
+        case .partlyRevoked: "partly_revoked"
+        case .unchanged: "unchanged"
+        case .revocationPending: "revocation_pending"
+        case .reversedAlready: "reversed_already"
+        case .restored: "restored"
+        case .revocationLifted: "revocation_lifted"
+        case .nothingRevoked: "nothing_revoked"
+        case .credit(let state, let reason): reason.map { "\(state.rawValue) (\($0))" } ?? state.rawValue
+        case .kept(let reason): reason.rawValue
+        case .sandboxNotAllowed: "sandbox_not_allowed"
+        case .extended: "extended"
+        case .subscriptionState(let state): state
+        case .autoRenew(let on): on ? "auto_renew_on" : "auto_renew_off"
+        }
     }
 }
 
@@ -162,4 +225,8 @@ extension ReasonCode {
     public static let unknownProduct = ReasonCode("unknown_product")
     /// The purchase names our order, but for another product.
     public static let productMismatch = ReasonCode("product_mismatch")
+    /// Why a purchase is recorded but not granted: a refund Apple made stood when it was proven,
+    /// so it is kept for the one who proved it, credited should Apple reverse the refund.
+    /// Stored as `revoked`.
+    public static let stoppedByRefund = ReasonCode("revoked")
 }

@@ -53,10 +53,10 @@ public struct LedgerFacts: Sendable, Equatable {
         /// Kept while nobody owns it: a period Apple told of before its subscription had an owner
         /// (`owner_unknown`), or a new purchase in the chain awaiting its buyer (`buyer_unknown`).
         public var isUnowned: Bool {
-            heldReason == ReasonCode.ownerUnknown.rawValue || heldReason == ReasonCode.buyerUnknown.rawValue
+            heldReason == .ownerUnknown || heldReason == .buyerUnknown
         }
         /// A new purchase in the chain awaiting its buyer's proof.
-        public var awaitsBuyer: Bool { heldReason == ReasonCode.buyerUnknown.rawValue }
+        public var awaitsBuyer: Bool { heldReason == .buyerUnknown }
 
         public var transactionId: String
         public var originalTransactionId: String
@@ -71,7 +71,7 @@ public struct LedgerFacts: Sendable, Equatable {
         public var submissionId: String
         public var appAccountToken: String?
         /// Why it is not granted (`revoked` when a refund stopped its upload); nil when granted.
-        public var heldReason: String?
+        public var heldReason: ReasonCode?
         public var creditedAt: Date
         /// Its credit key; nil in rows of the first schema.
         public var creditKey: CreditKey?
@@ -82,7 +82,7 @@ public struct LedgerFacts: Sendable, Equatable {
         public init(
             transactionId: String, originalTransactionId: String, productId: String, quantity: Int,
             environment: AppStoreEnvironment, bundleId: String, purchaseDate: Date?, userId: String, orderId: String?,
-            submissionId: String, appAccountToken: String?, heldReason: String?, creditedAt: Date, creditKey: CreditKey?,
+            submissionId: String, appAccountToken: String?, heldReason: ReasonCode?, creditedAt: Date, creditKey: CreditKey?,
             webOrderLineItemId: String?, expiresDate: Date?
         ) {
             self.transactionId = transactionId
@@ -284,7 +284,7 @@ extension LedgerFacts {
         case .recordPurchase(let row, _):
             if purchase == nil {
                 purchase = row
-                if row.heldReason == "revoked" { blocked.append(row) }
+                if row.heldReason == .stoppedByRefund { blocked.append(row) }
             }
         case .releasePurchase(let transactionId):
             if purchase?.transactionId == transactionId { purchase?.heldReason = nil }

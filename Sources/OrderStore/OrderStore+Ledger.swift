@@ -299,3 +299,9 @@ extension CreditKey: SQLValueConvertible {
     public var sqlValue: SQLValue { .text(stored) }
     public static func fromSQL(_ value: SQLValue) -> CreditKey? { String.fromSQL(value).flatMap(CreditKey.init(stored:)) }
 }
+
+/// A reason is kept as its word (`owner_unknown`, `revoked`, …), as the error catalogue names it.
+extension ReasonCode: SQLValueConvertible {
+    public var sqlValue: SQLValue { .text(rawValue) }
+    public static func fromSQL(_ value: SQLValue) -> ReasonCode? { String.fromSQL(value).map(ReasonCode.init(rawValue:)) }
+}

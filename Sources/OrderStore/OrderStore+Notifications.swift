@@ -30,7 +30,7 @@ extension OrderStore {
         }
         try db.execute(
             sql: "UPDATE notification SET outcome = ? WHERE notificationUUID = ?",
-            arguments: [outcome, notification.notificationUUID])
+            arguments: [outcome.description, notification.notificationUUID])
         return (.credited, "\(notification.notificationType): \(outcome)", plan.revoked)
     }
 

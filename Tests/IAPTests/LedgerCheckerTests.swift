@@ -54,7 +54,7 @@ struct MemoryLedger {
             facts.unownedRevocations = revocations.values.filter { keys.contains($0.creditKey) }
         }
         if case .notification = event, let key = query.creditKey, let original = query.originalTransactionId {
-            facts.blocked = purchases.values.filter { $0.creditKey == key && $0.heldReason == "revoked" }
+            facts.blocked = purchases.values.filter { $0.creditKey == key && $0.heldReason == .stoppedByRefund }
                 .sorted { ($0.creditedAt, purchaseRow[$0.transactionId]!) < ($1.creditedAt, purchaseRow[$1.transactionId]!) }
             let credited = purchases.values.filter { $0.heldReason == nil }.sorted { purchaseRow[$0.transactionId]! < purchaseRow[$1.transactionId]! }
             facts.chainCreditedUser =
@@ -883,7 +883,7 @@ struct CheckerRun {
         case .grantHeld(let pick):
             // Periods nobody owns yet (told before any upload) are left to the owner's upload.
             let held = ledger.purchases.values.filter {
-                $0.heldReason != nil && $0.heldReason != "revoked" && !$0.isUnowned
+                $0.heldReason != nil && $0.heldReason != .stoppedByRefund && !$0.isUnowned
             }.sorted { $0.transactionId < $1.transactionId }
             guard !held.isEmpty else { return }
             let purchase = held[pick % held.count]

@@ -298,7 +298,7 @@ extension CheckerRun {
             guard !byHand.contains(identity), let allowed = allowedUnits(identity), !allowed.contains(0) else { continue }
             if !holders(identity).isEmpty { continue }
             let heldForAPerson = ledger.purchases.values.contains { row in
-                row.heldReason != nil && row.heldReason != "revoked" && self.transaction(row.transactionId).map(self.identity) == identity
+                row.heldReason != nil && row.heldReason != .stoppedByRefund && self.transaction(row.transactionId).map(self.identity) == identity
             }
             if heldForAPerson { continue }
             throw fail(

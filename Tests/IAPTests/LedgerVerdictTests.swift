@@ -239,7 +239,7 @@ struct LedgerVerdictTests {
             Issue.record("the renewal was not kept: \(kept.changes)")
             return
         }
-        #expect(row.heldReason == ReasonCode.ownerUnknown.rawValue && row.userId.isEmpty)
+        #expect(row.heldReason == .ownerUnknown && row.userId.isEmpty)
         #expect(!kept.changes.contains { if case .grant = $0 { true } else { false } })
 
         // The owner's first upload, of the first period: the renewal is theirs too.
@@ -312,7 +312,7 @@ struct LedgerVerdictTests {
             notificationUUID: "n2", notificationType: "GRACE_PERIOD_EXPIRED", subtype: nil, environment: .production,
             bundleId: "app", signedDate: Self.t0, purchase: period("t1", reason: "PURCHASE"))
         let planned = plan(.notification(notification, submissionId: "s2"), LedgerFacts(subscription: subscription(owner: "ana")))
-        #expect(planned.outcome == .notification("billing_retry"))
+        #expect(planned.outcome == .notification(.subscriptionState("billing_retry")))
         #expect(planned.changes.contains { if case .putSubscription(let row) = $0 { row.state == "billing_retry" } else { false } })
     }
 }
