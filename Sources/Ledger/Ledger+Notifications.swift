@@ -220,6 +220,12 @@ extension Planner {
     /// holds does not make its uploader the owner).
     func owner(of purchase: VerifiedPurchase, key: CreditKey) -> String? {
         if let grant = facts.activeGrant(of: key) { return grant.userId }
+        if case .billingPeriod = key, facts.subscription?.originalTransactionId == purchase.originalTransactionId {
+            // The owner of its stretch of the chain; else its token's order's, or nobody yet.
+            if case .owner(let owner) = stretchOwner(of: purchase) { return owner }
+            if purchase.appAccountToken != nil, let order = facts.tokenOrder { return order.userId }
+            return nil
+        }
         if let owner = facts.subscription?.userId { return owner }
         if let user = facts.chainCreditedUser { return user }
         if purchase.appAccountToken != nil, let order = facts.tokenOrder { return order.userId }

@@ -208,9 +208,29 @@ extension Planner {
         // subscription it renews has an owner, or the upload itself is Apple's word.
         var order = purchase.appAccountToken != nil ? facts.tokenOrder : nil
         var subscriptionOwner: String?
-        if case .billingPeriod = key, let subscription = facts.subscription {
-            // Nil while only notifications, no credit, told of it.
-            subscriptionOwner = subscription.userId
+        let subscriptionBefore = facts.subscription
+        if case .billingPeriod = key, facts.subscription != nil {
+            // The owner of its stretch of the chain; nil while nobody owns that stretch.
+            switch stretchOwner(of: purchase) {
+            case .owner(let owner):
+                subscriptionOwner = owner
+            case .unclaimed:
+                break
+            case .awaitsBuyer where !purchase.isNewPurchaseInChain && order == nil:
+                // A renewal after a new purchase nobody proved yet (the same Apple ID may serve
+                // several accounts of the app): it waits with it, kept for its buyer's proof.
+                recordUnowned(purchase, key: key, submissionId: upload.submissionId, bundleId: upload.bundleId)
+                audit(
+                    actor: "system", action: "purchase_held", subject: "transaction:\(purchase.transactionId)",
+                    reason: ReasonCode.buyerUnknown.rawValue,
+                    details: [
+                        "uploader": upload.userId, "productId": purchase.productId, "submissionId": upload.submissionId,
+                        "evidence": evidence.rawValue,
+                    ])
+                return (.held, .buyerUnknown)
+            case .awaitsBuyer:
+                break
+            }
         }
         let ownership = Ownership.Facts(
             uploader: upload.userId, evidence: evidence, tokenOrderOwner: order?.userId, subscriptionOwner: subscriptionOwner,
@@ -283,18 +303,16 @@ extension Planner {
             recordSubscription(of: purchase, owner: owner)
         }
         endReplaced(ends?.others ?? [], by: purchase)
-        if subscriptionOwner == nil {
-            // The subscription has its owner now: the periods Apple told of before are theirs.
-            // Not a new purchase in the chain Apple told of: that waits for its own buyer.
-            for period in facts.unownedPeriods where period.transactionId != purchase.transactionId && !period.awaitsBuyer {
-                creditUnowned(period, owner: owner, upload: upload)
-            }
+        if case .billingPeriod = key {
+            // Its stretch has its owner now: the periods Apple told of meanwhile are theirs, and
+            // a new purchase later than the owner's makes the subscription theirs from it on.
+            claimStretch(
+                of: purchase, owner: owner, upload: upload, before: subscriptionBefore,
+                claims: subscriptionOwner == nil || purchase.isNewPurchaseInChain)
         }
-        if let from = movesSubscriptionFrom {
-            moveSubscription(purchase.originalTransactionId, from: from, to: owner, newPurchase: purchase.isNewPurchaseInChain)
-        } else if purchase.isNewPurchaseInChain, let subscriptionOwner, !sameUser(subscriptionOwner, owner) {
-            // Bought for another user's order (its token): the chain's renewals are theirs now.
-            moveSubscription(purchase.originalTransactionId, from: subscriptionOwner, to: owner, newPurchase: true)
+        if let from = movesSubscriptionFrom, !purchase.isNewPurchaseInChain, inOwnersStretch(purchase) {
+            // `IAP_RESTORE=transfer`: the subscription follows who proved they hold a period.
+            moveSubscription(purchase.originalTransactionId, from: from, to: owner)
         }
         if ownership.tokenOrderOwner == nil, let subscriptionOwner, !sameUser(owner, upload.userId) {
             // A billing period of someone else's subscription: theirs, whoever uploads it.
@@ -442,8 +460,9 @@ extension Planner {
             actor: "system", action: "grant_transferred", subject: "transaction:\(purchase.transactionId)",
             reason: "restored by \(upload.userId); moved from \(previous)",
             details: ["from": previous, "to": upload.userId, "creditKey": key.stored])
-        if case .billingPeriod = key {
-            // The subscription moves with its period, so that its renewals follow the new owner.
+        if case .billingPeriod = key, inOwnersStretch(purchase) {
+            // The subscription moves with its period, so that its renewals follow the new owner
+            // (not for a period of an earlier stretch: the later one is someone else's).
             moveSubscription(purchase.originalTransactionId, from: previous, to: upload.userId)
         }
     }
@@ -721,13 +740,32 @@ extension Planner {
         if case .billingPeriod = key {
             // Proven, though refunded: the subscription is theirs, as it would be had the period
             // been credited before the refund arrived.
+            // A new purchase in the chain makes it theirs from it on only (`ownedSince`).
+            let ownedSince = purchase.isNewPurchaseInChain ? purchase.purchaseDate : nil
             if var subscription = facts.subscription, subscription.originalTransactionId == purchase.originalTransactionId {
                 if subscription.userId == nil {
                     subscription.userId = row.userId
+                    subscription.ownedSince = ownedSince
                     emit(.putSubscription(subscription))
+                } else if let ownedSince, let current = subscription.userId, ownedSince > (subscription.ownedSince ?? .distantPast) {
+                    // A later new purchase, theirs: its renewals are theirs too.
+                    subscription.userId = row.userId
+                    subscription.ownedSince = ownedSince
+                    subscription.updatedAt = now
+                    emit(.putSubscription(subscription))
+                    if !sameUser(current, row.userId) {
+                        audit(
+                            actor: "system", action: "subscription_transferred",
+                            subject: "subscription:\(purchase.originalTransactionId)",
+                            reason: "bought again by \(row.userId); moved from \(current)", details: ["from": current, "to": row.userId])
+                    }
                 }
             } else {
                 recordSubscription(of: purchase, owner: row.userId)
+                if let ownedSince, var subscription = facts.subscription {
+                    subscription.ownedSince = ownedSince
+                    emit(.putSubscription(subscription))
+                }
             }
         }
     }

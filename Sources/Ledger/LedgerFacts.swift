@@ -225,13 +225,18 @@ public struct LedgerFacts: Sendable, Equatable {
         public var updatedAt: Date
         /// Apple's date of the state recorded (`signedDate`); a state signed earlier never replaces it.
         public var stateDate: Date?
+        /// Where the owner's stretch of the chain begins: the purchase date of the new purchase
+        /// (a resubscription, an upgrade) that made them the owner; nil for the first stretch.
+        /// A period bought before it belongs to whoever owns its own stretch.
+        public var ownedSince: Date?
 
         /// Creates a subscription row.
         public init(
             originalTransactionId: String, userId: String?, productId: String, environment: String, state: String,
             expiresDate: Date?, autoRenew: Bool?, gracePeriodExpiresDate: Date?, lastTransactionId: String, updatedAt: Date,
-            stateDate: Date?
+            stateDate: Date?, ownedSince: Date? = nil
         ) {
+            self.ownedSince = ownedSince
             self.originalTransactionId = originalTransactionId
             self.userId = userId
             self.productId = productId

@@ -67,9 +67,9 @@ extension OrderStore {
                 sql: "SELECT * FROM subscription WHERE originalTransactionId = ?", arguments: [original]
             ).map(subscriptionFact)
         }
-        if let original = query.originalTransactionId, let subscription = facts.subscription, subscription.userId == nil {
-            // Nobody owns the subscription yet: the periods Apple told of meanwhile, for the
-            // credit that gives it an owner.
+        if let original = query.originalTransactionId, facts.subscription != nil {
+            // The periods Apple told of while nobody owned their stretch of the chain, for the
+            // credit that gives it an owner (and for whose stretch a period is).
             facts.unownedPeriods = try db.rows(
                 sql: """
                     SELECT * FROM purchase WHERE originalTransactionId = ? AND heldReason IN ('owner_unknown', 'buyer_unknown')
@@ -151,7 +151,7 @@ extension OrderStore {
             originalTransactionId: row["originalTransactionId"], userId: row["userId"], productId: row["productId"],
             environment: row["environment"], state: row["state"], expiresDate: row["expiresDate"], autoRenew: row["autoRenew"],
             gracePeriodExpiresDate: row["gracePeriodExpiresDate"], lastTransactionId: row["lastTransactionId"],
-            updatedAt: row["updatedAt"], stateDate: row["stateDate"])
+            updatedAt: row["updatedAt"], stateDate: row["stateDate"], ownedSince: row["ownedSince"])
     }
 
     /// Writes one change of a plan.
@@ -260,18 +260,19 @@ extension OrderStore {
             try db.executeCached(
                 sql: """
                     INSERT INTO subscription (originalTransactionId, userId, productId, environment, state, expiresDate,
-                        autoRenew, gracePeriodExpiresDate, lastTransactionId, updatedAt, stateDate)
-                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                        autoRenew, gracePeriodExpiresDate, lastTransactionId, updatedAt, stateDate, ownedSince)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                     ON CONFLICT (originalTransactionId) DO UPDATE SET userId = excluded.userId,
                         productId = excluded.productId, environment = excluded.environment, state = excluded.state,
                         expiresDate = excluded.expiresDate, autoRenew = excluded.autoRenew,
                         gracePeriodExpiresDate = excluded.gracePeriodExpiresDate,
                         lastTransactionId = excluded.lastTransactionId, updatedAt = excluded.updatedAt,
-                        stateDate = excluded.stateDate
+                        stateDate = excluded.stateDate, ownedSince = excluded.ownedSince
                     """,
                 arguments: [
                     row.originalTransactionId, row.userId, row.productId, row.environment, row.state, row.expiresDate,
                     row.autoRenew, row.gracePeriodExpiresDate, row.lastTransactionId, row.updatedAt, row.stateDate,
+                    row.ownedSince,
                 ])
         case .recordConsumptionRequest(let request):
             try db.executeCached(

@@ -323,6 +323,14 @@ extension OrderStore {
                     ALTER TABLE submission ADD COLUMN productId TEXT;
                     """)
         }
+        migrator.registerMigration("v11: where a subscription owner's stretch of the chain begins") { db in
+            try db.execute(
+                sql: """
+                    -- The purchase date of the new purchase (a resubscription, an upgrade) that
+                    -- began the owner's stretch of the chain; NULL: the first stretch.
+                    ALTER TABLE subscription ADD COLUMN ownedSince DATETIME;
+                    """)
+        }
         return migrator
     }
 }

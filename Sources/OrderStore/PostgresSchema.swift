@@ -13,6 +13,7 @@ enum PostgresSchema {
         (3, "a purchase's period end (SQLite schema v8)", version3),
         (4, "prorated refunds (SQLite schema v9)", version4),
         (5, "what a named StoreKit 1 transaction stands for (SQLite schema v10)", version5),
+        (6, "where a subscription owner's stretch of the chain begins (SQLite schema v11)", version6),
     ]
 
     /// A key only this store's migrations take (`pg_advisory_lock`), so that the first
@@ -312,5 +313,11 @@ enum PostgresSchema {
     static let version5 = """
         ALTER TABLE submission ADD COLUMN originalTransactionId TEXT COLLATE "C";
         ALTER TABLE submission ADD COLUMN productId TEXT COLLATE "C";
+        """
+
+    /// Where a subscription owner's stretch of the chain begins: the purchase date of the new
+    /// purchase that began it; NULL for the first stretch.
+    static let version6 = """
+        ALTER TABLE subscription ADD COLUMN ownedSince TEXT COLLATE "C";
         """
 }

@@ -8,7 +8,9 @@ import Testing
 // uploads by owner and stranger on every route, stale receipts, bare ids, restores, renewals,
 // upgrades, extensions, full, prorated and declined refunds, reversals, family revocations,
 // consent rescinded, customer service's actions) with Apple's notifications late, duplicated
-// and reordered. Every plan is written to the tables in memory (`MemoryLedger`, which keeps the
+// and reordered; the ground-truth half (LedgerGroundTruth.swift) adds resubscriptions by any
+// account of the app on the chain's Apple ID, upgrades as Apple marks them (purchases), and
+// StoreKit 1 restores no receipt holds. Every plan is written to the tables in memory (`MemoryLedger`, which keeps the
 // store's unique keys) and, after every step, what users hold is compared with a reference
 // model written here (`ReferenceLedger`). A failing sequence is shrunk to the fewest steps
 // that still fail, printed, and kept in Fixtures/ledger-checker-regressions.txt.
@@ -46,7 +48,7 @@ struct MemoryLedger {
         }
         if let key = query.creditKey { facts.revocation = revocations[key] }
         if let original = query.originalTransactionId, query.readsSubscription { facts.subscription = subscriptions[original] }
-        if let original = query.originalTransactionId, let subscription = facts.subscription, subscription.userId == nil {
+        if let original = query.originalTransactionId, facts.subscription != nil {
             facts.unownedPeriods = purchases.values
                 .filter { $0.originalTransactionId == original && $0.isUnowned }
                 .sorted { ($0.purchaseDate ?? .distantPast, $0.transactionId) < ($1.purchaseDate ?? .distantPast, $1.transactionId) }
@@ -483,6 +485,10 @@ enum CheckerStep: Equatable, CustomStringConvertible {
     /// Ground truth only: StoreKit 1 restores a one-time purchase or a period under an id no
     /// receipt holds; the app uploads its receipt naming that id and what it stands for.
     case restoreMissing(transaction: Int, stranger: Int)
+    /// Ground truth only: a user of the app buys subscription `subscription` again on its Apple
+    /// ID after it lapsed (a resubscription, maybe by another account of the app): `token` 0
+    /// none, 1 the buyer's order, 2 an order placed without a token (StoreKit 1).
+    case resubscribe(subscription: Int, user: Int, token: Int)
 
     var description: String {
         switch self {
@@ -504,6 +510,7 @@ enum CheckerStep: Equatable, CustomStringConvertible {
         case .revokeByHand(let p): "revokeByHand(\(p))"
         case .goodwill(let u): "goodwill(u\(u))"
         case .restoreMissing(let t, let s): "restoreMissing(#\(t), stranger \(s))"
+        case .resubscribe(let s, let u, let t): "resubscribe(sub \(s), u\(u), token \(t))"
         }
     }
 
@@ -516,7 +523,9 @@ enum CheckerStep: Equatable, CustomStringConvertible {
             let a = random.below(64)
             let b = random.below(64)
             if truth {
-                if random.below(100) < 5 { return .restoreMissing(transaction: a, stranger: random.pick([0, 0, 1])) }
+                let extra = random.below(100)
+                if extra < 5 { return .restoreMissing(transaction: a, stranger: random.pick([0, 0, 1])) }
+                if extra < 10 { return .resubscribe(subscription: a, user: random.below(4), token: random.pick([0, 0, 1, 2])) }
             }
             switch n {
             case 0..<16: return .buy(user: random.below(4), product: random.below(4), quantity: random.within(1...3), token: random.pick([0, 0, 1, 1, 2, 3]))
@@ -781,7 +790,10 @@ struct CheckerRun {
             higher.upgraded = false
             higher.revokedAt = nil
             higher.renews = transactions[last].renews ?? last
-            higher.reason = nil
+            // Apple marks an upgrade a purchase (`transactionReason: PURCHASE`), bought by the
+            // account that holds the stretch (the ground-truth run says so; the reference
+            // model's run keeps it a period of the chain).
+            higher.reason = truth ? "PURCHASE" : nil
             // Not bought for the first purchase's order (the ground-truth run says so).
             if truth { higher.order = nil }
             higher.isRestore = false
@@ -919,6 +931,8 @@ struct CheckerRun {
             guard case .grant = plan.outcome else { throw fail("a goodwill grant was refused: \(plan.outcome)") }
         case .restoreMissing(let pick, let stranger):
             try restoreMissing(pick, stranger: stranger)
+        case .resubscribe(let pick, let user, let token):
+            try resubscribe(pick, by: user, token: token)
         }
     }
 
@@ -1159,7 +1173,7 @@ enum LedgerChecker {
     static var sequences: Int {
         ProcessInfo.processInfo.environment["IAP_TEST_CHECKER_SEQUENCES"].flatMap { Int($0) } ?? 100_000
     }
-    static let timeBound: Duration = .seconds(60)
+    static let timeBound: Duration = .seconds(90)
 }
 
 @Suite("Ledger core: a model checker of the planner against a reference model", .sqlitePassOnly)

@@ -271,6 +271,41 @@ extension CheckerRun {
 
     /// StoreKit 1 restores a one-time purchase or a period under an id no receipt holds; the
     /// app uploads its Apple ID's receipt naming that id and what it stands for.
+    /// Ground truth: user `user` of the app buys subscription `pick` again on the chain's Apple
+    /// ID after it lapsed (a resubscription: Apple keeps the chain's original transaction and
+    /// marks the new period `transactionReason: PURCHASE`). `token`: 0 none, 1 the buyer's
+    /// order, 2 an order placed without a token (StoreKit 1).
+    mutating func resubscribe(_ pick: Int, by user: Int, token tokenChoice: Int) throws {
+        guard let (chain, last) = subscription(pick), !transactions[last].upgraded else { return }
+        // The chain lapsed a day ago: the new period is a purchase of its own, not a renewal.
+        clock = max(clock, transactions[last].expires! + 86_400)
+        let first = transactions[chain[0]]
+        let id = nextId("t")
+        var token: String?
+        var order: String?
+        if tokenChoice == 1 {
+            let orderId = nextId("order-")
+            ledger.orders[orderId] = .init(
+                id: orderId, userId: Self.user(user), productId: first.product, state: "created", transactionId: nil, createdAt: clock)
+            orderUser[orderId] = Self.user(user)
+            (token, order) = (orderId, orderId)
+        } else if tokenChoice == 2 {
+            let orderId = "order-for-\(id)"
+            ledger.orders[orderId] = .init(
+                id: orderId, userId: Self.user(user), productId: first.product, state: "created", transactionId: nil,
+                createdAt: clock - 30)
+            orderUser[orderId] = Self.user(user)
+            order = orderId
+        }
+        let bought = AppleTransaction(
+            id: id, original: first.original, product: first.product, quantity: 1, buyer: user, token: token, order: order,
+            period: nextId("w"), purchased: clock, expires: clock + 30 * 86_400, signed: clock, reason: "PURCHASE",
+            originalPurchased: first.originalPurchased ?? first.purchased, device: first.device)
+        transactions.append(bought)
+        subscriptions[pick % subscriptions.count].append(transactions.count - 1)
+        notify("SUBSCRIBED", subtype: "RESUBSCRIBE", about: transactions.count - 1, status: 1)
+    }
+
     mutating func restoreMissing(_ pick: Int, stranger: Int) throws {
         let restorable = transactions.indices.filter {
             transactions[$0].product != CheckerCatalog.coins && !transactions[$0].upgraded && !transactions[$0].isRestore

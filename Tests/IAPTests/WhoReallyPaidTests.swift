@@ -158,6 +158,51 @@ extension BrokerTests {
                 }, "the resubscription's renewal did not go to its buyer")
         }
 
+        /// A resubscription by another account without a token begins a stretch of the chain
+        /// owned by its buyer: a renewal of it that Apple tells of before the buyer's upload is
+        /// nobody's yet (not the first owner's), the first owner's upload of it is not told to
+        /// finish, and the buyer's proof of the resubscription credits both to the buyer; the
+        /// earlier period stays with the first owner.
+        @Test func aRenewalOfAnotherAccountsResubscriptionWaitsForItsBuyer() async throws {
+            let pipeline = try await PipelineHarness.start(name: "stretch")
+            defer { Task { await pipeline.stop() } }
+            let month = try await mint(
+                pipeline, Mint(productId: Self.month, type: "auto_renewable", deviceId: "family-ipad", expiresInSeconds: 2))
+            let first = try await upload(pipeline, ["userId": "ana", "signedTransaction": month.signedTransaction])
+            #expect(first["state"] as? String == "credited", "\(first)")
+            try await Task.sleep(for: .seconds(3))
+            let resubscribed = try await HTTP.post(
+                pipeline.fakeURL + "/fake/subscriptions/\(month.originalTransactionId)/resubscribe", json: ["deviceId": "family-ipad"])
+            #expect(resubscribed.status == 201, "\(resubscribed.text)")
+            let again = try JSONDecoder().decode(FakePurchaseAnswer.self, from: resubscribed.body)
+            let renewed = try await HTTP.post(
+                pipeline.fakeURL + "/fake/subscriptions/\(month.originalTransactionId)/renew", json: [String: String]())
+            #expect(renewed.status == 201, "\(renewed.text)")
+            let renewal = try JSONDecoder().decode(FakePurchaseAnswer.self, from: renewed.body)
+            #expect(
+                try await eventually(timeout: .seconds(20)) {
+                    try await !pipeline.store.notifications(ofTransaction: renewal.transactionId).isEmpty
+                }, "DID_RENEW was not applied")
+            #expect(try await pipeline.store.grants(ofTransaction: renewal.transactionId).isEmpty, "the renewal went to ana")
+
+            // Ana's app holds the renewal too (the same Apple ID): it is not hers to finish.
+            let anas = try await upload(pipeline, ["userId": "ana", "signedTransaction": renewal.signedTransaction])
+            #expect(anas["finishTransaction"] as? Bool == false && anas["state"] as? String != "credited", "\(anas)")
+            #expect(try await pipeline.store.grants(ofTransaction: renewal.transactionId).isEmpty, "ana's upload took the renewal")
+
+            let bought = try await upload(pipeline, ["userId": "ben", "signedTransaction": again.signedTransaction])
+            #expect(bought["state"] as? String == "credited" && bought["finishTransaction"] as? Bool == true, "\(bought)")
+            #expect(try await pipeline.store.grants(ofTransaction: again.transactionId).first?.userId == "ben")
+            #expect(try await pipeline.store.grants(ofTransaction: renewal.transactionId).first?.userId == "ben")
+            #expect(try await pipeline.store.grants(ofTransaction: month.transactionId).first?.userId == "ana")
+            let bens = try await upload(pipeline, ["userId": "ben", "signedTransaction": renewal.signedTransaction])
+            let bensRenewal = (bens["transactions"] as? [[String: Any]])?.first
+            #expect(bensRenewal?["state"] as? String == "already_credited" && bens["finishTransaction"] as? Bool == true, "\(bens)")
+            // Settled for its buyer now: ana's app may finish it.
+            let anasAgain = try await upload(pipeline, ["userId": "ana", "signedTransaction": renewal.signedTransaction])
+            #expect(anasAgain["reason"] as? String == "replayed_from_other_user", "\(anasAgain)")
+        }
+
         /// Finding 4. Three packs, one refunded prorated: two are left. `verifyReceipt` then
         /// dates a cancellation of the purchase but says neither its type nor how much: the app's
         /// next receipt upload must not take the other two back, whether it comes after Apple's
