@@ -180,8 +180,13 @@ extension Planner {
             {
                 return (.replayedFromOtherUser, nil)
             }
-            // Only an upload Apple vouches for moves an entitlement; a lookup never does.
-            switch evidence == .signedUpload ? policy.restore : .keep {
+            // Only an upload Apple vouches for moves an entitlement; a lookup never does. Nor can
+            // it move to a third user under a transaction id another user's grant already bears
+            // (one grant per transaction): the holder keeps it, as under `keep`.
+            let idTaken =
+                facts.grants(of: key).first(where: { sameUser($0.userId, upload.userId) }) == nil
+                && facts.grant(ofTransaction: purchase.transactionId) != nil
+            switch evidence == .signedUpload && !idTaken ? policy.restore : .keep {
             case .keep:
                 audit(
                     actor: "system", action: "restore_kept_by_owner", subject: "transaction:\(purchase.transactionId)",

@@ -280,6 +280,31 @@ struct LedgerVerdictTests {
         #expect(InForce.grant(isActive: true, expiresAt: nil, gracePeriodExpiresAt: nil, at: now))
     }
 
+    @Test func aTransferNeverGivesATransactionIdASecondGrant() {
+        // Under transfer, ben once took period w-t1 by uploading t1 and ana took it back with her
+        // restore r5: a third account uploading t1 cannot be granted under t1 again (one grant
+        // per transaction), so ana keeps it, as under keep.
+        func grant(_ id: Int64, _ transaction: String, _ user: String, active: Bool) -> LedgerFacts.Grant {
+            LedgerFacts.Grant(
+                id: id, transactionId: transaction, userId: user, productId: "month", orderId: nil, quantity: 1, grantJSON: "{}",
+                environment: "Production", source: "apple", isActive: active, grantedAt: Self.t0, revokedAt: nil,
+                revokedBy: active ? nil : "transfer", creditKey: .billingPeriod("w-t1"), originalTransactionId: "t1",
+                expiresAt: Self.t0 + 30 * 86_400, gracePeriodExpiresAt: nil)
+        }
+        let facts = LedgerFacts(
+            grants: [grant(1, "r5", "ana", active: true), grant(2, "t1", "ben", active: false)], subscription: subscription(owner: "ana"))
+        var first = period("t1", reason: "PURCHASE")
+        first.evidence = .signedUpload
+        let transfer = LedgerPolicy(catalog: catalog, restore: .transfer)
+        let planned = Ledger.plan(.upload(first, upload("cleo", transaction: "t1")), facts: facts, policy: transfer, now: Self.t0 + 3_600)
+        #expect(planned.outcome == .transaction(.ownedByOtherUser, nil))
+        #expect(!planned.changes.contains { if case .grant = $0 { true } else { false } })
+        // Ben, who held it under t1 before, takes it back as transfer says.
+        let back = Ledger.plan(.upload(first, upload("ben", transaction: "t1")), facts: facts, policy: transfer, now: Self.t0 + 3_600)
+        #expect(back.outcome == .transaction(.credited, nil))
+        #expect(back.changes.contains(.reactivateGrant(transactionId: "t1")))
+    }
+
     @Test func reconciliationAsksAboutWhatMayBeOutOfDateSoonestFirst() {
         let now = Self.t0
         let horizon = now + 86_400
