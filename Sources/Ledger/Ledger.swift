@@ -731,6 +731,11 @@ extension Planner {
         // Recorded only as a period Apple told of before anyone owned it: this proof claims it.
         let unowned = facts.purchase?.isUnowned == true
         guard tokenOwner != nil || purchase.ownershipEvidence == .signedUpload, facts.purchase == nil || unowned else { return }
+        // A renewal after a new purchase nobody proved yet proves nothing of whose it is: it
+        // stays kept for that purchase's buyer, as it would had it not been refunded.
+        if case .billingPeriod = key, tokenOwner == nil, !purchase.isNewPurchaseInChain, stretchOwner(of: purchase) == .awaitsBuyer {
+            return
+        }
         // Named by a token for another product: held for a person, as it would be had it arrived
         // before the refund (a reversal never credits it).
         let mismatch = purchase.appAccountToken != nil && facts.tokenOrder.map { pays($0, purchase) && $0.productId != purchase.productId } == true
