@@ -103,15 +103,7 @@ extension Planner {
             row.updatedAt = now
             emit(.putSubscription(row))
         } else if startsStretch, let current = before?.userId, date > (before?.ownedSince ?? .distantPast) {
-            row.userId = owner
-            row.ownedSince = date
-            row.updatedAt = now
-            emit(.putSubscription(row))
-            if !sameUser(current, owner) {
-                audit(
-                    actor: "system", action: "subscription_transferred", subject: "subscription:\(purchase.originalTransactionId)",
-                    reason: "bought again by \(owner); moved from \(current)", details: ["from": current, "to": owner])
-            }
+            moveSubscription(purchase.originalTransactionId, from: current, to: owner, boughtAt: date)
         }
     }
 }

@@ -474,12 +474,17 @@ extension Planner {
 
     /// The subscription's owner becomes `to` (`IAP_RESTORE=transfer`, or a new purchase in the
     /// chain that `to` proved); audited.
-    mutating func moveSubscription(_ originalTransactionId: String, from: String, to: String, newPurchase: Bool = false) {
+    /// A new purchase passes `boughtAt`, its purchase date: the new owner's stretch begins there
+    /// (`ownedSince`). Audited only when the owner changes.
+    mutating func moveSubscription(_ originalTransactionId: String, from: String, to: String, boughtAt: Date? = nil) {
+        let newPurchase = boughtAt != nil
         if var subscription = facts.subscription, subscription.originalTransactionId == originalTransactionId {
             subscription.userId = to
+            if newPurchase { subscription.ownedSince = boughtAt }
             subscription.updatedAt = now
             emit(.putSubscription(subscription))
         }
+        guard !sameUser(from, to) else { return }
         audit(
             actor: "system", action: "subscription_transferred", subject: "subscription:\(originalTransactionId)",
             reason: newPurchase ? "bought again by \(to); moved from \(from)" : "restored by \(to); moved from \(from)",
@@ -759,16 +764,7 @@ extension Planner {
                     emit(.putSubscription(subscription))
                 } else if let ownedSince, let current = subscription.userId, ownedSince > (subscription.ownedSince ?? .distantPast) {
                     // A later new purchase, theirs: its renewals are theirs too.
-                    subscription.userId = row.userId
-                    subscription.ownedSince = ownedSince
-                    subscription.updatedAt = now
-                    emit(.putSubscription(subscription))
-                    if !sameUser(current, row.userId) {
-                        audit(
-                            actor: "system", action: "subscription_transferred",
-                            subject: "subscription:\(purchase.originalTransactionId)",
-                            reason: "bought again by \(row.userId); moved from \(current)", details: ["from": current, "to": row.userId])
-                    }
+                    moveSubscription(purchase.originalTransactionId, from: current, to: row.userId, boughtAt: ownedSince)
                 }
             } else {
                 recordSubscription(of: purchase, owner: row.userId)
