@@ -280,6 +280,40 @@ struct LedgerVerdictTests {
         #expect(InForce.grant(isActive: true, expiresAt: nil, gracePeriodExpiresAt: nil, at: now))
     }
 
+    @Test func aRenewalAfterAnUnprovenNewPurchaseWaitsForItsBuyer() {
+        // Ana owns the chain; someone bought it again (t2, told by Apple, kept for its buyer);
+        // t3 renews t2. Ana's signed upload of t3 proves nothing of t2: held, kept for nobody.
+        func kept(_ id: String, at date: Date, reason: ReasonCode) -> LedgerFacts.Purchase {
+            LedgerFacts.Purchase(
+                transactionId: id, originalTransactionId: "t1", productId: "month", quantity: 1, environment: .production,
+                bundleId: "app", purchaseDate: date, userId: "", orderId: nil, submissionId: "n", appAccountToken: nil,
+                heldReason: reason, creditedAt: Self.t0, creditKey: .billingPeriod("w-\(id)"), webOrderLineItemId: "w-\(id)",
+                expiresDate: date + 30 * 86_400)
+        }
+        var renewal = period("t3", reason: "RENEWAL")
+        renewal.purchaseDate = Self.t0 + 200
+        renewal.evidence = .signedUpload
+        let waiting = LedgerFacts(
+            subscription: subscription(owner: "ana"), unownedPeriods: [kept("t2", at: Self.t0 + 100, reason: .buyerUnknown)])
+        let anas = plan(.upload(renewal, upload("ana", transaction: "t3")), waiting)
+        #expect(anas.outcome == .transaction(.held, .buyerUnknown))
+        #expect(!anas.changes.contains { if case .grant = $0 { true } else { false } })
+
+        // Ben proves t2: it and the renewal kept after it are his, and the chain is his from t2 on.
+        var bought = period("t2", reason: "PURCHASE")
+        bought.purchaseDate = Self.t0 + 100
+        bought.evidence = .signedUpload
+        let proven = LedgerFacts(
+            subscription: subscription(owner: "ana"),
+            unownedPeriods: [kept("t2", at: Self.t0 + 100, reason: .buyerUnknown), kept("t3", at: Self.t0 + 200, reason: .ownerUnknown)])
+        let bens = plan(.upload(bought, upload("ben", transaction: "t2")), proven)
+        #expect(bens.outcome == .transaction(.credited, nil))
+        let granted = bens.changes.compactMap { if case .grant(let grant) = $0 { grant } else { nil } }
+        #expect(granted.map(\.transactionId).sorted() == ["t2", "t3"] && granted.allSatisfy { $0.userId == "ben" })
+        let moved = bens.changes.compactMap { if case .putSubscription(let row) = $0 { row } else { nil } }.last
+        #expect(moved?.userId == "ben" && moved?.ownedSince == Self.t0 + 100)
+    }
+
     @Test func aTransferNeverGivesATransactionIdASecondGrant() {
         // Under transfer, ben once took period w-t1 by uploading t1 and ana took it back with her
         // restore r5: a third account uploading t1 cannot be granted under t1 again (one grant
