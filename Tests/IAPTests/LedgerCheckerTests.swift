@@ -306,14 +306,16 @@ struct ReferenceLedger {
     }
 
     /// What Apple took back of `key` now: the refunds dated after the latest reversal (a
-    /// reversal wins a tie), whatever order they arrived in.
+    /// reversal wins a tie), whatever order they arrived in; of those, a full refund takes it
+    /// all, and otherwise the latest signed share is Apple's word (a transaction carries one
+    /// `revocationPercentage`: a later one replaces an earlier, as after a reversal nobody told).
     func standing(_ key: String) -> Standing {
         let events = apple[key] ?? []
         let lastReversal = events.filter(\.reversal).map(\.at).max()
         let refunds = events.filter { event in !event.reversal && (lastReversal.map { event.at > $0 } ?? true) }
         if refunds.isEmpty { return .none }
         if refunds.contains(where: { $0.units == nil }) { return .all }
-        return .units(refunds.compactMap { $0.units }.max()!)
+        return .units(refunds.max { $0.at < $1.at }!.units!)
     }
 
     /// Whether `key`'s holder may use it now.
