@@ -35,7 +35,7 @@ final class SQLiteDatabase: SQLDatabase {
         pool = try DatabasePool(path: path, configuration: configuration)
         // The pool sets NORMAL on its writer while it sets WAL up, after `prepareDatabase`.
         try pool.writeWithoutTransaction { db in try db.execute(sql: "PRAGMA synchronous = FULL") }
-        try OrderStore.sqliteMigrator.migrate(pool)
+        try SchemaHistory.sqliteMigrator.migrate(pool)
     }
 
     func read<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) throws -> T) async throws -> T {

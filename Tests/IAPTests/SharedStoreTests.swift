@@ -35,7 +35,7 @@ struct SharedStoreTests {
     @Test func servicesStartingTogetherMigrateOnce() async throws {
         let stores = try await services(4)
         let applied: Int? = try await stores[0].testValue("SELECT COUNT(*) FROM iap_schema_migration")
-        #expect(applied == PostgresSchema.migrations.count)
+        #expect(applied == SchemaHistory.postgresMigrations.count)
         for store in stores { await store.close() }
     }
 

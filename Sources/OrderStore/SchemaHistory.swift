@@ -1,0 +1,603 @@
+import GRDB
+
+/// One step of the order store's schema: its number, and its SQLite and PostgreSQL texts side
+/// by side, so that a change is written once, in one place, for both backends.
+struct SchemaStep: Sendable {
+    /// The step's number, the same on both backends (SQLite's migration `v<version>: <name>`).
+    let version: Int
+    let name: String
+    /// What SQLite runs.
+    let sqlite: String
+    /// What PostgreSQL runs; nil for steps 1 to 5, which PostgreSQL took together with step 6
+    /// (its first migration created the schema as of SQLite's v6).
+    let postgres: String?
+    /// The number PostgreSQL's `iap_schema_migration` records the step under: the frozen prefix
+    /// kept the numbers PostgreSQL gave it (1 to 6 for steps 6 to 11); from step 12 on, `version`.
+    let postgresRecordedAs: Int
+
+    init(version: Int, name: String, sqlite: String, postgres: String?, postgresRecordedAs: Int? = nil) {
+        self.version = version
+        self.name = name
+        self.sqlite = sqlite
+        self.postgres = postgres
+        self.postgresRecordedAs = postgresRecordedAs ?? version
+    }
+}
+
+/// The order store's one schema history. Add steps at the end, each with both texts (a
+/// PostgreSQL text in PostgreSQL's types: `COLLATE "C"` on text, as SQLite compares bytes);
+/// never edit a step that shipped. `SchemaParityTests` compares the two live schemas after the
+/// last step.
+///
+/// Steps 1 to 11 are the two histories as they shipped, frozen: SQLite numbered each step;
+/// PostgreSQL created the schema of steps 1 to 6 in one migration and numbered its own from there.
+enum SchemaHistory {
+    static let steps: [SchemaStep] = [
+        SchemaStep(
+            version: 1, name: "submissions, purchases, grants, orders, outbox",
+            sqlite: """
+                CREATE TABLE submission (
+                    id TEXT PRIMARY KEY NOT NULL,
+                    userId TEXT NOT NULL,
+                    orderId TEXT,
+                    transactionId TEXT,
+                    receiptData TEXT NOT NULL,
+                    state TEXT NOT NULL
+                        CHECK (state IN ('pending', 'retrying', 'credited', 'rejected', 'needs_review')),
+                    reason TEXT,
+                    reasonMessage TEXT,
+                    environment TEXT CHECK (environment IN ('Production', 'Sandbox')),
+                    attempts INTEGER NOT NULL DEFAULT 0,
+                    nextAttemptAt DATETIME,
+                    alertedAt DATETIME,
+                    -- Set by customer service: the app may finish its transactions whatever the state.
+                    finishable BOOLEAN NOT NULL DEFAULT 0,
+                    acceptedAt DATETIME NOT NULL,
+                    updatedAt DATETIME NOT NULL
+                );
+                CREATE INDEX submission_state ON submission(state, updatedAt);
+                CREATE INDEX submission_user ON submission(userId);
+
+                CREATE TABLE orders (
+                    id TEXT PRIMARY KEY NOT NULL,
+                    userId TEXT NOT NULL,
+                    productId TEXT NOT NULL,
+                    state TEXT NOT NULL CHECK (state IN ('created', 'paid', 'cancelled', 'refunded')),
+                    transactionId TEXT UNIQUE,
+                    createdAt DATETIME NOT NULL,
+                    updatedAt DATETIME NOT NULL
+                );
+
+                -- One row per Apple transaction, ever: the primary key is what makes
+                -- double crediting impossible.
+                CREATE TABLE purchase (
+                    transactionId TEXT PRIMARY KEY NOT NULL,
+                    originalTransactionId TEXT NOT NULL,
+                    productId TEXT NOT NULL,
+                    quantity INTEGER NOT NULL CHECK (quantity > 0),
+                    environment TEXT NOT NULL CHECK (environment IN ('Production', 'Sandbox')),
+                    bundleId TEXT NOT NULL,
+                    purchaseDate DATETIME,
+                    userId TEXT NOT NULL,
+                    orderId TEXT,
+                    submissionId TEXT NOT NULL REFERENCES submission(id),
+                    appAccountToken TEXT,
+                    -- Why it is not granted yet (unknown_product, product_mismatch, …); NULL when granted.
+                    heldReason TEXT,
+                    creditedAt DATETIME NOT NULL
+                );
+                CREATE INDEX purchase_user ON purchase(userId);
+
+                -- One grant per Apple transaction, ever (manual grants have their own ids).
+                CREATE TABLE grants (
+                    id INTEGER PRIMARY KEY AUTOINCREMENT,
+                    transactionId TEXT NOT NULL UNIQUE,
+                    userId TEXT NOT NULL,
+                    productId TEXT NOT NULL,
+                    orderId TEXT,
+                    quantity INTEGER NOT NULL CHECK (quantity > 0),
+                    grantJSON TEXT NOT NULL,
+                    environment TEXT NOT NULL,
+                    source TEXT NOT NULL CHECK (source IN ('apple', 'manual')),
+                    state TEXT NOT NULL CHECK (state IN ('active', 'revoked')),
+                    grantedAt DATETIME NOT NULL,
+                    revokedAt DATETIME
+                );
+                CREATE INDEX grants_user ON grants(userId);
+
+                -- What each upload did with each transaction it carried.
+                CREATE TABLE submission_transaction (
+                    submissionId TEXT NOT NULL REFERENCES submission(id),
+                    transactionId TEXT NOT NULL,
+                    originalTransactionId TEXT NOT NULL,
+                    productId TEXT NOT NULL,
+                    environment TEXT NOT NULL,
+                    state TEXT NOT NULL CHECK (
+                        state IN ('credited', 'already_credited', 'replayed_from_other_user', 'cancelled', 'held')),
+                    reason TEXT,
+                    PRIMARY KEY (submissionId, transactionId)
+                );
+
+                -- Who did what, when and why: customer service actions and replay attempts.
+                -- Append-only: the triggers refuse changes.
+                CREATE TABLE audit_log (
+                    id INTEGER PRIMARY KEY AUTOINCREMENT,
+                    at DATETIME NOT NULL,
+                    actor TEXT NOT NULL,
+                    action TEXT NOT NULL,
+                    subject TEXT NOT NULL,
+                    reason TEXT NOT NULL,
+                    details TEXT
+                );
+                CREATE TRIGGER audit_log_no_update BEFORE UPDATE ON audit_log
+                    BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+                CREATE TRIGGER audit_log_no_delete BEFORE DELETE ON audit_log
+                    BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+                CREATE TRIGGER audit_log_no_replace BEFORE INSERT ON audit_log
+                    WHEN NEW.id IS NOT NULL AND EXISTS (SELECT 1 FROM audit_log WHERE id = NEW.id)
+                    BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+
+                -- Messages committed with the change that caused them, published by the relay.
+                CREATE TABLE outbox (
+                    id INTEGER PRIMARY KEY AUTOINCREMENT,
+                    exchange TEXT NOT NULL,
+                    routingKey TEXT NOT NULL,
+                    body BLOB NOT NULL,
+                    messageId TEXT,
+                    priority INTEGER,
+                    mandatory BOOLEAN NOT NULL DEFAULT 1,
+                    createdAt DATETIME NOT NULL,
+                    attempts INTEGER NOT NULL DEFAULT 0,
+                    lastError TEXT
+                );
+                """,
+            postgres: nil),
+        SchemaStep(
+            version: 2, name: "StoreKit 2 uploads, notifications, subscriptions",
+            sqlite: """
+                -- A StoreKit 2 upload keeps its signed transaction; a notification its signed payload.
+                ALTER TABLE submission ADD COLUMN signedTransaction TEXT;
+                ALTER TABLE submission ADD COLUMN signedPayload TEXT;
+
+                -- Every App Store Server Notification applied, once per notificationUUID.
+                CREATE TABLE notification (
+                    notificationUUID TEXT PRIMARY KEY NOT NULL,
+                    notificationType TEXT NOT NULL,
+                    subtype TEXT,
+                    environment TEXT NOT NULL,
+                    transactionId TEXT,
+                    submissionId TEXT NOT NULL,
+                    outcome TEXT NOT NULL,
+                    signedDate DATETIME,
+                    appliedAt DATETIME NOT NULL
+                );
+                CREATE INDEX notification_transaction ON notification(transactionId);
+
+                -- The state of each auto-renewable subscription, as Apple's notifications say.
+                CREATE TABLE subscription (
+                    originalTransactionId TEXT PRIMARY KEY NOT NULL,
+                    userId TEXT,
+                    productId TEXT NOT NULL,
+                    environment TEXT NOT NULL,
+                    state TEXT NOT NULL
+                        CHECK (state IN ('active', 'expired', 'billing_retry', 'grace_period', 'revoked')),
+                    expiresDate DATETIME,
+                    autoRenew BOOLEAN,
+                    gracePeriodExpiresDate DATETIME,
+                    lastTransactionId TEXT NOT NULL,
+                    updatedAt DATETIME NOT NULL
+                );
+                CREATE INDEX subscription_user ON subscription(userId);
+
+                -- Apple asked for consumption information about a refund request.
+                CREATE TABLE consumption_request (
+                    notificationUUID TEXT PRIMARY KEY NOT NULL,
+                    transactionId TEXT NOT NULL,
+                    userId TEXT,
+                    reason TEXT,
+                    environment TEXT NOT NULL,
+                    receivedAt DATETIME NOT NULL
+                );
+                """,
+            postgres: nil),
+        SchemaStep(
+            version: 3, name: "credit keys, remembered revocations, subscription order, indexes",
+            sqlite: """
+                -- What a purchase is credited once by (txn:<transactionId> for consumables,
+                -- otx:<originalTransactionId> for non-consumables and non-renewing subscriptions,
+                -- wol:<webOrderLineItemId> for a billing period of an auto-renewable one).
+                ALTER TABLE grants ADD COLUMN creditKey TEXT;
+                UPDATE grants SET creditKey = 'txn:' || transactionId;
+                -- Who revoked a revoked grant: apple (a refund or revocation), transfer, or an admin.
+                ALTER TABLE grants ADD COLUMN revokedBy TEXT;
+                -- Customer service's revocations name a person in the audit log; the rest were Apple's.
+                UPDATE grants SET revokedBy = CASE
+                    WHEN (SELECT actor FROM audit_log WHERE subject = 'transaction:' || grants.transactionId
+                        AND action = 'grant_revoked' ORDER BY id DESC LIMIT 1) IN ('apple', 'system')
+                    THEN 'apple' ELSE 'admin' END
+                WHERE state = 'revoked';
+                -- At most one active grant per credit key, and one grant per key and user, ever.
+                CREATE UNIQUE INDEX grants_active_key ON grants(creditKey) WHERE state = 'active';
+                CREATE UNIQUE INDEX grants_key_user ON grants(creditKey, userId);
+
+                ALTER TABLE purchase ADD COLUMN creditKey TEXT;
+                UPDATE purchase SET creditKey = 'txn:' || transactionId;
+                ALTER TABLE purchase ADD COLUMN webOrderLineItemId TEXT;
+                CREATE INDEX purchase_original ON purchase(originalTransactionId);
+                CREATE INDEX purchase_key ON purchase(creditKey);
+                CREATE INDEX purchase_web_order ON purchase(webOrderLineItemId);
+
+                -- What Apple took back, by credit key, whether or not anything was credited yet;
+                -- a reversal lifts it (reversedAt later than revokedAt).
+                CREATE TABLE revocation (
+                    creditKey TEXT PRIMARY KEY NOT NULL,
+                    transactionId TEXT NOT NULL,
+                    source TEXT NOT NULL,
+                    revokedAt DATETIME NOT NULL,
+                    reversedAt DATETIME,
+                    updatedAt DATETIME NOT NULL
+                );
+
+                -- Subscription states are applied newest first by Apple's signedDate.
+                ALTER TABLE subscription ADD COLUMN stateDate DATETIME;
+
+                CREATE INDEX outbox_message ON outbox(messageId);
+
+                -- New transaction states: rebuilt, as SQLite cannot change a CHECK in place.
+                CREATE TABLE submission_transaction_v3 (
+                    submissionId TEXT NOT NULL REFERENCES submission(id),
+                    transactionId TEXT NOT NULL,
+                    originalTransactionId TEXT NOT NULL,
+                    productId TEXT NOT NULL,
+                    environment TEXT NOT NULL,
+                    state TEXT NOT NULL CHECK (
+                        state IN ('credited', 'already_credited', 'replayed_from_other_user', 'cancelled', 'held',
+                            'revoked', 'owned_by_other_user', 'superseded')),
+                    reason TEXT,
+                    PRIMARY KEY (submissionId, transactionId)
+                );
+                INSERT INTO submission_transaction_v3 SELECT submissionId, transactionId, originalTransactionId,
+                    productId, environment, state, reason FROM submission_transaction ORDER BY rowid;
+                DROP TABLE submission_transaction;
+                ALTER TABLE submission_transaction_v3 RENAME TO submission_transaction;
+                CREATE INDEX submission_transaction_transaction ON submission_transaction(transactionId);
+                """,
+            postgres: nil),
+        SchemaStep(
+            version: 4, name: "reconciliation runs, re-delivered notifications, due subscriptions",
+            sqlite: """
+                -- When each reconciliation task (subscriptions, notifications) last ran to its end:
+                -- the next run is due an interval later and asks Apple's history from there.
+                CREATE TABLE reconciliation_run (
+                    task TEXT PRIMARY KEY NOT NULL,
+                    lastRunAt DATETIME NOT NULL
+                );
+
+                -- Notifications from Apple's history (onlyFailures) queued again, once each.
+                CREATE TABLE redelivered_notification (
+                    notificationUUID TEXT PRIMARY KEY NOT NULL,
+                    submissionId TEXT NOT NULL,
+                    redeliveredAt DATETIME NOT NULL
+                );
+
+                -- The reconciliation reads subscriptions by state and expiry.
+                CREATE INDEX subscription_due ON subscription(state, expiresDate);
+                """,
+            postgres: nil),
+        SchemaStep(
+            version: 5, name: "grant expiry and chain",
+            sqlite: """
+                -- A subscription period's grant ends with the period (and its grace period).
+                ALTER TABLE grants ADD COLUMN originalTransactionId TEXT;
+                UPDATE grants SET originalTransactionId =
+                    (SELECT originalTransactionId FROM purchase WHERE purchase.transactionId = grants.transactionId);
+                ALTER TABLE grants ADD COLUMN expiresAt DATETIME;
+                ALTER TABLE grants ADD COLUMN gracePeriodExpiresAt DATETIME;
+                CREATE INDEX grants_original ON grants(originalTransactionId);
+
+                -- The status an app polls follows what happened to each transaction later.
+                ALTER TABLE submission_transaction ADD COLUMN creditKey TEXT;
+                CREATE INDEX audit_log_subject ON audit_log(subject);
+                """,
+            postgres: nil),
+        SchemaStep(
+            version: 6, name: "outbox claims",
+            sqlite: """
+                -- Which relay is publishing a row, until when (several order services share
+                -- one PostgreSQL store; the columns are the same on both backends).
+                ALTER TABLE outbox ADD COLUMN claimedBy TEXT;
+                ALTER TABLE outbox ADD COLUMN claimedUntil DATETIME;
+                CREATE INDEX outbox_kind ON outbox(mandatory, id);
+                """,
+            postgres: """
+                CREATE TABLE submission (
+                    id TEXT COLLATE "C" PRIMARY KEY NOT NULL,
+                    userId TEXT COLLATE "C" NOT NULL,
+                    orderId TEXT COLLATE "C",
+                    transactionId TEXT COLLATE "C",
+                    receiptData TEXT COLLATE "C" NOT NULL,
+                    state TEXT COLLATE "C" NOT NULL
+                        CHECK (state IN ('pending', 'retrying', 'credited', 'rejected', 'needs_review')),
+                    reason TEXT COLLATE "C",
+                    reasonMessage TEXT COLLATE "C",
+                    environment TEXT COLLATE "C" CHECK (environment IN ('Production', 'Sandbox')),
+                    attempts BIGINT NOT NULL DEFAULT 0,
+                    nextAttemptAt TEXT COLLATE "C",
+                    alertedAt TEXT COLLATE "C",
+                    finishable BIGINT NOT NULL DEFAULT 0,
+                    acceptedAt TEXT COLLATE "C" NOT NULL,
+                    updatedAt TEXT COLLATE "C" NOT NULL,
+                    signedTransaction TEXT COLLATE "C",
+                    signedPayload TEXT COLLATE "C"
+                );
+                CREATE INDEX submission_state ON submission(state, updatedAt);
+                CREATE INDEX submission_user ON submission(userId);
+
+                CREATE TABLE orders (
+                    id TEXT COLLATE "C" PRIMARY KEY NOT NULL,
+                    userId TEXT COLLATE "C" NOT NULL,
+                    productId TEXT COLLATE "C" NOT NULL,
+                    state TEXT COLLATE "C" NOT NULL CHECK (state IN ('created', 'paid', 'cancelled', 'refunded')),
+                    transactionId TEXT COLLATE "C" UNIQUE,
+                    createdAt TEXT COLLATE "C" NOT NULL,
+                    updatedAt TEXT COLLATE "C" NOT NULL
+                );
+
+                CREATE TABLE purchase (
+                    rowid BIGINT GENERATED BY DEFAULT AS IDENTITY UNIQUE,
+                    transactionId TEXT COLLATE "C" PRIMARY KEY NOT NULL,
+                    originalTransactionId TEXT COLLATE "C" NOT NULL,
+                    productId TEXT COLLATE "C" NOT NULL,
+                    quantity BIGINT NOT NULL CHECK (quantity > 0),
+                    environment TEXT COLLATE "C" NOT NULL CHECK (environment IN ('Production', 'Sandbox')),
+                    bundleId TEXT COLLATE "C" NOT NULL,
+                    purchaseDate TEXT COLLATE "C",
+                    userId TEXT COLLATE "C" NOT NULL,
+                    orderId TEXT COLLATE "C",
+                    submissionId TEXT COLLATE "C" NOT NULL REFERENCES submission(id),
+                    appAccountToken TEXT COLLATE "C",
+                    heldReason TEXT COLLATE "C",
+                    creditedAt TEXT COLLATE "C" NOT NULL,
+                    creditKey TEXT COLLATE "C",
+                    webOrderLineItemId TEXT COLLATE "C"
+                );
+                CREATE INDEX purchase_user ON purchase(userId);
+                CREATE INDEX purchase_original ON purchase(originalTransactionId);
+                CREATE INDEX purchase_key ON purchase(creditKey);
+                CREATE INDEX purchase_web_order ON purchase(webOrderLineItemId);
+
+                CREATE TABLE grants (
+                    id BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
+                    transactionId TEXT COLLATE "C" NOT NULL UNIQUE,
+                    userId TEXT COLLATE "C" NOT NULL,
+                    productId TEXT COLLATE "C" NOT NULL,
+                    orderId TEXT COLLATE "C",
+                    quantity BIGINT NOT NULL CHECK (quantity > 0),
+                    grantJSON TEXT COLLATE "C" NOT NULL,
+                    environment TEXT COLLATE "C" NOT NULL,
+                    source TEXT COLLATE "C" NOT NULL CHECK (source IN ('apple', 'manual')),
+                    state TEXT COLLATE "C" NOT NULL CHECK (state IN ('active', 'revoked')),
+                    grantedAt TEXT COLLATE "C" NOT NULL,
+                    revokedAt TEXT COLLATE "C",
+                    creditKey TEXT COLLATE "C",
+                    revokedBy TEXT COLLATE "C",
+                    originalTransactionId TEXT COLLATE "C",
+                    expiresAt TEXT COLLATE "C",
+                    gracePeriodExpiresAt TEXT COLLATE "C"
+                );
+                CREATE INDEX grants_user ON grants(userId);
+                CREATE UNIQUE INDEX grants_active_key ON grants(creditKey) WHERE state = 'active';
+                CREATE UNIQUE INDEX grants_key_user ON grants(creditKey, userId);
+                CREATE INDEX grants_original ON grants(originalTransactionId);
+
+                CREATE TABLE submission_transaction (
+                    rowid BIGINT GENERATED BY DEFAULT AS IDENTITY UNIQUE,
+                    submissionId TEXT COLLATE "C" NOT NULL REFERENCES submission(id),
+                    transactionId TEXT COLLATE "C" NOT NULL,
+                    originalTransactionId TEXT COLLATE "C" NOT NULL,
+                    productId TEXT COLLATE "C" NOT NULL,
+                    environment TEXT COLLATE "C" NOT NULL,
+                    state TEXT COLLATE "C" NOT NULL CHECK (
+                        state IN ('credited', 'already_credited', 'replayed_from_other_user', 'cancelled', 'held',
+                            'revoked', 'owned_by_other_user', 'superseded')),
+                    reason TEXT COLLATE "C",
+                    creditKey TEXT COLLATE "C",
+                    PRIMARY KEY (submissionId, transactionId)
+                );
+                CREATE INDEX submission_transaction_transaction ON submission_transaction(transactionId);
+
+                CREATE TABLE audit_log (
+                    id BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
+                    at TEXT COLLATE "C" NOT NULL,
+                    actor TEXT COLLATE "C" NOT NULL,
+                    action TEXT COLLATE "C" NOT NULL,
+                    subject TEXT COLLATE "C" NOT NULL,
+                    reason TEXT COLLATE "C" NOT NULL,
+                    details TEXT COLLATE "C"
+                );
+                CREATE INDEX audit_log_subject ON audit_log(subject);
+                CREATE FUNCTION audit_log_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+                    BEGIN RAISE EXCEPTION 'the audit log is append-only'; END;
+                $$;
+                CREATE TRIGGER audit_log_no_change BEFORE UPDATE OR DELETE ON audit_log
+                    FOR EACH ROW EXECUTE FUNCTION audit_log_append_only();
+                CREATE TRIGGER audit_log_no_truncate BEFORE TRUNCATE ON audit_log
+                    FOR EACH STATEMENT EXECUTE FUNCTION audit_log_append_only();
+
+                -- A field of a JSON text, NULL when the text is not JSON (as json_valid and json_extract on SQLite).
+                CREATE FUNCTION iap_json_field(document TEXT, field TEXT) RETURNS TEXT LANGUAGE plpgsql IMMUTABLE AS $$
+                    BEGIN RETURN document::jsonb ->> field; EXCEPTION WHEN others THEN RETURN NULL; END;
+                $$;
+
+                CREATE TABLE outbox (
+                    id BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
+                    exchange TEXT COLLATE "C" NOT NULL,
+                    routingKey TEXT COLLATE "C" NOT NULL,
+                    body BYTEA NOT NULL,
+                    messageId TEXT COLLATE "C",
+                    priority BIGINT,
+                    mandatory BIGINT NOT NULL DEFAULT 1,
+                    createdAt TEXT COLLATE "C" NOT NULL,
+                    attempts BIGINT NOT NULL DEFAULT 0,
+                    lastError TEXT COLLATE "C",
+                    claimedBy TEXT COLLATE "C",
+                    claimedUntil TEXT COLLATE "C"
+                );
+                CREATE INDEX outbox_message ON outbox(messageId);
+                CREATE INDEX outbox_kind ON outbox(mandatory, id);
+
+                CREATE TABLE notification (
+                    rowid BIGINT GENERATED BY DEFAULT AS IDENTITY UNIQUE,
+                    notificationUUID TEXT COLLATE "C" PRIMARY KEY NOT NULL,
+                    notificationType TEXT COLLATE "C" NOT NULL,
+                    subtype TEXT COLLATE "C",
+                    environment TEXT COLLATE "C" NOT NULL,
+                    transactionId TEXT COLLATE "C",
+                    submissionId TEXT COLLATE "C" NOT NULL,
+                    outcome TEXT COLLATE "C" NOT NULL,
+                    signedDate TEXT COLLATE "C",
+                    appliedAt TEXT COLLATE "C" NOT NULL
+                );
+                CREATE INDEX notification_transaction ON notification(transactionId);
+
+                CREATE TABLE subscription (
+                    originalTransactionId TEXT COLLATE "C" PRIMARY KEY NOT NULL,
+                    userId TEXT COLLATE "C",
+                    productId TEXT COLLATE "C" NOT NULL,
+                    environment TEXT COLLATE "C" NOT NULL,
+                    state TEXT COLLATE "C" NOT NULL
+                        CHECK (state IN ('active', 'expired', 'billing_retry', 'grace_period', 'revoked')),
+                    expiresDate TEXT COLLATE "C",
+                    autoRenew BIGINT,
+                    gracePeriodExpiresDate TEXT COLLATE "C",
+                    lastTransactionId TEXT COLLATE "C" NOT NULL,
+                    updatedAt TEXT COLLATE "C" NOT NULL,
+                    stateDate TEXT COLLATE "C"
+                );
+                CREATE INDEX subscription_user ON subscription(userId);
+                CREATE INDEX subscription_due ON subscription(state, expiresDate);
+
+                CREATE TABLE consumption_request (
+                    notificationUUID TEXT COLLATE "C" PRIMARY KEY NOT NULL,
+                    transactionId TEXT COLLATE "C" NOT NULL,
+                    userId TEXT COLLATE "C",
+                    reason TEXT COLLATE "C",
+                    environment TEXT COLLATE "C" NOT NULL,
+                    receivedAt TEXT COLLATE "C" NOT NULL
+                );
+
+                CREATE TABLE revocation (
+                    creditKey TEXT COLLATE "C" PRIMARY KEY NOT NULL,
+                    transactionId TEXT COLLATE "C" NOT NULL,
+                    source TEXT COLLATE "C" NOT NULL,
+                    revokedAt TEXT COLLATE "C" NOT NULL,
+                    reversedAt TEXT COLLATE "C",
+                    updatedAt TEXT COLLATE "C" NOT NULL
+                );
+
+                CREATE TABLE reconciliation_run (
+                    task TEXT COLLATE "C" PRIMARY KEY NOT NULL,
+                    lastRunAt TEXT COLLATE "C" NOT NULL
+                );
+
+                CREATE TABLE redelivered_notification (
+                    notificationUUID TEXT COLLATE "C" PRIMARY KEY NOT NULL,
+                    submissionId TEXT COLLATE "C" NOT NULL,
+                    redeliveredAt TEXT COLLATE "C" NOT NULL
+                );
+                """, postgresRecordedAs: 1),
+        SchemaStep(
+            version: 7, name: "rate-limit buckets",
+            sqlite: """
+                -- Token buckets that several order services count together (PostgreSQL);
+                -- the same table here keeps one set of operations on both backends.
+                CREATE TABLE rate_bucket (
+                    key TEXT PRIMARY KEY NOT NULL,
+                    tokens REAL NOT NULL,
+                    allowed INTEGER NOT NULL,
+                    updated REAL NOT NULL
+                );
+                CREATE INDEX rate_bucket_updated ON rate_bucket(updated);
+                """,
+            // Token buckets counted by every order service together. UNLOGGED: a bucket is worth a
+            // few seconds of traffic, so it need not survive a crash and its updates write no WAL.
+            postgres: """
+                CREATE UNLOGGED TABLE rate_bucket (
+                    key TEXT COLLATE "C" PRIMARY KEY NOT NULL,
+                    tokens DOUBLE PRECISION NOT NULL,
+                    allowed BIGINT NOT NULL,
+                    updated DOUBLE PRECISION NOT NULL
+                );
+                CREATE INDEX rate_bucket_updated ON rate_bucket(updated);
+                """, postgresRecordedAs: 2),
+        SchemaStep(
+            version: 8, name: "a purchase's period end",
+            sqlite: """
+                -- When a subscription period ends, as Apple said when it was recorded: a held
+                -- period that customer service grants later ends with it.
+                ALTER TABLE purchase ADD COLUMN expiresDate DATETIME;
+                """,
+            // When a subscription period ends, as Apple said when it was recorded.
+            postgres: """
+                ALTER TABLE purchase ADD COLUMN expiresDate TEXT COLLATE "C";
+                """, postgresRecordedAs: 3),
+        SchemaStep(
+            version: 9, name: "prorated refunds",
+            sqlite: """
+                -- Apple's latest full refund or revocation, and its latest prorated refund of a
+                -- consumable with the units it took back; revokedAt stays the latest of either.
+                ALTER TABLE revocation ADD COLUMN fullyRevokedAt DATETIME;
+                ALTER TABLE revocation ADD COLUMN partlyRevokedAt DATETIME;
+                ALTER TABLE revocation ADD COLUMN revokedUnits INTEGER;
+                UPDATE revocation SET fullyRevokedAt = revokedAt;
+                """,
+            // Apple's latest full refund or revocation, and its latest prorated refund of a consumable
+            // with the units it took back; revokedAt stays the latest of either.
+            postgres: """
+                ALTER TABLE revocation ADD COLUMN fullyRevokedAt TEXT COLLATE "C";
+                ALTER TABLE revocation ADD COLUMN partlyRevokedAt TEXT COLLATE "C";
+                ALTER TABLE revocation ADD COLUMN revokedUnits BIGINT;
+                UPDATE revocation SET fullyRevokedAt = revokedAt;
+                """, postgresRecordedAs: 4),
+        SchemaStep(
+            version: 10, name: "what a named StoreKit 1 transaction stands for",
+            sqlite: """
+                -- The original transaction and product the app said the named transaction
+                -- stands for (a StoreKit 1 restore, whose id the receipt may not hold).
+                ALTER TABLE submission ADD COLUMN originalTransactionId TEXT;
+                ALTER TABLE submission ADD COLUMN productId TEXT;
+                """,
+            // The original transaction and product the app said the named transaction stands for (a
+            // StoreKit 1 restore, whose id the receipt may not hold).
+            postgres: """
+                ALTER TABLE submission ADD COLUMN originalTransactionId TEXT COLLATE "C";
+                ALTER TABLE submission ADD COLUMN productId TEXT COLLATE "C";
+                """, postgresRecordedAs: 5),
+        SchemaStep(
+            version: 11, name: "where a subscription owner's stretch of the chain begins",
+            sqlite: """
+                -- The purchase date of the new purchase (a resubscription, an upgrade) that
+                -- began the owner's stretch of the chain; NULL: the first stretch.
+                ALTER TABLE subscription ADD COLUMN ownedSince DATETIME;
+                """,
+            // Where a subscription owner's stretch of the chain begins: the purchase date of the new
+            // purchase that began it; NULL for the first stretch.
+            postgres: """
+                ALTER TABLE subscription ADD COLUMN ownedSince TEXT COLLATE "C";
+                """, postgresRecordedAs: 6),
+    ]
+
+    /// SQLite's migrations: each step under the name it has always had in GRDB's table.
+    static var sqliteMigrator: DatabaseMigrator {
+        var migrator = DatabaseMigrator()
+        for step in steps {
+            migrator.registerMigration("v\(step.version): \(step.name)") { db in try db.execute(sql: step.sqlite) }
+        }
+        return migrator
+    }
+
+    /// PostgreSQL's migrations, by the number each is recorded under.
+    static var postgresMigrations: [(recordedAs: Int, name: String, sql: String)] {
+        steps.compactMap { step in step.postgres.map { (step.postgresRecordedAs, "v\(step.version): \(step.name)", $0) } }
+    }
+}
