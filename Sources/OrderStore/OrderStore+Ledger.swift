@@ -297,12 +297,12 @@ extension OrderStore {
 /// A credit key is kept in its stored form (`txn:`, `otx:` or `wol:` and the id): the one place
 /// where it becomes text and is read back.
 extension CreditKey: SQLValueConvertible {
-    public var sqlValue: SQLValue { .text(stored) }
-    public static func fromSQL(_ value: SQLValue) -> CreditKey? { String.fromSQL(value).flatMap(CreditKey.init(stored:)) }
+    package var sqlValue: SQLValue { .text(stored) }
+    package static func fromSQL(_ value: SQLValue) -> CreditKey? { String.fromSQL(value).flatMap(CreditKey.init(stored:)) }
 }
 
 /// A reason is kept as its word (`owner_unknown`, `revoked`, …), as the error catalogue names it.
 extension ReasonCode: SQLValueConvertible {
-    public var sqlValue: SQLValue { .text(rawValue) }
-    public static func fromSQL(_ value: SQLValue) -> ReasonCode? { String.fromSQL(value).map(ReasonCode.init(rawValue:)) }
+    package var sqlValue: SQLValue { .text(rawValue) }
+    package static func fromSQL(_ value: SQLValue) -> ReasonCode? { String.fromSQL(value).map(ReasonCode.init(rawValue:)) }
 }

@@ -71,7 +71,7 @@ public final class OrderStore: Sendable {
     }
 
     /// Which backend runs this store.
-    public var dialect: SQLDialect { database.dialect }
+    package var dialect: SQLDialect { database.dialect }
 
     /// Closes the store's connections (PostgreSQL); the store is not used afterwards.
     public func close() async {

@@ -3,7 +3,7 @@ import IAPCore
 
 /// A value as the order store writes and reads it: the same five kinds on SQLite and
 /// PostgreSQL, so that one set of store operations runs on either.
-public enum SQLValue: Sendable, Equatable {
+package enum SQLValue: Sendable, Equatable {
     case null
     case integer(Int64)
     case real(Double)
@@ -12,7 +12,7 @@ public enum SQLValue: Sendable, Equatable {
 }
 
 /// A Swift value the store binds as an argument and reads back from a column.
-public protocol SQLValueConvertible: Sendable {
+package protocol SQLValueConvertible: Sendable {
     /// The value to bind.
     var sqlValue: SQLValue { get }
     /// The Swift value of a column, or nil when the column holds something else.
@@ -20,8 +20,8 @@ public protocol SQLValueConvertible: Sendable {
 }
 
 extension String: SQLValueConvertible {
-    public var sqlValue: SQLValue { .text(self) }
-    public static func fromSQL(_ value: SQLValue) -> String? {
+    package var sqlValue: SQLValue { .text(self) }
+    package static func fromSQL(_ value: SQLValue) -> String? {
         switch value {
         case .text(let text): text
         case .integer(let integer): String(integer)
@@ -33,8 +33,8 @@ extension String: SQLValueConvertible {
 }
 
 extension Int64: SQLValueConvertible {
-    public var sqlValue: SQLValue { .integer(self) }
-    public static func fromSQL(_ value: SQLValue) -> Int64? {
+    package var sqlValue: SQLValue { .integer(self) }
+    package static func fromSQL(_ value: SQLValue) -> Int64? {
         switch value {
         case .integer(let integer): integer
         case .real(let real): Int64(exactly: real.rounded(.towardZero))
@@ -46,13 +46,13 @@ extension Int64: SQLValueConvertible {
 }
 
 extension Int: SQLValueConvertible {
-    public var sqlValue: SQLValue { .integer(Int64(self)) }
-    public static func fromSQL(_ value: SQLValue) -> Int? { Int64.fromSQL(value).map { Int($0) } }
+    package var sqlValue: SQLValue { .integer(Int64(self)) }
+    package static func fromSQL(_ value: SQLValue) -> Int? { Int64.fromSQL(value).map { Int($0) } }
 }
 
 extension Double: SQLValueConvertible {
-    public var sqlValue: SQLValue { .real(self) }
-    public static func fromSQL(_ value: SQLValue) -> Double? {
+    package var sqlValue: SQLValue { .real(self) }
+    package static func fromSQL(_ value: SQLValue) -> Double? {
         switch value {
         case .real(let real): real
         case .integer(let integer): Double(integer)
@@ -64,13 +64,13 @@ extension Double: SQLValueConvertible {
 
 extension Bool: SQLValueConvertible {
     /// Booleans are integers 0 and 1 on both backends, as SQLite has always stored them.
-    public var sqlValue: SQLValue { .integer(self ? 1 : 0) }
-    public static func fromSQL(_ value: SQLValue) -> Bool? { Int64.fromSQL(value).map { $0 != 0 } }
+    package var sqlValue: SQLValue { .integer(self ? 1 : 0) }
+    package static func fromSQL(_ value: SQLValue) -> Bool? { Int64.fromSQL(value).map { $0 != 0 } }
 }
 
 extension Data: SQLValueConvertible {
-    public var sqlValue: SQLValue { .blob(self) }
-    public static func fromSQL(_ value: SQLValue) -> Data? {
+    package var sqlValue: SQLValue { .blob(self) }
+    package static func fromSQL(_ value: SQLValue) -> Data? {
         switch value {
         case .blob(let data): data
         case .text(let text): Data(text.utf8)
@@ -82,8 +82,8 @@ extension Data: SQLValueConvertible {
 extension Date: SQLValueConvertible {
     /// Dates are text `yyyy-MM-dd HH:mm:ss.SSS` in UTC on both backends: the format SQLite
     /// files of this store have always held, which sorts and compares as the dates do.
-    public var sqlValue: SQLValue { .text(SQLDate.format(self)) }
-    public static func fromSQL(_ value: SQLValue) -> Date? {
+    package var sqlValue: SQLValue { .text(SQLDate.format(self)) }
+    package static func fromSQL(_ value: SQLValue) -> Date? {
         switch value {
         case .text(let text): SQLDate.parse(text)
         case .integer(let seconds): Date(timeIntervalSince1970: TimeInterval(seconds))
@@ -161,30 +161,30 @@ enum SQLDate {
 }
 
 /// The arguments of one statement, in the order of its `?` marks.
-public struct SQLArguments: Sendable, ExpressibleByArrayLiteral {
-    public var values: [SQLValue]
+package struct SQLArguments: Sendable, ExpressibleByArrayLiteral {
+    package var values: [SQLValue]
 
-    public init(arrayLiteral elements: (any SQLValueConvertible)?...) {
+    package init(arrayLiteral elements: (any SQLValueConvertible)?...) {
         values = elements.map { $0?.sqlValue ?? .null }
     }
 
-    public init(_ elements: [some SQLValueConvertible]) {
+    package init(_ elements: [some SQLValueConvertible]) {
         // A closure, not `\.sqlValue`: a key path through a generic type is built at run time.
         values = elements.map { $0.sqlValue }
     }
 
-    public init(values: [SQLValue]) {
+    package init(values: [SQLValue]) {
         self.values = values
     }
 }
 
 /// One row of a result, its columns found by name whatever their case (PostgreSQL folds
 /// unquoted names to lower case; SQLite keeps them as written).
-public struct SQLRow: Sendable {
-    public let columns: [String]
-    public let values: [SQLValue]
+package struct SQLRow: Sendable {
+    package let columns: [String]
+    package let values: [SQLValue]
 
-    public init(columns: [String], values: [SQLValue]) {
+    package init(columns: [String], values: [SQLValue]) {
         self.columns = columns
         self.values = values
     }
@@ -196,13 +196,13 @@ public struct SQLRow: Sendable {
     }
 
     /// The raw value of `column`, `.null` when there is no such column.
-    public func value(_ column: String) -> SQLValue {
+    package func value(_ column: String) -> SQLValue {
         index(of: column).map { values[$0] } ?? .null
     }
 
     /// The value of `column`; stops the program when it is missing, NULL or of another kind, as
     /// reading a NOT NULL column the schema guarantees should never fail.
-    public subscript<T: SQLValueConvertible>(_ column: String) -> T {
+    package subscript<T: SQLValueConvertible>(_ column: String) -> T {
         guard let index = index(of: column) else { fatalError("no column \(column) in \(columns)") }
         guard let value = T.fromSQL(values[index]) else {
             fatalError("column \(column) holds \(values[index]), not \(T.self)")
@@ -211,13 +211,13 @@ public struct SQLRow: Sendable {
     }
 
     /// The value of `column`, nil when NULL or missing.
-    public subscript<T: SQLValueConvertible>(_ column: String) -> T? {
+    package subscript<T: SQLValueConvertible>(_ column: String) -> T? {
         guard let index = index(of: column) else { return nil }
         return T.fromSQL(values[index])
     }
 
     /// The value of the column at `position`.
-    public subscript<T: SQLValueConvertible>(_ position: Int) -> T {
+    package subscript<T: SQLValueConvertible>(_ position: Int) -> T {
         guard let value = T.fromSQL(values[position]) else {
             fatalError("column \(position) holds \(values[position]), not \(T.self)")
         }
@@ -225,14 +225,14 @@ public struct SQLRow: Sendable {
     }
 
     /// Whether `column` is in the row and not NULL.
-    public func hasValue(_ column: String) -> Bool {
+    package func hasValue(_ column: String) -> Bool {
         if case .null = value(column) { return false }
         return index(of: column) != nil
     }
 }
 
 /// Which SQL the connection speaks, where the two differ.
-public enum SQLDialect: String, Sendable {
+package enum SQLDialect: String, Sendable {
     case sqlite
     case postgres
 }
@@ -242,7 +242,7 @@ public enum SQLDialect: String, Sendable {
 /// Statements use `?` marks; the PostgreSQL connection numbers them. Both backends accept the
 /// SQL the store writes (`INSERT … ON CONFLICT`, `RETURNING`, `excluded.`); where they differ
 /// the store asks `dialect`.
-public protocol SQLConnection: AnyObject {
+package protocol SQLConnection: AnyObject {
     var dialect: SQLDialect { get }
     /// Runs one statement and returns how many rows it changed.
     @discardableResult
@@ -302,8 +302,8 @@ extension SQLValueConvertible {
 }
 
 /// A failure of the database under the store, classified the same on both backends.
-public struct SQLError: Error, Sendable, CustomStringConvertible {
-    public enum Kind: Sendable {
+package struct SQLError: Error, Sendable, CustomStringConvertible {
+    package enum Kind: Sendable {
         /// A unique or primary key refused the row.
         case uniqueViolation
         /// Another writer's transaction conflicts (PostgreSQL 40001, 40P01): run it again.
@@ -314,15 +314,15 @@ public struct SQLError: Error, Sendable, CustomStringConvertible {
         case other
     }
 
-    public var kind: Kind
-    public var message: String
+    package var kind: Kind
+    package var message: String
 
-    public init(_ kind: Kind, _ message: String) {
+    package init(_ kind: Kind, _ message: String) {
         self.kind = kind
         self.message = message
     }
 
-    public var description: String { message }
+    package var description: String { message }
 }
 
 /// What the store runs transactions on: SQLite through GRDB, or PostgreSQL.
