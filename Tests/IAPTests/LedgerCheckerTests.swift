@@ -30,6 +30,20 @@ struct MemoryLedger {
     var applied: Set<String> = []
     var audits = 0
     var messages = 0
+    /// What this shell did, when a test asks for it (`ShellConformanceTests` replays it on the
+    /// real stores): each order placed, and each event with the query, facts and plan of it.
+    var journal: [JournalEntry]?
+
+    enum JournalEntry {
+        case order(LedgerFacts.Order)
+        case step(event: LedgerEvent, query: LedgerQuery, facts: LedgerFacts, plan: LedgerPlan, now: Date)
+    }
+
+    /// The app places an order (outside the ledger: `POST /v1/orders`).
+    mutating func place(_ order: LedgerFacts.Order) {
+        orders[order.id] = order
+        journal?.append(.order(order))
+    }
 
     /// A write the store would refuse: a unique key broken, or a change to a row that is not there.
     struct Refused: Error, CustomStringConvertible {
@@ -45,6 +59,12 @@ struct MemoryLedger {
             ($0.creditKey != nil && $0.creditKey == query.creditKey)
                 || (chain && $0.originalTransactionId != nil && $0.originalTransactionId == query.originalTransactionId)
                 || $0.transactionId == query.transactionId
+        }.map { grant in
+            // A chain's grants come with their period's start (its purchase's date, joined);
+            // a one-time purchase's without.
+            var read = grant
+            read.periodStart = chain ? purchases[grant.transactionId]?.purchaseDate : nil
+            return read
         }
         if let key = query.creditKey { facts.revocation = revocations[key] }
         if let original = query.originalTransactionId, query.readsSubscription { facts.subscription = subscriptions[original] }
@@ -73,7 +93,9 @@ struct MemoryLedger {
         var recorded: LedgerFacts.Purchase?
         if case .manualGrant(let grant) = event, let id = grant.transactionId { recorded = purchases[id] }
         let query = Ledger.query(for: event, policy: policy, recorded: recorded)
-        let plan = Ledger.plan(event, facts: facts(for: query, event: event), policy: policy, now: now)
+        let facts = facts(for: query, event: event)
+        let plan = Ledger.plan(event, facts: facts, policy: policy, now: now)
+        journal?.append(.step(event: event, query: query, facts: facts, plan: plan, now: now))
         // In place: a refused write ends the run, so nothing reads what it left half done.
         for change in plan.changes { try write(change) }
         return plan
@@ -682,7 +704,7 @@ struct CheckerRun {
                 let orderUser = tokenChoice == 3 ? Self.user((user + 1) % 4) : Self.user(user)
                 let orderProduct = tokenChoice == 2 ? (product == CheckerCatalog.pro ? CheckerCatalog.coins : CheckerCatalog.pro) : product
                 let id = nextId("order-")
-                ledger.orders[id] = .init(id: id, userId: orderUser, productId: orderProduct, state: "created", transactionId: nil, createdAt: clock)
+                ledger.place(.init(id: id, userId: orderUser, productId: orderProduct, state: "created", transactionId: nil, createdAt: clock))
                 reference.orders[id] = (orderUser, orderProduct, false)
                 self.orderUser[id] = orderUser
                 token = id
@@ -693,9 +715,9 @@ struct CheckerRun {
                 // The app placed an order and bought without a token (StoreKit 1): only a
                 // purchase bought at or after the order pays it.
                 let orderId = "order-for-\(id)"
-                ledger.orders[orderId] = .init(
+                ledger.place(.init(
                     id: orderId, userId: Self.user(user), productId: product, state: "created", transactionId: nil,
-                    createdAt: clock - 30)
+                    createdAt: clock - 30))
                 orderUser[orderId] = Self.user(user)
                 order = orderId
             }

@@ -285,15 +285,15 @@ extension CheckerRun {
         var order: String?
         if tokenChoice == 1 {
             let orderId = nextId("order-")
-            ledger.orders[orderId] = .init(
-                id: orderId, userId: Self.user(user), productId: first.product, state: "created", transactionId: nil, createdAt: clock)
+            ledger.place(.init(
+                id: orderId, userId: Self.user(user), productId: first.product, state: "created", transactionId: nil, createdAt: clock))
             orderUser[orderId] = Self.user(user)
             (token, order) = (orderId, orderId)
         } else if tokenChoice == 2 {
             let orderId = "order-for-\(id)"
-            ledger.orders[orderId] = .init(
+            ledger.place(.init(
                 id: orderId, userId: Self.user(user), productId: first.product, state: "created", transactionId: nil,
-                createdAt: clock - 30)
+                createdAt: clock - 30))
             orderUser[orderId] = Self.user(user)
             order = orderId
         }
