@@ -1,3 +1,4 @@
+import IAPCore
 /// Where Apple's `verifyReceipt` lives; overridable so the same client talks to the fake.
 public struct VerifyReceiptEndpoints: Sendable, Equatable {
     /// Production `verifyReceipt`.
@@ -7,8 +8,7 @@ public struct VerifyReceiptEndpoints: Sendable, Equatable {
 
     /// Apple's own hosts.
     public static let apple = VerifyReceiptEndpoints(
-        production: "https://buy.itunes.apple.com/verifyReceipt",
-        sandbox: "https://sandbox.itunes.apple.com/verifyReceipt")
+        production: Setting.appStoreVerifyURL.defaultText, sandbox: Setting.appStoreSandboxVerifyURL.defaultText)
 
     /// Creates endpoints.
     public init(production: String, sandbox: String) {

@@ -68,8 +68,8 @@ public final class AppStoreServerAPIClient: Sendable {
         /// Creates settings with Apple's hosts.
         public init(
             keyId: String, issuerId: String, privateKeyPEM: String, bundleId: String,
-            productionURL: String = "https://api.storekit.apple.com", sandboxURL: String = "https://api.storekit-sandbox.apple.com",
-            timeout: Duration = .seconds(15), rateShare: Double = 1
+            productionURL: String = Setting.appStoreAPIURL.defaultText, sandboxURL: String = Setting.appStoreSandboxAPIURL.defaultText,
+            timeout: Duration = Setting.appStoreTimeoutSeconds.defaultSeconds, rateShare: Double = Setting.appStoreAPIRateShare.defaultDouble
         ) {
             self.keyId = keyId
             self.issuerId = issuerId

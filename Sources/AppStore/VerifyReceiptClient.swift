@@ -29,7 +29,7 @@ public struct VerifyReceiptClient: ReceiptVerifying {
         /// Creates settings.
         public init(
             endpoints: VerifyReceiptEndpoints, sharedSecret: String? = nil, bundleIds: Set<String>,
-            timeout: Duration = .seconds(15), malformedRetryLimit: Int = 3
+            timeout: Duration = Setting.appStoreTimeoutSeconds.defaultSeconds, malformedRetryLimit: Int = 3
         ) {
             self.endpoints = endpoints
             self.sharedSecret = sharedSecret

@@ -44,8 +44,9 @@ public struct ConsoleSettings: Sendable {
     public init(
         operatorTokens: [String] = [], viewerTokens: [String] = [], insecureCookies: Bool = false,
         sessionLifetime: Duration = .seconds(8 * 3600), clientAddressHeader: String? = nil,
-        bodyTimeout: Duration = .seconds(30), maxInFlight: Int = 64, maxInFlightPerSession: Int = 4,
-        maxSignInsInFlight: Int = 16, signInBodyTimeout: Duration = .seconds(3), failedSignIns: Int? = 5
+        bodyTimeout: Duration = Setting.bodyTimeoutSeconds.defaultSeconds, maxInFlight: Int = 64, maxInFlightPerSession: Int = 4,
+        maxSignInsInFlight: Int = 16, signInBodyTimeout: Duration = .seconds(3),
+        failedSignIns: Int? = Setting.adminFailedAttempts.defaultInt
     ) {
         self.failedSignIns = failedSignIns
         self.maxInFlightPerSession = maxInFlightPerSession
@@ -240,7 +241,7 @@ public final class Console: Sendable {
             if locked { return tooManySignIns(Int(limiter.lockedInterval)) }
             var context = ["error": "That token is not valid. Check it and try again."]
             if settings.operatorTokens.isEmpty && settings.viewerTokens.isEmpty {
-                context["error"] = "The console is disabled: IAP_ADMIN_TOKEN is not set."
+                context["error"] = "The console is disabled: \(Setting.adminToken.variable) is not set."
             }
             return page("login", title: "Sign in", status: .unauthorized, session: nil, context)
         }

@@ -49,7 +49,7 @@ public struct AlertSettings: Sendable {
     public var webhookURL: String?
 
     /// Creates settings.
-    public init(afterAttempts: Int = 10, webhookURL: String? = nil) {
+    public init(afterAttempts: Int = Setting.alertAfterAttempts.defaultInt, webhookURL: String? = nil) {
         self.afterAttempts = max(1, afterAttempts)
         self.webhookURL = webhookURL
     }

@@ -26,7 +26,7 @@ public struct FinisherSettings: Sendable {
 
     /// Creates settings.
     public init(
-        names: PipelineNames = .init(), prefetch: Int = 64, alerts: AlertSettings = .init(), catalog: Catalog? = nil,
+        names: PipelineNames = .init(), prefetch: Int = Setting.finisherPrefetch.defaultInt, alerts: AlertSettings = .init(), catalog: Catalog? = nil,
         sandboxPolicy: SandboxPolicy = .accept, restorePolicy: RestorePolicy = .keep
     ) {
         self.sandboxPolicy = sandboxPolicy

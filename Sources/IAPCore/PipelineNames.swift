@@ -9,7 +9,7 @@ public enum QueueType: Sendable, Equatable {
     case quorum(deliveryLimit: Int)
 
     /// The delivery limit of quorum queues when none is configured.
-    public static let defaultDeliveryLimit = 5
+    public static let defaultDeliveryLimit = Setting.queueDeliveryLimit.defaultInt
 }
 
 /// The names of the queues the roles share, all under one prefix so that
@@ -22,7 +22,7 @@ public struct PipelineNames: Sendable, Equatable {
     public var queueType: QueueType
 
     /// Creates the names under `prefix`.
-    public init(prefix: String = "iap", queueType: QueueType = .classic) {
+    public init(prefix: String = Setting.queuePrefix.defaultText, queueType: QueueType = .classic) {
         self.prefix = prefix
         self.queueType = queueType
     }
@@ -83,7 +83,7 @@ public struct RetrySchedule: Sendable, Equatable {
     public var jitter: Double
 
     /// Creates a schedule.
-    public init(delaysSeconds: [Int] = [5, 30, 120, 600, 1800], jitter: Double = 0.1) {
+    public init(delaysSeconds: [Int] = Setting.retryDelays.defaultText.split(separator: ",").compactMap { Int($0) }, jitter: Double = 0.1) {
         precondition(!delaysSeconds.isEmpty, "a retry schedule needs at least one delay")
         self.delaysSeconds = delaysSeconds
         self.jitter = min(max(jitter, 0), 0.2)

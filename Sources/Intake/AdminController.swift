@@ -144,7 +144,7 @@ struct AdminController: Sendable {
     /// address past its failures gets 429 before anything is compared.
     private func authorize(_ request: Request, _ context: IntakeContext) throws(APIError) {
         guard !settings.adminTokens.isEmpty else {
-            throw APIError(.adminDisabled, "IAP_ADMIN_TOKEN is not set")
+            throw APIError(.adminDisabled, "\(Setting.adminToken.variable) is not set")
         }
         let address = settings.limits.clientAddress(of: request, peer: context.remoteAddress)
         // A try a locked address still has (one every two seconds) is answered 429 unless it is right.

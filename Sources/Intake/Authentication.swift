@@ -44,7 +44,7 @@ public struct UserTokenVerifier: Sendable {
     private let maxLifetime: TimeInterval
 
     /// `IAP_AUTH_MAX_LIFETIME`'s default: a day.
-    public static let defaultMaxLifetime: TimeInterval = 86_400
+    public static let defaultMaxLifetime = TimeInterval(Setting.authMaxLifetime.defaultDuration.components.seconds)
 
     /// The longest user id a token may carry, as for ids in bodies.
     static let maxSubjectLength = 256
@@ -142,7 +142,7 @@ public struct UserTokenVerifier: Sendable {
         }
         let lifetime = claims.exp.value.timeIntervalSince(issuedAt ?? now)
         guard lifetime <= maxLifetime + leeway else {
-            throw .init(.malformed, "lives \(Int(lifetime)) s, longer than IAP_AUTH_MAX_LIFETIME (\(Int(maxLifetime)) s)")
+            throw .init(.malformed, "lives \(Int(lifetime)) s, longer than \(Setting.authMaxLifetime.variable) (\(Int(maxLifetime)) s)")
         }
         if let notBefore = claims.nbf?.value, notBefore.addingTimeInterval(-leeway) > now {
             throw .init(.notYetValid, "nbf \(Int(notBefore.timeIntervalSince1970)) is ahead")
@@ -314,7 +314,7 @@ struct UserAuthMiddleware: RouterMiddleware {
                 context.userId = named
             } else if request.method == .get {
                 // A read acts for a user as in production; only the source of the id changes.
-                throw APIError(.unauthenticated, "with IAP_AUTH=off, name the user with ?userId=")
+                throw APIError(.unauthenticated, "with \(Setting.auth.variable)=off, name the user with ?userId=")
             } else {
                 context.pendingUserLimit = userLimit
             }

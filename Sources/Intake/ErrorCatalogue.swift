@@ -1,5 +1,6 @@
 import AppStore
 import HTTPTypes
+import IAPCore
 
 /// Every error code the intake (app routes, admin routes, App Store notifications) can
 /// answer, declared once with its HTTP status and what it means. The README's error table and
@@ -94,7 +95,7 @@ public enum APIErrorCode: String, CaseIterable, Sendable {
         case .receiptNotBase64: "`receiptData` is not base64"
         case .receiptEmpty: "`receiptData` decodes to nothing"
         case .receiptMalformed: "`receiptData` is not an app receipt: not a PKCS#7 container, one without Apple's certificates and signer, or its signed content is no receipt payload (or is padded with filler attributes)"
-        case .receiptOtherApp: "`receiptData` is an app receipt of another app: its bundle id is not one of `IAP_BUNDLE_IDS`"
+        case .receiptOtherApp: "`receiptData` is an app receipt of another app: its bundle id is not one of `\(Setting.bundleIds.variable)`"
         case .jwsMalformed: "a `signedTransaction` or `signedPayload` is not a readable compact JWS"
         case .unknownProduct: "the product is not in the catalog"
         case .badRequest: "the request cannot be read at all (a malformed request line, header or chunked body, or a `Transfer-Encoding` other than `chunked`)"
@@ -102,10 +103,10 @@ public enum APIErrorCode: String, CaseIterable, Sendable {
         case .tokenExpired: "the user token's `exp` has passed (30 s of leeway)"
         case .tokenNotYetValid: "the user token's `nbf` is still ahead (30 s of leeway)"
         case .tokenSignatureInvalid: "the user token's signature does not verify with the configured key"
-        case .tokenMalformed: "the user token is not a JWT, lacks `sub` or `exp`, has an `iat` that is no number, names `crit` extensions, or lives longer than `IAP_AUTH_MAX_LIFETIME` (24 h)"
+        case .tokenMalformed: "the user token is not a JWT, lacks `sub` or `exp`, has an `iat` that is no number, names `crit` extensions, or lives longer than `\(Setting.authMaxLifetime.variable)` (\(Setting.authMaxLifetime.defaultText))"
         case .tokenAlgorithmRefused: "the user token's `alg` is not the configured key's (`none` included)"
-        case .tokenAudienceMismatch: "the user token's `aud` lacks `IAP_AUTH_AUDIENCE`"
-        case .tokenIssuerMismatch: "the user token's `iss` is not `IAP_AUTH_ISSUER`"
+        case .tokenAudienceMismatch: "the user token's `aud` lacks `\(Setting.authAudience.variable)`"
+        case .tokenIssuerMismatch: "the user token's `iss` is not `\(Setting.authIssuer.variable)`"
         case .userMismatch: "the body's `userId` is not the token's user"
         case .forbidden: "an admin route with a token that is not an admin token (a user token included)"
         case .jwsUnsupportedAlgorithm: "an App Store notification not signed with ES256"
@@ -124,16 +125,16 @@ public enum APIErrorCode: String, CaseIterable, Sendable {
         case .purchaseNotFound: "no purchase with this transaction id in the store"
         case .userNotFound: "another user's grants, subscriptions or entitlements"
         case .methodNotAllowed: "the path does not serve this method (`Allow` lists those it does)"
-        case .requestTimeout: "the body took longer than `IAP_BODY_TIMEOUT_SECONDS` (30) to arrive"
+        case .requestTimeout: "the body took longer than `\(Setting.bodyTimeoutSeconds.variable)` (\(Setting.bodyTimeoutSeconds.defaultText)) to arrive"
         case .conflict: "the change contradicts the store (another user's purchase, granted or revoked already)"
-        case .bodyTooLarge: "the body exceeds `IAP_MAX_BODY_BYTES` (1 MiB; notifications: `IAP_NOTIFICATION_MAX_BYTES`, 64 KiB)"
-        case .rateLimited: "over `IAP_RATE_LIMIT_PER_USER` (10/s) or `IAP_RATE_LIMIT_PER_IP` (300/s), bursts of twice that, or past 20 App Store notifications failing their checks from one address (then 5/s), or past 20 requests from one address refused for what they carried (400, 408, 413; then `IAP_REFUSALS_PER_IP`, 10/s); wait `Retry-After` seconds"
+        case .bodyTooLarge: "the body exceeds `\(Setting.maxBodyBytes.variable)` (\(Setting.maxBodyBytes.defaultBytes); notifications: `\(Setting.notificationMaxBytes.variable)`, \(Setting.notificationMaxBytes.defaultBytes))"
+        case .rateLimited: "over `\(Setting.rateLimitPerUser.variable)` (\(Setting.rateLimitPerUser.defaultText)/s) or `\(Setting.rateLimitPerIP.variable)` (\(Setting.rateLimitPerIP.defaultText)/s), bursts of twice that, or past 20 App Store notifications failing their checks from one address (then 5/s), or past 20 requests from one address refused for what they carried (400, 408, 413; then `\(Setting.refusalsPerIP.variable)`, 10/s); wait `Retry-After` seconds"
         case .internalError: "a fault of ours; the process keeps serving"
-        case .overloaded: "more than `IAP_MAX_IN_FLIGHT_REQUESTS` (1024) requests in progress; retry after `Retry-After`"
+        case .overloaded: "more than `\(Setting.maxInFlightRequests.variable)` (\(Setting.maxInFlightRequests.defaultText)) requests in progress; retry after `Retry-After`"
         case .storeUnavailable: "the store could not be written or read (disk full, file locked); nothing was accepted"
-        case .adminDisabled: "the admin routes are off: `IAP_ADMIN_TOKEN` is not set"
+        case .adminDisabled: "the admin routes are off: `\(Setting.adminToken.variable)` is not set"
         case .notificationsUnavailable: "this intake cannot check App Store notification signatures now"
-        case .notificationsBusy: "more verified App Store notifications than `IAP_NOTIFICATION_RATE` (50/s for the whole deployment) allows; Apple retries after `Retry-After`"
+        case .notificationsBusy: "more verified App Store notifications than `\(Setting.notificationRate.variable)` (\(Setting.notificationRate.defaultText)/s for the whole deployment) allows; Apple retries after `Retry-After`"
         }
     }
 

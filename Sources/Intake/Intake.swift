@@ -48,10 +48,11 @@ public struct IntakeSettings: Sendable {
 
     /// Creates settings.
     public init(
-        host: String = "0.0.0.0", port: Int = 8080, maxBodyBytes: Int = 1_048_576, names: PipelineNames = .init(),
+        host: String = Setting.httpHost.defaultText, port: Int = Setting.httpPort.defaultInt,
+        maxBodyBytes: Int = Setting.maxBodyBytes.defaultInt, names: PipelineNames = .init(),
         sweeper: SweeperSettings = .init(), catalog: Catalog? = nil, authentication: UserAuthentication = .off,
         limits: IntakeLimits = .init(), adminTokens: [String] = [], adminListener: (host: String, port: Int)? = nil,
-        notificationVerifier: SignedDataVerifier? = nil, maxNotificationBytes: Int = 65_536
+        notificationVerifier: SignedDataVerifier? = nil, maxNotificationBytes: Int = Setting.notificationMaxBytes.defaultInt
     ) {
         self.notificationVerifier = notificationVerifier
         self.maxNotificationBytes = maxNotificationBytes
@@ -125,7 +126,7 @@ public func makeIntakeServices(
 ) -> [any Service] {
     if case .off = settings.authentication {
         logger.warning(
-            "USER AUTHENTICATION IS OFF: anyone can upload and read as any user. IAP_AUTH=off is for local development only.")
+            "USER AUTHENTICATION IS OFF: anyone can upload and read as any user. \(Setting.auth.variable)=off is for local development only.")
     }
     let sweeper = SubmissionSweeper(
         settings: settings.sweeper, names: settings.names, store: store, logger: logger, requeued: { relay.notify() })

@@ -5,6 +5,7 @@ import Logging
 import NIOConcurrencyHelpers
 import NIOCore
 import OrderStore
+import IAPCore
 
 /// A token-bucket rate: `perSecond` requests on average, bursts of up to `burst`.
 public struct RateLimit: Sendable, Equatable {
@@ -56,11 +57,14 @@ public struct IntakeLimits: Sendable {
 
     /// Creates limits (the defaults are those of `iap`).
     public init(
-        perUser: RateLimit? = RateLimit(perSecond: 10), perAddress: RateLimit? = RateLimit(perSecond: 300),
-        maxInFlight: Int = 1024, clientAddressHeader: String? = nil, bodyTimeout: Duration = .seconds(30),
-        notifications: RateLimit? = RateLimit(perSecond: 50),
+        perUser: RateLimit? = RateLimit(perSecond: Setting.rateLimitPerUser.defaultInt),
+        perAddress: RateLimit? = RateLimit(perSecond: Setting.rateLimitPerIP.defaultInt),
+        maxInFlight: Int = Setting.maxInFlightRequests.defaultInt, clientAddressHeader: String? = nil,
+        bodyTimeout: Duration = Setting.bodyTimeoutSeconds.defaultSeconds,
+        notifications: RateLimit? = RateLimit(perSecond: Setting.notificationRate.defaultInt),
         notificationFailuresPerAddress: RateLimit? = RateLimit(perSecond: 5, burst: 20),
-        refusalsPerAddress: RateLimit? = RateLimit(perSecond: 10), failedAdminAttempts: Int? = 5
+        refusalsPerAddress: RateLimit? = RateLimit(perSecond: Setting.refusalsPerIP.defaultInt),
+        failedAdminAttempts: Int? = Setting.adminFailedAttempts.defaultInt
     ) {
         self.failedAdminAttempts = failedAdminAttempts
         self.notifications = notifications

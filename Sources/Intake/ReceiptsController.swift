@@ -160,7 +160,7 @@ struct ReceiptsController: Sendable {
                 }
                 if alert {
                     context.logger.error(
-                        "verified App Store notifications refused: over IAP_NOTIFICATION_RATE; Apple retries production ones, not sandbox ones",
+                        "verified App Store notifications refused: over \(Setting.notificationRate.variable); Apple retries production ones, not sandbox ones",
                         metadata: ["iap.error.code": "\(APIErrorCode.notificationsBusy.rawValue)"])
                 }
                 var error = APIError(.notificationsBusy, "too many notifications at once; retry after \(wait) s")

@@ -21,8 +21,10 @@ public struct SweeperSettings: Sendable {
 
     /// Creates settings.
     public init(
-        interval: Duration = .seconds(60), pendingAfter: Duration = .seconds(600), retryGrace: Duration = .seconds(600),
-        retention: Duration? = .seconds(30 * 86_400), retentionInterval: Duration = .seconds(3600)
+        interval: Duration = Setting.sweepIntervalSeconds.defaultSeconds,
+        pendingAfter: Duration = Setting.sweepPendingAfterSeconds.defaultSeconds,
+        retryGrace: Duration = Setting.sweepRetryGraceSeconds.defaultSeconds,
+        retention: Duration? = .seconds(Setting.retentionDays.defaultInt * 86_400), retentionInterval: Duration = .seconds(3600)
     ) {
         self.interval = interval
         self.pendingAfter = pendingAfter

@@ -59,7 +59,7 @@ public struct AMQPConfiguration: Sendable, Equatable {
     ///
     /// The heartbeat is at least one second: without heartbeats a broker that stops
     /// answering would hold the connection's thread until TCP gives up.
-    public init(url: String, heartbeatSeconds: Int = 10, connectionName: String = "iap") throws(AMQPError) {
+    public init(url: String, heartbeatSeconds: Int, connectionName: String = "iap") throws(AMQPError) {
         let parts = url.split(separator: ",", omittingEmptySubsequences: false)
             .map { $0.trimmingCharacters(in: .whitespaces) }
         var nodes: [Node] = []

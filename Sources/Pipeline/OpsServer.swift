@@ -16,7 +16,7 @@ public struct OpsSettings: Sendable {
     public var exposition: (@Sendable () -> [UInt8])?
 
     /// Creates settings.
-    public init(host: String = "0.0.0.0", port: Int = 9100, exposition: (@Sendable () -> [UInt8])? = nil) {
+    public init(host: String = Setting.opsHost.defaultText, port: Int = Setting.opsPort.defaultInt, exposition: (@Sendable () -> [UInt8])? = nil) {
         self.host = host
         self.port = port
         self.exposition = exposition

@@ -79,7 +79,7 @@ public struct PipelineSettings: Sendable {
     public init(
         amqp: AMQPConfiguration, names: PipelineNames, databasePath: String, intake: IntakeSettings,
         verifier: VerifierSettings, verifyReceipt: VerifyReceiptClient.Settings, finisher: FinisherSettings,
-        fakeAppStoreHost: String = "127.0.0.1", fakeAppStorePort: Int = 8090, fakeAppStoreDatabasePath: String? = nil,
+        fakeAppStoreHost: String = Setting.fakeAppStoreHost.defaultText, fakeAppStorePort: Int = Setting.fakeAppStorePort.defaultInt, fakeAppStoreDatabasePath: String? = nil,
         ops: OpsSettings? = nil
     ) {
         self.ops = ops

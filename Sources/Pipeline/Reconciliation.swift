@@ -20,7 +20,7 @@ public struct ReconciliationSettings: Sendable {
 
     /// Creates settings.
     public init(
-        interval: Duration = .seconds(86_400), horizon: Duration = .seconds(86_400),
+        interval: Duration = Setting.reconcileInterval.defaultDuration, horizon: Duration = .seconds(86_400),
         firstLookback: Duration = .seconds(7 * 86_400), overlap: Duration = .seconds(300)
     ) {
         self.interval = interval

@@ -1,5 +1,6 @@
 import Foundation
 import NIOConcurrencyHelpers
+import IAPCore
 
 /// Stops calling Apple for a while after a burst of transient failures, so an outage does not
 /// burn every upload's retries; then lets one probe through and closes again when it succeeds.
@@ -16,7 +17,9 @@ public final class CircuitBreaker: Sendable {
         public var openDuration: Duration
 
         /// Creates settings.
-        public init(failureThreshold: Int = 20, openDuration: Duration = .seconds(30)) {
+        public init(
+            failureThreshold: Int = Setting.breakerFailures.defaultInt, openDuration: Duration = Setting.breakerOpenSeconds.defaultSeconds
+        ) {
             self.failureThreshold = max(1, failureThreshold)
             self.openDuration = openDuration
         }

@@ -23,8 +23,8 @@ public struct VerifierSettings: Sendable {
 
     /// Creates settings.
     public init(
-        names: PipelineNames = .init(), concurrency: Int = 64, retrySchedule: RetrySchedule = .init(),
-        maxRetryAge: Duration = .seconds(72 * 3600), sandboxPolicy: SandboxPolicy = .accept,
+        names: PipelineNames = .init(), concurrency: Int = Setting.verifierConcurrency.defaultInt, retrySchedule: RetrySchedule = .init(),
+        maxRetryAge: Duration = .seconds(Setting.maxRetryAgeHours.defaultInt * 3600), sandboxPolicy: SandboxPolicy = .accept,
         circuitBreaker: CircuitBreaker.Settings = .init()
     ) {
         self.circuitBreaker = circuitBreaker

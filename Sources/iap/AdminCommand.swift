@@ -55,7 +55,7 @@ struct DeadLettersCommand: AsyncParsableCommand {
             configuration: try broker.configuration(), topology: .pipeline(names, retrySchedule: RetrySchedule()),
             logger: logger)
         guard await connection.waitUntilConnected(timeout: .seconds(15)) else {
-            throw ValidationError("cannot reach the broker at IAP_AMQP_URL")
+            throw ValidationError("cannot reach the broker at \(Setting.amqpURL.variable)")
         }
         let dead = queue == .verify ? names.verifyDead : names.resultsDead
         let home = queue == .verify ? names.verifyQueue(priority: VerifyPriority.retry) : names.results
@@ -106,19 +106,19 @@ struct DeadLettersCommand: AsyncParsableCommand {
 struct ReconcileCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "reconcile",
-        abstract: "Reconcile with Apple once now: the order service's scheduled run (IAP_RECONCILE_INTERVAL); prints what it did.",
+        abstract: "Reconcile with Apple once now: the order service's scheduled run (\(Setting.reconcileInterval.variable)); prints what it did.",
         discussion: """
             Asks Get Refund History and Get All Subscription Statuses about every subscription in the order store \
             that is due to renew (active and ending within a day, or ended), in billing retry or in a grace period, \
             and applies what Apple says as the notification Apple would have sent (each once); then re-delivers \
             the notifications Apple could not send since the last run (Get Notification History, onlyFailures) \
             through the notification path. Every change is audited (actor reconciliation). Needs the App Store \
-            Server API key (IAP_APPSTORE_KEY_PATH, IAP_APPSTORE_KEY_ID, IAP_APPSTORE_ISSUER_ID), one bundle id \
-            (IAP_BUNDLE_IDS), the catalog and the order store the order service uses; the order service's relay \
+            Server API key (\(Setting.appStoreKeyPath.variable), \(Setting.appStoreKeyId.variable), \(Setting.appStoreIssuerId.variable)), one bundle id \
+            (\(Setting.bundleIds.variable)), the catalog and the order store the order service uses; the order service's relay \
             publishes what this queues. Prints one JSON object; exits 1 when part of it failed.
             """)
 
-    @Option(help: "Comma-separated bundle ids; exactly one. (env IAP_BUNDLE_IDS)")
+    @Option(help: ArgumentHelp(Setting.bundleIds.help))
     var bundleIds: String?
 
     @OptionGroup var store: StoreOptions
@@ -130,11 +130,11 @@ struct ReconcileCommand: AsyncParsableCommand {
     func run() async throws {
         let logger = try log.makeLogger(label: "iap.admin")
         let ids = Set(
-            (SettingReader().optionalString(bundleIds, "IAP_BUNDLE_IDS") ?? "").split(separator: ",")
+            (SettingReader().optionalString(bundleIds, .bundleIds) ?? "").split(separator: ",")
                 .map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty })
         let settings = try storeKit.settings(bundleIds: ids)
         guard let serverAPI = settings.serverAPI else {
-            throw ValidationError("reconciling needs the App Store Server API key: IAP_APPSTORE_KEY_PATH")
+            throw ValidationError("reconciling needs the App Store Server API key: \(Setting.appStoreKeyPath.variable)")
         }
         let names = try broker.names()
         let orders = try OrderStore(location: store.location())
@@ -166,8 +166,8 @@ struct ReconcileNotificationsCommand: AsyncParsableCommand {
         commandName: "reconcile-notifications",
         abstract: "Re-deliver the App Store notifications Apple could not send us (Get Notification History, onlyFailures).",
         discussion: """
-            Needs the App Store Server API key (IAP_APPSTORE_KEY_PATH, IAP_APPSTORE_KEY_ID, IAP_APPSTORE_ISSUER_ID) \
-            and one bundle id (IAP_BUNDLE_IDS). Prints one JSON line per environment with what was found and re-delivered.
+            Needs the App Store Server API key (\(Setting.appStoreKeyPath.variable), \(Setting.appStoreKeyId.variable), \(Setting.appStoreIssuerId.variable)) \
+            and one bundle id (\(Setting.bundleIds.variable)). Prints one JSON line per environment with what was found and re-delivered.
             """)
 
     @Option(help: "How far back to look, in hours (Apple keeps 180 days).")
@@ -176,7 +176,7 @@ struct ReconcileNotificationsCommand: AsyncParsableCommand {
     @Option(help: "The intake's notification endpoint, e.g. http://127.0.0.1:8080/v1/notifications/appstore.")
     var notificationURL: String
 
-    @Option(help: "Comma-separated bundle ids; exactly one. (env IAP_BUNDLE_IDS)")
+    @Option(help: ArgumentHelp(Setting.bundleIds.help))
     var bundleIds: String?
 
     @OptionGroup var storeKit: StoreKitOptions
@@ -186,10 +186,10 @@ struct ReconcileNotificationsCommand: AsyncParsableCommand {
         let logger = try log.makeLogger(label: "iap.admin")
         guard (1...(180 * 24)).contains(hours) else { throw ValidationError("--hours must be 1 to 4320") }
         let ids = Set(
-            (SettingReader().optionalString(bundleIds, "IAP_BUNDLE_IDS") ?? "").split(separator: ",")
+            (SettingReader().optionalString(bundleIds, .bundleIds) ?? "").split(separator: ",")
                 .map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty })
         guard let settings = try storeKit.settings(bundleIds: ids).serverAPI else {
-            throw ValidationError("reconciling needs the App Store Server API key: IAP_APPSTORE_KEY_PATH")
+            throw ValidationError("reconciling needs the App Store Server API key: \(Setting.appStoreKeyPath.variable)")
         }
         let client = try AppStoreServerAPIClient(settings: settings, httpClient: .shared, logger: logger)
         for environment in ServerAPIEnvironment.allCases {

@@ -19,7 +19,7 @@ struct BenchCommand: AsyncParsableCommand {
         abstract: "Load-test the pipeline: uploads/s, intake latency, end-to-end time, verifications/s, nothing lost or doubled.",
         discussion: """
             With --start-dev it runs its own `iap dev` (and --verifiers - 1 more `iap verifier` processes) on free \
-            127.0.0.1 ports against the broker of IAP_AMQP_URL, with queues and files of its own; else it drives \
+            127.0.0.1 ports against the broker of \(Setting.amqpURL.variable), with queues and files of its own; else it drives \
             --intake-url and --fake-url and follows submissions in --database-path. Build in release mode for figures.
             """)
 
@@ -45,7 +45,7 @@ struct BenchCommand: AsyncParsableCommand {
     @Option(help: "Share of the fake App Store's answers that are HTTP 503, 0 to 1.")
     var appleErrorRate: Double = 0
 
-    @Flag(help: "Start an `iap dev` of its own (broker from IAP_AMQP_URL).")
+    @Flag(help: "Start an `iap dev` of its own (broker from \(Setting.amqpURL.variable)).")
     var startDev = false
 
     @Option(help: "With --start-dev: verifier processes.")
@@ -69,7 +69,7 @@ struct BenchCommand: AsyncParsableCommand {
     @Option(help: "A PostgreSQL order store (postgres://USER:PASSWORD@HOST:PORT/DB) instead of SQLite: with --start-dev the order services use it and it must hold no submissions yet; without, submissions are followed there.")
     var databaseURL: String?
 
-    @Option(help: "With --start-dev: the brokers, comma-separated amqp:// URLs (the services go to the next when one is lost); default IAP_AMQP_URL.")
+    @Option(help: "With --start-dev: the brokers, comma-separated amqp:// URLs (the services go to the next when one is lost); default \(Setting.amqpURL.variable).")
     var amqpURL: String?
 
     @Option(help: "With --start-dev: order services (`iap orders`), each with its own intake; uploads go round-robin. More than one needs --database-url.")
@@ -412,24 +412,24 @@ final class BenchCluster: @unchecked Sendable {
         var environment = ProcessInfo.processInfo.environment
         environment.merge(
             [
-                "IAP_HTTP_HOST": "127.0.0.1", "IAP_HTTP_PORT": String(httpPort), "IAP_FAKE_APPSTORE_HOST": "127.0.0.1",
-                "IAP_FAKE_APPSTORE_PORT": String(fakePort), "IAP_OPS_PORT": "off", "IAP_DATABASE_PATH": databasePath,
-                "IAP_FAKE_DATABASE_PATH": folder.appendingPathComponent("fake.sqlite").path,
-                "IAP_QUEUE_PREFIX": "bench-\(ProcessInfo.processInfo.processIdentifier)-\(Int(Date().timeIntervalSince1970))",
-                "IAP_LOG_LEVEL": "warning", "IAP_AUTH": "off", "IAP_RATE_LIMIT_PER_IP": "0", "IAP_RATE_LIMIT_PER_USER": "0",
-                "IAP_MAX_IN_FLIGHT_REQUESTS": "100000", "IAP_VERIFIER_CONCURRENCY": String(verifierConcurrency),
-                "IAP_FINISHER_PREFETCH": "512", "IAP_RETRY_DELAYS": "1,2", "IAP_INLINE_VERIFICATION": inline ? "true" : "false",
-                "IAP_BUNDLE_IDS": "com.example.demo", "IAP_APPSTORE_TIMEOUT_SECONDS": "30", "IAP_CATALOG": catalogPath.path,
-                "IAP_APPSTORE_VERIFY_URL": fakeURL + "/verifyReceipt",
-                "IAP_APPSTORE_SANDBOX_VERIFY_URL": fakeURL + "/sandbox/verifyReceipt",
+                Setting.httpHost.variable: "127.0.0.1", Setting.httpPort.variable: String(httpPort), Setting.fakeAppStoreHost.variable: "127.0.0.1",
+                Setting.fakeAppStorePort.variable: String(fakePort), Setting.opsPort.variable: "off", Setting.databasePath.variable: databasePath,
+                Setting.fakeDatabasePath.variable: folder.appendingPathComponent("fake.sqlite").path,
+                Setting.queuePrefix.variable: "bench-\(ProcessInfo.processInfo.processIdentifier)-\(Int(Date().timeIntervalSince1970))",
+                Setting.logLevel.variable: "warning", Setting.auth.variable: "off", Setting.rateLimitPerIP.variable: "0", Setting.rateLimitPerUser.variable: "0",
+                Setting.maxInFlightRequests.variable: "100000", Setting.verifierConcurrency.variable: String(verifierConcurrency),
+                Setting.finisherPrefetch.variable: "512", Setting.retryDelays.variable: "1,2", Setting.inlineVerification.variable: inline ? "true" : "false",
+                Setting.bundleIds.variable: "com.example.demo", Setting.appStoreTimeoutSeconds.variable: "30", Setting.catalog.variable: catalogPath.path,
+                Setting.appStoreVerifyURL.variable: fakeURL + "/verifyReceipt",
+                Setting.appStoreSandboxVerifyURL.variable: fakeURL + "/sandbox/verifyReceipt",
                 // verifyReceipt: the Server API route is paced at Apple's 50 lookups/s per app.
-                "IAP_RECEIPTS_VIA": "verify-receipt",
+                Setting.receiptsVia.variable: "verify-receipt",
                 // No reconciliation calls to the fake while it is measured.
-                "IAP_RECONCILE_INTERVAL": "0",
+                Setting.reconcileInterval.variable: "0",
             ]
         ) { $1 }
         if let databaseURL {
-            environment["IAP_DATABASE_URL"] = databaseURL
+            environment[Setting.databaseURL.variable] = databaseURL
             let location = try PostgresLocation(url: databaseURL)
             let store = try OrderStore(location: .postgres(location))
             let held = try await store.submissionCounts().values.reduce(0, +)
@@ -438,7 +438,7 @@ final class BenchCluster: @unchecked Sendable {
                 throw ValidationError("--database-url: \(location) holds \(held) submissions; give the benchmark an empty database")
             }
         }
-        if let amqpURL { environment["IAP_AMQP_URL"] = amqpURL }
+        if let amqpURL { environment[Setting.amqpURL.variable] = amqpURL }
         let intakeURLs = httpPorts.map { "http://127.0.0.1:\($0)" }
         let cluster = BenchCluster(
             intakeURLs: intakeURLs, fakeURL: fakeURL, databasePath: databasePath, folder: folder, environment: environment)
@@ -449,7 +449,7 @@ final class BenchCluster: @unchecked Sendable {
                 try cluster.launch("fake-appstore", role: "fake-appstore")
                 for (index, port) in httpPorts.enumerated() {
                     try cluster.launch(
-                        "orders", role: orders == 1 ? "orders" : "orders-\(index + 1)", extra: ["IAP_HTTP_PORT": String(port)])
+                        "orders", role: orders == 1 ? "orders" : "orders-\(index + 1)", extra: [Setting.httpPort.variable: String(port)])
                 }
             }
             for intakeURL in intakeURLs {

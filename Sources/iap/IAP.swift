@@ -19,37 +19,37 @@ import SwiftASN1
 /// Settings read from the environment only (secrets, webhooks), told in `--help`.
 enum HelpText {
     static let admin = """
-        Customer service's admin routes (/v1/admin/...) need IAP_ADMIN_TOKEN (or IAP_ADMIN_TOKEN_FILE): \
+        Customer service's admin routes (/v1/admin/...) need \(Setting.adminToken.variable) (or \(Setting.adminToken.fileVariable)): \
         one or more tokens separated by commas, each at least 32 characters (`openssl rand -hex 16` makes one), sent as Authorization: Bearer <token>; \
         unset, they answer 503. The same tokens sign an operator in to the console at /admin/ (beside the admin routes); \
-        with a token set, the admin routes and the console need a listener of their own (IAP_ADMIN_PORT) unless \
-        IAP_ADMIN_PUBLIC=1 serves them on the intake's port (the default only for iap dev on loopback); \
-        IAP_VIEWER_TOKEN (or IAP_VIEWER_TOKEN_FILE; same form) signs in read-only support. Console sessions are \
-        cookies (HttpOnly, SameSite=Strict, Secure unless IAP_ADMIN_INSECURE_COOKIES=1, for plain HTTP on loopback; \
+        with a token set, the admin routes and the console need a listener of their own (\(Setting.adminPort.variable)) unless \
+        \(Setting.adminPublic.variable)=1 serves them on the intake's port (the default only for iap dev on loopback); \
+        \(Setting.viewerToken.variable) (or \(Setting.viewerToken.fileVariable); same form) signs in read-only support. Console sessions are \
+        cookies (HttpOnly, SameSite=Strict, Secure unless \(Setting.adminInsecureCookies.variable)=1, for plain HTTP on loopback; \
         iap dev defaults to 1), last 8 hours and live in memory: a restart signs everyone out.
         App users send Authorization: Bearer <JWT> from the app's login backend (sub is the user id): \
-        IAP_AUTH_HS256_SECRET (or IAP_AUTH_HS256_SECRET_FILE), at least 32 bytes, or --auth-public-key-path.
+        \(Setting.authHS256Secret.variable) (or \(Setting.authHS256Secret.fileVariable)), at least 32 bytes, or --auth-public-key-path.
         """
     static let broker = """
-        The broker URL, amqp://user:password@host:port/vhost, comes from IAP_AMQP_URL or from the file named by \
-        IAP_AMQP_URL_FILE, never from a flag (ps shows flags); default amqp://guest:guest@127.0.0.1:5672/. \
+        The broker URL, amqp://user:password@host:port/vhost, comes from \(Setting.amqpURL.variable) or from the file named by \
+        \(Setting.amqpURL.fileVariable), never from a flag (ps shows flags); default \(Setting.amqpURL.defaultText). \
         For a RabbitMQ cluster, give each node's URL, separated by commas: a connection that loses its node moves \
-        to the next one. Several URLs make quorum queues the default (IAP_QUEUE_TYPE).
+        to the next one. Several URLs make quorum queues the default (\(Setting.queueType.variable)).
         """
     static let reconcile = """
-        Reconciliation (IAP_RECONCILE_INTERVAL) asks the App Store Server API with the key of the environment: \
-        IAP_APPSTORE_KEY_PATH, IAP_APPSTORE_KEY_ID, IAP_APPSTORE_ISSUER_ID (and IAP_APPSTORE_API_URL, \
-        IAP_APPSTORE_SANDBOX_API_URL, IAP_APPSTORE_API_RATE_SHARE; see iap verifier --help), with exactly one \
-        bundle id in IAP_BUNDLE_IDS; without a key it does not run. `iap admin reconcile` runs it once now.
+        Reconciliation (\(Setting.reconcileInterval.variable)) asks the App Store Server API with the key of the environment: \
+        \(Setting.appStoreKeyPath.variable), \(Setting.appStoreKeyId.variable), \(Setting.appStoreIssuerId.variable) (and \(Setting.appStoreAPIURL.variable), \
+        \(Setting.appStoreSandboxAPIURL.variable), \(Setting.appStoreAPIRateShare.variable); see iap verifier --help), with exactly one \
+        bundle id in \(Setting.bundleIds.variable); without a key it does not run. `iap admin reconcile` runs it once now.
         """
     static let ledger = """
-        Crediting: IAP_RESTORE=keep (default: a restore uploaded by another user leaves the entitlement with its \
-        first owner) or transfer (the entitlement moves to the user who restored it); IAP_SANDBOX and \
-        IAP_SANDBOX_ALLOWLIST (see iap verifier --help) also decide which sandbox notifications grant anything.
+        Crediting: \(Setting.restore.variable)=\(Setting.restore.defaultText) (the default: a restore uploaded by another user leaves the entitlement with its \
+        first owner) or transfer (the entitlement moves to the user who restored it); \(Setting.sandbox.variable) and \
+        \(Setting.sandboxAllowlist.variable) (see iap verifier --help) also decide which sandbox notifications grant anything.
         """
     static let alerts = """
-        Alerts: IAP_ALERT_AFTER_ATTEMPTS (default 10) failed attempts, or needs_review, alert once per \
-        submission (error log, iap_alerts_total); IAP_ALERT_WEBHOOK, when set, receives each as a JSON POST.
+        Alerts: \(Setting.alertAfterAttempts.variable) (default \(Setting.alertAfterAttempts.defaultText)) failed attempts, or needs_review, alert once per \
+        submission (error log, iap_alerts_total); \(Setting.alertWebhook.variable), when set, receives each as a JSON POST.
         """
 }
 
@@ -67,21 +67,21 @@ struct IAP: AsyncParsableCommand {
 /// The settings every role shares, with the parts a role does not use left at their defaults.
 private func pipelineSettings(
     broker: BrokerOptions, store: StoreOptions? = nil, http: HTTPOptions? = nil, verifier: VerifierOptions? = nil,
-    finisherPrefetch: Int? = nil, defaultHost: String = "0.0.0.0", defaultDatabase: String = "iap-orders.sqlite",
+    finisherPrefetch: Int? = nil, dev: Bool = false,
     verifyReceipt: VerifyReceiptClient.Settings? = nil
 ) throws -> PipelineSettings {
     let names = try broker.names()
     var settings = PipelineSettings(
         amqp: try broker.configuration(),
         names: names,
-        databasePath: store?.path(default: defaultDatabase) ?? defaultDatabase,
-        intake: try http?.settings(names: names, defaultHost: defaultHost) ?? IntakeSettings(names: names),
+        databasePath: store?.path(dev: dev) ?? SettingReader().string(nil, .databasePath, default: Setting.databasePath.fallback(dev: dev)),
+        intake: try http?.settings(names: names, dev: dev) ?? IntakeSettings(names: names),
         verifier: try verifier?.verifierSettings(names: names) ?? VerifierSettings(names: names),
         verifyReceipt: try verifyReceipt ?? verifier?.verifyReceiptSettings()
             ?? VerifyReceiptClient.Settings(endpoints: .apple, bundleIds: []),
         finisher: FinisherSettings(
             names: names,
-            prefetch: try SettingReader().int(finisherPrefetch, "IAP_FINISHER_PREFETCH", default: 64, in: 1...10_000),
+            prefetch: try SettingReader().int(finisherPrefetch, .finisherPrefetch, in: 1...10_000),
             alerts: try alertSettings(),
             sandboxPolicy: try verifier?.sandboxPolicy() ?? VerifierOptions.sandboxPolicy(),
             restorePolicy: try VerifierOptions.restorePolicy()))
@@ -92,32 +92,32 @@ private func pipelineSettings(
 /// The catalog, the admin tokens (IAP_ADMIN_TOKEN or IAP_ADMIN_TOKEN_FILE; never a flag) and,
 /// for a process with the intake, how users authenticate.
 private func apply(
-    catalog: Catalog, http: HTTPOptions? = nil, authDefault: String = "jwt", to settings: inout PipelineSettings
+    catalog: Catalog, http: HTTPOptions? = nil, dev: Bool = false, to settings: inout PipelineSettings
 ) async throws {
     settings.intake.catalog = catalog
     settings.finisher.catalog = catalog
-    if let raw = try SettingReader().secret("IAP_ADMIN_TOKEN") {
+    if let raw = try SettingReader().secret(.adminToken) {
         let tokens = raw.split(whereSeparator: { $0 == "," || $0.isWhitespace }).map(String.init)
         guard !tokens.isEmpty, tokens.allSatisfy({ $0.utf8.count >= 32 }) else {
-            throw ValidationError("IAP_ADMIN_TOKEN: each token must be at least 32 characters (openssl rand -hex 16 makes one)")
+            throw ValidationError("\(Setting.adminToken.variable): each token must be at least 32 characters (openssl rand -hex 16 makes one)")
         }
         settings.intake.adminTokens = tokens
     }
-    if let raw = try SettingReader().secret("IAP_VIEWER_TOKEN") {
+    if let raw = try SettingReader().secret(.viewerToken) {
         let tokens = raw.split(whereSeparator: { $0 == "," || $0.isWhitespace }).map(String.init)
         guard !tokens.isEmpty, tokens.allSatisfy({ $0.utf8.count >= 32 }) else {
-            throw ValidationError("IAP_VIEWER_TOKEN: each token must be at least 32 characters (openssl rand -hex 16 makes one)")
+            throw ValidationError("\(Setting.viewerToken.variable): each token must be at least 32 characters (openssl rand -hex 16 makes one)")
         }
         settings.console.viewerTokens = tokens
     }
-    switch SettingReader().string(nil, "IAP_ADMIN_INSECURE_COOKIES", default: authDefault == "off" ? "1" : "0") {
+    switch SettingReader().string(nil, .adminInsecureCookies, default: Setting.adminInsecureCookies.fallback(dev: dev)) {
     case "1", "true": settings.console.insecureCookies = true
     case "0", "false": settings.console.insecureCookies = false
-    case let other: throw ValidationError("IAP_ADMIN_INSECURE_COOKIES must be 1 or 0, got '\(other)'")
+    case let other: throw ValidationError("\(Setting.adminInsecureCookies.variable) must be 1 or 0, got '\(other)'")
     }
     if let http {
-        settings.intake.authentication = try await http.authentication(defaultMode: authDefault)
-        try checkAdminSurface(settings, authDefault: authDefault)
+        settings.intake.authentication = try await http.authentication(dev: dev)
+        try checkAdminSurface(settings, dev: dev)
         try checkAuthenticationOff(settings)
     }
 }
@@ -133,8 +133,8 @@ private func checkAuthenticationOff(_ settings: PipelineSettings) throws {
     guard case .off = settings.intake.authentication, !isLoopback(settings.intake.host) else { return }
     throw ValidationError(
         """
-        IAP_AUTH=off lets anyone upload and read as any user, and IAP_HTTP_HOST is \(settings.intake.host), not \
-        loopback: set IAP_AUTH=jwt with a key (IAP_AUTH_HS256_SECRET or IAP_AUTH_PUBLIC_KEY_PATH), or listen on \
+        \(Setting.auth.variable)=off lets anyone upload and read as any user, and \(Setting.httpHost.variable) is \(settings.intake.host), not \
+        loopback: set \(Setting.auth.variable)=jwt with a key (\(Setting.authHS256Secret.variable) or \(Setting.authPublicKeyPath.variable)), or listen on \
         127.0.0.1 for local development.
         """)
 }
@@ -143,21 +143,21 @@ private func checkAuthenticationOff(_ settings: PipelineSettings) throws {
 /// admin or viewer tokens and no such listener, a process refuses to start unless
 /// IAP_ADMIN_PUBLIC=1 says to serve them on the intake's port (the default only for `iap dev`
 /// bound to loopback).
-private func checkAdminSurface(_ settings: PipelineSettings, authDefault: String) throws {
+private func checkAdminSurface(_ settings: PipelineSettings, dev: Bool) throws {
     guard settings.intake.adminListener == nil,
         !settings.intake.adminTokens.isEmpty || !settings.console.viewerTokens.isEmpty
     else { return }
     let loopback = isLoopback(settings.intake.host)
-    switch SettingReader().string(nil, "IAP_ADMIN_PUBLIC", default: authDefault == "off" && loopback ? "1" : "0") {
+    switch SettingReader().string(nil, .adminPublic, default: dev && loopback ? "1" : nil) {
     case "1", "true": return
     case "0", "false":
         throw ValidationError(
             """
-            IAP_ADMIN_TOKEN is set but IAP_ADMIN_PORT is not: the admin routes and the console would share the \
-            public port. Set IAP_ADMIN_PORT (a listener of their own, on 127.0.0.1 unless IAP_ADMIN_HOST says \
-            otherwise), or IAP_ADMIN_PUBLIC=1 to serve them on the intake's port anyway.
+            \(Setting.adminToken.variable) is set but \(Setting.adminPort.variable) is not: the admin routes and the console would share the \
+            public port. Set \(Setting.adminPort.variable) (a listener of their own, on 127.0.0.1 unless \(Setting.adminHost.variable) says \
+            otherwise), or \(Setting.adminPublic.variable)=1 to serve them on the intake's port anyway.
             """)
-    case let other: throw ValidationError("IAP_ADMIN_PUBLIC must be 1 or 0, got '\(other)'")
+    case let other: throw ValidationError("\(Setting.adminPublic.variable) must be 1 or 0, got '\(other)'")
     }
 }
 
@@ -175,12 +175,12 @@ private func serve(
 /// Alerts: after how many failed attempts, and the optional webhook.
 private func alertSettings() throws -> AlertSettings {
     let reader = SettingReader()
-    let webhook = reader.optionalString(nil, "IAP_ALERT_WEBHOOK")
+    let webhook = reader.optionalString(nil, .alertWebhook)
     if let webhook, URL(string: webhook)?.host == nil {
-        throw ValidationError("IAP_ALERT_WEBHOOK must be an http(s) URL, got '\(webhook)'")
+        throw ValidationError("\(Setting.alertWebhook.variable) must be an http(s) URL, got '\(webhook)'")
     }
     return AlertSettings(
-        afterAttempts: try reader.int(nil, "IAP_ALERT_AFTER_ATTEMPTS", default: 10, in: 1...10_000), webhookURL: webhook)
+        afterAttempts: try reader.int(nil, .alertAfterAttempts, in: 1...10_000), webhookURL: webhook)
 }
 
 struct IntakeCommand: AsyncParsableCommand {
@@ -209,7 +209,7 @@ struct VerifierCommand: AsyncParsableCommand {
         commandName: "verifier", abstract: "Verify queued uploads with Apple and publish the results. Run as many as needed.",
         discussion: """
             Secrets come from the environment only, never from flags (ps shows flags): \
-            IAP_APPSTORE_SHARED_SECRET, or IAP_APPSTORE_SHARED_SECRET_FILE naming a file that holds it.
+            \(Setting.appStoreSharedSecret.variable), or \(Setting.appStoreSharedSecret.fileVariable) naming a file that holds it.
             """ + "\n" + HelpText.broker)
 
     @OptionGroup var broker: BrokerOptions
@@ -232,7 +232,7 @@ struct FinisherCommand: AsyncParsableCommand {
 
     @OptionGroup var broker: BrokerOptions
     @OptionGroup var store: StoreOptions
-    @Option(name: .long, help: "Results fetched and applied at once (they share group commits). (env IAP_FINISHER_PREFETCH; default 64)")
+    @Option(name: .long, help: ArgumentHelp(Setting.finisherPrefetch.help))
     var finisherPrefetch: Int?
     @OptionGroup var ops: OpsOptions
     @OptionGroup var catalog: CatalogOptions
@@ -254,7 +254,7 @@ struct OrdersCommand: AsyncParsableCommand {
     @OptionGroup var broker: BrokerOptions
     @OptionGroup var store: StoreOptions
     @OptionGroup var http: HTTPOptions
-    @Option(name: .long, help: "Results fetched and applied at once (they share group commits). (env IAP_FINISHER_PREFETCH; default 64)")
+    @Option(name: .long, help: ArgumentHelp(Setting.finisherPrefetch.help))
     var finisherPrefetch: Int?
     @OptionGroup var notifications: NotificationOptions
     @OptionGroup var reconcile: ReconcileOptions
@@ -287,7 +287,7 @@ struct FakeAppStoreCommand: AsyncParsableCommand {
         let (host, port) = try fake.address()
         let logger = try log.makeLogger(label: "iap.fake-appstore")
         let application = try FakeAppStore(
-            databasePath: fake.databasePath(default: "fake-appstore.sqlite"), apiKey: fake.apiKey(),
+            databasePath: fake.databasePath(), apiKey: fake.apiKey(),
             notificationURL: fake.notificationURL()
         ).makeApplication(host: host, port: port, logger: logger)
         let group = ServiceGroup(
@@ -301,11 +301,11 @@ struct DevCommand: AsyncParsableCommand {
         commandName: "dev",
         abstract: "Everything in one process for a laptop: intake, verifier, finisher and the fake App Store.",
         discussion: """
-            The verifier is pointed at the fake App Store of this process; IAP_APPSTORE_*_URL are ignored.
+            The verifier is pointed at the fake App Store of this process; the App Store URL settings are ignored.
             Bundle ids default to com.example.demo. Binds to 127.0.0.1 unless told otherwise.
-            User authentication is off unless IAP_AUTH=jwt (with a key, as for intake): the request then names \
+            User authentication is off unless \(Setting.auth.variable)=jwt (with a key, as for intake): the request then names \
             its user (the body's userId, ?userId= or the path) and gets the same rate limits and ownership rules.
-            IAP_INLINE_VERIFICATION=true makes the intake verify inside the HTTP request (the synchronous \
+            \(Setting.inlineVerification.variable)=true makes the intake verify inside the HTTP request (the synchronous \
             baseline of iap bench; no queue, no retries; never for production).
             """ + "\n" + HelpText.admin + "\n" + HelpText.broker)
 
@@ -326,17 +326,15 @@ struct DevCommand: AsyncParsableCommand {
         let verifyReceipt = try verifier.verifyReceiptSettings(
             endpointsOverride: VerifyReceiptEndpoints(
                 production: fakeURL + "/verifyReceipt", sandbox: fakeURL + "/sandbox/verifyReceipt"),
-            defaultBundleIds: "com.example.demo")
+            dev: true)
         var settings = try pipelineSettings(
-            broker: broker, store: store, http: http, verifier: verifier, defaultHost: "127.0.0.1",
-            defaultDatabase: "iap-dev.sqlite", verifyReceipt: verifyReceipt)
+            broker: broker, store: store, http: http, verifier: verifier, dev: true, verifyReceipt: verifyReceipt)
         settings.fakeAppStoreHost = fakeHost
         settings.fakeAppStorePort = fakePort
-        try await apply(catalog: catalog.load(demoIfUnset: true), http: http, authDefault: "off", to: &settings)
-        settings.ops = try ops.settings(defaultHost: "127.0.0.1")
-        settings.fakeAppStoreDatabasePath = fake.databasePath(
-            default: URL(fileURLWithPath: settings.databasePath).deletingLastPathComponent()
-                .appendingPathComponent("fake-appstore.sqlite").path)
+        try await apply(catalog: catalog.load(demoIfUnset: true), http: http, dev: true, to: &settings)
+        settings.ops = try ops.settings(dev: true)
+        // The fake's file beside the order store's.
+        settings.fakeAppStoreDatabasePath = fake.databasePath(beside: settings.databasePath)
         // StoreKit 2 against the fake: a Server API key made for this run, given to both
         // sides; signed data trusted up to the fake's root; notifications to our intake.
         let key = P256.Signing.PrivateKey()
@@ -357,10 +355,10 @@ struct DevCommand: AsyncParsableCommand {
                     sandboxURL: fakeURL + "/sandbox"),
                 receiptsThroughServerAPI: false))
         settings.reconciliation = try reconcile.settings()
-        switch SettingReader().string(nil, "IAP_INLINE_VERIFICATION", default: "false") {
+        switch SettingReader().string(nil, .inlineVerification) {
         case "true": settings.inlineVerification = true
         case "false": break
-        case let other: throw ValidationError("IAP_INLINE_VERIFICATION must be true or false, got '\(other)'")
+        case let other: throw ValidationError("\(Setting.inlineVerification.variable) must be true or false, got '\(other)'")
         }
         let logger = try log.makeLogger(label: "iap.dev")
         let host = settings.intake.host

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import IAPCore
 import OrderStore
 
 /// `iap admin migrate-store`: a SQLite deployment's ledger into PostgreSQL, verified.
@@ -14,7 +15,7 @@ struct MigrateStoreCommand: AsyncParsableCommand {
             Prints one JSON object with each table's rows and checksums; exits 0 only when all of them match, 1 \
             otherwise (the target then holds the copy for inspection: drop and recreate the database before trying \
             again). The target database must exist and hold no ledger rows; its schema is created as the order \
-            service creates it. Then point IAP_DATABASE_URL at it and start the order services.
+            service creates it. Then point \(Setting.databaseURL.variable) at it and start the order services.
             """)
 
     @Option(name: .long, help: "The SQLite file of the order store to copy.")
@@ -23,7 +24,7 @@ struct MigrateStoreCommand: AsyncParsableCommand {
     @Option(name: .long, help: "The PostgreSQL database to copy into: postgres://USER:PASSWORD@HOST:PORT/DB.")
     var to: String
 
-    @Option(name: .long, help: "File whose first line is the PostgreSQL password, when the URL leaves it out. (env IAP_DATABASE_PASSWORD_FILE)")
+    @Option(name: .long, help: ArgumentHelp(Setting.databasePasswordFile.help))
     var databasePasswordFile: String?
 
     func run() async throws {
@@ -33,7 +34,7 @@ struct MigrateStoreCommand: AsyncParsableCommand {
         let target: PostgresLocation
         do {
             target = try PostgresLocation(
-                url: to, passwordFile: SettingReader().optionalString(databasePasswordFile, "IAP_DATABASE_PASSWORD_FILE"))
+                url: to, passwordFile: SettingReader().optionalString(databasePasswordFile, .databasePasswordFile))
         } catch {
             throw ValidationError("--to: \(error.message)")
         }

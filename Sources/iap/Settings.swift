@@ -16,72 +16,84 @@ import SwiftASN1
 import Verifier
 import X509
 
-/// Reads a setting: the flag if given, else the environment variable, else the default.
-/// Only this executable reads the environment.
+/// Reads a setting (`Setting`, declared once in IAPCore): the flag if given, else the
+/// environment variable, else the setting's default. Only this executable reads the environment.
 struct SettingReader {
     let environment = ProcessInfo.processInfo.environment
 
-    func string(_ flag: String?, _ variable: String, default fallback: String) -> String {
-        if let flag { return flag }
-        if let value = environment[variable], !value.isEmpty { return value }
-        return fallback
-    }
-
-    func optionalString(_ flag: String?, _ variable: String) -> String? {
-        if let flag { return flag }
-        if let value = environment[variable], !value.isEmpty { return value }
-        return nil
-    }
-
-    func int(_ flag: Int?, _ variable: String, default fallback: Int, in range: ClosedRange<Int>) throws -> Int {
-        let value: Int
-        if let flag {
-            value = flag
-        } else if let raw = environment[variable], !raw.isEmpty {
-            guard let parsed = Int(raw) else {
-                throw ValidationError("\(variable) must be a whole number, got '\(raw)'")
-            }
-            value = parsed
-        } else {
-            value = fallback
-        }
-        guard range.contains(value) else {
-            throw ValidationError("\(variable) must be between \(range.lowerBound) and \(range.upperBound), got \(value)")
+    /// The setting's value; `fallback` replaces its declared default (one that follows the role).
+    func string(_ flag: String?, _ setting: Setting, default fallback: String? = nil) -> String {
+        guard let value = optionalString(flag, setting) ?? fallback ?? setting.fallback else {
+            preconditionFailure("\(setting.variable) has no default: read it with optionalString")
         }
         return value
     }
 
-    /// A secret from `VARIABLE` or from the file named by `VARIABLE_FILE`; never from a flag,
-    /// which `ps` would show.
-    func secret(_ variable: String) throws -> String? {
-        if let path = environment[variable + "_FILE"], !path.isEmpty {
+    func optionalString(_ flag: String?, _ setting: Setting) -> String? {
+        if let flag { return flag }
+        if let value = environment[setting.variable], !value.isEmpty { return value }
+        return nil
+    }
+
+    func int(_ flag: Int?, _ setting: Setting, default fallback: Int? = nil, in range: ClosedRange<Int>) throws -> Int {
+        let value: Int
+        if let flag {
+            value = flag
+        } else if let raw = environment[setting.variable], !raw.isEmpty {
+            guard let parsed = Int(raw) else {
+                throw ValidationError("\(setting.variable) must be a whole number, got '\(raw)'")
+            }
+            value = parsed
+        } else if let fallback = fallback ?? setting.fallback.flatMap({ Int($0) }) {
+            value = fallback
+        } else {
+            preconditionFailure("\(setting.variable) has no whole-number default")
+        }
+        guard range.contains(value) else {
+            throw ValidationError("\(setting.variable) must be between \(range.lowerBound) and \(range.upperBound), got \(value)")
+        }
+        return value
+    }
+
+    /// A secret with a default (the broker's URL): the secret, else the default.
+    func string(secret setting: Setting) throws -> String {
+        guard let value = try secret(setting) ?? setting.fallback else {
+            preconditionFailure("\(setting.variable) has no default: read it with secret")
+        }
+        return value
+    }
+
+    /// A secret from its variable or from the file its `_FILE` variable names; never from a
+    /// flag, which `ps` would show.
+    func secret(_ setting: Setting) throws -> String? {
+        if let path = environment[setting.fileVariable], !path.isEmpty {
             do {
                 return try String(contentsOfFile: path, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
             } catch {
-                throw ValidationError("\(variable)_FILE: cannot read \(path): \(error.localizedDescription)")
+                throw ValidationError("\(setting.fileVariable): cannot read \(path): \(error.localizedDescription)")
             }
         }
-        if let value = environment[variable], !value.isEmpty { return value }
+        if let value = environment[setting.variable], !value.isEmpty { return value }
         return nil
     }
 }
 
 struct LogOptions: ParsableArguments {
-    @Option(name: .long, help: "Log level: trace, debug, info, notice, warning, error, critical. (env IAP_LOG_LEVEL; default info)")
+    @Option(name: .long, help: ArgumentHelp(Setting.logLevel.help))
     var logLevel: String?
 
-    @Option(name: .long, help: "Log format: text, or json (one object per line). (env IAP_LOG_FORMAT; default text)")
+    @Option(name: .long, help: ArgumentHelp(Setting.logFormat.help))
     var logFormat: String?
 
     func makeLogger(label: String) throws -> Logger {
         let reader = SettingReader()
-        let raw = reader.string(logLevel, "IAP_LOG_LEVEL", default: "info")
+        let raw = reader.string(logLevel, .logLevel)
         guard let level = Logger.Level(rawValue: raw) else {
-            throw ValidationError("IAP_LOG_LEVEL must be one of trace, debug, info, notice, warning, error, critical; got '\(raw)'")
+            throw ValidationError("\(Setting.logLevel.variable) must be one of trace, debug, info, notice, warning, error, critical; got '\(raw)'")
         }
-        let format = reader.string(logFormat, "IAP_LOG_FORMAT", default: "text")
+        let format = reader.string(logFormat, .logFormat)
         guard format == "text" || format == "json" else {
-            throw ValidationError("IAP_LOG_FORMAT must be text or json; got '\(format)'")
+            throw ValidationError("\(Setting.logFormat.variable) must be text or json; got '\(format)'")
         }
         LoggingSystem.bootstrap { label in
             if format == "json" {
@@ -96,39 +108,39 @@ struct LogOptions: ParsableArguments {
 }
 
 struct BrokerOptions: ParsableArguments {
-    @Option(name: .long, help: "Prefix of every queue name. (env IAP_QUEUE_PREFIX; default iap)")
+    @Option(name: .long, help: ArgumentHelp(Setting.queuePrefix.help))
     var queuePrefix: String?
 
-    @Option(name: .long, help: "AMQP heartbeat in seconds, 1 to 600; a silent broker is dropped after two. (env IAP_AMQP_HEARTBEAT_SECONDS; default 10)")
+    @Option(name: .long, help: ArgumentHelp(Setting.amqpHeartbeatSeconds.help))
     var amqpHeartbeatSeconds: Int?
 
-    @Option(name: .long, help: "classic or quorum queues; quorum needs a RabbitMQ cluster (3.10+) and fresh queues, as a queue's type is fixed when it is declared. (env IAP_QUEUE_TYPE; default quorum when IAP_AMQP_URL names several nodes, else classic)")
+    @Option(name: .long, help: ArgumentHelp(Setting.queueType.help))
     var queueType: String?
 
-    @Option(name: .long, help: "Quorum queues: deliveries of one message before it is dead-lettered with reason delivery_limit, 1 to 1000. (env IAP_QUEUE_DELIVERY_LIMIT; default 5)")
+    @Option(name: .long, help: ArgumentHelp(Setting.queueDeliveryLimit.help))
     var queueDeliveryLimit: Int?
 
     /// IAP_AMQP_URL: one URL, or the comma-separated URLs of a cluster's nodes.
     /// It carries the broker password: from the environment or a file only, never a flag.
     private func url() throws -> String {
-        try SettingReader().secret("IAP_AMQP_URL") ?? "amqp://guest:guest@127.0.0.1:5672/"
+        try SettingReader().string(secret: .amqpURL)
     }
 
     func configuration() throws -> AMQPConfiguration {
         let reader = SettingReader()
         let url = try url()
-        let heartbeat = try reader.int(amqpHeartbeatSeconds, "IAP_AMQP_HEARTBEAT_SECONDS", default: 10, in: 1...600)
+        let heartbeat = try reader.int(amqpHeartbeatSeconds, .amqpHeartbeatSeconds, in: 1...600)
         do {
             return try AMQPConfiguration(url: url, heartbeatSeconds: heartbeat)
         } catch {
-            throw ValidationError("IAP_AMQP_URL: \(error.message)")
+            throw ValidationError("\(Setting.amqpURL.variable): \(error.message)")
         }
     }
 
     func names() throws -> PipelineNames {
-        let prefix = SettingReader().string(queuePrefix, "IAP_QUEUE_PREFIX", default: "iap")
+        let prefix = SettingReader().string(queuePrefix, .queuePrefix)
         guard !prefix.isEmpty, prefix.allSatisfy({ $0.isLetter || $0.isNumber || "-_.".contains($0) }) else {
-            throw ValidationError("IAP_QUEUE_PREFIX may hold letters, digits, '-', '_' and '.' only; got '\(prefix)'")
+            throw ValidationError("\(Setting.queuePrefix.variable) may hold letters, digits, '-', '_' and '.' only; got '\(prefix)'")
         }
         return PipelineNames(prefix: prefix, queueType: try queueKind())
     }
@@ -137,31 +149,31 @@ struct BrokerOptions: ParsableArguments {
     private func queueKind() throws -> QueueType {
         let reader = SettingReader()
         let nodes = (try? configuration().nodes.count) ?? 1
-        let kind = reader.string(queueType, "IAP_QUEUE_TYPE", default: nodes > 1 ? "quorum" : "classic")
+        let kind = reader.string(queueType, .queueType, default: nodes > 1 ? "quorum" : "classic")
         let limit = try reader.int(
-            queueDeliveryLimit, "IAP_QUEUE_DELIVERY_LIMIT", default: QueueType.defaultDeliveryLimit, in: 1...1000)
+            queueDeliveryLimit, .queueDeliveryLimit, in: 1...1000)
         switch kind {
         case "classic": return .classic
         case "quorum": return .quorum(deliveryLimit: limit)
-        default: throw ValidationError("IAP_QUEUE_TYPE must be classic or quorum; got '\(kind)'")
+        default: throw ValidationError("\(Setting.queueType.variable) must be classic or quorum; got '\(kind)'")
         }
     }
 }
 
 struct OpsOptions: ParsableArguments {
-    @Option(name: .long, help: "Address of the operators' endpoint (/metrics, /healthz, /readyz). (env IAP_OPS_HOST; default 0.0.0.0, 127.0.0.1 for dev)")
+    @Option(name: .long, help: ArgumentHelp(Setting.opsHost.help))
     var opsHost: String?
 
-    @Option(name: .long, help: "Port of the operators' endpoint; 'off' serves none. (env IAP_OPS_PORT; default 9100)")
+    @Option(name: .long, help: ArgumentHelp(Setting.opsPort.help))
     var opsPort: String?
 
     /// Bootstraps Prometheus metrics for this process (once) and says where to serve them.
-    func settings(defaultHost: String = "0.0.0.0") throws -> OpsSettings? {
+    func settings(dev: Bool = false) throws -> OpsSettings? {
         let reader = SettingReader()
-        let rawPort = reader.string(opsPort, "IAP_OPS_PORT", default: "9100")
+        let rawPort = reader.string(opsPort, .opsPort)
         if rawPort == "off" { return nil }
         guard let port = Int(rawPort), (0...65535).contains(port) else {
-            throw ValidationError("IAP_OPS_PORT must be a port number or 'off', got '\(rawPort)'")
+            throw ValidationError("\(Setting.opsPort.variable) must be a port number or 'off', got '\(rawPort)'")
         }
         let registry = PrometheusCollectorRegistry()
         var factory = PrometheusMetricsFactory(registry: registry)
@@ -172,191 +184,191 @@ struct OpsOptions: ParsableArguments {
         ]
         MetricsSystem.bootstrap(factory)
         return OpsSettings(
-            host: reader.string(opsHost, "IAP_OPS_HOST", default: defaultHost), port: port,
+            host: reader.string(opsHost, .opsHost, default: Setting.opsHost.fallback(dev: dev)), port: port,
             exposition: { registry.emitToBuffer() })
     }
 }
 
 struct CatalogOptions: ParsableArguments {
-    @Option(name: .long, help: "JSON file of the products sold and what each grants; required (iap dev uses a demo catalog). (env IAP_CATALOG)")
+    @Option(name: .long, help: ArgumentHelp(Setting.catalog.help))
     var catalog: String?
 
     func load(demoIfUnset: Bool = false) throws -> Catalog {
-        guard let path = SettingReader().optionalString(catalog, "IAP_CATALOG") else {
+        guard let path = SettingReader().optionalString(catalog, .catalog) else {
             if demoIfUnset {
                 return try Catalog.parse(Data(DemoCatalog.json.utf8), source: "the demo catalog")
             }
-            throw ValidationError("IAP_CATALOG is required: the JSON file of the products this app sells")
+            throw ValidationError("\(Setting.catalog.variable) is required: the JSON file of the products this app sells")
         }
         do {
             return try Catalog.load(path: path)
         } catch {
-            throw ValidationError("IAP_CATALOG: \(error.description)")
+            throw ValidationError("\(Setting.catalog.variable): \(error.description)")
         }
     }
 }
 
 struct StoreOptions: ParsableArguments {
-    @Option(name: .long, help: "SQLite file of the order store; created with mode 0600. (env IAP_DATABASE_PATH; default iap-orders.sqlite)")
+    @Option(name: .long, help: ArgumentHelp(Setting.databasePath.help))
     var databasePath: String?
 
-    @Option(name: .long, help: "PostgreSQL order store instead of the SQLite file: postgres://USER:PASSWORD@HOST:PORT/DB; several order services may share it. (env IAP_DATABASE_URL)")
+    @Option(name: .long, help: ArgumentHelp(Setting.databaseURL.help))
     var databaseURL: String?
 
-    @Option(name: .long, help: "File whose first line is the PostgreSQL password, when the URL leaves it out. (env IAP_DATABASE_PASSWORD_FILE)")
+    @Option(name: .long, help: ArgumentHelp(Setting.databasePasswordFile.help))
     var databasePasswordFile: String?
 
-    func path(default fallback: String = "iap-orders.sqlite") -> String {
-        SettingReader().string(databasePath, "IAP_DATABASE_PATH", default: fallback)
+    func path(dev: Bool = false) -> String {
+        SettingReader().string(databasePath, .databasePath, default: Setting.databasePath.fallback(dev: dev))
     }
 
     /// IAP_DATABASE_URL parsed; nil when unset (the SQLite file is used).
     func postgres() throws -> PostgresLocation? {
         let reader = SettingReader()
-        guard let url = reader.optionalString(databaseURL, "IAP_DATABASE_URL"), !url.isEmpty else { return nil }
+        guard let url = reader.optionalString(databaseURL, .databaseURL), !url.isEmpty else { return nil }
         do {
             return try PostgresLocation(
-                url: url, passwordFile: reader.optionalString(databasePasswordFile, "IAP_DATABASE_PASSWORD_FILE"))
+                url: url, passwordFile: reader.optionalString(databasePasswordFile, .databasePasswordFile))
         } catch {
-            throw ValidationError("IAP_DATABASE_URL: \(error.message)")
+            throw ValidationError("\(Setting.databaseURL.variable): \(error.message)")
         }
     }
 
     /// Where the order store lives: PostgreSQL when IAP_DATABASE_URL is set, else the SQLite file.
-    func location(default fallback: String = "iap-orders.sqlite") throws -> StoreLocation {
-        try postgres().map { .postgres($0) } ?? .sqlite(path: path(default: fallback))
+    func location() throws -> StoreLocation {
+        try postgres().map { .postgres($0) } ?? .sqlite(path: path())
     }
 }
 
 struct ReconcileOptions: ParsableArguments {
-    @Option(name: .long, help: "How often the order service asks Apple about subscriptions due to renew, in billing retry or in a grace period, and re-delivers the notifications Apple could not send (needs IAP_APPSTORE_KEY_PATH): e.g. 24h, 30m, 90s; 0 turns it off. (env IAP_RECONCILE_INTERVAL; default 24h)")
+    @Option(name: .long, help: ArgumentHelp(Setting.reconcileInterval.help))
     var reconcileInterval: String?
 
     /// IAP_RECONCILE_INTERVAL as settings; nil when it is 0 (off).
     func settings() throws -> ReconciliationSettings? {
-        let raw = SettingReader().string(reconcileInterval, "IAP_RECONCILE_INTERVAL", default: "24h")
+        let raw = SettingReader().string(reconcileInterval, .reconcileInterval)
         let units: [Character: Int64] = ["s": 1, "m": 60, "h": 3600, "d": 86_400]
         let unit = raw.last.flatMap { units[$0] }
         guard let count = Int64(unit == nil ? raw : String(raw.dropLast())), count >= 0, count <= 366 * 86_400 else {
-            throw ValidationError("IAP_RECONCILE_INTERVAL must be a duration such as 24h, 30m or 90s (0 turns it off); got '\(raw)'")
+            throw ValidationError("\(Setting.reconcileInterval.variable) must be a duration such as 24h, 30m or 90s (0 turns it off); got '\(raw)'")
         }
         let seconds = count * (unit ?? 1)
         guard seconds > 0 else { return nil }
         guard seconds >= 60, seconds <= 366 * 86_400 else {
-            throw ValidationError("IAP_RECONCILE_INTERVAL must be between 1m and 366d (or 0); got '\(raw)'")
+            throw ValidationError("\(Setting.reconcileInterval.variable) must be between 1m and 366d (or 0); got '\(raw)'")
         }
         return ReconciliationSettings(interval: .seconds(seconds))
     }
 }
 
 struct HTTPOptions: ParsableArguments {
-    @Option(name: .long, help: "Address the intake listens on. (env IAP_HTTP_HOST; default 0.0.0.0, 127.0.0.1 for dev)")
+    @Option(name: .long, help: ArgumentHelp(Setting.httpHost.help))
     var host: String?
 
-    @Option(name: .long, help: "Port the intake listens on. (env IAP_HTTP_PORT; default 8080)")
+    @Option(name: .long, help: ArgumentHelp(Setting.httpPort.help))
     var port: Int?
 
-    @Option(name: .long, help: "Largest upload body in bytes; larger ones get 413. (env IAP_MAX_BODY_BYTES; default 1048576)")
+    @Option(name: .long, help: ArgumentHelp(Setting.maxBodyBytes.help))
     var maxBodyBytes: Int?
 
-    @Option(name: .long, help: "Seconds between sweeps for stuck submissions. (env IAP_SWEEP_INTERVAL_SECONDS; default 60)")
+    @Option(name: .long, help: ArgumentHelp(Setting.sweepIntervalSeconds.help))
     var sweepIntervalSeconds: Int?
 
-    @Option(name: .long, help: "A pending submission untouched this many seconds is queued again. (env IAP_SWEEP_PENDING_AFTER_SECONDS; default 600)")
+    @Option(name: .long, help: ArgumentHelp(Setting.sweepPendingAfterSeconds.help))
     var sweepPendingAfterSeconds: Int?
 
-    @Option(name: .long, help: "A retry this many seconds overdue is queued again. (env IAP_SWEEP_RETRY_GRACE_SECONDS; default 600)")
+    @Option(name: .long, help: ArgumentHelp(Setting.sweepRetryGraceSeconds.help))
     var sweepRetryGraceSeconds: Int?
 
-    @Option(name: .long, help: "Requests per second one user may send, counted across the order services sharing a PostgreSQL store (bursts of twice that); 0 is unlimited. (env IAP_RATE_LIMIT_PER_USER; default 10)")
+    @Option(name: .long, help: ArgumentHelp(Setting.rateLimitPerUser.help))
     var rateLimitPerUser: Int?
 
-    @Option(name: .long, help: "Requests per second one client address may send, counted across the order services sharing a PostgreSQL store (bursts of twice that); 0 is unlimited. (env IAP_RATE_LIMIT_PER_IP; default 300)")
+    @Option(name: .long, help: ArgumentHelp(Setting.rateLimitPerIP.help))
     var rateLimitPerIP: Int?
 
-    @Option(name: .long, help: "Requests per second one client address may have refused for what they carried (400, 408, 413; bursts of twice that); past it they are answered 429; good requests are never refused for it; 0 is unlimited. (env IAP_REFUSALS_PER_IP; default 10)")
+    @Option(name: .long, help: ArgumentHelp(Setting.refusalsPerIP.help))
     var refusalsPerIP: Int?
 
-    @Option(name: .long, help: "Failed admin authorizations (admin bearer tokens, console sign-ins) one client address may make in five minutes before it is locked to one try every two seconds; 0 is unlimited (API conformance checks only). (env IAP_ADMIN_FAILED_ATTEMPTS; default 5)")
+    @Option(name: .long, help: ArgumentHelp(Setting.adminFailedAttempts.help))
     var adminFailedAttempts: Int?
 
-    @Option(name: .long, help: "Header a trusted reverse proxy sets to the client's address, e.g. X-Real-IP; unset uses the TCP peer. (env IAP_CLIENT_IP_HEADER)")
+    @Option(name: .long, help: ArgumentHelp(Setting.clientIPHeader.help))
     var clientIPHeader: String?
 
-    @Option(name: .long, help: "Requests handled at once; more get 503 overloaded. (env IAP_MAX_IN_FLIGHT_REQUESTS; default 1024)")
+    @Option(name: .long, help: ArgumentHelp(Setting.maxInFlightRequests.help))
     var maxInFlightRequests: Int?
 
-    @Option(name: .long, help: "Seconds allowed to receive a request body; slower ones get 408. (env IAP_BODY_TIMEOUT_SECONDS; default 30)")
+    @Option(name: .long, help: ArgumentHelp(Setting.bodyTimeoutSeconds.help))
     var bodyTimeoutSeconds: Int?
 
-    @Option(name: .long, help: "Largest App Store notification body in bytes; larger ones get 413. (env IAP_NOTIFICATION_MAX_BYTES; default 65536)")
+    @Option(name: .long, help: ArgumentHelp(Setting.notificationMaxBytes.help))
     var notificationMaxBytes: Int?
 
-    @Option(name: .long, help: "App Store notifications per second for the whole deployment, any sender (bursts of twice that); more get 429; 0 is unlimited. (env IAP_NOTIFICATION_RATE; default 50)")
+    @Option(name: .long, help: ArgumentHelp(Setting.notificationRate.help))
     var notificationRate: Int?
 
-    @Option(name: .long, help: "Days after which rejected submissions and their receipts or signed payloads are deleted (the audit log stays); 0 keeps them. (env IAP_RETENTION_DAYS; default 30)")
+    @Option(name: .long, help: ArgumentHelp(Setting.retentionDays.help))
     var retentionDays: Int?
 
-    @Option(name: .long, help: "Address of the admin routes' own listener, used with --admin-port. (env IAP_ADMIN_HOST; default 127.0.0.1)")
+    @Option(name: .long, help: ArgumentHelp(Setting.adminHost.help))
     var adminHost: String?
 
-    @Option(name: .long, help: "Serve the admin routes on this port only, not beside the app's routes. (env IAP_ADMIN_PORT; default: the intake's port)")
+    @Option(name: .long, help: ArgumentHelp(Setting.adminPort.help))
     var adminPort: Int?
 
-    @Option(name: .long, help: "User authentication: jwt, or off (local development only: the body names the user; refused unless IAP_HTTP_HOST is loopback). (env IAP_AUTH; default jwt, off for dev)")
+    @Option(name: .long, help: ArgumentHelp(Setting.auth.help))
     var auth: String?
 
-    @Option(name: .long, help: "PEM public key (P-256 for ES256, RSA for RS256) or JWKS file that verifies user tokens. (env IAP_AUTH_PUBLIC_KEY_PATH)")
+    @Option(name: .long, help: ArgumentHelp(Setting.authPublicKeyPath.help))
     var authPublicKeyPath: String?
 
-    @Option(name: .long, help: "Audience user tokens must name in aud; unset skips the check. (env IAP_AUTH_AUDIENCE)")
+    @Option(name: .long, help: ArgumentHelp(Setting.authAudience.help))
     var authAudience: String?
 
-    @Option(name: .long, help: "Issuer user tokens must name in iss; unset skips the check. (env IAP_AUTH_ISSUER)")
+    @Option(name: .long, help: ArgumentHelp(Setting.authIssuer.help))
     var authIssuer: String?
 
-    @Option(name: .long, help: "Longest a user token may live, exp - iat (exp - now without iat): seconds, or with s, m, h or d; longer ones get 401 token_malformed. (env IAP_AUTH_MAX_LIFETIME; default 24h)")
+    @Option(name: .long, help: ArgumentHelp(Setting.authMaxLifetime.help))
     var authMaxLifetime: String?
 
-    func settings(names: PipelineNames, defaultHost: String = "0.0.0.0") throws -> IntakeSettings {
+    func settings(names: PipelineNames, dev: Bool = false) throws -> IntakeSettings {
         let reader = SettingReader()
-        let perUser = try reader.int(rateLimitPerUser, "IAP_RATE_LIMIT_PER_USER", default: 10, in: 0...1_000_000)
-        let perAddress = try reader.int(rateLimitPerIP, "IAP_RATE_LIMIT_PER_IP", default: 300, in: 0...1_000_000)
-        let notifications = try reader.int(notificationRate, "IAP_NOTIFICATION_RATE", default: 50, in: 0...1_000_000)
-        let refusals = try reader.int(refusalsPerIP, "IAP_REFUSALS_PER_IP", default: 10, in: 0...1_000_000)
-        let failedAdminAttempts = try reader.int(adminFailedAttempts, "IAP_ADMIN_FAILED_ATTEMPTS", default: 5, in: 0...1_000_000)
-        let retention = try reader.int(retentionDays, "IAP_RETENTION_DAYS", default: 30, in: 0...36_500)
-        let adminPort = try reader.optionalString(adminPort.map(String.init), "IAP_ADMIN_PORT").map { raw in
+        let perUser = try reader.int(rateLimitPerUser, .rateLimitPerUser, in: 0...1_000_000)
+        let perAddress = try reader.int(rateLimitPerIP, .rateLimitPerIP, in: 0...1_000_000)
+        let notifications = try reader.int(notificationRate, .notificationRate, in: 0...1_000_000)
+        let refusals = try reader.int(refusalsPerIP, .refusalsPerIP, in: 0...1_000_000)
+        let failedAdminAttempts = try reader.int(adminFailedAttempts, .adminFailedAttempts, in: 0...1_000_000)
+        let retention = try reader.int(retentionDays, .retentionDays, in: 0...36_500)
+        let adminPort = try reader.optionalString(adminPort.map(String.init), .adminPort).map { raw in
             guard let port = Int(raw), (0...65535).contains(port) else {
-                throw ValidationError("IAP_ADMIN_PORT must be a port number, got '\(raw)'")
+                throw ValidationError("\(Setting.adminPort.variable) must be a port number, got '\(raw)'")
             }
             return port
         }
         return IntakeSettings(
-            host: reader.string(host, "IAP_HTTP_HOST", default: defaultHost),
-            port: try reader.int(port, "IAP_HTTP_PORT", default: 8080, in: 0...65535),
-            maxBodyBytes: try reader.int(maxBodyBytes, "IAP_MAX_BODY_BYTES", default: 1_048_576, in: 1024...(64 << 20)),
+            host: reader.string(host, .httpHost, default: Setting.httpHost.fallback(dev: dev)),
+            port: try reader.int(port, .httpPort, in: 0...65535),
+            maxBodyBytes: try reader.int(maxBodyBytes, .maxBodyBytes, in: 1024...(64 << 20)),
             names: names,
             sweeper: SweeperSettings(
-                interval: .seconds(try reader.int(sweepIntervalSeconds, "IAP_SWEEP_INTERVAL_SECONDS", default: 60, in: 1...86_400)),
+                interval: .seconds(try reader.int(sweepIntervalSeconds, .sweepIntervalSeconds, in: 1...86_400)),
                 pendingAfter: .seconds(
-                    try reader.int(sweepPendingAfterSeconds, "IAP_SWEEP_PENDING_AFTER_SECONDS", default: 600, in: 1...604_800)),
+                    try reader.int(sweepPendingAfterSeconds, .sweepPendingAfterSeconds, in: 1...604_800)),
                 retryGrace: .seconds(
-                    try reader.int(sweepRetryGraceSeconds, "IAP_SWEEP_RETRY_GRACE_SECONDS", default: 600, in: 1...604_800)),
+                    try reader.int(sweepRetryGraceSeconds, .sweepRetryGraceSeconds, in: 1...604_800)),
                 retention: retention == 0 ? nil : .seconds(retention * 86_400)),
             limits: IntakeLimits(
                 perUser: perUser == 0 ? nil : RateLimit(perSecond: perUser),
                 perAddress: perAddress == 0 ? nil : RateLimit(perSecond: perAddress),
-                maxInFlight: try reader.int(maxInFlightRequests, "IAP_MAX_IN_FLIGHT_REQUESTS", default: 1024, in: 1...1_000_000),
-                clientAddressHeader: reader.optionalString(clientIPHeader, "IAP_CLIENT_IP_HEADER"),
-                bodyTimeout: .seconds(try reader.int(bodyTimeoutSeconds, "IAP_BODY_TIMEOUT_SECONDS", default: 30, in: 1...3600)),
+                maxInFlight: try reader.int(maxInFlightRequests, .maxInFlightRequests, in: 1...1_000_000),
+                clientAddressHeader: reader.optionalString(clientIPHeader, .clientIPHeader),
+                bodyTimeout: .seconds(try reader.int(bodyTimeoutSeconds, .bodyTimeoutSeconds, in: 1...3600)),
                 notifications: notifications == 0 ? nil : RateLimit(perSecond: notifications),
                 refusalsPerAddress: refusals == 0 ? nil : RateLimit(perSecond: refusals),
                 failedAdminAttempts: failedAdminAttempts == 0 ? nil : failedAdminAttempts),
-            adminListener: adminPort.map { (reader.string(adminHost, "IAP_ADMIN_HOST", default: "127.0.0.1"), $0) },
+            adminListener: adminPort.map { (reader.string(adminHost, .adminHost), $0) },
             maxNotificationBytes: try reader.int(
-                notificationMaxBytes, "IAP_NOTIFICATION_MAX_BYTES", default: 65_536, in: 1024...(1 << 20)))
+                notificationMaxBytes, .notificationMaxBytes, in: 1024...(1 << 20)))
     }
 
     /// `IAP_AUTH_MAX_LIFETIME`: whole seconds, or a number with `s`, `m`, `h` or `d`; one second to a year.
@@ -366,22 +378,22 @@ struct HTTPOptions: ParsableArguments {
         let unit = trimmed.last.flatMap { units[$0] }
         let number = unit == nil ? trimmed : String(trimmed.dropLast())
         guard let value = Int(number), value > 0, case let seconds = Double(value) * (unit ?? 1), seconds <= 366 * 86_400 else {
-            throw ValidationError("IAP_AUTH_MAX_LIFETIME must be a duration such as 3600, 90m, 24h or 7d (at most a year), got '\(text)'")
+            throw ValidationError("\(Setting.authMaxLifetime.variable) must be a duration such as 3600, 90m, 24h or 7d (at most a year), got '\(text)'")
         }
         return seconds
     }
 
     /// How app users authenticate. `jwt` (the default, `off` for dev) needs exactly one key:
     /// IAP_AUTH_HS256_SECRET (or its _FILE; never a flag) or IAP_AUTH_PUBLIC_KEY_PATH.
-    func authentication(defaultMode: String = "jwt") async throws -> UserAuthentication {
+    func authentication(dev: Bool = false) async throws -> UserAuthentication {
         let reader = SettingReader()
-        switch reader.string(auth, "IAP_AUTH", default: defaultMode) {
+        switch reader.string(auth, .auth, default: Setting.auth.fallback(dev: dev)) {
         case "off":
             return .off
         case "jwt":
-            let lifetime = try Self.maxLifetime(reader.string(authMaxLifetime, "IAP_AUTH_MAX_LIFETIME", default: "24h"))
-            let secret = try reader.secret("IAP_AUTH_HS256_SECRET")
-            let keyPath = reader.optionalString(authPublicKeyPath, "IAP_AUTH_PUBLIC_KEY_PATH")
+            let lifetime = try Self.maxLifetime(reader.string(authMaxLifetime, .authMaxLifetime))
+            let secret = try reader.secret(.authHS256Secret)
+            let keyPath = reader.optionalString(authPublicKeyPath, .authPublicKeyPath)
             let key: UserTokenVerifier.Key
             switch (secret, keyPath) {
             case (let secret?, nil):
@@ -390,54 +402,54 @@ struct HTTPOptions: ParsableArguments {
                 do {
                     key = .publicKey(try String(contentsOfFile: path, encoding: .utf8))
                 } catch {
-                    throw ValidationError("IAP_AUTH_PUBLIC_KEY_PATH: cannot read \(path): \(error.localizedDescription)")
+                    throw ValidationError("\(Setting.authPublicKeyPath.variable): cannot read \(path): \(error.localizedDescription)")
                 }
             case (nil, nil):
                 throw ValidationError(
-                    "IAP_AUTH=jwt (the default) needs IAP_AUTH_HS256_SECRET (or IAP_AUTH_HS256_SECRET_FILE) or IAP_AUTH_PUBLIC_KEY_PATH; IAP_AUTH=off is for local development only")
+                    "\(Setting.auth.variable)=jwt (the default) needs \(Setting.authHS256Secret.variable) (or \(Setting.authHS256Secret.fileVariable)) or \(Setting.authPublicKeyPath.variable); \(Setting.auth.variable)=off is for local development only")
             case (_?, _?):
-                throw ValidationError("set one of IAP_AUTH_HS256_SECRET and IAP_AUTH_PUBLIC_KEY_PATH, not both")
+                throw ValidationError("set one of \(Setting.authHS256Secret.variable) and \(Setting.authPublicKeyPath.variable), not both")
             }
             do {
                 return .jwt(
                     try await UserTokenVerifier(
-                        key: key, audience: reader.optionalString(authAudience, "IAP_AUTH_AUDIENCE"),
-                        issuer: reader.optionalString(authIssuer, "IAP_AUTH_ISSUER"), maxLifetime: lifetime))
+                        key: key, audience: reader.optionalString(authAudience, .authAudience),
+                        issuer: reader.optionalString(authIssuer, .authIssuer), maxLifetime: lifetime))
             } catch {
-                throw ValidationError(keyPath == nil ? "IAP_AUTH_HS256_SECRET: \(error)" : "IAP_AUTH_PUBLIC_KEY_PATH: \(error)")
+                throw ValidationError(keyPath == nil ? "\(Setting.authHS256Secret.variable): \(error)" : "\(Setting.authPublicKeyPath.variable): \(error)")
             }
         case let other:
-            throw ValidationError("IAP_AUTH must be jwt or off; got '\(other)'")
+            throw ValidationError("\(Setting.auth.variable) must be jwt or off; got '\(other)'")
         }
     }
 }
 
 struct VerifierOptions: ParsableArguments {
-    @Option(name: .long, help: "Comma-separated bundle ids this deployment serves; receipts of other apps are rejected. Required. (env IAP_BUNDLE_IDS)")
+    @Option(name: .long, help: ArgumentHelp(Setting.bundleIds.help))
     var bundleIds: String?
 
-    @Option(name: .long, help: "Production verifyReceipt URL. (env IAP_APPSTORE_VERIFY_URL; default https://buy.itunes.apple.com/verifyReceipt)")
+    @Option(name: .long, help: ArgumentHelp(Setting.appStoreVerifyURL.help))
     var verifyURL: String?
 
-    @Option(name: .long, help: "Sandbox verifyReceipt URL. (env IAP_APPSTORE_SANDBOX_VERIFY_URL; default https://sandbox.itunes.apple.com/verifyReceipt)")
+    @Option(name: .long, help: ArgumentHelp(Setting.appStoreSandboxVerifyURL.help))
     var sandboxVerifyURL: String?
 
-    @Option(name: .long, help: "Seconds allowed for one call to Apple. (env IAP_APPSTORE_TIMEOUT_SECONDS; default 15)")
+    @Option(name: .long, help: ArgumentHelp(Setting.appStoreTimeoutSeconds.help))
     var appleTimeoutSeconds: Int?
 
-    @Option(name: .long, help: "Verifications in flight per process. (env IAP_VERIFIER_CONCURRENCY; default 64)")
+    @Option(name: .long, help: ArgumentHelp(Setting.verifierConcurrency.help))
     var concurrency: Int?
 
-    @Option(name: .long, help: "Comma-separated delays in seconds between attempts; the last repeats. (env IAP_RETRY_DELAYS; default 5,30,120,600,1800)")
+    @Option(name: .long, help: ArgumentHelp(Setting.retryDelays.help))
     var retryDelays: String?
 
-    @Option(name: .long, help: "Hours after which an upload that keeps failing transiently needs review. (env IAP_MAX_RETRY_AGE_HOURS; default 72)")
+    @Option(name: .long, help: ArgumentHelp(Setting.maxRetryAgeHours.help))
     var maxRetryAgeHours: Int?
 
-    @Option(name: .long, help: "Sandbox purchases: accept, reject, or allowlist (users in IAP_SANDBOX_ALLOWLIST only). (env IAP_SANDBOX; default accept)")
+    @Option(name: .long, help: ArgumentHelp(Setting.sandbox.help))
     var sandbox: String?
 
-    @Option(name: .long, help: "Comma-separated user ids whose sandbox purchases are credited under 'allowlist'. (env IAP_SANDBOX_ALLOWLIST)")
+    @Option(name: .long, help: ArgumentHelp(Setting.sandboxAllowlist.help))
     var sandboxAllowlist: String?
 
     func sandboxPolicy() throws -> SandboxPolicy {
@@ -448,162 +460,167 @@ struct VerifierOptions: ParsableArguments {
     /// credited, by uploads and by notifications alike.
     static func sandboxPolicy(flag sandbox: String? = nil, allowlistFlag sandboxAllowlist: String? = nil) throws -> SandboxPolicy {
         let reader = SettingReader()
-        switch reader.string(sandbox, "IAP_SANDBOX", default: "accept") {
+        switch reader.string(sandbox, .sandbox) {
         case "accept": return .accept
         case "reject": return .reject
         case "allowlist":
-            let users = (reader.optionalString(sandboxAllowlist, "IAP_SANDBOX_ALLOWLIST") ?? "")
+            let users = (reader.optionalString(sandboxAllowlist, .sandboxAllowlist) ?? "")
                 .split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
             guard !users.isEmpty else {
-                throw ValidationError("IAP_SANDBOX=allowlist needs IAP_SANDBOX_ALLOWLIST with at least one user id")
+                throw ValidationError("\(Setting.sandbox.variable)=allowlist needs \(Setting.sandboxAllowlist.variable) with at least one user id")
             }
             return .allowlist(Set(users))
         case let other:
-            throw ValidationError("IAP_SANDBOX must be accept, reject or allowlist; got '\(other)'")
+            throw ValidationError("\(Setting.sandbox.variable) must be accept, reject or allowlist; got '\(other)'")
         }
     }
 
     /// IAP_RESTORE: what a restore uploaded by another user than the owner does.
     static func restorePolicy() throws -> RestorePolicy {
-        let raw = SettingReader().string(nil, "IAP_RESTORE", default: "keep")
+        let raw = SettingReader().string(nil, .restore)
         guard let policy = RestorePolicy(rawValue: raw) else {
-            throw ValidationError("IAP_RESTORE must be keep or transfer; got '\(raw)'")
+            throw ValidationError("\(Setting.restore.variable) must be keep or transfer; got '\(raw)'")
         }
         return policy
     }
 
-    @Option(name: .long, help: "Transient Apple failures in a row that pause verification. (env IAP_BREAKER_FAILURES; default 20)")
+    @Option(name: .long, help: ArgumentHelp(Setting.breakerFailures.help))
     var breakerFailures: Int?
 
-    @Option(name: .long, help: "Seconds verification stays paused before a probe. (env IAP_BREAKER_OPEN_SECONDS; default 30)")
+    @Option(name: .long, help: ArgumentHelp(Setting.breakerOpenSeconds.help))
     var breakerOpenSeconds: Int?
 
     /// The shared secret comes from IAP_APPSTORE_SHARED_SECRET or IAP_APPSTORE_SHARED_SECRET_FILE only.
-    func verifyReceiptSettings(endpointsOverride: VerifyReceiptEndpoints? = nil, defaultBundleIds: String? = nil) throws
+    func verifyReceiptSettings(endpointsOverride: VerifyReceiptEndpoints? = nil, dev: Bool = false) throws
         -> VerifyReceiptClient.Settings
     {
         let reader = SettingReader()
-        let ids = try readBundleIds(bundleIds, default: defaultBundleIds)
+        let ids = try readBundleIds(bundleIds, default: dev ? Setting.bundleIds.devFallback : nil)
         let endpoints =
             endpointsOverride
             ?? VerifyReceiptEndpoints(
-                production: reader.string(verifyURL, "IAP_APPSTORE_VERIFY_URL", default: VerifyReceiptEndpoints.apple.production),
+                production: reader.string(verifyURL, .appStoreVerifyURL, default: VerifyReceiptEndpoints.apple.production),
                 sandbox: reader.string(
-                    sandboxVerifyURL, "IAP_APPSTORE_SANDBOX_VERIFY_URL", default: VerifyReceiptEndpoints.apple.sandbox))
-        for (variable, url) in [("IAP_APPSTORE_VERIFY_URL", endpoints.production), ("IAP_APPSTORE_SANDBOX_VERIFY_URL", endpoints.sandbox)] {
+                    sandboxVerifyURL, .appStoreSandboxVerifyURL, default: VerifyReceiptEndpoints.apple.sandbox))
+        for (variable, url) in [(Setting.appStoreVerifyURL.variable, endpoints.production), (Setting.appStoreSandboxVerifyURL.variable, endpoints.sandbox)] {
             guard let parsed = URL(string: url), ["http", "https"].contains(parsed.scheme ?? ""), parsed.host != nil else {
                 throw ValidationError("\(variable) must be an http(s) URL, got '\(url)'")
             }
         }
         return VerifyReceiptClient.Settings(
-            endpoints: endpoints, sharedSecret: try reader.secret("IAP_APPSTORE_SHARED_SECRET"), bundleIds: ids,
-            timeout: .seconds(try reader.int(appleTimeoutSeconds, "IAP_APPSTORE_TIMEOUT_SECONDS", default: 15, in: 1...300)))
+            endpoints: endpoints, sharedSecret: try reader.secret(.appStoreSharedSecret), bundleIds: ids,
+            timeout: .seconds(try reader.int(appleTimeoutSeconds, .appStoreTimeoutSeconds, in: 1...300)))
     }
 
     func verifierSettings(names: PipelineNames) throws -> VerifierSettings {
         let reader = SettingReader()
-        let rawDelays = reader.string(retryDelays, "IAP_RETRY_DELAYS", default: "5,30,120,600,1800")
+        let rawDelays = reader.string(retryDelays, .retryDelays)
         let delays = rawDelays.split(separator: ",").compactMap { Int($0.trimmingCharacters(in: .whitespaces)) }
         guard !delays.isEmpty, delays.count == rawDelays.split(separator: ",").count, delays.allSatisfy({ $0 > 0 }) else {
-            throw ValidationError("IAP_RETRY_DELAYS must be positive whole seconds separated by commas, got '\(rawDelays)'")
+            throw ValidationError("\(Setting.retryDelays.variable) must be positive whole seconds separated by commas, got '\(rawDelays)'")
         }
         return VerifierSettings(
             names: names,
-            concurrency: try reader.int(concurrency, "IAP_VERIFIER_CONCURRENCY", default: 64, in: 1...10_000),
+            concurrency: try reader.int(concurrency, .verifierConcurrency, in: 1...10_000),
             retrySchedule: RetrySchedule(delaysSeconds: delays),
-            maxRetryAge: .seconds(try reader.int(maxRetryAgeHours, "IAP_MAX_RETRY_AGE_HOURS", default: 72, in: 1...8760) * 3600),
+            maxRetryAge: .seconds(try reader.int(maxRetryAgeHours, .maxRetryAgeHours, in: 1...8760) * 3600),
             sandboxPolicy: try sandboxPolicy(),
             circuitBreaker: CircuitBreaker.Settings(
-                failureThreshold: try reader.int(breakerFailures, "IAP_BREAKER_FAILURES", default: 20, in: 1...100_000),
-                openDuration: .seconds(try reader.int(breakerOpenSeconds, "IAP_BREAKER_OPEN_SECONDS", default: 30, in: 1...3600))))
+                failureThreshold: try reader.int(breakerFailures, .breakerFailures, in: 1...100_000),
+                openDuration: .seconds(try reader.int(breakerOpenSeconds, .breakerOpenSeconds, in: 1...3600))))
     }
 }
 
 struct FakeAppStoreOptions: ParsableArguments {
-    @Option(name: .customLong("fake-appstore-host"), help: "Address the fake App Store listens on. (env IAP_FAKE_APPSTORE_HOST; default 127.0.0.1)")
+    @Option(name: .customLong("fake-appstore-host"), help: ArgumentHelp(Setting.fakeAppStoreHost.help))
     var fakeAppStoreHost: String?
 
-    @Option(name: .customLong("fake-appstore-port"), help: "Port the fake App Store listens on. (env IAP_FAKE_APPSTORE_PORT; default 8090)")
+    @Option(name: .customLong("fake-appstore-port"), help: ArgumentHelp(Setting.fakeAppStorePort.help))
     var fakeAppStorePort: Int?
 
-    @Option(name: .customLong("fake-appstore-database-path"), help: "SQLite file where the fake App Store keeps what it minted. (env IAP_FAKE_DATABASE_PATH; default fake-appstore.sqlite, for dev beside the order store)")
+    @Option(name: .customLong("fake-appstore-database-path"), help: ArgumentHelp(Setting.fakeDatabasePath.help))
     var fakeAppStoreDatabasePath: String?
 
-    func databasePath(default fallback: String) -> String {
-        SettingReader().string(fakeAppStoreDatabasePath, "IAP_FAKE_DATABASE_PATH", default: fallback)
+    /// The fake's SQLite file; `beside`, a file in whose folder the default goes (`iap dev`
+    /// keeps it beside the order store).
+    func databasePath(beside other: String? = nil) -> String {
+        let fallback = other.map {
+            URL(fileURLWithPath: $0).deletingLastPathComponent().appendingPathComponent(Setting.fakeDatabasePath.fallback ?? "").path
+        }
+        return SettingReader().string(fakeAppStoreDatabasePath, .fakeDatabasePath, default: fallback)
     }
 
-    @Option(name: .customLong("fake-api-key-path"), help: "PEM private key whose public half checks Server API bearer tokens; unset, the fake's Server API refuses every call. (env IAP_FAKE_API_KEY_PATH)")
+    @Option(name: .customLong("fake-api-key-path"), help: ArgumentHelp(Setting.fakeAPIKeyPath.help))
     var fakeAPIKeyPath: String?
 
-    @Option(name: .customLong("fake-api-key-id"), help: "Key id the fake expects in bearer tokens. (env IAP_FAKE_API_KEY_ID)")
+    @Option(name: .customLong("fake-api-key-id"), help: ArgumentHelp(Setting.fakeAPIKeyId.help))
     var fakeAPIKeyId: String?
 
-    @Option(name: .customLong("fake-issuer-id"), help: "Issuer id the fake expects in bearer tokens. (env IAP_FAKE_ISSUER_ID)")
+    @Option(name: .customLong("fake-issuer-id"), help: ArgumentHelp(Setting.fakeIssuerId.help))
     var fakeIssuerId: String?
 
-    @Option(name: .customLong("fake-notification-url"), help: "Where the fake sends App Store Server Notifications. (env IAP_FAKE_NOTIFICATION_URL)")
+    @Option(name: .customLong("fake-notification-url"), help: ArgumentHelp(Setting.fakeNotificationURL.help))
     var fakeNotificationURL: String?
 
     /// The Server API key the fake checks tokens against, if configured.
     func apiKey() throws -> FakeServerAPIKey? {
         let reader = SettingReader()
-        guard let path = reader.optionalString(fakeAPIKeyPath, "IAP_FAKE_API_KEY_PATH") else { return nil }
-        guard let keyId = reader.optionalString(fakeAPIKeyId, "IAP_FAKE_API_KEY_ID"),
-            let issuerId = reader.optionalString(fakeIssuerId, "IAP_FAKE_ISSUER_ID")
+        guard let path = reader.optionalString(fakeAPIKeyPath, .fakeAPIKeyPath) else { return nil }
+        guard let keyId = reader.optionalString(fakeAPIKeyId, .fakeAPIKeyId),
+            let issuerId = reader.optionalString(fakeIssuerId, .fakeIssuerId)
         else {
-            throw ValidationError("IAP_FAKE_API_KEY_PATH needs IAP_FAKE_API_KEY_ID and IAP_FAKE_ISSUER_ID")
+            throw ValidationError("\(Setting.fakeAPIKeyPath.variable) needs \(Setting.fakeAPIKeyId.variable) and \(Setting.fakeIssuerId.variable)")
         }
         do {
             return try FakeServerAPIKey(
                 privateKeyPEM: try String(contentsOfFile: path, encoding: .utf8), keyId: keyId, issuerId: issuerId)
         } catch {
-            throw ValidationError("IAP_FAKE_API_KEY_PATH: \(path) is not a readable P-256 PEM private key")
+            throw ValidationError("\(Setting.fakeAPIKeyPath.variable): \(path) is not a readable P-256 PEM private key")
         }
     }
 
     func notificationURL() -> String? {
-        SettingReader().optionalString(fakeNotificationURL, "IAP_FAKE_NOTIFICATION_URL")
+        SettingReader().optionalString(fakeNotificationURL, .fakeNotificationURL)
     }
 
     func address() throws -> (host: String, port: Int) {
         let reader = SettingReader()
         return (
-            reader.string(fakeAppStoreHost, "IAP_FAKE_APPSTORE_HOST", default: "127.0.0.1"),
-            try reader.int(fakeAppStorePort, "IAP_FAKE_APPSTORE_PORT", default: 8090, in: 0...65535)
+            reader.string(fakeAppStoreHost, .fakeAppStoreHost),
+            try reader.int(fakeAppStorePort, .fakeAppStorePort, in: 0...65535)
         )
     }
 }
 
 struct StoreKitOptions: ParsableArguments {
-    @Option(name: .long, help: "The App Store Server API key (.p8, PEM) from App Store Connect; enables transaction-id uploads and the Server API route for receipts. (env IAP_APPSTORE_KEY_PATH)")
+    @Option(name: .long, help: ArgumentHelp(Setting.appStoreKeyPath.help))
     var appstoreKeyPath: String?
 
-    @Option(name: .long, help: "The key's id in App Store Connect. (env IAP_APPSTORE_KEY_ID)")
+    @Option(name: .long, help: ArgumentHelp(Setting.appStoreKeyId.help))
     var appstoreKeyId: String?
 
-    @Option(name: .long, help: "The issuer id of the key (App Store Connect, Keys). (env IAP_APPSTORE_ISSUER_ID)")
+    @Option(name: .long, help: ArgumentHelp(Setting.appStoreIssuerId.help))
     var appstoreIssuerId: String?
 
-    @Option(name: .long, help: "App Store Server API base URL. (env IAP_APPSTORE_API_URL; default https://api.storekit.apple.com)")
+    @Option(name: .long, help: ArgumentHelp(Setting.appStoreAPIURL.help))
     var appstoreApiURL: String?
 
-    @Option(name: .long, help: "Sandbox App Store Server API base URL. (env IAP_APPSTORE_SANDBOX_API_URL; default https://api.storekit-sandbox.apple.com)")
+    @Option(name: .long, help: ArgumentHelp(Setting.appStoreSandboxAPIURL.help))
     var appstoreSandboxApiURL: String?
 
-    @Option(name: .long, help: "Share of Apple's per-app Server API rate limits this process may use: 1 for one verifier, 1/N for N. (env IAP_APPSTORE_API_RATE_SHARE; default 1)")
+    @Option(name: .long, help: ArgumentHelp(Setting.appStoreAPIRateShare.help))
     var appstoreApiRateShare: Double?
 
-    @Option(name: .long, help: "The app's App Store id; production notifications must name it. (env IAP_APP_APPLE_ID)")
+    @Option(name: .long, help: ArgumentHelp(Setting.appAppleId.help))
     var appAppleId: Int64?
 
-    @Option(name: .long, help: "Confirm locally verified signed transactions with Get Transaction Info: true or false. (env IAP_CONFIRM_WITH_API; default false)")
+    @Option(name: .long, help: ArgumentHelp(Setting.confirmWithAPI.help))
     var confirmWithAPI: String?
 
-    @Option(name: .long, help: "How app receipts are verified: server-api (transaction ids read locally, then looked up) or verify-receipt. (env IAP_RECEIPTS_VIA; default verify-receipt; server-api holds receipt purchases without an appAccountToken as owner_unknown)")
+    @Option(name: .long, help: ArgumentHelp(Setting.receiptsVia.help))
     var receiptsVia: String?
 
-    @Option(name: .long, help: "Comma-separated root certificate files (DER or PEM) that signed data must chain to; for tests only. (env IAP_TRUSTED_ROOTS; default Apple Root CA - G3, shipped)")
+    @Option(name: .long, help: ArgumentHelp(Setting.trustedRoots.help))
     var trustedRoots: String?
 
     /// StoreKit 2 settings; `bundleIds` names the app of the Server API key (exactly one).
@@ -611,44 +628,44 @@ struct StoreKitOptions: ParsableArguments {
         let reader = SettingReader()
         var settings = defaults
         if let roots = try readTrustedRoots(trustedRoots) { settings.trustedRoots = roots }
-        if let appAppleId = try readOptionalInt64(appAppleId, "IAP_APP_APPLE_ID") { settings.appAppleId = appAppleId }
-        switch reader.string(confirmWithAPI, "IAP_CONFIRM_WITH_API", default: settings.confirmWithAPI ? "true" : "false") {
+        if let appAppleId = try readOptionalInt64(appAppleId, .appAppleId) { settings.appAppleId = appAppleId }
+        switch reader.string(confirmWithAPI, .confirmWithAPI, default: settings.confirmWithAPI ? "true" : nil) {
         case "true": settings.confirmWithAPI = true
         case "false": settings.confirmWithAPI = false
-        case let other: throw ValidationError("IAP_CONFIRM_WITH_API must be true or false, got '\(other)'")
+        case let other: throw ValidationError("\(Setting.confirmWithAPI.variable) must be true or false, got '\(other)'")
         }
-        if let keyPath = reader.optionalString(appstoreKeyPath, "IAP_APPSTORE_KEY_PATH") {
-            guard let keyId = reader.optionalString(appstoreKeyId, "IAP_APPSTORE_KEY_ID"),
-                let issuerId = reader.optionalString(appstoreIssuerId, "IAP_APPSTORE_ISSUER_ID")
+        if let keyPath = reader.optionalString(appstoreKeyPath, .appStoreKeyPath) {
+            guard let keyId = reader.optionalString(appstoreKeyId, .appStoreKeyId),
+                let issuerId = reader.optionalString(appstoreIssuerId, .appStoreIssuerId)
             else {
-                throw ValidationError("IAP_APPSTORE_KEY_PATH needs IAP_APPSTORE_KEY_ID and IAP_APPSTORE_ISSUER_ID")
+                throw ValidationError("\(Setting.appStoreKeyPath.variable) needs \(Setting.appStoreKeyId.variable) and \(Setting.appStoreIssuerId.variable)")
             }
             guard bundleIds.count == 1, let bundleId = bundleIds.first else {
-                throw ValidationError("the App Store Server API key serves one app: set exactly one bundle id in IAP_BUNDLE_IDS")
+                throw ValidationError("the App Store Server API key serves one app: set exactly one bundle id in \(Setting.bundleIds.variable)")
             }
             let pem: String
             do {
                 pem = try String(contentsOfFile: keyPath, encoding: .utf8)
             } catch {
-                throw ValidationError("IAP_APPSTORE_KEY_PATH: cannot read \(keyPath): \(error.localizedDescription)")
+                throw ValidationError("\(Setting.appStoreKeyPath.variable): cannot read \(keyPath): \(error.localizedDescription)")
             }
-            let share = appstoreApiRateShare ?? Double(reader.optionalString(nil, "IAP_APPSTORE_API_RATE_SHARE") ?? "1")
+            let share = appstoreApiRateShare ?? Double(reader.string(nil, .appStoreAPIRateShare))
             guard let share, share > 0, share <= 1 else {
-                throw ValidationError("IAP_APPSTORE_API_RATE_SHARE must be a number above 0 and at most 1")
+                throw ValidationError("\(Setting.appStoreAPIRateShare.variable) must be a number above 0 and at most 1")
             }
             settings.serverAPI = AppStoreServerAPIClient.Settings(
                 keyId: keyId, issuerId: issuerId, privateKeyPEM: pem, bundleId: bundleId,
-                productionURL: reader.string(appstoreApiURL, "IAP_APPSTORE_API_URL", default: "https://api.storekit.apple.com"),
+                productionURL: reader.string(appstoreApiURL, .appStoreAPIURL),
                 sandboxURL: reader.string(
-                    appstoreSandboxApiURL, "IAP_APPSTORE_SANDBOX_API_URL", default: "https://api.storekit-sandbox.apple.com"),
+                    appstoreSandboxApiURL, .appStoreSandboxAPIURL),
                 rateShare: share)
             do {
                 _ = try ES256PrivateKey(pem: pem)
             } catch {
-                throw ValidationError("IAP_APPSTORE_KEY_PATH: \(keyPath) is not a P-256 private key in PEM (.p8)")
+                throw ValidationError("\(Setting.appStoreKeyPath.variable): \(keyPath) is not a P-256 private key in PEM (.p8)")
             }
         }
-        switch reader.optionalString(receiptsVia, "IAP_RECEIPTS_VIA") {
+        switch reader.optionalString(receiptsVia, .receiptsVia) {
         case nil:
             // verifyReceipt: Apple's answer vouches for the receipt. The Server API route reads
             // the receipt without checking its signature, so what it lists proves no ownership
@@ -656,11 +673,11 @@ struct StoreKitOptions: ParsableArguments {
             settings.receiptsThroughServerAPI = false
         case "server-api":
             guard settings.serverAPI != nil else {
-                throw ValidationError("IAP_RECEIPTS_VIA=server-api needs the App Store Server API key (IAP_APPSTORE_KEY_PATH)")
+                throw ValidationError("\(Setting.receiptsVia.variable)=server-api needs the App Store Server API key (\(Setting.appStoreKeyPath.variable))")
             }
             settings.receiptsThroughServerAPI = true
         case "verify-receipt": settings.receiptsThroughServerAPI = false
-        case let other?: throw ValidationError("IAP_RECEIPTS_VIA must be server-api or verify-receipt, got '\(other)'")
+        case let other?: throw ValidationError("\(Setting.receiptsVia.variable) must be server-api or verify-receipt, got '\(other)'")
         }
         return settings
     }
@@ -669,49 +686,49 @@ struct StoreKitOptions: ParsableArguments {
 /// What the intake checks App Store notifications against, for `iap intake` and `iap orders`
 /// (`iap verifier` and `iap dev` read the same variables with their own options).
 struct NotificationOptions: ParsableArguments {
-    @Option(name: .long, help: "Comma-separated bundle ids this deployment serves; notifications for other apps get 403. Required. (env IAP_BUNDLE_IDS)")
+    @Option(name: .long, help: ArgumentHelp(Setting.bundleIds.help))
     var bundleIds: String?
 
-    @Option(name: .long, help: "The app's App Store id; production notifications must name it. (env IAP_APP_APPLE_ID)")
+    @Option(name: .long, help: ArgumentHelp(Setting.appAppleId.help))
     var appAppleId: Int64?
 
-    @Option(name: .long, help: "Comma-separated root certificate files (DER or PEM) that notifications must chain to; for tests only. (env IAP_TRUSTED_ROOTS; default Apple Root CA - G3, shipped)")
+    @Option(name: .long, help: ArgumentHelp(Setting.trustedRoots.help))
     var trustedRoots: String?
 
     /// Sets the bundle ids, roots and app id the intake checks each notification against.
     func apply(to settings: inout PipelineSettings) throws {
         settings.verifyReceipt.bundleIds = try readBundleIds(bundleIds, default: nil, purpose: "notifications")
         if let roots = try readTrustedRoots(trustedRoots) { settings.storeKit.trustedRoots = roots }
-        if let appAppleId = try readOptionalInt64(appAppleId, "IAP_APP_APPLE_ID") { settings.storeKit.appAppleId = appAppleId }
+        if let appAppleId = try readOptionalInt64(appAppleId, .appAppleId) { settings.storeKit.appAppleId = appAppleId }
     }
 }
 
 /// IAP_BUNDLE_IDS (or its flag): one or more bundle ids, separated by commas; required.
 private func readBundleIds(_ flag: String?, default fallback: String?, purpose: String = "receipts") throws -> Set<String> {
-    guard let raw = SettingReader().optionalString(flag, "IAP_BUNDLE_IDS") ?? fallback else {
-        throw ValidationError("IAP_BUNDLE_IDS is required: the bundle ids whose \(purpose) this deployment accepts")
+    guard let raw = SettingReader().optionalString(flag, .bundleIds) ?? fallback else {
+        throw ValidationError("\(Setting.bundleIds.variable) is required: the bundle ids whose \(purpose) this deployment accepts")
     }
     let ids = Set(raw.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty })
-    guard !ids.isEmpty else { throw ValidationError("IAP_BUNDLE_IDS names no bundle id") }
+    guard !ids.isEmpty else { throw ValidationError("\(Setting.bundleIds.variable) names no bundle id") }
     return ids
 }
 
 /// IAP_TRUSTED_ROOTS (or its flag): certificate files, separated by commas; nil when unset.
 private func readTrustedRoots(_ flag: String?) throws -> [Certificate]? {
-    guard let paths = SettingReader().optionalString(flag, "IAP_TRUSTED_ROOTS") else { return nil }
+    guard let paths = SettingReader().optionalString(flag, .trustedRoots) else { return nil }
     return try paths.split(separator: ",").map { path in
         let path = path.trimmingCharacters(in: .whitespaces)
         do {
             return try certificate(atPath: path)
         } catch {
-            throw ValidationError("IAP_TRUSTED_ROOTS: \(path) is not a readable certificate: \(error)")
+            throw ValidationError("\(Setting.trustedRoots.variable): \(path) is not a readable certificate: \(error)")
         }
     }
 }
 
-private func readOptionalInt64(_ flag: Int64?, _ variable: String) throws -> Int64? {
+private func readOptionalInt64(_ flag: Int64?, _ setting: Setting) throws -> Int64? {
     if let flag { return flag }
-    guard let raw = SettingReader().optionalString(nil, variable) else { return nil }
-    guard let value = Int64(raw) else { throw ValidationError("\(variable) must be a whole number, got '\(raw)'") }
+    guard let raw = SettingReader().optionalString(nil, setting) else { return nil }
+    guard let value = Int64(raw) else { throw ValidationError("\(setting.variable) must be a whole number, got '\(raw)'") }
     return value
 }

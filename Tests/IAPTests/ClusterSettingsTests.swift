@@ -7,31 +7,31 @@ import Testing
 @Suite("Cluster settings: broker URLs and queue types")
 struct ClusterSettingsTests {
     @Test func oneURLReadsAsBefore() async throws {
-        let configuration = try AMQPConfiguration(url: "amqp://user:pa%40ss@broker.example:5673/vh")
+        let configuration = try AMQPConfiguration(url: "amqp://user:pa%40ss@broker.example:5673/vh", heartbeatSeconds: 10)
         #expect(configuration.nodes.count == 1)
         #expect(configuration.host == "broker.example" && configuration.port == 5673)
         #expect(configuration.nodes[0].user == "user" && configuration.nodes[0].password == "pa@ss")
         #expect(configuration.nodes[0].virtualHost == "vh")
         #expect(configuration.redactedURL == "amqp://user@broker.example:5673/vh")
-        #expect(try AMQPConfiguration(url: "amqp://localhost").nodes[0].virtualHost == "/")
-        #expect(throws: AMQPError.self) { try AMQPConfiguration(url: "http://localhost/") }
+        #expect(try AMQPConfiguration(url: "amqp://localhost", heartbeatSeconds: 10).nodes[0].virtualHost == "/")
+        #expect(throws: AMQPError.self) { try AMQPConfiguration(url: "http://localhost/", heartbeatSeconds: 10) }
     }
 
     @Test func severalURLsAreTheNodesInOrder() async throws {
         let configuration = try AMQPConfiguration(
-            url: "amqp://u:secret@rabbit-1:5672/, amqp://u:secret@rabbit-2:5673/ ,amqp://u:secret@rabbit-3/")
+            url: "amqp://u:secret@rabbit-1:5672/, amqp://u:secret@rabbit-2:5673/ ,amqp://u:secret@rabbit-3/", heartbeatSeconds: 10)
         #expect(configuration.nodes.map(\.host) == ["rabbit-1", "rabbit-2", "rabbit-3"])
         #expect(configuration.nodes.map(\.port) == [5672, 5673, 5672])
         #expect(!configuration.redactedURL.contains("secret"))
         #expect(configuration.redactedURL.split(separator: ",").count == 3)
         do {
-            _ = try AMQPConfiguration(url: "amqp://rabbit-1/,rabbit-2:5672,amqp://rabbit-3/")
+            _ = try AMQPConfiguration(url: "amqp://rabbit-1/,rabbit-2:5672,amqp://rabbit-3/", heartbeatSeconds: 10)
             Issue.record("a bad second URL was accepted")
         } catch {
             #expect(error.code == .invalidURL)
             #expect(error.message.contains("URL 2 of 3"), "\(error.message)")
         }
-        #expect(throws: AMQPError.self) { try AMQPConfiguration(url: "amqp://rabbit-1/,") }
+        #expect(throws: AMQPError.self) { try AMQPConfiguration(url: "amqp://rabbit-1/,", heartbeatSeconds: 10) }
     }
 
     @Test func classicQueuesAreDeclaredAsBefore() {
