@@ -140,11 +140,20 @@ public struct FakeAppStore: Sendable {
                 status: .ok, headers: [.contentType: "application/pkix-cert"],
                 body: .init(byteBuffer: ByteBuffer(bytes: try rootCertificateDER())))
         }
+        addPurchasesRoutes(to: router)
+        addDevicesRoutes(to: router)
+        addSubscriptionsRoutes(to: router)
+        addNotificationsRoutes(to: router)
+        addFaultsRoutes(to: router)
+        addAppleRoutes(to: router)
+        return router
+    }
+
+    /// `/fake/purchases`: minting, and what happens to a purchase afterwards (cancel, refund,
+    /// decline a refund, restore, finish).
+    private func addPurchasesRoutes(to router: Router<BasicRequestContext>) {
         router.post("/fake/purchases") { request, context in
             try await mintPurchase(request, context: context)
-        }
-        router.post("/fake/devices/{deviceId}/receipt") { _, context in
-            try self.refreshedReceipt(deviceId: try context.parameters.require("deviceId"))
         }
         router.post("/fake/purchases/{transactionId}/cancel") { _, context in
             let id = try context.parameters.require("transactionId")
@@ -214,6 +223,18 @@ public struct FakeAppStore: Sendable {
                     transactionId: id, finishedDateMs: String(Self.milliseconds(purchase.finishedDate ?? Date())),
                     leavesReceipt: purchase.type == "consumable"))
         }
+    }
+
+    /// `/fake/devices`: a device's receipt, refreshed.
+    private func addDevicesRoutes(to router: Router<BasicRequestContext>) {
+        router.post("/fake/devices/{deviceId}/receipt") { _, context in
+            try self.refreshedReceipt(deviceId: try context.parameters.require("deviceId"))
+        }
+    }
+
+    /// `/fake/subscriptions`: a chain's renewals, resubscriptions, renewal trouble, expiry,
+    /// upgrades and extensions.
+    private func addSubscriptionsRoutes(to router: Router<BasicRequestContext>) {
         router.post("/fake/subscriptions/{originalTransactionId}/renew") { _, context in
             // The next period; while Apple retries a failed renewal, its recovery.
             let id = try context.parameters.require("originalTransactionId")
@@ -299,6 +320,11 @@ public struct FakeAppStore: Sendable {
                     expiresDateMs: period.expiresDate.map { String(Self.milliseconds($0)) } ?? "",
                     notificationType: "RENEWAL_EXTENDED"))
         }
+    }
+
+    /// What Apple tells the developer's server: held and released notifications, a purchase's
+    /// notification sent (again), consent rescinded, and the consumption answers received.
+    private func addNotificationsRoutes(to router: Router<BasicRequestContext>) {
         router.post("/fake/notifications/hold") { _, _ in
             // From now on every notification waits for /fake/notifications/release.
             ledger.hold()
@@ -361,8 +387,10 @@ public struct FakeAppStore: Sendable {
             return Response(
                 status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(string: body)))
         }
-        storeKit.addRoutes(to: router, prefix: "", environment: "Production")
-        storeKit.addRoutes(to: router, prefix: "/sandbox", environment: "Sandbox")
+    }
+
+    /// Faults, latency and counters the tests set and read.
+    private func addFaultsRoutes(to router: Router<BasicRequestContext>) {
         router.post("/fake/faults") { request, context in
             ledger.addFault(try await request.decode(as: FakeLedger.Fault.self, context: context))
             return HTTPResponse.Status.noContent
@@ -381,13 +409,18 @@ public struct FakeAppStore: Sendable {
             if let rate = config.errorRate { ledger.errorRate = rate }
             return HTTPResponse.Status.noContent
         }
+    }
+
+    /// Apple's own endpoints: `verifyReceipt` and the App Store Server API, production and sandbox.
+    private func addAppleRoutes(to router: Router<BasicRequestContext>) {
+        storeKit.addRoutes(to: router, prefix: "", environment: "Production")
+        storeKit.addRoutes(to: router, prefix: "/sandbox", environment: "Sandbox")
         router.post("/verifyReceipt") { request, _ in
             try await verifyReceipt(request, endpoint: "Production")
         }
         router.post("/sandbox/verifyReceipt") { request, _ in
             try await verifyReceipt(request, endpoint: "Sandbox")
         }
-        return router
     }
 
     /// Builds the fake as a runnable HTTP application.
