@@ -50,7 +50,9 @@ struct EdgeSecurityTests {
             let refilled = Int(lastAnswer.components.seconds) + 1
             #expect(
                 held <= 5 + refilled, "\(held) held of 15 with a burst of 5 and \(refilled) refilled in \(lastAnswer)")
-            #expect(!refused.isEmpty && lastAnswer < .seconds(3), "429s answered by \(lastAnswer): \(refused.count) of 15")
+            // At once: long before the bodies' 20 s timeout could have answered them (under a
+            // full suite's load "at once" has been 3.4 s).
+            #expect(!refused.isEmpty && lastAnswer < .seconds(10), "429s answered by \(lastAnswer): \(refused.count) of 15")
             withExtendedLifetime(clients) {}
         }
     }
@@ -224,7 +226,10 @@ struct EdgeSecurityTests {
                 admin + "/admin/actions/note", method: .POST, form: note, headers: office.merging(["Cookie": cookie]) { $1 })
             let took = ContinuousClock.now - started
             #expect(acted.status == 303, "\(acted.status) \(acted.text.prefix(300))")
-            #expect(took < .seconds(1), "signing in and acting took \(took)")
+            // Never kept out: had the held sign-ins kept the operator waiting, the wait would
+            // last until their own body timeout (3 s) cut them off. Under a full suite's load
+            // signing in and acting has taken just over a second.
+            #expect(took < .milliseconds(2500), "signing in and acting took \(took)")
             // The operator signed in before the flood acts too.
             let earlierCSRF = try #require(try await Self.noteCSRF(admin, cookie: earlierCookie, headers: office))
             let earlierNote = "userId=ana&text=noted&csrf=\(earlierCSRF)&back=%2Fadmin%2Fusers%2Fana&key=\(UUID().uuidString)"

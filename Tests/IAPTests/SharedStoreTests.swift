@@ -210,18 +210,26 @@ struct SharedStoreTests {
         try await fillOutbox(stores[0], events: 10, work: 5)
         let logger = Logger(label: "iap.tests.relay")
         let released = NIOLockedValueBox(false)
+        let waiting = NIOLockedValueBox(false)
         let first = NIOLockedValueBox([String]())
         let second = NIOLockedValueBox([String]())
-        let slow = OutboxRelay(store: stores[0], lease: .seconds(1), logger: logger) { message in
+        let lease = Duration.seconds(2)
+        let slow = OutboxRelay(store: stores[0], lease: lease, logger: logger) { message in
             // The broker holds the first relay's events (a confirm that does not come).
-            while !message.mandatory && !released.withLockedValue({ $0 }) { try await Task.sleep(for: .milliseconds(20)) }
+            while !message.mandatory && !released.withLockedValue({ $0 }) {
+                waiting.withLockedValue { $0 = true }
+                try await Task.sleep(for: .milliseconds(20))
+            }
             first.withLockedValue { $0.append(String(decoding: message.body, as: UTF8.self)) }
         }
-        let other = OutboxRelay(store: stores[1], lease: .seconds(1), logger: logger) { message in
+        let other = OutboxRelay(store: stores[1], lease: lease, logger: logger) { message in
             second.withLockedValue { $0.append(String(decoding: message.body, as: UTF8.self)) }
         }
         let slowBatch = Task { await slow.relayBatch() }
-        try await Task.sleep(for: .milliseconds(3500))
+        // From the moment the slow relay holds its claims and waits for the broker (on a loaded
+        // machine its claim can take a while), three leases and a half.
+        #expect(try await eventually(timeout: .seconds(30), interval: .milliseconds(20)) { waiting.withLockedValue { $0 } })
+        try await Task.sleep(for: lease * 3.5)
         #expect(await other.relayBatch() == 0, "three leases later the rows are still claimed")
         #expect(try await stores[1].outboxBacklog() == 15, "nothing is deleted before its publish returns")
         released.withLockedValue { $0 = true }
