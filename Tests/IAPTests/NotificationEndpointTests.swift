@@ -293,6 +293,7 @@ extension BrokerTests {
             let forged = try ForgedNotification.make(signer: try FakeCertificateAuthority.generate(name: "Not Apple"))
             let attacker = ["X-Real-IP": "203.0.113.7"]
             let flooding = NIOLockedValueBox(true)
+            let sent = NIOLockedValueBox(0)
             let flood = Task {
                 try await withThrowingTaskGroup(of: [Int: Int].self) { group in
                     for connection in 0..<16 {
@@ -303,6 +304,7 @@ extension BrokerTests {
                                 let body = index.isMultiple(of: 2) ? nil : try JSONEncoder().encode(["signedPayload": forged])
                                 let answer = try await HTTP.send(url, method: .POST, body: body, headers: attacker)
                                 statuses[answer.status, default: 0] += 1
+                                sent.withLockedValue { $0 += 1 }
                                 index += 1
                             }
                             return statuses
@@ -313,7 +315,9 @@ extension BrokerTests {
                     return all
                 }
             }
-            try await Task.sleep(for: .milliseconds(500))
+            // Apple's refund comes once the flood is in full swing (a hundred requests in, however
+            // long a loaded machine takes to send them), and the flood goes on until it is applied.
+            #expect(try await eventually(timeout: .seconds(20), interval: .milliseconds(20)) { sent.withLockedValue { $0 } > 100 })
             let refund = try await HTTP.post(
                 pipeline.fakeURL + "/fake/purchases/\(purchase.transactionId)/refund", json: [String: String]())
             #expect(refund.status == 200, "\(refund.text)")
