@@ -29,13 +29,18 @@ struct Microbench {
             seconds = Double(arguments[index + 1]) ?? seconds
             arguments.removeSubrange(index...index + 1)
         }
+        var databaseURL: String?
+        if let index = arguments.firstIndex(of: "--database-url"), index + 1 < arguments.count {
+            databaseURL = arguments[index + 1]
+            arguments.removeSubrange(index...index + 1)
+        }
         let which = Set(arguments.isEmpty ? ["all"] : arguments)
         let all = which.contains("all")
         print("iap-microbench: \(ProcessInfo.processInfo.activeProcessorCount) cores, \(seconds) s per figure, one task")
         if all || which.contains("jws") { try await jws(seconds: seconds) }
         if all || which.contains("receipt") { try receipt(seconds: seconds) }
         if all || which.contains("codec") { try codec(seconds: seconds) }
-        if all || which.contains("finisher") { try await finisher(seconds: seconds) }
+        if all || which.contains("finisher") { try await finisher(seconds: seconds, databaseURL: databaseURL) }
     }
 
     /// Runs `body` for about `seconds`; prints and returns operations per second.
@@ -118,16 +123,58 @@ struct Microbench {
         }
     }
 
-    static func finisher(seconds: Double) async throws {
-        let path = FileManager.default.temporaryDirectory.appendingPathComponent("microbench-\(UUID().uuidString).sqlite").path
-        defer { for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: path + suffix) } }
-        let store = try OrderStore(path: path)
+    /// With `databaseURL` (`postgres://…/DB`), both stores are fresh databases on that server
+    /// (`DB_microbench_…`, dropped at the end) rather than SQLite files.
+    static func finisher(seconds: Double, databaseURL: String?) async throws {
+        let statements = NIOLockedValueBox(0)
+        let store: OrderStore
         // A second store whose every statement is counted (apart, so that counting costs the
         // timed one nothing): the SQL cost of one credited purchase.
-        let countedPath = path + "-counted"
-        defer { for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: countedPath + suffix) } }
-        let statements = NIOLockedValueBox(0)
-        let counting = try OrderStore(path: countedPath, statementObserver: { _ in statements.withLockedValue { $0 += 1 } })
+        let counting: OrderStore
+        var cleanUp: [@Sendable () async -> Void] = []
+        if let databaseURL {
+            let server = try PostgresLocation(url: databaseURL)
+            let suffix = UUID().uuidString.prefix(8).lowercased()
+            var timed = server
+            timed.database = "\(server.database)_microbench_\(suffix)"
+            var counted = timed
+            counted.database += "_counted"
+            for database in [timed.database, counted.database] {
+                try await PostgresDatabase.withConnection(to: server) { db in _ = try await db.execute(sql: "CREATE DATABASE \(database)", arguments: []) }
+                cleanUp.append {
+                    _ = try? await PostgresDatabase.withConnection(to: server) { db in
+                        try await db.execute(sql: "DROP DATABASE IF EXISTS \(database) WITH (FORCE)", arguments: [])
+                    }
+                }
+            }
+            store = try await OrderStore(location: .postgres(timed))
+            counting = try await OrderStore(
+                location: .postgres(counted), statementObserver: { _ in statements.withLockedValue { $0 += 1 } })
+        } else {
+            let path = FileManager.default.temporaryDirectory.appendingPathComponent("microbench-\(UUID().uuidString).sqlite").path
+            let countedPath = path + "-counted"
+            cleanUp.append {
+                for file in [path, countedPath] {
+                    for suffix in ["", "-wal", "-shm"] { try? FileManager.default.removeItem(atPath: file + suffix) }
+                }
+            }
+            store = try await OrderStore(path: path)
+            counting = try await OrderStore(path: countedPath, statementObserver: { _ in statements.withLockedValue { $0 += 1 } })
+        }
+        do {
+            try await creditingFigures(store: store, counting: counting, statements: statements, seconds: seconds)
+        } catch {
+            for store in [store, counting] { await store.close() }
+            for step in cleanUp { await step() }
+            throw error
+        }
+        for store in [store, counting] { await store.close() }
+        for step in cleanUp { await step() }
+    }
+
+    static func creditingFigures(
+        store: OrderStore, counting: OrderStore, statements: NIOLockedValueBox<Int>, seconds: Double
+    ) async throws {
         let next = NIOLockedValueBox(0)
         let policy = CreditPolicy(eventsExchange: "iap.events")
         // One upload accepted, then its verified result applied (one credit and its event).
@@ -152,8 +199,16 @@ struct Microbench {
         let before = statements.withLockedValue { $0 }
         for _ in 0..<100 { try await acceptAndCredit(into: counting) }
         let counted = Double(statements.withLockedValue { $0 } - before) / 100
-        print("statements per upload (accept + credit one)".padding(toLength: 44, withPad: " ", startingAt: 0) + String(format: "%10.1f", counted))
-        try await measure("finisher transaction (accept + credit one)", seconds: seconds) { try await acceptAndCredit(into: store) }
+        print("statements sent per upload (accept + credit)".padding(toLength: 44, withPad: " ", startingAt: 0) + String(format: "%10.1f", counted))
+        // From before `measure`'s 50 warm-up runs, which the count below adds.
+        let cpuBefore = processCPU()
+        let oneAtATime = try await measure("finisher transaction (accept + credit one)", seconds: seconds) {
+            try await acceptAndCredit(into: store)
+        }
+        let cpuSeconds = processCPU() - cpuBefore
+        print(
+            "  process CPU per transaction".padding(toLength: 44, withPad: " ", startingAt: 0)
+                + String(format: "%10.1f µs", cpuSeconds / (oneAtATime * seconds + 50) * 1e6))
         // 64 at once, as under load: the order store's group commit shares each commit.
         let perSecond = try await measure("  64 at once (group commit), per 64", seconds: seconds) {
             try await withThrowingTaskGroup(of: Void.self) { group in
@@ -178,4 +233,11 @@ struct Microbench {
         let perSecond = Double(count) / (Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18)
         print(name.padding(toLength: 44, withPad: " ", startingAt: 0) + String(format: "%10.0f /s  (%.1f µs each)", perSecond, 1e6 / perSecond))
     }
+}
+
+/// User and system CPU seconds of this process so far.
+func processCPU() -> Double {
+    var usage = rusage()
+    getrusage(__rusage_who_t(RUSAGE_SELF.rawValue), &usage)
+    return Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6
 }

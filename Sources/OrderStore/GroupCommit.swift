@@ -1,3 +1,4 @@
+import Foundation
 import NIOConcurrencyHelpers
 
 /// Group commit: writes that arrive while a commit is on disk wait for the next one and share
@@ -9,14 +10,24 @@ import NIOConcurrencyHelpers
 /// write, which is what bounds an order store taking thousands of uploads and results a
 /// second. A lone write is committed at once: nothing waits for a batch to fill.
 final class GroupCommit: Sendable {
+    /// What became of one unit in a batch.
+    private enum Outcome: Sendable {
+        case done
+        case failed(any Error)
+        /// It met another writer's work (PostgreSQL's 40001, or a row it expected to insert
+        /// found taken): its savepoint is undone, the others stay, and it runs again in the next
+        /// batch on fresh facts.
+        case conflicted(any Error)
+    }
+
     /// One caller's unit of work and how to answer it.
     private struct Pending: Sendable {
-        /// Runs the work in a savepoint of the shared transaction and keeps its outcome.
-        /// Runs the work in a savepoint of the shared transaction, keeps its outcome, and
-        /// returns its error if it failed.
-        let run: @Sendable (any SQLConnection) -> (any Error)?
+        /// Runs the work in a savepoint of the shared transaction and keeps its value.
+        let run: @Sendable (any SQLConnection) async -> Outcome
         /// After the commit: answers with the kept outcome, or with the commit's own error.
         let resume: @Sendable ((any Error)?) -> Void
+        /// Batches it conflicted in so far.
+        var conflicts = 0
     }
 
     private struct State {
@@ -36,19 +47,21 @@ final class GroupCommit: Sendable {
 
     /// Runs `work` in a savepoint of the next group commit and returns its value once that
     /// commit is durable. An error thrown by `work` rolls back its own savepoint only.
-    func write<T: Sendable>(_ work: @escaping @Sendable (any SQLConnection) throws -> T) async throws -> T {
+    func write<T: Sendable>(_ work: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
             // Written on the writer's queue, read after the commit: never at the same time.
             let outcome = NIOLockedValueBox<Result<T, any Error>?>(nil)
             let pending = Pending(
                 run: { db in
                     do {
-                        let value = try db.inSavepoint { try work(db) }
+                        let value = try await db.inSavepoint { try await work(db) }
                         outcome.withLockedValue { $0 = .success(value) }
-                        return nil
+                        return .done
+                    } catch let error as SQLError where error.kind == .serializationFailure && db.isInsideTransaction {
+                        return .conflicted(error)
                     } catch {
                         outcome.withLockedValue { $0 = .failure(error) }
-                        return error
+                        return .failed(error)
                     }
                 },
                 resume: { commitError in
@@ -80,7 +93,14 @@ final class GroupCommit: Sendable {
 
     /// Commits batches until nobody waits.
     private func drain() async {
+        var backoff = 0
         while true {
+            if backoff > 0 {
+                // Units that conflicted run again after a pause that grows with their conflicts,
+                // jittered, so that two order services whose units keep meeting stop meeting.
+                let limit = min(0.002 * pow(2, Double(min(backoff, 10))), 0.25)
+                try? await Task.sleep(for: .seconds(Double.random(in: 0...1) * limit))
+            }
             let batch = state.withLockedValue { state -> [Pending] in
                 guard !state.pending.isEmpty else {
                     state.draining = false
@@ -94,24 +114,53 @@ final class GroupCommit: Sendable {
             }
             if batch.isEmpty { return }
             do {
-                try await database.write { db in
-                    for pending in batch {
-                        let error = pending.run(db)
-                        // Some errors (disk full, I/O, a lost connection) roll back the whole
-                        // transaction, taking the writes before them with it: fail the batch
-                        // rather than commit what follows and report the lost ones as stored.
-                        // (On PostgreSQL a lost connection or a conflict runs the batch again.)
-                        guard db.isInsideTransaction else {
-                            throw (error as? SQLError) ?? SQLError(.other, "the group commit's transaction was rolled back")
+                let conflicted = try await database.write { db -> [Int: any Error] in
+                    var conflicted: [Int: any Error] = [:]
+                    for (index, pending) in batch.enumerated() {
+                        switch await pending.run(db) {
+                        case .done:
+                            break
+                        case .conflicted(let error):
+                            conflicted[index] = error
+                        case .failed(let error):
+                            // Some errors (disk full, I/O, a lost connection) roll back the whole
+                            // transaction, taking the writes before them with it: fail the batch
+                            // rather than commit what follows and report the lost ones as stored.
+                            // (On PostgreSQL a lost connection runs the batch again.)
+                            guard db.isInsideTransaction else {
+                                throw (error as? SQLError) ?? SQLError(.other, "the group commit's transaction was rolled back")
+                            }
                         }
                     }
+                    return conflicted
                 }
-                for pending in batch { pending.resume(nil) }
+                var again: [Pending] = []
+                for (index, pending) in batch.enumerated() {
+                    guard let error = conflicted[index] else {
+                        pending.resume(nil)
+                        continue
+                    }
+                    var retried = pending
+                    retried.conflicts += 1
+                    if retried.conflicts > Self.maxConflicts {
+                        retried.resume(error)
+                    } else {
+                        again.append(retried)
+                    }
+                }
+                backoff = again.map(\.conflicts).max() ?? 0
+                if !again.isEmpty {
+                    state.withLockedValue { $0.pending.insert(contentsOf: again, at: 0) }
+                }
             } catch {
                 // The commit failed, or the transaction was rolled back under it (disk full, I/O
                 // error): nothing of the batch is stored, and every caller hears so.
                 for pending in batch { pending.resume(error) }
+                backoff = 0
             }
         }
     }
+
+    /// Batches a unit may conflict in before its caller hears of the conflict.
+    static let maxConflicts = 64
 }

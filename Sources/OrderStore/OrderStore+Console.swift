@@ -140,30 +140,30 @@ extension OrderStore {
         guard !term.isEmpty else { return [] }
         return try await database.read { db in
             var hits: [ConsoleSearchHit] = []
-            func add(_ sql: String, _ matched: String, _ arguments: SQLArguments) throws {
-                for row in try db.rows(sql: sql, arguments: arguments) {
+            func add(_ sql: String, _ matched: String, _ arguments: SQLArguments) async throws {
+                for row in try await db.rows(sql: sql, arguments: arguments) {
                     let hit = ConsoleSearchHit(userId: row["userId"], matched: matched, subject: row["subject"])
                     if !hits.contains(where: { $0.userId == hit.userId }) { hits.append(hit) }
                 }
             }
-            try add(
+            try await add(
                 "SELECT userId, id AS subject FROM submission WHERE id = upper(?) LIMIT ?", "submission", [term, limit])
-            try add("SELECT userId, id AS subject FROM orders WHERE id = lower(?) LIMIT ?", "order", [term, limit])
-            try add(
+            try await add("SELECT userId, id AS subject FROM orders WHERE id = lower(?) LIMIT ?", "order", [term, limit])
+            try await add(
                 "SELECT userId, transactionId AS subject FROM purchase WHERE transactionId = ? LIMIT ?", "transaction",
                 [term, limit])
-            try add(
+            try await add(
                 "SELECT userId, originalTransactionId AS subject FROM purchase WHERE originalTransactionId = ? LIMIT ?",
                 "original_transaction", [term, limit])
-            try add(
+            try await add(
                 "SELECT userId, transactionId AS subject FROM grants WHERE transactionId = ? LIMIT ?", "grant", [term, limit])
-            try add(
+            try await add(
                 """
                 SELECT submission.userId AS userId, submission_transaction.transactionId AS subject
                 FROM submission_transaction JOIN submission ON submission.id = submission_transaction.submissionId
                 WHERE submission_transaction.transactionId = ? OR submission_transaction.originalTransactionId = ? LIMIT ?
                 """, "upload", [term, term, limit])
-            try add(
+            try await add(
                 """
                 SELECT ? AS userId, ? AS subject WHERE EXISTS (SELECT 1 FROM submission WHERE userId = ?)
                     OR EXISTS (SELECT 1 FROM purchase WHERE userId = ?) OR EXISTS (SELECT 1 FROM grants WHERE userId = ?)
@@ -180,7 +180,7 @@ extension OrderStore {
         return try await database.read { db in
             let marks = sqlMarks(transactionIds.count)
             var found: [String: ConsolePurchase] = [:]
-            for row in try db.rows(sql: "SELECT * FROM purchase WHERE transactionId IN (\(marks))", arguments: SQLArguments(transactionIds))
+            for row in try await db.rows(sql: "SELECT * FROM purchase WHERE transactionId IN (\(marks))", arguments: SQLArguments(transactionIds))
             {
                 let purchase = ConsolePurchase(row: row)
                 found[purchase.transactionId] = purchase
@@ -193,11 +193,11 @@ extension OrderStore {
     /// uploads, and one timeline of everything that happened to their purchases.
     public func consoleCustomer(_ userId: String, limit: Int = 500) async throws -> ConsoleCustomer {
         try await database.read { db in
-            let grants = try db.rows(sql: "SELECT * FROM grants WHERE userId = ? ORDER BY id LIMIT ?", arguments: [userId, limit]
+            let grants = try await db.rows(sql: "SELECT * FROM grants WHERE userId = ? ORDER BY id LIMIT ?", arguments: [userId, limit]
             ).map { ConsoleGrant(grant: Grant(row: $0), revokedAt: $0["revokedAt"], revokedBy: $0["revokedBy"]) }
-            let purchases = try db.rows(sql: "SELECT * FROM purchase WHERE userId = ? ORDER BY creditedAt LIMIT ?", arguments: [userId, limit]
+            let purchases = try await db.rows(sql: "SELECT * FROM purchase WHERE userId = ? ORDER BY creditedAt LIMIT ?", arguments: [userId, limit]
             ).map(ConsolePurchase.init(row:))
-            let subscriptions = try db.rows(sql: "SELECT * FROM subscription WHERE userId = ? ORDER BY updatedAt DESC LIMIT ?", arguments: [userId, limit]
+            let subscriptions = try await db.rows(sql: "SELECT * FROM subscription WHERE userId = ? ORDER BY updatedAt DESC LIMIT ?", arguments: [userId, limit]
             ).map {
                 SubscriptionRecord(
                     originalTransactionId: $0["originalTransactionId"], productId: $0["productId"],
@@ -208,13 +208,13 @@ extension OrderStore {
                     expiresDate: $0["expiresDate"], autoRenew: $0["autoRenew"],
                     gracePeriodExpiresDate: $0["gracePeriodExpiresDate"], updatedAt: $0["updatedAt"])
             }
-            let orders = try db.rows(sql: "SELECT * FROM orders WHERE userId = ? ORDER BY createdAt LIMIT ?", arguments: [userId, limit]
+            let orders = try await db.rows(sql: "SELECT * FROM orders WHERE userId = ? ORDER BY createdAt LIMIT ?", arguments: [userId, limit]
             ).map {
                 Order(
                     orderId: $0["id"], userId: $0["userId"], productId: $0["productId"], state: $0["state"],
                     transactionId: $0["transactionId"], createdAt: $0["createdAt"], updatedAt: $0["updatedAt"])
             }
-            let submissions = try db.rows(sql: "SELECT * FROM submission WHERE userId = ? ORDER BY acceptedAt LIMIT ?", arguments: [userId, limit]
+            let submissions = try await db.rows(sql: "SELECT * FROM submission WHERE userId = ? ORDER BY acceptedAt LIMIT ?", arguments: [userId, limit]
             ).map(ConsoleSubmission.init(row:))
 
             var timeline: [ConsoleEvent] = []
@@ -237,7 +237,7 @@ extension OrderStore {
                             subject: submission.submissionId))
                 }
             }
-            for row in try db.rows(sql: """
+            for row in try await db.rows(sql: """
                     SELECT submission_transaction.*, submission.updatedAt AS at FROM submission_transaction
                     JOIN submission ON submission.id = submission_transaction.submissionId
                     WHERE submission.userId = ? ORDER BY submission.acceptedAt, submission_transaction.rowid LIMIT ?
@@ -261,7 +261,7 @@ extension OrderStore {
                             actor: entry.revokedBy, subject: grant.transactionId))
                 }
             }
-            for row in try db.rows(sql: """
+            for row in try await db.rows(sql: """
                     SELECT * FROM notification WHERE transactionId IN (
                         SELECT transactionId FROM purchase WHERE userId = ? UNION SELECT transactionId FROM grants WHERE userId = ?)
                     ORDER BY appliedAt LIMIT ?
@@ -275,7 +275,7 @@ extension OrderStore {
                         summary: "App Store notification \(type) on transaction \(row["transactionId"] as String? ?? "?"): \(row["outcome"] as String)",
                         actor: "apple", subject: row["transactionId"]))
             }
-            for row in try db.rows(sql: """
+            for row in try await db.rows(sql: """
                     SELECT * FROM revocation WHERE creditKey IN (
                         SELECT creditKey FROM purchase WHERE userId = ? UNION SELECT creditKey FROM grants WHERE userId = ?)
                     LIMIT ?
@@ -294,7 +294,7 @@ extension OrderStore {
                             actor: "apple", subject: transactionId))
                 }
             }
-            for row in try db.rows(sql: """
+            for row in try await db.rows(sql: """
                     SELECT * FROM audit_log WHERE subject = 'user:' || ?
                         OR subject IN (
                             SELECT 'transaction:' || transactionId FROM purchase WHERE userId = ?
@@ -327,23 +327,23 @@ extension OrderStore {
     /// held purchases not granted, and submissions alerted since `alertsSince`.
     public func consoleWorkQueues(limit: Int = 50, alertsSince: Date) async throws -> ConsoleWorkQueues {
         try await database.read { db in
-            let needsReview = try db.rows(sql: "SELECT * FROM submission WHERE state = 'needs_review' AND finishable = 0 ORDER BY updatedAt LIMIT ?",
+            let needsReview = try await db.rows(sql: "SELECT * FROM submission WHERE state = 'needs_review' AND finishable = 0 ORDER BY updatedAt LIMIT ?",
                 arguments: [limit]
             ).map(ConsoleSubmission.init(row:))
             let needsReviewCount =
-                try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM submission WHERE state = 'needs_review' AND finishable = 0") ?? 0
+                try await Int.fetchOne(db, sql: "SELECT COUNT(*) FROM submission WHERE state = 'needs_review' AND finishable = 0") ?? 0
             let heldFilter = """
                 FROM purchase WHERE heldReason IS NOT NULL AND heldReason <> 'revoked'
                     AND NOT EXISTS (SELECT 1 FROM grants WHERE grants.transactionId = purchase.transactionId)
                 """
-            let held = try db.rows(sql: "SELECT * \(heldFilter) ORDER BY creditedAt LIMIT ?", arguments: [limit])
+            let held = try await db.rows(sql: "SELECT * \(heldFilter) ORDER BY creditedAt LIMIT ?", arguments: [limit])
                 .map(ConsolePurchase.init(row:))
-            let heldCount = try Int.fetchOne(db, sql: "SELECT COUNT(*) \(heldFilter)") ?? 0
-            let alerts = try db.rows(sql: "SELECT * FROM submission WHERE alertedAt >= ? ORDER BY alertedAt LIMIT ?",
+            let heldCount = try await Int.fetchOne(db, sql: "SELECT COUNT(*) \(heldFilter)") ?? 0
+            let alerts = try await db.rows(sql: "SELECT * FROM submission WHERE alertedAt >= ? ORDER BY alertedAt LIMIT ?",
                 arguments: [alertsSince, limit]
             ).map(ConsoleSubmission.init(row:))
             let alertCount =
-                try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM submission WHERE alertedAt >= ?", arguments: [alertsSince]) ?? 0
+                try await Int.fetchOne(db, sql: "SELECT COUNT(*) FROM submission WHERE alertedAt >= ?", arguments: [alertsSince]) ?? 0
             return ConsoleWorkQueues(
                 needsReview: needsReview, needsReviewCount: needsReviewCount, held: held, heldCount: heldCount,
                 alerts: alerts, alertCount: alertCount)
@@ -356,16 +356,16 @@ extension OrderStore {
         let hourStart = Date(timeIntervalSince1970: (now.timeIntervalSince1970 / 3600).rounded(.down) * 3600)
         let since = hourStart.addingTimeInterval(-Double(hours - 1) * 3600)
         let counts = try await database.read { db -> (uploads: [Int: Int], credits: [Int: Int]) in
-            func perHour(_ sql: String) throws -> [Int: Int] {
+            func perHour(_ sql: String) async throws -> [Int: Int] {
                 var result: [Int: Int] = [:]
-                for row in try db.rows(sql: sql, arguments: [since]) {
+                for row in try await db.rows(sql: sql, arguments: [since]) {
                     let at: Date = row["at"]
                     let index = Int((at.timeIntervalSince(since) / 3600).rounded(.down))
                     result[index, default: 0] += 1
                 }
                 return result
             }
-            return (
+            return await (
                 try perHour("SELECT acceptedAt AS at FROM submission WHERE acceptedAt >= ?"),
                 try perHour("SELECT grantedAt AS at FROM grants WHERE grantedAt >= ?")
             )
@@ -380,7 +380,7 @@ extension OrderStore {
     /// Adds a note about a customer to the audit log (action `note`, subject `user:<id>`).
     public func addNote(userId: String, actor: String, text: String, now: Date = Date()) async throws {
         try await database.write { db in
-            try Self.audit(actor: actor, action: "note", subject: "user:\(userId)", reason: text, details: [:], now: now, in: db)
+            try await Self.audit(actor: actor, action: "note", subject: "user:\(userId)", reason: text, details: [:], now: now, in: db)
         }
     }
 
@@ -389,7 +389,7 @@ extension OrderStore {
         actor: String, action: String, subject: String, reason: String, details: [String: String], now: Date = Date()
     ) async throws {
         try await database.write { db in
-            try Self.audit(actor: actor, action: action, subject: subject, reason: reason, details: details, now: now, in: db)
+            try await Self.audit(actor: actor, action: action, subject: subject, reason: reason, details: details, now: now, in: db)
         }
     }
 
@@ -403,7 +403,7 @@ extension OrderStore {
         do {
             return try await database.write { db throws -> VerifyRequest in
                 guard
-                    let row = try db.row(sql: """
+                    let row = try await db.row(sql: """
                             SELECT id, userId, orderId, transactionId, receiptData, signedTransaction, signedPayload, attempts,
                                 acceptedAt, state FROM submission WHERE id = ?
                             """, arguments: [id.uuidString])
@@ -413,8 +413,8 @@ extension OrderStore {
                     throw OrderStoreError(.conflict, "submission \(id) is \(state) already")
                 }
                 let request = Self.nextAttempt(of: row, id: id)
-                try Self.insert(try message(request), now: now, in: db)
-                try db.execute(
+                try await Self.insert(try message(request), now: now, in: db)
+                try await db.execute(
                     sql: """
                         UPDATE submission SET updatedAt = ?,
                             state = CASE WHEN state = 'needs_review' THEN 'pending' ELSE state END,
@@ -422,7 +422,7 @@ extension OrderStore {
                             reasonMessage = CASE WHEN state = 'needs_review' THEN NULL ELSE reasonMessage END
                         WHERE id = ?
                         """, arguments: [now, id.uuidString])
-                try Self.audit(
+                try await Self.audit(
                     actor: actor, action: "submission_reverify", subject: "submission:\(id.uuidString)", reason: reason,
                     details: ["userId": row["userId"] as String, "from": state], now: now, in: db)
                 return request
@@ -441,9 +441,9 @@ extension OrderStore {
     ) async throws(OrderStoreError) {
         do {
             try await database.write { db in
-                try Self.insertSubmission(request, in: db)
-                try Self.insert(message, now: now, in: db)
-                try Self.audit(
+                try await Self.insertSubmission(request, in: db)
+                try await Self.insert(message, now: now, in: db)
+                try await Self.audit(
                     actor: actor, action: "upload_for_customer", subject: "submission:\(request.submissionId.uuidString)",
                     reason: reason, details: ["userId": request.userId, "transactionId": request.transactionId ?? ""], now: now,
                     in: db)

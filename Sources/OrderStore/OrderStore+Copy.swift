@@ -1,6 +1,5 @@
 import Crypto
 import Foundation
-import GRDB
 
 /// What copying one store into another did, table by table.
 public struct StoreCopyReport: Sendable, Codable, Equatable {
@@ -61,16 +60,16 @@ extension OrderStore {
     /// - Important: Stop the order services that write this store first: what they write
     ///   after the copy began is not in the target.
     public func copy(into target: OrderStore, batchSize: Int = 1000) async throws -> StoreCopyReport {
-        guard let source = database as? SQLiteDatabase else {
+        guard dialect == .sqlite else {
             throw OrderStoreError(.conflict, "the source must be a SQLite store (\(location))")
         }
-        guard target.database is PostgresDatabase else {
+        guard target.dialect == .postgres else {
             throw OrderStoreError(.conflict, "the target must be a PostgreSQL store (\(target.location))")
         }
-        let pool = source.pool
+        let source = database
         try await target.database.write { db in
             for table in Self.ledgerTables {
-                let existing = try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM \(table.name)") ?? 0
+                let existing = try await Int.fetchOne(db, sql: "SELECT COUNT(*) FROM \(table.name)") ?? 0
                 guard existing == 0 else {
                     throw OrderStoreError(
                         .conflict, "the target is not empty: \(table.name) holds \(existing) rows; copy into an empty database")
@@ -78,27 +77,28 @@ extension OrderStore {
             }
             for table in Self.ledgerTables {
                 // SQLite's rowid goes along where the PostgreSQL table keeps one (insertion order).
-                let keepsRowid = try Bool.fetchOne(
+                let keepsRowid = try await Bool.fetchOne(
                     db,
                     sql: "SELECT EXISTS (SELECT 1 FROM information_schema.columns WHERE table_name = ? AND column_name = 'rowid')",
                     arguments: [table.name]) ?? false
                 var after: Int64 = .min
                 while true {
-                    let rows = try pool.read { source in
-                        try Row.fetchAll(
-                            source, sql: "SELECT rowid AS sqlite_rowid, * FROM \(table.name) WHERE rowid > ? ORDER BY rowid LIMIT ?",
-                            arguments: [after, batchSize])
+                    let from = after
+                    let rows = try await source.read { source in
+                        try await source.rows(
+                            sql: "SELECT rowid AS sqlite_rowid, * FROM \(table.name) WHERE rowid > ? ORDER BY rowid LIMIT ?",
+                            arguments: [from, batchSize])
                     }
                     guard let last = rows.last else { break }
                     after = last["sqlite_rowid"]
-                    try Self.insert(rows, into: table.name, keepingRowid: keepsRowid, in: db)
+                    try await Self.insert(rows, into: table.name, keepingRowid: keepsRowid, in: db)
                 }
                 // Identity columns go on after the highest id copied.
-                let identities = try String.fetchAll(
+                let identities = try await String.fetchAll(
                     db, sql: "SELECT column_name FROM information_schema.columns WHERE table_name = ? AND is_identity = 'YES'",
                     arguments: [table.name])
                 for column in identities {
-                    try db.execute(
+                    try await db.execute(
                         sql: """
                             SELECT setval(pg_get_serial_sequence(?, ?)::regclass,
                                 (SELECT COALESCE(MAX(\(column)), 0) + 1 FROM \(table.name)), false)
@@ -110,7 +110,7 @@ extension OrderStore {
         var report = StoreCopyReport(tables: [])
         for table in Self.ledgerTables {
             let columns = try await database.read { db in
-                try db.rows(sql: "SELECT name FROM pragma_table_info('\(table.name)') ORDER BY cid").map { $0["name"] as String }
+                try await db.rows(sql: "SELECT name FROM pragma_table_info('\(table.name)') ORDER BY cid").map { $0["name"] as String }
             }
             let (rows, checksum) = try await checksum(of: table.name, columns: columns, key: table.key)
             let (targetRows, targetChecksum) = try await target.checksum(of: table.name, columns: columns, key: table.key)
@@ -121,9 +121,9 @@ extension OrderStore {
     }
 
     /// Inserts rows read from SQLite, as they are, into the same columns.
-    private static func insert(_ rows: [Row], into table: String, keepingRowid: Bool, in db: any SQLConnection) throws {
+    private static func insert(_ rows: [SQLRow], into table: String, keepingRowid: Bool, in db: any SQLConnection) async throws {
         guard let first = rows.first else { return }
-        var columns = Array(first.columnNames).filter { $0 != "sqlite_rowid" }
+        var columns = first.columns.filter { $0 != "sqlite_rowid" }
         if keepingRowid { columns.append("rowid") }
         // At most 65,535 arguments per statement on PostgreSQL.
         let perStatement = max(1, 60_000 / columns.count)
@@ -133,12 +133,9 @@ extension OrderStore {
             var values: [SQLValue] = []
             values.reserveCapacity(chunk.count * columns.count)
             for row in chunk {
-                for column in columns {
-                    let value: DatabaseValue = column == "rowid" ? row["sqlite_rowid"] : row[column]
-                    values.append(SQLiteConnection.value(value))
-                }
+                for column in columns { values.append(row.value(column == "rowid" ? "sqlite_rowid" : column)) }
             }
-            try db.execute(
+            try await db.execute(
                 sql: "INSERT INTO \(table) (\(columns.joined(separator: ", "))) VALUES "
                     + Array(repeating: tuple, count: chunk.count).joined(separator: ", "),
                 arguments: SQLArguments(values: values))
@@ -154,7 +151,7 @@ extension OrderStore {
             var offset = 0
             let page = 2000
             while true {
-                let rows = try db.rows(
+                let rows = try await db.rows(
                     sql: "SELECT \(columns.joined(separator: ", ")) FROM \(table) ORDER BY \(key) LIMIT ? OFFSET ?",
                     arguments: [page, offset])
                 for row in rows {

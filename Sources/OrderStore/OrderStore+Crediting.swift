@@ -63,13 +63,13 @@ extension OrderStore {
     /// when nothing proves whose it is. Says what became of it.
     static func credit(
         _ purchase: VerifiedPurchase, upload: Upload, policy: CreditPolicy, now: Date, in db: any SQLConnection
-    ) throws -> (TransactionCreditState, ReasonCode?) {
+    ) async throws -> (TransactionCreditState, ReasonCode?) {
         let event = LedgerEvent.upload(
             purchase,
             .init(
                 userId: upload.userId, submissionId: upload.submissionId, orderId: upload.orderId,
                 transactionId: upload.transactionId, bundleId: upload.bundleId))
-        let plan = try applyLedger(event, policy: policy, now: now, in: db)
+        let plan = try await applyLedger(event, policy: policy, now: now, in: db)
         upload.revocations += plan.revoked
         guard case .transaction(let state, let reason) = plan.outcome else {
             preconditionFailure("the ledger answered an upload with \(plan.outcome)")
@@ -80,26 +80,44 @@ extension OrderStore {
     /// Queues an event in the outbox, in the same transaction as the change it reports.
     static func event(
         _ name: String, _ fields: [String: EventField], id: String, policy: CreditPolicy, now: Date, in db: any SQLConnection
-    ) throws {
-        guard let exchange = policy.eventsExchange else { return }
+    ) async throws {
+        guard let statement = eventStatement(name, fields, id: id, policy: policy, now: now) else { return }
+        try await db.executeBatch([statement])
+    }
+
+    /// The outbox row of an event; nil when the policy publishes none.
+    static func eventStatement(_ name: String, _ fields: [String: EventField], id: String, policy: CreditPolicy, now: Date)
+        -> SQLStatement?
+    {
+        guard let exchange = policy.eventsExchange else { return nil }
         var body = fields
         body["event"] = .string(name)
         body["eventId"] = .string(id)
         // Not mandatory: an events exchange with no subscriber yet is fine.
         var message = OutboxMessage(exchange: exchange, routingKey: name, body: EventField.object(body), messageId: id)
         message.mandatory = false
-        try insert(message, now: now, in: db)
+        return insertStatement(message, now: now)
     }
 
     /// Appends to the audit log.
     static func audit(
         actor: String, action: String, subject: String, reason: String, details: [String: String], now: Date,
         in db: any SQLConnection
-    ) throws {
-        let json = String(decoding: try JSONEncoder.sorted.encode(details), as: UTF8.self)
-        try db.executeCached(
-            sql: "INSERT INTO audit_log (at, actor, action, subject, reason, details) VALUES (?, ?, ?, ?, ?, ?)",
-            arguments: [now, actor, action, subject, reason, json])
+    ) async throws {
+        try await db.executeBatch([
+            auditStatement(actor: actor, action: action, subject: subject, reason: reason, details: details, now: now)
+        ])
+    }
+
+    /// The audit log's new entry.
+    static func auditStatement(
+        actor: String, action: String, subject: String, reason: String, details: [String: String], now: Date
+    ) -> SQLStatement {
+        // Encoding a dictionary of strings cannot fail.
+        let json = (try? JSONEncoder.sorted.encode(details)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"
+        return SQLStatement(
+            "INSERT INTO audit_log (at, actor, action, subject, reason, details) VALUES (?, ?, ?, ?, ?, ?)",
+            [now, actor, action, subject, reason, json])
     }
 
     static func iso8601(_ date: Date) -> String { Ledger.iso8601(date) }

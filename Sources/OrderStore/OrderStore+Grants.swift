@@ -50,7 +50,7 @@ extension OrderStore {
     /// Every grant of a user, oldest first.
     public func grants(ofUser userId: String) async throws -> [Grant] {
         try await database.read { db in
-            try db.rows(sql: "SELECT * FROM grants WHERE userId = ? ORDER BY id", arguments: [userId]
+            try await db.rows(sql: "SELECT * FROM grants WHERE userId = ? ORDER BY id", arguments: [userId]
             ).map(Grant.init(row:))
         }
     }
@@ -79,7 +79,7 @@ extension OrderStore {
     /// The grants for one Apple transaction: zero or one, by construction.
     public func grants(ofTransaction transactionId: String) async throws -> [Grant] {
         try await database.read { db in
-            try db.rows(sql: "SELECT * FROM grants WHERE transactionId = ?", arguments: [transactionId]
+            try await db.rows(sql: "SELECT * FROM grants WHERE transactionId = ?", arguments: [transactionId]
             ).map(Grant.init(row:))
         }
     }
@@ -88,7 +88,7 @@ extension OrderStore {
     public func submissionCounts() async throws -> [SubmissionState: Int] {
         try await database.read { db in
             var counts: [SubmissionState: Int] = [:]
-            for row in try db.rows(sql: "SELECT state, COUNT(*) AS n FROM submission GROUP BY state") {
+            for row in try await db.rows(sql: "SELECT state, COUNT(*) AS n FROM submission GROUP BY state") {
                 if let state = SubmissionState(rawValue: row["state"]) { counts[state] = row["n"] }
             }
             return counts
@@ -98,7 +98,7 @@ extension OrderStore {
     /// For benchmarks: when each settled submission was accepted and settled, and its state.
     public func settlementTimes() async throws -> [(acceptedAt: Date, settledAt: Date, state: SubmissionState)] {
         try await database.read { db in
-            try db.rows(sql: "SELECT acceptedAt, updatedAt, state FROM submission WHERE state IN ('credited', 'rejected', 'needs_review')"
+            try await db.rows(sql: "SELECT acceptedAt, updatedAt, state FROM submission WHERE state IN ('credited', 'rejected', 'needs_review')"
             ).compactMap { row in
                 SubmissionState(rawValue: row["state"]).map { (row["acceptedAt"], row["updatedAt"], $0) }
             }
@@ -114,7 +114,7 @@ extension OrderStore {
             for start in stride(from: 0, to: transactionIds.count, by: 500) {
                 let chunk = Array(transactionIds[start..<min(start + 500, transactionIds.count)])
                 let marks = sqlMarks(chunk.count)
-                let row = try db.row(sql: "SELECT COUNT(DISTINCT transactionId) AS d, COUNT(*) AS n FROM grants WHERE transactionId IN (\(marks))",
+                let row = try await db.row(sql: "SELECT COUNT(DISTINCT transactionId) AS d, COUNT(*) AS n FROM grants WHERE transactionId IN (\(marks))",
                     arguments: SQLArguments(chunk))!
                 granted += row["d"] as Int
                 grants += row["n"] as Int

@@ -14,34 +14,33 @@ extension OrderStore {
     /// - Important: the facts are read in the transaction that writes the plan. A row found
     ///   where the facts said none was (another order service's commit this transaction could
     ///   not see) throws `serializationFailure`, and the unit runs again on fresh facts.
-    static func applyLedger(_ event: LedgerEvent, policy: CreditPolicy, now: Date, in db: any SQLConnection) throws
+    static func applyLedger(_ event: LedgerEvent, policy: CreditPolicy, now: Date, in db: any SQLConnection) async throws
         -> LedgerPlan
     {
         let rules = policy.ledger
         var recorded: LedgerFacts.Purchase?
         if case .manualGrant(let grant) = event, let transactionId = grant.transactionId {
-            recorded = try db.cachedRow(sql: "SELECT * FROM purchase WHERE transactionId = ?", arguments: [transactionId])
+            recorded = try await db.cachedRow(sql: "SELECT * FROM purchase WHERE transactionId = ?", arguments: [transactionId])
                 .map(purchaseFact)
         }
         let query = Ledger.query(for: event, policy: rules, recorded: recorded)
-        let facts = try facts(for: query, event: event, in: db)
+        let facts = try await facts(for: query, event: event, in: db)
         let plan = Ledger.plan(event, facts: facts, policy: rules, now: now)
-        for change in plan.changes {
-            try write(change, policy: policy, now: now, in: db)
-        }
+        // The whole plan in one batch: one round trip on PostgreSQL.
+        try await db.executeBatch(plan.changes.flatMap { statements(for: $0, policy: policy, now: now) })
         return plan
     }
 
     /// The rows `query` names.
-    static func facts(for query: LedgerQuery, event: LedgerEvent, in db: any SQLConnection) throws -> LedgerFacts {
+    static func facts(for query: LedgerQuery, event: LedgerEvent, in db: any SQLConnection) async throws -> LedgerFacts {
         var facts = LedgerFacts()
         if let transactionId = query.transactionId {
-            facts.purchase = try db.cachedRow(sql: "SELECT * FROM purchase WHERE transactionId = ?", arguments: [transactionId])
+            facts.purchase = try await db.cachedRow(sql: "SELECT * FROM purchase WHERE transactionId = ?", arguments: [transactionId])
                 .map(purchaseFact)
         }
         if query.readsSubscription, query.originalTransactionId != nil {
             // A subscription's whole chain, with each period's start (upgrades, grace periods).
-            facts.grants = try db.rows(
+            facts.grants = try await db.rows(
                 sql: """
                     SELECT grants.*, purchase.purchaseDate AS periodStart FROM grants
                         LEFT JOIN purchase ON purchase.transactionId = grants.transactionId
@@ -53,24 +52,24 @@ extension OrderStore {
         } else {
             // A one-time purchase: its key's grants only. Fewer index ranges read, so fewer
             // conflicts between order services crediting at once on PostgreSQL.
-            facts.grants = try db.rows(
+            facts.grants = try await db.rows(
                 sql: "SELECT * FROM grants WHERE creditKey = ? OR transactionId = ? ORDER BY id",
                 arguments: [query.creditKey, query.transactionId]
             ).map(grantFact)
         }
         if let key = query.creditKey {
-            facts.revocation = try db.cachedRow(sql: "SELECT * FROM revocation WHERE creditKey = ?", arguments: [key]).map(
+            facts.revocation = try await db.cachedRow(sql: "SELECT * FROM revocation WHERE creditKey = ?", arguments: [key]).map(
                 revocationFact)
         }
         if let original = query.originalTransactionId, query.readsSubscription {
-            facts.subscription = try db.cachedRow(
+            facts.subscription = try await db.cachedRow(
                 sql: "SELECT * FROM subscription WHERE originalTransactionId = ?", arguments: [original]
             ).map(subscriptionFact)
         }
         if let original = query.originalTransactionId, facts.subscription != nil {
             // The periods Apple told of while nobody owned their stretch of the chain, for the
             // credit that gives it an owner (and for whose stretch a period is).
-            facts.unownedPeriods = try db.rows(
+            facts.unownedPeriods = try await db.rows(
                 sql: """
                     SELECT * FROM purchase WHERE originalTransactionId = ? AND heldReason IN ('owner_unknown', 'buyer_unknown')
                     ORDER BY purchaseDate, transactionId
@@ -78,7 +77,7 @@ extension OrderStore {
                 arguments: [original]
             ).map(purchaseFact)
             if !facts.unownedPeriods.isEmpty {
-                facts.unownedRevocations = try db.rows(
+                facts.unownedRevocations = try await db.rows(
                     sql: """
                         SELECT * FROM revocation WHERE creditKey IN
                             (SELECT creditKey FROM purchase WHERE originalTransactionId = ?
@@ -89,11 +88,11 @@ extension OrderStore {
             }
         }
         if case .notification = event, let key = query.creditKey, let original = query.originalTransactionId {
-            facts.blocked = try db.rows(
+            facts.blocked = try await db.rows(
                 sql: "SELECT * FROM purchase WHERE creditKey = ? AND heldReason = 'revoked' ORDER BY creditedAt, rowid",
                 arguments: [key]
             ).map(purchaseFact)
-            facts.chainCreditedUser = try String.fetchOne(
+            facts.chainCreditedUser = try await String.fetchOne(
                 db,
                 sql: """
                     SELECT userId FROM purchase WHERE transactionId = ? AND heldReason IS NULL
@@ -102,16 +101,16 @@ extension OrderStore {
                 arguments: [query.transactionId, original])
         }
         if let token = query.tokenOrderId {
-            facts.tokenOrder = try order(token, in: db)
+            facts.tokenOrder = try await order(token, in: db)
         }
         if let named = query.uploadOrderId {
-            facts.uploadOrder = named.lowercased() == query.tokenOrderId?.lowercased() ? facts.tokenOrder : try order(named, in: db)
+            facts.uploadOrder = await named.lowercased() == query.tokenOrderId?.lowercased() ? facts.tokenOrder : try order(named, in: db)
         }
         return facts
     }
 
-    static func order(_ id: String, in db: any SQLConnection) throws -> LedgerFacts.Order? {
-        try db.cachedRow(sql: "SELECT * FROM orders WHERE id = lower(?)", arguments: [id]).map {
+    static func order(_ id: String, in db: any SQLConnection) async throws -> LedgerFacts.Order? {
+        try await db.cachedRow(sql: "SELECT * FROM orders WHERE id = lower(?)", arguments: [id]).map {
             LedgerFacts.Order(
                 id: $0["id"], userId: $0["userId"], productId: $0["productId"], state: $0["state"],
                 transactionId: $0["transactionId"], createdAt: $0["createdAt"])
@@ -155,95 +154,107 @@ extension OrderStore {
     }
 
     /// Writes one change of a plan.
-    static func write(_ change: LedgerChange, policy: CreditPolicy, now: Date, in db: any SQLConnection) throws {
+    static func write(_ change: LedgerChange, policy: CreditPolicy, now: Date, in db: any SQLConnection) async throws {
+        try await db.executeBatch(statements(for: change, policy: policy, now: now))
+    }
+
+    /// The statements that write one change of a plan.
+    static func statements(for change: LedgerChange, policy: CreditPolicy, now: Date) -> [SQLStatement] {
         switch change {
         case .recordPurchase(let row, let ifAbsent):
-            try db.executeCached(
-                sql: """
+            let transactionId = row.transactionId
+            return [
+                SQLStatement(
+                    """
                     INSERT INTO purchase (transactionId, originalTransactionId, productId, quantity, environment, bundleId,
                         purchaseDate, userId, orderId, submissionId, appAccountToken, heldReason, creditedAt, creditKey,
                         webOrderLineItemId, expiresDate)
                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                     ON CONFLICT (transactionId) DO NOTHING
                     """,
-                arguments: [
-                    row.transactionId, row.originalTransactionId, row.productId, row.quantity, row.environment.rawValue,
-                    row.bundleId, row.purchaseDate, row.userId, row.orderId, row.submissionId, row.appAccountToken,
-                    row.heldReason, row.creditedAt, row.creditKey, row.webOrderLineItemId, row.expiresDate,
-                ])
-            if db.changesCount == 0, !ifAbsent {
-                throw SQLError(.serializationFailure, "purchase \(row.transactionId) was recorded by another writer")
-            }
+                    [
+                        row.transactionId, row.originalTransactionId, row.productId, row.quantity, row.environment.rawValue,
+                        row.bundleId, row.purchaseDate, row.userId, row.orderId, row.submissionId, row.appAccountToken,
+                        row.heldReason, row.creditedAt, row.creditKey, row.webOrderLineItemId, row.expiresDate,
+                    ],
+                    check: { changed in
+                        if changed == 0, !ifAbsent {
+                            throw SQLError(.serializationFailure, "purchase \(transactionId) was recorded by another writer")
+                        }
+                    })
+            ]
         case .releasePurchase(let transactionId):
-            try db.executeCached(sql: "UPDATE purchase SET heldReason = NULL WHERE transactionId = ?", arguments: [transactionId])
+            return [SQLStatement("UPDATE purchase SET heldReason = NULL WHERE transactionId = ?", [transactionId])]
         case .claimPurchase(let row):
-            try db.executeCached(
-                sql: """
+            let transactionId = row.transactionId
+            return [
+                SQLStatement(
+                    """
                     UPDATE purchase SET userId = ?, orderId = ?, submissionId = ?, appAccountToken = ?, heldReason = ?,
                         creditedAt = ?, creditKey = ?, quantity = ?, purchaseDate = ?, expiresDate = ?
                     WHERE transactionId = ? AND heldReason IN ('owner_unknown', 'buyer_unknown')
                     """,
-                arguments: [
-                    row.userId, row.orderId, row.submissionId, row.appAccountToken, row.heldReason, row.creditedAt,
-                    row.creditKey, row.quantity, row.purchaseDate, row.expiresDate, row.transactionId,
-                ])
-            if db.changesCount == 0 {
-                throw SQLError(.serializationFailure, "purchase \(row.transactionId) was claimed by another writer")
-            }
+                    [
+                        row.userId, row.orderId, row.submissionId, row.appAccountToken, row.heldReason, row.creditedAt,
+                        row.creditKey, row.quantity, row.purchaseDate, row.expiresDate, row.transactionId,
+                    ],
+                    check: { changed in
+                        if changed == 0 {
+                            throw SQLError(.serializationFailure, "purchase \(transactionId) was claimed by another writer")
+                        }
+                    })
+            ]
         case .grant(let grant):
-            try db.executeCached(
-                sql: """
+            let key = grant.creditKey?.stored ?? grant.transactionId
+            return [
+                SQLStatement(
+                    """
                     INSERT INTO grants (transactionId, userId, productId, orderId, quantity, grantJSON, environment, source,
                         state, grantedAt, creditKey, originalTransactionId, expiresAt)
                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, ?, ?, ?)
                     ON CONFLICT (creditKey) WHERE state = 'active' DO NOTHING
                     """,
-                arguments: [
-                    grant.transactionId, grant.userId, grant.productId, grant.orderId, grant.quantity, grant.grantJSON,
-                    grant.environment, grant.source, grant.grantedAt, grant.creditKey, grant.originalTransactionId,
-                    grant.expiresAt,
-                ])
-            guard db.changesCount == 1 else {
-                // Never credit on an assumption: the credit key has an active grant already.
-                // (Another writer's grant this transaction cannot see fails it with 40001
-                // instead, and it runs again.) The unit is undone, as a unique key's refusal
-                // would. The conflict target is the index the facts were read by: under
-                // SERIALIZABLE no other index is read, so no new conflicts between writers arise.
-                throw SQLError(.uniqueViolation, "an active grant for \(grant.creditKey?.stored ?? grant.transactionId) exists already")
-            }
+                    [
+                        grant.transactionId, grant.userId, grant.productId, grant.orderId, grant.quantity, grant.grantJSON,
+                        grant.environment, grant.source, grant.grantedAt, grant.creditKey, grant.originalTransactionId,
+                        grant.expiresAt,
+                    ],
+                    check: { changed in
+                        // Never credit on an assumption: the credit key has an active grant
+                        // already. (Another writer's grant this transaction cannot see fails it
+                        // with 40001 instead, and it runs again.) The unit is undone, as a unique
+                        // key's refusal would. The conflict target is the index the facts were
+                        // read by: under SERIALIZABLE no other index is read, so no new conflicts
+                        // between writers arise.
+                        guard changed == 1 else { throw SQLError(.uniqueViolation, "an active grant for \(key) exists already") }
+                    })
+            ]
         case .revokeGrant(let transactionId, let by, let at):
-            try db.executeCached(
-                sql: "UPDATE grants SET state = 'revoked', revokedAt = ?, revokedBy = ? WHERE transactionId = ?",
-                arguments: [at, by, transactionId])
+            return [SQLStatement("UPDATE grants SET state = 'revoked', revokedAt = ?, revokedBy = ? WHERE transactionId = ?",
+                [at, by, transactionId])]
         case .reactivateGrant(let transactionId):
-            try db.executeCached(
-                sql: "UPDATE grants SET state = 'active', revokedAt = NULL, revokedBy = NULL WHERE transactionId = ?",
-                arguments: [transactionId])
+            return [SQLStatement("UPDATE grants SET state = 'active', revokedAt = NULL, revokedBy = NULL WHERE transactionId = ?",
+                [transactionId])]
         case .reduceGrant(let transactionId, let quantity, let grantJSON):
-            try db.executeCached(
-                sql: "UPDATE grants SET quantity = ?, grantJSON = ? WHERE transactionId = ?",
-                arguments: [quantity, grantJSON, transactionId])
+            return [SQLStatement("UPDATE grants SET quantity = ?, grantJSON = ? WHERE transactionId = ?",
+                [quantity, grantJSON, transactionId])]
         case .extendGrant(let transactionId, let date), .endGrant(let transactionId, let date):
-            try db.executeCached(sql: "UPDATE grants SET expiresAt = ? WHERE transactionId = ?", arguments: [date, transactionId])
+            return [SQLStatement("UPDATE grants SET expiresAt = ? WHERE transactionId = ?", [date, transactionId])]
         case .setGracePeriod(let transactionId, let until):
-            try db.executeCached(
-                sql: "UPDATE grants SET gracePeriodExpiresAt = ? WHERE transactionId = ?", arguments: [until, transactionId])
+            return [SQLStatement("UPDATE grants SET gracePeriodExpiresAt = ? WHERE transactionId = ?", [until, transactionId])]
         case .bindOrder(let orderId, let transactionId, let at):
-            try db.executeCached(
-                sql: "UPDATE orders SET state = 'paid', transactionId = ?, updatedAt = ? WHERE id = ?",
-                arguments: [transactionId, at, orderId])
+            return [SQLStatement("UPDATE orders SET state = 'paid', transactionId = ?, updatedAt = ? WHERE id = ?",
+                [transactionId, at, orderId])]
         case .attachOrder(let orderId, let transactionId):
-            try db.executeCached(
-                sql: "UPDATE purchase SET orderId = ? WHERE transactionId = ? AND orderId IS NULL", arguments: [orderId, transactionId])
-            try db.executeCached(
-                sql: "UPDATE grants SET orderId = ? WHERE transactionId = ? AND orderId IS NULL", arguments: [orderId, transactionId])
+            return [
+                SQLStatement("UPDATE purchase SET orderId = ? WHERE transactionId = ? AND orderId IS NULL", [orderId, transactionId]),
+                SQLStatement("UPDATE grants SET orderId = ? WHERE transactionId = ? AND orderId IS NULL", [orderId, transactionId]),
+            ]
         case .setOrderState(let orderId, let transactionId, let state, let at):
-            try db.executeCached(
-                sql: "UPDATE orders SET state = ?, updatedAt = ? WHERE id = ? AND transactionId = ?",
-                arguments: [state, at, orderId, transactionId])
+            return [SQLStatement("UPDATE orders SET state = ?, updatedAt = ? WHERE id = ? AND transactionId = ?",
+                [state, at, orderId, transactionId])]
         case .putRevocation(let row):
-            try db.executeCached(
-                sql: """
+            return [SQLStatement("""
                     INSERT INTO revocation (creditKey, transactionId, source, revokedAt, reversedAt, fullyRevokedAt,
                         partlyRevokedAt, revokedUnits, updatedAt)
                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
@@ -252,13 +263,12 @@ extension OrderStore {
                         fullyRevokedAt = excluded.fullyRevokedAt, partlyRevokedAt = excluded.partlyRevokedAt,
                         revokedUnits = excluded.revokedUnits, updatedAt = excluded.updatedAt
                     """,
-                arguments: [
+                [
                     row.creditKey, row.transactionId, row.source, row.revokedAt, row.reversedAt, row.fullyRevokedAt,
                     row.partlyRevokedAt, row.revokedUnits, now,
-                ])
+                ])]
         case .putSubscription(let row):
-            try db.executeCached(
-                sql: """
+            return [SQLStatement("""
                     INSERT INTO subscription (originalTransactionId, userId, productId, environment, state, expiresDate,
                         autoRenew, gracePeriodExpiresDate, lastTransactionId, updatedAt, stateDate, ownedSince)
                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
@@ -269,27 +279,28 @@ extension OrderStore {
                         lastTransactionId = excluded.lastTransactionId, updatedAt = excluded.updatedAt,
                         stateDate = excluded.stateDate, ownedSince = excluded.ownedSince
                     """,
-                arguments: [
+                [
                     row.originalTransactionId, row.userId, row.productId, row.environment, row.state, row.expiresDate,
                     row.autoRenew, row.gracePeriodExpiresDate, row.lastTransactionId, row.updatedAt, row.stateDate,
                     row.ownedSince,
-                ])
+                ])]
         case .recordConsumptionRequest(let request):
-            try db.executeCached(
-                sql: """
+            return [SQLStatement("""
                     INSERT INTO consumption_request (notificationUUID, transactionId, userId, reason, environment, receivedAt)
                     VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING
                     """,
-                arguments: [
+                [
                     request.notificationUUID, request.transactionId, request.userId, request.reason, request.environment,
                     request.receivedAt,
-                ])
+                ])]
         case .audit(let entry):
-            try audit(
-                actor: entry.actor, action: entry.action, subject: entry.subject, reason: entry.reason,
-                details: entry.details, now: entry.at, in: db)
+            return [
+                auditStatement(
+                    actor: entry.actor, action: entry.action, subject: entry.subject, reason: entry.reason,
+                    details: entry.details, now: entry.at)
+            ]
         case .publish(let message):
-            try event(message.name, message.fields, id: message.id, policy: policy, now: now, in: db)
+            return eventStatement(message.name, message.fields, id: message.id, policy: policy, now: now).map { [$0] } ?? []
         }
     }
 }

@@ -9,9 +9,9 @@ extension OrderStore {
     /// Apple's word. Consumption requests are recorded for the app to answer.
     static func apply(
         _ notification: AppStoreNotification, submissionId: String, policy: CreditPolicy, now: Date, in db: any SQLConnection
-    ) throws -> (state: SubmissionState, message: String, revoked: Int) {
+    ) async throws -> (state: SubmissionState, message: String, revoked: Int) {
         let purchase = notification.purchase
-        try db.execute(
+        try await db.execute(
             sql: """
                 INSERT INTO notification (notificationUUID, notificationType, subtype, environment, transactionId,
                     submissionId, outcome, signedDate, appliedAt)
@@ -24,11 +24,11 @@ extension OrderStore {
         guard db.changesCount > 0 else {
             return (.credited, "notification \(notification.notificationUUID) was applied before", 0)
         }
-        let plan = try applyLedger(.notification(notification, submissionId: submissionId), policy: policy, now: now, in: db)
+        let plan = try await applyLedger(.notification(notification, submissionId: submissionId), policy: policy, now: now, in: db)
         guard case .notification(let outcome) = plan.outcome else {
             preconditionFailure("the ledger answered a notification with \(plan.outcome)")
         }
-        try db.execute(
+        try await db.execute(
             sql: "UPDATE notification SET outcome = ? WHERE notificationUUID = ?",
             arguments: [outcome.description, notification.notificationUUID])
         return (.credited, "\(notification.notificationType): \(outcome)", plan.revoked)
@@ -38,7 +38,7 @@ extension OrderStore {
     /// (`InForce.subscriptionState`: never `active` past its period's end and grace).
     public func subscriptions(ofUser userId: String, now: Date = Date()) async throws -> [SubscriptionRecord] {
         try await database.read { db in
-            try db.rows(sql: "SELECT * FROM subscription WHERE userId = ? ORDER BY updatedAt DESC", arguments: [userId]).map {
+            try await db.rows(sql: "SELECT * FROM subscription WHERE userId = ? ORDER BY updatedAt DESC", arguments: [userId]).map {
                 SubscriptionRecord(
                     originalTransactionId: $0["originalTransactionId"], productId: $0["productId"], environment: $0["environment"],
                     state: InForce.subscriptionState(
@@ -53,7 +53,7 @@ extension OrderStore {
     /// Apple's consumption requests (a customer asked for a refund), newest first.
     public func consumptionRequests(limit: Int) async throws -> [ConsumptionRequestRecord] {
         try await database.read { db in
-            try db.rows(sql: "SELECT * FROM consumption_request ORDER BY receivedAt DESC LIMIT ?", arguments: [limit]).map {
+            try await db.rows(sql: "SELECT * FROM consumption_request ORDER BY receivedAt DESC LIMIT ?", arguments: [limit]).map {
                 ConsumptionRequestRecord(
                     notificationUUID: $0["notificationUUID"], transactionId: $0["transactionId"], userId: $0["userId"],
                     reason: $0["reason"], environment: $0["environment"], receivedAt: $0["receivedAt"])
@@ -64,7 +64,7 @@ extension OrderStore {
     /// The notifications applied about a transaction, oldest first.
     public func notifications(ofTransaction transactionId: String) async throws -> [(type: String, outcome: String)] {
         try await database.read { db in
-            try db.rows(sql: "SELECT notificationType, outcome FROM notification WHERE transactionId = ? ORDER BY appliedAt, rowid",
+            try await db.rows(sql: "SELECT notificationType, outcome FROM notification WHERE transactionId = ? ORDER BY appliedAt, rowid",
                 arguments: [transactionId]
             ).map { ($0["notificationType"], $0["outcome"]) }
         }

@@ -67,7 +67,7 @@ extension OrderStore {
             orderId: UUID().uuidString.lowercased(), userId: userId, productId: productId, state: "created",
             transactionId: nil, createdAt: now, updatedAt: now)
         try await database.write { db in
-            try db.execute(
+            try await db.execute(
                 sql: "INSERT INTO orders (id, userId, productId, state, createdAt, updatedAt) VALUES (?, ?, ?, 'created', ?, ?)",
                 arguments: [order.orderId, userId, productId, now, now])
         }
@@ -77,7 +77,7 @@ extension OrderStore {
     /// One order, or nil.
     public func order(_ orderId: String) async throws -> Order? {
         try await database.read { db in
-            try db.row(sql: "SELECT * FROM orders WHERE id = lower(?)", arguments: [orderId]).map {
+            try await db.row(sql: "SELECT * FROM orders WHERE id = lower(?)", arguments: [orderId]).map {
                 Order(
                     orderId: $0["id"], userId: $0["userId"], productId: $0["productId"], state: $0["state"],
                     transactionId: $0["transactionId"], createdAt: $0["createdAt"], updatedAt: $0["updatedAt"])
@@ -88,9 +88,9 @@ extension OrderStore {
     /// What the store knows of one Apple transaction.
     public func purchase(_ transactionId: String) async throws -> PurchaseRecord? {
         try await database.read { db in
-            guard let row = try db.row(sql: "SELECT * FROM purchase WHERE transactionId = ?", arguments: [transactionId])
+            guard let row = try await db.row(sql: "SELECT * FROM purchase WHERE transactionId = ?", arguments: [transactionId])
             else { return nil }
-            let grant = try db.row(sql: "SELECT * FROM grants WHERE transactionId = ?", arguments: [transactionId])
+            let grant = try await db.row(sql: "SELECT * FROM grants WHERE transactionId = ?", arguments: [transactionId])
                 .map(Grant.init(row:))
             return PurchaseRecord(
                 transactionId: row["transactionId"], originalTransactionId: row["originalTransactionId"],
@@ -114,7 +114,7 @@ extension OrderStore {
                     userId: userId, productId: productId, quantity: quantity, grant: grant, transactionId: transactionId,
                     goodwillId: "manual-\(UUID().uuidString.lowercased())", actor: actor, reason: reason,
                     appleTransactionId: appleTransactionId)
-                return try Self.grantByLedger(.manualGrant(request), policy: policy, now: now, in: db)
+                return try await Self.grantByLedger(.manualGrant(request), policy: policy, now: now, in: db)
             }
         } catch let error as OrderStoreError {
             throw error
@@ -131,7 +131,7 @@ extension OrderStore {
             return try await database.write { db throws -> Grant in
                 let event = LedgerEvent.manualRevoke(
                     transactionId: transactionId, actor: actor, reason: reason, eventTag: UUID().uuidString.lowercased())
-                return try Self.grantByLedger(event, policy: policy, now: now, in: db)
+                return try await Self.grantByLedger(event, policy: policy, now: now, in: db)
             }
         } catch let error as OrderStoreError {
             throw error
@@ -146,9 +146,9 @@ extension OrderStore {
     {
         do {
             try await database.write { db in
-                try db.execute(sql: "UPDATE submission SET finishable = 1, updatedAt = ? WHERE id = ?", arguments: [now, id.uuidString])
+                try await db.execute(sql: "UPDATE submission SET finishable = 1, updatedAt = ? WHERE id = ?", arguments: [now, id.uuidString])
                 guard db.changesCount > 0 else { throw OrderStoreError(.notFound, "no submission \(id)") }
-                try Self.audit(
+                try await Self.audit(
                     actor: actor, action: "submission_finishable", subject: "submission:\(id.uuidString)", reason: reason,
                     details: [:], now: now, in: db)
             }
@@ -162,7 +162,7 @@ extension OrderStore {
     /// The newest audit entries first.
     public func auditLog(limit: Int) async throws -> [AuditEntry] {
         try await database.read { db in
-            try db.rows(sql: "SELECT * FROM audit_log ORDER BY id DESC LIMIT ?", arguments: [limit]).map {
+            try await db.rows(sql: "SELECT * FROM audit_log ORDER BY id DESC LIMIT ?", arguments: [limit]).map {
                 AuditEntry(
                     at: $0["at"], actor: $0["actor"], action: $0["action"], subject: $0["subject"], reason: $0["reason"],
                     details: $0["details"])
@@ -174,11 +174,11 @@ extension OrderStore {
 extension OrderStore {
     /// Applies customer service's grant or revocation through the ledger; the grant it wrote
     /// or took back, or the refusal as an `OrderStoreError`.
-    static func grantByLedger(_ event: LedgerEvent, policy: CreditPolicy, now: Date, in db: any SQLConnection) throws -> Grant {
-        let plan = try applyLedger(event, policy: policy, now: now, in: db)
+    static func grantByLedger(_ event: LedgerEvent, policy: CreditPolicy, now: Date, in db: any SQLConnection) async throws -> Grant {
+        let plan = try await applyLedger(event, policy: policy, now: now, in: db)
         switch plan.outcome {
         case .grant(let transactionId):
-            return try Grant(row: db.row(sql: "SELECT * FROM grants WHERE transactionId = ?", arguments: [transactionId])!)
+            return try await Grant(row: db.row(sql: "SELECT * FROM grants WHERE transactionId = ?", arguments: [transactionId])!)
         case .refused(.notFound, let message):
             throw OrderStoreError(.notFound, message)
         case .refused(.conflict, let message):

@@ -51,18 +51,18 @@ extension OrderStore {
     ) async throws -> [OutboxMessage] {
         if database.dialect == .sqlite {
             return try await database.read { db in
-                try db.rows(sql: "SELECT * FROM outbox ORDER BY id LIMIT ?", arguments: [limit]).map(Self.outboxMessage)
+                try await db.rows(sql: "SELECT * FROM outbox ORDER BY id LIMIT ?", arguments: [limit]).map(Self.outboxMessage)
             }
         }
         return try await database.write { db in
-            let work = try db.rows(
+            let work = try await db.rows(
                 sql: """
                     SELECT * FROM outbox
                     WHERE mandatory = 1 AND (claimedUntil IS NULL OR claimedUntil < ? OR claimedBy = ?)
                     ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED
                     """,
                 arguments: [now, relay, limit])
-            var events = try db.rows(
+            var events = try await db.rows(
                 sql: "SELECT * FROM outbox WHERE mandatory = 0 ORDER BY id LIMIT ? FOR UPDATE",
                 arguments: [max(1, limit - work.count)])
             if events.contains(where: { row in
@@ -73,7 +73,7 @@ extension OrderStore {
             let rows = (work + events).sorted { ($0["id"] as Int64) < ($1["id"] as Int64) }
             guard !rows.isEmpty else { return [] }
             let ids = rows.map { $0["id"] as Int64 }
-            try db.execute(
+            try await db.execute(
                 sql: "UPDATE outbox SET claimedBy = ?, claimedUntil = ? WHERE id IN (\(sqlMarks(ids.count)))",
                 arguments: SQLArguments(values: [relay.sqlValue, now.addingTimeInterval(lease).sqlValue] + ids.map(\.sqlValue)))
             return rows.map(Self.outboxMessage)
@@ -86,7 +86,7 @@ extension OrderStore {
     public func renewClaims(_ ids: [Int64], relay: String, lease: TimeInterval = 30, now: Date = Date()) async throws {
         guard database.dialect == .postgres, !ids.isEmpty else { return }
         try await database.write { db in
-            try db.execute(
+            try await db.execute(
                 sql: "UPDATE outbox SET claimedUntil = ? WHERE claimedBy = ? AND id IN (\(sqlMarks(ids.count)))",
                 arguments: SQLArguments(values: [now.addingTimeInterval(lease).sqlValue, relay.sqlValue] + ids.map(\.sqlValue)))
         }
@@ -97,7 +97,7 @@ extension OrderStore {
     public func releaseClaims(_ ids: [Int64], relay: String) async throws {
         guard database.dialect == .postgres, !ids.isEmpty else { return }
         try await database.write { db in
-            try db.execute(
+            try await db.execute(
                 sql: "UPDATE outbox SET claimedUntil = NULL WHERE claimedBy = ? AND id IN (\(sqlMarks(ids.count)))",
                 arguments: SQLArguments(values: [relay.sqlValue] + ids.map(\.sqlValue)))
         }
@@ -118,7 +118,7 @@ extension OrderStore {
     public func markPublished(_ ids: [Int64]) async throws {
         guard !ids.isEmpty else { return }
         try await database.write { db in
-            try db.execute(
+            try await db.execute(
                 sql: "DELETE FROM outbox WHERE id IN (\(sqlMarks(ids.count)))",
                 arguments: SQLArguments(ids))
         }
@@ -127,7 +127,7 @@ extension OrderStore {
     /// Records a failed publish; the message stays, unclaimed, for the next round.
     public func markPublishFailed(_ id: Int64, error: String) async throws {
         try await database.write { db in
-            try db.execute(
+            try await db.execute(
                 sql: "UPDATE outbox SET attempts = attempts + 1, lastError = ?, claimedUntil = NULL WHERE id = ?",
                 arguments: [error, id])
         }
@@ -135,16 +135,21 @@ extension OrderStore {
 
     /// How many messages wait to be published.
     public func outboxBacklog() async throws -> Int {
-        try await database.read { db in try Int.fetchOne(db, sql: "SELECT COUNT(*) FROM outbox") ?? 0 }
+        try await database.read { db in try await Int.fetchOne(db, sql: "SELECT COUNT(*) FROM outbox") ?? 0 }
     }
 
-    static func insert(_ message: OutboxMessage, now: Date, in db: any SQLConnection) throws {
-        try db.executeCached(
-            sql: """
-                INSERT INTO outbox (exchange, routingKey, body, messageId, priority, mandatory, createdAt)
-                VALUES (?, ?, ?, ?, ?, ?, ?)
-                """,
-            arguments: [
+    static func insert(_ message: OutboxMessage, now: Date, in db: any SQLConnection) async throws {
+        try await db.executeBatch([insertStatement(message, now: now)])
+    }
+
+    /// The outbox row of `message`.
+    static func insertStatement(_ message: OutboxMessage, now: Date) -> SQLStatement {
+        SQLStatement(
+            """
+            INSERT INTO outbox (exchange, routingKey, body, messageId, priority, mandatory, createdAt)
+            VALUES (?, ?, ?, ?, ?, ?, ?)
+            """,
+            [
                 message.exchange, message.routingKey, Data(message.body), message.messageId,
                 message.priority.map { Int($0) }, message.mandatory, now,
             ])

@@ -57,7 +57,7 @@ extension OrderStore {
     public func subscriptionsDue(before horizon: Date) async throws -> [DueSubscription] {
         let states = ReconciliationChoice.candidateStates.map { "'\($0)'" }.joined(separator: ", ")
         let candidates = try await database.read { db in
-            try db.rows(
+            try await db.rows(
                 sql: """
                     SELECT subscription.*, CASE WHEN EXISTS (
                             SELECT 1 FROM purchase WHERE purchase.originalTransactionId = subscription.originalTransactionId
@@ -90,43 +90,45 @@ extension OrderStore {
     ) async throws -> ReconciliationChange? {
         try await groupCommit.write { db -> ReconciliationChange? in
             guard let purchase = notification.purchase,
-                try db.cachedRow(
+                try await db.cachedRow(
                     sql: "SELECT 1 FROM notification WHERE notificationUUID = ?", arguments: [notification.notificationUUID]) == nil
             else { return nil }
             let key = policy.creditKey(of: purchase)
-            if ["REFUND", "REVOKE"].contains(notification.notificationType), try Self.revocationStands(key: key, in: db),
-                try db.cachedRow(sql: "SELECT 1 FROM grants WHERE creditKey = ? AND state = 'active'", arguments: [key]) == nil
+            if ["REFUND", "REVOKE"].contains(notification.notificationType), try await Self.revocationStands(key: key, in: db),
+                try await db.cachedRow(sql: "SELECT 1 FROM grants WHERE creditKey = ? AND state = 'active'", arguments: [key]) == nil
             {
                 return nil
             }
             let subscriptionSQL = "SELECT state, expiresDate, lastTransactionId, userId FROM subscription WHERE originalTransactionId = ?"
-            let before = try db.row(sql: subscriptionSQL, arguments: [purchase.originalTransactionId])
+            let before = try await db.row(sql: subscriptionSQL, arguments: [purchase.originalTransactionId])
             let submissionId = UUID().uuidString
-            try db.execute(
+            try await db.execute(
                 sql: """
                     INSERT INTO submission (id, userId, receiptData, signedTransaction, state, acceptedAt, updatedAt)
                     VALUES (?, '', '', ?, 'pending', ?, ?)
                     """,
                 arguments: [submissionId, signedTransaction, now, now])
-            let applied = try Self.apply(notification, submissionId: submissionId, policy: policy, now: now, in: db)
-            try db.execute(
+            let applied = try await Self.apply(notification, submissionId: submissionId, policy: policy, now: now, in: db)
+            try await db.execute(
                 sql: """
                     UPDATE submission SET state = ?, reasonMessage = ?, attempts = 1, environment = ?, updatedAt = ?
                     WHERE id = ?
                     """,
                 arguments: [applied.state.rawValue, applied.message, notification.environment.rawValue, now, submissionId])
             let outcome =
-                try String.fetchOne(
+                try await String.fetchOne(
                     db, sql: "SELECT outcome FROM notification WHERE notificationUUID = ?", arguments: [notification.notificationUUID])
                 ?? ""
-            let after = try db.row(sql: subscriptionSQL, arguments: [purchase.originalTransactionId])
+            let after = try await db.row(sql: subscriptionSQL, arguments: [purchase.originalTransactionId])
             let subscriptionChanged =
                 before?["state"] as String? != after?["state"] as String?
                 || before?["expiresDate"] as Date? != after?["expiresDate"] as Date?
                 || before?["lastTransactionId"] as String? != after?["lastTransactionId"] as String?
-            let owner =
-                try (after?["userId"] as String?)
-                ?? String.fetchOne(db, sql: "SELECT userId FROM grants WHERE creditKey = ? ORDER BY id DESC LIMIT 1", arguments: [key])
+            var owner = after?["userId"] as String?
+            if owner == nil {
+                owner = try await String.fetchOne(
+                    db, sql: "SELECT userId FROM grants WHERE creditKey = ? ORDER BY id DESC LIMIT 1", arguments: [key])
+            }
             let change = ReconciliationChange(
                 originalTransactionId: purchase.originalTransactionId, transactionId: purchase.transactionId,
                 notificationType: notification.notificationType, subtype: notification.subtype, outcome: outcome,
@@ -140,7 +142,7 @@ extension OrderStore {
                 details["expiresBefore"] = (before?["expiresDate"] as Date?).map(Self.iso8601)
                 details["expiresAfter"] = (after?["expiresDate"] as Date?).map(Self.iso8601)
                 let type = notification.notificationType + (notification.subtype.map { "/\($0)" } ?? "")
-                try Self.audit(
+                try await Self.audit(
                     actor: "reconciliation", action: "subscription_reconciled",
                     subject: "subscription:\(purchase.originalTransactionId)",
                     reason: "Apple's answer applied as \(type): \(outcome)", details: details, now: now, in: db)
@@ -152,7 +154,7 @@ extension OrderStore {
     /// When `task` last ran to its end, nil if never.
     public func lastReconciliation(_ task: ReconciliationTask) async throws -> Date? {
         try await database.read { db in
-            try Date.fetchOne(db, sql: "SELECT lastRunAt FROM reconciliation_run WHERE task = ?", arguments: [task.rawValue])
+            try await Date.fetchOne(db, sql: "SELECT lastRunAt FROM reconciliation_run WHERE task = ?", arguments: [task.rawValue])
         }
     }
 
@@ -160,7 +162,7 @@ extension OrderStore {
     /// services sharing the store becomes the one that runs a scheduled task. True when taken.
     public func takeLease(_ name: String, until: Date, now: Date = Date()) async throws -> Bool {
         try await database.write { db in
-            try db.execute(
+            try await db.execute(
                 sql: """
                     INSERT INTO reconciliation_run (task, lastRunAt) VALUES (?, ?)
                     ON CONFLICT (task) DO UPDATE SET lastRunAt = excluded.lastRunAt WHERE reconciliation_run.lastRunAt < ?
@@ -172,7 +174,7 @@ extension OrderStore {
     /// Records that `task` ran to its end at `date`.
     public func recordReconciliation(_ task: ReconciliationTask, at date: Date) async throws {
         try await database.write { db in
-            try db.execute(
+            try await db.execute(
                 sql: """
                     INSERT INTO reconciliation_run (task, lastRunAt) VALUES (?, ?)
                     ON CONFLICT (task) DO UPDATE SET lastRunAt = CASE WHEN excluded.lastRunAt > reconciliation_run.lastRunAt
@@ -189,7 +191,7 @@ extension OrderStore {
     public func appliedNotification(_ notificationUUID: String) async throws(OrderStoreError) -> UUID? {
         do {
             return try await database.read { db in
-                try String.fetchOne(
+                try await String.fetchOne(
                     db, sql: "SELECT submissionId FROM notification WHERE notificationUUID = ?", arguments: [notificationUUID])
             }.flatMap(UUID.init(uuidString:))
         } catch {
@@ -200,7 +202,7 @@ extension OrderStore {
     /// Whether a notification was applied already or re-delivered already.
     public func knowsNotification(_ notificationUUID: String) async throws -> Bool {
         try await database.read { db in
-            try Bool.fetchOne(
+            try await Bool.fetchOne(
                 db,
                 sql: """
                     SELECT EXISTS (SELECT 1 FROM notification WHERE notificationUUID = ?)
@@ -223,7 +225,7 @@ extension OrderStore {
         try await accept(request, message: try message(request))
         let submissionId = request.submissionId
         try await database.write { db in
-            try db.execute(
+            try await db.execute(
                 sql: """
                     INSERT INTO redelivered_notification (notificationUUID, submissionId, redeliveredAt) VALUES (?, ?, ?)
                     ON CONFLICT DO NOTHING

@@ -13,7 +13,7 @@ extension OrderStore {
         do {
             try await database.write { db in
                 guard
-                    let row = try db.row(
+                    let row = try await db.row(
                         sql: "SELECT receiptData, signedTransaction, signedPayload FROM submission WHERE id = ? AND state = 'rejected'",
                         arguments: [id.uuidString])
                 else { return }
@@ -21,7 +21,7 @@ extension OrderStore {
                 let transaction: String? = row["signedTransaction"]
                 let payload: String? = row["signedPayload"]
                 let shorten = { (text: String) in text.utf8.count > 1024 ? digest(text) : text }
-                try db.execute(
+                try await db.execute(
                     sql: "UPDATE submission SET receiptData = ?, signedTransaction = ?, signedPayload = ? WHERE id = ? AND state = 'rejected'",
                     arguments: [shorten(receipt), transaction.map(shorten), payload.map(shorten), id.uuidString])
             }

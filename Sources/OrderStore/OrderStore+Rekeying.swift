@@ -10,10 +10,10 @@ extension OrderStore {
         guard let catalog = policy.catalog else { return 0 }
         let task = "rekey:" + catalog.products.map { "\($0.productId)=\($0.type.rawValue)" }.sorted().joined(separator: ",")
         return try await database.write { db in
-            guard try db.row(sql: "SELECT 1 FROM reconciliation_run WHERE task = ?", arguments: [task]) == nil
+            guard try await db.row(sql: "SELECT 1 FROM reconciliation_run WHERE task = ?", arguments: [task]) == nil
             else { return 0 }
             var rekeyed = 0
-            let rows = try db.rows(sql: """
+            let rows = try await db.rows(sql: """
                     SELECT g.id, g.transactionId, g.userId, g.productId, g.state, g.originalTransactionId,
                         p.webOrderLineItemId
                     FROM grants g LEFT JOIN purchase p ON p.transactionId = g.transactionId
@@ -28,7 +28,7 @@ extension OrderStore {
                     webOrderLineItemId: row["webOrderLineItemId"])
                 let key = policy.creditKey(of: purchase)
                 guard key != "txn:\(transactionId)" else { continue }
-                try db.execute(
+                try await db.execute(
                     sql: """
                         UPDATE grants SET creditKey = ? WHERE id = ? AND NOT EXISTS (
                             SELECT 1 FROM grants other WHERE other.creditKey = ?
@@ -36,14 +36,14 @@ extension OrderStore {
                         """,
                     arguments: [key, row["id"] as Int64, key, row["userId"] as String, row["state"] as String])
                 guard db.changesCount > 0 else { continue }
-                try db.execute(
+                try await db.execute(
                     sql: "UPDATE purchase SET creditKey = ? WHERE transactionId = ?", arguments: [key, transactionId])
                 rekeyed += 1
             }
-            try db.execute(
+            try await db.execute(
                 sql: "INSERT INTO reconciliation_run (task, lastRunAt) VALUES (?, ?)", arguments: [task, now])
             if rekeyed > 0 {
-                try Self.audit(
+                try await Self.audit(
                     actor: "system", action: "grants_rekeyed", subject: "catalog", reason: "credit keys by product type",
                     details: ["count": "\(rekeyed)"], now: now, in: db)
             }

@@ -15,8 +15,8 @@ extension OrderStore {
         while true {
             let deleted = try await database.write { db in
                 // One purge at a time among the order services sharing the store.
-                guard try db.takeExclusive("retention") else { return 0 }
-                let ids = try String.fetchAll(
+                guard try await db.takeExclusive("retention") else { return 0 }
+                let ids = try await String.fetchAll(
                     db,
                     sql: """
                         SELECT id FROM submission
@@ -28,9 +28,9 @@ extension OrderStore {
                     arguments: [cutoff, Self.retentionBatchSize])
                 guard !ids.isEmpty else { return 0 }
                 let list = sqlMarks(ids.count)
-                try db.execute(
+                try await db.execute(
                     sql: "DELETE FROM submission_transaction WHERE submissionId IN (\(list))", arguments: SQLArguments(ids))
-                try db.execute(sql: "DELETE FROM submission WHERE id IN (\(list))", arguments: SQLArguments(ids))
+                try await db.execute(sql: "DELETE FROM submission WHERE id IN (\(list))", arguments: SQLArguments(ids))
                 return db.changesCount
             }
             purged += deleted
@@ -39,7 +39,7 @@ extension OrderStore {
         if purged > 0 {
             let count = purged
             try await database.write { db in
-                try Self.audit(
+                try await Self.audit(
                     actor: "system", action: "retention_purge", subject: "submissions",
                     reason: "rejected submissions older than the retention period",
                     details: ["count": String(count), "olderThan": Self.iso8601(cutoff)], now: now, in: db)

@@ -84,17 +84,17 @@ extension OrderStore {
     private func insertAccepted(_ request: VerifyRequest, message: OutboxMessage?) async throws {
         try await acceptCommit.write { db in
             do {
-                try Self.insertSubmission(request, in: db)
+                try await Self.insertSubmission(request, in: db)
             } catch let error as SQLError where error.kind == .uniqueViolation {
                 throw OrderStoreError(.duplicateSubmission, "submission \(request.submissionId) exists already")
             }
-            if let message { try Self.insert(message, now: request.acceptedAt, in: db) }
+            if let message { try await Self.insert(message, now: request.acceptedAt, in: db) }
         }
     }
 
     /// Writes an accepted upload as a `pending` submission.
-    static func insertSubmission(_ request: VerifyRequest, in db: any SQLConnection) throws {
-        try db.executeCached(
+    static func insertSubmission(_ request: VerifyRequest, in db: any SQLConnection) async throws {
+        try await db.executeCached(
             sql: """
                 INSERT INTO submission (id, userId, orderId, transactionId, originalTransactionId, productId,
                     receiptData, signedTransaction, signedPayload, state, acceptedAt, updatedAt)
@@ -111,20 +111,21 @@ extension OrderStore {
     public func status(of id: SubmissionID) async throws -> SubmissionStatus? {
         try await database.read { db in
             guard
-                let row = try db.cachedRow(
+                let row = try await db.cachedRow(
                     sql: "SELECT * FROM submission WHERE id = ?", arguments: [id.uuidString])
             else { return nil }
-            let transactions = try db.rows(sql: "SELECT * FROM submission_transaction WHERE submissionId = ? ORDER BY rowid",
-                arguments: [id.uuidString]
-            ).map { transaction in
+            var transactions: [SubmissionStatus.Transaction] = []
+            for transaction in try await db.rows(
+                sql: "SELECT * FROM submission_transaction WHERE submissionId = ? ORDER BY rowid", arguments: [id.uuidString])
+            {
                 var current = SubmissionStatus.Transaction(
                     transactionId: transaction["transactionId"], originalTransactionId: transaction["originalTransactionId"],
                     productId: transaction["productId"],
                     environment: AppStoreEnvironment(rawValue: transaction["environment"]) ?? .production,
                     state: TransactionCreditState(rawValue: transaction["state"]) ?? .alreadyCredited,
                     reason: (transaction["reason"] as String?).map(ReasonCode.init(rawValue:)))
-                try Self.followLaterEvents(&current, key: transaction["creditKey"], userId: row["userId"], in: db)
-                return current
+                try await Self.followLaterEvents(&current, key: transaction["creditKey"], userId: row["userId"], in: db)
+                transactions.append(current)
             }
             var status = SubmissionStatus(
                 submissionId: id, userId: row["userId"],
@@ -160,9 +161,9 @@ extension OrderStore {
     /// service or by a reversed refund (`credited`), or revoked since (`revoked`).
     private static func followLaterEvents(
         _ transaction: inout SubmissionStatus.Transaction, key: String?, userId: String, in db: any SQLConnection
-    ) throws {
+    ) async throws {
         guard let key,
-            let grant = try db.cachedRow(
+            let grant = try await db.cachedRow(
                 sql: "SELECT transactionId, state, source, revokedBy FROM grants WHERE creditKey = ? AND userId = ?",
                 arguments: [key, userId])
         else { return }
@@ -172,7 +173,7 @@ extension OrderStore {
             transaction.state = .credited
             transaction.reason = nil
             if (grant["source"] as String) == "manual" {
-                transaction.grantedBy = try String.fetchOne(
+                transaction.grantedBy = try await String.fetchOne(
                     db,
                     sql: """
                         SELECT actor FROM audit_log WHERE subject = ? AND action = 'grant_manual' ORDER BY id DESC LIMIT 1
@@ -218,17 +219,17 @@ extension OrderStore {
     {
         try await groupCommit.write { db -> Applied in
             var counts = Applied(state: .pending, credited: 0, replayed: 0)
-            counts.state = try Self.apply(result, policy: policy, now: now, counts: &counts, in: db)
+            counts.state = try await Self.apply(result, policy: policy, now: now, counts: &counts, in: db)
             return counts
         }
     }
 
     private static func apply(
         _ result: VerifyResult, policy: CreditPolicy, now: Date, counts: inout Applied, in db: any SQLConnection
-    ) throws -> SubmissionState {
+    ) async throws -> SubmissionState {
         do {
             guard
-                let row = try db.cachedRow(
+                let row = try await db.cachedRow(
                     sql: """
                         SELECT userId, state, attempts, transactionId, originalTransactionId, productId
                         FROM submission WHERE id = ?
@@ -245,13 +246,13 @@ extension OrderStore {
 
             switch result.outcome {
             case .retryLater(_, let message) where result.gaveUp:
-                try Self.finish(
+                try await Self.finish(
                     id, state: .needsReview, reason: .retriesExhausted, message: message,
                     attempt: max(attempts, result.attempt), environment: nil, now: now, in: db)
                 return .needsReview
             case .retryLater(let reason, let message):
                 guard result.attempt >= attempts else { return current }
-                try db.executeCached(
+                try await db.executeCached(
                     sql: """
                         UPDATE submission SET state = 'retrying', reason = ?, reasonMessage = ?, attempts = ?,
                             nextAttemptAt = ?, updatedAt = ? WHERE id = ?
@@ -259,19 +260,19 @@ extension OrderStore {
                     arguments: [reason.rawValue, message, result.attempt, result.nextAttemptAt, now, id])
                 return .retrying
             case .needsReview(let reason, let message):
-                try Self.finish(
+                try await Self.finish(
                     id, state: .needsReview, reason: reason, message: message,
                     attempt: max(attempts, result.attempt), environment: nil, now: now, in: db)
                 return .needsReview
             case .rejected(let reason, let message):
-                try Self.finish(
+                try await Self.finish(
                     id, state: .rejected, reason: reason, message: message, attempt: max(attempts, result.attempt),
                     environment: nil, now: now, in: db)
                 return .rejected
             case .notification(let notification):
-                let state = try Self.apply(notification, submissionId: id, policy: policy, now: now, in: db)
+                let state = try await Self.apply(notification, submissionId: id, policy: policy, now: now, in: db)
                 counts.revoked += state.revoked
-                try Self.finish(
+                try await Self.finish(
                     id, state: state.state, reason: nil, message: state.message, attempt: max(attempts, result.attempt),
                     environment: notification.environment, now: now, in: db)
                 return state.state
@@ -284,7 +285,7 @@ extension OrderStore {
                     userId: userId, submissionId: id, orderId: result.orderId, transactionId: named,
                     bundleId: receipt.bundleId)
                 for purchase in receipt.purchases where seen.insert(purchase.transactionId).inserted {
-                    let (state, reason) = try Self.credit(purchase, upload: upload, policy: policy, now: now, in: db)
+                    let (state, reason) = try await Self.credit(purchase, upload: upload, policy: policy, now: now, in: db)
                     outcomes.append(
                         .init(
                             transactionId: purchase.transactionId, state: state, reason: reason,
@@ -296,38 +297,48 @@ extension OrderStore {
                 }
                 // The verdict is the core's; the shell reads what it asks for, as the plans left it.
                 let query = FinishAdvice.verdictQuery(transactionId: named, orderId: result.orderId, outcomes: outcomes)
+                var namedRevocations: [LedgerFacts.Revocation] = []
+                if let named = query.revocationsOf { namedRevocations = try await Self.revocations(of: named, in: db) }
+                var namedOrder: LedgerFacts.Order?
+                if let order = query.order { namedOrder = try await Self.order(order, in: db) }
                 let verdict = FinishAdvice.verdict(
                     userId: userId, transactionId: named, orderId: result.orderId, outcomes: outcomes,
-                    namedRevocations: try query.revocationsOf.map { try Self.revocations(of: $0, in: db) } ?? [],
-                    namedOrder: try query.order.map { try Self.order($0, in: db) } ?? nil,
+                    namedRevocations: namedRevocations,
+                    namedOrder: namedOrder,
                     namedOriginal: (row["originalTransactionId"] as String?).map {
                         FinishAdvice.NamedOriginal(originalTransactionId: $0, productId: row["productId"])
                     })
+                // What the upload became, in one batch (one round trip on PostgreSQL).
+                var closing: [SQLStatement] = []
                 for (purchase, state, reason) in listed where verdict.listsTransactions {
-                    try db.executeCached(
-                        sql: """
+                    closing.append(
+                        SQLStatement(
+                            """
                             INSERT INTO submission_transaction
                                 (submissionId, transactionId, originalTransactionId, productId, environment, state, reason,
                                     creditKey)
                             VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING
                             """,
-                        arguments: [
-                            id, purchase.transactionId, purchase.originalTransactionId, purchase.productId,
-                            purchase.environment.rawValue, state.rawValue, reason?.rawValue, policy.creditKey(of: purchase),
-                        ])
+                            [
+                                id, purchase.transactionId, purchase.originalTransactionId, purchase.productId,
+                                purchase.environment.rawValue, state.rawValue, reason?.rawValue, policy.creditKey(of: purchase),
+                            ]))
                 }
                 let replayed = outcomes.filter { $0.state == .replayedFromOtherUser }.count
                 counts.replayed = replayed
                 counts.revoked += upload.revocations
                 if replayed > 0 {
-                    try Self.audit(
-                        actor: "system", action: "replay_refused", subject: "submission:\(id)",
-                        reason: "purchases credited to another user uploaded by \(userId)",
-                        details: ["count": "\(replayed)"], now: now, in: db)
+                    closing.append(
+                        Self.auditStatement(
+                            actor: "system", action: "replay_refused", subject: "submission:\(id)",
+                            reason: "purchases credited to another user uploaded by \(userId)",
+                            details: ["count": "\(replayed)"], now: now))
                 }
-                try Self.finish(
-                    id, state: verdict.state, reason: verdict.reason, message: verdict.message,
-                    attempt: max(attempts, result.attempt), environment: receipt.environment, now: now, in: db)
+                closing.append(
+                    Self.finishStatement(
+                        id, state: verdict.state, reason: verdict.reason, message: verdict.message,
+                        attempt: max(attempts, result.attempt), environment: receipt.environment, now: now))
+                try await db.executeBatch(closing)
                 return verdict.state
             }
         }
@@ -335,8 +346,8 @@ extension OrderStore {
 
     /// Apple's refunds and revocations of `transactionId`: of its own id, or of the credit key
     /// it was credited under (a restore of a refunded non-consumable).
-    private static func revocations(of transactionId: String, in db: any SQLConnection) throws -> [LedgerFacts.Revocation] {
-        try db.rows(
+    private static func revocations(of transactionId: String, in db: any SQLConnection) async throws -> [LedgerFacts.Revocation] {
+        try await db.rows(
             sql: """
                 SELECT * FROM revocation WHERE transactionId = ?
                     OR creditKey IN (SELECT creditKey FROM grants WHERE transactionId = ?)
@@ -348,13 +359,23 @@ extension OrderStore {
     private static func finish(
         _ id: String, state: SubmissionState, reason: ReasonCode?, message: String?, attempt: Int,
         environment: AppStoreEnvironment?, now: Date, in db: any SQLConnection
-    ) throws {
-        try db.executeCached(
-            sql: """
-                UPDATE submission SET state = ?, reason = ?, reasonMessage = ?, attempts = ?, nextAttemptAt = NULL,
-                    environment = ?, updatedAt = ? WHERE id = ?
-                """,
-            arguments: [state.rawValue, reason?.rawValue, message, attempt, environment?.rawValue, now, id])
+    ) async throws {
+        try await db.executeBatch([
+            finishStatement(
+                id, state: state, reason: reason, message: message, attempt: attempt, environment: environment, now: now)
+        ])
+    }
+
+    private static func finishStatement(
+        _ id: String, state: SubmissionState, reason: ReasonCode?, message: String?, attempt: Int,
+        environment: AppStoreEnvironment?, now: Date
+    ) -> SQLStatement {
+        SQLStatement(
+            """
+            UPDATE submission SET state = ?, reason = ?, reasonMessage = ?, attempts = ?, nextAttemptAt = NULL,
+                environment = ?, updatedAt = ? WHERE id = ?
+            """,
+            [state.rawValue, reason?.rawValue, message, attempt, environment?.rawValue, now, id])
     }
 
 }

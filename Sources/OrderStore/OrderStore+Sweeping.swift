@@ -12,8 +12,8 @@ extension OrderStore {
     ) async throws -> [VerifyRequest] {
         try await database.write { db in
             // One sweeper at a time among the order services sharing the store.
-            guard try db.takeExclusive("sweeper") else { return [] }
-            let rows = try db.rows(sql: """
+            guard try await db.takeExclusive("sweeper") else { return [] }
+            let rows = try await db.rows(sql: """
                     SELECT id, userId, orderId, transactionId, receiptData, signedTransaction, signedPayload, attempts, acceptedAt
                     FROM submission
                     WHERE ((state = 'pending' AND updatedAt < ?) OR (state = 'retrying' AND nextAttemptAt < ?))
@@ -26,8 +26,8 @@ extension OrderStore {
             for row in rows {
                 guard let id = UUID(uuidString: row["id"]) else { continue }
                 let request = Self.nextAttempt(of: row, id: id)
-                try Self.insert(try message(request), now: now, in: db)
-                try db.execute(
+                try await Self.insert(try message(request), now: now, in: db)
+                try await db.execute(
                     sql: """
                         UPDATE submission SET updatedAt = ?,
                             nextAttemptAt = CASE WHEN state = 'retrying' THEN ? ELSE nextAttemptAt END
@@ -44,7 +44,7 @@ extension OrderStore {
     /// submission alerts once.
     public func claimAlert(for id: SubmissionID, now: Date = Date()) async throws -> Bool {
         try await database.write { db in
-            try db.execute(
+            try await db.execute(
                 sql: "UPDATE submission SET alertedAt = ? WHERE id = ? AND alertedAt IS NULL",
                 arguments: [now, id.uuidString])
             return db.changesCount > 0

@@ -45,21 +45,22 @@ public final class OrderStore: Sendable {
 
     /// Opens (creating if needed) the SQLite store at `path` and migrates it.
     /// `statementObserver`, for tests, hears the SQL text of every statement the store runs.
-    public convenience init(path: String, statementObserver: (@Sendable (String) -> Void)? = nil) throws(OrderStoreError) {
-        try self.init(location: .sqlite(path: path), statementObserver: statementObserver)
+    public convenience init(path: String, statementObserver: (@Sendable (String) -> Void)? = nil) async throws(OrderStoreError) {
+        try await self.init(location: .sqlite(path: path), statementObserver: statementObserver)
     }
 
     /// Opens the store at `location` and migrates it to the current schema (on PostgreSQL
     /// under an advisory lock: the first service to start migrates, the others wait).
-    /// `statementObserver`, for tests, hears the SQL text of every statement the store runs.
-    public init(location: StoreLocation, statementObserver: (@Sendable (String) -> Void)? = nil) throws(OrderStoreError) {
+    /// `statementObserver`, for tests, hears the SQL text of every statement the store sends (on
+    /// PostgreSQL a batch of writes is one: each call is one round trip).
+    public init(location: StoreLocation, statementObserver: (@Sendable (String) -> Void)? = nil) async throws(OrderStoreError) {
         self.location = location
         do {
             switch location {
             case .sqlite(let path):
                 database = try SQLiteDatabase(path: path, statementObserver: statementObserver)
             case .postgres(let postgres):
-                database = try PostgresDatabase(location: postgres, statementObserver: statementObserver)
+                database = try await PostgresDatabase(location: postgres, statementObserver: statementObserver)
             }
         } catch let error as OrderStoreError {
             throw error
@@ -73,7 +74,7 @@ public final class OrderStore: Sendable {
     /// Which backend runs this store.
     package var dialect: SQLDialect { database.dialect }
 
-    /// Closes the store's connections (PostgreSQL); the store is not used afterwards.
+    /// Closes the store's connections; the store is not used afterwards.
     public func close() async {
         await database.close()
     }
@@ -85,12 +86,12 @@ public final class OrderStore: Sendable {
         try await database.write { db in
             switch db.dialect {
             case .sqlite:
-                [
+                await [
                     "synchronous": String(try Int.fetchOne(db, sql: "PRAGMA synchronous") ?? -1),
                     "journal_mode": try String.fetchOne(db, sql: "PRAGMA journal_mode") ?? "",
                 ]
             case .postgres:
-                [
+                await [
                     "fsync": try String.fetchOne(db, sql: "SHOW fsync") ?? "",
                     "synchronous_commit": try String.fetchOne(db, sql: "SHOW synchronous_commit") ?? "",
                     "full_page_writes": try String.fetchOne(db, sql: "SHOW full_page_writes") ?? "",
@@ -102,7 +103,7 @@ public final class OrderStore: Sendable {
     /// Whether a write transaction can be started now (for readiness checks).
     public func isWritable() async -> Bool {
         do {
-            try await database.write { db in try db.execute(sql: "SELECT 1") }
+            try await database.write { db in try await db.execute(sql: "SELECT 1") }
             return true
         } catch {
             return false

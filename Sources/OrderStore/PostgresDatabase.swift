@@ -72,28 +72,28 @@ public struct PostgresLocation: Sendable, Equatable, CustomStringConvertible {
 /// The backend for teams that outgrow one box: PostgreSQL, shared by any number of order
 /// services.
 ///
-/// The store's operations are synchronous functions of one connection (as SQLite runs them),
-/// so each connection here is used from one thread at a time, off the event loops and off the
-/// cooperative pool, and waits for its answers. Writes run `SERIALIZABLE`: two services
-/// crediting the same purchase cannot both succeed, and the loser runs again (SQLSTATE 40001,
-/// 40P01) and sees the winner's row. A connection the server dropped (a restart, a failover)
-/// is opened again, and a transaction that never reached its commit is run again on it.
-final class PostgresDatabase: SQLDatabase {
+/// Connections come from postgres-nio's pooled `PostgresClient`, which reconnects on its own;
+/// every wait is bounded (a lease, a statement) and nothing blocks a thread. Writes run
+/// `SERIALIZABLE`, one at a time per process as SQLite's: two services crediting the same
+/// purchase cannot both succeed, and the loser runs again (SQLSTATE 40001, 40P01) and sees the
+/// winner's row. A transaction that never reached its commit (a conflict, a lost connection) is
+/// run again on a fresh connection until `patience` runs out.
+package final class PostgresDatabase: SQLDatabase {
     let location: PostgresLocation
     private let logger: Logger
-    /// The writer: one at a time per process, as SQLite's single writer; others queue.
-    private let writer: PostgresSession
-    private let writerQueue = DispatchQueue(label: "iap.orderstore.postgres.writer")
-    /// Readers, each used by one read at a time.
-    private let readers: NIOLockedValueBox<[PostgresSession]>
-    private let readerSlots: DispatchSemaphore
-    private let readerQueue = DispatchQueue(label: "iap.orderstore.postgres.readers", attributes: .concurrent)
+    /// The ledger's connections: a commit waits until it is on the server's disk.
+    private let client: PostgresClient
+    /// The connections of `writeAside`: what they write is worth seconds, no wait for the disk.
+    private let asideClient: PostgresClient
+    /// Runs both clients until `close`.
+    private let clients: Task<Void, Never>
+    private let writerGate = AsyncGate(permits: 1)
+    private let readerGate: AsyncGate
     /// How long a transaction keeps trying through lost connections and conflicts.
     private let patience: TimeInterval
-    /// The connection of `writeAside`, and until when it is not tried again after a failure.
-    private let aside: PostgresSession
-    private let asideQueue = DispatchQueue(label: "iap.orderstore.postgres.aside")
+    /// Until when `writeAside` fails at once after a failure rather than wait for a connection.
     private let asideDownUntil = NIOLockedValueBox(Date.distantPast)
+    private let statementObserver: (@Sendable (String) -> Void)?
 
     var dialect: SQLDialect { .postgres }
 
@@ -101,289 +101,346 @@ final class PostgresDatabase: SQLDatabase {
     init(
         location: PostgresLocation, readers: Int = 4, patience: TimeInterval = 30,
         logger: Logger = Logger(label: "iap.orderstore.postgres"), statementObserver: (@Sendable (String) -> Void)? = nil
-    ) throws {
+    ) async throws {
         self.location = location
         self.logger = logger
         self.patience = patience
-        writer = PostgresSession(location: location, logger: logger, statementObserver: statementObserver)
-        self.readers = NIOLockedValueBox(
-            (0..<max(1, readers)).map { _ in
-                PostgresSession(location: location, logger: logger, statementObserver: statementObserver)
-            })
-        readerSlots = DispatchSemaphore(value: max(1, readers))
-        // What it writes is worth seconds (rate-limit buckets, unlogged): no wait for the disk.
-        aside = PostgresSession(
-            location: location, logger: logger, statementObserver: statementObserver,
-            connectTimeout: .seconds(2), statementTimeout: .seconds(2), synchronousCommit: false)
-        try writer.connect()
-        try PostgresSchema.migrate(writer)
-    }
-
-    func read<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) throws -> T) async throws -> T {
-        try await withCheckedThrowingContinuation { continuation in
-            readerQueue.async {
-                self.readerSlots.wait()
-                let session = self.readers.withLockedValue { $0.removeLast() }
-                defer {
-                    self.readers.withLockedValue { $0.append(session) }
-                    self.readerSlots.signal()
-                }
-                continuation.resume(
-                    with: Result {
-                        try self.transaction(on: session, begin: "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", body)
-                    })
+        self.statementObserver = statementObserver
+        readerGate = AsyncGate(permits: max(1, readers))
+        client = PostgresClient(
+            configuration: Self.configuration(location, connections: max(1, readers) + 2, synchronousCommit: true),
+            eventLoopGroup: Self.eventLoops, backgroundLogger: logger)
+        var asideConfiguration = Self.configuration(location, connections: 2, synchronousCommit: false)
+        asideConfiguration.options.connectTimeout = .seconds(2)
+        asideClient = PostgresClient(
+            configuration: asideConfiguration, eventLoopGroup: Self.asideEventLoops, backgroundLogger: logger)
+        clients = Task { [client, asideClient] in
+            await withDiscardingTaskGroup { group in
+                group.addTask { await client.run() }
+                group.addTask { await asideClient.run() }
             }
+        }
+        do {
+            try await withSession(client, leaseTimeout: .seconds(15)) { session in try await PostgresSchema.migrate(session) }
+        } catch {
+            clients.cancel()
+            throw error
         }
     }
 
-    func write<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) throws -> T) async throws -> T {
-        try await withCheckedThrowingContinuation { continuation in
-            writerQueue.async {
-                continuation.resume(
-                    with: Result { try self.transaction(on: self.writer, begin: "BEGIN ISOLATION LEVEL SERIALIZABLE", body) })
-            }
-        }
+    /// The event loops of every PostgreSQL store in the process, apart from the ones that serve
+    /// HTTP: a transaction's body runs on its connection's loop (the ledger's work between two
+    /// statements included), and must never hold up a request's.
+    private static let eventLoops = MultiThreadedEventLoopGroup(numberOfThreads: 2)
+    /// The loop of `writeAside`'s connections, which must answer while a long group commit
+    /// holds the ledger's.
+    private static let asideEventLoops = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+
+    private static func configuration(_ location: PostgresLocation, connections: Int, synchronousCommit: Bool)
+        -> PostgresClient.Configuration
+    {
+        var configuration = PostgresClient.Configuration(
+            host: location.host, port: location.port, username: location.user, password: location.password,
+            database: location.database, tls: .disable)
+        configuration.options.connectTimeout = .seconds(5)
+        configuration.options.maximumConnections = connections
+        // An answered commit is on the server's disk, whatever the server's default says.
+        configuration.options.additionalStartupParameters = [("synchronous_commit", synchronousCommit ? "on" : "off")]
+        return configuration
     }
 
-    /// On the aside connection, in autocommit (each statement its own transaction, READ
+    func read<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
+        await readerGate.acquire()
+        defer { readerGate.release() }
+        return try await transaction(begin: "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", body)
+    }
+
+    func write<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
+        await writerGate.acquire()
+        defer { writerGate.release() }
+        return try await transaction(begin: "BEGIN ISOLATION LEVEL SERIALIZABLE", body)
+    }
+
+    /// On a connection of its own, in autocommit (each statement its own transaction, READ
     /// COMMITTED: an upsert of one row waits for that row's lock, never for a conflict to
     /// retry). Once it fails, it fails at once for a second rather than queue every caller
     /// behind a connect timeout while the database is away.
-    func writeAside<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) throws -> T) async throws -> T {
-        try await withCheckedThrowingContinuation { continuation in
-            asideQueue.async {
-                continuation.resume(
-                    with: Result {
-                        guard Date() >= self.asideDownUntil.withLockedValue({ $0 }) else {
-                            throw SQLError(.connection, "the database did not answer a moment ago")
-                        }
-                        do {
-                            try self.aside.ensureConnected()
-                            self.aside.beginTransaction()
-                            return try body(self.aside)
-                        } catch let error as SQLError where error.kind == .connection {
-                            self.aside.closeSoon()
-                            self.asideDownUntil.withLockedValue { $0 = Date().addingTimeInterval(1) }
-                            throw error
-                        }
-                    })
+    func writeAside<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
+        guard Date() >= asideDownUntil.withLockedValue({ $0 }) else {
+            throw SQLError(.connection, "the database did not answer a moment ago")
+        }
+        do {
+            // A statement has 2 s; the lease more, as callers queue for the two connections
+            // (a burst of takes at one instant), and connecting has 2 s (`asideConfiguration`).
+            return try await withSession(
+                asideClient, leaseTimeout: .seconds(5), statementTimeout: .seconds(2), onConnectionsLoop: false
+            ) { session in
+                try await body(session)
             }
+        } catch let error as SQLError where error.kind == .connection {
+            asideDownUntil.withLockedValue { $0 = Date().addingTimeInterval(1) }
+            throw error
         }
     }
 
-    /// Runs a statement outside any transaction, on the writer (for tests and tools).
+    /// Runs a statement outside any transaction (for tests and tools).
     func executeOutsideTransaction(_ sql: String) async throws {
-        try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-            writerQueue.async {
-                continuation.resume(with: Result<Void, any Error> { _ = try self.writer.withReconnect { try $0.execute(sql: sql) } })
-            }
+        try await withSession(client, leaseTimeout: .seconds(15)) { session in _ = try await session.execute(sql: sql) }
+    }
+
+    /// Runs `body` on one connection of its own to `location`, in autocommit, outside any store
+    /// (creating a database, reading the server's catalogue).
+    package static func withConnection<T: Sendable>(
+        to location: PostgresLocation, logger: Logger = Logger(label: "iap.orderstore.postgres"),
+        _ body: @Sendable (any SQLConnection) async throws -> T
+    ) async throws -> T {
+        let configuration = PostgresConnection.Configuration(
+            host: location.host, port: location.port, username: location.user, password: location.password,
+            database: location.database, tls: .disable)
+        let connection: PostgresConnection
+        do {
+            connection = try await PostgresConnection.connect(
+                on: eventLoops.any(), configuration: configuration, id: 0, logger: logger
+            ).get()
+        } catch {
+            throw PostgresSession.translate(error, sql: "(connect to \(location))")
+        }
+        do {
+            let value = try await body(PostgresSession(connection: connection, logger: logger, statementObserver: nil))
+            try? await connection.close()
+            return value
+        } catch {
+            try? await connection.close()
+            throw error
         }
     }
 
     func close() async {
-        writerQueue.sync { writer.close() }
-        asideQueue.sync { aside.close() }
-        for reader in readers.withLockedValue({ $0 }) { reader.close() }
+        clients.cancel()
+        await clients.value
     }
 
     deinit {
-        writer.closeSoon()
-        aside.closeSoon()
-        for reader in readers.withLockedValue({ $0 }) { reader.closeSoon() }
+        clients.cancel()
     }
 
-    /// Runs `body` in one transaction on `session`, again after a conflict or a connection
-    /// lost before the commit was sent, until `patience` runs out.
-    private func transaction<T>(on session: PostgresSession, begin: String, _ body: (any SQLConnection) throws -> T) throws -> T {
+    /// Runs `body` on a connection leased from `client` within `leaseTimeout`, each of its
+    /// statements answered within `statementTimeout` (past it, the connection counts as lost).
+    private func withSession<T: Sendable>(
+        _ client: PostgresClient, leaseTimeout: Duration, statementTimeout: TimeAmount = PostgresSession.defaultStatementTimeout,
+        onConnectionsLoop: Bool = true, _ body: @escaping @Sendable (PostgresSession) async throws -> T
+    ) async throws -> T {
+        let leased = NIOLockedValueBox(false)
+        let (logger, observer, location) = (logger, statementObserver, location)
+        return try await withThrowingTaskGroup(of: T?.self) { group in
+            group.addTask {
+                do {
+                    return try await client.withConnection { connection in
+                        leased.withLockedValue { $0 = true }
+                        let session = PostgresSession(
+                            connection: connection, logger: logger, statementObserver: observer, statementTimeout: statementTimeout)
+                        // The body runs on the connection's own event loop: each answer resumes
+                        // it where it arrived, with no hop to another thread per statement.
+                        guard onConnectionsLoop else { return try await body(session) }
+                        return try await withTaskExecutorPreference(EventLoopTaskExecutor(connection.eventLoop)) {
+                            try await body(session)
+                        }
+                    }
+                } catch {
+                    // The body's own errors go as they are; before the lease, the pool's failed.
+                    if leased.withLockedValue({ $0 }) || error is SQLError { throw error }
+                    throw PostgresSession.translate(error, sql: "(connect to \(location))")
+                }
+            }
+            group.addTask {
+                try? await Task.sleep(for: leaseTimeout)
+                guard leased.withLockedValue({ $0 }) || Task.isCancelled else {
+                    throw SQLError(.connection, "no connection to \(location) within \(leaseTimeout)")
+                }
+                return nil
+            }
+            while let outcome = try await group.next() {
+                if let value = outcome {
+                    group.cancelAll()
+                    return value
+                }
+            }
+            throw SQLError(.connection, "no connection to \(location)")
+        }
+    }
+
+    /// Runs `body` in one transaction, again after a conflict or a connection lost before the
+    /// commit was sent, until `patience` runs out.
+    private func transaction<T: Sendable>(
+        begin: String, _ body: @escaping @Sendable (any SQLConnection) async throws -> T
+    ) async throws -> T {
         let deadline = Date().addingTimeInterval(patience)
         var attempt = 0
         while true {
             attempt += 1
-            var committing = false
+            let committing = NIOLockedValueBox(false)
             do {
-                try session.ensureConnected()
-                session.beginTransaction()
-                try session.execute(sql: begin)
-                let value = try body(session)
-                if session.mustRetry {
-                    throw SQLError(.serializationFailure, "a statement of the transaction conflicted with another writer")
+                return try await withSession(client, leaseTimeout: .seconds(max(1, Int64(deadline.timeIntervalSinceNow)))) { session in
+                    try await session.execute(sql: begin)
+                    do {
+                        let value = try await body(session)
+                        if session.mustRetry {
+                            throw SQLError(.serializationFailure, "a statement of the transaction conflicted with another writer")
+                        }
+                        guard session.isInsideTransaction else {
+                            throw SQLError(.other, "the transaction was aborted by an error it did not handle")
+                        }
+                        committing.withLockedValue { $0 = true }
+                        try await session.execute(sql: "COMMIT")
+                        return value
+                    } catch {
+                        // Nothing the body wrote stays (a rule of the ledger refused, a conflict),
+                        // and the connection goes back to the pool outside any transaction.
+                        if (error as? SQLError)?.kind != .connection { _ = try? await session.execute(sql: "ROLLBACK") }
+                        throw error
+                    }
                 }
-                guard session.isInsideTransaction else {
-                    throw SQLError(.other, "the transaction was aborted by an error it did not handle")
-                }
-                committing = true
-                try session.execute(sql: "COMMIT")
-                session.endTransaction()
-                return value
             } catch let error as SQLError {
-                session.endTransaction()
                 switch error.kind {
                 case .serializationFailure where Date() < deadline:
-                    try? session.execute(sql: "ROLLBACK")
                     // Back off, exponentially with jitter up to a quarter second, so that two
-                    // order services whose batches keep meeting stop meeting (a fixed few ms
-                    // let two large group commits abort each other for the whole patience).
-                    Thread.sleep(forTimeInterval: Double.random(in: 0...1) * min(0.002 * pow(2, Double(min(attempt, 10))), 0.25))
-                case .connection where !committing && Date() < deadline:
-                    session.close()
-                    logger.warning("order store connection lost; reconnecting", metadata: ["error": "\(error)"])
-                    Thread.sleep(forTimeInterval: min(0.05 * Double(attempt), 1))
+                    // order services whose batches keep meeting stop meeting.
+                    let limit = min(0.002 * pow(2, Double(min(attempt, 10))), 0.25)
+                    try await Task.sleep(for: .seconds(Double.random(in: 0...1) * limit))
+                case .connection where !committing.withLockedValue({ $0 }) && Date() < deadline:
+                    logger.warning("order store connection lost; trying again", metadata: ["error": "\(error)"])
+                    try await Task.sleep(for: .seconds(min(0.05 * Double(attempt), 1)))
                 default:
-                    if error.kind != .connection { try? session.execute(sql: "ROLLBACK") } else { session.close() }
                     throw error
                 }
-            } catch {
-                // The body refused (a rule of the ledger: not found, a conflict): nothing it
-                // wrote stays, and the session leaves the transaction, or the next BEGIN would
-                // be ignored and run on this one's snapshot (and commit what this one wrote).
-                session.endTransaction()
-                try? session.execute(sql: "ROLLBACK")
-                throw error
             }
         }
     }
 }
 
-/// One PostgreSQL connection, used synchronously from one thread at a time.
+/// Runs tasks on one event loop.
+final class EventLoopTaskExecutor: TaskExecutor {
+    private let eventLoop: any EventLoop
+
+    init(_ eventLoop: any EventLoop) {
+        self.eventLoop = eventLoop
+    }
+
+    func enqueue(_ job: UnownedJob) {
+        let executor = asUnownedTaskExecutor()
+        eventLoop.execute { job.runSynchronously(on: executor) }
+    }
+}
+
+/// One leased PostgreSQL connection inside one transaction (or in autocommit).
 final class PostgresSession: SQLConnection, @unchecked Sendable {
-    // Unchecked: a session is only touched by the one queue or reader slot that holds it.
-    private let location: PostgresLocation
+    // Unchecked: a session is only touched by the one task running its transaction.
+    private let connection: PostgresConnection
     private let logger: Logger
-    private var connection: PostgresConnection?
+    private let statementObserver: (@Sendable (String) -> Void)?
+    /// How long one statement may take before the connection counts as lost (a server that
+    /// went away without closing the socket must not hold the writer forever).
+    private let statementTimeout: TimeAmount
     private var savepoints = 0
     private(set) var changesCount = 0
-    /// A statement hit a serialization failure or deadlock: the transaction must run again.
+    /// A statement outside any savepoint hit a serialization failure or deadlock: the
+    /// transaction must run again.
     private(set) var mustRetry = false
     /// False once an error outside a savepoint aborted the transaction.
     private(set) var isInsideTransaction = true
-    private static let nextId = NIOLockedValueBox(0)
     private static let placeholders = NIOLockedValueBox([String: String]())
-
-    private let statementObserver: (@Sendable (String) -> Void)?
-    /// How long connecting, and then one statement, may take before the connection counts as lost.
-    private let connectTimeout: TimeAmount
-    private let statementTimeout: TimeAmount
-    /// Whether a commit waits until it is on the server's disk (every ledger connection does).
-    private let synchronousCommit: Bool
+    private static let formats = NIOLockedValueBox([String: String]())
 
     init(
-        location: PostgresLocation, logger: Logger, statementObserver: (@Sendable (String) -> Void)? = nil,
-        connectTimeout: TimeAmount = .seconds(15), statementTimeout: TimeAmount = PostgresSession.defaultStatementTimeout,
-        synchronousCommit: Bool = true
+        connection: PostgresConnection, logger: Logger, statementObserver: (@Sendable (String) -> Void)?,
+        statementTimeout: TimeAmount = PostgresSession.defaultStatementTimeout
     ) {
-        self.location = location
+        self.connection = connection
         self.logger = logger
         self.statementObserver = statementObserver
-        self.connectTimeout = connectTimeout
         self.statementTimeout = statementTimeout
-        self.synchronousCommit = synchronousCommit
     }
 
     var dialect: SQLDialect { .postgres }
 
-    func connect() throws {
-        let id = Self.nextId.withLockedValue { id in
-            id += 1
-            return id
-        }
-        var configuration = PostgresConnection.Configuration(
-            host: location.host, port: location.port, username: location.user, password: location.password,
-            database: location.database, tls: .disable)
-        configuration.options.connectTimeout = min(.seconds(5), connectTimeout)
-        do {
-            connection = try Self.wait(
-                for: PostgresConnection.connect(
-                    on: MultiThreadedEventLoopGroup.singleton.any(), configuration: configuration, id: id, logger: logger),
-                atMost: connectTimeout, doing: "connecting")
-        } catch {
-            throw Self.translate(error, sql: "(connect to \(location))")
-        }
-        // An answered commit is on the server's disk, whatever the server's default says.
-        try execute(sql: synchronousCommit ? "SET synchronous_commit = on" : "SET synchronous_commit = off")
-    }
-
-    func ensureConnected() throws {
-        if connection == nil || connection?.isClosed == true {
-            closeSoon()
-            try connect()
-        }
-    }
-
-    /// Runs `body` on a live connection, reconnecting once if the first attempt finds it dead.
-    func withReconnect<T>(_ body: (PostgresSession) throws -> T) throws -> T {
-        try ensureConnected()
-        do {
-            return try body(self)
-        } catch let error as SQLError where error.kind == .connection {
-            close()
-            try connect()
-            return try body(self)
-        }
-    }
-
-    func close() {
-        if let connection {
-            let closing: EventLoopFuture<Void> = connection.close()
-            _ = try? Self.wait(for: closing, atMost: .seconds(5), doing: "closing")
-        }
-        connection = nil
-    }
-
-    /// Closes without waiting (from a deinit, which may run on an event loop).
-    func closeSoon() {
-        if let connection {
-            let closing: EventLoopFuture<Void> = connection.close()
-            // Kept alive until closed: a connection must not be freed while it closes.
-            closing.whenComplete { _ in withExtendedLifetime(connection) {} }
-        }
-        connection = nil
-    }
-
-    func beginTransaction() {
-        savepoints = 0
-        mustRetry = false
-        isInsideTransaction = true
-    }
-
-    func endTransaction() {
-        savepoints = 0
-    }
+    static let defaultStatementTimeout: TimeAmount = .seconds(120)
 
     @discardableResult
-    func execute(sql: String, arguments: SQLArguments) throws -> Int {
-        _ = try run(sql, arguments)
+    func execute(sql: String, arguments: SQLArguments) async throws -> Int {
+        _ = try await run(sql, arguments)
         return changesCount
     }
 
-    func rows(sql: String, arguments: SQLArguments) throws -> [SQLRow] {
-        try run(sql, arguments)
+    func rows(sql: String, arguments: SQLArguments) async throws -> [SQLRow] {
+        try await run(sql, arguments)
     }
 
-    func inSavepoint<T>(_ body: () throws -> T) throws -> T {
+    /// One statement as it is; more in one call of `iap_batch` (one round trip).
+    func executeBatch(_ statements: [SQLStatement]) async throws {
+        guard statements.count > 1 else {
+            for statement in statements {
+                _ = try await run(statement.sql, statement.arguments)
+                try statement.check?(changesCount)
+            }
+            return
+        }
+        var texts: [String] = []
+        texts.reserveCapacity(statements.count)
+        var arguments = "["
+        for (index, statement) in statements.enumerated() {
+            texts.append(Self.formatted(statement.sql))
+            if index > 0 { arguments += "," }
+            arguments += "["
+            for (position, value) in statement.arguments.values.enumerated() {
+                if position > 0 { arguments += "," }
+                Self.appendJSON(value, to: &arguments)
+            }
+            arguments += "]"
+        }
+        arguments += "]"
+        let rows = try await run("SELECT iap_batch(?, ?::jsonb)::text AS counts", [], binding: { binds in
+            binds.append(texts)
+            binds.append(arguments)
+        })
+        let counts = try rows.first.map { try $0.values.first.map(Self.integers) ?? [] } ?? []
+        guard counts.count == statements.count else {
+            throw SQLError(.other, "iap_batch answered \(counts.count) counts for \(statements.count) statements")
+        }
+        for (statement, count) in zip(statements, counts) {
+            changesCount = count
+            try statement.check?(count)
+        }
+    }
+
+    func inSavepoint<T>(_ body: () async throws -> T) async throws -> T {
         savepoints += 1
         let name = "s\(savepoints)"
-        try execute(sql: "SAVEPOINT \(name)")
+        defer { savepoints -= 1 }
+        try await execute(sql: "SAVEPOINT \(name)")
         do {
-            let value = try body()
-            try execute(sql: "RELEASE SAVEPOINT \(name)")
+            let value = try await body()
+            try await execute(sql: "RELEASE SAVEPOINT \(name)")
             return value
         } catch {
             if let sqlError = error as? SQLError, sqlError.kind == .connection { throw error }
-            // A unit that met another writer's work (the server's 40001, or a row it expected
-            // to insert found taken) makes the whole transaction run again from the start.
-            if let sqlError = error as? SQLError, sqlError.kind == .serializationFailure { mustRetry = true }
-            // Undo this unit only; the transaction goes on (unless it must run again anyway).
-            try execute(sql: "ROLLBACK TO SAVEPOINT \(name)")
-            try execute(sql: "RELEASE SAVEPOINT \(name)")
+            // Undo this unit only; the transaction goes on. A unit that met another writer's
+            // work (the server's 40001, or a row it expected to insert found taken) is run
+            // again by its caller: what the others wrote stays serializable, as the commit
+            // checks (SSI keeps the read sets of rolled-back savepoints).
+            try await execute(sql: "ROLLBACK TO SAVEPOINT \(name)")
+            try await execute(sql: "RELEASE SAVEPOINT \(name)")
             isInsideTransaction = true
             throw error
         }
     }
 
-    private func run(_ sql: String, _ arguments: SQLArguments) throws -> [SQLRow] {
-        guard let connection else { throw SQLError(.connection, "not connected to \(location)") }
+    /// Sends one statement (the observer hears each: a batch is one) and waits for its answer.
+    private func run(
+        _ sql: String, _ arguments: SQLArguments, binding: ((inout PostgresBindings) -> Void)? = nil
+    ) async throws -> [SQLRow] {
         statementObserver?(sql)
         var binds = PostgresBindings(capacity: arguments.values.count)
+        binding?(&binds)
         for value in arguments.values {
             switch value {
             case .null: binds.appendNull()
@@ -394,16 +451,27 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
             }
         }
         let query = PostgresQuery(unsafeSQL: Self.numbered(sql), binds: binds)
+        // Past the timeout the connection is closed under the statement, which then fails.
+        let timedOut = NIOLockedValueBox(false)
+        let connection = connection
+        let timer = connection.eventLoop.scheduleTask(in: statementTimeout) {
+            timedOut.withLockedValue { $0 = true }
+            let closing: EventLoopFuture<Void> = connection.close()
+            _ = closing
+        }
+        defer { timer.cancel() }
         let result: PostgresQueryResult
         do {
-            result = try Self.wait(for: connection.query(query, logger: logger), atMost: statementTimeout, doing: "waiting for an answer")
+            let answer: EventLoopFuture<PostgresQueryResult> = connection.query(query, logger: logger)
+            result = try await answer.get()
         } catch {
-            let translated = Self.translate(error, sql: sql)
-            switch translated.kind {
-            case .serializationFailure: mustRetry = true
-            case .connection: closeSoon()
-            case .uniqueViolation, .other: break
+            var translated = Self.translate(error, sql: sql)
+            if timedOut.withLockedValue({ $0 }) {
+                translated = SQLError(
+                    .connection, "no answer from the database within \(statementTimeout.nanoseconds / 1_000_000_000) s (running \(sql.prefix(120)))")
             }
+            // Outside a savepoint a conflict leaves nothing to keep: the transaction runs again.
+            if translated.kind == .serializationFailure, savepoints == 0 { mustRetry = true }
             isInsideTransaction = false
             throw translated
         }
@@ -435,30 +503,100 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
         }
     }
 
-    /// How long one statement may take before its connection counts as lost (a server that
-    /// went away without closing the socket must not hold the writer forever).
-    static let defaultStatementTimeout: TimeAmount = .seconds(120)
-
-    /// Waits for `future` at most `limit`; past it, a `.connection` failure.
-    static func wait<T>(for future: EventLoopFuture<T>, atMost limit: TimeAmount, doing what: String) throws -> T {
-        let promise = future.eventLoop.makePromise(of: T.self)
-        let settled = NIOLockedValueBox(false)
-        func settleOnce() -> Bool {
-            settled.withLockedValue { done in
-                defer { done = true }
-                return !done
+    /// The statement as `format` takes it: `?` marks become `%L`, and a `%` is doubled
+    /// (marks and percent signs inside quotes and comments stay as written, apart from `%`).
+    static func formatted(_ sql: String) -> String {
+        if let known = formats.withLockedValue({ $0[sql] }) { return known }
+        var output = ""
+        output.reserveCapacity(sql.utf8.count + 16)
+        var quote: Character?
+        var comment = false
+        var previous: Character = " "
+        for character in sql {
+            defer { previous = character }
+            if character == "%" {
+                output += "%%"
+            } else if comment {
+                if character == "\n" { comment = false }
+                output.append(character)
+            } else if quote == nil, character == "-", previous == "-" {
+                comment = true
+                output.append(character)
+            } else if let open = quote {
+                if character == open { quote = nil }
+                output.append(character)
+            } else if character == "'" || character == "\"" {
+                quote = character
+                output.append(character)
+            } else if character == "?" {
+                output += "%L"
+            } else {
+                output.append(character)
             }
         }
-        let timer = future.eventLoop.scheduleTask(in: limit) {
-            guard settleOnce() else { return }
-            promise.fail(SQLError(.connection, "no answer from the database within \(limit.nanoseconds / 1_000_000_000) s (\(what))"))
+        formats.withLockedValue { known in
+            // The store's texts are fixed or built from a bounded set; the bound is a safeguard.
+            if known.count >= 4096 { known.removeAll(keepingCapacity: true) }
+            known[sql] = output
         }
-        future.whenComplete { result in
-            timer.cancel()
-            guard settleOnce() else { return }
-            promise.completeWith(result)
+        return output
+    }
+
+    /// `value` as `iap_batch` reads it: text in a JSON string, NULL as JSON null, bytes as
+    /// PostgreSQL's hex text.
+    static func appendJSON(_ value: SQLValue, to json: inout String) {
+        let text: String
+        switch value {
+        case .null:
+            json += "null"
+            return
+        case .integer(let integer): text = String(integer)
+        case .real(let real): text = "\(real)"
+        case .text(let string): text = string
+        case .blob(let data): text = hex(data)
         }
-        return try promise.futureResult.wait()
+        json += "\""
+        // Most values need no escaping: appended whole.
+        if !text.utf8.contains(where: { $0 < 0x20 || $0 == 0x22 || $0 == 0x5c }) {
+            json += text
+            json += "\""
+            return
+        }
+        for scalar in text.unicodeScalars {
+            switch scalar {
+            case "\"": json += "\\\""
+            case "\\": json += "\\\\"
+            case "\n": json += "\\n"
+            case "\r": json += "\\r"
+            case "\t": json += "\\t"
+            default:
+                if scalar.value < 0x20 {
+                    json += String(format: "\\u%04x", scalar.value)
+                } else {
+                    json.unicodeScalars.append(scalar)
+                }
+            }
+        }
+        json += "\""
+    }
+
+    /// `\x` and the bytes in hex: PostgreSQL's text form of `bytea`.
+    static func hex(_ data: Data) -> String {
+        let digits = Array("0123456789abcdef".utf8)
+        var bytes: [UInt8] = [92, 120]
+        bytes.reserveCapacity(2 + data.count * 2)
+        for byte in data {
+            bytes.append(digits[Int(byte >> 4)])
+            bytes.append(digits[Int(byte & 0x0f)])
+        }
+        return String(decoding: bytes, as: UTF8.self)
+    }
+
+    /// A `BIGINT[]` read as text (`{1,0,1}`).
+    static func integers(_ value: SQLValue) throws -> [Int] {
+        guard case .text(let text) = value else { throw SQLError(.other, "iap_batch answered \(value)") }
+        let inner = text.dropFirst().dropLast()
+        return inner.isEmpty ? [] : inner.split(separator: ",").compactMap { Int($0) }
     }
 
     /// The statement with its `?` marks numbered `$1`, `$2`… (marks inside quotes stay).

@@ -11,30 +11,33 @@ enum PostgresSchema {
     static let migrationLock: Int64 = 0x1A9_5702_E001
 
     /// Applies the migrations not yet applied, one transaction each, under the advisory lock.
-    static func migrate(_ session: PostgresSession) throws {
-        try session.execute(sql: "SELECT pg_advisory_lock(\(migrationLock))")
-        defer { _ = try? session.execute(sql: "SELECT pg_advisory_unlock(\(migrationLock))") }
-        try session.execute(
-            sql: """
-                CREATE TABLE IF NOT EXISTS iap_schema_migration (
-                    version BIGINT PRIMARY KEY, name TEXT NOT NULL, appliedAt TEXT NOT NULL)
-                """)
-        let applied = Set(try Int.fetchAll(session, sql: "SELECT version FROM iap_schema_migration"))
-        for migration in SchemaHistory.postgresMigrations where !applied.contains(migration.recordedAs) {
-            session.beginTransaction()
-            try session.execute(sql: "BEGIN")
-            do {
-                for statement in statements(migration.sql) { try session.execute(sql: statement) }
-                try session.execute(
-                    sql: "INSERT INTO iap_schema_migration (version, name, appliedAt) VALUES (?, ?, ?)",
-                    arguments: [migration.recordedAs, migration.name, Date()])
-                try session.execute(sql: "COMMIT")
-            } catch {
-                _ = try? session.execute(sql: "ROLLBACK")
-                throw error
+    static func migrate(_ session: PostgresSession) async throws {
+        try await session.execute(sql: "SELECT pg_advisory_lock(\(migrationLock))")
+        do {
+            try await session.execute(
+                sql: """
+                    CREATE TABLE IF NOT EXISTS iap_schema_migration (
+                        version BIGINT PRIMARY KEY, name TEXT NOT NULL, appliedAt TEXT NOT NULL)
+                    """)
+            let applied = Set(try await Int.fetchAll(session, sql: "SELECT version FROM iap_schema_migration"))
+            for migration in SchemaHistory.postgresMigrations where !applied.contains(migration.recordedAs) {
+                try await session.execute(sql: "BEGIN")
+                do {
+                    for statement in statements(migration.sql) { try await session.execute(sql: statement) }
+                    try await session.execute(
+                        sql: "INSERT INTO iap_schema_migration (version, name, appliedAt) VALUES (?, ?, ?)",
+                        arguments: [migration.recordedAs, migration.name, Date()])
+                    try await session.execute(sql: "COMMIT")
+                } catch {
+                    _ = try? await session.execute(sql: "ROLLBACK")
+                    throw error
+                }
             }
-            session.endTransaction()
+        } catch {
+            _ = try? await session.execute(sql: "SELECT pg_advisory_unlock(\(migrationLock))")
+            throw error
         }
+        try await session.execute(sql: "SELECT pg_advisory_unlock(\(migrationLock))")
     }
 
     /// The statements of a script, split at `;` outside quotes, `$$` bodies and `--` comments.

@@ -178,6 +178,20 @@ package struct SQLArguments: Sendable, ExpressibleByArrayLiteral {
     }
 }
 
+/// One statement of a batch, and what its count of changed rows must be.
+package struct SQLStatement: Sendable {
+    package var sql: String
+    package var arguments: SQLArguments
+    /// Throws when the statement changed rows it should not have (or none it should have).
+    package var check: (@Sendable (Int) throws -> Void)?
+
+    package init(_ sql: String, _ arguments: SQLArguments = [], check: (@Sendable (Int) throws -> Void)? = nil) {
+        self.sql = sql
+        self.arguments = arguments
+        self.check = check
+    }
+}
+
 /// One row of a result, its columns found by name whatever their case (PostgreSQL folds
 /// unquoted names to lower case; SQLite keeps them as written).
 package struct SQLRow: Sendable {
@@ -241,16 +255,20 @@ package enum SQLDialect: String, Sendable {
 ///
 /// Statements use `?` marks; the PostgreSQL connection numbers them. Both backends accept the
 /// SQL the store writes (`INSERT … ON CONFLICT`, `RETURNING`, `excluded.`); where they differ
-/// the store asks `dialect`.
+/// the store asks `dialect`. A connection belongs to the one task running its transaction.
 package protocol SQLConnection: AnyObject {
     var dialect: SQLDialect { get }
     /// Runs one statement and returns how many rows it changed.
     @discardableResult
-    func execute(sql: String, arguments: SQLArguments) throws -> Int
+    func execute(sql: String, arguments: SQLArguments) async throws -> Int
     /// Runs one query and returns all its rows.
-    func rows(sql: String, arguments: SQLArguments) throws -> [SQLRow]
+    func rows(sql: String, arguments: SQLArguments) async throws -> [SQLRow]
     /// Runs `body` in a savepoint: its changes stay if it returns, vanish if it throws.
-    func inSavepoint<T>(_ body: () throws -> T) throws -> T
+    func inSavepoint<T>(_ body: () async throws -> T) async throws -> T
+    /// Runs `statements` in order, as `execute` would one by one, each `check` given the rows
+    /// its statement changed: on PostgreSQL in one round trip, on SQLite one at a time. A
+    /// failed statement or check throws; what the others wrote goes with the caller's unit.
+    func executeBatch(_ statements: [SQLStatement]) async throws
     /// Rows changed by the last statement.
     var changesCount: Int { get }
     /// False once the backend has rolled the transaction back under the caller (disk full,
@@ -260,44 +278,44 @@ package protocol SQLConnection: AnyObject {
 
 extension SQLConnection {
     @discardableResult
-    func execute(sql: String) throws -> Int { try execute(sql: sql, arguments: []) }
+    func execute(sql: String) async throws -> Int { try await execute(sql: sql, arguments: []) }
 
     /// Runs one statement whose text is fixed (the backends keep it prepared).
-    func executeCached(sql: String, arguments: SQLArguments = []) throws {
-        try execute(sql: sql, arguments: arguments)
+    func executeCached(sql: String, arguments: SQLArguments = []) async throws {
+        try await execute(sql: sql, arguments: arguments)
     }
 
     /// The first row of a query.
-    func row(sql: String, arguments: SQLArguments = []) throws -> SQLRow? {
-        try rows(sql: sql, arguments: arguments).first
+    func row(sql: String, arguments: SQLArguments = []) async throws -> SQLRow? {
+        try await rows(sql: sql, arguments: arguments).first
     }
 
     /// The first row of a fixed query.
-    func cachedRow(sql: String, arguments: SQLArguments = []) throws -> SQLRow? {
-        try row(sql: sql, arguments: arguments)
+    func cachedRow(sql: String, arguments: SQLArguments = []) async throws -> SQLRow? {
+        try await row(sql: sql, arguments: arguments)
     }
 
-    func rows(sql: String) throws -> [SQLRow] { try rows(sql: sql, arguments: []) }
+    func rows(sql: String) async throws -> [SQLRow] { try await rows(sql: sql, arguments: []) }
 
     /// Whether this transaction is the only one doing `task` now, across every order service
     /// sharing the store (a PostgreSQL advisory lock held until the transaction ends). On
     /// SQLite, whose one writer runs one transaction at a time, always true.
-    func takeExclusive(_ task: String) throws -> Bool {
+    func takeExclusive(_ task: String) async throws -> Bool {
         guard dialect == .postgres else { return true }
-        return try Bool.fetchOne(self, sql: "SELECT pg_try_advisory_xact_lock(hashtext(?))", arguments: ["iap:" + task]) ?? false
+        return try await Bool.fetchOne(self, sql: "SELECT pg_try_advisory_xact_lock(hashtext(?))", arguments: ["iap:" + task]) ?? false
     }
 }
 
 extension SQLValueConvertible {
     /// The first column of the first row, nil when there is no row or it is NULL.
-    static func fetchOne(_ db: any SQLConnection, sql: String, arguments: SQLArguments = []) throws -> Self? {
-        guard let row = try db.row(sql: sql, arguments: arguments), let first = row.values.first else { return nil }
+    static func fetchOne(_ db: any SQLConnection, sql: String, arguments: SQLArguments = []) async throws -> Self? {
+        guard let row = try await db.row(sql: sql, arguments: arguments), let first = row.values.first else { return nil }
         return fromSQL(first)
     }
 
     /// The first column of every row (NULLs left out).
-    static func fetchAll(_ db: any SQLConnection, sql: String, arguments: SQLArguments = []) throws -> [Self] {
-        try db.rows(sql: sql, arguments: arguments).compactMap { $0.values.first.flatMap(fromSQL) }
+    static func fetchAll(_ db: any SQLConnection, sql: String, arguments: SQLArguments = []) async throws -> [Self] {
+        try await db.rows(sql: sql, arguments: arguments).compactMap { $0.values.first.flatMap(fromSQL) }
     }
 }
 
@@ -329,15 +347,15 @@ package struct SQLError: Error, Sendable, CustomStringConvertible {
 protocol SQLDatabase: Sendable {
     var dialect: SQLDialect { get }
     /// Runs `body` in a read-only transaction that sees one consistent state.
-    func read<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) throws -> T) async throws -> T
+    func read<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T
     /// Runs `body` in a write transaction and commits it; on PostgreSQL a serialization failure
     /// runs `body` again, so `body` must only change the database and its own locals.
     @discardableResult
-    func write<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) throws -> T) async throws -> T
+    func write<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T
     /// Runs one short, self-contained statement's worth of work that must not wait behind the
     /// ledger's writes (the shared rate-limit buckets): on PostgreSQL on a connection of its
     /// own in autocommit, failing at once while the database is away; on SQLite as `write`.
-    func writeAside<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) throws -> T) async throws -> T
+    func writeAside<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T
     /// Closes the connections.
     func close() async
 }

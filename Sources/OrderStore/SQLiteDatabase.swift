@@ -1,28 +1,27 @@
 import Foundation
 import GRDB
+import GRDBSQLite
+import NIOConcurrencyHelpers
 
-/// The embedded backend: one SQLite file in WAL mode through a GRDB pool (one writer,
-/// concurrent readers).
+/// The embedded backend: one SQLite file in WAL mode, one writer connection and a few readers.
+///
+/// The store's operations are async functions of one connection. SQLite answers in the
+/// calling thread, so each transaction runs on a thread of its own connection's queue (a
+/// task executor), never on the cooperative pool that serves HTTP and the broker: a commit
+/// waits for the disk there, and a statement never suspends.
 final class SQLiteDatabase: SQLDatabase {
-    let pool: DatabasePool
     var dialect: SQLDialect { .sqlite }
+    private let writer: SQLiteConnection
+    private let writerGate = AsyncGate(permits: 1)
+    private let writerExecutor = QueueExecutor(label: "iap.orderstore.sqlite.writer")
+    private let readers: NIOLockedValueBox<[SQLiteConnection]>
+    private let readerGate: AsyncGate
+    private let readerExecutor = QueueExecutor(label: "iap.orderstore.sqlite.readers", concurrent: true)
 
-    /// Opens (creating with mode 0600 if needed) the file at `path`, commits synced to disk
-    /// (`synchronous = FULL`), and migrates it. `statementObserver` hears every statement.
-    init(path: String, statementObserver: (@Sendable (String) -> Void)?) throws {
-        var configuration = Configuration()
-        configuration.busyMode = .timeout(10)
-        configuration.foreignKeysEnabled = true
-        // An answered commit must survive a power cut, not only a crash: in WAL mode NORMAL
-        // (what the pool sets up) may lose the last commits; FULL syncs the log on every commit.
-        configuration.prepareDatabase { db in
-            try db.execute(sql: "PRAGMA synchronous = FULL")
-            if let statementObserver {
-                db.trace(options: .statement) { event in
-                    if case .statement(let statement) = event { statementObserver(statement.sql) }
-                }
-            }
-        }
+    /// Opens (creating with mode 0600 if needed) the file at `path`, migrates it, and opens its
+    /// connections: commits synced to disk (`synchronous = FULL`), foreign keys enforced.
+    /// `statementObserver` hears every statement.
+    init(path: String, readers readerCount: Int = 4, statementObserver: (@Sendable (String) -> Void)?) throws {
         let directory = URL(fileURLWithPath: path).deletingLastPathComponent()
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         // Receipts and user ids live here: readable by the service's user only.
@@ -31,134 +30,300 @@ final class SQLiteDatabase: SQLDatabase {
         {
             throw OrderStoreError(.unavailable, "cannot create \(path)")
         }
-        // SQLite creates its -wal and -shm files with the database file's mode.
-        pool = try DatabasePool(path: path, configuration: configuration)
-        // The pool sets NORMAL on its writer while it sets WAL up, after `prepareDatabase`.
-        try pool.writeWithoutTransaction { db in try db.execute(sql: "PRAGMA synchronous = FULL") }
-        try SchemaHistory.sqliteMigrator.migrate(pool)
+        // The schema history runs through GRDB's migrator (the names it records are the file's
+        // history); the pool turns WAL on. SQLite creates -wal and -shm with the file's mode.
+        do {
+            var configuration = Configuration()
+            configuration.busyMode = .timeout(10)
+            let pool = try DatabasePool(path: path, configuration: configuration)
+            try SchemaHistory.sqliteMigrator.migrate(pool)
+            try pool.close()
+        } catch let error as DatabaseError {
+            throw SQLiteConnection.translate(code: error.extendedResultCode.rawValue, message: "\(error)")
+        }
+        writer = try SQLiteConnection(path: path, readOnly: false, statementObserver: statementObserver)
+        // An answered commit must survive a power cut, not only a crash: in WAL mode NORMAL
+        // may lose the last commits; FULL syncs the log on every commit.
+        try writer.run("PRAGMA synchronous = FULL")
+        try writer.run("PRAGMA foreign_keys = ON")
+        let count = max(1, readerCount)
+        readers = NIOLockedValueBox(
+            try (0..<count).map { _ in try SQLiteConnection(path: path, readOnly: true, statementObserver: statementObserver) })
+        readerGate = AsyncGate(permits: count)
     }
 
-    func read<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) throws -> T) async throws -> T {
-        try await Self.translatingErrors { try await pool.read { db in try body(SQLiteConnection(db)) } }
+    func read<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
+        await readerGate.acquire()
+        defer { readerGate.release() }
+        let connection = readers.withLockedValue { $0.removeLast() }
+        defer { readers.withLockedValue { $0.append(connection) } }
+        return try await withTaskExecutorPreference(readerExecutor) {
+            try await connection.transaction(begin: "BEGIN DEFERRED") { try await body(connection) }
+        }
     }
 
-    func write<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) throws -> T) async throws -> T {
-        try await Self.translatingErrors { try await pool.write { db in try body(SQLiteConnection(db)) } }
+    func write<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
+        await writerGate.acquire()
+        defer { writerGate.release() }
+        let writer = writer
+        return try await withTaskExecutorPreference(writerExecutor) {
+            try await writer.transaction(begin: "BEGIN IMMEDIATE") { try await body(writer) }
+        }
     }
 
-    func writeAside<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) throws -> T) async throws -> T {
+    func writeAside<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
         // One process writes the file: there is no other queue to stay out of.
         try await write(body)
     }
 
     func close() async {
-        try? pool.close()
+        await writerGate.acquire()
+        writer.close()
+        for reader in readers.withLockedValue({ $0 }) { reader.close() }
+        writerGate.release()
+    }
+}
+
+/// One SQLite connection, used by one transaction at a time, its statements kept compiled.
+final class SQLiteConnection: SQLConnection, @unchecked Sendable {
+    // Unchecked: a connection is only touched by the one transaction that holds its gate.
+    private var handle: OpaquePointer?
+    private var statements: [String: OpaquePointer] = [:]
+    private let statementObserver: (@Sendable (String) -> Void)?
+    private var savepoints = 0
+
+    init(path: String, readOnly: Bool, statementObserver: (@Sendable (String) -> Void)?) throws {
+        self.statementObserver = statementObserver
+        let flags = (readOnly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE) | SQLITE_OPEN_NOMUTEX
+        var handle: OpaquePointer?
+        let code = sqlite3_open_v2(path, &handle, flags, nil)
+        guard code == SQLITE_OK, let handle else {
+            let message = handle.map { String(cString: sqlite3_errmsg($0)) } ?? "out of memory"
+            sqlite3_close_v2(handle)
+            throw SQLError(.other, "cannot open \(path): \(message)")
+        }
+        self.handle = handle
+        sqlite3_extended_result_codes(handle, 1)
+        // Another process of ours (an admin command) may hold the write lock for a moment.
+        sqlite3_busy_timeout(handle, 10_000)
     }
 
-    private static func translatingErrors<T>(_ body: () async throws -> T) async throws -> T {
+    var dialect: SQLDialect { .sqlite }
+    var changesCount: Int { handle.map { Int(sqlite3_changes($0)) } ?? 0 }
+    var isInsideTransaction: Bool { handle.map { sqlite3_get_autocommit($0) == 0 } ?? false }
+
+    func close() {
+        for statement in statements.values { sqlite3_finalize(statement) }
+        statements.removeAll()
+        sqlite3_close_v2(handle)
+        handle = nil
+    }
+
+    deinit {
+        close()
+    }
+
+    /// Runs `body` in one transaction opened with `begin`: committed if it returns, rolled
+    /// back if it throws.
+    func transaction<T>(begin: String, _ body: () async throws -> T) async throws -> T {
+        savepoints = 0
+        try run(begin)
         do {
-            return try await body()
-        } catch let error as DatabaseError {
-            throw SQLiteConnection.translate(error)
+            let value = try await body()
+            guard isInsideTransaction else {
+                throw SQLError(.other, "the transaction was rolled back under the store (disk full, I/O error)")
+            }
+            try run("COMMIT")
+            return value
+        } catch {
+            if isInsideTransaction { try? run("ROLLBACK") }
+            throw error
+        }
+    }
+
+    @discardableResult
+    func execute(sql: String, arguments: SQLArguments) async throws -> Int {
+        try run(sql, arguments)
+        return changesCount
+    }
+
+    func executeBatch(_ statements: [SQLStatement]) async throws {
+        for statement in statements {
+            try run(statement.sql, statement.arguments)
+            try statement.check?(changesCount)
+        }
+    }
+
+    func rows(sql: String, arguments: SQLArguments) async throws -> [SQLRow] {
+        var rows: [SQLRow] = []
+        try run(sql, arguments) { statement, columns in
+            let count = columns.count
+            var values: [SQLValue] = []
+            values.reserveCapacity(count)
+            for index in 0..<Int32(count) { values.append(Self.value(statement, index)) }
+            rows.append(SQLRow(columns: columns, values: values))
+        }
+        return rows
+    }
+
+    func inSavepoint<T>(_ body: () async throws -> T) async throws -> T {
+        savepoints += 1
+        let name = "s\(savepoints)"
+        defer { savepoints -= 1 }
+        try run("SAVEPOINT \(name)")
+        do {
+            let value = try await body()
+            try run("RELEASE SAVEPOINT \(name)")
+            return value
+        } catch {
+            // Undo this unit only; unless SQLite already rolled the whole transaction back.
+            if isInsideTransaction {
+                try run("ROLLBACK TO SAVEPOINT \(name)")
+                try run("RELEASE SAVEPOINT \(name)")
+            }
+            throw error
+        }
+    }
+
+    /// Runs `sql` with `arguments`, handing each row to `row` (with the column names).
+    func run(_ sql: String, _ arguments: SQLArguments = [], row: ((OpaquePointer, [String]) -> Void)? = nil) throws {
+        guard let handle else { throw SQLError(.other, "the order store is closed") }
+        statementObserver?(sql)
+        let statement = try prepared(sql, on: handle)
+        defer {
+            sqlite3_reset(statement)
+            sqlite3_clear_bindings(statement)
+        }
+        for (offset, value) in arguments.values.enumerated() {
+            let index = Int32(offset + 1)
+            let code: Int32 =
+                switch value {
+                case .null: sqlite3_bind_null(statement, index)
+                case .integer(let integer): sqlite3_bind_int64(statement, index, integer)
+                case .real(let real): sqlite3_bind_double(statement, index, real)
+                case .text(let text): sqlite3_bind_text(statement, index, text, -1, Self.transient)
+                case .blob(let data):
+                    data.withUnsafeBytes { bytes in
+                        sqlite3_bind_blob(statement, index, bytes.baseAddress ?? UnsafeRawPointer(bitPattern: 1), Int32(bytes.count), Self.transient)
+                    }
+                }
+            guard code == SQLITE_OK else { throw error(handle, sql) }
+        }
+        var columns: [String]?
+        while true {
+            switch sqlite3_step(statement) {
+            case SQLITE_ROW:
+                guard let row else { continue }
+                if columns == nil {
+                    columns = (0..<sqlite3_column_count(statement)).map { String(cString: sqlite3_column_name(statement, $0)) }
+                }
+                row(statement, columns!)
+            case SQLITE_DONE:
+                return
+            default:
+                throw error(handle, sql)
+            }
+        }
+    }
+
+    private func prepared(_ sql: String, on handle: OpaquePointer) throws -> OpaquePointer {
+        if let statement = statements[sql] { return statement }
+        var statement: OpaquePointer?
+        guard sqlite3_prepare_v2(handle, sql, -1, &statement, nil) == SQLITE_OK, let statement else {
+            throw error(handle, sql)
+        }
+        // Every text stays compiled: the store's texts are fixed, or built from a bounded set
+        // (an `IN` list of at most a batch's length); the bound is a safeguard.
+        if statements.count >= 2048 {
+            for old in statements.values { sqlite3_finalize(old) }
+            statements.removeAll()
+        }
+        statements[sql] = statement
+        return statement
+    }
+
+    private func error(_ handle: OpaquePointer, _ sql: String) -> SQLError {
+        Self.translate(
+            code: sqlite3_extended_errcode(handle),
+            message: "\(String(cString: sqlite3_errmsg(handle))) (running \(sql.prefix(120)))")
+    }
+
+    private static let transient = unsafeBitCast(-1, to: sqlite3_destructor_type.self)
+
+    private static func value(_ statement: OpaquePointer, _ index: Int32) -> SQLValue {
+        switch sqlite3_column_type(statement, index) {
+        case SQLITE_NULL: return .null
+        case SQLITE_INTEGER: return .integer(sqlite3_column_int64(statement, index))
+        case SQLITE_FLOAT: return .real(sqlite3_column_double(statement, index))
+        case SQLITE_BLOB:
+            let count = Int(sqlite3_column_bytes(statement, index))
+            guard count > 0, let bytes = sqlite3_column_blob(statement, index) else { return .blob(Data()) }
+            return .blob(Data(bytes: bytes, count: count))
+        default:
+            guard let text = sqlite3_column_text(statement, index) else { return .text("") }
+            let count = Int(sqlite3_column_bytes(statement, index))
+            return .text(String(decoding: UnsafeBufferPointer(start: text, count: count), as: UTF8.self))
+        }
+    }
+
+    static func translate(code: Int32, message: String) -> SQLError {
+        switch code {
+        case 1555, 2067: SQLError(.uniqueViolation, message)  // SQLITE_CONSTRAINT_PRIMARYKEY, _UNIQUE
+        default: SQLError(.other, message)
         }
     }
 }
 
-/// A GRDB connection inside one of its transactions.
-final class SQLiteConnection: SQLConnection {
-    let db: Database
+/// A task executor on a dispatch queue: work that blocks its thread (a commit waiting for the
+/// disk) runs there rather than on the cooperative pool.
+final class QueueExecutor: TaskExecutor {
+    private let queue: DispatchQueue
 
-    init(_ db: Database) {
-        self.db = db
+    init(label: String, concurrent: Bool = false) {
+        queue = DispatchQueue(label: label, attributes: concurrent ? [.concurrent] : [])
     }
 
-    var dialect: SQLDialect { .sqlite }
-    var changesCount: Int { db.changesCount }
-    var isInsideTransaction: Bool { db.isInsideTransaction }
+    func enqueue(_ job: UnownedJob) {
+        let executor = asUnownedTaskExecutor()
+        queue.async { job.runSynchronously(on: executor) }
+    }
+}
 
-    @discardableResult
-    func execute(sql: String, arguments: SQLArguments) throws -> Int {
-        do {
-            try statement(sql).execute(arguments: Self.arguments(arguments))
-            return db.changesCount
-        } catch let error as DatabaseError {
-            throw Self.translate(error)
-        }
+/// Up to `permits` holders at a time; the others wait, in order, without blocking a thread.
+final class AsyncGate: Sendable {
+    private struct State {
+        var available: Int
+        var waiters: [CheckedContinuation<Void, Never>] = []
     }
 
-    func rows(sql: String, arguments: SQLArguments) throws -> [SQLRow] {
-        do {
-            // Each row read once, straight from the statement (a cursor's rows are views on it,
-            // not copies), into the values the store reads.
-            let statement = try statement(sql)
-            let columns = statement.columnNames
-            let cursor = try Row.fetchCursor(statement, arguments: Self.arguments(arguments))
-            var rows: [SQLRow] = []
-            while let row = try cursor.next() {
-                var values: [SQLValue] = []
-                values.reserveCapacity(columns.count)
-                for value in row.databaseValues { values.append(Self.value(value)) }
-                rows.append(SQLRow(columns: columns, values: values))
+    private let state: NIOLockedValueBox<State>
+
+    init(permits: Int) {
+        state = NIOLockedValueBox(State(available: permits))
+    }
+
+    func acquire() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let granted = state.withLockedValue { state in
+                if state.available > 0 {
+                    state.available -= 1
+                    return true
+                }
+                state.waiters.append(continuation)
+                return false
             }
-            return rows
-        } catch let error as DatabaseError {
-            throw Self.translate(error)
+            if granted { continuation.resume() }
         }
     }
 
-    func inSavepoint<T>(_ body: () throws -> T) throws -> T {
-        var value: T?
-        do {
-            try db.inSavepoint {
-                value = try body()
-                return .commit
+    func release() {
+        let next = state.withLockedValue { state -> CheckedContinuation<Void, Never>? in
+            if state.waiters.isEmpty {
+                state.available += 1
+                return nil
             }
-        } catch let error as DatabaseError {
-            throw Self.translate(error)
+            return state.waiters.removeFirst()
         }
-        return value!
-    }
-
-    /// Every text stays compiled in the connection's cache: the store's texts are fixed, or
-    /// built from a bounded set (an `IN` list of at most a batch's length).
-    private func statement(_ sql: String) throws -> Statement {
-        try db.cachedStatement(sql: sql)
-    }
-
-    /// GRDB's arguments for ours. Built from optional existentials on purpose: GRDB's
-    /// initializer for a sequence of one concrete type maps through a key path that is
-    /// instantiated at run time on every call (about 6 % of a crediting transaction's CPU).
-    private static func arguments(_ arguments: SQLArguments) -> StatementArguments {
-        var values: [(any DatabaseValueConvertible)?] = []
-        values.reserveCapacity(arguments.values.count)
-        for value in arguments.values {
-            switch value {
-            case .null: values.append(nil)
-            case .integer(let integer): values.append(integer)
-            case .real(let real): values.append(real)
-            case .text(let text): values.append(text)
-            case .blob(let data): values.append(data)
-            }
-        }
-        return StatementArguments(values)
-    }
-
-    static func value(_ value: DatabaseValue) -> SQLValue {
-        switch value.storage {
-        case .null: .null
-        case .int64(let integer): .integer(integer)
-        case .double(let real): .real(real)
-        case .string(let text): .text(text)
-        case .blob(let data): .blob(data)
-        }
-    }
-
-    static func translate(_ error: DatabaseError) -> SQLError {
-        let kind: SQLError.Kind =
-            switch error.extendedResultCode {
-            case .SQLITE_CONSTRAINT_PRIMARYKEY, .SQLITE_CONSTRAINT_UNIQUE: .uniqueViolation
-            default: .other
-            }
-        return SQLError(kind, "\(error)")
+        next?.resume()
     }
 }

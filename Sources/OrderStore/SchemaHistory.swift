@@ -585,6 +585,36 @@ enum SchemaHistory {
             postgres: """
                 ALTER TABLE subscription ADD COLUMN ownedSince TEXT COLLATE "C";
                 """, postgresRecordedAs: 6),
+        SchemaStep(
+            version: 12, name: "a unit's writes in one round trip",
+            // SQLite runs in the process: a batch is its statements one after the other.
+            sqlite: """
+                -- Nothing to create: SQLite runs a batch of writes one statement at a time.
+                """,
+            // Runs a batch of statements (`SQLConnection.executeBatch`) in one call and answers
+            // each one's count of changed rows. Each statement comes with `%L` where its values
+            // go, and its values as text (JSON null for NULL): `format` quotes each as a literal,
+            // which the column's type reads as it would read a bound value. An error stops the
+            // batch with the statement's own SQLSTATE.
+            postgres: """
+                CREATE FUNCTION iap_batch(statements TEXT[], arguments JSONB) RETURNS BIGINT[]
+                LANGUAGE plpgsql AS $$
+                DECLARE
+                    counts BIGINT[] := '{}';
+                    changed BIGINT;
+                    bound TEXT[];
+                BEGIN
+                    FOR i IN 1 .. coalesce(array_length(statements, 1), 0) LOOP
+                        bound := ARRAY(
+                            SELECT value FROM jsonb_array_elements_text(arguments -> (i - 1)) WITH ORDINALITY AS a(value, n)
+                            ORDER BY n);
+                        EXECUTE format(statements[i], VARIADIC bound);
+                        GET DIAGNOSTICS changed = ROW_COUNT;
+                        counts := counts || changed;
+                    END LOOP;
+                    RETURN counts;
+                END $$;
+                """),
     ]
 
     /// SQLite's migrations: each step under the name it has always had in GRDB's table.

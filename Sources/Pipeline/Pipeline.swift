@@ -146,7 +146,7 @@ public struct Pipeline: Sendable {
     public init(
         roles: Set<Role>, settings: PipelineSettings, logger: Logger,
         onListening: @escaping @Sendable (Role, Int) async -> Void = { _, _ in }
-    ) throws {
+    ) async throws {
         var first: [any Service] = []
         var middle: [any Service] = []
         var last: [any Service] = []
@@ -167,7 +167,7 @@ public struct Pipeline: Sendable {
         if let connection { first.append(connection) }
 
         let needsStore = !roles.isDisjoint(with: [.intake, .finisher])
-        let store = needsStore ? try OrderStore(location: settings.storeLocation) : nil
+        let store = needsStore ? try await OrderStore(location: settings.storeLocation) : nil
 
         if roles.contains(.fakeAppStore) {
             first.append(

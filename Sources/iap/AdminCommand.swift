@@ -137,7 +137,7 @@ struct ReconcileCommand: AsyncParsableCommand {
             throw ValidationError("reconciling needs the App Store Server API key: \(Setting.appStoreKeyPath.variable)")
         }
         let names = try broker.names()
-        let orders = try OrderStore(location: store.location())
+        let orders = try await OrderStore(location: store.location())
         let verifier = SignedDataVerifier(
             settings: .init(
                 trustedRoots: try settings.trustedRoots ?? [AppleRoot.g3()], bundleIds: ids, appAppleId: settings.appAppleId,

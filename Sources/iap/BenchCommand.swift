@@ -145,7 +145,7 @@ struct BenchCommand: AsyncParsableCommand {
             try await cluster.startVerifiers(verifiers)
         }
 
-        let store = try OrderStore(
+        let store = try await OrderStore(
             location: try databaseURL.map { .postgres(try PostgresLocation(url: $0)) }
                 ?? .sqlite(path: cluster?.databasePath ?? databasePath))
         let deadline = ContinuousClock.now + .seconds(settleTimeout)
@@ -431,7 +431,7 @@ final class BenchCluster: @unchecked Sendable {
         if let databaseURL {
             environment[Setting.databaseURL.variable] = databaseURL
             let location = try PostgresLocation(url: databaseURL)
-            let store = try OrderStore(location: .postgres(location))
+            let store = try await OrderStore(location: .postgres(location))
             let held = try await store.submissionCounts().values.reduce(0, +)
             await store.close()
             guard held == 0 else {

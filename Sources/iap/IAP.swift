@@ -362,7 +362,7 @@ struct DevCommand: AsyncParsableCommand {
         }
         let logger = try log.makeLogger(label: "iap.dev")
         let host = settings.intake.host
-        let pipeline = try Pipeline(
+        let pipeline = try await Pipeline(
             roles: [.intake, .verifier, .finisher, .fakeAppStore], settings: settings, logger: logger,
             onListening: { role, port in
                 logger.notice("listening", metadata: ["role": "\(role.rawValue)", "url": "http://\(host):\(port)"])

@@ -38,8 +38,8 @@ struct MigrateStoreCommand: AsyncParsableCommand {
         } catch {
             throw ValidationError("--to: \(error.message)")
         }
-        let source = try OrderStore(location: .sqlite(path: from))
-        let destination = try OrderStore(location: .postgres(target))
+        let source = try await OrderStore(location: .sqlite(path: from))
+        let destination = try await OrderStore(location: .postgres(target))
         let report = try await source.copy(into: destination)
         await destination.close()
         let encoder = JSONEncoder()

@@ -95,7 +95,7 @@ extension BrokerTests {
         /// A token header's `alg` (or any client-chosen value) with a line break is written
         /// escaped in the text log: it never starts a line of its own.
         @Test func aClientChosenValueNeverStartsALogLineOfItsOwn() async throws {
-            let drill = try ProcessDrill(
+            let drill = try await ProcessDrill(
                 name: "loglines",
                 environment: [
                     "IAP_LOG_LEVEL": "info", "IAP_LOG_FORMAT": "text", "IAP_AUTH": "jwt",

@@ -15,7 +15,7 @@ extension DisruptiveTests {
         /// queue it declared takes a quorum declaration with the default delivery limit and
         /// refuses a classic one (406).
         @Test func severalBrokerURLsMeanQuorumQueuesByDefault() async throws {
-            let drill = try ProcessDrill(name: "default-type", environment: ["IAP_AMQP_URL": try TestCluster.urls()])
+            let drill = try await ProcessDrill(name: "default-type", environment: ["IAP_AMQP_URL": try TestCluster.urls()])
             defer { drill.stopAll() }
             try drill.start("verifier")
             let names = PipelineNames(prefix: drill.prefix)

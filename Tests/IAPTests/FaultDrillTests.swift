@@ -16,7 +16,7 @@ extension DisruptiveTests {
         func startStandardDrill(_ name: String, environment: [String: String] = [:]) async throws -> ProcessDrill {
             var environment = environment
             if environment["IAP_AMQP_URL"] == nil { environment["IAP_AMQP_URL"] = try TestBroker.drillNodeURL() }
-            let drill = try ProcessDrill(name: name, environment: environment)
+            let drill = try await ProcessDrill(name: name, environment: environment)
             try drill.start("fake-appstore")
             try await drill.waitHealthy(drill.fakeURL)
             try drill.start("orders")
@@ -129,7 +129,7 @@ extension DisruptiveTests {
         }
 
         @Test func resultsRedeliveredAfterFinisherCrashesCreditOnce() async throws {
-            let drill = try ProcessDrill(name: "redeliver", environment: ["IAP_FINISHER_PREFETCH": "500"])
+            let drill = try await ProcessDrill(name: "redeliver", environment: ["IAP_FINISHER_PREFETCH": "500"])
             defer { drill.stopAll() }
             try drill.start("fake-appstore")
             try await drill.waitHealthy(drill.fakeURL)

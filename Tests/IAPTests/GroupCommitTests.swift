@@ -7,10 +7,10 @@ import Testing
 /// caller still hears only about its own unit of work, after it is durable.
 @Suite("Group commit")
 struct GroupCommitTests {
-    func makeStore() throws -> (OrderStore, String) {
+    func makeStore() async throws -> (OrderStore, String) {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-group-\(UUID().uuidString)")
         let path = folder.appendingPathComponent("orders.sqlite").path
-        return (try TestStore.open(in: folder), path)
+        return await (try TestStore.open(in: folder), path)
     }
 
     func request(_ id: UUID = UUID()) -> VerifyRequest {
@@ -20,7 +20,7 @@ struct GroupCommitTests {
     /// 400 uploads at once, 40 of them reusing an id already stored: exactly those 40 fail,
     /// the other 360 are stored with their messages, in far fewer commits than uploads.
     @Test func concurrentUploadsShareCommitsAndFailAlone() async throws {
-        let (store, path) = try makeStore()
+        let (store, path) = try await makeStore()
         let taken = (0..<40).map { _ in UUID() }
         for id in taken { try await store.accept(request(id), message: nil) }
         let before = store.acceptCommit.batches
@@ -49,7 +49,7 @@ struct GroupCommitTests {
         #expect(batches >= 1 && batches < 200, "400 uploads took \(batches) commits")
 
         // Read back through a connection of its own: what the callers heard is what is on disk.
-        let reopened = try TestStore.open(in: URL(fileURLWithPath: path).deletingLastPathComponent())
+        let reopened = try await TestStore.open(in: URL(fileURLWithPath: path).deletingLastPathComponent())
         let stored: (Int?, Int?) = (
             try await reopened.testValue("SELECT COUNT(*) FROM submission"), try await reopened.testValue("SELECT COUNT(*) FROM outbox")
         )
@@ -59,7 +59,7 @@ struct GroupCommitTests {
     /// A commit that fails fails everyone in it: no caller hears "stored" for a write that is
     /// not on disk. (A deferred foreign key makes the shared COMMIT itself fail.)
     @Test func failedCommitFailsEveryWriteOfTheBatchAndStoresNone() async throws {
-        let (store, _) = try makeStore()
+        let (store, _) = try await makeStore()
         if store.dialect == .postgres {
             // PostgreSQL's foreign keys here are not deferrable: a deferred constraint trigger
             // that refuses every row of a table of the test's own fails the COMMIT instead.
@@ -82,11 +82,11 @@ struct GroupCommitTests {
         try await writer.waitUntilQueued(1)
         async let second: Void = store.acceptCommit.write { db in
             if db.dialect == .postgres {
-                try db.execute(sql: "INSERT INTO fails_at_commit (x) VALUES (1)")
+                try await db.execute(sql: "INSERT INTO fails_at_commit (x) VALUES (1)")
                 return
             }
-            try db.execute(sql: "PRAGMA defer_foreign_keys = ON")
-            try db.execute(
+            try await db.execute(sql: "PRAGMA defer_foreign_keys = ON")
+            try await db.execute(
                 sql: """
                     INSERT INTO submission_transaction (submissionId, transactionId, originalTransactionId, productId,
                         environment, state) VALUES ('nobody', '1', '1', 'p', 'Production', 'credited')
@@ -109,13 +109,13 @@ struct GroupCommitTests {
     /// of the batch hears the failure, and nothing of it is on disk, neither the writes the
     /// rollback undid nor the ones queued after it.
     @Test func aRollbackInsideTheBatchFailsTheWholeBatch() async throws {
-        let (store, _) = try makeStore()
+        let (store, _) = try await makeStore()
         let writer = try await HeldWriter(store.acceptCommit)
         let before = request()
         let after = request()
         async let first: Void = store.accept(before, message: nil)
         try await writer.waitUntilQueued(1)
-        async let rollback: Void = store.acceptCommit.write { db in try db.execute(sql: "ROLLBACK") }
+        async let rollback: Void = store.acceptCommit.write { db in try await db.execute(sql: "ROLLBACK") }
         try await writer.waitUntilQueued(2)
         async let last: Void = store.accept(after, message: nil)
         try await writer.waitUntilQueued(3)
@@ -137,12 +137,12 @@ extension GroupCommitTests {
     /// with it. An upload that arrives while a batch of results is being written waits for the
     /// writer, then commits in a batch of uploads.
     @Test func aFailedBatchOfResultsTakesNoUploadWithIt() async throws {
-        let (store, _) = try makeStore()
+        let (store, _) = try await makeStore()
         let writer = try await HeldWriter(store.groupCommit)
         let upload = request()
         let uploadsBefore = store.acceptCommit.batches
         async let accepted: Void = store.accept(upload, message: OutboxMessage(routingKey: "q", body: [1]))
-        async let failing: Void = store.groupCommit.write { db in try db.execute(sql: "ROLLBACK") }
+        async let failing: Void = store.groupCommit.write { db in try await db.execute(sql: "ROLLBACK") }
         // Both wait for the writer: the failing write in the results' next batch, the upload in
         // a batch of uploads (were uploads committed with results, it would wait beside the
         // failing write, counted among the results' waiting writes).

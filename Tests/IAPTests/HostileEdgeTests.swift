@@ -243,7 +243,7 @@ struct HostileInputEdgeTests {
     /// submission still pending keeps its receipt.
     @Test func aRejectedUploadKeepsOnlyADigest() async throws {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-digest-\(UUID().uuidString)")
-        let store = try TestStore.open(in: folder)
+        let store = try await TestStore.open(in: folder)
         let padded = String(repeating: "QUJD", count: 60_000)
         var rejected = VerifyRequest(submissionId: UUID(), userId: "mallory", receiptData: padded, acceptedAt: Date())
         rejected.signedTransaction = String(repeating: "a", count: 50_000) + ".b.c"

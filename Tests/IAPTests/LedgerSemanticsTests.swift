@@ -15,10 +15,10 @@ import Testing
 struct LedgerSemanticsTests {
     let policy = CreditPolicy(catalog: PipelineHarness.testCatalog)
 
-    func makeStore(observer: (@Sendable (String) -> Void)? = nil) throws -> (OrderStore, String) {
+    func makeStore(observer: (@Sendable (String) -> Void)? = nil) async throws -> (OrderStore, String) {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-ledger-\(UUID().uuidString)")
         let path = folder.appendingPathComponent("orders.sqlite").path
-        return (try TestStore.open(in: folder, statementObserver: observer), path)
+        return await (try TestStore.open(in: folder, statementObserver: observer), path)
     }
 
     func purchase(
@@ -90,7 +90,7 @@ struct LedgerSemanticsTests {
     }
 
     @Test func aRestoreCreditsNothingNewAndAnotherUsersRestoreStaysWithTheOwner() async throws {
-        let (store, _) = try makeStore()
+        let (store, _) = try await makeStore()
         let bought = try await upload([purchase("t1", product: "com.example.premium")], by: "ana", to: store)
         #expect(bought.transactions.map(\.state) == [.credited])
         // The same purchase restored on a second device: a new transaction id, the same original.
@@ -105,7 +105,7 @@ struct LedgerSemanticsTests {
     }
 
     @Test func underTransferTheRestoringUserTakesTheEntitlement() async throws {
-        let (store, _) = try makeStore()
+        let (store, _) = try await makeStore()
         let transfer = CreditPolicy(catalog: PipelineHarness.testCatalog, restore: .transfer)
         try await upload([purchase("t1", product: "com.example.premium")], by: "ana", to: store, policy: transfer)
         let moved = try await upload(
@@ -126,7 +126,7 @@ struct LedgerSemanticsTests {
     }
 
     @Test func aRefundThatArrivesBeforeTheUploadIsRemembered() async throws {
-        let (store, _) = try makeStore()
+        let (store, _) = try await makeStore()
         let coins = purchase("t1", product: "com.example.coins.60")
         #expect(try await notify("REFUND", coins, to: store) == "REFUND: revocation_pending")
         // The signed transaction saved before the refund carries no revocation date.
@@ -154,7 +154,7 @@ struct LedgerSemanticsTests {
     }
 
     @Test func aRefundOfANonConsumableCoversItsRestores() async throws {
-        let (store, _) = try makeStore()
+        let (store, _) = try await makeStore()
         try await upload([purchase("t1", product: "com.example.premium")], by: "ana", to: store)
         #expect(try await notify("REFUND", purchase("t1", product: "com.example.premium"), to: store) == "REFUND: revoked")
         let restored = try await upload([purchase("t2", original: "t1", product: "com.example.premium")], by: "ana", to: store)
@@ -165,7 +165,7 @@ struct LedgerSemanticsTests {
     }
 
     @Test func aRevocationInALaterAnswerRevokesTheGrant() async throws {
-        let (store, _) = try makeStore()
+        let (store, _) = try await makeStore()
         try await upload([purchase("t1", product: "com.example.coins.60")], by: "ana", to: store)
         let refundedAt = Date().addingTimeInterval(-60)
         let again = try await upload([purchase("t1", product: "com.example.coins.60", cancelled: refundedAt)], by: "ana", to: store)
@@ -178,7 +178,7 @@ struct LedgerSemanticsTests {
     }
 
     @Test func subscriptionsAreCreditedOncePerBillingPeriod() async throws {
-        let (store, _) = try makeStore()
+        let (store, _) = try await makeStore()
         let month = "com.example.vip.month"
         let first = try await upload(
             [purchase("t1", product: month, period: "w1", expires: Date().addingTimeInterval(3600))], by: "ana", to: store)
@@ -212,7 +212,7 @@ struct LedgerSemanticsTests {
     }
 
     @Test func aSandboxNotificationGrantsNothingWhenTheSandboxIsRefused() async throws {
-        let (store, _) = try makeStore()
+        let (store, _) = try await makeStore()
         let strict = CreditPolicy(catalog: PipelineHarness.testCatalog, sandbox: .reject)
         let order = try await store.createOrder(userId: "ana", productId: "com.example.vip.month")
         let sandbox = purchase(
@@ -228,7 +228,7 @@ struct LedgerSemanticsTests {
     }
 
     @Test func renewalsOfAPaidOrderAreNotHeldAfterAPlanChange() async throws {
-        let (store, _) = try makeStore()
+        let (store, _) = try await makeStore()
         let order = try await store.createOrder(userId: "ana", productId: "com.example.vip.month")
         try await upload([purchase("t1", product: "com.example.vip.month", period: "w1", token: order.orderId)], by: "ana", to: store)
         #expect(try await store.order(order.orderId)?.state == "paid")
@@ -240,7 +240,7 @@ struct LedgerSemanticsTests {
     }
 
     @Test func aLookupCreditsNobodyAndLeavesThePurchaseToItsOwner() async throws {
-        let (store, _) = try makeStore()
+        let (store, _) = try await makeStore()
         // A bare transaction id (or an unsigned receipt): Apple answers for any transaction of the app.
         var looked = purchase("v1", product: "com.example.coins.300")
         looked.evidence = .lookup
@@ -267,7 +267,7 @@ struct LedgerSemanticsTests {
     }
 
     @Test func aNewBillingPeriodGoesToTheSubscriptionsOwnerWhoeverUploadsIt() async throws {
-        let (store, _) = try makeStore()
+        let (store, _) = try await makeStore()
         let first = purchase("s1", product: "com.example.vip.month", period: "w1", expires: Date().addingTimeInterval(60))
         try await upload([first], by: "ana", to: store)
         // Apple renews; before DID_RENEW arrives, another account uploads the owner's receipt.
@@ -292,7 +292,7 @@ struct LedgerSemanticsTests {
     }
 
     @Test func underTransferTheSubscriptionMovesAndItsRenewalsFollowTheNewOwner() async throws {
-        let (store, _) = try makeStore()
+        let (store, _) = try await makeStore()
         let transfer = CreditPolicy(catalog: PipelineHarness.testCatalog, restore: .transfer)
         let first = purchase("s1", product: "com.example.vip.month", period: "w1", expires: Date().addingTimeInterval(60))
         try await upload([first], by: "ana", to: store, policy: transfer)
@@ -310,7 +310,7 @@ struct LedgerSemanticsTests {
     }
 
     @Test func aReceiptThatNamesNothingIsFinishedTransactionByTransaction() async throws {
-        let (store, _) = try makeStore()
+        let (store, _) = try await makeStore()
         let status = try await upload(
             [purchase("c1", product: "com.example.coins.60"), purchase("x1", product: "com.example.unknown")], by: "ana",
             to: store, naming: .nothing)
@@ -322,7 +322,7 @@ struct LedgerSemanticsTests {
     }
 
     @Test func anOrderTheReceiptDoesNotPayYetIsNotFinishable() async throws {
-        let (store, _) = try makeStore()
+        let (store, _) = try await makeStore()
         var earlier = purchase("c1", product: "com.example.coins.60")
         earlier.purchaseDate = Date().addingTimeInterval(-3600)
         try await upload([earlier], by: "ana", to: store)
@@ -339,7 +339,7 @@ struct LedgerSemanticsTests {
     }
 
     @Test func aReversalThatArrivesBeforeItsRefundIsRemembered() async throws {
-        let (store, _) = try makeStore()
+        let (store, _) = try await makeStore()
         let coins = purchase("c1", product: "com.example.coins.60")
         try await upload([coins], by: "ana", to: store)
         let refunded = Date().addingTimeInterval(-120)
@@ -356,7 +356,7 @@ struct LedgerSemanticsTests {
     }
 
     @Test func aRefundOfAnEarlierPeriodLeavesTheCurrentOneInForce() async throws {
-        let (store, _) = try makeStore()
+        let (store, _) = try await makeStore()
         let first = purchase("s1", product: "com.example.vip.month", period: "w1", expires: Date().addingTimeInterval(60))
         let current = purchase("s2", original: "s1", product: "com.example.vip.month", period: "w2", expires: Date().addingTimeInterval(3600))
         try await upload([first, current], by: "ana", to: store)
@@ -371,7 +371,7 @@ struct LedgerSemanticsTests {
     }
 
     @Test func anExtensionMovesTheEndOfTheGrantInForce() async throws {
-        let (store, _) = try makeStore()
+        let (store, _) = try await makeStore()
         let period = purchase("s1", product: "com.example.vip.month", period: "w1", expires: Date().addingTimeInterval(60))
         try await upload([period], by: "ana", to: store)
         let later = Date().addingTimeInterval(7 * 86_400)
@@ -385,7 +385,7 @@ struct LedgerSemanticsTests {
     }
 
     @Test func aHeldPeriodGrantedByHandEndsWithThePeriod() async throws {
-        let (store, _) = try makeStore()
+        let (store, _) = try await makeStore()
         let order = try await store.createOrder(userId: "ana", productId: "com.example.coins.300")
         let ends = Date().addingTimeInterval(30 * 86_400)
         let held = try await upload(
@@ -399,7 +399,7 @@ struct LedgerSemanticsTests {
     }
 
     @Test func anUpgradedTransactionIsNeverCredited() async throws {
-        let (store, _) = try makeStore()
+        let (store, _) = try await makeStore()
         var superseded = purchase("t1", product: "com.example.vip.month", period: "w1")
         superseded.isUpgraded = true
         let status = try await upload([superseded, purchase("t2", product: "com.example.vip.year", period: "w2")], by: "ana", to: store)
@@ -408,7 +408,7 @@ struct LedgerSemanticsTests {
     }
 
     @Test func historyTheReceiptDoesNotProveIsHeldForCustomerService() async throws {
-        let (store, _) = try makeStore()
+        let (store, _) = try await makeStore()
         var unproven = purchase("t1", product: "com.example.coins.60")
         unproven.inUploadedReceipt = false
         var proven = purchase("t2", product: "com.example.coins.60")
@@ -424,7 +424,7 @@ struct LedgerSemanticsTests {
     }
 
     @Test func theAppFinishesARejectionOnlyWhenApplesAnswerSettlesIt() async throws {
-        let (store, _) = try makeStore()
+        let (store, _) = try await makeStore()
         func rejected(_ reason: ReasonCode) async throws -> Bool {
             let request = VerifyRequest(
                 submissionId: UUID(), userId: "ana", receiptData: "AAAA", transactionId: "1000", acceptedAt: Date())
@@ -447,7 +447,7 @@ struct LedgerSemanticsTests {
     }
 
     @Test func theStatusAnAppPollsFollowsWhatHappenedLater() async throws {
-        let (store, _) = try makeStore()
+        let (store, _) = try await makeStore()
         // Held (not in the catalog), then granted by customer service: the upload is settled.
         let held = try await upload([purchase("h1", product: "com.example.unknown")], by: "ana", to: store)
         #expect(held.state == .needsReview && !held.finishTransaction)
@@ -473,7 +473,7 @@ struct LedgerSemanticsTests {
     }
 
     @Test func entitlementsAreWhatTheUserMayUseNow() async throws {
-        let (store, _) = try makeStore()
+        let (store, _) = try await makeStore()
         let now = Date()
         try await upload(
             [
@@ -496,7 +496,7 @@ struct LedgerSemanticsTests {
     }
 
     @Test func grantsCreditedBeforeCreditKeysAreFoundByTheirProductsKey() async throws {
-        let (store, _) = try makeStore()
+        let (store, _) = try await makeStore()
         // As an earlier version credited it: one grant per transaction, whatever the product.
         let earlier = CreditPolicy()
         try await upload([purchase("t1", product: "com.example.premium")], by: "ana", to: store, policy: earlier)
@@ -514,7 +514,7 @@ struct LedgerSemanticsTests {
     }
 
     @Test func customerServiceCannotGrantWhatAppleTookBack() async throws {
-        let (store, _) = try makeStore()
+        let (store, _) = try await makeStore()
         let coins = purchase("t1", product: "com.example.coins.60")
         _ = try await notify("REFUND", coins, to: store)
         try await upload([coins], by: "ana", to: store)
@@ -532,7 +532,7 @@ struct LedgerSemanticsTests {
     }
 
     @Test func answeredCommitsAreSyncedToDisk() async throws {
-        let (store, _) = try makeStore()
+        let (store, _) = try await makeStore()
         let durability = try await store.durability()
         switch store.dialect {
         case .sqlite:
@@ -549,7 +549,7 @@ struct LedgerSemanticsTests {
     /// EXPLAIN QUERY PLAN, on PostgreSQL as generic plans with sequential scans priced out.
     @Test func theFinishersAndSweepersLookupsNeverScanATable() async throws {
         let statements = NIOLockedValueBox(Set<String>())
-        let (store, path) = try makeStore { sql in statements.withLockedValue { _ = $0.insert(sql) } }
+        let (store, path) = try await makeStore { sql in statements.withLockedValue { _ = $0.insert(sql) } }
         statements.withLockedValue { $0.removeAll() }  // the migrations' statements run once, at start
         // Every path of crediting, revoking, restoring and sweeping at least once.
         let transfer = CreditPolicy(catalog: PipelineHarness.testCatalog, restore: .transfer)

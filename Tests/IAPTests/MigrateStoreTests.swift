@@ -49,7 +49,7 @@ struct MigrateStoreTests {
         // An upload accepted at the last moment: stored with its queue message, not yet relayed.
         let late = try await apple.mint(productId: "com.example.coins.60")
         let lateRequest = VerifyRequest(submissionId: UUID(), userId: "fay", receiptData: late.receiptData, acceptedAt: Date())
-        let sqlite = try OrderStore(path: sqlitePath)
+        let sqlite = try await OrderStore(path: sqlitePath)
         try await sqlite.accept(
             lateRequest,
             message: OutboxMessage(
@@ -58,7 +58,7 @@ struct MigrateStoreTests {
         await sqlite.close()
 
         // The move, with the command the guide gives.
-        let target = try TestStore.emptyPostgresDatabase()
+        let target = try await TestStore.emptyPostgresDatabase()
         let binary = try #require(ProcessInfo.processInfo.environment["IAP_TEST_IAP_BINARY"])
         let run = try await runProgram(binary, ["admin", "migrate-store", "--from", sqlitePath, "--to", target.url])
         #expect(run.status == 0, "migrate-store failed: \(run.error)")
@@ -68,7 +68,7 @@ struct MigrateStoreTests {
         #expect((report.tables.first { $0.table == "outbox" }?.rows ?? 0) >= 1, "the late upload's message moves too")
 
         // Everything a user or customer service sees is the same on PostgreSQL.
-        let moved = try OrderStore(location: .postgres(target))
+        let moved = try await OrderStore(location: .postgres(target))
         for user in users + ["eve"] { #expect(try await moved.grants(ofUser: user) == before[user], "\(user)") }
         for (id, status) in statuses { #expect(try await moved.status(of: UUID(uuidString: id)!) == status) }
         #expect(try await moved.auditLog(limit: 1000) == audit)

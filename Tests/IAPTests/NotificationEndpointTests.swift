@@ -429,7 +429,7 @@ extension BrokerTests {
 struct RetentionTests {
     @Test func thePurgeRemovesOldRejectedSubmissionsAndKeepsEverythingElse() async throws {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-retention-\(UUID().uuidString)")
-        let store = try TestStore.open(in: folder)
+        let store = try await TestStore.open(in: folder)
         let now = Date(timeIntervalSince1970: 1_800_000_000)
         let old = now.addingTimeInterval(-40 * 86_400)
         let recent = now.addingTimeInterval(-2 * 86_400)
@@ -490,7 +490,7 @@ struct RetentionTests {
             now: old)
         // However it came to be rejected later, its purchase row keeps it.
         try await store.database.write { db in
-            try db.execute(
+            try await db.execute(
                 sql: "UPDATE submission SET state = 'rejected', updatedAt = ? WHERE id = ?",
                 arguments: [old, referenced.submissionId.uuidString])
         }
@@ -504,7 +504,7 @@ struct RetentionTests {
         #expect(try await store.status(of: referenced.submissionId) != nil)
         #expect(try await store.purchase("t-referenced")?.submissionId == referenced.submissionId.uuidString)
         let leftovers = try await store.database.read { db in
-            try Int.fetchOne(
+            try await Int.fetchOne(
                 db, sql: "SELECT COUNT(*) FROM submission WHERE receiptData = 'AAAA' AND state = 'rejected' AND updatedAt < ?",
                 arguments: [now.addingTimeInterval(-30 * 86_400)]) ?? -1
         }
@@ -523,13 +523,13 @@ struct RetentionTests {
 
     @Test func aLargePurgeRunsInBatches() async throws {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-retention-\(UUID().uuidString)")
-        let store = try TestStore.open(in: folder)
+        let store = try await TestStore.open(in: folder)
         let now = Date()
         let old = now.addingTimeInterval(-40 * 86_400)
         let count = OrderStore.retentionBatchSize * 2 + 7
         try await store.database.write { db in
             for index in 0..<count {
-                try db.execute(
+                try await db.execute(
                     sql: """
                         INSERT INTO submission (id, userId, receiptData, state, reason, acceptedAt, updatedAt)
                         VALUES (?, ?, 'AAAA', 'rejected', 'invalid_receipt', ?, ?)

@@ -49,7 +49,7 @@ struct OpenAPITests {
     @Test func everyRouteIsDocumentedAndNothingElse() async throws {
         let yaml = try String(contentsOf: Self.document, encoding: .utf8)
         let documented = Self.documentedOperations(yaml)
-        let store = try OrderStore(
+        let store = try await OrderStore(
             path: FileManager.default.temporaryDirectory.appendingPathComponent("openapi-\(UUID().uuidString).sqlite").path)
         let router = makeIntakeRouter(settings: IntakeSettings(adminTokens: ["x"]), store: store, acceptedUpload: {})
         let served = Set(router.routes.map { "\($0.method) \($0.path)" })

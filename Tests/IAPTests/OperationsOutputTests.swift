@@ -60,7 +60,7 @@ extension BrokerTests {
             let webhook = try await RawWebhook.start()
             defer { Task { await webhook.stop() } }
             let root = FileManager.default.temporaryDirectory.appendingPathComponent("fake-root-\(UUID().uuidString).der")
-            let drill = try ProcessDrill(
+            let drill = try await ProcessDrill(
                 name: "opsoutput",
                 environment: [
                     "IAP_ALERT_WEBHOOK": webhook.url, "IAP_ADMIN_TOKEN": PipelineHarness.adminToken,

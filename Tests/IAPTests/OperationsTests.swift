@@ -14,7 +14,7 @@ extension BrokerTests {
         }
 
         @Test func everyRoleExportsTheRightCountsAfterAnEndToEndRun() async throws {
-            let drill = try ProcessDrill(name: "metrics")
+            let drill = try await ProcessDrill(name: "metrics")
             defer { drill.stopAll() }
             try drill.start("fake-appstore")
             try await drill.waitHealthy(drill.fakeURL)

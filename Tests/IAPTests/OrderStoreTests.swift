@@ -5,9 +5,9 @@ import Testing
 
 @Suite("Order store invariants")
 struct OrderStoreTests {
-    func makeStore() throws -> OrderStore {
+    func makeStore() async throws -> OrderStore {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-store-\(UUID().uuidString)")
-        return try TestStore.open(in: folder)
+        return try await TestStore.open(in: folder)
     }
 
     func accept(_ store: OrderStore, user: String) async throws -> VerifyRequest {
@@ -28,7 +28,7 @@ struct OrderStoreTests {
     }
 
     @Test func applyingTheSameResultTwiceCreditsOnce() async throws {
-        let store = try makeStore()
+        let store = try await makeStore()
         let request = try await accept(store, user: "u1")
         let result = verified(request, transactions: ["t1", "t2"])
         #expect(try await store.apply(result) == .credited)
@@ -39,7 +39,7 @@ struct OrderStoreTests {
     }
 
     @Test func lateTransientResultDoesNotUndoACredit() async throws {
-        let store = try makeStore()
+        let store = try await makeStore()
         let request = try await accept(store, user: "u1")
         #expect(try await store.apply(verified(request, transactions: ["t1"], attempt: 2)) == .credited)
         let late = VerifyResult(
@@ -50,7 +50,7 @@ struct OrderStoreTests {
     }
 
     @Test func transientFailureRetriesAndGivingUpNeedsReviewNeverRejects() async throws {
-        let store = try makeStore()
+        let store = try await makeStore()
         let request = try await accept(store, user: "u1")
         var result = VerifyResult(
             submissionId: request.submissionId, userId: "u1", orderId: nil, attempt: 1,
@@ -69,7 +69,7 @@ struct OrderStoreTests {
     }
 
     @Test func aTransactionBelongsToTheFirstUserItWasCreditedTo() async throws {
-        let store = try makeStore()
+        let store = try await makeStore()
         let first = try await accept(store, user: "owner")
         let second = try await accept(store, user: "other")
         #expect(try await store.apply(verified(first, transactions: ["t1"])) == .credited)
@@ -82,13 +82,13 @@ struct OrderStoreTests {
 
     @Test func theSchemaRefusesASecondPurchaseRowForOneTransaction() async throws {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-store-\(UUID().uuidString)")
-        let store = try TestStore.open(in: folder)
+        let store = try await TestStore.open(in: folder)
         let request = try await accept(store, user: "u1")
         #expect(try await store.apply(verified(request, transactions: ["t1"])) == .credited)
         // Even a writer that skipped the store's checks cannot credit the transaction again.
         await #expect(throws: SQLError.self) {
             try await store.database.write { db in
-                try db.execute(
+                try await db.execute(
                     sql: """
                         INSERT INTO purchase (transactionId, originalTransactionId, productId, quantity, environment,
                             bundleId, userId, submissionId, creditedAt)
@@ -98,13 +98,13 @@ struct OrderStoreTests {
         }
         // The same rows for a fresh transaction id go in: only the uniqueness refuses the ones above.
         try await store.database.write { db in
-            try db.execute(
+            try await db.execute(
                 sql: """
                     INSERT INTO purchase (transactionId, originalTransactionId, productId, quantity, environment,
                         bundleId, userId, submissionId, creditedAt)
                     VALUES ('t9', 't9', 'p', 1, 'Production', 'b', 'u2', ?, CURRENT_TIMESTAMP)
                     """, arguments: [request.submissionId.uuidString])
-            try db.execute(
+            try await db.execute(
                 sql: """
                     INSERT INTO grants (transactionId, userId, productId, quantity, grantJSON, environment, source,
                         state, grantedAt)
@@ -113,7 +113,7 @@ struct OrderStoreTests {
         }
         await #expect(throws: SQLError.self) {
             try await store.database.write { db in
-                try db.execute(
+                try await db.execute(
                     sql: """
                         INSERT INTO grants (transactionId, userId, productId, quantity, grantJSON, environment, source,
                             state, grantedAt)
@@ -125,15 +125,15 @@ struct OrderStoreTests {
 
     @Test func theAuditLogIsAppendOnly() async throws {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-store-\(UUID().uuidString)")
-        let store = try TestStore.open(in: folder)
+        let store = try await TestStore.open(in: folder)
         let request = try await accept(store, user: "u1")
         try await store.markFinishable(request.submissionId, actor: "ann", reason: "settled")
         #expect(try await store.auditLog(limit: 10).map(\.action) == ["submission_finishable"])
         await #expect(throws: SQLError.self) {
-            try await store.database.write { db in try db.execute(sql: "UPDATE audit_log SET reason = 'nothing happened'") }
+            try await store.database.write { db in try await db.execute(sql: "UPDATE audit_log SET reason = 'nothing happened'") }
         }
         await #expect(throws: SQLError.self) {
-            try await store.database.write { db in try db.execute(sql: "DELETE FROM audit_log") }
+            try await store.database.write { db in try await db.execute(sql: "DELETE FROM audit_log") }
         }
         #expect(try await store.auditLog(limit: 10).first?.reason == "settled")
     }
@@ -142,7 +142,7 @@ struct OrderStoreTests {
     @Test(.enabled(if: !TestStore.usesPostgres)) func theFileAndItsLogAreReadableByTheirOwnerOnly() async throws {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-store-\(UUID().uuidString)")
         let path = folder.appendingPathComponent("orders.sqlite").path
-        let store = try OrderStore(path: path)
+        let store = try await OrderStore(path: path)
         _ = try await accept(store, user: "u1")
         // SQLite gives its write-ahead log the database file's mode.
         #expect(FileManager.default.fileExists(atPath: path + "-wal"))
@@ -153,7 +153,7 @@ struct OrderStoreTests {
     }
 
     @Test func acceptedUploadAndItsOutboxMessageAreWrittenTogether() async throws {
-        let store = try makeStore()
+        let store = try await makeStore()
         _ = try await accept(store, user: "u1")
         _ = try await accept(store, user: "u2")
         let messages = try await store.claimUnpublished(limit: 10, relay: "test")

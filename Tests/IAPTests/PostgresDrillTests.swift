@@ -21,7 +21,7 @@ extension DisruptiveTests {
             if environment["IAP_AMQP_URL"] == nil {
                 environment["IAP_AMQP_URL"] = try TestCluster.isAvailable ? TestCluster.urls() : TestBroker.drillNodeURL()
             }
-            let drill = try ProcessDrill(name: name, environment: environment)
+            let drill = try await ProcessDrill(name: name, environment: environment)
             try drill.start("fake-appstore")
             try await drill.waitHealthy(drill.fakeURL)
             let secondPort = try ProcessDrill.freePort()
@@ -47,7 +47,7 @@ extension DisruptiveTests {
             let uploads = Task { try await drill.upload(purchases, deadline: .seconds(200), intakes: intakes) }
             try await Task.sleep(for: .milliseconds(1500))
             // Results are in flight: some purchases are credited already, more are not yet.
-            let store = try TestStore.open(in: drill.folder)
+            let store = try await TestStore.open(in: drill.folder)
             let flowing = try await eventually(timeout: .seconds(20), interval: .milliseconds(100)) {
                 (try await store.submissionCounts()[.credited] ?? 0) > 0
             }

@@ -11,7 +11,7 @@ struct RateBucketTests {
     let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-buckets-\(UUID().uuidString)")
 
     @Test func aBucketAllowsItsBurstThenRefillsAtItsRate() async throws {
-        let store = try TestStore.open(in: folder)
+        let store = try await TestStore.open(in: folder)
         defer { Task { await store.close() } }
         let start = Date()
         for _ in 0..<3 {
@@ -37,7 +37,7 @@ struct RateBucketTests {
     }
 
     @Test func idleBucketsArePurgedAndStartFull() async throws {
-        let store = try TestStore.open(in: folder)
+        let store = try await TestStore.open(in: folder)
         defer { Task { await store.close() } }
         let start = Date()
         #expect(try await store.takeRateToken("address:10.0.0.1", perSecond: 1, burst: 1, now: start) == nil)
@@ -53,7 +53,7 @@ struct RateBucketTests {
     /// allows the burst once, not once per service.
     @Test(.enabled(if: TestStore.usesPostgres))
     func twoOrderServicesAllowTheRateOnceNotOnceEach() async throws {
-        let stores = try [TestStore.open(in: folder), TestStore.open(in: folder)]
+        let stores = try await [TestStore.open(in: folder), TestStore.open(in: folder)]
         defer { Task { for store in stores { await store.close() } } }
         #expect(stores[0].sharesRateLimits && stores[1].sharesRateLimits)
         let logger = Logger(label: "iap.tests.ratelimit")
@@ -76,7 +76,7 @@ struct RateBucketTests {
     /// Racing takes at one instant, from two services: exactly the burst is allowed.
     @Test(.enabled(if: TestStore.usesPostgres))
     func concurrentTakesFromTwoServicesNeverExceedTheBurst() async throws {
-        let stores = try [TestStore.open(in: folder), TestStore.open(in: folder)]
+        let stores = try await [TestStore.open(in: folder), TestStore.open(in: folder)]
         defer { Task { for store in stores { await store.close() } } }
         let now = Date()
         let allowed = try await withThrowingTaskGroup(of: Bool.self) { group in
@@ -93,7 +93,7 @@ struct RateBucketTests {
     /// On SQLite one order service writes the file: the limits stay in its memory alone.
     @Test(.enabled(if: !TestStore.usesPostgres))
     func oneSQLiteServiceCountsInMemoryOnly() async throws {
-        let store = try TestStore.open(in: folder)
+        let store = try await TestStore.open(in: folder)
         defer { Task { await store.close() } }
         #expect(!store.sharesRateLimits)
         let limiter = RateLimiter(RateLimit(perSecond: 1, burst: 2), scope: "user", store: store)

@@ -168,7 +168,7 @@ struct ReconciliationNotificationTests {
     }
 
     @Test func aSubscriptionInBillingRetryIsCorrectedOnceAndAudited() async throws {
-        let store = try TestStore.open(
+        let store = try await TestStore.open(
             in: FileManager.default.temporaryDirectory.appendingPathComponent("iap-reconcile-\(UUID().uuidString)"))
         let policy = CreditPolicy(catalog: PipelineHarness.testCatalog)
         let now = Date()
@@ -200,7 +200,7 @@ struct ReconciliationNotificationTests {
     }
 
     @Test func aRenewalNobodyOwnsNeverHidesItsSubscriptionFromReconciliation() async throws {
-        let store = try TestStore.open(
+        let store = try await TestStore.open(
             in: FileManager.default.temporaryDirectory.appendingPathComponent("iap-reconcile-\(UUID().uuidString)"))
         let policy = CreditPolicy(catalog: PipelineHarness.testCatalog)
         let now = Date()

@@ -237,8 +237,8 @@ struct SchemaParityTests {
     @Test func bothBackendsHoldTheSameSchemaAfterTheWholeHistory() async throws {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("schema-parity-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: folder) }
-        let sqliteStore = try OrderStore(path: folder.appendingPathComponent("orders.sqlite").path)
-        let postgresStore = try OrderStore(location: .postgres(try TestStore.emptyPostgresDatabase()))
+        let sqliteStore = try await OrderStore(path: folder.appendingPathComponent("orders.sqlite").path)
+        let postgresStore = try await OrderStore(location: .postgres(try TestStore.emptyPostgresDatabase()))
         let sqlite = try await Self.sqliteSchema(sqliteStore)
         let postgres = try await Self.postgresSchema(postgresStore, sqlite: sqlite)
         await sqliteStore.close()
@@ -254,7 +254,7 @@ struct SchemaParityTests {
     @Test func theAuditLogRefusesChangesOnBothBackends() async throws {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("schema-parity-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: folder) }
-        for store in [
+        for store in await [
             try OrderStore(path: folder.appendingPathComponent("orders.sqlite").path),
             try OrderStore(location: .postgres(try TestStore.emptyPostgresDatabase())),
         ] {

@@ -254,7 +254,7 @@ extension BrokerTests.SecurityTests {
         let brokerURL = try TestBroker.url()
         let urlFile = FileManager.default.temporaryDirectory.appendingPathComponent("amqp-\(UUID().uuidString)")
         try Data(brokerURL.utf8).write(to: urlFile)
-        let drill = try ProcessDrill(
+        let drill = try await ProcessDrill(
             name: "secrets",
             environment: [
                 "IAP_LOG_LEVEL": "trace", "IAP_AUTH": "jwt", "IAP_AUTH_HS256_SECRET": authSecret,

@@ -14,7 +14,7 @@ struct SharedStoreTests {
     func services(_ count: Int) async throws -> [OrderStore] {
         // Opened at once: the first migrates under the advisory lock, the others wait for it.
         try await withThrowingTaskGroup(of: OrderStore.self) { group in
-            for _ in 0..<count { group.addTask { try TestStore.open(in: folder) } }
+            for _ in 0..<count { group.addTask { try await TestStore.open(in: folder) } }
             var stores: [OrderStore] = []
             for try await store in group { stores.append(store) }
             return stores
@@ -123,8 +123,8 @@ struct SharedStoreTests {
                 count += 1
                 return count
             }
-            try db.execute(sql: "INSERT INTO reconciliation_run (task, lastRunAt) VALUES (?, ?)", arguments: [key, Date()])
-            if attempt == 1 { try db.execute(sql: raise) }
+            try await db.execute(sql: "INSERT INTO reconciliation_run (task, lastRunAt) VALUES (?, ?)", arguments: [key, Date()])
+            if attempt == 1 { try await db.execute(sql: raise) }
         }
         #expect(attempts.withLockedValue { $0 } == 2)
         let rows: Int? = try await store.testValue("SELECT COUNT(*) FROM reconciliation_run WHERE task = ?", [key])
@@ -136,8 +136,8 @@ struct SharedStoreTests {
                 count += 1
                 return count
             }
-            try db.execute(sql: "INSERT INTO reconciliation_run (task, lastRunAt) VALUES (?, ?)", arguments: [key + "-unit", Date()])
-            if attempt == 1 { try db.execute(sql: raise) }
+            try await db.execute(sql: "INSERT INTO reconciliation_run (task, lastRunAt) VALUES (?, ?)", arguments: [key + "-unit", Date()])
+            if attempt == 1 { try await db.execute(sql: raise) }
         }
         #expect(attempts.withLockedValue { $0 } == 2)
         let unitRows: Int? = try await store.testValue("SELECT COUNT(*) FROM reconciliation_run WHERE task = ?", [key + "-unit"])
@@ -155,7 +155,7 @@ struct SharedStoreTests {
                 try await stores[index % 2].groupCommit.write { db in
                     var event = OutboxMessage(exchange: "events", routingKey: "grant.created", body: Array("\(index)".utf8))
                     event.mandatory = false
-                    try OrderStore.insert(event, now: Date(), in: db)
+                    try await OrderStore.insert(event, now: Date(), in: db)
                 }
             }
         }
@@ -191,12 +191,12 @@ struct SharedStoreTests {
         try await store.groupCommit.write { db in
             for index in 0..<max(events, work) {
                 if index < work {
-                    try OrderStore.insert(OutboxMessage(routingKey: "verify", body: Array("w\(index)".utf8)), now: Date(), in: db)
+                    try await OrderStore.insert(OutboxMessage(routingKey: "verify", body: Array("w\(index)".utf8)), now: Date(), in: db)
                 }
                 if index < events {
                     var event = OutboxMessage(exchange: "events", routingKey: "grant.created", body: Array("e\(index)".utf8))
                     event.mandatory = false
-                    try OrderStore.insert(event, now: Date(), in: db)
+                    try await OrderStore.insert(event, now: Date(), in: db)
                 }
             }
         }
@@ -299,7 +299,7 @@ struct SharedStoreTests {
         defer { release.signal() }
         let leader = Task {
             try await stores[0].database.write { db in
-                let took = try db.takeExclusive("sweeper")
+                let took = try await db.takeExclusive("sweeper")
                 holding.withLockedValue { $0 = true }
                 // Held on the writer's queue, off the cooperative pool, until the test is done.
                 release.wait()

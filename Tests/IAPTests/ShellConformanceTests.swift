@@ -59,9 +59,9 @@ struct ShellConformanceTests {
                         """, [id, user, now, now])
                 }
                 let read = try await store.database.write { db in
-                    let facts = try OrderStore.facts(for: query, event: event, in: db)
+                    let facts = try await OrderStore.facts(for: query, event: event, in: db)
                     // Written as the memory shell wrote it: the plan of the facts it read.
-                    for change in plan.changes { try OrderStore.write(change, policy: policy, now: now, in: db) }
+                    for change in plan.changes { try await OrderStore.write(change, policy: policy, now: now, in: db) }
                     return facts
                 }
                 if read != expected {
@@ -99,7 +99,7 @@ struct ShellConformanceTests {
         for index in 0..<Self.sequences {
             let (seed, restore, truth, entries) = Self.journal(index: index)
             steps += entries.count
-            let store = try TestStore.open(in: folder, name: "sequence-\(index)")
+            let store = try await TestStore.open(in: folder, name: "sequence-\(index)")
             let difference: String?
             do {
                 difference = try await Self.replay(entries, restore: restore, on: store)

@@ -62,7 +62,7 @@ struct UnicodeTrickTests {
     /// plain text: nothing a value holds becomes markup, in attribute or text position.
     @Test func everyTemplateRendersHostileTextAsText() async throws {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-console-\(UUID().uuidString)")
-        let store = try TestStore.open(in: folder)
+        let store = try await TestStore.open(in: folder)
         defer { Task { await store.close() } }
         let console = try Console(
             settings: ConsoleSettings(operatorTokens: ["operator-token-0123456789abcdefghijkl"], insecureCookies: true),

@@ -36,7 +36,7 @@ final class EdgeHarness: Sendable {
         let logger = Logger(label: "iap.tests.edge") { _ in ErrorRecorder(lines: errorLines) }
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-edge-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
-        let store = try TestStore.open(in: folder)
+        let store = try await TestStore.open(in: folder)
         let apple = try FakeCertificateAuthority.generate(name: "Edge Apple")
         var settings = IntakeSettings(
             host: "127.0.0.1", port: 0, catalog: PipelineHarness.testCatalog, authentication: authentication,

@@ -75,7 +75,12 @@ final class PipelineHarness: Sendable {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-tests-\(UUID().uuidString)")
         var databasePath = shared?.databasePath ?? folder.appendingPathComponent("orders.sqlite").path
         if case .sqlite(let path)? = chosenStore { databasePath = path }
-        let location = try chosenStore ?? TestStore.location(in: URL(fileURLWithPath: databasePath).deletingLastPathComponent())
+        let location: StoreLocation
+        if let chosenStore {
+            location = chosenStore
+        } else {
+            location = try await TestStore.location(in: URL(fileURLWithPath: databasePath).deletingLastPathComponent())
+        }
         var settings = PipelineSettings(
             amqp: try onCluster ? TestCluster.configuration() : TestBroker.configuration(), names: names,
             databasePath: databasePath,
@@ -100,7 +105,7 @@ final class PipelineHarness: Sendable {
         let report: @Sendable (Role, Int) async -> Void = { role, port in ports.withLockedValue { $0[role] = port } }
 
         // A harness sharing another's store and queues uses that one's fake App Store.
-        let fake = try Pipeline(roles: shared == nil ? [.fakeAppStore] : [], settings: settings, logger: logger, onListening: report)
+        let fake = try await Pipeline(roles: shared == nil ? [.fakeAppStore] : [], settings: settings, logger: logger, onListening: report)
         let fakeGroup = fake.makeServiceGroup(gracefulShutdownSignals: [], logger: logger)
         let fakeTask = Task { try await fakeGroup.run() }
         if shared == nil {
@@ -118,7 +123,7 @@ final class PipelineHarness: Sendable {
             serverAPI: ServerAPIKey.settings(fakeURL: fakeURL), confirmWithAPI: confirmWithAPI,
             receiptsThroughServerAPI: receiptsThroughServerAPI)
 
-        let pipeline = try Pipeline(roles: roles, settings: settings, logger: logger, onListening: report)
+        let pipeline = try await Pipeline(roles: roles, settings: settings, logger: logger, onListening: report)
         let group = pipeline.makeServiceGroup(gracefulShutdownSignals: [], logger: logger)
         let task = Task { try await group.run() }
         if roles.contains(.intake) {
@@ -145,7 +150,8 @@ final class PipelineHarness: Sendable {
             let url = "http://127.0.0.1:\(ports.withLockedValue { $0[.intake] ?? 0 })/v1/notifications/appstore"
             _ = try await HTTP.post(fakeURL + "/fake/config", json: ["notificationURL": url])
         }
-        let store = try pipeline.store ?? OrderStore(location: location)
+        let store: OrderStore
+        if let running = pipeline.store { store = running } else { store = try await OrderStore(location: location) }
         return PipelineHarness(
             names: names, databasePath: databasePath,
             intakeURL: "http://127.0.0.1:\(ports.withLockedValue { $0[.intake] ?? 0 })", fakeURL: fakeURL,

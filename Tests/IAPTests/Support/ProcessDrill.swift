@@ -29,7 +29,7 @@ final class ProcessDrill: Sendable {
         }
     }
 
-    init(name: String, environment: [String: String] = [:]) throws {
+    init(name: String, environment: [String: String] = [:]) async throws {
         guard let binary = ProcessInfo.processInfo.environment["IAP_TEST_IAP_BINARY"], !binary.isEmpty,
             FileManager.default.isExecutableFile(atPath: binary)
         else { throw MissingBinary() }
@@ -46,7 +46,11 @@ final class ProcessDrill: Sendable {
         for role in ["orders", "intake", "finisher", "verifier"] { opsPorts[role] = try Self.freePort() }
         self.opsPorts = opsPorts
         extraEnvironment = environment
+        storeLocation = try? await TestStore.location(in: folder)
     }
+
+    /// The store the test asked for (a PostgreSQL database of this drill's own, or the file).
+    let storeLocation: StoreLocation?
 
     private var environment: [String: String] {
         var environment = ProcessInfo.processInfo.environment
@@ -80,7 +84,7 @@ final class ProcessDrill: Sendable {
             ]
         ) { $1 }
         // The store the test asked for (a PostgreSQL database of this drill's own, or the file).
-        if let location = try? TestStore.location(in: folder) {
+        if let location = storeLocation {
             environment.merge(TestStore.environment(for: location)) { $1 }
         }
         environment.merge(extraEnvironment) { $1 }
@@ -246,7 +250,8 @@ final class ProcessDrill: Sendable {
     func settle(_ submissions: [String: String], timeout: Duration = .seconds(120), store location: StoreLocation? = nil)
         async throws -> Outcome
     {
-        let store = try location.map { try OrderStore(location: $0) } ?? TestStore.open(in: folder)
+        let store: OrderStore
+        if let location { store = try await OrderStore(location: location) } else { store = try await TestStore.open(in: folder) }
         let ids = Set(submissions.values.compactMap(UUID.init(uuidString:)))
         _ = try await eventually(timeout: timeout, interval: .milliseconds(250)) {
             // Every accepted submission, the ones a phone sent again after a lost 202 included.

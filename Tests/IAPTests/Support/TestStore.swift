@@ -18,38 +18,40 @@ enum TestStore {
 
     /// The store of `name` in `folder`: the same location each time it is asked for (a test
     /// reopens a store after a crash), a new one for each folder.
-    static func location(in folder: URL, name: String = "orders") throws -> StoreLocation {
+    static func location(in folder: URL, name: String = "orders") async throws -> StoreLocation {
         let path = folder.appendingPathComponent("\(name).sqlite").path
         guard usesPostgres else { return .sqlite(path: path) }
         guard let url = ProcessInfo.processInfo.environment["IAP_TEST_DATABASE_URL"] else { throw MissingServer() }
         let digest = SHA256.hash(data: Data(path.utf8)).prefix(12).map { String(format: "%02x", $0) }.joined()
-        return .postgres(try postgresDatabase(named: "iap_test_\(digest)"))
+        return .postgres(try await postgresDatabase(named: "iap_test_\(digest)"))
     }
 
     /// An empty database of its own on the test server (no schema yet).
-    static func emptyPostgresDatabase() throws -> PostgresLocation {
-        try postgresDatabase(named: "iap_empty_\(UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: ""))")
+    static func emptyPostgresDatabase() async throws -> PostgresLocation {
+        try await postgresDatabase(named: "iap_empty_\(UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: ""))")
     }
 
     /// The database `name` on the test server, created if it is not there.
-    static func postgresDatabase(named name: String) throws -> PostgresLocation {
+    static func postgresDatabase(named name: String) async throws -> PostgresLocation {
         guard let url = ProcessInfo.processInfo.environment["IAP_TEST_DATABASE_URL"] else { throw MissingServer() }
         let admin = try PostgresLocation(url: url)
         var location = admin
         location.database = name
-        let session = PostgresSession(location: admin, logger: Logger(label: "iap.tests.store"))
-        try session.connect()
-        defer { session.close() }
-        let exists =
-            try Int.fetchOne(session, sql: "SELECT 1 FROM pg_database WHERE datname = ?", arguments: [location.database]) != nil
-        if !exists {
-            do {
-                try session.execute(sql: "CREATE DATABASE \(location.database)")
-            } catch {
-                // Created meanwhile by another test asking for the same folder, or a real failure.
-                guard try Int.fetchOne(
-                    session, sql: "SELECT 1 FROM pg_database WHERE datname = ?", arguments: [location.database]) != nil
-                else { throw error }
+        let name = location.database
+        try await PostgresDatabase.withConnection(to: admin) { session in
+            let exists =
+                try await Int.fetchOne(session, sql: "SELECT 1 FROM pg_database WHERE datname = ?", arguments: [name])
+                != nil
+            if !exists {
+                do {
+                    try await session.execute(sql: "CREATE DATABASE \(name)")
+                } catch {
+                    // Created meanwhile by another test asking for the same folder, or a real failure.
+                    guard
+                        try await Int.fetchOne(
+                            session, sql: "SELECT 1 FROM pg_database WHERE datname = ?", arguments: [name]) != nil
+                    else { throw error }
+                }
             }
         }
         return location
@@ -58,8 +60,8 @@ enum TestStore {
     /// A store at `location(in:name:)`.
     static func open(
         in folder: URL, name: String = "orders", statementObserver: (@Sendable (String) -> Void)? = nil
-    ) throws -> OrderStore {
-        try OrderStore(location: location(in: folder, name: name), statementObserver: statementObserver)
+    ) async throws -> OrderStore {
+        try await OrderStore(location: location(in: folder, name: name), statementObserver: statementObserver)
     }
 
     /// The environment that points an `iap` process at `location`.
@@ -75,7 +77,7 @@ extension OrderStore {
     /// Runs `sql` in a write transaction of this store and returns its rows (tests only: they
     /// look at and damage what the store holds, on either backend).
     func testRows(_ sql: String, _ arguments: SQLArguments = []) async throws -> [SQLRow] {
-        try await database.write { db in try db.rows(sql: sql, arguments: arguments) }
+        try await database.write { db in try await db.rows(sql: sql, arguments: arguments) }
     }
 
     /// PostgreSQL: the plan the server uses for `sql` (a store statement, `?` marks) whatever its
@@ -95,13 +97,14 @@ extension OrderStore {
         }
         let statement = numbered
         return try await database.write { db in
-            try db.execute(sql: "SET LOCAL enable_seqscan = off", arguments: [])
-            try db.execute(sql: "SET LOCAL plan_cache_mode = force_generic_plan", arguments: [])
-            try db.execute(sql: "PREPARE iap_test_plan AS " + statement, arguments: [])
-            defer { _ = try? db.execute(sql: "DEALLOCATE iap_test_plan", arguments: []) }
+            try await db.execute(sql: "SET LOCAL enable_seqscan = off", arguments: [])
+            try await db.execute(sql: "SET LOCAL plan_cache_mode = force_generic_plan", arguments: [])
+            try await db.execute(sql: "PREPARE iap_test_plan AS " + statement, arguments: [])
             let nulls = Array(repeating: "NULL", count: marks).joined(separator: ", ")
-            return try db.rows(sql: "EXPLAIN EXECUTE iap_test_plan" + (marks > 0 ? "(\(nulls))" : ""), arguments: [])
+            let plan = try await db.rows(sql: "EXPLAIN EXECUTE iap_test_plan" + (marks > 0 ? "(\(nulls))" : ""), arguments: [])
                 .compactMap { $0.values.first.flatMap(String.fromSQL) }
+            try await db.execute(sql: "DEALLOCATE iap_test_plan", arguments: [])
+            return plan
         }
     }
 
