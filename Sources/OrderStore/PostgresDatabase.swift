@@ -503,43 +503,9 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
         }
     }
 
-    /// The statement as `format` takes it: `?` marks become `%L`, and a `%` is doubled
-    /// (marks and percent signs inside quotes and comments stay as written, apart from `%`).
+    /// The statement as `format` takes it: `?` marks become `%L`, and every `%` is doubled.
     static func formatted(_ sql: String) -> String {
-        if let known = formats.withLockedValue({ $0[sql] }) { return known }
-        var output = ""
-        output.reserveCapacity(sql.utf8.count + 16)
-        var quote: Character?
-        var comment = false
-        var previous: Character = " "
-        for character in sql {
-            defer { previous = character }
-            if character == "%" {
-                output += "%%"
-            } else if comment {
-                if character == "\n" { comment = false }
-                output.append(character)
-            } else if quote == nil, character == "-", previous == "-" {
-                comment = true
-                output.append(character)
-            } else if let open = quote {
-                if character == open { quote = nil }
-                output.append(character)
-            } else if character == "'" || character == "\"" {
-                quote = character
-                output.append(character)
-            } else if character == "?" {
-                output += "%L"
-            } else {
-                output.append(character)
-            }
-        }
-        formats.withLockedValue { known in
-            // The store's texts are fixed or built from a bounded set; the bound is a safeguard.
-            if known.count >= 4096 { known.removeAll(keepingCapacity: true) }
-            known[sql] = output
-        }
-        return output
+        rewritten(sql, cache: formats, percent: "%%") { _ in "%L" }
     }
 
     /// `value` as `iap_batch` reads it: text in a JSON string, NULL as JSON null, bytes as
@@ -601,7 +567,15 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
 
     /// The statement with its `?` marks numbered `$1`, `$2`… (marks inside quotes stay).
     static func numbered(_ sql: String) -> String {
-        if let known = placeholders.withLockedValue({ $0[sql] }) { return known }
+        rewritten(sql, cache: placeholders, percent: nil) { "$\($0)" }
+    }
+
+    /// `sql` with each `?` mark outside quotes and `--` comments replaced by `mark(n)` (n from
+    /// 1), and, when `percent` is given, every `%` by it; kept in `cache`.
+    private static func rewritten(
+        _ sql: String, cache: NIOLockedValueBox<[String: String]>, percent: String?, mark: (Int) -> String
+    ) -> String {
+        if let known = cache.withLockedValue({ $0[sql] }) { return known }
         var output = ""
         output.reserveCapacity(sql.utf8.count + 16)
         var count = 0
@@ -610,7 +584,9 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
         var previous: Character = " "
         for character in sql {
             defer { previous = character }
-            if comment {
+            if character == "%", let percent {
+                output += percent
+            } else if comment {
                 // A `--` comment runs to the end of its line: its quotes and marks are text.
                 if character == "\n" { comment = false }
                 output.append(character)
@@ -625,12 +601,12 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
                 output.append(character)
             } else if character == "?" {
                 count += 1
-                output += "$\(count)"
+                output += mark(count)
             } else {
                 output.append(character)
             }
         }
-        placeholders.withLockedValue { known in
+        cache.withLockedValue { known in
             // The store's texts are fixed or built from a bounded set; the bound is a safeguard.
             if known.count >= 4096 { known.removeAll(keepingCapacity: true) }
             known[sql] = output
