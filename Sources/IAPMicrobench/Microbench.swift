@@ -140,12 +140,8 @@ struct Microbench {
             var counted = timed
             counted.database += "_counted"
             for database in [timed.database, counted.database] {
-                try await PostgresDatabase.withConnection(to: server) { db in _ = try await db.execute(sql: "CREATE DATABASE \(database)", arguments: []) }
-                cleanUp.append {
-                    _ = try? await PostgresDatabase.withConnection(to: server) { db in
-                        try await db.execute(sql: "DROP DATABASE IF EXISTS \(database) WITH (FORCE)", arguments: [])
-                    }
-                }
+                try await PostgresDatabase.createDatabase(database, on: server)
+                cleanUp.append { try? await PostgresDatabase.dropDatabase(database, on: server) }
             }
             store = try await OrderStore(location: .postgres(timed))
             counting = try await OrderStore(

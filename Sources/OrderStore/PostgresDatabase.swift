@@ -188,6 +188,18 @@ package final class PostgresDatabase: SQLDatabase {
         try await withSession(client, leaseTimeout: .seconds(15)) { session in _ = try await session.execute(sql: sql) }
     }
 
+    /// Creates the empty database `name` on the server at `server` (for benchmarks and tools).
+    package static func createDatabase(_ name: String, on server: PostgresLocation) async throws {
+        try await withConnection(to: server) { db in _ = try await db.execute(sql: "CREATE DATABASE \(name)", arguments: []) }
+    }
+
+    /// Drops the database `name` on the server at `server`, closing its connections.
+    package static func dropDatabase(_ name: String, on server: PostgresLocation) async throws {
+        try await withConnection(to: server) { db in
+            _ = try await db.execute(sql: "DROP DATABASE IF EXISTS \(name) WITH (FORCE)", arguments: [])
+        }
+    }
+
     /// Runs `body` on one connection of its own to `location`, in autocommit, outside any store
     /// (creating a database, reading the server's catalogue).
     package static func withConnection<T: Sendable>(
