@@ -343,7 +343,7 @@ package struct SQLError: Error, Sendable, CustomStringConvertible {
     package var description: String { message }
 }
 
-/// What the store runs transactions on: SQLite through GRDB, or PostgreSQL.
+/// What the store runs transactions on: SQLite on its own connections, or PostgreSQL through `PostgresClient`.
 protocol SQLDatabase: Sendable {
     var dialect: SQLDialect { get }
     /// Runs `body` in a read-only transaction that sees one consistent state.

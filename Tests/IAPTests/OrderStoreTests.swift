@@ -123,6 +123,34 @@ struct OrderStoreTests {
         }
     }
 
+    /// A batch of writes (one `iap_batch` call on PostgreSQL) stores every value as a bound
+    /// statement would: quotes, percent signs, marks, backslashes, line breaks, NULL, bytes.
+    @Test func aBatchOfWritesStoresEveryValueAsWritten() async throws {
+        let store = try await makeStore()
+        defer { Task { await store.close() } }
+        let tricky = "it's 100% ? \\x41 \"quoted\"\nnext line -- not a comment"
+        try await store.database.write { db in
+            try await db.executeBatch([
+                SQLStatement(
+                    "INSERT INTO audit_log (at, actor, action, subject, reason, details) VALUES (?, ?, ?, ?, ?, ?)",
+                    [Date(), tricky, "batch", "s:1", "r", "{}"]),
+                SQLStatement(
+                    """
+                    INSERT INTO outbox (exchange, routingKey, body, messageId, priority, mandatory, createdAt)
+                    VALUES (?, ?, ?, ?, ?, ?, ?)
+                    """,
+                    ["", tricky, Data([0, 39, 37, 92, 255]), "m-1", nil as Int?, true, Date()],
+                    check: { changed in #expect(changed == 1) }),
+            ])
+        }
+        let actor: String? = try await store.testValue("SELECT actor FROM audit_log WHERE action = 'batch'")
+        #expect(actor == tricky)
+        let rows = try await store.testRows("SELECT routingKey, body, priority FROM outbox WHERE messageId = 'm-1'")
+        #expect(rows.first?["routingKey"] as String? == tricky)
+        #expect(rows.first?["body"] as Data? == Data([0, 39, 37, 92, 255]))
+        #expect(rows.first?.hasValue("priority") == false)
+    }
+
     @Test func theAuditLogIsAppendOnly() async throws {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-store-\(UUID().uuidString)")
         let store = try await TestStore.open(in: folder)
