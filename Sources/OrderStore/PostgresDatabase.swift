@@ -114,12 +114,25 @@ package final class PostgresDatabase: SQLDatabase {
         asideConfiguration.options.connectTimeout = .seconds(2)
         asideClient = PostgresClient(
             configuration: asideConfiguration, eventLoopGroup: Self.asideEventLoops, backgroundLogger: logger)
+        // Each client says when its `run()` begins: a lease asked before that waits for it (and
+        // postgres-nio warns of it), so the first one, the migration's, waits for both.
+        let (started, starting) = AsyncStream<Void>.makeStream()
         clients = Task { [client, asideClient] in
             await withDiscardingTaskGroup { group in
-                group.addTask { await client.run() }
-                group.addTask { await asideClient.run() }
+                for each in [client, asideClient] {
+                    group.addTask {
+                        starting.yield()
+                        await each.run()
+                    }
+                }
             }
         }
+        var running = 0
+        for await _ in started {
+            running += 1
+            if running == 2 { break }
+        }
+        await Task.yield()
         do {
             try await withSession(client, leaseTimeout: .seconds(15)) { session in try await PostgresSchema.migrate(session) }
         } catch {

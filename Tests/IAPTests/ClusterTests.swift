@@ -168,7 +168,7 @@ extension DisruptiveTests {
                 print("cluster drill: \(ids.count) of \(total) uploads accepted, \(refused) refused, \(credited) credited")
                 #expect(refused == 0, "the intake writes to its store first: a broker node's death refuses no upload")
                 #expect(credited == ids.count)
-                #expect(try await pipeline.store.outboxBacklog() == 0)
+                #expect(try await eventually { try await pipeline.store.outboxBacklog() == 0 })
             }
         }
 
