@@ -127,6 +127,15 @@ struct Microbench {
     /// (`DB_microbench_…`, dropped at the end) rather than SQLite files.
     static func finisher(seconds: Double, databaseURL: String?) async throws {
         let statements = NIOLockedValueBox(0)
+        // The texts of the last upload's statements, one line each, printed after the count.
+        let lastTexts = NIOLockedValueBox([String]())
+        let observe: @Sendable (String) -> Void = { text in
+            // Each round trip once: the statements inside a batch are listed, not counted.
+            if !text.hasPrefix(SQLTrace.inBatch) { statements.withLockedValue { $0 += 1 } }
+            lastTexts.withLockedValue {
+                $0.append(text.split(whereSeparator: \.isNewline).map { $0.trimmingCharacters(in: .whitespaces) }.joined(separator: " "))
+            }
+        }
         let store: OrderStore
         // A second store whose every statement is counted (apart, so that counting costs the
         // timed one nothing): the SQL cost of one credited purchase.
@@ -145,7 +154,7 @@ struct Microbench {
             }
             store = try await OrderStore(location: .postgres(timed))
             counting = try await OrderStore(
-                location: .postgres(counted), statementObserver: { _ in statements.withLockedValue { $0 += 1 } })
+                location: .postgres(counted), statementObserver: observe)
         } else {
             let path = FileManager.default.temporaryDirectory.appendingPathComponent("microbench-\(UUID().uuidString).sqlite").path
             let countedPath = path + "-counted"
@@ -155,10 +164,11 @@ struct Microbench {
                 }
             }
             store = try await OrderStore(path: path)
-            counting = try await OrderStore(path: countedPath, statementObserver: { _ in statements.withLockedValue { $0 += 1 } })
+            counting = try await OrderStore(path: countedPath, statementObserver: observe)
         }
         do {
-            try await creditingFigures(store: store, counting: counting, statements: statements, seconds: seconds)
+            try await creditingFigures(
+                store: store, counting: counting, statements: statements, lastTexts: lastTexts, seconds: seconds)
         } catch {
             for store in [store, counting] { await store.close() }
             for step in cleanUp { await step() }
@@ -169,7 +179,8 @@ struct Microbench {
     }
 
     static func creditingFigures(
-        store: OrderStore, counting: OrderStore, statements: NIOLockedValueBox<Int>, seconds: Double
+        store: OrderStore, counting: OrderStore, statements: NIOLockedValueBox<Int>,
+        lastTexts: NIOLockedValueBox<[String]>, seconds: Double
     ) async throws {
         let next = NIOLockedValueBox(0)
         let policy = CreditPolicy(eventsExchange: "iap.events")
@@ -193,9 +204,15 @@ struct Microbench {
                 policy: policy)
         }
         let before = statements.withLockedValue { $0 }
-        for _ in 0..<100 { try await acceptAndCredit(into: counting) }
+        for _ in 0..<99 { try await acceptAndCredit(into: counting) }
+        lastTexts.withLockedValue { $0 = [] }
+        try await acceptAndCredit(into: counting)
         let counted = Double(statements.withLockedValue { $0 } - before) / 100
-        print("statements sent per upload (accept + credit)".padding(toLength: 44, withPad: " ", startingAt: 0) + String(format: "%10.1f", counted))
+        print("round trips per upload (accept + credit)".padding(toLength: 44, withPad: " ", startingAt: 0) + String(format: "%10.1f", counted))
+        for text in lastTexts.withLockedValue({ $0 }) {
+            let batched = text.hasPrefix(SQLTrace.inBatch)
+            print((batched ? "        " : "    ") + String(text.dropFirst(batched ? SQLTrace.inBatch.count : 0).prefix(106)))
+        }
         // From before `measure`'s 50 warm-up runs, which the count below adds.
         let cpuBefore = processCPU()
         let oneAtATime = try await measure("finisher transaction (accept + credit one)", seconds: seconds) {

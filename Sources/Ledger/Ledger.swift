@@ -12,16 +12,7 @@ public enum Ledger {
     {
         switch event {
         case .upload(let purchase, let upload):
-            // Crediting reads a subscription only for what may be one (`credit`).
-            let type = policy.catalog?.product(purchase.productId)?.type
-            let key = policy.creditKey(of: purchase)
-            var billingPeriod = false
-            if case .billingPeriod = key { billingPeriod = true }
-            return LedgerQuery(
-                transactionId: purchase.transactionId, creditKey: key,
-                originalTransactionId: purchase.originalTransactionId, tokenOrderId: purchase.appAccountToken,
-                uploadOrderId: upload.orderId,
-                readsSubscription: billingPeriod || type == .autoRenewable || (type == nil && purchase.expiresDate != nil))
+            return query(forUploadOf: purchase, orderId: upload.orderId, policy: policy)
         case .notification(let notification, _):
             guard let purchase = notification.purchase else { return LedgerQuery() }
             return LedgerQuery(
@@ -39,6 +30,21 @@ public enum Ledger {
         case .manualRevoke(let transactionId, _, _, _):
             return LedgerQuery(transactionId: transactionId)
         }
+    }
+
+    /// What crediting `purchase` from an upload that names `orderId` reads: known from the
+    /// result alone, so a shell may read it along with the upload's own row.
+    public static func query(forUploadOf purchase: VerifiedPurchase, orderId: String?, policy: LedgerPolicy) -> LedgerQuery {
+        // Crediting reads a subscription only for what may be one (`credit`).
+        let type = policy.catalog?.product(purchase.productId)?.type
+        let key = policy.creditKey(of: purchase)
+        var billingPeriod = false
+        if case .billingPeriod = key { billingPeriod = true }
+        return LedgerQuery(
+            transactionId: purchase.transactionId, creditKey: key,
+            originalTransactionId: purchase.originalTransactionId, tokenOrderId: purchase.appAccountToken,
+            uploadOrderId: orderId,
+            readsSubscription: billingPeriod || type == .autoRenewable || (type == nil && purchase.expiresDate != nil))
     }
 
     /// The plan for `event` on `facts`: what to write, in order, and what it amounts to.

@@ -61,15 +61,17 @@ extension OrderStore {
     /// Credits one verified purchase of an upload through the ledger (`Ledger.plan`): once per
     /// credit key, bound to its order, Apple's revocations applied whatever came first, held
     /// when nothing proves whose it is. Says what became of it.
+    /// `facts`: the ledger's facts, when the caller read them along with its own rows.
     static func credit(
-        _ purchase: VerifiedPurchase, upload: Upload, policy: CreditPolicy, now: Date, in db: any SQLConnection
+        _ purchase: VerifiedPurchase, upload: Upload, policy: CreditPolicy, now: Date, facts: LedgerFacts? = nil,
+        in db: any SQLConnection
     ) async throws -> (TransactionCreditState, ReasonCode?) {
         let event = LedgerEvent.upload(
             purchase,
             .init(
                 userId: upload.userId, submissionId: upload.submissionId, orderId: upload.orderId,
                 transactionId: upload.transactionId, bundleId: upload.bundleId))
-        let plan = try await applyLedger(event, policy: policy, now: now, in: db)
+        let plan = try await applyLedger(event, policy: policy, now: now, facts: facts, in: db)
         upload.revocations += plan.revoked
         guard case .transaction(let state, let reason) = plan.outcome else {
             preconditionFailure("the ledger answered an upload with \(plan.outcome)")
@@ -82,7 +84,7 @@ extension OrderStore {
         _ name: String, _ fields: [String: EventField], id: String, policy: CreditPolicy, now: Date, in db: any SQLConnection
     ) async throws {
         guard let statement = eventStatement(name, fields, id: id, policy: policy, now: now) else { return }
-        try await db.executeBatch([statement])
+        try await db.executeLater([statement])
     }
 
     /// The outbox row of an event; nil when the policy publishes none.
@@ -104,7 +106,7 @@ extension OrderStore {
         actor: String, action: String, subject: String, reason: String, details: [String: String], now: Date,
         in db: any SQLConnection
     ) async throws {
-        try await db.executeBatch([
+        try await db.executeLater([
             auditStatement(actor: actor, action: action, subject: subject, reason: reason, details: details, now: now)
         ])
     }

@@ -8,113 +8,168 @@ extension CreditPolicy {
 }
 
 extension OrderStore {
-    /// The ledger's shell: reads the facts `event` needs, asks `Ledger.plan` what to do, and
-    /// writes the plan, all in the caller's transaction.
+    /// The ledger's shell: reads the facts `event` needs (unless the caller read them along
+    /// with its own, `facts`), asks `Ledger.plan` what to do, and queues the plan's writes, all
+    /// in the caller's transaction.
     ///
     /// - Important: the facts are read in the transaction that writes the plan. A row found
     ///   where the facts said none was (another order service's commit this transaction could
     ///   not see) throws `serializationFailure`, and the unit runs again on fresh facts.
-    static func applyLedger(_ event: LedgerEvent, policy: CreditPolicy, now: Date, in db: any SQLConnection) async throws
-        -> LedgerPlan
-    {
+    static func applyLedger(
+        _ event: LedgerEvent, policy: CreditPolicy, now: Date, facts known: LedgerFacts? = nil, in db: any SQLConnection
+    ) async throws -> LedgerPlan {
         let rules = policy.ledger
-        var recorded: LedgerFacts.Purchase?
-        if case .manualGrant(let grant) = event, let transactionId = grant.transactionId {
-            recorded = try await db.cachedRow(sql: "SELECT * FROM purchase WHERE transactionId = ?", arguments: [transactionId])
-                .map(purchaseFact)
+        let facts: LedgerFacts
+        if let known {
+            facts = known
+        } else {
+            var recorded: LedgerFacts.Purchase?
+            if case .manualGrant(let grant) = event, let transactionId = grant.transactionId {
+                recorded = try await db.cachedRow(sql: "SELECT * FROM purchase WHERE transactionId = ?", arguments: [transactionId])
+                    .map(purchaseFact)
+            }
+            facts = try await Self.facts(for: Ledger.query(for: event, policy: rules, recorded: recorded), event: event, in: db)
         }
-        let query = Ledger.query(for: event, policy: rules, recorded: recorded)
-        let facts = try await facts(for: query, event: event, in: db)
         let plan = Ledger.plan(event, facts: facts, policy: rules, now: now)
-        // The whole plan in one batch: one round trip on PostgreSQL.
-        try await db.executeBatch(plan.changes.flatMap { statements(for: $0, policy: policy, now: now) })
+        // The whole plan in one batch, sent with what the unit sends next (on PostgreSQL, with
+        // the rest of the unit's writes when nothing is read in between: one round trip).
+        try await db.executeLater(plan.changes.flatMap { statements(for: $0, policy: policy, now: now) })
         return plan
     }
 
-    /// The rows `query` names.
+    /// The rows `query` names, read in one batch.
     static func facts(for query: LedgerQuery, event: LedgerEvent, in db: any SQLConnection) async throws -> LedgerFacts {
-        var facts = LedgerFacts()
-        if let transactionId = query.transactionId {
-            facts.purchase = try await db.cachedRow(sql: "SELECT * FROM purchase WHERE transactionId = ?", arguments: [transactionId])
-                .map(purchaseFact)
-        }
-        if query.readsSubscription, query.originalTransactionId != nil {
-            // A subscription's whole chain, with each period's start (upgrades, grace periods).
-            facts.grants = try await db.rows(
-                sql: """
+        var forNotification = false
+        if case .notification = event { forNotification = true }
+        let read = FactsRead(query, forNotification: forNotification)
+        return read.facts(from: try await db.readBatch(read.queries))
+    }
+
+    /// The queries that read the rows a `LedgerQuery` names, sent as one batch (one round trip
+    /// on PostgreSQL), and the facts made of their rows.
+    struct FactsRead {
+        private(set) var queries: [SQLStatement] = []
+        private var purchase: Int?
+        private var grants = 0
+        private var revocation: Int?
+        private var subscription: Int?
+        private var unownedPeriods: Int?
+        private var unownedRevocations: Int?
+        private var blocked: Int?
+        private var chainCreditedUser: Int?
+        private var tokenOrder: Int?
+        private var uploadOrder: Int?
+        /// The upload names the order its token names: one read for both.
+        private var uploadOrderIsTokenOrder = false
+
+        /// `forNotification`: what applying a notification reads besides (revoked purchases of
+        /// its key, whom the chain is credited to).
+        init(_ query: LedgerQuery, forNotification: Bool) {
+            func add(_ sql: String, _ arguments: SQLArguments) -> Int {
+                queries.append(SQLStatement(sql, arguments))
+                return queries.count - 1
+            }
+            if let transactionId = query.transactionId {
+                purchase = add("SELECT * FROM purchase WHERE transactionId = ?", [transactionId])
+            }
+            if query.readsSubscription, query.originalTransactionId != nil {
+                // A subscription's whole chain, with each period's start (upgrades, grace periods).
+                grants = add(
+                    """
                     SELECT grants.*, purchase.purchaseDate AS periodStart FROM grants
                         LEFT JOIN purchase ON purchase.transactionId = grants.transactionId
                     WHERE grants.creditKey = ? OR grants.originalTransactionId = ? OR grants.transactionId = ?
                     ORDER BY grants.id
                     """,
-                arguments: [query.creditKey, query.originalTransactionId, query.transactionId]
-            ).map(grantFact)
-        } else {
-            // A one-time purchase: its key's grants only. Fewer index ranges read, so fewer
-            // conflicts between order services crediting at once on PostgreSQL.
-            facts.grants = try await db.rows(
-                sql: "SELECT * FROM grants WHERE creditKey = ? OR transactionId = ? ORDER BY id",
-                arguments: [query.creditKey, query.transactionId]
-            ).map(grantFact)
-        }
-        if let key = query.creditKey {
-            facts.revocation = try await db.cachedRow(sql: "SELECT * FROM revocation WHERE creditKey = ?", arguments: [key]).map(
-                revocationFact)
-        }
-        if let original = query.originalTransactionId, query.readsSubscription {
-            facts.subscription = try await db.cachedRow(
-                sql: "SELECT * FROM subscription WHERE originalTransactionId = ?", arguments: [original]
-            ).map(subscriptionFact)
-        }
-        if let original = query.originalTransactionId, facts.subscription != nil {
-            // The periods Apple told of while nobody owned their stretch of the chain, for the
-            // credit that gives it an owner (and for whose stretch a period is).
-            facts.unownedPeriods = try await db.rows(
-                sql: """
+                    [query.creditKey, query.originalTransactionId, query.transactionId])
+            } else {
+                // A one-time purchase: its key's grants only. Fewer index ranges read, so fewer
+                // conflicts between order services crediting at once on PostgreSQL.
+                grants = add(
+                    "SELECT * FROM grants WHERE creditKey = ? OR transactionId = ? ORDER BY id",
+                    [query.creditKey, query.transactionId])
+            }
+            if let key = query.creditKey {
+                revocation = add("SELECT * FROM revocation WHERE creditKey = ?", [key])
+            }
+            if let original = query.originalTransactionId, query.readsSubscription {
+                subscription = add("SELECT * FROM subscription WHERE originalTransactionId = ?", [original])
+            }
+            if let original = query.originalTransactionId, query.readsSubscription {
+                // The periods Apple told of while nobody owned their stretch of the chain, for the
+                // credit that gives it an owner (and for whose stretch a period is): facts only
+                // where the subscription is known, read along in case it is.
+                unownedPeriods = add(
+                    """
                     SELECT * FROM purchase WHERE originalTransactionId = ? AND heldReason IN ('owner_unknown', 'buyer_unknown')
+                        AND EXISTS (SELECT 1 FROM subscription WHERE originalTransactionId = ?)
                     ORDER BY purchaseDate, transactionId
                     """,
-                arguments: [original]
-            ).map(purchaseFact)
-            if !facts.unownedPeriods.isEmpty {
-                facts.unownedRevocations = try await db.rows(
-                    sql: """
-                        SELECT * FROM revocation WHERE creditKey IN
-                            (SELECT creditKey FROM purchase WHERE originalTransactionId = ?
-                                AND heldReason IN ('owner_unknown', 'buyer_unknown'))
-                        """,
-                    arguments: [original]
-                ).map(revocationFact)
+                    [original, original])
+                unownedRevocations = add(
+                    """
+                    SELECT * FROM revocation WHERE creditKey IN
+                        (SELECT creditKey FROM purchase WHERE originalTransactionId = ?
+                            AND heldReason IN ('owner_unknown', 'buyer_unknown'))
+                        AND EXISTS (SELECT 1 FROM subscription WHERE originalTransactionId = ?)
+                    """,
+                    [original, original])
             }
-        }
-        if case .notification = event, let key = query.creditKey, let original = query.originalTransactionId {
-            facts.blocked = try await db.rows(
-                sql: "SELECT * FROM purchase WHERE creditKey = ? AND heldReason = 'revoked' ORDER BY creditedAt, rowid",
-                arguments: [key]
-            ).map(purchaseFact)
-            facts.chainCreditedUser = try await String.fetchOne(
-                db,
-                sql: """
+            if forNotification, let key = query.creditKey, let original = query.originalTransactionId {
+                blocked = add(
+                    "SELECT * FROM purchase WHERE creditKey = ? AND heldReason = 'revoked' ORDER BY creditedAt, rowid",
+                    [key])
+                chainCreditedUser = add(
+                    """
                     SELECT userId FROM purchase WHERE transactionId = ? AND heldReason IS NULL
                     UNION ALL SELECT userId FROM purchase WHERE originalTransactionId = ? AND heldReason IS NULL LIMIT 1
                     """,
-                arguments: [query.transactionId, original])
+                    [query.transactionId, original])
+            }
+            if let token = query.tokenOrderId {
+                tokenOrder = add(OrderStore.orderQuery, [token])
+            }
+            if let named = query.uploadOrderId {
+                if named.lowercased() == query.tokenOrderId?.lowercased() {
+                    uploadOrderIsTokenOrder = true
+                } else {
+                    uploadOrder = add(OrderStore.orderQuery, [named])
+                }
+            }
         }
-        if let token = query.tokenOrderId {
-            facts.tokenOrder = try await order(token, in: db)
+
+        /// The facts, from the rows of `queries` (in their order).
+        func facts(from sets: [[SQLRow]]) -> LedgerFacts {
+            var facts = LedgerFacts()
+            facts.purchase = purchase.flatMap { sets[$0].first }.map(OrderStore.purchaseFact)
+            facts.grants = sets[grants].map(OrderStore.grantFact)
+            facts.revocation = revocation.flatMap { sets[$0].first }.map(OrderStore.revocationFact)
+            facts.subscription = subscription.flatMap { sets[$0].first }.map(OrderStore.subscriptionFact)
+            if facts.subscription != nil {
+                facts.unownedPeriods = unownedPeriods.map { sets[$0].map(OrderStore.purchaseFact) } ?? []
+                if !facts.unownedPeriods.isEmpty {
+                    facts.unownedRevocations = unownedRevocations.map { sets[$0].map(OrderStore.revocationFact) } ?? []
+                }
+            }
+            if let blocked { facts.blocked = sets[blocked].map(OrderStore.purchaseFact) }
+            if let chainCreditedUser { facts.chainCreditedUser = sets[chainCreditedUser].first.flatMap { $0["userId"] } }
+            facts.tokenOrder = tokenOrder.flatMap { sets[$0].first }.map(OrderStore.orderFact)
+            facts.uploadOrder =
+                uploadOrderIsTokenOrder ? facts.tokenOrder : uploadOrder.flatMap { sets[$0].first }.map(OrderStore.orderFact)
+            return facts
         }
-        if let named = query.uploadOrderId {
-            facts.uploadOrder = await named.lowercased() == query.tokenOrderId?.lowercased() ? facts.tokenOrder : try order(named, in: db)
-        }
-        return facts
+    }
+
+    static let orderQuery = "SELECT * FROM orders WHERE id = lower(?)"
+
+    static func orderFact(_ row: SQLRow) -> LedgerFacts.Order {
+        LedgerFacts.Order(
+            id: row["id"], userId: row["userId"], productId: row["productId"], state: row["state"],
+            transactionId: row["transactionId"], createdAt: row["createdAt"])
     }
 
     static func order(_ id: String, in db: any SQLConnection) async throws -> LedgerFacts.Order? {
-        try await db.cachedRow(sql: "SELECT * FROM orders WHERE id = lower(?)", arguments: [id]).map {
-            LedgerFacts.Order(
-                id: $0["id"], userId: $0["userId"], productId: $0["productId"], state: $0["state"],
-                transactionId: $0["transactionId"], createdAt: $0["createdAt"])
-        }
+        try await db.cachedRow(sql: orderQuery, arguments: [id]).map(orderFact)
     }
 
     static func purchaseFact(_ row: SQLRow) -> LedgerFacts.Purchase {
@@ -155,7 +210,7 @@ extension OrderStore {
 
     /// Writes one change of a plan.
     static func write(_ change: LedgerChange, policy: CreditPolicy, now: Date, in db: any SQLConnection) async throws {
-        try await db.executeBatch(statements(for: change, policy: policy, now: now))
+        try await db.executeLater(statements(for: change, policy: policy, now: now))
     }
 
     /// The statements that write one change of a plan.
@@ -177,11 +232,8 @@ extension OrderStore {
                         row.bundleId, row.purchaseDate, row.userId, row.orderId, row.submissionId, row.appAccountToken,
                         row.heldReason, row.creditedAt, row.creditKey, row.webOrderLineItemId, row.expiresDate,
                     ],
-                    check: { changed in
-                        if changed == 0, !ifAbsent {
-                            throw SQLError(.serializationFailure, "purchase \(transactionId) was recorded by another writer")
-                        }
-                    })
+                    requiresChange: ifAbsent
+                        ? nil : SQLError(.serializationFailure, "purchase \(transactionId) was recorded by another writer"))
             ]
         case .releasePurchase(let transactionId):
             return [SQLStatement("UPDATE purchase SET heldReason = NULL WHERE transactionId = ?", [transactionId])]
@@ -198,11 +250,7 @@ extension OrderStore {
                         row.userId, row.orderId, row.submissionId, row.appAccountToken, row.heldReason, row.creditedAt,
                         row.creditKey, row.quantity, row.purchaseDate, row.expiresDate, row.transactionId,
                     ],
-                    check: { changed in
-                        if changed == 0 {
-                            throw SQLError(.serializationFailure, "purchase \(transactionId) was claimed by another writer")
-                        }
-                    })
+                    requiresChange: SQLError(.serializationFailure, "purchase \(transactionId) was claimed by another writer"))
             ]
         case .grant(let grant):
             let key = grant.creditKey?.stored ?? grant.transactionId
@@ -219,15 +267,12 @@ extension OrderStore {
                         grant.environment, grant.source, grant.grantedAt, grant.creditKey, grant.originalTransactionId,
                         grant.expiresAt,
                     ],
-                    check: { changed in
-                        // Never credit on an assumption: the credit key has an active grant
-                        // already. (Another writer's grant this transaction cannot see fails it
-                        // with 40001 instead, and it runs again.) The unit is undone, as a unique
-                        // key's refusal would. The conflict target is the index the facts were
-                        // read by: under SERIALIZABLE no other index is read, so no new conflicts
-                        // between writers arise.
-                        guard changed == 1 else { throw SQLError(.uniqueViolation, "an active grant for \(key) exists already") }
-                    })
+                    // Never credit on an assumption: the credit key has an active grant already.
+                    // (Another writer's grant this transaction cannot see fails it with 40001
+                    // instead, and it runs again.) The unit is undone, as a unique key's refusal
+                    // would. The conflict target is the index the facts were read by: under
+                    // SERIALIZABLE no other index is read, so no new conflicts between writers arise.
+                    requiresChange: SQLError(.uniqueViolation, "an active grant for \(key) exists already"))
             ]
         case .revokeGrant(let transactionId, let by, let at):
             return [SQLStatement("UPDATE grants SET state = 'revoked', revokedAt = ?, revokedBy = ? WHERE transactionId = ?",

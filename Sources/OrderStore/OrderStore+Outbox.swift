@@ -139,7 +139,7 @@ extension OrderStore {
     }
 
     static func insert(_ message: OutboxMessage, now: Date, in db: any SQLConnection) async throws {
-        try await db.executeBatch([insertStatement(message, now: now)])
+        try await db.executeLater([insertStatement(message, now: now)])
     }
 
     /// The outbox row of `message`.

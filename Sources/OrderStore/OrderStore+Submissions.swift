@@ -82,25 +82,33 @@ extension OrderStore {
     }
 
     private func insertAccepted(_ request: VerifyRequest, message: OutboxMessage?) async throws {
-        try await acceptCommit.write { db in
-            do {
-                try await Self.insertSubmission(request, in: db)
-            } catch let error as SQLError where error.kind == .uniqueViolation {
-                throw OrderStoreError(.duplicateSubmission, "submission \(request.submissionId) exists already")
+        do {
+            // Both rows in one write (one round trip on PostgreSQL, with no savepoint).
+            try await acceptCommit.write { db in
+                var statements = [Self.submissionStatement(request)]
+                if let message { statements.append(Self.insertStatement(message, now: request.acceptedAt)) }
+                try await db.executeLater(statements)
             }
-            if let message { try await Self.insert(message, now: request.acceptedAt, in: db) }
+        } catch let error as SQLError where error.kind == .uniqueViolation {
+            // The submission's id, or its message's (the same id), is taken.
+            throw OrderStoreError(.duplicateSubmission, "submission \(request.submissionId) exists already")
         }
     }
 
     /// Writes an accepted upload as a `pending` submission.
     static func insertSubmission(_ request: VerifyRequest, in db: any SQLConnection) async throws {
-        try await db.executeCached(
-            sql: """
-                INSERT INTO submission (id, userId, orderId, transactionId, originalTransactionId, productId,
-                    receiptData, signedTransaction, signedPayload, state, acceptedAt, updatedAt)
-                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)
-                """,
-            arguments: [
+        try await db.executeLater([submissionStatement(request)])
+    }
+
+    /// The row of an accepted upload, a `pending` submission.
+    static func submissionStatement(_ request: VerifyRequest) -> SQLStatement {
+        SQLStatement(
+            """
+            INSERT INTO submission (id, userId, orderId, transactionId, originalTransactionId, productId,
+                receiptData, signedTransaction, signedPayload, state, acceptedAt, updatedAt)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)
+            """,
+            [
                 request.submissionId.uuidString, request.userId, request.orderId, request.transactionId,
                 request.originalTransactionId, request.productId, request.receiptData, request.signedTransaction, request.signedPayload, request.acceptedAt,
                 request.acceptedAt,
@@ -228,21 +236,29 @@ extension OrderStore {
         _ result: VerifyResult, policy: CreditPolicy, now: Date, counts: inout Applied, in db: any SQLConnection
     ) async throws -> SubmissionState {
         do {
-            guard
-                let row = try await db.cachedRow(
-                    sql: """
-                        SELECT userId, state, attempts, transactionId, originalTransactionId, productId
-                        FROM submission WHERE id = ?
-                        """,
-                    arguments: [result.submissionId.uuidString])
-            else {
+            let id = result.submissionId.uuidString
+            // The upload's row, and the facts of the first purchase Apple verified, in one read
+            // (one round trip on PostgreSQL): what crediting it reads follows from the result.
+            var reads = [
+                SQLStatement(
+                    "SELECT userId, state, attempts, transactionId, originalTransactionId, productId FROM submission WHERE id = ?",
+                    [id])
+            ]
+            var firstRead: FactsRead?
+            if case .verified(let receipt) = result.outcome, let first = receipt.purchases.first {
+                let read = FactsRead(
+                    Ledger.query(forUploadOf: first, orderId: result.orderId, policy: policy.ledger), forNotification: false)
+                reads += read.queries
+                firstRead = read
+            }
+            let sets = try await db.readBatch(reads)
+            guard let row = sets[0].first else {
                 throw OrderStoreError(.unknownSubmission, "no submission \(result.submissionId)")
             }
             let userId: String = row["userId"]
             let current = SubmissionState(rawValue: row["state"]) ?? .pending
             let attempts: Int = row["attempts"]
             if current.isTerminal { return current }
-            let id = result.submissionId.uuidString
 
             switch result.outcome {
             case .retryLater(_, let message) where result.gaveUp:
@@ -252,12 +268,14 @@ extension OrderStore {
                 return .needsReview
             case .retryLater(let reason, let message):
                 guard result.attempt >= attempts else { return current }
-                try await db.executeCached(
-                    sql: """
+                try await db.executeLater([
+                    SQLStatement(
+                        """
                         UPDATE submission SET state = 'retrying', reason = ?, reasonMessage = ?, attempts = ?,
                             nextAttemptAt = ?, updatedAt = ? WHERE id = ?
                         """,
-                    arguments: [reason.rawValue, message, result.attempt, result.nextAttemptAt, now, id])
+                        [reason.rawValue, message, result.attempt, result.nextAttemptAt, now, id])
+                ])
                 return .retrying
             case .needsReview(let reason, let message):
                 try await Self.finish(
@@ -284,8 +302,13 @@ extension OrderStore {
                 let upload = Upload(
                     userId: userId, submissionId: id, orderId: result.orderId, transactionId: named,
                     bundleId: receipt.bundleId)
+                // The first purchase's facts came with the upload's row; the others' are read
+                // after the plans before them are written.
+                var known = firstRead.map { $0.facts(from: Array(sets.dropFirst())) }
                 for purchase in receipt.purchases where seen.insert(purchase.transactionId).inserted {
-                    let (state, reason) = try await Self.credit(purchase, upload: upload, policy: policy, now: now, in: db)
+                    let (state, reason) = try await Self.credit(
+                        purchase, upload: upload, policy: policy, now: now, facts: known, in: db)
+                    known = nil
                     outcomes.append(
                         .init(
                             transactionId: purchase.transactionId, state: state, reason: reason,
@@ -308,7 +331,8 @@ extension OrderStore {
                     namedOriginal: (row["originalTransactionId"] as String?).map {
                         FinishAdvice.NamedOriginal(originalTransactionId: $0, productId: row["productId"])
                     })
-                // What the upload became, in one batch (one round trip on PostgreSQL).
+                // What the upload became, queued with the plans' writes: when the verdict read
+                // nothing, all of them go as the unit's one write (one round trip on PostgreSQL).
                 var closing: [SQLStatement] = []
                 for (purchase, state, reason) in listed where verdict.listsTransactions {
                     closing.append(
@@ -338,7 +362,7 @@ extension OrderStore {
                     Self.finishStatement(
                         id, state: verdict.state, reason: verdict.reason, message: verdict.message,
                         attempt: max(attempts, result.attempt), environment: receipt.environment, now: now))
-                try await db.executeBatch(closing)
+                try await db.executeLater(closing)
                 return verdict.state
             }
         }
@@ -360,7 +384,7 @@ extension OrderStore {
         _ id: String, state: SubmissionState, reason: ReasonCode?, message: String?, attempt: Int,
         environment: AppStoreEnvironment?, now: Date, in db: any SQLConnection
     ) async throws {
-        try await db.executeBatch([
+        try await db.executeLater([
             finishStatement(
                 id, state: state, reason: reason, message: message, attempt: attempt, environment: environment, now: now)
         ])

@@ -188,7 +188,9 @@ package final class PostgresDatabase: SQLDatabase {
             return try await withSession(
                 asideClient, leaseTimeout: .seconds(5), statementTimeout: .seconds(2), onConnectionsLoop: false
             ) { session in
-                try await body(session)
+                let value = try await body(session)
+                try await session.flushPendingWrites(last: true)
+                return value
             }
         } catch let error as SQLError where error.kind == .connection {
             asideDownUntil.withLockedValue { $0 = Date().addingTimeInterval(1) }
@@ -309,6 +311,7 @@ package final class PostgresDatabase: SQLDatabase {
                     try await session.execute(sql: begin)
                     do {
                         let value = try await body(session)
+                        try await session.flushPendingWrites(last: true)
                         if session.mustRetry {
                             throw SQLError(.serializationFailure, "a statement of the transaction conflicted with another writer")
                         }
@@ -366,7 +369,11 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
     /// How long one statement may take before the connection counts as lost (a server that
     /// went away without closing the socket must not hold the writer forever).
     private let statementTimeout: TimeAmount
-    private var savepoints = 0
+    /// The savepoints of `inSavepoint` open now, innermost last; each is sent only before a
+    /// write that may not be its unit's last (a unit whose one write ends it needs none).
+    private var savepoints: [(name: String, sent: Bool)] = []
+    /// Writes of `executeLater` not sent yet.
+    private var pendingWrites: [SQLStatement] = []
     private(set) var changesCount = 0
     /// A statement outside any savepoint hit a serialization failure or deadlock: the
     /// transaction must run again.
@@ -392,22 +399,113 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
 
     @discardableResult
     func execute(sql: String, arguments: SQLArguments) async throws -> Int {
+        try await flushPendingWrites(last: false)
+        try await sendSavepoints(keepingInnermost: false)
         _ = try await run(sql, arguments)
         return changesCount
     }
 
     func rows(sql: String, arguments: SQLArguments) async throws -> [SQLRow] {
-        try await run(sql, arguments)
+        try await flushPendingWrites(last: false)
+        return try await run(sql, arguments)
     }
 
-    /// One statement as it is; more in one call of `iap_batch` (one round trip).
     func executeBatch(_ statements: [SQLStatement]) async throws {
-        guard statements.count > 1 else {
-            for statement in statements {
-                _ = try await run(statement.sql, statement.arguments)
-                try statement.check?(changesCount)
-            }
+        pendingWrites += statements
+        try await flushPendingWrites(last: false)
+    }
+
+    func executeLater(_ statements: [SQLStatement]) async throws {
+        pendingWrites += statements
+    }
+
+    /// One query as it is; more in one call of `iap_read` (one round trip), their rows as JSON.
+    func readBatch(_ queries: [SQLStatement]) async throws -> [[SQLRow]] {
+        try await flushPendingWrites(last: false)
+        guard queries.count > 1 else {
+            var sets: [[SQLRow]] = []
+            for query in queries { sets.append(try await run(query.sql, query.arguments)) }
+            return sets
+        }
+        let (texts, arguments) = formattedBatch(queries)
+        let rows = try await run("SELECT iap_read(?, ?::jsonb) AS sets", [], binding: { binds in
+            binds.append(texts)
+            binds.append(arguments)
+        })
+        guard let answer = rows.first?.values.first, case .text(let json) = answer else {
+            throw SQLError(.other, "iap_read answered no rows")
+        }
+        let sets = try RowSetsJSON.parse(json)
+        guard sets.count == queries.count else {
+            throw SQLError(.other, "iap_read answered \(sets.count) sets of rows for \(queries.count) queries")
+        }
+        return sets
+    }
+
+    /// Sends the writes of `executeLater`. `last`: nothing follows them in the innermost unit,
+    /// whose savepoint then need not be sent (the batch is all or nothing by itself).
+    func flushPendingWrites(last: Bool) async throws {
+        guard !pendingWrites.isEmpty else { return }
+        let statements = pendingWrites
+        pendingWrites = []
+        try await sendSavepoints(keepingInnermost: last)
+        // A lone statement goes as it is where a failure has a savepoint to return to, or
+        // where there is no unit to keep apart (a transaction of its own). Otherwise (several
+        // statements, or a unit's last write with no savepoint) in one call of `iap_write`,
+        // which undoes them all and answers the failure without aborting the transaction.
+        if statements.count == 1, savepoints.last?.sent ?? true {
+            let statement = statements[0]
+            _ = try await run(statement.sql, statement.arguments)
+            if let error = statement.requiresChange, changesCount == 0 { throw error }
             return
+        }
+        let (texts, arguments) = formattedBatch(statements)
+        let required = statements.map { $0.requiresChange != nil }
+        let rows = try await run("SELECT iap_write(?, ?::jsonb, ?) AS counts", [], binding: { binds in
+            binds.append(texts)
+            binds.append(arguments)
+            binds.append(required)
+        })
+        guard let answer = rows.first?.values.first, case .text(let text) = answer else {
+            throw SQLError(.other, "iap_write answered no rows")
+        }
+        if text.hasPrefix("failed ") {
+            // `failed <statement> <SQLSTATE> <message>`, from 1.
+            let parts = text.split(separator: " ", maxSplits: 3).map(String.init)
+            let index = parts.count > 1 ? (Int(parts[1]) ?? 0) - 1 : -1
+            let state = parts.count > 2 ? parts[2] : ""
+            let message = parts.count > 3 ? parts[3] : text
+            if state == Self.noRowChanged, statements.indices.contains(index), let error = statements[index].requiresChange {
+                throw error
+            }
+            let sql = statements.indices.contains(index) ? statements[index].sql : "iap_write"
+            throw Self.serverError(state: state, detail: "\(message) [\(state)] (running \(sql.prefix(120)))")
+        }
+        let counts = try Self.integers(answer)
+        guard counts.count == statements.count else {
+            throw SQLError(.other, "iap_write answered \(counts.count) counts for \(statements.count) statements")
+        }
+        changesCount = counts.last ?? 0
+    }
+
+    /// The SQLSTATE `iap_write` raises for a statement that `requiresChange` and changed no row.
+    static let noRowChanged = "IAP00"
+
+    /// Sends the savepoints not sent yet, outermost first; `keepingInnermost` leaves the
+    /// innermost one unsent.
+    private func sendSavepoints(keepingInnermost: Bool) async throws {
+        let end = keepingInnermost ? savepoints.count - 1 : savepoints.count
+        guard end > 0 else { return }
+        for index in 0..<end where !savepoints[index].sent {
+            _ = try await run("SAVEPOINT \(savepoints[index].name)", [])
+            savepoints[index].sent = true
+        }
+    }
+
+    /// Each statement as `format` takes it, and all their values as one JSON array of arrays.
+    private func formattedBatch(_ statements: [SQLStatement]) -> (texts: [String], arguments: String) {
+        if let statementObserver {
+            for statement in statements { statementObserver(SQLTrace.inBatch + statement.sql) }
         }
         var texts: [String] = []
         texts.reserveCapacity(statements.count)
@@ -423,38 +521,32 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
             arguments += "]"
         }
         arguments += "]"
-        let rows = try await run("SELECT iap_batch(?, ?::jsonb)::text AS counts", [], binding: { binds in
-            binds.append(texts)
-            binds.append(arguments)
-        })
-        let counts = try rows.first.map { try $0.values.first.map(Self.integers) ?? [] } ?? []
-        guard counts.count == statements.count else {
-            throw SQLError(.other, "iap_batch answered \(counts.count) counts for \(statements.count) statements")
-        }
-        for (statement, count) in zip(statements, counts) {
-            changesCount = count
-            try statement.check?(count)
-        }
+        return (texts, arguments)
     }
 
     func inSavepoint<T>(_ body: () async throws -> T) async throws -> T {
-        savepoints += 1
-        let name = "s\(savepoints)"
-        defer { savepoints -= 1 }
-        try await execute(sql: "SAVEPOINT \(name)")
+        // Writes queued before the unit are not the unit's: they go first.
+        try await flushPendingWrites(last: false)
+        savepoints.append((name: "s\(savepoints.count + 1)", sent: false))
+        defer { savepoints.removeLast() }
         do {
             let value = try await body()
-            try await execute(sql: "RELEASE SAVEPOINT \(name)")
+            try await flushPendingWrites(last: true)
+            if let innermost = savepoints.last, innermost.sent { _ = try await run("RELEASE SAVEPOINT \(innermost.name)", []) }
             return value
         } catch {
+            pendingWrites = []
             if let sqlError = error as? SQLError, sqlError.kind == .connection { throw error }
             // Undo this unit only; the transaction goes on. A unit that met another writer's
             // work (the server's 40001, or a row it expected to insert found taken) is run
             // again by its caller: what the others wrote stays serializable, as the commit
-            // checks (SSI keeps the read sets of rolled-back savepoints).
-            try await execute(sql: "ROLLBACK TO SAVEPOINT \(name)")
-            try await execute(sql: "RELEASE SAVEPOINT \(name)")
-            isInsideTransaction = true
+            // checks (SSI keeps the read sets of rolled-back savepoints). A unit whose savepoint
+            // was never sent wrote nothing that stayed (its one write undid itself).
+            if let innermost = savepoints.last, innermost.sent {
+                _ = try await run("ROLLBACK TO SAVEPOINT \(innermost.name)", [])
+                _ = try await run("RELEASE SAVEPOINT \(innermost.name)", [])
+                isInsideTransaction = true
+            }
             throw error
         }
     }
@@ -496,7 +588,7 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
                     .connection, "no answer from the database within \(statementTimeout.nanoseconds / 1_000_000_000) s (running \(sql.prefix(120)))")
             }
             // Outside a savepoint a conflict leaves nothing to keep: the transaction runs again.
-            if translated.kind == .serializationFailure, savepoints == 0 { mustRetry = true }
+            if translated.kind == .serializationFailure, !savepoints.contains(where: \.sent) { mustRetry = true }
             isInsideTransaction = false
             throw translated
         }
@@ -533,7 +625,7 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
         rewritten(sql, cache: formats, percent: "%%") { _ in "%L" }
     }
 
-    /// `value` as `iap_batch` reads it: text in a JSON string, NULL as JSON null, bytes as
+    /// `value` as `iap_write` and `iap_read` read it: text in a JSON string, NULL as JSON null, bytes as
     /// PostgreSQL's hex text.
     static func appendJSON(_ value: SQLValue, to json: inout String) {
         let text: String
@@ -585,7 +677,7 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
 
     /// A `BIGINT[]` read as text (`{1,0,1}`).
     static func integers(_ value: SQLValue) throws -> [Int] {
-        guard case .text(let text) = value else { throw SQLError(.other, "iap_batch answered \(value)") }
+        guard case .text(let text) = value else { throw SQLError(.other, "iap_write answered \(value)") }
         let inner = text.dropFirst().dropLast()
         return inner.isEmpty ? [] : inner.split(separator: ",").compactMap { Int($0) }
     }
@@ -646,14 +738,18 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
         let state = error.serverInfo?[.sqlState]
         let message = error.serverInfo?[.message] ?? "\(error.code)"
         let detail = "\(message) [\(state ?? error.code.description)] (running \(sql.prefix(120)))"
-        switch (error.code, state) {
-        case (.server, "23505"?): return SQLError(.uniqueViolation, detail)
-        case (.server, "40001"?), (.server, "40P01"?): return SQLError(.serializationFailure, detail)
+        guard error.code == .server else { return SQLError(.connection, detail) }
+        return serverError(state: state ?? "", detail: detail)
+    }
+
+    /// The server's error `state` (its SQLSTATE) as the store classifies it.
+    static func serverError(state: String, detail: String) -> SQLError {
+        switch state {
+        case "23505": SQLError(.uniqueViolation, detail)
+        case "40001", "40P01": SQLError(.serializationFailure, detail)
         // Shutting down, crash recovery, too many connections: the server is not there for now.
-        case (.server, "57P01"?), (.server, "57P02"?), (.server, "57P03"?), (.server, "53300"?):
-            return SQLError(.connection, detail)
-        case (.server, _): return SQLError(.other, detail)
-        default: return SQLError(.connection, detail)
+        case "57P01", "57P02", "57P03", "53300": SQLError(.connection, detail)
+        default: SQLError(.other, detail)
         }
     }
 }

@@ -178,18 +178,26 @@ package struct SQLArguments: Sendable, ExpressibleByArrayLiteral {
     }
 }
 
-/// One statement of a batch, and what its count of changed rows must be.
+/// One statement of a batch, and the error it fails with when it must change a row and
+/// changes none (a row another writer took, a key already granted).
 package struct SQLStatement: Sendable {
     package var sql: String
     package var arguments: SQLArguments
-    /// Throws when the statement changed rows it should not have (or none it should have).
-    package var check: (@Sendable (Int) throws -> Void)?
+    /// Thrown, and the whole batch undone, when the statement changes no row; nil: any count.
+    package var requiresChange: SQLError?
 
-    package init(_ sql: String, _ arguments: SQLArguments = [], check: (@Sendable (Int) throws -> Void)? = nil) {
+    package init(_ sql: String, _ arguments: SQLArguments = [], requiresChange: SQLError? = nil) {
         self.sql = sql
         self.arguments = arguments
-        self.check = check
+        self.requiresChange = requiresChange
     }
+}
+
+/// What a store's statement observer hears besides the statements it sends.
+package enum SQLTrace {
+    /// Leads the text of each statement run inside a batch (`iap_write`, `iap_read` on
+    /// PostgreSQL), heard along with the batch's own statement: counting round trips skips them.
+    package static let inBatch = "/* in a batch */ "
 }
 
 /// One row of a result, its columns found by name whatever their case (PostgreSQL folds
@@ -265,10 +273,19 @@ package protocol SQLConnection: AnyObject {
     func rows(sql: String, arguments: SQLArguments) async throws -> [SQLRow]
     /// Runs `body` in a savepoint: its changes stay if it returns, vanish if it throws.
     func inSavepoint<T>(_ body: () async throws -> T) async throws -> T
-    /// Runs `statements` in order, as `execute` would one by one, each `check` given the rows
-    /// its statement changed: on PostgreSQL in one round trip, on SQLite one at a time. A
-    /// failed statement or check throws; what the others wrote goes with the caller's unit.
+    /// Runs `statements` in order, all or nothing: a statement that fails, or changes no row
+    /// where it `requiresChange`, throws and undoes the batch (the transaction goes on). On
+    /// PostgreSQL one round trip; on SQLite one statement at a time in a savepoint.
     func executeBatch(_ statements: [SQLStatement]) async throws
+    /// `executeBatch`, sent with the next thing this connection sends: before the next
+    /// statement, or at the end of the unit (`inSavepoint`) or transaction. On PostgreSQL the
+    /// writes queued by the time a unit ends go as its one write, needing no savepoint; a
+    /// failure is thrown where they are sent. On SQLite, at once.
+    func executeLater(_ statements: [SQLStatement]) async throws
+    /// Runs independent queries and returns each one's rows, in order: on PostgreSQL in one
+    /// round trip (their rows come back as JSON, so no column may hold bytes); on SQLite one
+    /// after the other.
+    func readBatch(_ queries: [SQLStatement]) async throws -> [[SQLRow]]
     /// Rows changed by the last statement.
     var changesCount: Int { get }
     /// False once the backend has rolled the transaction back under the caller (disk full,

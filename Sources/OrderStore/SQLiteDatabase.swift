@@ -148,10 +148,38 @@ final class SQLiteConnection: SQLConnection, @unchecked Sendable {
     }
 
     func executeBatch(_ statements: [SQLStatement]) async throws {
-        for statement in statements {
-            try run(statement.sql, statement.arguments)
-            try statement.check?(changesCount)
+        guard statements.count > 1 else {
+            for statement in statements { try runChecked(statement) }
+            return
         }
+        // All or nothing, as on PostgreSQL: a savepoint costs SQLite no round trip.
+        try run("SAVEPOINT batch")
+        do {
+            for statement in statements { try runChecked(statement) }
+            try run("RELEASE SAVEPOINT batch")
+        } catch {
+            if isInsideTransaction {
+                try run("ROLLBACK TO SAVEPOINT batch")
+                try run("RELEASE SAVEPOINT batch")
+            }
+            throw error
+        }
+    }
+
+    private func runChecked(_ statement: SQLStatement) throws {
+        try run(statement.sql, statement.arguments)
+        if let error = statement.requiresChange, changesCount == 0 { throw error }
+    }
+
+    func executeLater(_ statements: [SQLStatement]) async throws {
+        try await executeBatch(statements)
+    }
+
+    func readBatch(_ queries: [SQLStatement]) async throws -> [[SQLRow]] {
+        var sets: [[SQLRow]] = []
+        sets.reserveCapacity(queries.count)
+        for query in queries { sets.append(try await rows(sql: query.sql, arguments: query.arguments)) }
+        return sets
     }
 
     func rows(sql: String, arguments: SQLArguments) async throws -> [SQLRow] {

@@ -615,6 +615,66 @@ enum SchemaHistory {
                     RETURN counts;
                 END $$;
                 """),
+        SchemaStep(
+            version: 13, name: "a unit's reads in one round trip, its writes all or nothing",
+            sqlite: """
+                -- Nothing to create: SQLite runs a batch one statement at a time, in a savepoint.
+                """,
+            // `iap_write` (`SQLConnection.executeBatch`, `executeLater`) runs a batch as
+            // `iap_batch` did, all or nothing: a statement that fails, or that must change a row
+            // (`required`) and changes none, undoes the batch (the block's own subtransaction)
+            // and the answer says which and why (`failed <statement> <SQLSTATE> <message>`),
+            // leaving the caller's transaction usable: a unit whose one write is its last needs
+            // no savepoint. `iap_read` (`SQLConnection.readBatch`) runs queries the same way and
+            // answers every one's rows as one JSON array of arrays (`json_agg` of each, in the
+            // query's order).
+            postgres: """
+                DROP FUNCTION iap_batch(TEXT[], JSONB);
+                CREATE FUNCTION iap_write(statements TEXT[], arguments JSONB, required BOOLEAN[]) RETURNS TEXT
+                LANGUAGE plpgsql AS $$
+                DECLARE
+                    counts BIGINT[] := '{}';
+                    changed BIGINT;
+                    bound TEXT[];
+                    current INT := 0;
+                BEGIN
+                    BEGIN
+                        FOR i IN 1 .. coalesce(array_length(statements, 1), 0) LOOP
+                            current := i;
+                            bound := ARRAY(
+                                SELECT value FROM jsonb_array_elements_text(arguments -> (i - 1)) WITH ORDINALITY AS a(value, n)
+                                ORDER BY n);
+                            EXECUTE format(statements[i], VARIADIC bound);
+                            GET DIAGNOSTICS changed = ROW_COUNT;
+                            IF changed = 0 AND required[i] THEN
+                                RAISE EXCEPTION 'statement % changed no row', i USING ERRCODE = 'IAP00';
+                            END IF;
+                            counts := counts || changed;
+                        END LOOP;
+                    EXCEPTION WHEN OTHERS THEN
+                        RETURN 'failed ' || current || ' ' || SQLSTATE || ' ' || SQLERRM;
+                    END;
+                    RETURN counts::TEXT;
+                END $$;
+                CREATE FUNCTION iap_read(statements TEXT[], arguments JSONB) RETURNS TEXT
+                LANGUAGE plpgsql AS $$
+                DECLARE
+                    answer TEXT := '[';
+                    part TEXT;
+                    bound TEXT[];
+                BEGIN
+                    FOR i IN 1 .. coalesce(array_length(statements, 1), 0) LOOP
+                        bound := ARRAY(
+                            SELECT value FROM jsonb_array_elements_text(arguments -> (i - 1)) WITH ORDINALITY AS a(value, n)
+                            ORDER BY n);
+                        EXECUTE 'SELECT coalesce(json_agg(r), ''[]'')::TEXT FROM (' || format(statements[i], VARIADIC bound)
+                            || ') AS r' INTO part;
+                        IF i > 1 THEN answer := answer || ','; END IF;
+                        answer := answer || part;
+                    END LOOP;
+                    RETURN answer || ']';
+                END $$;
+                """),
     ]
 
     /// SQLite's migrations: each step under the name it has always had in GRDB's table.

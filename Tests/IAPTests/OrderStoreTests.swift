@@ -1,5 +1,6 @@
 import Foundation
 import IAPCore
+import NIOConcurrencyHelpers
 @testable import OrderStore
 import Testing
 
@@ -123,7 +124,7 @@ struct OrderStoreTests {
         }
     }
 
-    /// A batch of writes (one `iap_batch` call on PostgreSQL) stores every value as a bound
+    /// A batch of writes (one `iap_write` call on PostgreSQL) stores every value as a bound
     /// statement would: quotes, percent signs, marks, backslashes, line breaks, NULL, bytes.
     @Test func aBatchOfWritesStoresEveryValueAsWritten() async throws {
         let store = try await makeStore()
@@ -140,7 +141,7 @@ struct OrderStoreTests {
                     VALUES (?, ?, ?, ?, ?, ?, ?)
                     """,
                     ["", tricky, Data([0, 39, 37, 92, 255]), "m-1", nil as Int?, true, Date()],
-                    check: { changed in #expect(changed == 1) }),
+                    requiresChange: SQLError(.other, "the outbox row was not written")),
             ])
         }
         let actor: String? = try await store.testValue("SELECT actor FROM audit_log WHERE action = 'batch'")
@@ -149,6 +150,157 @@ struct OrderStoreTests {
         #expect(rows.first?["routingKey"] as String? == tricky)
         #expect(rows.first?["body"] as Data? == Data([0, 39, 37, 92, 255]))
         #expect(rows.first?.hasValue("priority") == false)
+    }
+
+    /// A batch is all or nothing: a statement that fails, or changes no row where it must,
+    /// undoes the statements before it, and the transaction goes on and commits the rest.
+    @Test func aFailedBatchIsUndoneWholeAndTheTransactionGoesOn() async throws {
+        let store = try await makeStore()
+        defer { Task { await store.close() } }
+        let audit = "INSERT INTO audit_log (at, actor, action, subject, reason, details) VALUES (?, ?, ?, ?, ?, ?)"
+        try await store.database.write { db in
+            // Changes no row where it must.
+            await #expect(throws: SQLError.self) {
+                try await db.executeBatch([
+                    SQLStatement(audit, [Date(), "ann", "first", "s:1", "r", "{}"]),
+                    SQLStatement(
+                        "UPDATE submission SET state = 'credited' WHERE id = 'none'",
+                        requiresChange: SQLError(.other, "no such submission")),
+                ])
+            }
+            try await db.executeBatch([SQLStatement(audit, [Date(), "ann", "kept", "s:2", "r", "{}"])])
+            // Fails outright (a duplicate key).
+            let subscription = """
+                INSERT INTO subscription (originalTransactionId, productId, environment, state, lastTransactionId, updatedAt)
+                VALUES ('o1', 'p', 'Production', 'active', 'o1', '2026-01-01 00:00:00.000')
+                """
+            try await db.executeBatch([SQLStatement(subscription)])
+            await #expect(throws: SQLError.self) {
+                try await db.executeBatch([
+                    SQLStatement(audit, [Date(), "ann", "second", "s:3", "r", "{}"]),
+                    SQLStatement(subscription),
+                ])
+            }
+            try await db.executeLater([SQLStatement(audit, [Date(), "ann", "last", "s:4", "r", "{}"])])
+        }
+        let actions = try await store.testRows("SELECT action FROM audit_log ORDER BY id").map { $0["action"] as String }
+        #expect(actions == ["kept", "last"])
+    }
+
+    /// Writes queued with `executeLater` are seen by the unit's next read, and vanish with a
+    /// unit that fails after them; a group commit's other units keep theirs.
+    @Test func queuedWritesAreReadBackAndGoWithTheirUnit() async throws {
+        let store = try await makeStore()
+        defer { Task { await store.close() } }
+        let audit = "INSERT INTO audit_log (at, actor, action, subject, reason, details) VALUES (?, ?, ?, ?, ?, ?)"
+        struct Refused: Error {}
+        try await store.database.write { db in
+            try await db.inSavepoint {
+                try await db.executeLater([SQLStatement(audit, [Date(), "ann", "kept", "s:1", "r", "{}"])])
+                let seen = try await db.readBatch([
+                    SQLStatement("SELECT action FROM audit_log WHERE subject = ?", ["s:1"]),
+                    SQLStatement("SELECT action FROM audit_log WHERE subject = ?", ["s:2"]),
+                ])
+                #expect(seen.map(\.count) == [1, 0])
+            }
+            // Queued, read back (so sent), then the unit fails: all of it goes.
+            await #expect(throws: Refused.self) {
+                try await db.inSavepoint {
+                    try await db.executeLater([SQLStatement(audit, [Date(), "ann", "sent", "s:2", "r", "{}"])])
+                    _ = try await db.rows(sql: "SELECT action FROM audit_log", arguments: [])
+                    try await db.executeLater([SQLStatement(audit, [Date(), "ann", "queued", "s:3", "r", "{}"])])
+                    throw Refused()
+                }
+            }
+            // Queued only, then the unit fails: nothing is sent.
+            await #expect(throws: Refused.self) {
+                try await db.inSavepoint {
+                    try await db.executeLater([SQLStatement(audit, [Date(), "ann", "never", "s:4", "r", "{}"])])
+                    throw Refused()
+                }
+            }
+            // A unit whose one write fails at its end leaves the transaction usable.
+            await #expect(throws: SQLError.self) {
+                try await db.inSavepoint {
+                    try await db.executeLater([
+                        SQLStatement(audit, [Date(), "ann", "undone", "s:5", "r", "{}"]),
+                        SQLStatement("UPDATE submission SET state = 'x' WHERE id = 'none'", requiresChange: SQLError(.other, "none")),
+                    ])
+                }
+            }
+            try await db.inSavepoint {
+                try await db.executeLater([SQLStatement(audit, [Date(), "ann", "after", "s:6", "r", "{}"])])
+            }
+        }
+        let actions = try await store.testRows("SELECT action FROM audit_log ORDER BY id").map { $0["action"] as String }
+        #expect(actions == ["kept", "after"])
+    }
+
+    /// A batch of reads (one `iap_read` call on PostgreSQL, its rows as JSON) answers each
+    /// query's rows exactly as the query run alone does: text of every kind, integers, reals,
+    /// NULL, booleans, dates, and no rows.
+    @Test func aReadBatchAnswersAsEachQueryAlone() async throws {
+        let store = try await makeStore()
+        defer { Task { await store.close() } }
+        let tricky = "it's 100% ? \\x41 \"quoted\"\nnext line\ttab \u{1}\u{1F600} é ́ -- not a comment"
+        try await store.database.write { db in
+            try await db.executeBatch([
+                SQLStatement(
+                    "INSERT INTO audit_log (at, actor, action, subject, reason, details) VALUES (?, ?, ?, ?, ?, ?)",
+                    [Date(timeIntervalSince1970: 1_790_000_000.123), tricky, "read", "s:1", "", "{\"a\": [1]}"]),
+                SQLStatement(
+                    """
+                    INSERT INTO subscription (originalTransactionId, userId, productId, environment, state, expiresDate,
+                        autoRenew, lastTransactionId, updatedAt)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    """,
+                    ["o1", tricky, "p", "Production", "active", nil as Date?, true, "o1", Date()]),
+                SQLStatement(
+                    "INSERT INTO rate_bucket (key, tokens, allowed, updated) VALUES (?, ?, ?, ?)",
+                    ["k", 2.5, 3, 1_790_000_000.25]),
+            ])
+        }
+        let queries = [
+            SQLStatement("SELECT * FROM audit_log WHERE action = ?", ["read"]),
+            SQLStatement("SELECT * FROM subscription WHERE originalTransactionId = ?", ["o1"]),
+            SQLStatement("SELECT * FROM subscription WHERE originalTransactionId = ?", ["none"]),
+            SQLStatement("SELECT key, tokens, updated, -9007199254740993 AS big FROM rate_bucket", []),
+            SQLStatement("SELECT COUNT(*) AS n FROM audit_log", []),
+        ]
+        let (batched, alone) = try await store.database.read { db in
+            let batched = try await db.readBatch(queries)
+            var alone: [[SQLRow]] = []
+            for query in queries { alone.append(try await db.rows(sql: query.sql, arguments: query.arguments)) }
+            return (batched, alone)
+        }
+        #expect(batched.map(\.count) == [1, 1, 0, 1, 1])
+        for (set, expected) in zip(batched, alone) {
+            #expect(set.map { $0.columns.map { $0.lowercased() } } == expected.map { $0.columns.map { $0.lowercased() } })
+            #expect(set.map(\.values) == expected.map(\.values))
+        }
+        #expect(batched[0].first?["actor"] as String? == tricky)
+        #expect(batched[1].first?["autoRenew"] as Bool? == true)
+    }
+
+    /// On PostgreSQL an upload accepted and credited alone takes 7 round trips: the
+    /// acceptance's one write in its transaction, then the result's one read (the upload's row
+    /// and the ledger's facts) and one write (the plan and what the upload became) in its own.
+    @Test func anUploadIsSevenRoundTripsOnPostgreSQL() async throws {
+        let sent = NIOLockedValueBox([String]())
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-store-\(UUID().uuidString)")
+        let store = try await TestStore.open(in: folder) { sql in
+            if !sql.hasPrefix(SQLTrace.inBatch) { sent.withLockedValue { $0.append(sql) } }
+        }
+        defer { Task { await store.close() } }
+        guard store.dialect == .postgres else { return }
+        sent.withLockedValue { $0 = [] }
+        let request = try await accept(store, user: "u1")
+        #expect(try await store.apply(verified(request, transactions: ["t1"])) == .credited)
+        let verbs = sent.withLockedValue { $0 }.map { $0.split(separator: " ").prefix(2).joined(separator: " ") }
+        #expect(
+            verbs == ["BEGIN ISOLATION", "SELECT iap_write(?,", "COMMIT", "BEGIN ISOLATION", "SELECT iap_read(?,", "SELECT iap_write(?,", "COMMIT"],
+            "\(verbs)")
+        #expect(try await store.grants(ofUser: "u1").count == 1)
     }
 
     @Test func theAuditLogIsAppendOnly() async throws {
