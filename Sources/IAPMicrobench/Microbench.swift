@@ -230,6 +230,16 @@ struct Microbench {
             }
         }
         print("  64 at once, per upload".padding(toLength: 44, withPad: " ", startingAt: 0) + String(format: "%10.0f /s  (%.1f µs each)", perSecond * 64, 1e6 / (perSecond * 64)))
+        // The same on the counting store: what a group commit's units cost in round trips.
+        let beforeGroup = statements.withLockedValue { $0 }
+        for _ in 0..<10 {
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for _ in 0..<64 { group.addTask { try await acceptAndCredit(into: counting) } }
+                try await group.waitForAll()
+            }
+        }
+        let perUpload = Double(statements.withLockedValue { $0 } - beforeGroup) / 640
+        print("  64 at once, round trips per upload".padding(toLength: 44, withPad: " ", startingAt: 0) + String(format: "%10.1f", perUpload))
     }
 
     static func measureSync(_ name: String, seconds: Double, _ body: () throws -> Void) throws {

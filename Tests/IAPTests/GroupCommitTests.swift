@@ -1,5 +1,6 @@
 import Foundation
 import IAPCore
+import NIOConcurrencyHelpers
 @testable import OrderStore
 import Testing
 
@@ -170,14 +171,23 @@ private struct HeldWriter {
     static let limit: Duration = .seconds(60)
 
     let groupCommit: GroupCommit
-    let gate = DispatchSemaphore(value: 0)
+    let released = NIOLockedValueBox(false)
     let holder: Task<Void, any Error>
 
     init(_ groupCommit: GroupCommit) async throws {
         self.groupCommit = groupCommit
-        let gate = gate
+        let released = released
         let begun = groupCommit.batches
-        holder = Task { try await groupCommit.write { _ in gate.wait() } }
+        // Waits without blocking a thread: on PostgreSQL the body runs on an event loop the
+        // store shares with every other transaction in the process.
+        holder = Task {
+            try await groupCommit.write { _ in
+                let deadline = ContinuousClock.now + Self.limit
+                while !released.withLockedValue({ $0 }), ContinuousClock.now < deadline {
+                    try await Task.sleep(for: .milliseconds(2))
+                }
+            }
+        }
         // The holder is being committed once it has left the queue.
         let deadline = ContinuousClock.now + Self.limit
         while groupCommit.batches == begun || groupCommit.waiting > 0 {
@@ -196,7 +206,7 @@ private struct HeldWriter {
     }
 
     func release() async throws {
-        gate.signal()
+        released.withLockedValue { $0 = true }
         try await holder.value
     }
 }

@@ -294,21 +294,22 @@ struct SharedStoreTests {
             }.count
         }
         let holding = NIOLockedValueBox(false)
-        let release = DispatchSemaphore(value: 0)
-        // Never leave the writer blocked, whatever fails below.
-        defer { release.signal() }
+        let released = NIOLockedValueBox(false)
+        // Never leave the writer holding, whatever fails below.
+        defer { released.withLockedValue { $0 = true } }
         let leader = Task {
             try await stores[0].database.write { db in
                 let took = try await db.takeExclusive("sweeper")
                 holding.withLockedValue { $0 = true }
-                // Held on the writer's queue, off the cooperative pool, until the test is done.
-                release.wait()
+                // Held until the test is done, waiting without blocking a thread: the body runs
+                // on an event loop the store shares with every other transaction.
+                _ = try await eventually(timeout: .seconds(60)) { released.withLockedValue { $0 } }
                 return took
             }
         }
         #expect(try await eventually(timeout: .seconds(10)) { holding.withLockedValue { $0 } })
         #expect(try await sweep(stores[1]) == 0, "a second sweeper ran while the first held the lock")
-        release.signal()
+        released.withLockedValue { $0 = true }
         #expect(try await leader.value)
         #expect(try await sweep(stores[1]) == 1)
         for store in stores { await store.close() }
