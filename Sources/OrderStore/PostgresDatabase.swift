@@ -509,19 +509,21 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
         }
         var texts: [String] = []
         texts.reserveCapacity(statements.count)
-        var arguments = "["
+        // Built as bytes, made a string once.
+        var arguments: [UInt8] = [0x5b]
+        arguments.reserveCapacity(1024)
         for (index, statement) in statements.enumerated() {
             texts.append(Self.formatted(statement.sql))
-            if index > 0 { arguments += "," }
-            arguments += "["
+            if index > 0 { arguments.append(0x2c) }
+            arguments.append(0x5b)
             for (position, value) in statement.arguments.values.enumerated() {
-                if position > 0 { arguments += "," }
+                if position > 0 { arguments.append(0x2c) }
                 Self.appendJSON(value, to: &arguments)
             }
-            arguments += "]"
+            arguments.append(0x5d)
         }
-        arguments += "]"
-        return (texts, arguments)
+        arguments.append(0x5d)
+        return (texts, String(decoding: arguments, as: UTF8.self))
     }
 
     func inSavepoint<T>(_ body: () async throws -> T) async throws -> T {
@@ -625,55 +627,52 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
         rewritten(sql, cache: formats, percent: "%%") { _ in "%L" }
     }
 
-    /// `value` as `iap_write` and `iap_read` read it: text in a JSON string, NULL as JSON null, bytes as
-    /// PostgreSQL's hex text.
-    static func appendJSON(_ value: SQLValue, to json: inout String) {
-        let text: String
+    /// `value` as `iap_write` and `iap_read` read it: text in a JSON string, NULL as JSON null,
+    /// bytes as PostgreSQL's hex text.
+    static func appendJSON(_ value: SQLValue, to json: inout [UInt8]) {
         switch value {
         case .null:
-            json += "null"
-            return
-        case .integer(let integer): text = String(integer)
-        case .real(let real): text = "\(real)"
-        case .text(let string): text = string
-        case .blob(let data): text = hex(data)
-        }
-        json += "\""
-        // Most values need no escaping: appended whole.
-        if !text.utf8.contains(where: { $0 < 0x20 || $0 == 0x22 || $0 == 0x5c }) {
-            json += text
-            json += "\""
-            return
-        }
-        for scalar in text.unicodeScalars {
-            switch scalar {
-            case "\"": json += "\\\""
-            case "\\": json += "\\\\"
-            case "\n": json += "\\n"
-            case "\r": json += "\\r"
-            case "\t": json += "\\t"
-            default:
-                if scalar.value < 0x20 {
-                    json += String(format: "\\u%04x", scalar.value)
-                } else {
-                    json.unicodeScalars.append(scalar)
+            json += "null".utf8
+        case .integer(let integer):
+            json.append(0x22)
+            json += String(integer).utf8
+            json.append(0x22)
+        case .real(let real):
+            json.append(0x22)
+            json += "\(real)".utf8
+            json.append(0x22)
+        case .text(let string):
+            json.append(0x22)
+            var string = string
+            string.withUTF8 { bytes in
+                for byte in bytes {
+                    switch byte {
+                    case 0x22: json += [0x5c, 0x22]
+                    case 0x5c: json += [0x5c, 0x5c]
+                    case 0x0a: json += [0x5c, 0x6e]
+                    case 0x0d: json += [0x5c, 0x72]
+                    case 0x09: json += [0x5c, 0x74]
+                    case 0..<0x20:
+                        // \u00XX; every other byte, UTF-8 included, goes as it is.
+                        json += [0x5c, 0x75, 0x30, 0x30, hexDigits[Int(byte >> 4)], hexDigits[Int(byte & 0x0f)]]
+                    default: json.append(byte)
+                    }
                 }
             }
+            json.append(0x22)
+        case .blob(let data):
+            json.append(0x22)
+            // `\x` (its backslash escaped) and the bytes in hex: PostgreSQL's text form of `bytea`.
+            json += [0x5c, 0x5c, 0x78]
+            for byte in data {
+                json.append(hexDigits[Int(byte >> 4)])
+                json.append(hexDigits[Int(byte & 0x0f)])
+            }
+            json.append(0x22)
         }
-        json += "\""
     }
 
-    /// `\x` and the bytes in hex: PostgreSQL's text form of `bytea`.
-    static func hex(_ data: Data) -> String {
-        let digits = Array("0123456789abcdef".utf8)
-        var bytes: [UInt8] = [92, 120]
-        bytes.reserveCapacity(2 + data.count * 2)
-        for byte in data {
-            bytes.append(digits[Int(byte >> 4)])
-            bytes.append(digits[Int(byte & 0x0f)])
-        }
-        return String(decoding: bytes, as: UTF8.self)
-    }
+    private static let hexDigits = Array("0123456789abcdef".utf8)
 
     /// A `BIGINT[]` read as text (`{1,0,1}`).
     static func integers(_ value: SQLValue) throws -> [Int] {
