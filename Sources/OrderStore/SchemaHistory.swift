@@ -586,50 +586,23 @@ enum SchemaHistory {
                 ALTER TABLE subscription ADD COLUMN ownedSince TEXT COLLATE "C";
                 """, postgresRecordedAs: 6),
         SchemaStep(
-            version: 12, name: "a unit's writes in one round trip",
+            version: 12, name: "a unit's reads in one round trip, its writes in another",
             // SQLite runs in the process: a batch is its statements one after the other.
-            sqlite: """
-                -- Nothing to create: SQLite runs a batch of writes one statement at a time.
-                """,
-            // Runs a batch of statements (`SQLConnection.executeBatch`) in one call and answers
-            // each one's count of changed rows. Each statement comes with `%L` where its values
-            // go, and its values as text (JSON null for NULL): `format` quotes each as a literal,
-            // which the column's type reads as it would read a bound value. An error stops the
-            // batch with the statement's own SQLSTATE.
-            postgres: """
-                CREATE FUNCTION iap_batch(statements TEXT[], arguments JSONB) RETURNS BIGINT[]
-                LANGUAGE plpgsql AS $$
-                DECLARE
-                    counts BIGINT[] := '{}';
-                    changed BIGINT;
-                    bound TEXT[];
-                BEGIN
-                    FOR i IN 1 .. coalesce(array_length(statements, 1), 0) LOOP
-                        bound := ARRAY(
-                            SELECT value FROM jsonb_array_elements_text(arguments -> (i - 1)) WITH ORDINALITY AS a(value, n)
-                            ORDER BY n);
-                        EXECUTE format(statements[i], VARIADIC bound);
-                        GET DIAGNOSTICS changed = ROW_COUNT;
-                        counts := counts || changed;
-                    END LOOP;
-                    RETURN counts;
-                END $$;
-                """),
-        SchemaStep(
-            version: 13, name: "a unit's reads in one round trip, its writes all or nothing",
             sqlite: """
                 -- Nothing to create: SQLite runs a batch one statement at a time, in a savepoint.
                 """,
-            // `iap_write` (`SQLConnection.executeBatch`, `executeLater`) runs a batch as
-            // `iap_batch` did, all or nothing: a statement that fails, or that must change a row
+            // Each statement comes with `%L` where its values go, and its values as text (JSON
+            // null for NULL): `format` quotes each as a literal, which the column's type reads as
+            // it would read a bound value.
+            // `iap_write` (`SQLConnection.executeBatch`, `executeLater`) runs a batch of writes
+            // in one call, all or nothing: a statement that fails, or that must change a row
             // (`required`) and changes none, undoes the batch (the block's own subtransaction)
             // and the answer says which and why (`failed <statement> <SQLSTATE> <message>`),
             // leaving the caller's transaction usable: a unit whose one write is its last needs
-            // no savepoint. `iap_read` (`SQLConnection.readBatch`) runs queries the same way and
-            // answers every one's rows as one JSON array of arrays (`json_agg` of each, in the
-            // query's order).
+            // no savepoint. Otherwise it answers each statement's count of changed rows.
+            // `iap_read` (`SQLConnection.readBatch`) runs queries the same way and answers every
+            // one's rows as one JSON array of arrays (`json_agg` of each, in the query's order).
             postgres: """
-                DROP FUNCTION iap_batch(TEXT[], JSONB);
                 CREATE FUNCTION iap_write(statements TEXT[], arguments JSONB, required BOOLEAN[]) RETURNS TEXT
                 LANGUAGE plpgsql AS $$
                 DECLARE
