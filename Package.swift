@@ -46,7 +46,6 @@ let package = Package(
             name: "Messaging",
             dependencies: [
                 "CRabbitMQ",
-                "IAPCore",
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -108,6 +107,15 @@ let package = Package(
                 .product(name: "NIOFoundationCompat", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
+            ],
+            swiftSettings: strictSettings
+        ),
+        .target(
+            name: "Relay",
+            dependencies: [
+                "IAPCore", "OrderStore", "Messaging",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
             swiftSettings: strictSettings
         ),
@@ -175,7 +183,7 @@ let package = Package(
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 "IAPCore", "Messaging", "AppStore", "OrderStore", "FakeAppStore",
-                "Intake", "Verifier", "Finisher", "Console",
+                "Intake", "Relay", "Verifier", "Finisher", "Console",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "X509", package: "swift-certificates"),
                 .product(name: "Logging", package: "swift-log"),
@@ -189,7 +197,7 @@ let package = Package(
             name: "iap",
             dependencies: [
                 "IAPCore", "Messaging", "AppStore", "OrderStore", "FakeAppStore",
-                "Intake", "Verifier", "Finisher", "Pipeline", "Console",
+                "Intake", "Relay", "Verifier", "Finisher", "Pipeline", "Console",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -224,7 +232,7 @@ let package = Package(
             name: "IAPTests",
             dependencies: [
                 "IAPCore", "Ledger", "Messaging", "AppStore", "OrderStore", "FakeAppStore",
-                "Intake", "Verifier", "Finisher", "Pipeline", "Console",
+                "Intake", "Relay", "Verifier", "Finisher", "Pipeline", "Console",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Hummingbird", package: "hummingbird"),

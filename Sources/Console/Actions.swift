@@ -137,7 +137,6 @@ extension Console {
                 routingKey: deps.names.verify, body: try MessageCodec().encode(request),
                 messageId: request.submissionId.uuidString, priority: VerifyPriority.firstAttempt)
             try await store.acceptForCustomer(request, message: message, actor: actor, reason: reason)
-            deps.changed()
             return (
                 Outcome(
                     kind: "success",
@@ -147,7 +146,6 @@ extension Console {
         case .revoke:
             let transactionId = try required(form, "transactionId")
             let grant = try await store.revoke(transactionId: transactionId, actor: actor, reason: reason, policy: policy)
-            deps.changed()
             return (Outcome(kind: "success", text: "Revoked the grant of transaction \(grant.transactionId) (\(grant.productId))."), back)
         case .finishable:
             guard let id = UUID(uuidString: try required(form, "submissionId")) else {
@@ -168,7 +166,6 @@ extension Console {
                     routingKey: verify, body: try MessageCodec().encode(request),
                     messageId: request.submissionId.uuidString, priority: VerifyPriority.retry)
             }
-            deps.changed()
             return (Outcome(kind: "success", text: "Upload \(request.submissionId.uuidString) was queued for verification again."), back)
         case .redrive:
             let which = try required(form, "queue")
@@ -218,7 +215,6 @@ extension Console {
         let granted = try await deps.store.grantManually(
             userId: userId, productId: productId, quantity: purchase.quantity, grant: grant, transactionId: transactionId,
             actor: actor, reason: reason, policy: policy)
-        deps.changed()
         return Outcome(
             kind: "success", text: "Granted \(granted.productId) ×\(granted.quantity) to \(userId) for transaction \(transactionId).")
     }

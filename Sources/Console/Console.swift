@@ -77,13 +77,11 @@ public struct ConsoleDependencies: Sendable {
     public var appStore: AppStoreServerAPIClient?
     /// Checks what the Server API answers.
     public var signedData: SignedDataVerifier?
-    /// Called after a change wrote to the outbox (wakes the relay).
-    public var changed: @Sendable () -> Void
 
     /// Creates the dependencies.
     public init(
         store: OrderStore, catalog: Catalog?, names: PipelineNames, broker: AMQPConnection?,
-        appStore: AppStoreServerAPIClient?, signedData: SignedDataVerifier?, changed: @escaping @Sendable () -> Void
+        appStore: AppStoreServerAPIClient?, signedData: SignedDataVerifier?
     ) {
         self.store = store
         self.catalog = catalog
@@ -91,7 +89,6 @@ public struct ConsoleDependencies: Sendable {
         self.broker = broker
         self.appStore = appStore
         self.signedData = signedData
-        self.changed = changed
     }
 }
 

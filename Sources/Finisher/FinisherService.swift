@@ -49,18 +49,16 @@ public final class FinisherService: Service, Sendable {
     private let codec = MessageCodec()
     private let alerts: AlertSender
     private let policy: CreditPolicy
-    private let eventsQueued: @Sendable () -> Void
 
     /// Creates a finisher that consumes and acks through `consumer`, dead-letters through
     /// `publisher`; `httpClient` carries webhook alerts, when configured.
     public init(
         settings: FinisherSettings, consumer: AMQPConnection, publisher: AMQPConnection, store: OrderStore,
-        httpClient: HTTPClient?, logger: Logger, eventsQueued: @escaping @Sendable () -> Void = {}
+        httpClient: HTTPClient?, logger: Logger
     ) {
         self.policy = CreditPolicy(
             catalog: settings.catalog, eventsExchange: settings.names.events, sandbox: settings.sandboxPolicy,
             restore: settings.restorePolicy)
-        self.eventsQueued = eventsQueued
         self.settings = settings
         self.consumer = consumer
         self.publisher = publisher
@@ -141,7 +139,6 @@ public final class FinisherService: Service, Sendable {
         ]
         do {
             let applied = try await store.applyCounting(result, policy: policy)
-            eventsQueued()
             let state = applied.state
             Counter(label: MetricNames.resultsApplied, dimensions: [("state", state.rawValue)]).increment()
             Counter(label: MetricNames.grants).increment(by: applied.credited)

@@ -25,7 +25,7 @@ struct AdminController: Sendable {
 
     var policy: CreditPolicy { CreditPolicy(catalog: settings.catalog, eventsExchange: settings.names.events) }
 
-    func addRoutes(to router: Router<IntakeContext>, changed: @escaping @Sendable () -> Void) {
+    func addRoutes(to router: Router<IntakeContext>) {
         router.get("/v1/admin/purchases/{transactionId}") { request, context in
             try authorize(request, context)
             let id = try context.pathParameter("transactionId")
@@ -70,7 +70,6 @@ struct AdminController: Sendable {
                     reason: try fields.requiredString("reason", maxLength: 1000), policy: policy)
             }
             Counter(label: MetricNames.grants).increment()
-            changed()
             return try JSONResponse.make(GrantBody(granted), status: .created)
         }
         router.post("/v1/admin/grants/{transactionId}/revoke") { request, context in
@@ -83,7 +82,6 @@ struct AdminController: Sendable {
                     reason: try fields.requiredString("reason", maxLength: 1000), policy: policy)
             }
             Counter(label: MetricNames.revocations).increment()
-            changed()
             return try JSONResponse.make(GrantBody(revoked))
         }
         router.post("/v1/admin/submissions/{submissionId}/finishable") { request, context in

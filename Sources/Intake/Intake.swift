@@ -71,9 +71,7 @@ public struct IntakeSettings: Sendable {
 
 /// Builds the intake's router: uploads, status, orders, health, and the admin routes unless
 /// they have a listener of their own.
-public func makeIntakeRouter(
-    settings: IntakeSettings, store: OrderStore, acceptedUpload: @escaping @Sendable () -> Void
-) -> Router<IntakeContext> {
+public func makeIntakeRouter(settings: IntakeSettings, store: OrderStore) -> Router<IntakeContext> {
     let router = Router(context: IntakeContext.self)
     let routes = RouteTable()
     router.add(middleware: RefusalCostMiddleware(limits: settings.limits, store: store))
@@ -86,12 +84,12 @@ public func makeIntakeRouter(
     orders.addPublicRoutes(to: router)
     let users = router.group().add(
         middleware: UserAuthMiddleware(authentication: settings.authentication, limit: settings.limits.perUser, store: store))
-    let receipts = ReceiptsController(store: store, settings: settings, acceptedUpload: acceptedUpload)
+    let receipts = ReceiptsController(store: store, settings: settings)
     receipts.addRoutes(to: users)
     receipts.addNotificationRoute(to: router)
     orders.addRoutes(to: users)
     if settings.adminListener == nil {
-        AdminController(store: store, settings: settings).addRoutes(to: router, changed: acceptedUpload)
+        AdminController(store: store, settings: settings).addRoutes(to: router)
         settings.adminPages?(router)
     }
     routes.record(router)
@@ -99,9 +97,7 @@ public func makeIntakeRouter(
 }
 
 /// The admin routes alone, for their own listener.
-public func makeAdminRouter(
-    settings: IntakeSettings, store: OrderStore, changed: @escaping @Sendable () -> Void
-) -> Router<IntakeContext> {
+public func makeAdminRouter(settings: IntakeSettings, store: OrderStore) -> Router<IntakeContext> {
     let router = Router(context: IntakeContext.self)
     let routes = RouteTable()
     router.add(middleware: RefusalCostMiddleware(limits: settings.limits, store: store))
@@ -109,18 +105,18 @@ public func makeAdminRouter(
     router.get("/healthz") { _, _ in
         try JSONResponse.make(["status": "ok"])
     }
-    AdminController(store: store, settings: settings).addRoutes(to: router, changed: changed)
+    AdminController(store: store, settings: settings).addRoutes(to: router)
     settings.adminPages?(router)
     routes.record(router)
     return router
 }
 
-/// The intake's services: the sweeper and the HTTP servers (the app's last). `relay`
-/// publishes what the intake writes to the outbox.
+/// The intake's services: the sweeper and the HTTP servers (the app's last). What the intake
+/// writes to the outbox reaches the broker through the process's relay.
 ///
 /// `onServerRunning` and `onAdminServerRunning` report the bound ports (useful with port 0).
 public func makeIntakeServices(
-    settings: IntakeSettings, store: OrderStore, relay: OutboxRelay, logger: Logger,
+    settings: IntakeSettings, store: OrderStore, logger: Logger,
     onServerRunning: @escaping @Sendable (Int) async -> Void = { _ in },
     onAdminServerRunning: @escaping @Sendable (Int) async -> Void = { _ in }
 ) -> [any Service] {
@@ -128,20 +124,19 @@ public func makeIntakeServices(
         logger.warning(
             "USER AUTHENTICATION IS OFF: anyone can upload and read as any user. \(Setting.auth.variable)=off is for local development only.")
     }
-    let sweeper = SubmissionSweeper(
-        settings: settings.sweeper, names: settings.names, store: store, logger: logger, requeued: { relay.notify() })
+    let sweeper = SubmissionSweeper(settings: settings.sweeper, names: settings.names, store: store, logger: logger)
     // Idle connections are closed; a body that trickles in is cut off by the body timeout.
     let server = HTTPServerBuilder.http1(configuration: .init(idleTimeout: .seconds(75)))
     var services: [any Service] = [sweeper]
     if let admin = settings.adminListener {
         services.append(
             Application(
-                router: makeAdminRouter(settings: settings, store: store, changed: { relay.notify() }), server: server,
+                router: makeAdminRouter(settings: settings, store: store), server: server,
                 configuration: .init(address: .hostname(admin.host, port: admin.port), serverName: "iap-admin"),
                 onServerRunning: { channel in await onAdminServerRunning(channel.localAddress?.port ?? admin.port) },
                 logger: logger))
     }
-    let router = makeIntakeRouter(settings: settings, store: store, acceptedUpload: { relay.notify() })
+    let router = makeIntakeRouter(settings: settings, store: store)
     services.append(
         Application(
             router: router, server: server,

@@ -13,7 +13,6 @@ import OrderStore
 struct ReceiptsController: Sendable {
     let store: OrderStore
     let settings: IntakeSettings
-    let acceptedUpload: @Sendable () -> Void
     let codec = MessageCodec()
 
     func addRoutes(to router: RouterGroup<IntakeContext>) {
@@ -67,7 +66,6 @@ struct ReceiptsController: Sendable {
                 submissionId: request.submissionId, userId: request.userId, orderId: request.orderId, attempt: 1,
                 outcome: outcome),
             policy: CreditPolicy(catalog: settings.catalog, eventsExchange: settings.names.events))
-        acceptedUpload()
         guard let status = try await store.status(of: request.submissionId) else {
             throw APIError(.internalError, "the upload vanished")
         }
@@ -80,7 +78,6 @@ struct ReceiptsController: Sendable {
             routingKey: settings.names.verify, body: try codec.encode(verifyRequest),
             messageId: verifyRequest.submissionId.uuidString, priority: VerifyPriority.firstAttempt)
         try await store.accept(verifyRequest, message: message)
-        acceptedUpload()
     }
 
     /// `POST /v1/notifications/appstore`: App Store Server Notifications V2. Public: the JWS

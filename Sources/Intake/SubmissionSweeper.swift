@@ -43,20 +43,15 @@ public final class SubmissionSweeper: Service, Sendable {
     private let names: PipelineNames
     private let store: OrderStore
     private let logger: Logger
-    private let requeued: @Sendable () -> Void
     private let codec = MessageCodec()
     private let purged = Counter(label: MetricNames.retentionPurged)
 
-    /// Creates a sweeper; `requeued` is called after a sweep queued something (to wake the relay).
-    public init(
-        settings: SweeperSettings, names: PipelineNames, store: OrderStore, logger: Logger,
-        requeued: @escaping @Sendable () -> Void
-    ) {
+    /// Creates a sweeper.
+    public init(settings: SweeperSettings, names: PipelineNames, store: OrderStore, logger: Logger) {
         self.settings = settings
         self.names = names
         self.store = store
         self.logger = logger
-        self.requeued = requeued
     }
 
     public func run() async throws {
@@ -124,7 +119,6 @@ public final class SubmissionSweeper: Service, Sendable {
                 logger.warning(
                     "stuck submissions queued again",
                     metadata: ["iap.count": "\(requests.count)", "iap.submission.id": "\(requests[0].submissionId)"])
-                requeued()
             }
             return requests.count
         } catch {

@@ -75,3 +75,11 @@ public struct AMQPDelivery: Sendable {
         try await mailbox.settle(requeue ? .requeue : .deadLetter, delivery: self)
     }
 }
+
+/// Publishes a message and returns once the broker confirmed it: a broker connection, or a
+/// stand-in where a test needs no broker.
+public protocol MessagePublisher: Sendable {
+    func publish(_ message: OutgoingMessage) async throws
+}
+
+extension AMQPConnection: MessagePublisher {}

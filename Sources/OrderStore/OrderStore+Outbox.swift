@@ -152,6 +152,6 @@ extension OrderStore {
             [
                 message.exchange, message.routingKey, Data(message.body), message.messageId,
                 message.priority.map { Int($0) }, message.mandatory, now,
-            ])
+            ], queuesMessage: true)
     }
 }

@@ -42,6 +42,8 @@ public final class OrderStore: Sendable {
     let acceptCommit: GroupCommit
     /// Where this store lives.
     public let location: StoreLocation
+    /// Raised after each commit that queued messages in the outbox (what a relay waits for).
+    public let outboxSignal = OutboxSignal()
 
     /// Opens (creating if needed) the SQLite store at `path` and migrates it.
     /// `statementObserver`, for tests, hears the SQL text of every statement the store runs.
@@ -56,12 +58,14 @@ public final class OrderStore: Sendable {
     public init(location: StoreLocation, statementObserver: (@Sendable (String) -> Void)? = nil) async throws(OrderStoreError) {
         self.location = location
         do {
+            let backend: any SQLDatabase
             switch location {
             case .sqlite(let path):
-                database = try SQLiteDatabase(path: path, statementObserver: statementObserver)
+                backend = try SQLiteDatabase(path: path, statementObserver: statementObserver)
             case .postgres(let postgres):
-                database = try await PostgresDatabase(location: postgres, statementObserver: statementObserver)
+                backend = try await PostgresDatabase(location: postgres, statementObserver: statementObserver)
             }
+            database = AnnouncingDatabase(inner: backend, signal: outboxSignal)
         } catch let error as OrderStoreError {
             throw error
         } catch {

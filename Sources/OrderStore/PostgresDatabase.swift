@@ -374,6 +374,9 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
     private var savepoints: [(name: String, sent: Bool)] = []
     /// Writes of `executeLater` not sent yet.
     private var pendingWrites: [SQLStatement] = []
+    /// Writes sent that queued messages and stayed (not undone with their unit).
+    private var sentMessages = false
+    var queuedMessages: Bool { sentMessages || pendingWrites.contains(where: \.queuesMessage) }
     private(set) var changesCount = 0
     /// A statement outside any savepoint hit a serialization failure or deadlock: the
     /// transaction must run again.
@@ -411,7 +414,7 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
     }
 
     func executeBatch(_ statements: [SQLStatement]) async throws {
-        pendingWrites += statements
+        try await executeLater(statements)
         try await flushPendingWrites(last: false)
     }
 
@@ -457,6 +460,7 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
             let statement = statements[0]
             _ = try await run(statement.sql, statement.arguments)
             if let error = statement.requiresChange, changesCount == 0 { throw error }
+            if statement.queuesMessage { sentMessages = true }
             return
         }
         let (texts, arguments) = formattedBatch(statements)
@@ -486,6 +490,7 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
             throw SQLError(.other, "iap_write answered \(counts.count) counts for \(statements.count) statements")
         }
         changesCount = counts.last ?? 0
+        if statements.contains(where: \.queuesMessage) { sentMessages = true }
     }
 
     /// The SQLSTATE `iap_write` raises for a statement that `requiresChange` and changed no row.
@@ -531,6 +536,7 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
         try await flushPendingWrites(last: false)
         savepoints.append((name: "s\(savepoints.count + 1)", sent: false))
         defer { savepoints.removeLast() }
+        let sentBefore = sentMessages
         do {
             let value = try await body()
             try await flushPendingWrites(last: true)
@@ -538,6 +544,7 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
             return value
         } catch {
             pendingWrites = []
+            sentMessages = sentBefore
             if let sqlError = error as? SQLError, sqlError.kind == .connection { throw error }
             // Undo this unit only; the transaction goes on. A unit that met another writer's
             // work (the server's 40001, or a row it expected to insert found taken) is run

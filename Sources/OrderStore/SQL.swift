@@ -185,11 +185,14 @@ package struct SQLStatement: Sendable {
     package var arguments: SQLArguments
     /// Thrown, and the whole batch undone, when the statement changes no row; nil: any count.
     package var requiresChange: SQLError?
+    /// It queues a message in the outbox: the commit that holds it wakes the store's relay.
+    package var queuesMessage: Bool
 
-    package init(_ sql: String, _ arguments: SQLArguments = [], requiresChange: SQLError? = nil) {
+    package init(_ sql: String, _ arguments: SQLArguments = [], requiresChange: SQLError? = nil, queuesMessage: Bool = false) {
         self.sql = sql
         self.arguments = arguments
         self.requiresChange = requiresChange
+        self.queuesMessage = queuesMessage
     }
 }
 
@@ -291,6 +294,8 @@ package protocol SQLConnection: AnyObject {
     /// False once the backend has rolled the transaction back under the caller (disk full,
     /// a serialization failure): nothing more may be written in it.
     var isInsideTransaction: Bool { get }
+    /// Whether this transaction has sent or queued a statement that `queuesMessage`.
+    var queuedMessages: Bool { get }
 }
 
 extension SQLConnection {

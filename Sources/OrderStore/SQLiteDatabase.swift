@@ -91,6 +91,7 @@ final class SQLiteConnection: SQLConnection, @unchecked Sendable {
     private var statements: [String: OpaquePointer] = [:]
     private let statementObserver: (@Sendable (String) -> Void)?
     private var savepoints = 0
+    private(set) var queuedMessages = false
 
     init(path: String, readOnly: Bool, statementObserver: (@Sendable (String) -> Void)?) throws {
         self.statementObserver = statementObserver
@@ -127,6 +128,7 @@ final class SQLiteConnection: SQLConnection, @unchecked Sendable {
     /// back if it throws.
     func transaction<T>(begin: String, _ body: () async throws -> T) async throws -> T {
         savepoints = 0
+        queuedMessages = false
         try run(begin)
         do {
             let value = try await body()
@@ -153,11 +155,13 @@ final class SQLiteConnection: SQLConnection, @unchecked Sendable {
             return
         }
         // All or nothing, as on PostgreSQL: a savepoint costs SQLite no round trip.
+        let queuedBefore = queuedMessages
         try run("SAVEPOINT batch")
         do {
             for statement in statements { try runChecked(statement) }
             try run("RELEASE SAVEPOINT batch")
         } catch {
+            queuedMessages = queuedBefore
             if isInsideTransaction {
                 try run("ROLLBACK TO SAVEPOINT batch")
                 try run("RELEASE SAVEPOINT batch")
@@ -169,6 +173,7 @@ final class SQLiteConnection: SQLConnection, @unchecked Sendable {
     private func runChecked(_ statement: SQLStatement) throws {
         try run(statement.sql, statement.arguments)
         if let error = statement.requiresChange, changesCount == 0 { throw error }
+        if statement.queuesMessage { queuedMessages = true }
     }
 
     func executeLater(_ statements: [SQLStatement]) async throws {
@@ -198,6 +203,7 @@ final class SQLiteConnection: SQLConnection, @unchecked Sendable {
         savepoints += 1
         let name = "s\(savepoints)"
         defer { savepoints -= 1 }
+        let queuedBefore = queuedMessages
         try run("SAVEPOINT \(name)")
         do {
             let value = try await body()
@@ -205,6 +211,7 @@ final class SQLiteConnection: SQLConnection, @unchecked Sendable {
             return value
         } catch {
             // Undo this unit only; unless SQLite already rolled the whole transaction back.
+            queuedMessages = queuedBefore
             if isInsideTransaction {
                 try run("ROLLBACK TO SAVEPOINT \(name)")
                 try run("RELEASE SAVEPOINT \(name)")

@@ -10,6 +10,7 @@ import Intake
 import Logging
 import Messaging
 import OrderStore
+import Relay
 import NIOCore
 import ServiceLifecycle
 import UnixSignals
@@ -181,17 +182,8 @@ public struct Pipeline: Sendable {
                     }))
         }
         // One outbox relay per process that writes the store: uploads (intake) and events (finisher).
-        var relay: OutboxRelay?
         if let store, let connection {
-            let outbox = OutboxRelay(store: store, logger: logger) { message in
-                var outgoing = OutgoingMessage(
-                    exchange: message.exchange, routingKey: message.routingKey, body: message.body,
-                    messageId: message.messageId, priority: message.priority)
-                outgoing.mandatory = message.mandatory
-                try await connection.publish(outgoing)
-            }
-            relay = outbox
-            middle.append(outbox)
+            middle.append(OutboxRelay(store: store, publisher: connection, logger: logger))
         }
         // The order service asks Apple itself only to reconcile.
         let reconciles = roles.contains(.finisher) && settings.reconciliation != nil && settings.storeKit.serverAPI != nil
@@ -230,7 +222,7 @@ public struct Pipeline: Sendable {
                 legacy: legacy, confirmWithAPI: settings.storeKit.confirmWithAPI,
                 receiptsThroughServerAPI: settings.storeKit.receiptsThroughServerAPI)
         }
-        if roles.contains(.intake), let store, let relay {
+        if roles.contains(.intake), let store {
             var intake = settings.intake
             if settings.inlineVerification { intake.inlineVerifier = appStoreVerifier }
             if intake.notificationVerifier == nil { intake.notificationVerifier = signedData }
@@ -250,12 +242,12 @@ public struct Pipeline: Sendable {
                         appStore: try settings.storeKit.serverAPI.flatMap { serverAPI in
                             try httpClient.map { try AppStoreServerAPIClient(settings: serverAPI, httpClient: $0, logger: logger) }
                         },
-                        signedData: signedData, changed: { [relay] in relay.notify() }),
+                        signedData: signedData),
                     logger: logger)
                 intake.adminPages = { router in console.addRoutes(to: router) }
             }
             let services = makeIntakeServices(
-                settings: intake, store: store, relay: relay, logger: logger,
+                settings: intake, store: store, logger: logger,
                 onServerRunning: { port in await onListening(.intake, port) },
                 onAdminServerRunning: { port in await onListening(.admin, port) })
             middle.append(contentsOf: services.dropLast())
@@ -265,7 +257,7 @@ public struct Pipeline: Sendable {
             middle.append(
                 FinisherService(
                     settings: settings.finisher, consumer: consumerConnection, publisher: connection, store: store,
-                    httpClient: httpClient, logger: logger, eventsQueued: { [relay] in relay?.notify() }))
+                    httpClient: httpClient, logger: logger))
             Reconciliation.exportMetrics()
         }
         if reconciles, let store, let client = httpClient, let signed = signedData,
@@ -278,7 +270,7 @@ public struct Pipeline: Sendable {
                 policy: CreditPolicy(
                     catalog: settings.finisher.catalog, eventsExchange: settings.names.events,
                     sandbox: settings.finisher.sandboxPolicy, restore: settings.finisher.restorePolicy),
-                verifyQueue: settings.names.verify, settings: schedule, logger: logger, queued: { [relay] in relay?.notify() })
+                verifyQueue: settings.names.verify, settings: schedule, logger: logger)
             middle.append(ReconciliationService(reconciliation: reconciliation, interval: schedule.interval, logger: logger))
         }
         if roles.contains(.verifier), let connection, let consumerConnection, let verifier = appStoreVerifier {

@@ -60,14 +60,13 @@ public final class Reconciliation: Sendable {
     private let verifyQueue: String
     private let settings: ReconciliationSettings
     private let logger: Logger
-    private let queued: @Sendable () -> Void
     private let codec = MessageCodec()
 
     /// Creates a reconciliation over `store`; re-delivered notifications go to `verifyQueue`
-    /// through the outbox, and `queued` is called after a run queued some (to wake the relay).
+    /// through the outbox (the store wakes the relay).
     public init(
         store: OrderStore, reader: SubscriptionStatusReader, policy: CreditPolicy, verifyQueue: String,
-        settings: ReconciliationSettings = .init(), logger: Logger, queued: @escaping @Sendable () -> Void = {}
+        settings: ReconciliationSettings = .init(), logger: Logger
     ) {
         self.store = store
         self.reader = reader
@@ -75,7 +74,6 @@ public final class Reconciliation: Sendable {
         self.verifyQueue = verifyQueue
         self.settings = settings
         self.logger = logger
-        self.queued = queued
     }
 
     /// The reconciliation's metrics, exported at 0 by every order service (also when it is off).
@@ -214,7 +212,6 @@ public final class Reconciliation: Sendable {
                 report.errors.append("notification history (\(environment.rawValue)): \(error)")
             }
         }
-        if report.notificationsRedelivered > 0 { queued() }
         // The next run asks from here only once this window was read in full.
         if complete {
             do {

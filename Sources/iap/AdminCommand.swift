@@ -5,6 +5,7 @@ import Foundation
 import IAPCore
 import Logging
 import Messaging
+import Relay
 import Pipeline
 import NIOCore
 import OrderStore

@@ -1,6 +1,7 @@
 import Foundation
 import IAPCore
 import Messaging
+import Relay
 import Testing
 
 /// What several broker URLs and the queue type change, read without a broker.

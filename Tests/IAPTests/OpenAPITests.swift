@@ -51,7 +51,7 @@ struct OpenAPITests {
         let documented = Self.documentedOperations(yaml)
         let store = try await OrderStore(
             path: FileManager.default.temporaryDirectory.appendingPathComponent("openapi-\(UUID().uuidString).sqlite").path)
-        let router = makeIntakeRouter(settings: IntakeSettings(adminTokens: ["x"]), store: store, acceptedUpload: {})
+        let router = makeIntakeRouter(settings: IntakeSettings(adminTokens: ["x"]), store: store)
         let served = Set(router.routes.map { "\($0.method) \($0.path)" })
         #expect(served.count >= 12, "\(served)")
         #expect(served.subtracting(documented).isEmpty, "served but not in docs/openapi.yaml: \(served.subtracting(documented).sorted())")

@@ -1,6 +1,7 @@
 import Foundation
 import IAPCore
 import Messaging
+import Relay
 import Testing
 
 extension BrokerTests {

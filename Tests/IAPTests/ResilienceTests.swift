@@ -2,6 +2,7 @@ import Foundation
 import IAPCore
 import Intake
 import Messaging
+import Relay
 import OrderStore
 import Testing
 

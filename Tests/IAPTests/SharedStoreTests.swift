@@ -1,8 +1,10 @@
 import Foundation
 import IAPCore
 import Logging
+import Messaging
 import NIOConcurrencyHelpers
 @testable import OrderStore
+import Relay
 import Testing
 
 /// Several order services on one PostgreSQL store: each store object here is one service's,
@@ -214,17 +216,17 @@ struct SharedStoreTests {
         let first = NIOLockedValueBox([String]())
         let second = NIOLockedValueBox([String]())
         let lease = Duration.seconds(2)
-        let slow = OutboxRelay(store: stores[0], lease: lease, logger: logger) { message in
+        let slow = OutboxRelay(store: stores[0], publisher: Publishing { message in
             // The broker holds the first relay's events (a confirm that does not come).
             while !message.mandatory && !released.withLockedValue({ $0 }) {
                 waiting.withLockedValue { $0 = true }
                 try await Task.sleep(for: .milliseconds(20))
             }
             first.withLockedValue { $0.append(String(decoding: message.body, as: UTF8.self)) }
-        }
-        let other = OutboxRelay(store: stores[1], lease: lease, logger: logger) { message in
+        }, lease: lease, logger: logger)
+        let other = OutboxRelay(store: stores[1], publisher: Publishing { message in
             second.withLockedValue { $0.append(String(decoding: message.body, as: UTF8.self)) }
-        }
+        }, lease: lease, logger: logger)
         let slowBatch = Task { await slow.relayBatch() }
         // From the moment the slow relay holds its claims and waits for the broker (on a loaded
         // machine its claim can take a while), three leases and a half.
@@ -250,16 +252,16 @@ struct SharedStoreTests {
         try await fillOutbox(stores[0], events: 3, work: 4)
         let logger = Logger(label: "iap.tests.relay")
         struct BrokerAway: Error {}
-        let failing = OutboxRelay(store: stores[0], logger: logger) { _ in throw BrokerAway() }
+        let failing = OutboxRelay(store: stores[0], publisher: Publishing { _ in throw BrokerAway() }, logger: logger)
         #expect(await failing.relayBatch() == 0)
         #expect(try await stores[0].outboxBacklog() == 7)
         let attempts: Int? = try await stores[0].testValue("SELECT SUM(attempts) FROM outbox")
         // Every work message was tried; the events stopped at the first failure, keeping their order.
         #expect(attempts == 5, "\(String(describing: attempts))")
         let sent = NIOLockedValueBox([String]())
-        let working = OutboxRelay(store: stores[1], logger: logger) { message in
+        let working = OutboxRelay(store: stores[1], publisher: Publishing { message in
             sent.withLockedValue { $0.append(String(decoding: message.body, as: UTF8.self)) }
-        }
+        }, logger: logger)
         #expect(await working.relayBatch() == 7)
         #expect(sent.withLockedValue { $0 }.filter { $0.hasPrefix("e") } == ["e0", "e1", "e2"])
         #expect(try await stores[0].outboxBacklog() == 0)

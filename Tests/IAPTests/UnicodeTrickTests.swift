@@ -67,7 +67,7 @@ struct UnicodeTrickTests {
         let console = try Console(
             settings: ConsoleSettings(operatorTokens: ["operator-token-0123456789abcdefghijkl"], insecureCookies: true),
             dependencies: ConsoleDependencies(
-                store: store, catalog: nil, names: .init(), broker: nil, appStore: nil, signedData: nil, changed: {}),
+                store: store, catalog: nil, names: .init(), broker: nil, appStore: nil, signedData: nil),
             logger: Logger(label: "iap.tests.console"))
         let templatesFolder = consoleTemplatesFolder()
         let names = try FileManager.default.contentsOfDirectory(atPath: templatesFolder.path).filter { $0.hasSuffix(".mustache") }

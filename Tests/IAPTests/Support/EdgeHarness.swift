@@ -46,7 +46,6 @@ final class EdgeHarness: Sendable {
                     trustedRoots: [apple.root], bundleIds: [PipelineHarness.bundleId],
                     appAppleId: FakeAppStore.defaultAppAppleId)))
         settings.bundleIds = [PipelineHarness.bundleId]
-        let relay = OutboxRelay(store: store, logger: logger, publish: { _ in })
         if var consoleSettings = console, !adminTokens.isEmpty {
             consoleSettings.operatorTokens = adminTokens
             consoleSettings.clientAddressHeader = limits.clientAddressHeader
@@ -54,13 +53,13 @@ final class EdgeHarness: Sendable {
                 settings: consoleSettings,
                 dependencies: ConsoleDependencies(
                     store: store, catalog: PipelineHarness.testCatalog, names: settings.names, broker: nil, appStore: nil,
-                    signedData: nil, changed: {}),
+                    signedData: nil),
                 logger: logger)
             settings.adminPages = { router in console.addRoutes(to: router) }
         }
         let ports = NIOLockedValueBox((intake: 0, admin: 0))
         let services = makeIntakeServices(
-            settings: settings, store: store, relay: relay, logger: logger,
+            settings: settings, store: store, logger: logger,
             onServerRunning: { port in ports.withLockedValue { $0.intake = port } },
             onAdminServerRunning: { port in ports.withLockedValue { $0.admin = port } })
         let group = ServiceGroup(configuration: .init(services: services, gracefulShutdownSignals: [], logger: logger))

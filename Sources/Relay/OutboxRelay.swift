@@ -1,56 +1,53 @@
 import Foundation
 import Logging
-import NIOConcurrencyHelpers
+import Messaging
+import OrderStore
 import ServiceLifecycle
 
 /// Publishes outbox rows to the broker and deletes each once the broker confirmed it.
 ///
 /// A row written with an accepted upload reaches the broker even when the broker was
 /// down at that moment: the relay waits for it (the connection retries by itself) and
-/// the row stays in the file until confirmed, across crashes and restarts.
+/// the row stays in the store until confirmed, across crashes and restarts. It wakes at each
+/// commit that queued messages (the store's `outboxSignal`), and polls besides, for rows
+/// another order service wrote or a relay that died left behind.
 public final class OutboxRelay: Service, Sendable {
-    /// Publishes one message and returns once the broker has confirmed it.
-    public typealias Publish = @Sendable (OutboxMessage) async throws -> Void
-
     private let store: OrderStore
-    private let publish: Publish
+    private let publisher: any MessagePublisher
     private let logger: Logger
     private let batchSize: Int
     private let pollInterval: Duration
     /// How long a claim on rows lasts unless renewed (several relays share a PostgreSQL outbox).
     private let lease: Duration
-    private let signal = WakeupSignal()
     /// This relay's name in the rows it claims.
     private let relayId = "relay-\(ProcessInfo.processInfo.processIdentifier)-\(UUID().uuidString.prefix(8))"
 
-    /// Creates a relay over `store`.
+    /// Creates a relay from `store` to `publisher` (the process's publishing broker connection).
     public init(
-        store: OrderStore, batchSize: Int = 500, pollInterval: Duration = .seconds(1), lease: Duration = .seconds(30),
-        logger: Logger, publish: @escaping Publish
+        store: OrderStore, publisher: any MessagePublisher, batchSize: Int = 500, pollInterval: Duration = .seconds(1),
+        lease: Duration = .seconds(30), logger: Logger
     ) {
         self.store = store
         self.lease = lease
-        self.publish = publish
+        self.publisher = publisher
         self.logger = logger
         self.batchSize = batchSize
         self.pollInterval = pollInterval
     }
 
-    /// Tells the relay a new row is waiting, so it does not wait for its next poll.
-    public func notify() {
-        signal.signal()
-    }
-
     public func run() async throws {
+        let signal = store.outboxSignal
         await withGracefulShutdownHandler {
             while !Task.isShuttingDownGracefully && !Task.isCancelled {
+                // What was committed before the batch is read is in it: only later commits wake it.
+                let announced = signal.commits
                 let published = await relayBatch()
                 if published < batchSize {
-                    await signal.wait(timeout: pollInterval)
+                    _ = await signal.wait(after: announced, timeout: pollInterval)
                 }
             }
         } onGracefulShutdown: {
-            self.signal.signal()
+            signal.announce()
         }
         // Last flush, bounded: what is left stays in the outbox for the next start.
         await withTaskGroup(of: Void.self) { group in
@@ -63,8 +60,12 @@ public final class OutboxRelay: Service, Sendable {
 
     private func send(_ message: OutboxMessage) async -> (Int64, String?)? {
         guard let id = message.id else { return nil }
+        var outgoing = OutgoingMessage(
+            exchange: message.exchange, routingKey: message.routingKey, body: message.body, messageId: message.messageId,
+            priority: message.priority)
+        outgoing.mandatory = message.mandatory
         do {
-            try await publish(message)
+            try await publisher.publish(outgoing)
             return (id, nil)
         } catch {
             return (id, String(describing: error))
@@ -73,7 +74,7 @@ public final class OutboxRelay: Service, Sendable {
 
     /// Publishes one batch; returns how many rows were confirmed.
     @discardableResult
-    func relayBatch() async -> Int {
+    public func relayBatch() async -> Int {
         let batch: [OutboxMessage]
         do {
             batch = try await store.claimUnpublished(limit: batchSize, relay: relayId, lease: Self.seconds(lease))
@@ -143,47 +144,5 @@ public final class OutboxRelay: Service, Sendable {
 
     private static func seconds(_ duration: Duration) -> TimeInterval {
         TimeInterval(duration.components.seconds) + TimeInterval(duration.components.attoseconds) / 1e18
-    }
-}
-
-/// A wake-up that is remembered until someone waits for it.
-final class WakeupSignal: Sendable {
-    private struct State {
-        var pending = false
-        var waiter: CheckedContinuation<Void, Never>?
-    }
-
-    private let state = NIOLockedValueBox(State())
-
-    func signal() {
-        let waiter = state.withLockedValue { state -> CheckedContinuation<Void, Never>? in
-            if let waiter = state.waiter {
-                state.waiter = nil
-                return waiter
-            }
-            state.pending = true
-            return nil
-        }
-        waiter?.resume()
-    }
-
-    /// Returns at the next signal (or at once if one is pending), or after `timeout`.
-    func wait(timeout: Duration) async {
-        let timer = Task { [weak self] in
-            guard (try? await Task.sleep(for: timeout)) != nil else { return }
-            self?.signal()
-        }
-        defer { timer.cancel() }
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            let resumeNow = state.withLockedValue { state -> Bool in
-                if state.pending {
-                    state.pending = false
-                    return true
-                }
-                state.waiter = continuation
-                return false
-            }
-            if resumeNow { continuation.resume() }
-        }
     }
 }

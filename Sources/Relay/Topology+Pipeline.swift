@@ -1,4 +1,5 @@
 import IAPCore
+import Messaging
 
 extension Topology {
     /// The queues of the verification pipeline, of the kind `names.queueType` says.

@@ -1,0 +1,114 @@
+import NIOConcurrencyHelpers
+
+/// Announces each commit that queued messages in the store's outbox, whoever wrote them (an
+/// accepted upload, a result's events, a requeue by the sweeper, customer service or
+/// reconciliation), so that a relay publishes them at once rather than at its next poll.
+///
+/// The store raises it itself after such a commit; writers never call it. Each listener keeps
+/// the count it has seen and waits for a higher one, so any number of listeners hear every
+/// commit, and a commit that lands while a listener is busy is not missed.
+public final class OutboxSignal: Sendable {
+    private struct State {
+        var commits: UInt64 = 0
+        var waiters: [UInt64: CheckedContinuation<UInt64, Never>] = [:]
+        /// Waits begun and not yet returned.
+        var active: Set<UInt64> = []
+        /// Waits whose time ran out before they were registered.
+        var expired: Set<UInt64> = []
+        var nextWaiter: UInt64 = 0
+    }
+
+    private let state = NIOLockedValueBox(State())
+
+    public init() {}
+
+    /// Commits announced so far.
+    public var commits: UInt64 { state.withLockedValue { $0.commits } }
+
+    /// Announces a commit that queued messages.
+    public func announce() {
+        let (waiters, commits) = state.withLockedValue { state in
+            state.commits += 1
+            let waiters = Array(state.waiters.values)
+            state.waiters.removeAll()
+            return (waiters, state.commits)
+        }
+        for waiter in waiters { waiter.resume(returning: commits) }
+    }
+
+    /// Returns the count of commits once it is above `seen` (at once if it already is), or
+    /// after `timeout` or when the task is cancelled (the count then, which may equal `seen`).
+    public func wait(after seen: UInt64, timeout: Duration) async -> UInt64 {
+        let id = state.withLockedValue { state -> UInt64 in
+            state.nextWaiter += 1
+            state.active.insert(state.nextWaiter)
+            return state.nextWaiter
+        }
+        let timer = Task { [weak self] in
+            guard (try? await Task.sleep(for: timeout)) != nil else { return }
+            self?.resume(id)
+        }
+        defer {
+            timer.cancel()
+            state.withLockedValue { state in
+                state.active.remove(id)
+                state.expired.remove(id)
+            }
+        }
+        return await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<UInt64, Never>) in
+                let now = state.withLockedValue { state -> UInt64? in
+                    guard state.commits <= seen, state.expired.remove(id) == nil else { return state.commits }
+                    state.waiters[id] = continuation
+                    return nil
+                }
+                if let now { continuation.resume(returning: now) }
+            }
+        } onCancel: {
+            resume(id)
+        }
+    }
+
+    /// Wakes one waiter whose time is up or whose task was cancelled.
+    private func resume(_ id: UInt64) {
+        let found = state.withLockedValue { state -> (CheckedContinuation<UInt64, Never>, UInt64)? in
+            guard let waiter = state.waiters.removeValue(forKey: id) else {
+                if state.active.contains(id) { state.expired.insert(id) }
+                return nil
+            }
+            return (waiter, state.commits)
+        }
+        if let (waiter, commits) = found { waiter.resume(returning: commits) }
+    }
+}
+
+/// A database whose write transactions announce on `signal` when they commit queued messages.
+struct AnnouncingDatabase: SQLDatabase {
+    let inner: any SQLDatabase
+    let signal: OutboxSignal
+
+    var dialect: SQLDialect { inner.dialect }
+
+    func read<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
+        try await inner.read(body)
+    }
+
+    /// A commit that queued messages announces them; a transaction that failed queued nothing.
+    @discardableResult
+    func write<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
+        let (value, queued) = try await inner.write { db in (try await body(db), db.queuedMessages) }
+        if queued { signal.announce() }
+        return value
+    }
+
+    func writeAside<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
+        let (value, queued) = try await inner.writeAside { db in (try await body(db), db.queuedMessages) }
+        if queued { signal.announce() }
+        return value
+    }
+
+    func close() async {
+        await inner.close()
+    }
+
+}
