@@ -182,7 +182,7 @@ let package = Package(
             dependencies: [
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Hummingbird", package: "hummingbird"),
-                "IAPCore", "Messaging", "AppStore", "OrderStore", "FakeAppStore",
+                "IAPCore", "Messaging", "AppStore", "OrderStore",
                 "Intake", "Relay", "Verifier", "Finisher", "Console",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "X509", package: "swift-certificates"),

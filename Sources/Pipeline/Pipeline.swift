@@ -1,7 +1,6 @@
 import AppStore
 import AsyncHTTPClient
 import Console
-import FakeAppStore
 import Hummingbird
 import Finisher
 import Foundation
@@ -17,20 +16,25 @@ import UnixSignals
 import Verifier
 import X509
 
-/// The parts of the system one process can run.
+/// The parts of the system one process can run. (The fake App Store is not one: `iap dev` and
+/// the tests run it beside a pipeline, never in it.)
 public enum Role: String, Sendable, CaseIterable {
-    /// HTTP uploads and status, with the outbox relay.
+    /// HTTP uploads and status.
     case intake
     /// Verification with Apple.
     case verifier
     /// Crediting results into the order store.
     case finisher
-    /// The local Apple stand-in.
-    case fakeAppStore = "fake-appstore"
-    /// The operators' endpoint (`/metrics`, `/healthz`, `/readyz`); reported, not chosen.
-    case ops
-    /// The admin routes on a listener of their own (`IAP_ADMIN_PORT`); reported, not chosen.
+}
+
+/// The HTTP listeners a pipeline reports once bound (useful with port 0).
+public enum Listener: String, Sendable, CaseIterable {
+    /// The app's API.
+    case intake
+    /// The admin routes and the console on a listener of their own (`IAP_ADMIN_PORT`).
     case admin
+    /// The operators' endpoint (`/metrics`, `/healthz`, `/readyz`).
+    case ops
 }
 
 /// Everything a process needs to know to run its roles; built by `iap` from flags and
@@ -55,19 +59,10 @@ public struct PipelineSettings: Sendable {
     public var verifyReceipt: VerifyReceiptClient.Settings
     /// The finisher's consumption settings.
     public var finisher: FinisherSettings
-    /// Where the fake App Store listens, when this process runs it.
-    public var fakeAppStoreHost: String
-    /// The fake App Store's port.
-    public var fakeAppStorePort: Int
-    /// The fake App Store's own SQLite file (in memory when nil).
-    public var fakeAppStoreDatabasePath: String?
     /// Where `/metrics`, `/healthz` and `/readyz` are served; nil serves none.
     public var ops: OpsSettings?
     /// StoreKit 2: signed data, the App Store Server API, notifications.
     public var storeKit: StoreKitSettings = .init()
-    /// The fake App Store's Server API key and where it sends notifications (tests, dev).
-    public var fakeAppStoreAPIKey: FakeServerAPIKey?
-    public var fakeAppStoreNotificationURL: String?
     /// Benchmarks only: the intake verifies inside the HTTP request (see `IntakeSettings.inlineVerifier`).
     public var inlineVerification = false
     /// Customer service's console (`/admin/`, beside the admin routes): viewer tokens, cookies, sessions.
@@ -80,7 +75,6 @@ public struct PipelineSettings: Sendable {
     public init(
         amqp: AMQPConfiguration, names: PipelineNames, databasePath: String, intake: IntakeSettings,
         verifier: VerifierSettings, verifyReceipt: VerifyReceiptClient.Settings, finisher: FinisherSettings,
-        fakeAppStoreHost: String = Setting.fakeAppStoreHost.defaultText, fakeAppStorePort: Int = Setting.fakeAppStorePort.defaultInt, fakeAppStoreDatabasePath: String? = nil,
         ops: OpsSettings? = nil
     ) {
         self.ops = ops
@@ -91,9 +85,6 @@ public struct PipelineSettings: Sendable {
         self.verifier = verifier
         self.verifyReceipt = verifyReceipt
         self.finisher = finisher
-        self.fakeAppStoreHost = fakeAppStoreHost
-        self.fakeAppStorePort = fakeAppStorePort
-        self.fakeAppStoreDatabasePath = fakeAppStoreDatabasePath
     }
 }
 
@@ -130,6 +121,82 @@ public struct StoreKitSettings: Sendable {
     }
 }
 
+/// A role that cannot start because something it needs is not configured.
+public struct PipelineStartError: Error, CustomStringConvertible {
+    public let description: String
+}
+
+/// What several roles of one process share, built once: the broker connections (publishing and
+/// consuming apart: under a broker resource alarm the broker stops reading a publishing
+/// connection, and acks must still get through), the order store (opened and migrated before
+/// any role starts), one HTTP client for Apple and webhooks, and what checks Apple's signed data.
+private struct SharedDependencies {
+    let publisher: AMQPConnection?
+    let consumer: AMQPConnection?
+    let store: OrderStore?
+    let httpClient: HTTPClient?
+    let signedData: SignedDataVerifier?
+
+    init(roles: Set<Role>, settings: PipelineSettings, reconciles: Bool, consoleAsksApple: Bool, logger: Logger) async throws {
+        let topology = Topology.pipeline(settings.names, retrySchedule: settings.verifier.retrySchedule)
+        var publishing = settings.amqp
+        publishing.connectionName += " publish"
+        var consuming = settings.amqp
+        consuming.connectionName += " consume"
+        consumer = roles.isDisjoint(with: [.verifier, .finisher])
+            ? nil : AMQPConnection(configuration: consuming, topology: topology, logger: logger)
+        publisher = roles.isDisjoint(with: [.intake, .verifier, .finisher])
+            ? nil : AMQPConnection(configuration: publishing, topology: topology, logger: logger)
+        store = roles.isDisjoint(with: [.intake, .finisher]) ? nil : try await OrderStore(location: settings.storeLocation)
+        if roles.contains(.verifier) || settings.inlineVerification || reconciles || consoleAsksApple
+            || (roles.contains(.finisher) && settings.finisher.alerts.webhookURL != nil)
+        {
+            var configuration = HTTPClient.Configuration()
+            configuration.timeout = .init(connect: .seconds(5))
+            configuration.connectionPool = .init(
+                idleTimeout: .seconds(60),
+                concurrentHTTP1ConnectionsPerHostSoftLimit: max(8, settings.verifier.concurrency))
+            httpClient = HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
+        } else {
+            httpClient = nil
+        }
+        // The verifier's, and the intake's check of each notification before it is stored (the
+        // same roots, bundle ids and app id).
+        if !roles.isDisjoint(with: [.intake, .verifier]) || settings.inlineVerification || reconciles {
+            signedData = SignedDataVerifier(
+                settings: .init(
+                    trustedRoots: try settings.storeKit.trustedRoots ?? [AppleRoot.g3()],
+                    bundleIds: settings.verifyReceipt.bundleIds, appAppleId: settings.storeKit.appAppleId,
+                    validationTime: settings.storeKit.validationTime))
+        } else {
+            signedData = nil
+        }
+    }
+
+    /// `value`, or a start-up error saying which role needed what.
+    func require<T>(_ value: T?, _ what: String, for role: Role) throws -> T {
+        guard let value else { throw PipelineStartError(description: "the \(role.rawValue) role needs \(what), which this process did not build") }
+        return value
+    }
+
+    /// A Server API client, when its key is configured.
+    func serverAPI(_ settings: PipelineSettings, logger: Logger) throws -> AppStoreServerAPIClient? {
+        guard let serverAPI = settings.storeKit.serverAPI, let httpClient else { return nil }
+        return try AppStoreServerAPIClient(settings: serverAPI, httpClient: httpClient, logger: logger)
+    }
+
+    /// What asks Apple: for the verifier role, and for the inline baseline of the benchmarks.
+    func appStoreVerifier(_ settings: PipelineSettings, for role: Role, logger: Logger) throws -> AppStoreVerifier {
+        let client = try require(httpClient, "an HTTP client", for: role)
+        return AppStoreVerifier(
+            signed: try require(signedData, "a signed-data verifier", for: role),
+            serverAPI: try serverAPI(settings, logger: logger),
+            legacy: VerifyReceiptClient(settings: settings.verifyReceipt, httpClient: client, logger: logger),
+            confirmWithAPI: settings.storeKit.confirmWithAPI,
+            receiptsThroughServerAPI: settings.storeKit.receiptsThroughServerAPI)
+    }
+}
+
 /// The services of one process, in start order; they shut down in reverse order, so the
 /// HTTP server stops taking uploads first and the broker connection closes last.
 public struct Pipeline: Sendable {
@@ -143,182 +210,162 @@ public struct Pipeline: Sendable {
     public let consumerConnection: AMQPConnection?
     private let httpClient: HTTPClient?
 
-    /// Builds the roles of one process. `onListening` reports each HTTP role's bound port.
+    /// Builds the roles of one process: what they share first (the store opened and migrated,
+    /// the broker connections), then each role's services. `onListening` reports each
+    /// listener's bound port.
     public init(
         roles: Set<Role>, settings: PipelineSettings, logger: Logger,
-        onListening: @escaping @Sendable (Role, Int) async -> Void = { _, _ in }
+        onListening: @escaping @Sendable (Listener, Int) async -> Void = { _, _ in }
     ) async throws {
-        var first: [any Service] = []
+        // The order service asks Apple itself only to reconcile, and for the console's look-ups.
+        let reconciles = roles.contains(.finisher) && settings.reconciliation != nil && settings.storeKit.serverAPI != nil
+        let consoleAsksApple = roles.contains(.intake) && !settings.intake.adminTokens.isEmpty && settings.storeKit.serverAPI != nil
+        let shared = try await SharedDependencies(
+            roles: roles, settings: settings, reconciles: reconciles, consoleAsksApple: consoleAsksApple, logger: logger)
+        do {
+            services = try Self.services(
+                roles: roles, settings: settings, shared: shared, reconciles: reconciles, logger: logger, onListening: onListening)
+        } catch {
+            // An HTTP client must be shut down before it goes.
+            try? await shared.httpClient?.shutdown()
+            throw error
+        }
+        self.store = shared.store
+        self.connection = shared.publisher
+        self.consumerConnection = shared.consumer
+        self.httpClient = shared.httpClient
+    }
+
+    /// Each role's services over what they share, in start order.
+    private static func services(
+        roles: Set<Role>, settings: PipelineSettings, shared: SharedDependencies, reconciles: Bool, logger: Logger,
+        onListening: @escaping @Sendable (Listener, Int) async -> Void
+    ) throws -> [any Service] {
+        var first: [any Service] = [shared.consumer, shared.publisher].compactMap { $0 }
         var middle: [any Service] = []
         var last: [any Service] = []
-
-        // Publishing and consuming use separate connections: under a broker resource alarm
-        // the broker stops reading a publishing connection, and acks must still get through.
-        let topology = Topology.pipeline(settings.names, retrySchedule: settings.verifier.retrySchedule)
-        let needsBroker = !roles.isDisjoint(with: [.intake, .verifier, .finisher])
-        let consumes = !roles.isDisjoint(with: [.verifier, .finisher])
-        var publishing = settings.amqp
-        publishing.connectionName += " publish"
-        var consuming = settings.amqp
-        consuming.connectionName += " consume"
-        let consumerConnection =
-            consumes ? AMQPConnection(configuration: consuming, topology: topology, logger: logger) : nil
-        let connection = needsBroker ? AMQPConnection(configuration: publishing, topology: topology, logger: logger) : nil
-        if let consumerConnection { first.append(consumerConnection) }
-        if let connection { first.append(connection) }
-
-        let needsStore = !roles.isDisjoint(with: [.intake, .finisher])
-        let store = needsStore ? try await OrderStore(location: settings.storeLocation) : nil
-
-        if roles.contains(.fakeAppStore) {
-            first.append(
-                try FakeAppStore(
-                    databasePath: settings.fakeAppStoreDatabasePath, apiKey: settings.fakeAppStoreAPIKey,
-                    notificationURL: settings.fakeAppStoreNotificationURL
-                ).makeApplication(
-                    host: settings.fakeAppStoreHost, port: settings.fakeAppStorePort, logger: logger,
-                    onServerRunning: { channel in
-                        await onListening(.fakeAppStore, channel.localAddress?.port ?? settings.fakeAppStorePort)
-                    }))
-        }
         // One outbox relay per process that writes the store: uploads (intake) and events (finisher).
-        if let store, let connection {
-            middle.append(OutboxRelay(store: store, publisher: connection, logger: logger))
+        if let store = shared.store, let publisher = shared.publisher {
+            middle.append(OutboxRelay(store: store, publisher: publisher, logger: logger))
         }
-        // The order service asks Apple itself only to reconcile.
-        let reconciles = roles.contains(.finisher) && settings.reconciliation != nil && settings.storeKit.serverAPI != nil
-        // One HTTP client per process, for Apple and for alert webhooks.
-        var httpClient: HTTPClient?
-        // The console looks Apple's order ids up (when the intake has the admin tokens and a Server API key).
-        let consoleAsksApple = roles.contains(.intake) && !settings.intake.adminTokens.isEmpty && settings.storeKit.serverAPI != nil
-        if roles.contains(.verifier) || settings.inlineVerification || reconciles || consoleAsksApple
-            || (roles.contains(.finisher) && settings.finisher.alerts.webhookURL != nil) {
-            var configuration = HTTPClient.Configuration()
-            configuration.timeout = .init(connect: .seconds(5))
-            configuration.connectionPool = .init(
-                idleTimeout: .seconds(60),
-                concurrentHTTP1ConnectionsPerHostSoftLimit: max(8, settings.verifier.concurrency))
-            httpClient = HTTPClient(eventLoopGroupProvider: .singleton, configuration: configuration)
-        }
-        // What checks Apple's signed data: the verifier's, and the intake's check of each
-        // notification before it is stored (the same roots, bundle ids and app id).
-        var signedData: SignedDataVerifier?
-        if !roles.isDisjoint(with: [.intake, .verifier]) || settings.inlineVerification || reconciles {
-            signedData = SignedDataVerifier(
-                settings: .init(
-                    trustedRoots: try settings.storeKit.trustedRoots ?? [AppleRoot.g3()],
-                    bundleIds: settings.verifyReceipt.bundleIds, appAppleId: settings.storeKit.appAppleId,
-                    validationTime: settings.storeKit.validationTime))
-        }
-        // What asks Apple: for the verifier role, and for the inline baseline of the benchmarks.
-        var appStoreVerifier: AppStoreVerifier?
-        if roles.contains(.verifier) || settings.inlineVerification, let client = httpClient, let signed = signedData {
-            let legacy = VerifyReceiptClient(settings: settings.verifyReceipt, httpClient: client, logger: logger)
-            appStoreVerifier = AppStoreVerifier(
-                signed: signed,
-                serverAPI: try settings.storeKit.serverAPI.map {
-                    try AppStoreServerAPIClient(settings: $0, httpClient: client, logger: logger)
-                },
-                legacy: legacy, confirmWithAPI: settings.storeKit.confirmWithAPI,
-                receiptsThroughServerAPI: settings.storeKit.receiptsThroughServerAPI)
-        }
-        if roles.contains(.intake), let store {
-            var intake = settings.intake
-            if settings.inlineVerification { intake.inlineVerifier = appStoreVerifier }
-            if intake.notificationVerifier == nil { intake.notificationVerifier = signedData }
-            if intake.bundleIds.isEmpty { intake.bundleIds = settings.verifyReceipt.bundleIds }
-            if !intake.adminTokens.isEmpty {
-                let console = try Console(
-                    settings: ConsoleSettings(
-                        operatorTokens: intake.adminTokens, viewerTokens: settings.console.viewerTokens,
-                        insecureCookies: settings.console.insecureCookies, sessionLifetime: settings.console.sessionLifetime,
-                        clientAddressHeader: intake.limits.clientAddressHeader, bodyTimeout: intake.limits.bodyTimeout,
-                        maxInFlight: settings.console.maxInFlight, maxInFlightPerSession: settings.console.maxInFlightPerSession,
-                        maxSignInsInFlight: settings.console.maxSignInsInFlight,
-                        signInBodyTimeout: min(settings.console.signInBodyTimeout, intake.limits.bodyTimeout),
-                        failedSignIns: intake.limits.failedAdminAttempts),
-                    dependencies: ConsoleDependencies(
-                        store: store, catalog: intake.catalog, names: settings.names, broker: connection,
-                        appStore: try settings.storeKit.serverAPI.flatMap { serverAPI in
-                            try httpClient.map { try AppStoreServerAPIClient(settings: serverAPI, httpClient: $0, logger: logger) }
-                        },
-                        signedData: signedData),
-                    logger: logger)
-                intake.adminPages = { router in console.addRoutes(to: router) }
-            }
-            let services = makeIntakeServices(
-                settings: intake, store: store, logger: logger,
-                onServerRunning: { port in await onListening(.intake, port) },
-                onAdminServerRunning: { port in await onListening(.admin, port) })
+        if roles.contains(.intake) {
+            let services = try intakeServices(settings: settings, shared: shared, logger: logger, onListening: onListening)
             middle.append(contentsOf: services.dropLast())
             last.append(contentsOf: services.suffix(1))
         }
-        if roles.contains(.finisher), let store, let connection, let consumerConnection {
+        if roles.contains(.finisher) {
             middle.append(
                 FinisherService(
-                    settings: settings.finisher, consumer: consumerConnection, publisher: connection, store: store,
-                    httpClient: httpClient, logger: logger))
+                    settings: settings.finisher, consumer: try shared.require(shared.consumer, "a consuming connection", for: .finisher),
+                    publisher: try shared.require(shared.publisher, "a publishing connection", for: .finisher),
+                    store: try shared.require(shared.store, "the order store", for: .finisher), httpClient: shared.httpClient,
+                    logger: logger))
             Reconciliation.exportMetrics()
-        }
-        if reconciles, let store, let client = httpClient, let signed = signedData,
-            let serverAPI = settings.storeKit.serverAPI, let schedule = settings.reconciliation
-        {
-            let reconciliation = Reconciliation(
-                store: store,
-                reader: SubscriptionStatusReader(
-                    client: try AppStoreServerAPIClient(settings: serverAPI, httpClient: client, logger: logger), verifier: signed),
-                policy: CreditPolicy(
-                    catalog: settings.finisher.catalog, eventsExchange: settings.names.events,
-                    sandbox: settings.finisher.sandboxPolicy, restore: settings.finisher.restorePolicy),
-                verifyQueue: settings.names.verify, settings: schedule, logger: logger)
-            middle.append(ReconciliationService(reconciliation: reconciliation, interval: schedule.interval, logger: logger))
-        }
-        if roles.contains(.verifier), let connection, let consumerConnection, let verifier = appStoreVerifier {
-            middle.append(
-                VerifierService(
-                    settings: settings.verifier, consumer: consumerConnection, publisher: connection, verifier: verifier,
-                    logger: logger))
-        }
-        if let ops = settings.ops {
-            // Writing the store needs no broker (the outbox holds uploads and events meanwhile);
-            // consuming does, and so does a verifier's publishing.
-            let readiness = Readiness(
-                store: store, connections: [consumerConnection, store == nil ? connection : nil].compactMap { $0 })
-            first.append(
-                Application(
-                    router: makeOpsRouter(readiness: readiness, exposition: ops.exposition),
-                    configuration: .init(address: .hostname(ops.host, port: ops.port), serverName: "iap-ops"),
-                    onServerRunning: { channel in await onListening(.ops, channel.localAddress?.port ?? ops.port) },
-                    logger: logger))
-            if ops.exposition != nil && (store != nil || connection != nil) {
-                middle.append(
-                    StatsSampler(
-                        store: store, connection: connection, names: settings.names, interval: .seconds(5), logger: logger))
+            if reconciles, let schedule = settings.reconciliation {
+                middle.append(try reconciliation(settings: settings, schedule: schedule, shared: shared, logger: logger))
             }
         }
-        self.services = first + middle + last
-        self.store = store
-        self.connection = connection
-        self.consumerConnection = consumerConnection
-        self.httpClient = httpClient
+        if roles.contains(.verifier) {
+            middle.append(
+                VerifierService(
+                    settings: settings.verifier, consumer: try shared.require(shared.consumer, "a consuming connection", for: .verifier),
+                    publisher: try shared.require(shared.publisher, "a publishing connection", for: .verifier),
+                    verifier: try shared.appStoreVerifier(settings, for: .verifier, logger: logger), logger: logger))
+        }
+        if let ops = settings.ops {
+            first.append(opsServer(ops, shared: shared, logger: logger, onListening: onListening))
+            if ops.exposition != nil && (shared.store != nil || shared.publisher != nil) {
+                middle.append(
+                    StatsSampler(
+                        store: shared.store, connection: shared.publisher, names: settings.names, interval: .seconds(5),
+                        logger: logger))
+            }
+        }
+        return first + middle + last
     }
 
-    /// A service group over these services.
-    ///
+    /// The intake's services (its HTTP server last), with the console on its admin listener
+    /// when admin tokens are set.
+    private static func intakeServices(
+        settings: PipelineSettings, shared: SharedDependencies, logger: Logger,
+        onListening: @escaping @Sendable (Listener, Int) async -> Void
+    ) throws -> [any Service] {
+        let store = try shared.require(shared.store, "the order store", for: .intake)
+        var intake = settings.intake
+        if settings.inlineVerification { intake.inlineVerifier = try shared.appStoreVerifier(settings, for: .intake, logger: logger) }
+        if intake.notificationVerifier == nil { intake.notificationVerifier = shared.signedData }
+        if intake.bundleIds.isEmpty { intake.bundleIds = settings.verifyReceipt.bundleIds }
+        if !intake.adminTokens.isEmpty {
+            let console = try Console(
+                settings: ConsoleSettings(
+                    operatorTokens: intake.adminTokens, viewerTokens: settings.console.viewerTokens,
+                    insecureCookies: settings.console.insecureCookies, sessionLifetime: settings.console.sessionLifetime,
+                    clientAddressHeader: intake.limits.clientAddressHeader, bodyTimeout: intake.limits.bodyTimeout,
+                    maxInFlight: settings.console.maxInFlight, maxInFlightPerSession: settings.console.maxInFlightPerSession,
+                    maxSignInsInFlight: settings.console.maxSignInsInFlight,
+                    signInBodyTimeout: min(settings.console.signInBodyTimeout, intake.limits.bodyTimeout),
+                    failedSignIns: intake.limits.failedAdminAttempts),
+                dependencies: ConsoleDependencies(
+                    store: store, catalog: intake.catalog, names: settings.names, broker: shared.publisher,
+                    appStore: try shared.serverAPI(settings, logger: logger), signedData: shared.signedData),
+                logger: logger)
+            intake.adminPages = { router in console.addRoutes(to: router) }
+        }
+        return makeIntakeServices(
+            settings: intake, store: store, logger: logger,
+            onServerRunning: { port in await onListening(.intake, port) },
+            onAdminServerRunning: { port in await onListening(.admin, port) })
+    }
+
+    /// Scheduled reconciliation with Apple, in the process that runs the finisher.
+    private static func reconciliation(
+        settings: PipelineSettings, schedule: ReconciliationSettings, shared: SharedDependencies, logger: Logger
+    ) throws -> any Service {
+        let client = try shared.require(try shared.serverAPI(settings, logger: logger), "a Server API client", for: .finisher)
+        let reconciliation = Reconciliation(
+            store: try shared.require(shared.store, "the order store", for: .finisher),
+            reader: SubscriptionStatusReader(
+                client: client, verifier: try shared.require(shared.signedData, "a signed-data verifier", for: .finisher)),
+            policy: CreditPolicy(
+                catalog: settings.finisher.catalog, eventsExchange: settings.names.events,
+                sandbox: settings.finisher.sandboxPolicy, restore: settings.finisher.restorePolicy),
+            verifyQueue: settings.names.verify, settings: schedule, logger: logger)
+        return ReconciliationService(reconciliation: reconciliation, interval: schedule.interval, logger: logger)
+    }
+
+    /// `/metrics`, `/healthz`, `/readyz`. Writing the store needs no broker (the outbox holds
+    /// uploads and events meanwhile); consuming does, and so does a verifier's publishing.
+    private static func opsServer(
+        _ ops: OpsSettings, shared: SharedDependencies, logger: Logger, onListening: @escaping @Sendable (Listener, Int) async -> Void
+    ) -> any Service {
+        let readiness = Readiness(
+            store: shared.store,
+            connections: [shared.consumer, shared.store == nil ? shared.publisher : nil].compactMap { $0 })
+        return Application(
+            router: makeOpsRouter(readiness: readiness, exposition: ops.exposition),
+            configuration: .init(address: .hostname(ops.host, port: ops.port), serverName: "iap-ops"),
+            onServerRunning: { channel in await onListening(.ops, channel.localAddress?.port ?? ops.port) },
+            logger: logger)
+    }
+
     /// A graceful shutdown that takes longer than 30 s (a broker that stays away while
     /// publishes wait for it) turns into cancellation: what was not confirmed stays in the
     /// outbox or on the queue for the next start.
-    public func makeServiceGroup(gracefulShutdownSignals: [UnixSignal], logger: Logger) -> ServiceGroup {
+    /// A service group over these services; `alongside` (the fake App Store of `iap dev` and
+    /// the tests) start before them and stop after them.
+    public func makeServiceGroup(
+        gracefulShutdownSignals: [UnixSignal], logger: Logger, alongside: [any Service] = []
+    ) -> ServiceGroup {
         var configuration = ServiceGroupConfiguration(
-            services: services, gracefulShutdownSignals: gracefulShutdownSignals, logger: logger)
+            services: alongside + services, gracefulShutdownSignals: gracefulShutdownSignals, logger: logger)
         configuration.maximumGracefulShutdownDuration = .seconds(30)
         configuration.maximumCancellationDuration = .seconds(10)
         return ServiceGroup(configuration: configuration)
     }
 
     /// Runs until a signal (SIGTERM, SIGINT) asks for a graceful shutdown, then releases clients.
-    public func run(logger: Logger) async throws {
-        let group = makeServiceGroup(gracefulShutdownSignals: [.sigterm, .sigint], logger: logger)
+    public func run(logger: Logger, alongside: [any Service] = []) async throws {
+        let group = makeServiceGroup(gracefulShutdownSignals: [.sigterm, .sigint], logger: logger, alongside: alongside)
         do {
             try await group.run()
         } catch {

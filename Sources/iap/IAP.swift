@@ -9,6 +9,7 @@ import Intake
 import Logging
 import FakeAppStore
 import Messaging
+import NIOCore
 import ServiceLifecycle
 import UnixSignals
 import Pipeline
@@ -329,22 +330,20 @@ struct DevCommand: AsyncParsableCommand {
             dev: true)
         var settings = try pipelineSettings(
             broker: broker, store: store, http: http, verifier: verifier, dev: true, verifyReceipt: verifyReceipt)
-        settings.fakeAppStoreHost = fakeHost
-        settings.fakeAppStorePort = fakePort
         try await apply(catalog: catalog.load(demoIfUnset: true), http: http, dev: true, to: &settings)
         settings.ops = try ops.settings(dev: true)
-        // The fake's file beside the order store's.
-        settings.fakeAppStoreDatabasePath = fake.databasePath(beside: settings.databasePath)
         // StoreKit 2 against the fake: a Server API key made for this run, given to both
-        // sides; signed data trusted up to the fake's root; notifications to our intake.
+        // sides; signed data trusted up to the fake's root; notifications to our intake. The
+        // fake's file lies beside the order store's.
         let key = P256.Signing.PrivateKey()
         let keyId = "DEVKEY0001"
         let issuerId = UUID().uuidString.lowercased()
-        settings.fakeAppStoreAPIKey = try FakeServerAPIKey(privateKeyPEM: key.pemRepresentation, keyId: keyId, issuerId: issuerId)
         let intakeHost = settings.intake.host == "0.0.0.0" ? "127.0.0.1" : settings.intake.host
-        settings.fakeAppStoreNotificationURL =
-            fake.notificationURL() ?? "http://\(intakeHost):\(settings.intake.port)/v1/notifications/appstore"
-        let fakeRoot = try FakeAppStore(databasePath: settings.fakeAppStoreDatabasePath).rootCertificateDER()
+        let fakeAppStore = try FakeAppStore(
+            databasePath: fake.databasePath(beside: settings.databasePath),
+            apiKey: try FakeServerAPIKey(privateKeyPEM: key.pemRepresentation, keyId: keyId, issuerId: issuerId),
+            notificationURL: fake.notificationURL() ?? "http://\(intakeHost):\(settings.intake.port)/v1/notifications/appstore")
+        let fakeRoot = try fakeAppStore.rootCertificateDER()
         settings.storeKit = try storeKit.settings(
             bundleIds: verifyReceipt.bundleIds,
             defaults: StoreKitSettings(
@@ -363,10 +362,16 @@ struct DevCommand: AsyncParsableCommand {
         let logger = try log.makeLogger(label: "iap.dev")
         let host = settings.intake.host
         let pipeline = try await Pipeline(
-            roles: [.intake, .verifier, .finisher, .fakeAppStore], settings: settings, logger: logger,
-            onListening: { role, port in
-                logger.notice("listening", metadata: ["role": "\(role.rawValue)", "url": "http://\(host):\(port)"])
+            roles: [.intake, .verifier, .finisher], settings: settings, logger: logger,
+            onListening: { listener, port in
+                logger.notice("listening", metadata: ["role": "\(listener.rawValue)", "url": "http://\(host):\(port)"])
             })
-        try await pipeline.run(logger: logger)
+        let fakeApplication = try fakeAppStore.makeApplication(
+            host: fakeHost, port: fakePort, logger: logger,
+            onServerRunning: { channel in
+                let url = "http://\(fakeHost):\(channel.localAddress?.port ?? fakePort)"
+                logger.notice("listening", metadata: ["role": "fake-appstore", "url": "\(url)"])
+            })
+        try await pipeline.run(logger: logger, alongside: [fakeApplication])
     }
 }

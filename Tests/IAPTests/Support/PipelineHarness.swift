@@ -94,26 +94,34 @@ final class PipelineHarness: Sendable {
             verifyReceipt: VerifyReceiptClient.Settings(endpoints: .apple, bundleIds: [bundleId], timeout: appleTimeout),
             finisher: FinisherSettings(
                 names: names, alerts: alerts, catalog: testCatalog, sandboxPolicy: sandboxPolicy, restorePolicy: restorePolicy),
-            fakeAppStoreHost: "127.0.0.1", fakeAppStorePort: 0,
             ops: withOps ? OpsSettings(host: "127.0.0.1", port: 0) : nil)
         if case .postgres(let postgres) = location { settings.postgres = postgres }
         settings.console = ConsoleSettings(viewerTokens: [viewerToken], insecureCookies: true)
-        settings.fakeAppStoreAPIKey = try FakeServerAPIKey(
-            privateKeyPEM: ServerAPIKey.privateKey.pemRepresentation, keyId: ServerAPIKey.keyId, issuerId: ServerAPIKey.issuerId)
-
-        let ports = NIOLockedValueBox([Role: Int]())
-        let report: @Sendable (Role, Int) async -> Void = { role, port in ports.withLockedValue { $0[role] = port } }
+        let ports = NIOLockedValueBox([Listener: Int]())
+        let report: @Sendable (Listener, Int) async -> Void = { listener, port in ports.withLockedValue { $0[listener] = port } }
 
         // A harness sharing another's store and queues uses that one's fake App Store.
-        let fake = try await Pipeline(roles: shared == nil ? [.fakeAppStore] : [], settings: settings, logger: logger, onListening: report)
-        let fakeGroup = fake.makeServiceGroup(gracefulShutdownSignals: [], logger: logger)
+        let fakePort = NIOLockedValueBox<Int?>(nil)
+        var fakeServices: [any Service] = []
+        if shared == nil {
+            fakeServices.append(
+                try FakeAppStore(
+                    apiKey: try FakeServerAPIKey(
+                        privateKeyPEM: ServerAPIKey.privateKey.pemRepresentation, keyId: ServerAPIKey.keyId,
+                        issuerId: ServerAPIKey.issuerId)
+                ).makeApplication(
+                    host: "127.0.0.1", port: 0, logger: logger,
+                    onServerRunning: { channel in fakePort.withLockedValue { $0 = channel.localAddress?.port } }))
+        }
+        let fakeGroup = ServiceGroup(
+            configuration: .init(services: fakeServices, gracefulShutdownSignals: [], logger: logger))
         let fakeTask = Task { try await fakeGroup.run() }
         if shared == nil {
-            guard try await eventually(timeout: Self.startLimit, { ports.withLockedValue { $0[.fakeAppStore] } != nil }) else {
+            guard try await eventually(timeout: Self.startLimit, { fakePort.withLockedValue { $0 } != nil }) else {
                 throw HarnessError("the fake App Store did not start")
             }
         }
-        let fakeURL = shared?.fakeURL ?? "http://127.0.0.1:\(ports.withLockedValue { $0[.fakeAppStore]! })"
+        let fakeURL = shared?.fakeURL ?? "http://127.0.0.1:\(fakePort.withLockedValue { $0! })"
         settings.verifyReceipt.endpoints = VerifyReceiptEndpoints(
             production: fakeURL + "/verifyReceipt", sandbox: fakeURL + "/sandbox/verifyReceipt")
         // StoreKit 2 against the fake: its root, its Server API, our test key.
@@ -156,7 +164,7 @@ final class PipelineHarness: Sendable {
             names: names, databasePath: databasePath,
             intakeURL: "http://127.0.0.1:\(ports.withLockedValue { $0[.intake] ?? 0 })", fakeURL: fakeURL,
             store: store, opsURL: ports.withLockedValue { $0[.ops] }.map { "http://127.0.0.1:\($0)" },
-            adminURL: ports.withLockedValue { $0[.admin] }.map { "http://127.0.0.1:\($0)" }, groups: [fakeGroup, group], tasks: [fakeTask, task], pipelines: [fake, pipeline])
+            adminURL: ports.withLockedValue { $0[.admin] }.map { "http://127.0.0.1:\($0)" }, groups: [fakeGroup, group], tasks: [fakeTask, task], pipelines: [pipeline])
     }
 
     private init(
