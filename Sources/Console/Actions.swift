@@ -133,9 +133,7 @@ extension Console {
             // Never uploaded: verified through the pipeline like the app's own upload of it.
             let request = VerifyRequest(
                 submissionId: UUID(), userId: userId, receiptData: "", transactionId: transactionId, acceptedAt: Date())
-            let message = OutboxMessage(
-                routingKey: deps.names.verify, body: try MessageCodec().encode(request),
-                messageId: request.submissionId.uuidString, priority: VerifyPriority.firstAttempt)
+            let message = OutboxMessage.verify(request, routingKey: deps.names.verify, priority: VerifyPriority.firstAttempt)
             try await store.acceptForCustomer(request, message: message, actor: actor, reason: reason)
             return (
                 Outcome(
@@ -162,9 +160,7 @@ extension Console {
             }
             let verify = deps.names.verifyQueue(priority: VerifyPriority.retry)
             let request = try await store.requeueSubmission(id, actor: actor, reason: reason) { request in
-                OutboxMessage(
-                    routingKey: verify, body: try MessageCodec().encode(request),
-                    messageId: request.submissionId.uuidString, priority: VerifyPriority.retry)
+                .verify(request, routingKey: verify, priority: VerifyPriority.retry)
             }
             return (Outcome(kind: "success", text: "Upload \(request.submissionId.uuidString) was queued for verification again."), back)
         case .redrive:

@@ -13,7 +13,6 @@ import OrderStore
 struct ReceiptsController: Sendable {
     let store: OrderStore
     let settings: IntakeSettings
-    let codec = MessageCodec()
 
     func addRoutes(to router: RouterGroup<IntakeContext>) {
         router.post("/v1/receipts") { request, context in
@@ -74,9 +73,7 @@ struct ReceiptsController: Sendable {
 
     /// Stores the request and its queue message in one transaction; durable once this returns.
     private func enqueue(_ verifyRequest: VerifyRequest) async throws {
-        let message = OutboxMessage(
-            routingKey: settings.names.verify, body: try codec.encode(verifyRequest),
-            messageId: verifyRequest.submissionId.uuidString, priority: VerifyPriority.firstAttempt)
+        let message = OutboxMessage.verify(verifyRequest, routingKey: settings.names.verify, priority: VerifyPriority.firstAttempt)
         try await store.accept(verifyRequest, message: message)
     }
 

@@ -43,7 +43,6 @@ public final class SubmissionSweeper: Service, Sendable {
     private let names: PipelineNames
     private let store: OrderStore
     private let logger: Logger
-    private let codec = MessageCodec()
     private let purged = Counter(label: MetricNames.retentionPurged)
 
     /// Creates a sweeper.
@@ -105,15 +104,12 @@ public final class SubmissionSweeper: Service, Sendable {
     @discardableResult
     public func sweep(now: Date = Date()) async -> Int {
         let names = self.names
-        let codec = self.codec
         do {
             let requests = try await store.requeueStuck(
                 pendingBefore: now.addingTimeInterval(-Self.seconds(settings.pendingAfter)),
                 retryDueBefore: now.addingTimeInterval(-Self.seconds(settings.retryGrace)), limit: 1000, now: now
             ) { request in
-                OutboxMessage(
-                    routingKey: names.verifyQueue(priority: VerifyPriority.retry), body: try codec.encode(request),
-                    messageId: request.submissionId.uuidString, priority: VerifyPriority.retry)
+                .verify(request, routingKey: names.verifyQueue(priority: VerifyPriority.retry), priority: VerifyPriority.retry)
             }
             if !requests.isEmpty {
                 logger.warning(

@@ -404,8 +404,7 @@ extension OrderStore {
             return try await database.write { db throws -> VerifyRequest in
                 guard
                     let row = try await db.row(sql: """
-                            SELECT id, userId, orderId, transactionId, receiptData, signedTransaction, signedPayload, attempts,
-                                acceptedAt, state FROM submission WHERE id = ?
+                            SELECT \(Self.submissionColumns), state FROM submission WHERE id = ?
                             """, arguments: [id.uuidString])
                 else { throw OrderStoreError(.notFound, "no submission \(id)") }
                 let state: String = row["state"]

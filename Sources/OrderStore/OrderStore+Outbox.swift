@@ -1,4 +1,5 @@
 import Foundation
+import IAPCore
 
 /// A message to be published once the transaction that wrote it has committed.
 public struct OutboxMessage: Sendable, Equatable {
@@ -8,8 +9,14 @@ public struct OutboxMessage: Sendable, Equatable {
     public var exchange: String
     /// Routing key (a queue name on the default exchange).
     public var routingKey: String
-    /// The encoded envelope.
+    /// The encoded envelope; empty for a verify request built from its submission (`request`).
     public var body: [UInt8]
+    /// The submission whose verify request this message carries, built from its row when the
+    /// message is published, so the receipt is stored once; nil: `body` is the whole message.
+    public var submissionId: SubmissionID?
+    /// Filled by `claimUnpublished` for a message that names its submission: the request to
+    /// encode (its next attempt); nil when the submission is gone.
+    public var request: VerifyRequest?
     /// A message id for tracing.
     public var messageId: String?
     /// The message's priority, for priority queues.
@@ -32,6 +39,15 @@ public struct OutboxMessage: Sendable, Equatable {
         self.mandatory = true
         self.attempts = 0
     }
+
+    /// The message that asks for `request`'s verification on `routingKey`: it names the
+    /// submission, whose row the relay builds the message from when it publishes.
+    public static func verify(_ request: VerifyRequest, routingKey: String, priority: UInt8) -> OutboxMessage {
+        var message = OutboxMessage(
+            routingKey: routingKey, body: [], messageId: request.submissionId.uuidString, priority: priority)
+        message.submissionId = request.submissionId
+        return message
+    }
 }
 
 extension OrderStore {
@@ -51,7 +67,8 @@ extension OrderStore {
     ) async throws -> [OutboxMessage] {
         if database.dialect == .sqlite {
             return try await database.read { db in
-                try await db.rows(sql: "SELECT * FROM outbox ORDER BY id LIMIT ?", arguments: [limit]).map(Self.outboxMessage)
+                let rows = try await db.rows(sql: "SELECT * FROM outbox ORDER BY id LIMIT ?", arguments: [limit])
+                return try await Self.withRequests(rows.map(Self.outboxMessage), in: db)
             }
         }
         return try await database.write { db in
@@ -76,7 +93,7 @@ extension OrderStore {
             try await db.execute(
                 sql: "UPDATE outbox SET claimedBy = ?, claimedUntil = ? WHERE id IN (\(sqlMarks(ids.count)))",
                 arguments: SQLArguments(values: [relay.sqlValue, now.addingTimeInterval(lease).sqlValue] + ids.map(\.sqlValue)))
-            return rows.map(Self.outboxMessage)
+            return try await Self.withRequests(rows.map(Self.outboxMessage), in: db)
         }
     }
 
@@ -111,7 +128,26 @@ extension OrderStore {
         message.id = row["id"]
         message.mandatory = row["mandatory"]
         message.attempts = row["attempts"]
+        message.submissionId = (row["submissionId"] as String?).flatMap(UUID.init(uuidString:))
         return message
+    }
+
+    /// `messages` with the verify request of each that names its submission, read in one query.
+    private static func withRequests(_ messages: [OutboxMessage], in db: any SQLConnection) async throws -> [OutboxMessage] {
+        let ids = Set(messages.compactMap(\.submissionId)).map(\.uuidString)
+        guard !ids.isEmpty else { return messages }
+        let rows = try await db.rows(
+            sql: "SELECT \(submissionColumns) FROM submission WHERE id IN (\(sqlMarks(ids.count)))", arguments: SQLArguments(ids))
+        var requests: [SubmissionID: VerifyRequest] = [:]
+        for row in rows {
+            guard let id = UUID(uuidString: row["id"]) else { continue }
+            requests[id] = nextAttempt(of: row, id: id)
+        }
+        return messages.map { message in
+            var message = message
+            message.request = message.submissionId.flatMap { requests[$0] }
+            return message
+        }
     }
 
     /// Forgets messages the broker confirmed.
@@ -146,12 +182,12 @@ extension OrderStore {
     static func insertStatement(_ message: OutboxMessage, now: Date) -> SQLStatement {
         SQLStatement(
             """
-            INSERT INTO outbox (exchange, routingKey, body, messageId, priority, mandatory, createdAt)
-            VALUES (?, ?, ?, ?, ?, ?, ?)
+            INSERT INTO outbox (exchange, routingKey, body, messageId, priority, mandatory, createdAt, submissionId)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?)
             """,
             [
                 message.exchange, message.routingKey, Data(message.body), message.messageId,
-                message.priority.map { Int($0) }, message.mandatory, now,
+                message.priority.map { Int($0) }, message.mandatory, now, message.submissionId?.uuidString,
             ], queuesMessage: true)
     }
 }

@@ -14,8 +14,7 @@ extension OrderStore {
             // One sweeper at a time among the order services sharing the store.
             guard try await db.takeExclusive("sweeper") else { return [] }
             let rows = try await db.rows(sql: """
-                    SELECT id, userId, orderId, transactionId, receiptData, signedTransaction, signedPayload, attempts, acceptedAt
-                    FROM submission
+                    SELECT \(Self.submissionColumns) FROM submission
                     WHERE ((state = 'pending' AND updatedAt < ?) OR (state = 'retrying' AND nextAttemptAt < ?))
                         -- Still waiting in the outbox (broker away): not lost, do not copy it.
                         AND NOT EXISTS (SELECT 1 FROM outbox WHERE outbox.messageId = submission.id)
@@ -53,7 +52,14 @@ extension OrderStore {
 }
 
 extension OrderStore {
-    /// The verify request for the next attempt at a stored submission (a row of `submission`).
+    /// The columns of `submission` that `nextAttempt(of:id:)` reads.
+    static let submissionColumns = """
+        id, userId, orderId, transactionId, originalTransactionId, productId, receiptData, signedTransaction, signedPayload,
+        attempts, acceptedAt
+        """
+
+    /// The verify request for the next attempt at a stored submission (a row of `submission`
+    /// with `submissionColumns`): everything the app uploaded, with the number of its attempt.
     static func nextAttempt(of row: SQLRow, id: SubmissionID) -> VerifyRequest {
         var request = VerifyRequest(
             submissionId: id, userId: row["userId"], receiptData: row["receiptData"],
@@ -61,6 +67,8 @@ extension OrderStore {
             attempt: (row["attempts"] as Int) + 1, acceptedAt: row["acceptedAt"])
         request.signedTransaction = row["signedTransaction"]
         request.signedPayload = row["signedPayload"]
+        request.originalTransactionId = row["originalTransactionId"]
+        request.productId = row["productId"]
         return request
     }
 }

@@ -648,6 +648,19 @@ enum SchemaHistory {
                     RETURN answer || ']';
                 END $$;
                 """),
+        SchemaStep(
+            version: 13, name: "a verify message refers to its submission",
+            sqlite: """
+                -- A verify request's message names its submission, whose row holds the receipt,
+                -- and is built from it when published (its body stays empty): the receipt is
+                -- stored once. Rows without it carry their whole body, as before.
+                ALTER TABLE outbox ADD COLUMN submissionId TEXT;
+                """,
+            // A verify request's message names its submission and is built from it when published
+            // (its body stays empty), so the receipt is stored once.
+            postgres: """
+                ALTER TABLE outbox ADD COLUMN submissionId TEXT COLLATE "C";
+                """),
     ]
 
     /// SQLite's migrations: each step under the name it has always had in GRDB's table.

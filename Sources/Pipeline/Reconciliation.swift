@@ -60,7 +60,6 @@ public final class Reconciliation: Sendable {
     private let verifyQueue: String
     private let settings: ReconciliationSettings
     private let logger: Logger
-    private let codec = MessageCodec()
 
     /// Creates a reconciliation over `store`; re-delivered notifications go to `verifyQueue`
     /// through the outbox (the store wakes the relay).
@@ -176,7 +175,6 @@ public final class Reconciliation: Sendable {
             return
         }
         var complete = true
-        let codec = self.codec
         let verifyQueue = self.verifyQueue
         for environment in ServerAPIEnvironment.allCases {
             do {
@@ -195,9 +193,7 @@ public final class Reconciliation: Sendable {
                     let submission = try await store.acceptRedelivered(
                         signedPayload: payload, notificationUUID: notification.notificationUUID, now: Date()
                     ) { request in
-                        OutboxMessage(
-                            routingKey: verifyQueue, body: try codec.encode(request), messageId: request.submissionId.uuidString,
-                            priority: VerifyPriority.firstAttempt)
+                        .verify(request, routingKey: verifyQueue, priority: VerifyPriority.firstAttempt)
                     }
                     report.notificationsRedelivered += 1
                     Counter(label: MetricNames.reconciliationRedelivered).increment()

@@ -1,4 +1,5 @@
 import Foundation
+import IAPCore
 import Logging
 import Messaging
 import OrderStore
@@ -14,6 +15,7 @@ import ServiceLifecycle
 public final class OutboxRelay: Service, Sendable {
     private let store: OrderStore
     private let publisher: any MessagePublisher
+    private let codec = MessageCodec()
     private let logger: Logger
     private let batchSize: Int
     private let pollInterval: Duration
@@ -60,8 +62,21 @@ public final class OutboxRelay: Service, Sendable {
 
     private func send(_ message: OutboxMessage) async -> (Int64, String?)? {
         guard let id = message.id else { return nil }
+        var body = message.body
+        if message.submissionId != nil {
+            // Built now from the submission's row; a submission gone (purged) leaves nothing to verify.
+            guard let request = message.request else {
+                logger.warning("outbox message of a submission that is gone dropped", metadata: ["iap.outbox.id": "\(id)"])
+                return (id, nil)
+            }
+            do {
+                body = try codec.encode(request)
+            } catch {
+                return (id, String(describing: error))
+            }
+        }
         var outgoing = OutgoingMessage(
-            exchange: message.exchange, routingKey: message.routingKey, body: message.body, messageId: message.messageId,
+            exchange: message.exchange, routingKey: message.routingKey, body: body, messageId: message.messageId,
             priority: message.priority)
         outgoing.mandatory = message.mandatory
         do {

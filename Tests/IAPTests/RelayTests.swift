@@ -84,4 +84,42 @@ struct RelayTests {
         #expect(ContinuousClock.now - stopped < .seconds(30))
         await store.close()
     }
+
+    /// A verify message names its submission and is built from the submission's row when it is
+    /// published: the receipt is stored once, and the message carries everything the app sent.
+    /// A message whose submission is gone (purged) is dropped, not retried forever.
+    @Test func aVerifyMessageIsBuiltFromItsSubmissionWhenPublished() async throws {
+        let store = try await makeStore()
+        var request = VerifyRequest(
+            submissionId: UUID(), userId: "ana", receiptData: String(repeating: "MIIT", count: 1000), transactionId: "t2",
+            orderId: "order-7", acceptedAt: Date())
+        request.originalTransactionId = "t1"
+        request.productId = "com.example.gems"
+        try await store.accept(request, message: .verify(request, routingKey: "verify", priority: VerifyPriority.firstAttempt))
+        let stored: Int? = try await store.testValue("SELECT length(body) FROM outbox")
+        #expect(stored == 0, "the outbox row holds no copy of the receipt")
+
+        let published = NIOLockedValueBox([OutgoingMessage]())
+        let relay = OutboxRelay(
+            store: store, publisher: Publishing { message in published.withLockedValue { $0.append(message) } },
+            logger: Logger(label: "iap.tests.relay"))
+        #expect(await relay.relayBatch() == 1)
+        let message = try #require(published.withLockedValue { $0 }.first)
+        #expect(message.routingKey == "verify" && message.priority == VerifyPriority.firstAttempt && message.mandatory)
+        #expect(message.messageId == request.submissionId.uuidString)
+        let sent = try MessageCodec().decode(VerifyRequest.self, from: message.body)
+        #expect(sent.submissionId == request.submissionId && sent.userId == "ana" && sent.attempt == 1)
+        #expect(sent.receiptData == request.receiptData)
+        #expect(sent.transactionId == "t2" && sent.originalTransactionId == "t1" && sent.productId == "com.example.gems")
+        #expect(sent.orderId == "order-7")
+        #expect(abs(sent.acceptedAt.timeIntervalSince(request.acceptedAt)) < 0.01)
+
+        let gone = VerifyRequest(submissionId: UUID(), userId: "ben", receiptData: "AAAA", acceptedAt: Date())
+        try await store.accept(gone, message: .verify(gone, routingKey: "verify", priority: VerifyPriority.firstAttempt))
+        _ = try await store.testRows("DELETE FROM submission WHERE id = ?", [gone.submissionId.uuidString])
+        #expect(await relay.relayBatch() == 1)
+        #expect(published.withLockedValue { $0.count } == 1, "nothing is published for a submission that is gone")
+        #expect(try await store.outboxBacklog() == 0)
+        await store.close()
+    }
 }
