@@ -4,6 +4,8 @@ import PackageDescription
 let strictSettings: [SwiftSetting] = [
     .enableUpcomingFeature("ExistentialAny"),
     .enableUpcomingFeature("MemberImportVisibility"),
+    .enableUpcomingFeature("InternalImportsByDefault"),
+    .treatAllWarnings(as: .error),
 ]
 
 let package = Package(
@@ -247,6 +249,8 @@ let package = Package(
                 .product(name: "NIOFoundationCompat", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
             ],
+            // Read from their paths by the tests that use them (`#filePath`), not bundled.
+            exclude: ["Fixtures"],
             swiftSettings: strictSettings
         ),
     ]

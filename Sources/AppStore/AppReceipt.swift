@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// What an app receipt says, read locally with `AppReceiptParser`.
 ///

@@ -1,5 +1,5 @@
 import Foundation
-import IAPCore
+public import IAPCore
 
 /// Verifies every upload shape the intake takes, by the best route available:
 ///

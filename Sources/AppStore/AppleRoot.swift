@@ -1,7 +1,7 @@
 import Crypto
 import Foundation
 import SwiftASN1
-import X509
+public import X509
 
 /// Apple Root CA - G3, the root every App Store JWS chain ends in, shipped with the
 /// package and checked by its SHA-256 fingerprint before it is trusted.

@@ -1,4 +1,4 @@
-import IAPCore
+public import IAPCore
 
 /// Anything that can verify an upload with Apple.
 public protocol ReceiptVerifying: Sendable {

@@ -1,8 +1,8 @@
-import AsyncHTTPClient
-import Foundation
-import IAPCore
+public import AsyncHTTPClient
+public import Foundation
+public import IAPCore
 import JWTKit
-import Logging
+public import Logging
 import Metrics
 import NIOConcurrencyHelpers
 import NIOCore

@@ -1,11 +1,11 @@
-import Crypto
-import Foundation
+public import Crypto
+public import Foundation
 #if canImport(Glibc)
 import Glibc
 #endif
 import NIOConcurrencyHelpers
-import SwiftASN1
-import X509
+public import SwiftASN1
+@_spi(FixedExpiryValidationTime) public import X509
 
 /// Why a signed App Store payload was refused. Each case has its own stable code.
 public struct JWSVerificationError: Error, Equatable, CustomStringConvertible, Sendable {
@@ -265,7 +265,7 @@ public final class SignedDataVerifier: Sendable {
     {
         let chain = try readChain(x5c, at: time)
         var verifier = Verifier(rootCertificates: CertificateStore(settings.trustedRoots)) {
-            RFC5280Policy(validationTime: time)
+            RFC5280Policy(fixedExpiryValidationTime: time)
         }
         let result = await verifier.validate(leaf: chain[0], intermediates: CertificateStore([chain[1]]))
         guard case .validCertificate = result else {

@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// Apple's dates in signed payloads: milliseconds since 1970.
 extension Date {

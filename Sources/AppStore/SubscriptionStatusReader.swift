@@ -1,5 +1,5 @@
-import Foundation
-import IAPCore
+public import Foundation
+public import IAPCore
 
 /// Asks the App Store Server API where a subscription stands and says it as the
 /// notifications Apple would have sent, built from verified signed data only: so that a

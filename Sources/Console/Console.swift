@@ -1,14 +1,14 @@
-import AppStore
+public import AppStore
 import Foundation
 import HTTPTypes
-import Hummingbird
-import IAPCore
-import Logging
-import Messaging
+public import Hummingbird
+public import IAPCore
+public import Logging
+public import Messaging
 import Mustache
 import NIOConcurrencyHelpers
 import NIOCore
-import OrderStore
+public import OrderStore
 
 /// How customer service's console runs.
 public struct ConsoleSettings: Sendable {

@@ -1,6 +1,6 @@
 import Foundation
-import Hummingbird
-import Logging
+public import Hummingbird
+public import Logging
 import NIOConcurrencyHelpers
 import NIOCore
 import SwiftASN1

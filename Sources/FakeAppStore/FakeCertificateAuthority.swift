@@ -1,7 +1,7 @@
 import Crypto
-import Foundation
-import SwiftASN1
-import X509
+public import Foundation
+public import SwiftASN1
+public import X509
 
 /// A test certificate chain shaped like the one Apple signs receipts with: a root and an
 /// intermediate on P-384, a receipt-signing leaf on P-256, key identifiers on all three, and

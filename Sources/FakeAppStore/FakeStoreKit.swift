@@ -1,5 +1,5 @@
 import AsyncHTTPClient
-import Crypto
+public import Crypto
 import Foundation
 import Hummingbird
 import NIOCore
@@ -307,7 +307,7 @@ struct FakeStoreKit: Sendable {
             router.get("\(prefix)/inApps/\(version)/history/{transactionId}") { request, context in
                 try await answer(request) { bundleId in
                     let purchase = try found(try context.parameters.require("transactionId"), bundleId, environment)
-                    let all = try HistoryFilter(request.uri.queryParameters).apply(to: try ledger.history(of: purchase.transactionId))
+                    let all = HistoryFilter(request.uri.queryParameters).apply(to: try ledger.history(of: purchase.transactionId))
                     return try page(all, revision: request.uri.queryParameters.get("revision"), bundleId: bundleId, environment: environment)
                 }
             }

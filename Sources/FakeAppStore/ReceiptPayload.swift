@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// The content of an app receipt the fake App Store mints, field for field as Apple's.
 ///

@@ -1,7 +1,7 @@
-import AsyncHTTPClient
+public import AsyncHTTPClient
 import Foundation
-import IAPCore
-import Logging
+public import IAPCore
+public import Logging
 import Metrics
 import NIOCore
 import NIOHTTP1

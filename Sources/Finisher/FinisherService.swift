@@ -1,12 +1,12 @@
-import AsyncHTTPClient
+public import AsyncHTTPClient
 import Crypto
 import Foundation
-import IAPCore
-import Logging
+public import IAPCore
+public import Logging
 import Metrics
-import Messaging
-import OrderStore
-import ServiceLifecycle
+public import Messaging
+public import OrderStore
+public import ServiceLifecycle
 
 /// How a finisher runs.
 public struct FinisherSettings: Sendable {

@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// What the app sells, and what each purchase grants: loaded from `IAP_CATALOG` at start.
 public struct Catalog: Sendable, Equatable, Codable {

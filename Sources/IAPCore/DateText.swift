@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// Dates as text in UTC with milliseconds (rounded down), written without a formatter: the
 /// order store's columns and the events' fields write several per purchase.

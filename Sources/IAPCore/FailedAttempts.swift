@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 import Synchronization
 
 /// Failed attempts at a secret (an admin token, a console sign-in) per client address.

@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// Identifies one receipt upload; chosen by the intake when it accepts the upload.
 public typealias SubmissionID = UUID

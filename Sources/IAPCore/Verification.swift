@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// One purchase that Apple confirmed, as the verifier read it from Apple's answer.
 public struct VerifiedPurchase: Codable, Sendable, Equatable {

@@ -1,6 +1,6 @@
 import AppStore
 import Foundation
-import Hummingbird
+public import Hummingbird
 import Logging
 import NIOConcurrencyHelpers
 import NIOCore

@@ -1,6 +1,6 @@
 import AppStore
 import Crypto
-import Foundation
+public import Foundation
 import IAPCore
 import Hummingbird
 import JWTKit

@@ -1,5 +1,5 @@
 import AppStore
-import HTTPTypes
+public import HTTPTypes
 import IAPCore
 
 /// Every error code the intake (app routes, admin routes, App Store notifications) can

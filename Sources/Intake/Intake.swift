@@ -1,11 +1,11 @@
-import Hummingbird
+public import Hummingbird
 import HummingbirdCore
-import AppStore
-import IAPCore
-import Logging
+public import AppStore
+public import IAPCore
+public import Logging
 import NIOCore
-import OrderStore
-import ServiceLifecycle
+public import OrderStore
+public import ServiceLifecycle
 
 /// How the intake runs.
 public struct IntakeSettings: Sendable {

@@ -1,7 +1,7 @@
 import Foundation
 import IAPCore
-import Hummingbird
-import NIOCore
+public import Hummingbird
+public import NIOCore
 
 /// The intake's request context: the peer's address (for per-address limits) and, once
 /// authenticated, the user the request acts for.

@@ -1,11 +1,11 @@
 import Foundation
 import HTTPTypes
-import Hummingbird
+public import Hummingbird
 import Logging
 import NIOConcurrencyHelpers
 import NIOCore
 import OrderStore
-import IAPCore
+public import IAPCore
 
 /// A token-bucket rate: `perSecond` requests on average, bursts of up to `burst`.
 public struct RateLimit: Sendable, Equatable {

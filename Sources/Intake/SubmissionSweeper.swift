@@ -1,9 +1,9 @@
-import Foundation
-import IAPCore
-import Logging
+public import Foundation
+public import IAPCore
+public import Logging
 import Metrics
-import OrderStore
-import ServiceLifecycle
+public import OrderStore
+public import ServiceLifecycle
 
 /// How often and after how long the sweeper re-queues stuck submissions.
 public struct SweeperSettings: Sendable {

@@ -1,4 +1,4 @@
-import IAPCore
+public import IAPCore
 
 /// What a purchase is credited once by: the unit of "exactly once".
 ///

@@ -1,4 +1,4 @@
-import IAPCore
+public import IAPCore
 
 /// What the app may `finishTransaction`: only what is settled.
 ///

@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// What is in force now: the one rule `/entitlements`, `/subscriptions` and the console read
 /// grants and subscriptions by. A period is in force until its end or, in Apple's billing

@@ -1,5 +1,5 @@
-import Foundation
-import IAPCore
+public import Foundation
+public import IAPCore
 
 /// The money rules: an event and the facts the store holds for its keys become a plan of
 /// typed changes. No I/O, no clock (`now` is given), no database; each rule lives here once.

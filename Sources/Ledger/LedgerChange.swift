@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 import IAPCore
 
 /// One typed change of a plan: the shell writes each as it is, in order, in the transaction

@@ -1,5 +1,5 @@
 import Foundation
-import IAPCore
+public import IAPCore
 
 /// Something that may change what users hold: the input of `Ledger.plan`.
 public enum LedgerEvent: Sendable, Equatable {

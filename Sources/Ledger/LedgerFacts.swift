@@ -1,5 +1,5 @@
-import Foundation
-import IAPCore
+public import Foundation
+public import IAPCore
 
 /// What the order store holds about the keys one event names: the only input of
 /// `Ledger.plan` besides the event itself.

@@ -1,4 +1,4 @@
-import IAPCore
+public import IAPCore
 
 /// Whose a purchase is, decided before anything of it is credited.
 ///

@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 /// Which subscriptions the reconciliation asks Apple about, and in what order: the one rule,
 /// so that the store only reads the subscriptions that may be due and the choice is the core's.

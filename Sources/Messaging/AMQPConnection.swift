@@ -1,6 +1,6 @@
 import Foundation
-import Logging
-import ServiceLifecycle
+public import Logging
+public import ServiceLifecycle
 
 /// A self-healing AMQP 0-9-1 connection with publisher confirms and manual-ack consumers.
 ///

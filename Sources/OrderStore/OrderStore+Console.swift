@@ -1,5 +1,5 @@
-import Foundation
-import IAPCore
+public import Foundation
+public import IAPCore
 import Ledger
 
 /// A user that a console search matched, and by what.

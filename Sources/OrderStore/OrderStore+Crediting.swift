@@ -1,6 +1,6 @@
 import Foundation
-import IAPCore
-import Ledger
+public import IAPCore
+public import Ledger
 
 /// What crediting needs beyond the result itself.
 public struct CreditPolicy: Sendable {

@@ -1,5 +1,5 @@
-import Foundation
-import IAPCore
+public import Foundation
+public import IAPCore
 import Ledger
 
 /// One credit of one Apple transaction to one user.

@@ -1,6 +1,6 @@
 import Foundation
-import IAPCore
-import Ledger
+public import IAPCore
+public import Ledger
 
 extension CreditPolicy {
     /// What the ledger's rules read of the policy.

@@ -1,5 +1,5 @@
-import Foundation
-import IAPCore
+public import Foundation
+public import IAPCore
 import Ledger
 
 /// Our order: what a user meant to buy, before Apple's transaction pays it.

@@ -1,5 +1,5 @@
-import Foundation
-import IAPCore
+public import Foundation
+public import IAPCore
 
 /// A message to be published once the transaction that wrote it has committed.
 public struct OutboxMessage: Sendable, Equatable {

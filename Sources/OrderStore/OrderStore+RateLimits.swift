@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 extension OrderStore {
     /// Whether the intake must count its rate limits here as well as in its own memory: true

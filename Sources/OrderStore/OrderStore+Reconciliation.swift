@@ -1,5 +1,5 @@
-import Foundation
-import IAPCore
+public import Foundation
+public import IAPCore
 import Ledger
 
 /// A subscription the reconciliation asks Apple about: due to renew, or in billing retry or

@@ -1,5 +1,5 @@
-import Foundation
-import IAPCore
+public import Foundation
+public import IAPCore
 
 extension OrderStore {
     /// Keeps only a digest of what a rejected submission was sent with (its receipt, signed

@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 
 extension OrderStore {
     /// Rejected submissions deleted per transaction: a large purge takes the writer in short turns.

@@ -1,6 +1,6 @@
-import Foundation
-import IAPCore
-import Ledger
+public import Foundation
+public import IAPCore
+public import Ledger
 
 /// What the status endpoint tells the app about one upload.
 public struct SubmissionStatus: Sendable, Equatable {

@@ -1,5 +1,5 @@
-import Foundation
-import IAPCore
+public import Foundation
+public import IAPCore
 
 extension OrderStore {
     /// Finds submissions that made no progress and queues them again, in one transaction:

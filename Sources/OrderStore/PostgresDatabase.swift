@@ -1,5 +1,5 @@
 import Foundation
-import Logging
+package import Logging
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix

@@ -1,4 +1,4 @@
-import Foundation
+public import Foundation
 import IAPCore
 
 /// A value as the order store writes and reads it: the same five kinds on SQLite and

@@ -1,6 +1,6 @@
 import Foundation
 import Hummingbird
-import IAPCore
+public import IAPCore
 import Logging
 import Messaging
 import NIOCore

@@ -1,20 +1,20 @@
-import AppStore
+public import AppStore
 import AsyncHTTPClient
-import Console
+public import Console
 import Hummingbird
-import Finisher
+public import Finisher
 import Foundation
-import IAPCore
-import Intake
-import Logging
-import Messaging
-import OrderStore
+public import IAPCore
+public import Intake
+public import Logging
+public import Messaging
+public import OrderStore
 import Relay
 import NIOCore
-import ServiceLifecycle
-import UnixSignals
-import Verifier
-import X509
+public import ServiceLifecycle
+public import UnixSignals
+public import Verifier
+public import X509
 
 /// The parts of the system one process can run. (The fake App Store is not one: `iap dev` and
 /// the tests run it beside a pipeline, never in it.)

@@ -1,10 +1,10 @@
-import AppStore
-import Foundation
-import IAPCore
-import Logging
+public import AppStore
+public import Foundation
+public import IAPCore
+public import Logging
 import Metrics
-import OrderStore
-import ServiceLifecycle
+public import OrderStore
+public import ServiceLifecycle
 
 /// When and how far the order service reconciles its subscriptions with Apple.
 public struct ReconciliationSettings: Sendable {

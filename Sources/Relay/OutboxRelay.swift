@@ -1,9 +1,9 @@
 import Foundation
 import IAPCore
-import Logging
-import Messaging
-import OrderStore
-import ServiceLifecycle
+public import Logging
+public import Messaging
+public import OrderStore
+public import ServiceLifecycle
 
 /// Publishes outbox rows to the broker and deletes each once the broker confirmed it.
 ///

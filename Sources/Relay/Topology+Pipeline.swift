@@ -1,5 +1,5 @@
-import IAPCore
-import Messaging
+public import IAPCore
+public import Messaging
 
 extension Topology {
     /// The queues of the verification pipeline, of the kind `names.queueType` says.

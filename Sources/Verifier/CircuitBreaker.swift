@@ -1,6 +1,6 @@
 import Foundation
 import NIOConcurrencyHelpers
-import IAPCore
+public import IAPCore
 
 /// Stops calling Apple for a while after a burst of transient failures, so an outage does not
 /// burn every upload's retries; then lets one probe through and closes again when it succeeds.

@@ -1,10 +1,10 @@
-import AppStore
+public import AppStore
 import Foundation
-import IAPCore
-import Logging
+public import IAPCore
+public import Logging
 import Metrics
-import Messaging
-import ServiceLifecycle
+public import Messaging
+public import ServiceLifecycle
 
 /// How a verifier runs.
 public struct VerifierSettings: Sendable {

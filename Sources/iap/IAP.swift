@@ -366,7 +366,7 @@ struct DevCommand: AsyncParsableCommand {
             onListening: { listener, port in
                 logger.notice("listening", metadata: ["role": "\(listener.rawValue)", "url": "http://\(host):\(port)"])
             })
-        let fakeApplication = try fakeAppStore.makeApplication(
+        let fakeApplication = fakeAppStore.makeApplication(
             host: fakeHost, port: fakePort, logger: logger,
             onServerRunning: { channel in
                 let url = "http://\(fakeHost):\(channel.localAddress?.port ?? fakePort)"

@@ -13,7 +13,7 @@ struct CommandLineTests {
             throw ProcessDrill.MissingBinary()
         }
         let log = FileManager.default.temporaryDirectory.appendingPathComponent("iap-\(UUID().uuidString).out")
-        FileManager.default.createFile(atPath: log.path, contents: nil)
+        _ = FileManager.default.createFile(atPath: log.path, contents: nil)
         let output = try FileHandle(forWritingTo: log)
         let process = Process()
         process.executableURL = URL(fileURLWithPath: binary)

@@ -7,7 +7,7 @@ struct ReceiptFuzzTests {
     /// `scripts/fuzz-receipt-parser 600`.
     @Test func parserSurvivesABoundedFuzzRun() async throws {
         let log = FileManager.default.temporaryDirectory.appendingPathComponent("fuzz-\(UUID().uuidString).log")
-        FileManager.default.createFile(atPath: log.path, contents: nil)
+        _ = FileManager.default.createFile(atPath: log.path, contents: nil)
         let output = try FileHandle(forWritingTo: log)
         let process = Process()
         process.executableURL = repositoryRoot.appendingPathComponent("scripts/fuzz-receipt-parser")

@@ -105,7 +105,7 @@ final class ProcessDrill: Sendable {
         process.environment = environment
         let logPath = folder.appendingPathComponent("\(name).log").path
         if !FileManager.default.fileExists(atPath: logPath) {
-            FileManager.default.createFile(atPath: logPath, contents: nil)
+            _ = FileManager.default.createFile(atPath: logPath, contents: nil)
         }
         let log = try FileHandle(forWritingTo: URL(fileURLWithPath: logPath))
         log.seekToEndOfFile()

@@ -21,7 +21,7 @@ enum TestStore {
     static func location(in folder: URL, name: String = "orders") async throws -> StoreLocation {
         let path = folder.appendingPathComponent("\(name).sqlite").path
         guard usesPostgres else { return .sqlite(path: path) }
-        guard let url = ProcessInfo.processInfo.environment["IAP_TEST_DATABASE_URL"] else { throw MissingServer() }
+        guard ProcessInfo.processInfo.environment["IAP_TEST_DATABASE_URL"] != nil else { throw MissingServer() }
         let digest = SHA256.hash(data: Data(path.utf8)).prefix(12).map { String(format: "%02x", $0) }.joined()
         return .postgres(try await postgresDatabase(named: "iap_test_\(digest)"))
     }
