@@ -897,16 +897,17 @@ enum ModelSeeds {
         ProcessInfo.processInfo.environment["IAP_TEST_MODEL_SEED"].flatMap(parse) ?? 0x1ED6_E5A0_DE15_0001
     }
 
-    /// How many random sequences in all (a quarter of them with IAP_RESTORE=transfer): 40,
-    /// and on PostgreSQL the first 20 of them, after the regression seeds. The rules'
+    /// How many random sequences in all (a quarter of them with IAP_RESTORE=transfer): 16,
+    /// and on PostgreSQL the first 8 of them, after the regression seeds. The rules'
     /// combinations are the ledger core's model checker's (100,000 sequences a run against who
     /// really paid, no database); this model checks that the pipeline and the store's
-    /// statements keep them: the wiring, for which a few dozen sequences through every route and
-    /// the kept regression seeds stand (they were 100 while this model was the only one with
-    /// random sequences). On PostgreSQL a sequence costs twice as much. `IAP_TEST_MODEL_SEQUENCES`
-    /// runs more.
+    /// statements keep them: the wiring, for which a handful of sequences through every route
+    /// (each sequence takes every kind of step) and the kept regression seeds stand. They were
+    /// 100 while this model was the only one with random sequences, then 40; the suite runs one
+    /// at a time with the other broker suites, so its minutes were the whole pass's. On
+    /// PostgreSQL a sequence costs twice as much. `IAP_TEST_MODEL_SEQUENCES` runs more.
     static var sequences: Int {
-        ProcessInfo.processInfo.environment["IAP_TEST_MODEL_SEQUENCES"].flatMap { Int($0) } ?? (TestStore.usesPostgres ? 20 : 40)
+        ProcessInfo.processInfo.environment["IAP_TEST_MODEL_SEQUENCES"].flatMap { Int($0) } ?? (TestStore.usesPostgres ? 8 : 16)
     }
 
     static func parse(_ text: String) -> UInt64? {
@@ -915,11 +916,11 @@ enum ModelSeeds {
     }
 
     /// How many sequences with notifications held, per policy: they run one at a time on a
-    /// pipeline of their own (the fake holds everything it sends). 8 with `keep` and 4 with
+    /// pipeline of their own (the fake holds everything it sends). 4 with `keep` and 2 with
     /// `transfer`; half on PostgreSQL.
     static func heldSequences(_ policy: RestorePolicy) -> Int {
         let keep = ProcessInfo.processInfo.environment["IAP_TEST_MODEL_HELD_SEQUENCES"].flatMap { Int($0) }
-            ?? (TestStore.usesPostgres ? 4 : 8)
+            ?? (TestStore.usesPostgres ? 2 : 4)
         return policy == .keep ? keep : keep / 2
     }
 
