@@ -1,6 +1,7 @@
 import AsyncHTTPClient
 import FakeAppStore
 import Foundation
+import Intake
 import Pipeline
 import NIOCore
 import NIOHTTP1
@@ -90,14 +91,14 @@ struct HostileBodies {
     }
 }
 
-extension BrokerTests {
-    @Suite("Hostile input")
-    struct HostileInputTests {
-        /// A NUL character (U+0000) in any text field is refused with 400 `invalid_field` on
-        /// both stores (PostgreSQL cannot store one: it answered 503 before).
-        @Test func aNULCharacterInATextFieldIsRefused() async throws {
-            let pipeline = try await PipelineHarness.start(name: "nul")
-            defer { Task { await pipeline.stop() } }
+/// Hostile input the intake refuses by itself: its listeners over a store of their own, no
+/// broker and no verifier, every harness stopped before the test returns.
+@Suite("Hostile input at the intake")
+struct HostileIntakeInputTests {
+    /// A NUL character (U+0000) in any text field is refused with 400 `invalid_field` on
+    /// both stores (PostgreSQL cannot store one: it answered 503 before).
+    @Test func aNULCharacterInATextFieldIsRefused() async throws {
+        try await EdgeHarness.with { edge in
             let bodies: [(String, String)] = [
                 ("/v1/receipts", #"{"userId": "ana", "receiptData": "AAAA\u0000"}"#),
                 ("/v1/receipts", #"{"userId": "a\u0000na", "transactionId": "1"}"#),
@@ -106,7 +107,7 @@ extension BrokerTests {
             ]
             for (path, body) in bodies {
                 let answer = try await HTTP.send(
-                    pipeline.intakeURL + path, method: .POST, body: Data(body.utf8),
+                    edge.intakeURL + path, method: .POST, body: Data(body.utf8),
                     headers: ["Authorization": "Bearer \(PipelineHarness.adminToken)", "Content-Type": "application/json"])
                 #expect(answer.status == 400 && answer.errorCode == "invalid_field", "\(path) \(body): \(answer.status) \(answer.text)")
             }
@@ -117,85 +118,85 @@ extension BrokerTests {
             ]
             for target in targets {
                 let answer = try await HTTP.send(
-                    pipeline.intakeURL + target, method: .GET, body: nil,
+                    edge.intakeURL + target, method: .GET, body: nil,
                     headers: ["Authorization": "Bearer \(PipelineHarness.adminToken)"])
                 #expect(answer.status == 400 && answer.errorCode == "invalid_field", "\(target): \(answer.status) \(answer.text)")
             }
-            #expect(try await pipeline.store.submissionCounts().values.reduce(0, +) == 0)
+            #expect(try await edge.store.submissionCounts().values.reduce(0, +) == 0)
             // A percent sign that is not %00 is still only a character of the id.
-            let plain = try await HTTP.send(pipeline.intakeURL + "/v1/users/a%2500/grants", method: .GET, body: nil)
+            let plain = try await HTTP.send(edge.intakeURL + "/v1/users/a%2500/grants", method: .GET, body: nil)
             #expect(plain.status == 200, "\(plain.status) \(plain.text)")
         }
+    }
 
-        /// An id the client percent-encoded in the path is the id itself: a user whose `sub` is
-        /// `ana b@example.com` reads `/v1/users/ana%20b%40example.com/grants`.
-        @Test func percentEncodedIdsInThePathAreDecoded() async throws {
-            let pipeline = try await PipelineHarness.startAuthenticated(name: "pathids")
-            defer { Task { await pipeline.stop() } }
+    /// An id the client percent-encoded in the path is the id itself: a user whose `sub` is
+    /// `ana b@example.com` reads `/v1/users/ana%20b%40example.com/grants`.
+    @Test func percentEncodedIdsInThePathAreDecoded() async throws {
+        try await EdgeHarness.with(authentication: .jwt(try await UserTokenVerifier(key: .hs256(secret: TestTokens.secret)))) { edge in
             let token = try await TestTokens.hs256(.init("ana b@example.com"))
             for route in ["grants", "subscriptions", "entitlements"] {
                 let answer = try await HTTP.send(
-                    pipeline.intakeURL + "/v1/users/ana%20b%40example.com/" + route, method: .GET, body: nil,
+                    edge.intakeURL + "/v1/users/ana%20b%40example.com/" + route, method: .GET, body: nil,
                     headers: ["Authorization": "Bearer \(token)"])
                 #expect(answer.status == 200, "\(route): \(answer.status) \(answer.text)")
             }
         }
+    }
 
-        /// Lengths count characters (Unicode code points), as the OpenAPI document's
-        /// `maxLength` does: 256 three-byte characters are an id, 257 are not.
-        @Test func idLengthsCountCharactersAsTheOpenAPIDocumentDoes() async throws {
-            let pipeline = try await PipelineHarness.start(name: "idlength")
-            defer { Task { await pipeline.stop() } }
+    /// Lengths count characters (Unicode code points), as the OpenAPI document's
+    /// `maxLength` does: 256 three-byte characters are an id, 257 are not.
+    @Test func idLengthsCountCharactersAsTheOpenAPIDocumentDoes() async throws {
+        try await EdgeHarness.with { edge in
             for (count, status) in [(256, 202), (257, 400)] {
                 let userId = String(repeating: "\u{20AC}", count: count)
                 let body = try JSONSerialization.data(withJSONObject: ["userId": userId, "transactionId": "2000000000000001"])
-                let answer = try await HTTP.send(pipeline.intakeURL + "/v1/receipts", method: .POST, body: body)
+                let answer = try await HTTP.send(edge.intakeURL + "/v1/receipts", method: .POST, body: body)
                 #expect(answer.status == status, "\(count) characters: \(answer.status) \(answer.text)")
             }
         }
+    }
 
-        /// A receipt larger than any Apple issues (a PKCS#7 shell padded with a 300 KB opaque
-        /// value, as a cheat would send to fill the disk) is refused with 400 before anything
-        /// is stored; a real one of ordinary size still goes through.
-        @Test func aPaddedReceiptShellIsRefusedBeforeStoring() async throws {
-            let pipeline = try await PipelineHarness.start(name: "receiptsize", roles: [.intake])
-            defer { Task { await pipeline.stop() } }
+    /// A receipt larger than any Apple issues (a PKCS#7 shell padded with a 300 KB opaque
+    /// value, as a cheat would send to fill the disk) is refused with 400 before anything
+    /// is stored; a real one of ordinary size still goes through.
+    @Test func aPaddedReceiptShellIsRefusedBeforeStoring() async throws {
+        try await EdgeHarness.with { edge in
             var payload = AppReceiptTests.payload
             payload.opaqueValue = [UInt8](repeating: 7, count: 300 * 1024)
             let shell = try ReceiptMinter(authority: try FakeCertificateAuthority.generate(name: "Shell")).mint(payload)
             let answer = try await HTTP.post(
-                pipeline.intakeURL + "/v1/receipts",
+                edge.intakeURL + "/v1/receipts",
                 json: ["userId": "mallory", "receiptData": Data(shell).base64EncodedString()])
             #expect(answer.status == 400 && answer.errorCode == "invalid_field", "\(answer.status) \(answer.text)")
             // Within the size: a container whose signed content is no receipt payload (no bundle
             // id), and the receipt of another app.
             let noReceipt = TestDER.signedData(content: TestDER.set([TestDER.attribute(3, TestDER.utf8("1"))]))
             let shellAnswer = try await HTTP.post(
-                pipeline.intakeURL + "/v1/receipts",
+                edge.intakeURL + "/v1/receipts",
                 json: ["userId": "mallory", "receiptData": Data(noReceipt).base64EncodedString()])
             #expect(shellAnswer.status == 400 && shellAnswer.errorCode == "receipt_malformed", "\(shellAnswer.text)")
             let otherApp = try ReceiptMinter(authority: try FakeCertificateAuthority.generate(name: "Shell")).mint(AppReceiptTests.payload)
             let otherAnswer = try await HTTP.post(
-                pipeline.intakeURL + "/v1/receipts",
+                edge.intakeURL + "/v1/receipts",
                 json: ["userId": "mallory", "receiptData": Data(otherApp).base64EncodedString()])
             #expect(otherAnswer.status == 400 && otherAnswer.errorCode == "receipt_other_app", "\(otherAnswer.text)")
-            #expect(try await pipeline.store.submissionCounts().values.reduce(0, +) == 0)
+            #expect(try await edge.store.submissionCounts().values.reduce(0, +) == 0)
             var ours = AppReceiptTests.payload
             ours.bundleId = PipelineHarness.bundleId
             let ordinary = try ReceiptMinter(authority: try FakeCertificateAuthority.generate(name: "Shell")).mint(ours)
             let taken = try await HTTP.post(
-                pipeline.intakeURL + "/v1/receipts",
+                edge.intakeURL + "/v1/receipts",
                 json: ["userId": "mallory", "receiptData": Data(ordinary).base64EncodedString()])
             #expect(taken.status == 202, "\(taken.text)")
         }
+    }
 
-        /// A chunked body (no `Content-Length`) found too large while it arrives gets 413
-        /// `body_too_large`, as one announced too large does: not 500 and an error log line.
-        @Test func aChunkedBodyOverTheLimitGets413() async throws {
-            let pipeline = try await PipelineHarness.start(name: "chunked", roles: [.intake])
-            defer { Task { await pipeline.stop() } }
+    /// A chunked body (no `Content-Length`) found too large while it arrives gets 413
+    /// `body_too_large`, as one announced too large does: not 500 and an error log line.
+    @Test func aChunkedBodyOverTheLimitGets413() async throws {
+        try await EdgeHarness.with { edge in
             for (path, size) in [("/v1/receipts", 1_100_000), ("/v1/notifications/appstore", 80_000), ("/v1/orders", 20_000)] {
-                var request = HTTPClientRequest(url: pipeline.intakeURL + path)
+                var request = HTTPClientRequest(url: edge.intakeURL + path)
                 request.method = .POST
                 request.headers.add(name: "Content-Type", value: "application/json")
                 let chunk = ByteBuffer(repeating: UInt8(ascii: "a"), count: 8 * 1024)
@@ -209,9 +210,14 @@ extension BrokerTests {
                 let text = String(buffer: body)
                 #expect(response.status.code == 413 && text.contains("body_too_large"), "\(path): \(response.status) \(text)")
             }
-            #expect(try await HTTP.get(pipeline.intakeURL + "/healthz").status == 200)
+            #expect(try await HTTP.get(edge.intakeURL + "/healthz").status == 200)
         }
+    }
+}
 
+extension BrokerTests {
+    @Suite("Hostile input")
+    struct HostileInputTests {
         @Test func everyHostileBodyGetsA4xxWithACodeAndTheIntakeKeepsServing() async throws {
             let pipeline = try await PipelineHarness.startAuthenticated(name: "hostile")
             defer { Task { await pipeline.stop() } }
