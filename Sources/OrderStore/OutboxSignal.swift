@@ -25,7 +25,9 @@ public final class OutboxSignal: Sendable {
     /// Commits announced so far.
     public var commits: UInt64 { state.withLockedValue { $0.commits } }
 
-    /// Announces a commit that queued messages.
+    /// Announces a commit that queued messages. A relay that is stopping calls it too, to end
+    /// its own wait at once: every listener then looks at the outbox one more time, which costs
+    /// a read and loses nothing.
     public func announce() {
         let (waiters, commits) = state.withLockedValue { state in
             state.commits += 1
@@ -110,5 +112,4 @@ struct AnnouncingDatabase: SQLDatabase {
     func close() async {
         await inner.close()
     }
-
 }
