@@ -76,7 +76,10 @@ let package = Package(
         .target(
             name: "Ledger",
             dependencies: ["IAPCore"],
-            swiftSettings: strictSettings
+            // Optimized in debug builds too: the model checker (LedgerTests) runs the planner on
+            // 100,000 sequences a run; with this and LedgerTestSupport optimized it takes 29 s
+            // here, not 89 s.
+            swiftSettings: strictSettings + [.unsafeFlags(["-O"])]
         ),
         .target(
             name: "OrderStore",
@@ -230,10 +233,26 @@ let package = Package(
             ],
             swiftSettings: strictSettings
         ),
+        // The ledger core's checker and what it runs on: the tables in memory (`MemoryLedger`),
+        // the reference model, the seeded generator. Optimized even in debug builds: its
+        // 100,000 random sequences a run are the suite's largest piece of pure computation.
+        .target(
+            name: "LedgerTestSupport",
+            dependencies: ["IAPCore", "Ledger"],
+            path: "Tests/LedgerTestSupport",
+            swiftSettings: strictSettings + [.unsafeFlags(["-O"])]
+        ),
+        // The ledger's rules and its model checker: no store, no broker, no server.
+        .testTarget(
+            name: "LedgerTests",
+            dependencies: ["IAPCore", "Ledger", "LedgerTestSupport"],
+            exclude: ["Fixtures"],
+            swiftSettings: strictSettings
+        ),
         .testTarget(
             name: "IAPTests",
             dependencies: [
-                "IAPCore", "Ledger", "Messaging", "AppStore", "OrderStore", "FakeAppStore",
+                "IAPCore", "Ledger", "LedgerTestSupport", "Messaging", "AppStore", "OrderStore", "FakeAppStore",
                 "Intake", "Relay", "Verifier", "Finisher", "Pipeline", "Console",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "GRDB", package: "GRDB.swift"),

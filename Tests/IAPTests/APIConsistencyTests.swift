@@ -15,7 +15,7 @@ extension BrokerTests {
 
         @Test func theSameSituationAnswersTheSameCodeOnEveryRoute() async throws {
             let pipeline = try await PipelineHarness.startAuthenticated(name: "samecode")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let base = pipeline.intakeURL
             let unknownTransaction = "2999999999999999"
             let unknownSubmission = UUID().uuidString
@@ -59,7 +59,7 @@ extension BrokerTests {
         @Test func devModeHasProductionsRulesButTheLogin() async throws {
             let pipeline = try await PipelineHarness.start(
                 name: "devparity", limits: IntakeLimits(perUser: RateLimit(perSecond: 1, burst: 3), perAddress: nil))
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let base = pipeline.intakeURL
             let purchase = try await pipeline.mint()
             let id = try await pipeline.upload(userId: "ana", receiptData: purchase.receiptData)
@@ -105,7 +105,7 @@ extension BrokerTests {
 
         @Test func aSubscriptionShowsFromItsFirstUploadAndFollowsRenewals() async throws {
             let pipeline = try await PipelineHarness.start(name: "entitlements")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let base = pipeline.intakeURL
             let minted = try await HTTP.post(
                 pipeline.fakeURL + "/fake/purchases",
@@ -152,7 +152,7 @@ extension BrokerTests {
 
         @Test func aHeldPurchaseGrantedByCustomerServiceReadsCreditedInThePoll() async throws {
             let pipeline = try await PipelineHarness.start(name: "heldpoll")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let base = pipeline.intakeURL
             let unknown = try await pipeline.mint(productId: "com.example.not-in-catalog")
             let id = try await pipeline.upload(userId: "hana", receiptData: unknown.receiptData)

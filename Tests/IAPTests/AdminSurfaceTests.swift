@@ -7,7 +7,7 @@ import Testing
 
 /// The admin surface stays off the public port, slow console sign-ins hold none of the app's
 /// slots, and what clients choose never forges a log line.
-@Suite("The admin surface and the logs")
+@Suite("The admin surface and the logs", .teardown)
 struct AdminSurfaceTests {
     /// `iap orders` with an admin token and no admin listener refuses to start, naming the
     /// settings that fix it; the main compose file serves the admin port on loopback only.
@@ -45,7 +45,7 @@ extension BrokerTests {
                 limits: IntakeLimits(
                     perUser: nil, perAddress: nil, maxInFlight: 4, bodyTimeout: .seconds(2), notifications: nil,
                     notificationFailuresPerAddress: nil))
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let held = (0..<8).map { _ in
                 Task { () -> Int in
                     var request = HTTPClientRequest(url: pipeline.intakeURL + "/admin/login")
@@ -80,7 +80,7 @@ extension BrokerTests {
         @Test func aSlowConsoleFormIsCutOffByTheBodyTimeout() async throws {
             let pipeline = try await PipelineHarness.start(
                 name: "slowform", limits: IntakeLimits(perUser: nil, perAddress: nil, bodyTimeout: .seconds(1)))
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let port = try #require(URLComponents(string: pipeline.intakeURL)?.port)
             let slow = try RawHTTPClient(port: port)
             let started = ContinuousClock.now

@@ -38,10 +38,10 @@ extension BrokerTests {
 
         @Test func repeatedFailuresAlertOnceThroughTheWebhook() async throws {
             let webhook = try await Webhook.start()
-            defer { Task { await webhook.stop() } }
+            Teardown.add { await webhook.stop() }
             let pipeline = try await PipelineHarness.start(
                 name: "alerts", retryDelays: [1], alerts: AlertSettings(afterAttempts: 2, webhookURL: webhook.url))
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let purchase = try await pipeline.mint()
             try await pipeline.injectFault(.init(httpStatus: 503, count: 0, transactionId: purchase.transactionId))
             let id = try await pipeline.upload(userId: "kim", receiptData: purchase.receiptData)

@@ -1,6 +1,7 @@
 import AppStore
 import FakeAppStore
 import Foundation
+@testable import LedgerTestSupport
 import Testing
 @_spi(CMS) import X509
 
@@ -432,22 +433,5 @@ enum TestDER {
         let encapsulated = element(0x30, element(0x06, pkcs7 + [0x01]) + element(0xA0, element(0x04, content)))
         let signed = element(0x30, integer(1) + element(0x31, []) + encapsulated + element(0x31, []))
         return element(0x30, element(0x06, pkcs7 + [0x02]) + element(0xA0, signed))
-    }
-}
-
-/// A small seeded generator, so that a failing case can be replayed.
-struct SplitMix64: RandomNumberGenerator {
-    var state: UInt64
-
-    init(seed: UInt64) {
-        state = seed
-    }
-
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
     }
 }

@@ -6,7 +6,7 @@ import Testing
 extension BrokerTests {
     /// Apple's own App Store Server Library for Python, unmodified, is the referee: everything
     /// it sends the fake accepts, everything the fake answers it accepts.
-    @Suite("Apple's App Store Server Library against the fake App Store", .sqlitePassOnly)
+    @Suite("Apple's App Store Server Library against the fake App Store")
     struct AppleLibraryTests {
         @Test func appleServerLibraryAcceptsTheFakeAppStore() async throws {
             let python = try #require(
@@ -18,7 +18,7 @@ extension BrokerTests {
                 IAP_TEST_APPLE_PYTHON=.run/venv-apple/bin/python
                 """)
             let pipeline = try await PipelineHarness.start(name: "applelib", roles: [])
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
 
             let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-apple-\(UUID().uuidString)")
             try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)

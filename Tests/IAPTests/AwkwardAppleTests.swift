@@ -48,7 +48,7 @@ extension BrokerTests {
         /// owner's refreshed receipt marks the month `is_upgraded`.
         @Test func anUpgradeEndsTheLowerTierAndCreditsTheHigherToItsBuyer() async throws {
             let pipeline = try await PipelineHarness.start(name: "upgrade")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let month = try await mint(pipeline, Self.month, type: "auto_renewable", deviceId: "uma-phone")
             let first = try await pipeline.upload(["userId": "uma", "signedTransaction": month.signedTransaction])
             #expect(try await pipeline.waitForState(first)["state"] as? String == "credited")
@@ -122,7 +122,7 @@ extension BrokerTests {
         /// outside Apple's 1 to 90 and a purchase that is no subscription are refused.
         @Test func anExtensionMovesTheEndOfTheGrantInForce() async throws {
             let pipeline = try await PipelineHarness.start(name: "extend")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let month = try await mint(pipeline, Self.month, type: "auto_renewable")
             let id = try await pipeline.upload(["userId": "ulla", "signedTransaction": month.signedTransaction])
             #expect(try await pipeline.waitForState(id)["state"] as? String == "credited")
@@ -157,7 +157,7 @@ extension BrokerTests {
         /// credited. A refunded subscription period stays in the receipt, with its date.
         @Test func aRefundedPurchaseLeftOutOfTheReceiptIsFinishableOnceTheRefundIsIn() async throws {
             let pipeline = try await PipelineHarness.start(name: "leftout")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let coins = try await mint(pipeline, "com.example.coins.60", type: "consumable", deviceId: "wes-phone")
             let hold = try await HTTP.post(pipeline.fakeURL + "/fake/notifications/hold", json: [String: String]())
             #expect(hold.status == 204, "\(hold.text)")
@@ -199,7 +199,7 @@ extension BrokerTests {
         /// purchase credited, as in Apple's order.
         @Test func heldNotificationsAreReleasedInTheOrderAskedAndTheLedgerKeepsApplesOrder() async throws {
             let pipeline = try await PipelineHarness.start(name: "held")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let premium = try await mint(pipeline, "com.example.premium", type: "non_consumable")
             let id = try await pipeline.upload(["userId": "xia", "signedTransaction": premium.signedTransaction])
             #expect(try await pipeline.waitForState(id)["state"] as? String == "credited")

@@ -2,7 +2,7 @@ import Foundation
 import Testing
 
 extension BrokerTests {
-    @Suite("iap bench", .sqlitePassOnly)
+    @Suite("iap bench")
     struct BenchCommandTests {
         /// A small run of the load generator end to end, in both modes: its JSON report holds
         /// every field scripts read, and every purchase is credited exactly once.

@@ -3,7 +3,7 @@ import NIOHTTP1
 import Testing
 import Verifier
 
-@Suite("Circuit breaker toward Apple")
+@Suite("Circuit breaker toward Apple", .teardown)
 struct CircuitBreakerTests {
     @Test func opensAfterTheThresholdWaitsThenProbesAndCloses() {
         let breaker = CircuitBreaker(settings: .init(failureThreshold: 3, openDuration: .seconds(10)))
@@ -42,7 +42,7 @@ extension BrokerTests {
         @Test func openBreakerHoldsCallsBackAndEverythingIsCreditedAfterTheOutage() async throws {
             let pipeline = try await PipelineHarness.start(
                 name: "breaker", retryDelays: [1], circuitBreaker: .init(failureThreshold: 5, openDuration: .seconds(2)))
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let purchases = try await withThrowingTaskGroup(of: PipelineHarness.Purchase.self) { group in
                 for _ in 0..<40 { group.addTask { try await pipeline.mint() } }
                 return try await group.reduce(into: []) { $0.append($1) }

@@ -6,10 +6,10 @@ import NIOConcurrencyHelpers
 import OrderStore
 import Testing
 
-extension DisruptiveTests {
+extension ClusterDrills {
     /// Against the private three-node cluster (quorum queues), never a fake.
     @Suite(
-        "RabbitMQ cluster: failover and quorum queues", .sqlitePassOnly,
+        "RabbitMQ cluster: failover and quorum queues",
         .enabled(if: TestCluster.isAvailable, Comment(rawValue: TestCluster.missing)))
     struct ClusterTests {
         /// `iap` given several broker URLs and no IAP_QUEUE_TYPE declares quorum queues: the
@@ -21,7 +21,7 @@ extension DisruptiveTests {
             try drill.start("verifier")
             let names = PipelineNames(prefix: drill.prefix)
             let probe = AMQPConnection(configuration: try TestCluster.configuration(), topology: Topology(), logger: TestBroker.logger)
-            defer { Task { await probe.close() } }
+            Teardown.add { await probe.close() }
             let declared = try await eventually(timeout: .seconds(30), interval: .milliseconds(200)) {
                 (try? await probe.queueStatus(names.verify)) != nil
             }
@@ -145,7 +145,7 @@ extension DisruptiveTests {
         /// upload answered 202 is credited.
         @Test func whenANodeIsKilledUnderUploads_everyAcceptedUploadIsCredited() async throws {
             let pipeline = try await PipelineHarness.start(name: "cluster-drill", onCluster: true)
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let firstPort = try #require(TestCluster.port(of: try TestCluster.urls().split(separator: ",")[0].description))
             let total = 120
             var purchases: [PipelineHarness.Purchase] = []
@@ -177,7 +177,7 @@ extension DisruptiveTests {
         /// through `verify.retries` and is credited.
         @Test func onQuorumQueues_aTransientAppleFailureIsRetriedAndCredited() async throws {
             let pipeline = try await PipelineHarness.start(name: "quorum-retry", retryDelays: [1], onCluster: true)
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let purchase = try await pipeline.mint()
             try await pipeline.injectFault(["httpStatus": 503, "count": 1])
             try await pipeline.injectFault(["status": 21005, "count": 1])

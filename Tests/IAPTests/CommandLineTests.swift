@@ -1,7 +1,7 @@
 import Foundation
 import Testing
 
-@Suite("iap on the command line")
+@Suite("iap on the command line", .teardown)
 struct CommandLineTests {
     struct Run {
         var status: Int32
@@ -29,7 +29,7 @@ struct CommandLineTests {
 
     @Test func inspectReceiptPrintsEveryPurchaseAndRefusesJunk() async throws {
         let apple = try await VerifyReceiptClientTests.Apple.start()
-        defer { Task { await apple.stop() } }
+        Teardown.add { await apple.stop() }
         let device = UUID().uuidString
         var transactions: [String] = []
         var receipt = ""
@@ -156,7 +156,7 @@ struct CommandLineTests {
 
     @Test func inspectJWSVerifiesAndPrintsOrSaysWhy() async throws {
         let apple = try await VerifyReceiptClientTests.Apple.start()
-        defer { Task { await apple.stop() } }
+        Teardown.add { await apple.stop() }
         let answer = try await HTTP.post(
             apple.url + "/fake/purchases", json: ["bundleId": PipelineHarness.bundleId, "productId": "com.example.coins.60"])
         let jws = try #require(answer.json["signedTransaction"] as? String)

@@ -10,7 +10,7 @@ extension BrokerTests {
     /// a viewer finds a held purchase by Apple's order id and may not grant it, an operator
     /// grants it and the app sees the grant, a form without its CSRF token is refused, a dead
     /// letter is redriven and credited.
-    @Suite("Customer service console in a browser", .sqlitePassOnly)
+    @Suite("Customer service console in a browser")
     struct ConsoleBrowserTests {
         @Test func consoleDrivenInHeadlessChromium() async throws {
             let python = try #require(
@@ -22,7 +22,7 @@ extension BrokerTests {
                 .run/venv-console/bin/pip install selenium, then IAP_TEST_CONSOLE_PYTHON=.run/venv-console/bin/python
                 """)
             let pipeline = try await PipelineHarness.start(name: "console", separateAdmin: true)
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let adminURL = try #require(pipeline.adminURL)
 
             // A purchase of a product the catalog lacks: held (unknown_product), the upload needs review.

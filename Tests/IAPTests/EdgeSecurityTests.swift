@@ -14,7 +14,7 @@ import Testing
 /// The third security round's findings, each against the listener it names, with real
 /// sockets on loopback and no broker: what strangers may cost, and what they may never take
 /// from Apple or from operators.
-@Suite("Security at the edges", .serialized, .timeLimit(.minutes(3)))
+@Suite("Security at the edges", .serialized, .timeLimit(.minutes(3)), .teardown)
 struct EdgeSecurityTests {
     // MARK: - Apple's notifications (finding 3)
 
@@ -280,7 +280,7 @@ extension BrokerTests {
         /// the finisher keeps only its digest.
         @Test func anUploadAppleRejectsKeepsLessThan1KB() async throws {
             let pipeline = try await PipelineHarness.start(name: "rejectdigest")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             var padded = AppReceiptTests.payload
             padded.bundleId = PipelineHarness.bundleId
             padded.opaqueValue = [UInt8](repeating: 7, count: 200 * 1024)

@@ -8,7 +8,7 @@ extension BrokerTests {
     struct EndToEndTests {
         @Test func productionPurchaseIsCredited() async throws {
             let pipeline = try await PipelineHarness.start(name: "e2e")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let purchase = try await pipeline.mint()
             let id = try await pipeline.upload(
                 userId: "alice", receiptData: purchase.receiptData, transactionId: purchase.transactionId)
@@ -28,7 +28,7 @@ extension BrokerTests {
 
         @Test func sandboxReceiptIsCreditedThroughThe21007Fallback() async throws {
             let pipeline = try await PipelineHarness.start(name: "sandbox")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let purchase = try await pipeline.mint(environment: "Sandbox")
             let id = try await pipeline.upload(userId: "reviewer", receiptData: purchase.receiptData)
 
@@ -41,7 +41,7 @@ extension BrokerTests {
 
         @Test func sameReceiptUploadedTwentyTimesConcurrentlyCreditsOneGrant() async throws {
             let pipeline = try await PipelineHarness.start(name: "twenty")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let purchase = try await pipeline.mint()
             let ids = try await withThrowingTaskGroup(of: String.self) { group in
                 for _ in 0..<20 {
@@ -68,7 +68,7 @@ extension BrokerTests {
 
         @Test func purchaseReplayedByAnotherUserIsNotCreditedToThem() async throws {
             let pipeline = try await PipelineHarness.start(name: "replay")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let purchase = try await pipeline.mint()
             let first = try await pipeline.upload(userId: "owner", receiptData: purchase.receiptData)
             #expect(try await pipeline.waitForState(first)["state"] as? String == "credited")
@@ -85,7 +85,7 @@ extension BrokerTests {
 
         @Test func transientAppleFailureIsRetriedNotRejected() async throws {
             let pipeline = try await PipelineHarness.start(name: "transient", retryDelays: [1])
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let purchase = try await pipeline.mint()
             try await pipeline.injectFault(["httpStatus": 503, "count": 1])
             try await pipeline.injectFault(["status": 21005, "count": 1])
@@ -103,7 +103,7 @@ extension BrokerTests {
 
         @Test func receiptOfAnotherAppIsRefusedBeforeStoring() async throws {
             let pipeline = try await PipelineHarness.start(name: "bundle")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let purchase = try await pipeline.mint(bundleId: "com.someone.else")
             // Refused with a 4xx and nothing stored: no answer tells the app to finish it (if
             // IAP_BUNDLE_IDS is what is wrong, the purchase is uploaded again once it is fixed).
@@ -116,7 +116,7 @@ extension BrokerTests {
 
         @Test func everyPurchaseInOneReceiptIsCredited() async throws {
             let pipeline = try await PipelineHarness.start(name: "several")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let first = try await pipeline.mint(deviceId: "phone-1")
             let second = try await pipeline.mint(productId: "com.example.coins.120", deviceId: "phone-1")
             let id = try await pipeline.upload(userId: "erin", receiptData: second.receiptData)

@@ -144,7 +144,7 @@ extension BrokerTests {
     struct FakeAppStoreSemanticsTests {
         @Test func aRestoreKeepsTheOriginalIdAndBillingPeriodUnderANewTransactionId() async throws {
             let pipeline = try await PipelineHarness.start(name: "fakerestore", roles: [])
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let fake = FakeStore(url: pipeline.fakeURL)
 
             let premium = try await fake.mint(type: "non_consumable")
@@ -178,7 +178,7 @@ extension BrokerTests {
 
         @Test func aRenewalIsANewBillingPeriodAndSendsDidRenew() async throws {
             let pipeline = try await PipelineHarness.start(name: "fakerenew", roles: [])
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let fake = FakeStore(url: pipeline.fakeURL)
             let month = try await fake.mint(
                 type: "auto_renewable", productId: "com.example.vip.month", extra: ["expiresInSeconds": 3600])
@@ -227,7 +227,7 @@ extension BrokerTests {
 
         @Test func aRefundRevokesWhatAppleRevokesAndAReversalRestoresIt() async throws {
             let pipeline = try await PipelineHarness.start(name: "fakerefund", roles: [])
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let fake = FakeStore(url: pipeline.fakeURL)
 
             // A non-consumable: the purchase and every restore of it.
@@ -268,7 +268,7 @@ extension BrokerTests {
 
         @Test func aFamilySharedPurchaseSaysSoInItsJWSAndInVerifyReceipt() async throws {
             let pipeline = try await PipelineHarness.start(name: "fakefamily", roles: [])
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let fake = FakeStore(url: pipeline.fakeURL)
             let shared = try await fake.mint(type: "non_consumable", extra: ["familyShared": true])
             let own = try await fake.mint(type: "non_consumable")
@@ -300,7 +300,7 @@ extension BrokerTests {
 
         @Test func aBearerTokenWithoutIatIsAcceptedAndABadOneRefused() async throws {
             let pipeline = try await PipelineHarness.start(name: "faketoken", roles: [])
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let fake = FakeStore(url: pipeline.fakeURL)
             let id = try #require(try await fake.mint(type: "consumable", productId: "com.example.coins.60")["transactionId"] as? String)
             let path = "/inApps/v1/transactions/\(id)"

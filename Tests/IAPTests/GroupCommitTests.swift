@@ -8,10 +8,10 @@ import Testing
 /// caller still hears only about its own unit of work, after it is durable.
 @Suite("Group commit")
 struct GroupCommitTests {
-    func makeStore() async throws -> (OrderStore, String) {
+    func makeStore(_ backend: Backend) async throws -> (OrderStore, String) {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-group-\(UUID().uuidString)")
         let path = folder.appendingPathComponent("orders.sqlite").path
-        return await (try TestStore.open(in: folder), path)
+        return await (try TestStore.open(in: folder, on: backend), path)
     }
 
     func request(_ id: UUID = UUID()) -> VerifyRequest {
@@ -20,8 +20,8 @@ struct GroupCommitTests {
 
     /// 400 uploads at once, 40 of them reusing an id already stored: exactly those 40 fail,
     /// the other 360 are stored with their messages, in far fewer commits than uploads.
-    @Test func concurrentUploadsShareCommitsAndFailAlone() async throws {
-        let (store, path) = try await makeStore()
+    @Test(arguments: TestStore.backends) func concurrentUploadsShareCommitsAndFailAlone(_ backend: Backend) async throws {
+        let (store, path) = try await makeStore(backend)
         let taken = (0..<40).map { _ in UUID() }
         for id in taken { try await store.accept(request(id), message: nil) }
         let before = store.acceptCommit.batches
@@ -50,7 +50,7 @@ struct GroupCommitTests {
         #expect(batches >= 1 && batches < 200, "400 uploads took \(batches) commits")
 
         // Read back through a connection of its own: what the callers heard is what is on disk.
-        let reopened = try await TestStore.open(in: URL(fileURLWithPath: path).deletingLastPathComponent())
+        let reopened = try await TestStore.open(in: URL(fileURLWithPath: path).deletingLastPathComponent(), on: backend)
         let stored: (Int?, Int?) = (
             try await reopened.testValue("SELECT COUNT(*) FROM submission"), try await reopened.testValue("SELECT COUNT(*) FROM outbox")
         )
@@ -59,8 +59,8 @@ struct GroupCommitTests {
 
     /// A commit that fails fails everyone in it: no caller hears "stored" for a write that is
     /// not on disk. (A deferred foreign key makes the shared COMMIT itself fail.)
-    @Test func failedCommitFailsEveryWriteOfTheBatchAndStoresNone() async throws {
-        let (store, _) = try await makeStore()
+    @Test(arguments: TestStore.backends) func failedCommitFailsEveryWriteOfTheBatchAndStoresNone(_ backend: Backend) async throws {
+        let (store, _) = try await makeStore(backend)
         if store.dialect == .postgres {
             // PostgreSQL's foreign keys here are not deferrable: a deferred constraint trigger
             // that refuses every row of a table of the test's own fails the COMMIT instead.
@@ -109,8 +109,8 @@ struct GroupCommitTests {
     /// an I/O error; an explicit ROLLBACK stands in for it) ends the batch there: every caller
     /// of the batch hears the failure, and nothing of it is on disk, neither the writes the
     /// rollback undid nor the ones queued after it.
-    @Test func aRollbackInsideTheBatchFailsTheWholeBatch() async throws {
-        let (store, _) = try await makeStore()
+    @Test(arguments: TestStore.backends) func aRollbackInsideTheBatchFailsTheWholeBatch(_ backend: Backend) async throws {
+        let (store, _) = try await makeStore(backend)
         let writer = try await HeldWriter(store.acceptCommit)
         let before = request()
         let after = request()
@@ -137,8 +137,8 @@ extension GroupCommitTests {
     /// results of two order services conflict and a batch is rolled back) takes no upload
     /// with it. An upload that arrives while a batch of results is being written waits for the
     /// writer, then commits in a batch of uploads.
-    @Test func aFailedBatchOfResultsTakesNoUploadWithIt() async throws {
-        let (store, _) = try await makeStore()
+    @Test(arguments: TestStore.backends) func aFailedBatchOfResultsTakesNoUploadWithIt(_ backend: Backend) async throws {
+        let (store, _) = try await makeStore(backend)
         let writer = try await HeldWriter(store.groupCommit)
         let upload = request()
         let uploadsBefore = store.acceptCommit.batches

@@ -6,26 +6,12 @@ import Pipeline
 import NIOCore
 import NIOHTTP1
 import OrderStore
+@testable import LedgerTestSupport
 import Testing
-
-/// A reproducible random source (SplitMix64), so a failing body can be generated again.
-struct SeededGenerator: RandomNumberGenerator {
-    private var state: UInt64
-
-    init(seed: UInt64) { state = seed }
-
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
 
 /// Bodies nobody should send: each kind is one way a client (or an attacker) gets it wrong.
 struct HostileBodies {
-    var random: SeededGenerator
+    var random: SplitMix64
 
     static let fields = ["userId", "receiptData", "orderId", "transactionId", "productId"]
     static let kinds = [
@@ -93,7 +79,7 @@ struct HostileBodies {
 
 /// Hostile input the intake refuses by itself: its listeners over a store of their own, no
 /// broker and no verifier, every harness stopped before the test returns.
-@Suite("Hostile input at the intake")
+@Suite("Hostile input at the intake", .teardown)
 struct HostileIntakeInputTests {
     /// A NUL character (U+0000) in any text field is refused with 400 `invalid_field` on
     /// both stores (PostgreSQL cannot store one: it answered 503 before).
@@ -220,10 +206,10 @@ extension BrokerTests {
     struct HostileInputTests {
         @Test func everyHostileBodyGetsA4xxWithACodeAndTheIntakeKeepsServing() async throws {
             let pipeline = try await PipelineHarness.startAuthenticated(name: "hostile")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let token = try await TestTokens.hs256(.init("mallory"))
             let count = 3000
-            var generator = HostileBodies(random: SeededGenerator(seed: 0x1A9_2026))
+            var generator = HostileBodies(random: SplitMix64(seed: 0x1A9_2026))
             let bodies = (0..<count).map { generator.body($0) }
             // Hostile headers too: tokens cut short, and tokens that are not tokens.
             let tokens = [token, String(token.dropLast(5)), String(token.prefix(20)), "x", token + "."]

@@ -6,55 +6,13 @@ import NIOCore
 import NIOFoundationCompat
 import OrderStore
 import ServiceLifecycle
+@testable import LedgerTestSupport
 import Testing
 
 // A model-based randomized test of the ledger: seeded sequences of purchases, uploads by every
 // route, restores, renewals, refunds and their reversals, family sharing and sandbox
 // notifications, run through the whole pipeline and compared after every step with a small
 // reference model of the ledger's semantics.
-
-// MARK: - A seeded generator
-
-/// Draws from `SplitMix64`: every sequence from its own seed, the same on every machine and
-/// toolchain (the standard library's `random(in:using:)` may change its algorithm; these
-/// functions do not).
-struct ModelRandom {
-    private var generator: SplitMix64
-
-    init(seed: UInt64) { generator = SplitMix64(seed: seed) }
-
-    mutating func next() -> UInt64 { generator.next() }
-
-    /// A number in `0..<bound`.
-    mutating func below(_ bound: Int) -> Int { Int(next() % UInt64(max(bound, 1))) }
-
-    /// A number in `range`.
-    mutating func within(_ range: ClosedRange<Int>) -> Int { range.lowerBound + below(range.count) }
-
-    /// True with probability `percent` / 100.
-    mutating func chance(_ percent: Int) -> Bool { below(100) < percent }
-
-    mutating func pick<T>(_ items: [T]) -> T { items[below(items.count)] }
-
-    /// A lowercased UUID made of drawn bits (an `appAccountToken`).
-    mutating func uuid() -> String {
-        let high = next()
-        let low = next()
-        let bytes = (0..<8).map { UInt8(truncatingIfNeeded: high >> (8 * $0)) } + (0..<8).map { UInt8(truncatingIfNeeded: low >> (8 * $0)) }
-        let uuid = UUID(
-            uuid: (
-                bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5], bytes[6] & 0x0F | 0x40, bytes[7],
-                bytes[8] & 0x3F | 0x80, bytes[9], bytes[10], bytes[11], bytes[12], bytes[13], bytes[14], bytes[15]
-            ))
-        return uuid.uuidString.lowercased()
-    }
-
-    /// The seed of sequence `index` of a run with `base`, distinct per restore policy.
-    static func sequenceSeed(base: UInt64, policy: RestorePolicy, index: Int) -> UInt64 {
-        var generator = ModelRandom(seed: base ^ (policy == .keep ? 0 : 0x5452_414E_5346_4552) ^ (UInt64(index) &* 0xD1B5_4A32_D192_ED03))
-        return generator.next()
-    }
-}
 
 // MARK: - The reference model
 
@@ -460,7 +418,7 @@ struct Divergence: Error, CustomStringConvertible {
     var problem: String
 
     var description: String {
-        "seed \(LedgerModelRun.hex(seed)) (restore policy \(policy.rawValue)): \(problem)\nsteps:\n"
+        "seed \(ModelRandom.hex(seed)) (restore policy \(policy.rawValue)): \(problem)\nsteps:\n"
             + steps.enumerated().map { "  \($0.offset + 1). \($0.element)" }.joined(separator: "\n")
     }
 }
@@ -509,10 +467,8 @@ struct LedgerModelRun {
         model = LedgerModel(policy: policy)
         // Fresh ids every run: a seed replayed twice in one run must not meet its own users.
         let run = UUID().uuidString.prefix(8).lowercased()
-        users = (0..<3).map { "lm-\(Self.hex(seed).dropFirst(2).prefix(8))-\(run)-u\($0)" }
+        users = (0..<3).map { "lm-\(ModelRandom.hex(seed).dropFirst(2).prefix(8))-\(run)-u\($0)" }
     }
-
-    static func hex(_ seed: UInt64) -> String { "0x" + String(seed, radix: 16, uppercase: false) }
 
     private func name(_ user: Int) -> String { "u\(user)" }
 
@@ -892,10 +848,6 @@ enum ModelSeeds {
         .appendingPathComponent("Fixtures/ledger-model-seeds.txt")
     static let fixtureName = "Tests/IAPTests/Fixtures/ledger-model-seeds.txt"
 
-    /// The base of the random seeds: fixed (reproducible CI) unless IAP_TEST_MODEL_SEED says.
-    static var base: UInt64 {
-        ProcessInfo.processInfo.environment["IAP_TEST_MODEL_SEED"].flatMap(parse) ?? 0x1ED6_E5A0_DE15_0001
-    }
 
     /// How many random sequences in all (a quarter of them with IAP_RESTORE=transfer): 16,
     /// and on PostgreSQL the first 8 of them, after the regression seeds. The rules'
@@ -906,21 +858,17 @@ enum ModelSeeds {
     /// 100 while this model was the only one with random sequences, then 40; the suite runs one
     /// at a time with the other broker suites, so its minutes were the whole pass's. On
     /// PostgreSQL a sequence costs twice as much. `IAP_TEST_MODEL_SEQUENCES` runs more.
-    static var sequences: Int {
-        ProcessInfo.processInfo.environment["IAP_TEST_MODEL_SEQUENCES"].flatMap { Int($0) } ?? (TestStore.usesPostgres ? 8 : 16)
+    static func sequences(on backend: Backend) -> Int {
+        ProcessInfo.processInfo.environment["IAP_TEST_MODEL_SEQUENCES"].flatMap { Int($0) } ?? (backend == .postgres ? 8 : 16)
     }
 
-    static func parse(_ text: String) -> UInt64? {
-        let trimmed = text.trimmingCharacters(in: .whitespaces).lowercased()
-        return trimmed.hasPrefix("0x") ? UInt64(trimmed.dropFirst(2), radix: 16) : UInt64(trimmed)
-    }
 
     /// How many sequences with notifications held, per policy: they run one at a time on a
     /// pipeline of their own (the fake holds everything it sends). 4 with `keep` and 2 with
     /// `transfer`; half on PostgreSQL.
-    static func heldSequences(_ policy: RestorePolicy) -> Int {
+    static func heldSequences(_ policy: RestorePolicy, on backend: Backend) -> Int {
         let keep = ProcessInfo.processInfo.environment["IAP_TEST_MODEL_HELD_SEQUENCES"].flatMap { Int($0) }
-            ?? (TestStore.usesPostgres ? 2 : 4)
+            ?? (backend == .postgres ? 2 : 4)
         return policy == .keep ? keep : keep / 2
     }
 
@@ -933,7 +881,7 @@ enum ModelSeeds {
             guard fields.count >= 2, fields[1] == policy.rawValue, (fields.count >= 3 && fields[2] == "held") == held else {
                 return nil
             }
-            return parse(String(fields[0]))
+            return ModelRandom.parse(String(fields[0]))
         }
     }
 }
@@ -976,9 +924,9 @@ extension BrokerTests {
             }
         }
 
-        @Test(arguments: [RestorePolicy.keep, .transfer])
-        func randomSequencesMatchTheReferenceModel(policy: RestorePolicy) async throws {
-            let total = ModelSeeds.sequences
+        @Test(arguments: TestStore.backends, [RestorePolicy.keep, .transfer])
+        func randomSequencesMatchTheReferenceModel(on backend: Backend, policy: RestorePolicy) async throws {
+            let total = ModelSeeds.sequences(on: backend)
             let count = policy == .keep ? total - total / 4 : total / 4
             // The whole test is bounded. It runs beside the fault drills (`DisruptiveTests`),
             // which take most of a core: there 117 sequences of the keep policy took 160 s on
@@ -987,38 +935,38 @@ extension BrokerTests {
             // three times as long there, so that pass runs half the sequences
             // (`ModelSeeds.sequences`) under a bound 1.4 times as long.
             try await Self.runModel(
-                "model", policy: policy, held: false,
-                random: (0..<count).map { ModelRandom.sequenceSeed(base: ModelSeeds.base, policy: policy, index: $0) },
-                bound: .seconds((policy == .keep ? 120 : 80) * (TestStore.usesPostgres ? 14 : 10) / 10), concurrency: 12)
+                "model", policy: policy, held: false, on: backend,
+                random: (0..<count).map { ModelRandom.sequenceSeed(base: ModelRandom.base, policy: policy, index: $0) },
+                bound: .seconds((policy == .keep ? 120 : 80) * (backend == .postgres ? 14 : 10) / 10), concurrency: 12)
         }
 
         /// The same model with Apple's notifications held at random: uploads between Apple's
         /// events and their notifications, and what waited released in Apple's order, in
         /// reverse or shuffled, sometimes each twice. The model applies them in Apple's order.
         /// One sequence at a time on a pipeline of its own: the fake holds all it sends.
-        @Test(arguments: [RestorePolicy.keep, .transfer])
-        func heldNotificationsReleasedInAnyOrderMatchTheModel(policy: RestorePolicy) async throws {
+        @Test(arguments: TestStore.backends, [RestorePolicy.keep, .transfer])
+        func heldNotificationsReleasedInAnyOrderMatchTheModel(on backend: Backend, policy: RestorePolicy) async throws {
             try await Self.runModel(
-                "held", policy: policy, held: true,
-                random: (0..<ModelSeeds.heldSequences(policy)).map {
-                    ModelRandom.sequenceSeed(base: ModelSeeds.base ^ 0x4845_4C44, policy: policy, index: $0)
+                "held", policy: policy, held: true, on: backend,
+                random: (0..<ModelSeeds.heldSequences(policy, on: backend)).map {
+                    ModelRandom.sequenceSeed(base: ModelRandom.base ^ 0x4845_4C44, policy: policy, index: $0)
                 },
-                bound: .seconds(120 * (TestStore.usesPostgres ? 2 : 1)), concurrency: 1)
+                bound: .seconds(120 * (backend == .postgres ? 2 : 1)), concurrency: 1)
         }
 
         /// The regression seeds of the fixture, then `random`, on a pipeline of their own within
         /// `bound`: each divergence is an issue, a new one with the fixture line that keeps it.
         static func runModel(
-            _ name: String, policy: RestorePolicy, held: Bool, random: [UInt64], bound: Duration, concurrency: Int
+            _ name: String, policy: RestorePolicy, held: Bool, on backend: Backend, random: [UInt64], bound: Duration,
+            concurrency: Int
         ) async throws {
             let regressions = try ModelSeeds.regressions(for: policy, held: held)
-            let pipeline = try await PipelineHarness.start(name: "\(name)-\(policy.rawValue)", sandboxPolicy: .reject, restorePolicy: policy)
+            let pipeline = try await PipelineHarness.start(
+                name: "\(name)-\(policy.rawValue)", sandboxPolicy: .reject, restorePolicy: policy, on: backend)
             let relay = try await NotificationRelay.start(for: pipeline)
-            defer {
-                Task {
-                    await relay.stop()
-                    await pipeline.stop()
-                }
+            Teardown.add {
+                await relay.stop()
+                await pipeline.stop()
             }
             let started = ContinuousClock.now
             let deadline = started + bound
@@ -1035,8 +983,8 @@ extension BrokerTests {
                 Issue.record(
                     """
                     \(divergence)
-                    Keep it as a regression case: add the line `\(LedgerModelRun.hex(divergence.seed)) \(policy.rawValue)\(held ? " held" : "")` \
-                    to \(ModelSeeds.fixtureName) (base seed \(LedgerModelRun.hex(ModelSeeds.base)); IAP_TEST_MODEL_SEED overrides it).
+                    Keep it as a regression case: add the line `\(ModelRandom.hex(divergence.seed)) \(policy.rawValue)\(held ? " held" : "")` \
+                    to \(ModelSeeds.fixtureName) (base seed \(ModelRandom.hex(ModelRandom.base)); IAP_TEST_MODEL_SEED overrides it).
                     """)
             }
             let elapsed = ContinuousClock.now - started
@@ -1059,7 +1007,7 @@ extension BrokerTests {
         func aPurchaseRefundedBeforeItsUploadIsNeverCredited(route: RefundedUploadRoute) async throws {
             let pipeline = try await PipelineHarness.start(
                 name: "refundfirst", receiptsThroughServerAPI: route == .receiptThroughServerAPI)
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             for product in [ModelProduct.all[0], .premium, ModelProduct.all[3], .vipMonth] {
                 let purchase = try await pipeline.mintStoreKit2(productId: product.id, type: product.kind.rawValue)
                 let refund = try await HTTP.post(
@@ -1101,7 +1049,7 @@ extension BrokerTests {
         @Test(arguments: [RestorePolicy.keep, .transfer])
         func aRestoredNonConsumableStaysOneGrant(policy: RestorePolicy) async throws {
             let pipeline = try await PipelineHarness.start(name: "restore-\(policy.rawValue)", restorePolicy: policy)
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let purchase = try await pipeline.mintStoreKit2(productId: ModelProduct.premium.id, type: "non_consumable")
             let first = try await pipeline.waitForState(
                 try await pipeline.upload(["userId": "olga", "signedTransaction": try #require(purchase.signedTransaction)]))

@@ -15,10 +15,10 @@ import Testing
 struct LedgerSemanticsTests {
     let policy = CreditPolicy(catalog: PipelineHarness.testCatalog)
 
-    func makeStore(observer: (@Sendable (String) -> Void)? = nil) async throws -> (OrderStore, String) {
+    func makeStore(_ backend: Backend, observer: (@Sendable (String) -> Void)? = nil) async throws -> (OrderStore, String) {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-ledger-\(UUID().uuidString)")
         let path = folder.appendingPathComponent("orders.sqlite").path
-        return await (try TestStore.open(in: folder, statementObserver: observer), path)
+        return await (try TestStore.open(in: folder, on: backend, statementObserver: observer), path)
     }
 
     func purchase(
@@ -89,8 +89,8 @@ struct LedgerSemanticsTests {
         try await store.grants(ofUser: user).filter { $0.state == "active" }.map(\.transactionId)
     }
 
-    @Test func aRestoreCreditsNothingNewAndAnotherUsersRestoreStaysWithTheOwner() async throws {
-        let (store, _) = try await makeStore()
+    @Test(arguments: TestStore.backends) func aRestoreCreditsNothingNewAndAnotherUsersRestoreStaysWithTheOwner(_ backend: Backend) async throws {
+        let (store, _) = try await makeStore(backend)
         let bought = try await upload([purchase("t1", product: "com.example.premium")], by: "ana", to: store)
         #expect(bought.transactions.map(\.state) == [.credited])
         // The same purchase restored on a second device: a new transaction id, the same original.
@@ -104,8 +104,8 @@ struct LedgerSemanticsTests {
         #expect(try await store.auditLog(limit: 10).contains { $0.action == "restore_kept_by_owner" })
     }
 
-    @Test func underTransferTheRestoringUserTakesTheEntitlement() async throws {
-        let (store, _) = try await makeStore()
+    @Test(arguments: TestStore.backends) func underTransferTheRestoringUserTakesTheEntitlement(_ backend: Backend) async throws {
+        let (store, _) = try await makeStore(backend)
         let transfer = CreditPolicy(catalog: PipelineHarness.testCatalog, restore: .transfer)
         try await upload([purchase("t1", product: "com.example.premium")], by: "ana", to: store, policy: transfer)
         let moved = try await upload(
@@ -125,8 +125,8 @@ struct LedgerSemanticsTests {
         #expect(replay.transactions.map(\.state) == [.replayedFromOtherUser])
     }
 
-    @Test func aRefundThatArrivesBeforeTheUploadIsRemembered() async throws {
-        let (store, _) = try await makeStore()
+    @Test(arguments: TestStore.backends) func aRefundThatArrivesBeforeTheUploadIsRemembered(_ backend: Backend) async throws {
+        let (store, _) = try await makeStore(backend)
         let coins = purchase("t1", product: "com.example.coins.60")
         #expect(try await notify("REFUND", coins, to: store) == "REFUND: revocation_pending")
         // The signed transaction saved before the refund carries no revocation date.
@@ -153,8 +153,8 @@ struct LedgerSemanticsTests {
         #expect(try await active(store, "bea") == ["t10"])
     }
 
-    @Test func aRefundOfANonConsumableCoversItsRestores() async throws {
-        let (store, _) = try await makeStore()
+    @Test(arguments: TestStore.backends) func aRefundOfANonConsumableCoversItsRestores(_ backend: Backend) async throws {
+        let (store, _) = try await makeStore(backend)
         try await upload([purchase("t1", product: "com.example.premium")], by: "ana", to: store)
         #expect(try await notify("REFUND", purchase("t1", product: "com.example.premium"), to: store) == "REFUND: revoked")
         let restored = try await upload([purchase("t2", original: "t1", product: "com.example.premium")], by: "ana", to: store)
@@ -164,8 +164,8 @@ struct LedgerSemanticsTests {
         #expect(try await active(store, "ana") == ["t1"])
     }
 
-    @Test func aRevocationInALaterAnswerRevokesTheGrant() async throws {
-        let (store, _) = try await makeStore()
+    @Test(arguments: TestStore.backends) func aRevocationInALaterAnswerRevokesTheGrant(_ backend: Backend) async throws {
+        let (store, _) = try await makeStore(backend)
         try await upload([purchase("t1", product: "com.example.coins.60")], by: "ana", to: store)
         let refundedAt = Date().addingTimeInterval(-60)
         let again = try await upload([purchase("t1", product: "com.example.coins.60", cancelled: refundedAt)], by: "ana", to: store)
@@ -177,8 +177,8 @@ struct LedgerSemanticsTests {
         #expect(try await active(store, "ana") == ["t1"])
     }
 
-    @Test func subscriptionsAreCreditedOncePerBillingPeriod() async throws {
-        let (store, _) = try await makeStore()
+    @Test(arguments: TestStore.backends) func subscriptionsAreCreditedOncePerBillingPeriod(_ backend: Backend) async throws {
+        let (store, _) = try await makeStore(backend)
         let month = "com.example.vip.month"
         let first = try await upload(
             [purchase("t1", product: month, period: "w1", expires: Date().addingTimeInterval(3600))], by: "ana", to: store)
@@ -211,8 +211,8 @@ struct LedgerSemanticsTests {
         #expect(try await store.subscriptions(ofUser: "ana").first?.state == "expired")
     }
 
-    @Test func aSandboxNotificationGrantsNothingWhenTheSandboxIsRefused() async throws {
-        let (store, _) = try await makeStore()
+    @Test(arguments: TestStore.backends) func aSandboxNotificationGrantsNothingWhenTheSandboxIsRefused(_ backend: Backend) async throws {
+        let (store, _) = try await makeStore(backend)
         let strict = CreditPolicy(catalog: PipelineHarness.testCatalog, sandbox: .reject)
         let order = try await store.createOrder(userId: "ana", productId: "com.example.vip.month")
         let sandbox = purchase(
@@ -227,8 +227,8 @@ struct LedgerSemanticsTests {
         #expect(try await active(store, "ana") == ["s1"])
     }
 
-    @Test func renewalsOfAPaidOrderAreNotHeldAfterAPlanChange() async throws {
-        let (store, _) = try await makeStore()
+    @Test(arguments: TestStore.backends) func renewalsOfAPaidOrderAreNotHeldAfterAPlanChange(_ backend: Backend) async throws {
+        let (store, _) = try await makeStore(backend)
         let order = try await store.createOrder(userId: "ana", productId: "com.example.vip.month")
         try await upload([purchase("t1", product: "com.example.vip.month", period: "w1", token: order.orderId)], by: "ana", to: store)
         #expect(try await store.order(order.orderId)?.state == "paid")
@@ -239,8 +239,8 @@ struct LedgerSemanticsTests {
         #expect(try await active(store, "ana") == ["t1", "t2"])
     }
 
-    @Test func aLookupCreditsNobodyAndLeavesThePurchaseToItsOwner() async throws {
-        let (store, _) = try await makeStore()
+    @Test(arguments: TestStore.backends) func aLookupCreditsNobodyAndLeavesThePurchaseToItsOwner(_ backend: Backend) async throws {
+        let (store, _) = try await makeStore(backend)
         // A bare transaction id (or an unsigned receipt): Apple answers for any transaction of the app.
         var looked = purchase("v1", product: "com.example.coins.300")
         looked.evidence = .lookup
@@ -266,8 +266,8 @@ struct LedgerSemanticsTests {
         #expect(try await upload([tokened], by: "mallory", to: store).transactions.map(\.state) == [.credited])
     }
 
-    @Test func aNewBillingPeriodGoesToTheSubscriptionsOwnerWhoeverUploadsIt() async throws {
-        let (store, _) = try await makeStore()
+    @Test(arguments: TestStore.backends) func aNewBillingPeriodGoesToTheSubscriptionsOwnerWhoeverUploadsIt(_ backend: Backend) async throws {
+        let (store, _) = try await makeStore(backend)
         let first = purchase("s1", product: "com.example.vip.month", period: "w1", expires: Date().addingTimeInterval(60))
         try await upload([first], by: "ana", to: store)
         // Apple renews; before DID_RENEW arrives, another account uploads the owner's receipt.
@@ -291,8 +291,8 @@ struct LedgerSemanticsTests {
         #expect(try await active(store, "ana") == ["s1", "s2", "s3"])
     }
 
-    @Test func underTransferTheSubscriptionMovesAndItsRenewalsFollowTheNewOwner() async throws {
-        let (store, _) = try await makeStore()
+    @Test(arguments: TestStore.backends) func underTransferTheSubscriptionMovesAndItsRenewalsFollowTheNewOwner(_ backend: Backend) async throws {
+        let (store, _) = try await makeStore(backend)
         let transfer = CreditPolicy(catalog: PipelineHarness.testCatalog, restore: .transfer)
         let first = purchase("s1", product: "com.example.vip.month", period: "w1", expires: Date().addingTimeInterval(60))
         try await upload([first], by: "ana", to: store, policy: transfer)
@@ -309,8 +309,8 @@ struct LedgerSemanticsTests {
         #expect(try await store.auditLog(limit: 20).contains { $0.action == "subscription_transferred" })
     }
 
-    @Test func aReceiptThatNamesNothingIsFinishedTransactionByTransaction() async throws {
-        let (store, _) = try await makeStore()
+    @Test(arguments: TestStore.backends) func aReceiptThatNamesNothingIsFinishedTransactionByTransaction(_ backend: Backend) async throws {
+        let (store, _) = try await makeStore(backend)
         let status = try await upload(
             [purchase("c1", product: "com.example.coins.60"), purchase("x1", product: "com.example.unknown")], by: "ana",
             to: store, naming: .nothing)
@@ -321,8 +321,8 @@ struct LedgerSemanticsTests {
         #expect(settled.state == .credited && !settled.finishTransaction && settled.transactions.map(\.finishTransaction) == [true])
     }
 
-    @Test func anOrderTheReceiptDoesNotPayYetIsNotFinishable() async throws {
-        let (store, _) = try await makeStore()
+    @Test(arguments: TestStore.backends) func anOrderTheReceiptDoesNotPayYetIsNotFinishable(_ backend: Backend) async throws {
+        let (store, _) = try await makeStore(backend)
         var earlier = purchase("c1", product: "com.example.coins.60")
         earlier.purchaseDate = Date().addingTimeInterval(-3600)
         try await upload([earlier], by: "ana", to: store)
@@ -338,8 +338,8 @@ struct LedgerSemanticsTests {
         #expect(try await store.order(order.orderId)?.state == "paid")
     }
 
-    @Test func aReversalThatArrivesBeforeItsRefundIsRemembered() async throws {
-        let (store, _) = try await makeStore()
+    @Test(arguments: TestStore.backends) func aReversalThatArrivesBeforeItsRefundIsRemembered(_ backend: Backend) async throws {
+        let (store, _) = try await makeStore(backend)
         let coins = purchase("c1", product: "com.example.coins.60")
         try await upload([coins], by: "ana", to: store)
         let refunded = Date().addingTimeInterval(-120)
@@ -355,8 +355,8 @@ struct LedgerSemanticsTests {
         #expect(try await active(store, "ana") == ["c1"])
     }
 
-    @Test func aRefundOfAnEarlierPeriodLeavesTheCurrentOneInForce() async throws {
-        let (store, _) = try await makeStore()
+    @Test(arguments: TestStore.backends) func aRefundOfAnEarlierPeriodLeavesTheCurrentOneInForce(_ backend: Backend) async throws {
+        let (store, _) = try await makeStore(backend)
         let first = purchase("s1", product: "com.example.vip.month", period: "w1", expires: Date().addingTimeInterval(60))
         let current = purchase("s2", original: "s1", product: "com.example.vip.month", period: "w2", expires: Date().addingTimeInterval(3600))
         try await upload([first, current], by: "ana", to: store)
@@ -370,8 +370,8 @@ struct LedgerSemanticsTests {
         #expect(try await store.subscriptions(ofUser: "ana").first?.state == "revoked")
     }
 
-    @Test func anExtensionMovesTheEndOfTheGrantInForce() async throws {
-        let (store, _) = try await makeStore()
+    @Test(arguments: TestStore.backends) func anExtensionMovesTheEndOfTheGrantInForce(_ backend: Backend) async throws {
+        let (store, _) = try await makeStore(backend)
         let period = purchase("s1", product: "com.example.vip.month", period: "w1", expires: Date().addingTimeInterval(60))
         try await upload([period], by: "ana", to: store)
         let later = Date().addingTimeInterval(7 * 86_400)
@@ -384,8 +384,8 @@ struct LedgerSemanticsTests {
         #expect(abs((try await store.grants(ofUser: "ana").first?.expiresAt ?? .distantPast).timeIntervalSince(later)) < 1)
     }
 
-    @Test func aHeldPeriodGrantedByHandEndsWithThePeriod() async throws {
-        let (store, _) = try await makeStore()
+    @Test(arguments: TestStore.backends) func aHeldPeriodGrantedByHandEndsWithThePeriod(_ backend: Backend) async throws {
+        let (store, _) = try await makeStore(backend)
         let order = try await store.createOrder(userId: "ana", productId: "com.example.coins.300")
         let ends = Date().addingTimeInterval(30 * 86_400)
         let held = try await upload(
@@ -398,8 +398,8 @@ struct LedgerSemanticsTests {
         #expect(abs((granted.expiresAt ?? .distantPast).timeIntervalSince(ends)) < 1, "\(granted)")
     }
 
-    @Test func anUpgradedTransactionIsNeverCredited() async throws {
-        let (store, _) = try await makeStore()
+    @Test(arguments: TestStore.backends) func anUpgradedTransactionIsNeverCredited(_ backend: Backend) async throws {
+        let (store, _) = try await makeStore(backend)
         var superseded = purchase("t1", product: "com.example.vip.month", period: "w1")
         superseded.isUpgraded = true
         let status = try await upload([superseded, purchase("t2", product: "com.example.vip.year", period: "w2")], by: "ana", to: store)
@@ -407,8 +407,8 @@ struct LedgerSemanticsTests {
         #expect(try await active(store, "ana") == ["t2"])
     }
 
-    @Test func historyTheReceiptDoesNotProveIsHeldForCustomerService() async throws {
-        let (store, _) = try await makeStore()
+    @Test(arguments: TestStore.backends) func historyTheReceiptDoesNotProveIsHeldForCustomerService(_ backend: Backend) async throws {
+        let (store, _) = try await makeStore(backend)
         var unproven = purchase("t1", product: "com.example.coins.60")
         unproven.inUploadedReceipt = false
         var proven = purchase("t2", product: "com.example.coins.60")
@@ -423,8 +423,8 @@ struct LedgerSemanticsTests {
         #expect(try await active(store, "ana") == ["t1"])
     }
 
-    @Test func theAppFinishesARejectionOnlyWhenApplesAnswerSettlesIt() async throws {
-        let (store, _) = try await makeStore()
+    @Test(arguments: TestStore.backends) func theAppFinishesARejectionOnlyWhenApplesAnswerSettlesIt(_ backend: Backend) async throws {
+        let (store, _) = try await makeStore(backend)
         func rejected(_ reason: ReasonCode) async throws -> Bool {
             let request = VerifyRequest(
                 submissionId: UUID(), userId: "ana", receiptData: "AAAA", transactionId: "1000", acceptedAt: Date())
@@ -446,8 +446,8 @@ struct LedgerSemanticsTests {
         #expect(try await !rejected(.notConfigured))
     }
 
-    @Test func theStatusAnAppPollsFollowsWhatHappenedLater() async throws {
-        let (store, _) = try await makeStore()
+    @Test(arguments: TestStore.backends) func theStatusAnAppPollsFollowsWhatHappenedLater(_ backend: Backend) async throws {
+        let (store, _) = try await makeStore(backend)
         // Held (not in the catalog), then granted by customer service: the upload is settled.
         let held = try await upload([purchase("h1", product: "com.example.unknown")], by: "ana", to: store)
         #expect(held.state == .needsReview && !held.finishTransaction)
@@ -472,8 +472,8 @@ struct LedgerSemanticsTests {
         #expect(reversed.state == .credited && reversed.transactions.first?.grantedBy == "apple")
     }
 
-    @Test func entitlementsAreWhatTheUserMayUseNow() async throws {
-        let (store, _) = try await makeStore()
+    @Test(arguments: TestStore.backends) func entitlementsAreWhatTheUserMayUseNow(_ backend: Backend) async throws {
+        let (store, _) = try await makeStore(backend)
         let now = Date()
         try await upload(
             [
@@ -495,8 +495,8 @@ struct LedgerSemanticsTests {
         #expect(Set(later.grants.map(\.transactionId)) == ["c1", "c2", "p1"] && later.subscriptions.isEmpty)
     }
 
-    @Test func grantsCreditedBeforeCreditKeysAreFoundByTheirProductsKey() async throws {
-        let (store, _) = try await makeStore()
+    @Test(arguments: TestStore.backends) func grantsCreditedBeforeCreditKeysAreFoundByTheirProductsKey(_ backend: Backend) async throws {
+        let (store, _) = try await makeStore(backend)
         // As an earlier version credited it: one grant per transaction, whatever the product.
         let earlier = CreditPolicy()
         try await upload([purchase("t1", product: "com.example.premium")], by: "ana", to: store, policy: earlier)
@@ -513,8 +513,8 @@ struct LedgerSemanticsTests {
         #expect(try await upload([purchase("c1", product: "com.example.coins.60")], by: "ana", to: store).transactions.map(\.state) == [.alreadyCredited])
     }
 
-    @Test func customerServiceCannotGrantWhatAppleTookBack() async throws {
-        let (store, _) = try await makeStore()
+    @Test(arguments: TestStore.backends) func customerServiceCannotGrantWhatAppleTookBack(_ backend: Backend) async throws {
+        let (store, _) = try await makeStore(backend)
         let coins = purchase("t1", product: "com.example.coins.60")
         _ = try await notify("REFUND", coins, to: store)
         try await upload([coins], by: "ana", to: store)
@@ -531,8 +531,8 @@ struct LedgerSemanticsTests {
         #expect(try await active(store, "ana").isEmpty)
     }
 
-    @Test func answeredCommitsAreSyncedToDisk() async throws {
-        let (store, _) = try await makeStore()
+    @Test(arguments: TestStore.backends) func answeredCommitsAreSyncedToDisk(_ backend: Backend) async throws {
+        let (store, _) = try await makeStore(backend)
         let durability = try await store.durability()
         switch store.dialect {
         case .sqlite:
@@ -547,10 +547,10 @@ struct LedgerSemanticsTests {
 
     /// The store reports every statement it runs, and their plans are read here: on SQLite with
     /// EXPLAIN QUERY PLAN, on PostgreSQL as generic plans with sequential scans priced out.
-    @Test func theFinishersAndSweepersLookupsNeverScanATable() async throws {
+    @Test(arguments: TestStore.backends) func theFinishersAndSweepersLookupsNeverScanATable(_ backend: Backend) async throws {
         let statements = NIOLockedValueBox(Set<String>())
         // Each statement a batch ran too (`SQLTrace.inBatch`), as it would run alone.
-        let (store, path) = try await makeStore { sql in
+        let (store, path) = try await makeStore(backend) { sql in
             let statement = sql.hasPrefix(SQLTrace.inBatch) ? String(sql.dropFirst(SQLTrace.inBatch.count)) : sql
             statements.withLockedValue { _ = $0.insert(statement) }
         }

@@ -4,7 +4,7 @@ import NIOConcurrencyHelpers
 import Testing
 
 extension BrokerTests {
-    @Suite("Messaging against the live broker", .sqlitePassOnly)
+    @Suite("Messaging against the live broker")
     struct MessagingTests {
         /// One work queue with a dead-letter queue, under a prefix of its own.
         struct Queues {

@@ -7,16 +7,14 @@ import Testing
 /// service, `iap admin migrate-store --from FILE --to URL`, start the order service on
 /// PostgreSQL. Not a grant may be lost or doubled on the way, and an upload accepted just
 /// before the stop (its queue message still in the outbox) is credited after the move.
-@Suite(
-    "Moving a SQLite deployment to PostgreSQL",
-    .enabled(if: ProcessInfo.processInfo.environment["IAP_TEST_DATABASE_URL"] != nil))
+@Suite("Moving a SQLite deployment to PostgreSQL", .needsPostgres, .teardown)
 struct MigrateStoreTests {
     @Test func aLedgerWrittenByThePipelineMovesWithoutLosingOrDoublingAGrant() async throws {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-migrate-\(UUID().uuidString)")
         let sqlitePath = folder.appendingPathComponent("orders.sqlite").path
         // Apple (the fake App Store) outlives both order services, as the real one does.
         let apple = try await PipelineHarness.start(name: "migrate", roles: [])
-        defer { Task { await apple.stop() } }
+        Teardown.add { await apple.stop() }
         let pipeline = try await PipelineHarness.start(name: "migrate", sharing: apple, store: .sqlite(path: sqlitePath))
         let users = ["ana", "ben", "cem", "dee"]
         var purchases: [PipelineHarness.Purchase] = []
@@ -78,7 +76,7 @@ struct MigrateStoreTests {
         // relayed and credited, uploads of what was credited credit nothing again, and what
         // Apple refunded stays refunded.
         let onPostgres = try await PipelineHarness.start(name: "migrate", sharing: apple, store: .postgres(target))
-        defer { Task { await onPostgres.stop() } }
+        Teardown.add { await onPostgres.stop() }
         let lateState = try await onPostgres.waitForState(lateRequest.submissionId.uuidString)
         #expect(lateState["state"] as? String == "credited", "\(lateState)")
         #expect(try await onPostgres.store.grants(ofUser: "fay").count == 1)

@@ -42,9 +42,15 @@ extension BrokerTests {
         func readyMessages(_ queue: String) async throws -> Int {
             let connection = AMQPConnection(
                 configuration: try TestBroker.configuration(), topology: Topology(queues: []), logger: TestBroker.logger)
-            defer { Task { await connection.close() } }
-            #expect(await connection.waitUntilConnected(timeout: .seconds(15)))
-            return Int(try await connection.queueStatus(queue).messageCount)
+            do {
+                #expect(await connection.waitUntilConnected(timeout: .seconds(15)))
+                let count = Int(try await connection.queueStatus(queue).messageCount)
+                await connection.close()
+                return count
+            } catch {
+                await connection.close()
+                throw error
+            }
         }
 
         func storedSubmissions(_ pipeline: PipelineHarness) async throws -> Int {
@@ -54,7 +60,7 @@ extension BrokerTests {
         @Test func forgedNotificationsAreRefusedAndNothingIsStoredOrQueued() async throws {
             // The intake alone: whatever it queues stays on the verify queue to be counted.
             let pipeline = try await PipelineHarness.start(name: "notifyforged", roles: [.intake])
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let url = pipeline.intakeURL + "/v1/notifications/appstore"
             let stranger = try FakeCertificateAuthority.generate(name: "Not Apple")
 
@@ -97,7 +103,7 @@ extension BrokerTests {
 
         @Test func aGenuineRefundStillRevokesTheGrant() async throws {
             let pipeline = try await PipelineHarness.start(name: "notifygenuine")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let purchase = try await creditedThenRefunded(pipeline, user: "nina")
             let revoked = try await eventually(timeout: .seconds(20)) {
                 try await pipeline.grantState(of: purchase.transactionId, user: "nina") == "revoked"
@@ -108,7 +114,7 @@ extension BrokerTests {
 
         @Test func aNotificationAppliedAlreadyIsAnsweredButNeverStoredAgain() async throws {
             let pipeline = try await PipelineHarness.start(name: "notifyreplay")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let purchase = try await creditedThenRefunded(pipeline, user: "nina")
             #expect(
                 try await eventually(timeout: .seconds(20)) {
@@ -143,7 +149,7 @@ extension BrokerTests {
                 var revocationPercentage: Int?
             }
             let pipeline = try await PipelineHarness.start(name: "prorated")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let minted = try await HTTP.post(pipeline.fakeURL + "/fake/purchases", json: Mint())
             #expect(minted.status == 201, "\(minted.text)")
             let purchase = try JSONDecoder().decode(PipelineHarness.Purchase.self, from: minted.body)
@@ -184,7 +190,7 @@ extension BrokerTests {
         /// Apple declined a refund the customer asked for: recorded, and the grant stays.
         @Test func aDeclinedRefundIsRecordedAndTheGrantStays() async throws {
             let pipeline = try await PipelineHarness.start(name: "declined")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let purchase = try await pipeline.mintStoreKit2()
             let id = try await pipeline.upload(["userId": "nina", "signedTransaction": try #require(purchase.signedTransaction)])
             #expect(try await pipeline.waitForState(id)["state"] as? String == "credited")
@@ -206,9 +212,9 @@ extension BrokerTests {
         /// `appTransactionId`, for the app's own services to act on.
         @Test func aConsentRescindedIsRecordedAuditedAndPublished() async throws {
             let pipeline = try await PipelineHarness.start(name: "rescind")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let (listener, queue) = try TestBroker.eventListener(pipeline.names, name: "consent", routingKey: "consent.*")
-            defer { Task { await listener.close() } }
+            Teardown.add { await listener.close() }
             #expect(await listener.waitUntilConnected(timeout: .seconds(15)))
 
             let rescind = try await HTTP.post(pipeline.fakeURL + "/fake/rescind-consent", json: ["bundleId": PipelineHarness.bundleId])
@@ -241,7 +247,7 @@ extension BrokerTests {
                 limits: IntakeLimits(
                     perUser: nil, perAddress: nil, notifications: nil,
                     notificationFailuresPerAddress: RateLimit(perSecond: 2, burst: 4)))
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let url = pipeline.intakeURL + "/v1/notifications/appstore"
             let stranger = try FakeCertificateAuthority.generate(name: "Not Apple")
 
@@ -284,7 +290,7 @@ extension BrokerTests {
                     perUser: nil, perAddress: nil, clientAddressHeader: "X-Real-IP",
                     notifications: RateLimit(perSecond: 2, burst: 4),
                     notificationFailuresPerAddress: RateLimit(perSecond: 2, burst: 4)))
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let url = pipeline.intakeURL + "/v1/notifications/appstore"
             let purchase = try await pipeline.mintStoreKit2()
             let id = try await pipeline.upload(["userId": "nina", "signedTransaction": try #require(purchase.signedTransaction)])
@@ -342,7 +348,7 @@ extension BrokerTests {
                 limits: IntakeLimits(
                     perUser: nil, perAddress: nil, notifications: RateLimit(perSecond: 1, burst: 2),
                     notificationFailuresPerAddress: RateLimit(perSecond: 100, burst: 100)))
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let url = pipeline.intakeURL + "/v1/notifications/appstore"
             // The fake's genuine REFUND, caught on its way to the intake.
             let caught = NIOLockedValueBox([Data]())
@@ -353,7 +359,7 @@ extension BrokerTests {
                 return Response(status: .ok)
             }
             let catcher = try await LoopbackServer.start(router, name: "the notification catcher")
-            defer { Task { await catcher.group.triggerGracefulShutdown() } }
+            Teardown.add { await catcher.group.triggerGracefulShutdown() }
             #expect(try await HTTP.post(pipeline.fakeURL + "/fake/config", json: ["notificationURL": catcher.base + "/notifications"]).status == 204)
             let purchase = try await pipeline.mint()
             #expect(try await HTTP.post(pipeline.fakeURL + "/fake/purchases/\(purchase.transactionId)/refund", json: [String: String]()).status == 200)
@@ -381,7 +387,7 @@ extension BrokerTests {
         /// figure goes to docs/security.md.
         @Test func aFloodOfForgedNotificationsDoesNotGrowTheStore() async throws {
             let pipeline = try await PipelineHarness.start(name: "notifyflood", roles: [.intake])
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let url = pipeline.intakeURL + "/v1/notifications/appstore"
             let stranger = try FakeCertificateAuthority.generate(name: "Not Apple")
             let large = try ForgedNotification.make(signer: stranger, padding: 152 * 1024)
@@ -425,7 +431,7 @@ extension BrokerTests {
     }
 }
 
-@Suite("Retention of rejected submissions")
+@Suite("Retention of rejected submissions", .teardown)
 struct RetentionTests {
     @Test func thePurgeRemovesOldRejectedSubmissionsAndKeepsEverythingElse() async throws {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-retention-\(UUID().uuidString)")

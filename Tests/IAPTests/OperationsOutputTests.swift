@@ -58,7 +58,7 @@ extension BrokerTests {
             let fields = try Self.documentedWebhookFields()
             #expect(fields.contains("reason") && fields.contains("message") && fields.count >= 6, "\(fields)")
             let webhook = try await RawWebhook.start()
-            defer { Task { await webhook.stop() } }
+            Teardown.add { await webhook.stop() }
             let root = FileManager.default.temporaryDirectory.appendingPathComponent("fake-root-\(UUID().uuidString).der")
             let drill = try await ProcessDrill(
                 name: "opsoutput",

@@ -80,7 +80,7 @@ extension BrokerTests {
 
         @Test func readinessFollowsTheBroker() async throws {
             let pipeline = try await PipelineHarness.start(name: "readyz", withOps: true)
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let url = try #require(pipeline.opsURL) + "/readyz"
             #expect(try await HTTP.get(url).status == 200)
             try await TestBroker.control("stop")
@@ -96,7 +96,7 @@ extension BrokerTests {
     }
 }
 
-@Suite("Deployment files match the code")
+@Suite("Deployment files match the code", .teardown)
 struct DeploymentFileTests {
     /// Every metric a dashboard query names is one the services export.
     @Test func dashboardIsValidAndNamesOnlyExportedMetrics() async throws {

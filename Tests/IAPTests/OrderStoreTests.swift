@@ -4,11 +4,11 @@ import NIOConcurrencyHelpers
 @testable import OrderStore
 import Testing
 
-@Suite("Order store invariants")
+@Suite("Order store invariants", .teardown)
 struct OrderStoreTests {
-    func makeStore() async throws -> OrderStore {
+    func makeStore(_ backend: Backend) async throws -> OrderStore {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-store-\(UUID().uuidString)")
-        return try await TestStore.open(in: folder)
+        return try await TestStore.open(in: folder, on: backend)
     }
 
     func accept(_ store: OrderStore, user: String) async throws -> VerifyRequest {
@@ -28,8 +28,8 @@ struct OrderStoreTests {
             outcome: .verified(VerifiedReceipt(bundleId: "b", environment: .production, purchases: purchases)))
     }
 
-    @Test func applyingTheSameResultTwiceCreditsOnce() async throws {
-        let store = try await makeStore()
+    @Test(arguments: TestStore.backends) func applyingTheSameResultTwiceCreditsOnce(_ backend: Backend) async throws {
+        let store = try await makeStore(backend)
         let request = try await accept(store, user: "u1")
         let result = verified(request, transactions: ["t1", "t2"])
         #expect(try await store.apply(result) == .credited)
@@ -39,8 +39,8 @@ struct OrderStoreTests {
         #expect(status.transactions.map(\.state) == [.credited, .credited])
     }
 
-    @Test func lateTransientResultDoesNotUndoACredit() async throws {
-        let store = try await makeStore()
+    @Test(arguments: TestStore.backends) func lateTransientResultDoesNotUndoACredit(_ backend: Backend) async throws {
+        let store = try await makeStore(backend)
         let request = try await accept(store, user: "u1")
         #expect(try await store.apply(verified(request, transactions: ["t1"], attempt: 2)) == .credited)
         let late = VerifyResult(
@@ -50,8 +50,8 @@ struct OrderStoreTests {
         #expect(try #require(try await store.status(of: request.submissionId)).state == .credited)
     }
 
-    @Test func transientFailureRetriesAndGivingUpNeedsReviewNeverRejects() async throws {
-        let store = try await makeStore()
+    @Test(arguments: TestStore.backends) func transientFailureRetriesAndGivingUpNeedsReviewNeverRejects(_ backend: Backend) async throws {
+        let store = try await makeStore(backend)
         let request = try await accept(store, user: "u1")
         var result = VerifyResult(
             submissionId: request.submissionId, userId: "u1", orderId: nil, attempt: 1,
@@ -69,8 +69,8 @@ struct OrderStoreTests {
         #expect(!status.finishTransaction)
     }
 
-    @Test func aTransactionBelongsToTheFirstUserItWasCreditedTo() async throws {
-        let store = try await makeStore()
+    @Test(arguments: TestStore.backends) func aTransactionBelongsToTheFirstUserItWasCreditedTo(_ backend: Backend) async throws {
+        let store = try await makeStore(backend)
         let first = try await accept(store, user: "owner")
         let second = try await accept(store, user: "other")
         #expect(try await store.apply(verified(first, transactions: ["t1"])) == .credited)
@@ -81,9 +81,9 @@ struct OrderStoreTests {
         #expect(status.transactions.map(\.state) == [.replayedFromOtherUser, .credited])
     }
 
-    @Test func theSchemaRefusesASecondPurchaseRowForOneTransaction() async throws {
+    @Test(arguments: TestStore.backends) func theSchemaRefusesASecondPurchaseRowForOneTransaction(_ backend: Backend) async throws {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-store-\(UUID().uuidString)")
-        let store = try await TestStore.open(in: folder)
+        let store = try await TestStore.open(in: folder, on: backend)
         let request = try await accept(store, user: "u1")
         #expect(try await store.apply(verified(request, transactions: ["t1"])) == .credited)
         // Even a writer that skipped the store's checks cannot credit the transaction again.
@@ -126,9 +126,9 @@ struct OrderStoreTests {
 
     /// A batch of writes (one `iap_write` call on PostgreSQL) stores every value as a bound
     /// statement would: quotes, percent signs, marks, backslashes, line breaks, NULL, bytes.
-    @Test func aBatchOfWritesStoresEveryValueAsWritten() async throws {
-        let store = try await makeStore()
-        defer { Task { await store.close() } }
+    @Test(arguments: TestStore.backends) func aBatchOfWritesStoresEveryValueAsWritten(_ backend: Backend) async throws {
+        let store = try await makeStore(backend)
+        Teardown.add { await store.close() }
         let tricky = "it's 100% ? \\x41 \"quoted\"\nnext line -- not a comment"
         try await store.database.write { db in
             try await db.executeBatch([
@@ -154,9 +154,9 @@ struct OrderStoreTests {
 
     /// A batch is all or nothing: a statement that fails, or changes no row where it must,
     /// undoes the statements before it, and the transaction goes on and commits the rest.
-    @Test func aFailedBatchIsUndoneWholeAndTheTransactionGoesOn() async throws {
-        let store = try await makeStore()
-        defer { Task { await store.close() } }
+    @Test(arguments: TestStore.backends) func aFailedBatchIsUndoneWholeAndTheTransactionGoesOn(_ backend: Backend) async throws {
+        let store = try await makeStore(backend)
+        Teardown.add { await store.close() }
         let audit = "INSERT INTO audit_log (at, actor, action, subject, reason, details) VALUES (?, ?, ?, ?, ?, ?)"
         try await store.database.write { db in
             // Changes no row where it must.
@@ -189,9 +189,9 @@ struct OrderStoreTests {
 
     /// Writes queued with `executeLater` are seen by the unit's next read, and vanish with a
     /// unit that fails after them; a group commit's other units keep theirs.
-    @Test func queuedWritesAreReadBackAndGoWithTheirUnit() async throws {
-        let store = try await makeStore()
-        defer { Task { await store.close() } }
+    @Test(arguments: TestStore.backends) func queuedWritesAreReadBackAndGoWithTheirUnit(_ backend: Backend) async throws {
+        let store = try await makeStore(backend)
+        Teardown.add { await store.close() }
         let audit = "INSERT INTO audit_log (at, actor, action, subject, reason, details) VALUES (?, ?, ?, ?, ?, ?)"
         struct Refused: Error {}
         try await store.database.write { db in
@@ -239,9 +239,9 @@ struct OrderStoreTests {
     /// A batch of reads (one `iap_read` call on PostgreSQL, its rows as JSON) answers each
     /// query's rows exactly as the query run alone does: text of every kind, integers, reals,
     /// NULL, booleans, dates, and no rows.
-    @Test func aReadBatchAnswersAsEachQueryAlone() async throws {
-        let store = try await makeStore()
-        defer { Task { await store.close() } }
+    @Test(arguments: TestStore.backends) func aReadBatchAnswersAsEachQueryAlone(_ backend: Backend) async throws {
+        let store = try await makeStore(backend)
+        Teardown.add { await store.close() }
         let tricky = "it's 100% ? \\x41 \"quoted\"\nnext line\ttab \u{1}\u{1F600} é ́ -- not a comment"
         try await store.database.write { db in
             try await db.executeBatch([
@@ -285,14 +285,13 @@ struct OrderStoreTests {
     /// On PostgreSQL an upload accepted and credited alone takes 7 round trips: the
     /// acceptance's one write in its transaction, then the result's one read (the upload's row
     /// and the ledger's facts) and one write (the plan and what the upload became) in its own.
-    @Test func anUploadIsSevenRoundTripsOnPostgreSQL() async throws {
+    @Test(.needsPostgres) func anUploadIsSevenRoundTripsOnPostgreSQL() async throws {
         let sent = NIOLockedValueBox([String]())
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-store-\(UUID().uuidString)")
-        let store = try await TestStore.open(in: folder) { sql in
+        let store = try await TestStore.open(in: folder, on: .postgres) { sql in
             if !sql.hasPrefix(SQLTrace.inBatch) { sent.withLockedValue { $0.append(sql) } }
         }
-        defer { Task { await store.close() } }
-        guard store.dialect == .postgres else { return }
+        Teardown.add { await store.close() }
         sent.withLockedValue { $0 = [] }
         let request = try await accept(store, user: "u1")
         #expect(try await store.apply(verified(request, transactions: ["t1"])) == .credited)
@@ -303,9 +302,9 @@ struct OrderStoreTests {
         #expect(try await store.grants(ofUser: "u1").count == 1)
     }
 
-    @Test func theAuditLogIsAppendOnly() async throws {
+    @Test(arguments: TestStore.backends) func theAuditLogIsAppendOnly(_ backend: Backend) async throws {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-store-\(UUID().uuidString)")
-        let store = try await TestStore.open(in: folder)
+        let store = try await TestStore.open(in: folder, on: backend)
         let request = try await accept(store, user: "u1")
         try await store.markFinishable(request.submissionId, actor: "ann", reason: "settled")
         #expect(try await store.auditLog(limit: 10).map(\.action) == ["submission_finishable"])
@@ -319,7 +318,7 @@ struct OrderStoreTests {
     }
 
     /// SQLite only: on PostgreSQL the server's roles and passwords guard the data.
-    @Test(.enabled(if: !TestStore.usesPostgres)) func theFileAndItsLogAreReadableByTheirOwnerOnly() async throws {
+    @Test func theFileAndItsLogAreReadableByTheirOwnerOnly() async throws {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-store-\(UUID().uuidString)")
         let path = folder.appendingPathComponent("orders.sqlite").path
         let store = try await OrderStore(path: path)
@@ -332,8 +331,8 @@ struct OrderStoreTests {
         }
     }
 
-    @Test func acceptedUploadAndItsOutboxMessageAreWrittenTogether() async throws {
-        let store = try await makeStore()
+    @Test(arguments: TestStore.backends) func acceptedUploadAndItsOutboxMessageAreWrittenTogether(_ backend: Backend) async throws {
+        let store = try await makeStore(backend)
         _ = try await accept(store, user: "u1")
         _ = try await accept(store, user: "u2")
         let messages = try await store.claimUnpublished(limit: 10, relay: "test")

@@ -50,7 +50,7 @@ extension BrokerTests {
         @Test(arguments: ["applicationUsername", "appAccountToken", "uploadOrderId"])
         func purchaseIsBoundToItsOrder(binding: String) async throws {
             let pipeline = try await PipelineHarness.start(name: "bind")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let orderId = try await pipeline.createOrder(userId: "lena", productId: "com.example.coins.120")
             #expect(try await pipeline.order(orderId)["state"] as? String == "created")
             let token = binding == "uploadOrderId" ? nil : (field: binding, value: orderId.uppercased())
@@ -75,7 +75,7 @@ extension BrokerTests {
 
         @Test func uploadOrderIdBindsThePurchaseItFitsAmongEarlierOnes() async throws {
             let pipeline = try await PipelineHarness.start(name: "bindfit")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             // An earlier purchase whose upload was lost, then the one the order is for.
             let earlier = try await pipeline.mint(productId: "com.example.coins.60", token: nil, deviceId: "phone-7")
             let orderId = try await pipeline.createOrder(userId: "uma", productId: "com.example.coins.120")
@@ -93,7 +93,7 @@ extension BrokerTests {
 
         @Test func purchaseOfAnotherProductThanItsOrderIsHeldForReview() async throws {
             let pipeline = try await PipelineHarness.start(name: "mismatch")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let orderId = try await pipeline.createOrder(userId: "max", productId: "com.example.coins.300")
             let purchase = try await pipeline.mint(productId: "com.example.coins.60", token: ("appAccountToken", orderId))
             let id = try await pipeline.upload(userId: "max", receiptData: purchase.receiptData)
@@ -113,7 +113,7 @@ extension BrokerTests {
 
         @Test func purchaseOfAProductNotInTheCatalogIsHeldForReview() async throws {
             let pipeline = try await PipelineHarness.start(name: "unknown")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let purchase = try await pipeline.mint(productId: "com.example.mystery", token: nil)
             let id = try await pipeline.upload(userId: "nina", receiptData: purchase.receiptData)
             let status = try await pipeline.waitForState(id)
@@ -132,7 +132,7 @@ extension BrokerTests {
 
         @Test func purchaseNamingAnotherUsersOrderBelongsToThatUserWhoeverUploadsFirst() async throws {
             let pipeline = try await PipelineHarness.start(name: "owner")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let orderId = try await pipeline.createOrder(userId: "vera", productId: "com.example.coins.60")
             let purchase = try await pipeline.mint(productId: "com.example.coins.60", token: ("appAccountToken", orderId))
             // Someone else signed in on Vera's phone uploads first.
@@ -151,7 +151,7 @@ extension BrokerTests {
 
         @Test func productsAreServedAndUnknownOnesCannotBeOrdered() async throws {
             let pipeline = try await PipelineHarness.start(name: "products")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let products = try await HTTP.get(pipeline.intakeURL + "/v1/products").json["products"] as? [[String: Any]]
             #expect(products?.count == PipelineHarness.testCatalog.products.count)
             let refused = try await HTTP.post(
@@ -164,7 +164,7 @@ extension BrokerTests {
 
         @Test func fiftyConcurrentUploadsOfOnePurchaseGiveOneGrant() async throws {
             let pipeline = try await PipelineHarness.start(name: "fifty")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let purchase = try await pipeline.mint()
             let ids = try await withThrowingTaskGroup(of: String.self) { group in
                 for _ in 0..<50 {
@@ -184,7 +184,7 @@ extension BrokerTests {
 
         @Test func replayByASecondUserIsAudited() async throws {
             let pipeline = try await PipelineHarness.start(name: "replayaudit")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let purchase = try await pipeline.mint()
             #expect(
                 try await pipeline.waitForState(try await pipeline.upload(userId: "pia", receiptData: purchase.receiptData))[
@@ -197,7 +197,7 @@ extension BrokerTests {
 
         @Test func manualGrantAndRevokeLandInTheAuditLogAndAdminRoutesNeedTheToken() async throws {
             let pipeline = try await PipelineHarness.start(name: "admin")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             #expect(try await pipeline.admin(.GET, "/v1/admin/audit", token: nil).status == 401)
             #expect(try await pipeline.admin(.GET, "/v1/admin/audit", token: "a-user-token-not-admin").status == 403)
 
@@ -234,7 +234,7 @@ extension BrokerTests {
         @Test func grantCreatedIsPublishedOncePerGrantEvenWhenTheFinisherDiesAfterItsCommit() async throws {
             // Intake and verifier only: results wait on their queue.
             let pipeline = try await PipelineHarness.start(name: "events", roles: [.intake, .verifier])
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let names = pipeline.names
             let (listener, listenerQueue) = try TestBroker.eventListener(names, name: "wallet", routingKey: "grant.*")
             #expect(await listener.waitUntilConnected(timeout: .seconds(15)))
@@ -273,7 +273,7 @@ extension BrokerTests {
 
             // The next finisher gets them all again.
             let finisher = try await PipelineHarness.start(name: "events-finisher", roles: [.finisher], sharing: pipeline)
-            defer { Task { await finisher.stop() } }
+            Teardown.add { await finisher.stop() }
             #expect(try await eventually { try await listener.queueStatus(names.results).messageCount == 0 })
             #expect(try await eventually { received.withLockedValue { $0.count } >= 5 })
             try await Task.sleep(for: .seconds(1))

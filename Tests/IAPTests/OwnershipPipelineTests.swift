@@ -15,7 +15,7 @@ extension BrokerTests {
         /// app first and refreshes the receipt later): the receipt's word never finishes purchase 2.
         @Test func aStaleReceiptNeverFinishesThePurchaseTheAppHolds() async throws {
             let pipeline = try await PipelineHarness.start(name: "stalereceipt")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let device = UUID().uuidString
             let first = try await pipeline.mint(productId: "com.example.coins.60", deviceId: device)
             let credited = try await pipeline.waitForState(
@@ -67,7 +67,7 @@ extension BrokerTests {
         /// the customer's own upload is credited to them.
         @Test func aBareTransactionIdDoesNotTakeAnotherCustomersPurchase() async throws {
             let pipeline = try await PipelineHarness.start(name: "bareid")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let victims = try await pipeline.mintStoreKit2(productId: "com.example.coins.300")
             let claim = try await pipeline.waitForState(
                 try await pipeline.upload(["userId": "mallory", "transactionId": victims.transactionId]))
@@ -94,7 +94,7 @@ extension BrokerTests {
         /// signature checked, so what it lists is a lookup.
         @Test func aReceiptReadWithoutItsSignatureCreditsNobody() async throws {
             let pipeline = try await PipelineHarness.start(name: "unsignedreceipt", receiptsThroughServerAPI: true)
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let victims = try await pipeline.mint(productId: "com.example.coins.300", deviceId: UUID().uuidString)
             let claim = try await pipeline.waitForState(
                 try await pipeline.upload(userId: "mallory", receiptData: victims.receiptData, transactionId: victims.transactionId))
@@ -107,7 +107,7 @@ extension BrokerTests {
         /// owner's old receipt, whose answer lists the new period: the period is the owner's.
         @Test func aNewBillingPeriodGoesToTheSubscriptionsOwner() async throws {
             let pipeline = try await PipelineHarness.start(name: "periodowner")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let device = UUID().uuidString
             let first = try await pipeline.mint(productId: "com.example.vip.month", token: nil, deviceId: device, type: "auto_renewable")
             let owned = try await pipeline.waitForState(

@@ -6,7 +6,7 @@ import Testing
 /// Hummingbird) builds today and breaks when that package changes its own. SwiftPM's
 /// `--explicit-target-dependency-import-check` (on in `scripts/dev test`) does not see products
 /// reached that way; this reads the sources.
-@Suite("Package.swift declares what each module imports", .sqlitePassOnly)
+@Suite("Package.swift declares what each module imports")
 struct PackageImportsTests {
     static let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
         .deletingLastPathComponent()

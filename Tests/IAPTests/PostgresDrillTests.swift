@@ -3,16 +3,13 @@ import IAPCore
 import OrderStore
 import Testing
 
-extension DisruptiveTests {
-    /// Drills for several order services on one PostgreSQL store (the PostgreSQL pass of the
-    /// suite): real `iap` processes, 1,000 purchases, something broken mid-stream, and the same
-    /// three promises as the other fault drills (see docs/reliability.md). A thousand keep the
-    /// uploads going for tens of seconds past each fault (the faults land 1.5 to 3.5 s in) at the
-    /// debug build's pace on PostgreSQL, in half the pass's time that 2,000 took.
-    @Suite("Fault drills on PostgreSQL", .enabled(if: TestStore.usesPostgres), .timeLimit(.minutes(5)))
+extension ClusterDrills {
+    /// Drills for several order services on one PostgreSQL store: real `iap` processes, real
+    /// uploads (`DrillTraffic`: until the fault has landed and 300 more), something broken
+    /// once 150 uploads are through, and the same three promises as the other fault drills
+    /// (see docs/reliability.md).
+    @Suite("Fault drills on PostgreSQL", .needsPostgres, .timeLimit(.minutes(5)))
     struct PostgresDrillTests {
-        static let purchases = 1_000
-
         /// The fake App Store, two order services (`orders`, `orders-b`, each its own intake)
         /// and two verifiers, all on the drill's store and, unless `environment` names other
         /// brokers, on the suite's three-node cluster (quorum queues) when the run has one.
@@ -21,7 +18,7 @@ extension DisruptiveTests {
             if environment["IAP_AMQP_URL"] == nil {
                 environment["IAP_AMQP_URL"] = try TestCluster.isAvailable ? TestCluster.urls() : TestBroker.drillNodeURL()
             }
-            let drill = try await ProcessDrill(name: name, environment: environment)
+            let drill = try await ProcessDrill(name: name, on: .postgres, environment: environment)
             try drill.start("fake-appstore")
             try await drill.waitHealthy(drill.fakeURL)
             let secondPort = try ProcessDrill.freePort()
@@ -43,11 +40,10 @@ extension DisruptiveTests {
         @Test func oneOfTwoOrderServicesKilledMidStream() async throws {
             let (drill, intakes) = try await startTwoOfEach("pg-kill-orders")
             defer { drill.stopAll() }
-            let purchases = try await drill.mint(Self.purchases)
-            let uploads = Task { try await drill.upload(purchases, deadline: .seconds(200), intakes: intakes) }
-            try await Task.sleep(for: .milliseconds(1500))
+            let traffic = DrillTraffic(drill, intakes: intakes)
+            try await traffic.waitForMore(150)
             // Results are in flight: some purchases are credited already, more are not yet.
-            let store = try await TestStore.open(in: drill.folder)
+            let store = try await OrderStore(location: drill.storeLocation)
             let flowing = try await eventually(timeout: .seconds(20), interval: .milliseconds(100)) {
                 (try await store.submissionCounts()[.credited] ?? 0) > 0
             }
@@ -56,11 +52,13 @@ extension DisruptiveTests {
             #expect(flowing, "no result was applied before the kill")
             #expect((atKill[.pending] ?? 0) + (atKill[.retrying] ?? 0) > 0, "nothing was in flight at the kill: \(atKill)")
             drill.kill9("orders")
+            traffic.faultLanded()
             try await Task.sleep(for: .seconds(2))
             try drill.start("orders")
             let recovered = ContinuousClock.now
-            let outcome = try await drill.settle(try await uploads.value)
-            check(outcome, purchases: purchases.count, drill: drill, name: "kill -9 one of two order services", recovery: .now - recovered)
+            let submissions = try await traffic.finish()
+            let outcome = try await drill.settle(submissions)
+            check(outcome, purchases: submissions.count, drill: drill, name: "kill -9 one of two order services", recovery: .now - recovered)
         }
 
         /// The database restarts under two order services mid-stream: writes wait for it and
@@ -73,13 +71,14 @@ extension DisruptiveTests {
             let url = try await server.start()
             let (drill, intakes) = try await startTwoOfEach("pg-restart", environment: ["IAP_DATABASE_URL": url])
             defer { drill.stopAll() }
-            let purchases = try await drill.mint(Self.purchases)
-            let uploads = Task { try await drill.upload(purchases, deadline: .seconds(200), intakes: intakes) }
-            try await Task.sleep(for: .milliseconds(1500))
+            let traffic = DrillTraffic(drill, intakes: intakes)
+            try await traffic.waitForMore(150)
             try await server.restart(pause: .seconds(3))
+            traffic.faultLanded()
             let recovered = ContinuousClock.now
-            let outcome = try await drill.settle(try await uploads.value, store: .postgres(try .init(url: url)))
-            check(outcome, purchases: purchases.count, drill: drill, name: "PostgreSQL restarted (3 s down)", recovery: .now - recovered)
+            let submissions = try await traffic.finish()
+            let outcome = try await drill.settle(submissions, store: .postgres(try .init(url: url)))
+            check(outcome, purchases: submissions.count, drill: drill, name: "PostgreSQL restarted (3 s down)", recovery: .now - recovered)
         }
 
         /// The broker node every service is connected to dies (kill -9) mid-stream: they move
@@ -94,17 +93,18 @@ extension DisruptiveTests {
             let (drill, intakes) = try await startTwoOfEach(
                 "pg-kill-node", environment: ["IAP_AMQP_URL": [urls[1], urls[0], urls[2]].joined(separator: ",")])
             defer { drill.stopAll() }
-            let purchases = try await drill.mint(Self.purchases)
-            let uploads = Task { try await drill.upload(purchases, deadline: .seconds(200), intakes: intakes) }
-            try await Task.sleep(for: .milliseconds(1500))
+            let traffic = DrillTraffic(drill, intakes: intakes)
+            try await traffic.waitForMore(150)
             // Two connections each (publishing, consuming), four services: all eight on node 2.
             #expect(try await TestCluster.clientConnections(onNodeWithPort: victim) >= 8, "the services are not all on node 2")
             try await TestCluster.control("kill \(victim)")
+            traffic.faultLanded()
             // Whatever happens to the wait, the suite's cluster gets its node back.
             try await TestCluster.restartingNode(victim) { try await Task.sleep(for: .seconds(3)) }
             let recovered = ContinuousClock.now
-            let outcome = try await drill.settle(try await uploads.value)
-            check(outcome, purchases: purchases.count, drill: drill, name: "kill -9 the broker node in use", recovery: .now - recovered)
+            let submissions = try await traffic.finish()
+            let outcome = try await drill.settle(submissions)
+            check(outcome, purchases: submissions.count, drill: drill, name: "kill -9 the broker node in use", recovery: .now - recovered)
         }
 
         /// A network partition: the link of the node every service is connected to goes down
@@ -121,12 +121,12 @@ extension DisruptiveTests {
             let (drill, intakes) = try await startTwoOfEach(
                 "pg-partition", environment: ["IAP_AMQP_URL": [urls[2], urls[0], urls[1]].joined(separator: ",")])
             defer { drill.stopAll() }
-            let purchases = try await drill.mint(Self.purchases)
-            let uploads = Task { try await drill.upload(purchases, deadline: .seconds(200), intakes: intakes) }
-            try await Task.sleep(for: .milliseconds(1500))
+            let traffic = DrillTraffic(drill, intakes: intakes)
+            try await traffic.waitForMore(150)
             // Two connections each (publishing, consuming), four services: all eight on node 3.
             #expect(try await cluster.clientConnections(onNode: 3) >= 8, "the services are not all on node 3")
             try await cluster.partition(.down)
+            traffic.faultLanded()
             let cut = ContinuousClock.now
             // While the link is down the services notice by missed heartbeats and reach the
             // majority's nodes.
@@ -138,9 +138,10 @@ extension DisruptiveTests {
             try await Task.sleep(until: cut + .seconds(20), clock: .continuous)
             try await cluster.partition(.up)
             let recovered = ContinuousClock.now
-            let outcome = try await drill.settle(try await uploads.value)
+            let submissions = try await traffic.finish()
+            let outcome = try await drill.settle(submissions)
             check(
-                outcome, purchases: purchases.count, drill: drill,
+                outcome, purchases: submissions.count, drill: drill,
                 name: "partition: node in use cut off for 20 s (services on the majority after \(movedAfter))",
                 recovery: .now - recovered)
             // And the node that was cut off is a running member of the cluster again.

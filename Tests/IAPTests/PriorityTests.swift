@@ -5,7 +5,7 @@ import Relay
 import Testing
 
 extension BrokerTests {
-    @Suite("First attempts before retries", .sqlitePassOnly)
+    @Suite("First attempts before retries")
     struct PriorityTests {
         /// Classic queues on the single node: `verify` is a priority queue.
         @Test func newUploadIsVerifiedAheadOfTenThousandWaitingRetries() async throws {
@@ -14,7 +14,7 @@ extension BrokerTests {
 
         func newUploadGoesFirst(onCluster: Bool) async throws {
             let pipeline = try await PipelineHarness.start(name: "priority", verifierConcurrency: 8, onCluster: onCluster)
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             // Apple at 20 ms: the backlog alone takes 10,000 / (8 / 0.02 s) = 25 s to drain.
             #expect(try await HTTP.post(pipeline.fakeURL + "/fake/config", json: ["latencyMs": 20]).status == 204)
 
@@ -60,8 +60,8 @@ extension BrokerTests {
     }
 }
 
-extension DisruptiveTests {
-    @Suite("First attempts before retries, on quorum queues", .sqlitePassOnly)
+extension ClusterDrills {
+    @Suite("First attempts before retries, on quorum queues")
     struct PriorityOnClusterTests {
         /// Quorum queues on the cluster have no priorities: retries wait in a queue of their
         /// own, which verifiers serve only when no first attempt waits. With the cluster's other

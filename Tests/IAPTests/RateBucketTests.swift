@@ -6,13 +6,13 @@ import Testing
 
 /// The rate-limit buckets in the order store (both backends): what several order services on
 /// one PostgreSQL count together.
-@Suite("Rate-limit buckets in the order store")
+@Suite("Rate-limit buckets in the order store", .teardown)
 struct RateBucketTests {
     let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-buckets-\(UUID().uuidString)")
 
-    @Test func aBucketAllowsItsBurstThenRefillsAtItsRate() async throws {
-        let store = try await TestStore.open(in: folder)
-        defer { Task { await store.close() } }
+    @Test(arguments: TestStore.backends) func aBucketAllowsItsBurstThenRefillsAtItsRate(_ backend: Backend) async throws {
+        let store = try await TestStore.open(in: folder, on: backend)
+        Teardown.add { await store.close() }
         let start = Date()
         for _ in 0..<3 {
             #expect(try await store.takeRateToken("user:ana", perSecond: 1, burst: 3, now: start) == nil)
@@ -36,9 +36,9 @@ struct RateBucketTests {
         #expect(try await store.takeRateToken("user:ana", perSecond: 1, burst: 3, now: muchLater) != nil)
     }
 
-    @Test func idleBucketsArePurgedAndStartFull() async throws {
-        let store = try await TestStore.open(in: folder)
-        defer { Task { await store.close() } }
+    @Test(arguments: TestStore.backends) func idleBucketsArePurgedAndStartFull(_ backend: Backend) async throws {
+        let store = try await TestStore.open(in: folder, on: backend)
+        Teardown.add { await store.close() }
         let start = Date()
         #expect(try await store.takeRateToken("address:10.0.0.1", perSecond: 1, burst: 1, now: start) == nil)
         #expect(try await store.takeRateToken("address:10.0.0.2", perSecond: 1, burst: 1, now: start.addingTimeInterval(590)) == nil)
@@ -51,10 +51,10 @@ struct RateBucketTests {
     /// Two order services on one PostgreSQL (two store objects, each with its own
     /// connections) count one user's and one address's requests together: the deployment
     /// allows the burst once, not once per service.
-    @Test(.enabled(if: TestStore.usesPostgres))
+    @Test(.needsPostgres)
     func twoOrderServicesAllowTheRateOnceNotOnceEach() async throws {
-        let stores = try await [TestStore.open(in: folder), TestStore.open(in: folder)]
-        defer { Task { for store in stores { await store.close() } } }
+        let stores = try await [TestStore.open(in: folder, on: .postgres), TestStore.open(in: folder, on: .postgres)]
+        Teardown.add { for store in stores { await store.close() } }
         #expect(stores[0].sharesRateLimits && stores[1].sharesRateLimits)
         let logger = Logger(label: "iap.tests.ratelimit")
         let limit = RateLimit(perSecond: 1, burst: 10)
@@ -74,10 +74,10 @@ struct RateBucketTests {
     }
 
     /// Racing takes at one instant, from two services: exactly the burst is allowed.
-    @Test(.enabled(if: TestStore.usesPostgres))
+    @Test(.needsPostgres)
     func concurrentTakesFromTwoServicesNeverExceedTheBurst() async throws {
-        let stores = try await [TestStore.open(in: folder), TestStore.open(in: folder)]
-        defer { Task { for store in stores { await store.close() } } }
+        let stores = try await [TestStore.open(in: folder, on: .postgres), TestStore.open(in: folder, on: .postgres)]
+        Teardown.add { for store in stores { await store.close() } }
         let now = Date()
         let allowed = try await withThrowingTaskGroup(of: Bool.self) { group in
             for index in 0..<60 {
@@ -91,10 +91,9 @@ struct RateBucketTests {
     }
 
     /// On SQLite one order service writes the file: the limits stay in its memory alone.
-    @Test(.enabled(if: !TestStore.usesPostgres))
-    func oneSQLiteServiceCountsInMemoryOnly() async throws {
+    @Test func oneSQLiteServiceCountsInMemoryOnly() async throws {
         let store = try await TestStore.open(in: folder)
-        defer { Task { await store.close() } }
+        Teardown.add { await store.close() }
         #expect(!store.sharesRateLimits)
         let limiter = RateLimiter(RateLimit(perSecond: 1, burst: 2), scope: "user", store: store)
         let logger = Logger(label: "iap.tests.ratelimit")

@@ -9,7 +9,7 @@ extension BrokerTests {
     struct ReceiptContentTests {
         @Test func receiptWithThreePurchasesOneCreditedBeforeGivesTwoNewGrants() async throws {
             let pipeline = try await PipelineHarness.start(name: "three")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let first = try await pipeline.mint(deviceId: "phone")
             let earlier = try await pipeline.upload(userId: "frank", receiptData: first.receiptData)
             #expect(try await pipeline.waitForState(earlier)["state"] as? String == "credited")
@@ -34,7 +34,7 @@ extension BrokerTests {
 
         @Test func cancelledPurchaseIsNotCredited() async throws {
             let pipeline = try await PipelineHarness.start(name: "cancelled")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let refunded = try await pipeline.mint(deviceId: "tablet")
             let kept = try await pipeline.mint(productId: "com.example.coins.120", deviceId: "tablet")
             try await pipeline.cancel(refunded.transactionId)
@@ -51,7 +51,7 @@ extension BrokerTests {
 
         @Test func namedTransactionMissingFromTheReceiptAsksForARefreshedReceipt() async throws {
             let pipeline = try await PipelineHarness.start(name: "notinreceipt")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let inReceipt = try await pipeline.mint(deviceId: "old-receipt")
             let missing = try await pipeline.mint(deviceId: "other-device")
             let id = try await pipeline.upload(
@@ -73,7 +73,7 @@ extension BrokerTests {
 
         @Test func sandboxPurchasesFollowThePolicy() async throws {
             let pipeline = try await PipelineHarness.start(name: "sandboxpolicy", sandboxPolicy: .allowlist(["tester"]))
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let strangers = try await pipeline.mint(environment: "Sandbox")
             let stranger = try await pipeline.upload(userId: "stranger", receiptData: strangers.receiptData)
             let refused = try await pipeline.waitForState(stranger)
@@ -92,7 +92,7 @@ extension BrokerTests {
 
         @Test func transientStatusesNeverBecomeRejections() async throws {
             let pipeline = try await PipelineHarness.start(name: "neverrejected", retryDelays: [1])
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             var submissions: [String] = []
             for (index, status) in [21005, 21009, 21100, 21004].enumerated() {
                 let purchase = try await pipeline.mint()

@@ -1,7 +1,7 @@
 import Foundation
 import Testing
 
-@Suite("Receipt parser fuzzing", .sqlitePassOnly, .timeLimit(.minutes(2)))
+@Suite("Receipt parser fuzzing", .timeLimit(.minutes(2)))
 struct ReceiptFuzzTests {
     /// A short libFuzzer run (address sanitizer on) over the local receipt parser; longer runs:
     /// `scripts/fuzz-receipt-parser 600`.

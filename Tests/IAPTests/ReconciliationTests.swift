@@ -48,7 +48,7 @@ extension BrokerTests {
 
         @Test func aMissedRenewalIsCreditedAndAMissedRefundRevokedOnce() async throws {
             let pipeline = try await PipelineHarness.start(name: "reconcilesub")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let minted = try await HTTP.post(pipeline.fakeURL + "/fake/purchases", json: SubscriptionMint())
             #expect(minted.status == 201, "\(minted.text)")
             let first = try #require(minted.json["transactionId"] as? String)
@@ -105,7 +105,7 @@ extension BrokerTests {
 
         @Test func notificationsAppleCouldNotDeliverAreRedeliveredAndAppliedOnce() async throws {
             let pipeline = try await PipelineHarness.start(name: "reconcilenote")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let purchase = try await pipeline.mint()
             let submission = try await pipeline.upload(userId: "ben", receiptData: purchase.receiptData)
             #expect(try await pipeline.waitForState(submission)["state"] as? String == "credited")
@@ -138,7 +138,7 @@ extension BrokerTests {
     }
 }
 
-@Suite("Reconciliation speaks Apple's subscription statuses as notifications")
+@Suite("Reconciliation speaks Apple's subscription statuses as notifications", .teardown)
 struct ReconciliationNotificationTests {
     @Test func eachStatusBecomesTheNotificationAppleSendsForIt() throws {
         var transaction = JWSTransactionDecodedPayload(

@@ -11,9 +11,9 @@ import Testing
 /// writer has to remember to wake it.
 @Suite("Outbox relay")
 struct RelayTests {
-    func makeStore() async throws -> OrderStore {
+    func makeStore(_ backend: Backend) async throws -> OrderStore {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-relay-\(UUID().uuidString)")
-        return try await TestStore.open(in: folder)
+        return try await TestStore.open(in: folder, on: backend)
     }
 
     func request(_ user: String) -> VerifyRequest {
@@ -31,8 +31,8 @@ struct RelayTests {
 
     /// Each commit that queued a message is announced once; a commit that queued none, or a
     /// write that failed, is not.
-    @Test func theStoreAnnouncesEachCommitThatQueuedMessages() async throws {
-        let store = try await makeStore()
+    @Test(arguments: TestStore.backends) func theStoreAnnouncesEachCommitThatQueuedMessages(_ backend: Backend) async throws {
+        let store = try await makeStore(backend)
         let signal = store.outboxSignal
         let start = signal.commits
 
@@ -62,8 +62,8 @@ struct RelayTests {
     }
 
     /// A relay whose poll is a minute away publishes a new row at once: the commit wakes it.
-    @Test func aRelayPublishesACommitWithoutWaitingForItsPoll() async throws {
-        let store = try await makeStore()
+    @Test(arguments: TestStore.backends) func aRelayPublishesACommitWithoutWaitingForItsPoll(_ backend: Backend) async throws {
+        let store = try await makeStore(backend)
         let published = NIOLockedValueBox([String]())
         let relay = OutboxRelay(
             store: store,
@@ -88,8 +88,8 @@ struct RelayTests {
     /// A verify message names its submission and is built from the submission's row when it is
     /// published: the receipt is stored once, and the message carries everything the app sent.
     /// A message whose submission is gone (purged) is dropped, not retried forever.
-    @Test func aVerifyMessageIsBuiltFromItsSubmissionWhenPublished() async throws {
-        let store = try await makeStore()
+    @Test(arguments: TestStore.backends) func aVerifyMessageIsBuiltFromItsSubmissionWhenPublished(_ backend: Backend) async throws {
+        let store = try await makeStore(backend)
         var request = VerifyRequest(
             submissionId: UUID(), userId: "ana", receiptData: String(repeating: "MIIT", count: 1000), transactionId: "t2",
             orderId: "order-7", acceptedAt: Date())

@@ -11,7 +11,7 @@ extension BrokerTests {
     struct ResilienceTests {
         @Test func uploadAcceptedWhileTheBrokerIsDownIsCreditedWhenItReturns() async throws {
             let pipeline = try await PipelineHarness.start(name: "outbox")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let purchases = [try await pipeline.mint(), try await pipeline.mint()]
 
             try await TestBroker.control("stop")
@@ -38,7 +38,7 @@ extension BrokerTests {
 
         @Test func undecodableMessageIsDeadLetteredAndTheRestKeepsFlowing() async throws {
             let pipeline = try await PipelineHarness.start(name: "poison")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let names = pipeline.names
             let connection = AMQPConnection(
                 configuration: try TestBroker.configuration(),
@@ -66,7 +66,7 @@ extension BrokerTests {
             let pipeline = try await PipelineHarness.start(
                 name: "sweeper",
                 sweeper: SweeperSettings(interval: .milliseconds(300), pendingAfter: .seconds(1), retryGrace: .seconds(1)))
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let purchase = try await pipeline.mint()
             // Accepted, but its message went where no verifier looks (as if lost with a broker).
             let request = VerifyRequest(
@@ -81,7 +81,7 @@ extension BrokerTests {
 
         @Test func deadLetteredUploadIsCreditedAfterRedrive() async throws {
             let pipeline = try await PipelineHarness.start(name: "redrive")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let names = pipeline.names
             let purchase = try await pipeline.mint()
             // An accepted upload whose message ended up dead (as after an operator's purge or a bug).

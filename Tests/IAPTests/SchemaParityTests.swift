@@ -7,9 +7,7 @@ import Testing
 /// order of text), primary and foreign keys, indexes (unique, partial and their predicates),
 /// checks, and an audit log that refuses changes on both. A step written for one backend only
 /// fails here.
-@Suite(
-    "One schema on both backends", .sqlitePassOnly,
-    .enabled(if: ProcessInfo.processInfo.environment["IAP_TEST_DATABASE_URL"] != nil, "needs the test PostgreSQL server"))
+@Suite("One schema on both backends", .needsPostgres)
 struct SchemaParityTests {
     /// A table as both catalogues can describe it, in lower case (PostgreSQL folds names).
     struct Table: Equatable {

@@ -37,7 +37,7 @@ extension BrokerTests {
     struct SecurityTests {
         @Test func userRoutesNeedAValidToken() async throws {
             let pipeline = try await PipelineHarness.startAuthenticated(name: "authn")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let base = pipeline.intakeURL
             let expired = try await TestTokens.hs256(.init("ana", expiresIn: -600))
             let forged = try await TestTokens.hs256(.init("ana"), secret: String(repeating: "f", count: 48))
@@ -67,7 +67,7 @@ extension BrokerTests {
 
         @Test func usersReadOnlyTheirOwnSubmissionsOrdersAndGrants() async throws {
             let pipeline = try await PipelineHarness.startAuthenticated(name: "owner")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let base = pipeline.intakeURL
             let ana = try await TestTokens.hs256(.init("ana"))
             let bob = try await TestTokens.hs256(.init("bob"))
@@ -109,7 +109,7 @@ extension BrokerTests {
 
         @Test func adminRoutesCanListenOnTheirOwnPort() async throws {
             let pipeline = try await PipelineHarness.startAuthenticated(name: "adminport", separateAdmin: true)
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let adminURL = try #require(pipeline.adminURL)
             let onAppPort = try await UserHTTP.send(.GET, pipeline.intakeURL + "/v1/admin/audit", token: PipelineHarness.adminToken)
             #expect(onAppPort.status == 404, "\(onAppPort.text)")
@@ -123,7 +123,7 @@ extension BrokerTests {
         @Test func usersAndAddressesAreRateLimited() async throws {
             let perUser = try await PipelineHarness.startAuthenticated(
                 name: "ratelimituser", limits: IntakeLimits(perUser: RateLimit(perSecond: 1, burst: 3), perAddress: nil))
-            defer { Task { await perUser.stop() } }
+            Teardown.add { await perUser.stop() }
             let ana = try await TestTokens.hs256(.init("ana"))
             let bob = try await TestTokens.hs256(.init("bob"))
             var statuses: [Int] = []
@@ -139,7 +139,7 @@ extension BrokerTests {
 
             let perAddress = try await PipelineHarness.start(
                 name: "ratelimitip", limits: IntakeLimits(perUser: nil, perAddress: RateLimit(perSecond: 1, burst: 5)))
-            defer { Task { await perAddress.stop() } }
+            Teardown.add { await perAddress.stop() }
             var addressStatuses: [Int] = []
             for _ in 0..<6 { addressStatuses.append(try await HTTP.get(perAddress.intakeURL + "/v1/products").status) }
             #expect(addressStatuses == [200, 200, 200, 200, 200, 429])
@@ -152,7 +152,7 @@ extension BrokerTests {
         @Test func slowBodiesTimeOutAndInFlightWorkIsBounded() async throws {
             let pipeline = try await PipelineHarness.start(
                 name: "inflight", limits: IntakeLimits(perUser: nil, perAddress: nil, maxInFlight: 1, bodyTimeout: .seconds(1)))
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let port = try #require(URLComponents(string: pipeline.intakeURL)?.port)
             // A client that announces 100 bytes and sends 10 holds the one slot... (once it has
             // it: a request that ended a moment before may still hold it, and then the slow one

@@ -6,7 +6,7 @@ import Testing
 
 /// The App Store Server API client against the fake: Apple's answers and errors, the bearer
 /// token, and the pacing that keeps us under Apple's rate limits.
-@Suite("App Store Server API client")
+@Suite("App Store Server API client", .teardown)
 struct ServerAPIClientTests {
     func client(_ apple: VerifyReceiptClientTests.Apple, key: P256.Signing.PrivateKey = ServerAPIKey.privateKey, rateShare: Double = 1)
         throws -> AppStoreServerAPIClient
@@ -39,7 +39,7 @@ struct ServerAPIClientTests {
 
     @Test func callsAnswerInApplesShapesAndErrorsAreTyped() async throws {
         let apple = try await VerifyReceiptClientTests.Apple.start()
-        defer { Task { await apple.stop() } }
+        Teardown.add { await apple.stop() }
         let api = try client(apple)
         let device = UUID().uuidString
         let first = try await mint(apple, device: device)
@@ -79,7 +79,7 @@ struct ServerAPIClientTests {
 
     @Test func callsArePacedBelowApplesLimitsAndWaitOutA429() async throws {
         let apple = try await VerifyReceiptClientTests.Apple.start()
-        defer { Task { await apple.stop() } }
+        Teardown.add { await apple.stop() }
         let id = try await mint(apple, environment: "Sandbox").transactionId
         // Sandbox transaction info: 10 % of 50/s, times a share of 0.2: 1 request per second,
         // after a burst of one.

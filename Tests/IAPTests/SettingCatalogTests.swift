@@ -5,7 +5,7 @@ import Testing
 /// Every setting of `iap` is declared once (`Setting`, in IAPCore): its variable, default and
 /// help. These read the sources as a reviewer's grep would: no variable's name and no default
 /// written a second time anywhere else in `Sources`.
-@Suite("Settings declared once", .sqlitePassOnly)
+@Suite("Settings declared once")
 struct SettingCatalogTests {
     static let sources = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
         .deletingLastPathComponent().appendingPathComponent("Sources")

@@ -9,14 +9,14 @@ import Testing
 
 /// Several order services on one PostgreSQL store: each store object here is one service's,
 /// with its own connections, all racing for the same rows.
-@Suite("Order services sharing one PostgreSQL store", .enabled(if: TestStore.usesPostgres))
+@Suite("Order services sharing one PostgreSQL store", .needsPostgres)
 struct SharedStoreTests {
     let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-shared-\(UUID().uuidString)")
 
     func services(_ count: Int) async throws -> [OrderStore] {
         // Opened at once: the first migrates under the advisory lock, the others wait for it.
         try await withThrowingTaskGroup(of: OrderStore.self) { group in
-            for _ in 0..<count { group.addTask { try await TestStore.open(in: folder) } }
+            for _ in 0..<count { group.addTask { try await TestStore.open(in: folder, on: .postgres) } }
             var stores: [OrderStore] = []
             for try await store in group { stores.append(store) }
             return stores

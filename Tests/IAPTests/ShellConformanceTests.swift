@@ -1,6 +1,7 @@
 import Foundation
 import IAPCore
 import Ledger
+@testable import LedgerTestSupport
 import Testing
 @testable import OrderStore
 
@@ -16,7 +17,7 @@ struct ShellConformanceTests {
     /// How many sequences: 200 on SQLite (a quarter under `transfer`, half with the steps only
     /// the ground-truth run takes), 80 of them on PostgreSQL, where each statement is a round
     /// trip. They run beside the suites that time their answers, so the count is kept modest.
-    static var sequences: Int { TestStore.usesPostgres ? 80 : 200 }
+    static func sequences(on backend: Backend) -> Int { backend == .postgres ? 80 : 200 }
 
     /// The journal of one checker sequence, run in memory.
     static func journal(index: Int) -> (seed: UInt64, restore: RestorePolicy, truth: Bool, entries: [MemoryLedger.JournalEntry]) {
@@ -91,15 +92,15 @@ struct ShellConformanceTests {
         return found
     }
 
-    @Test func theStoreReadsTheFactsTheMemoryShellReadsAtEveryStep() async throws {
+    @Test(arguments: TestStore.backends) func theStoreReadsTheFactsTheMemoryShellReadsAtEveryStep(_ backend: Backend) async throws {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("shell-conformance-\(UUID().uuidString)")
         defer { try? FileManager.default.removeItem(at: folder) }
         var steps = 0
         var differing: [String] = []
-        for index in 0..<Self.sequences {
+        for index in 0..<Self.sequences(on: backend) {
             let (seed, restore, truth, entries) = Self.journal(index: index)
             steps += entries.count
-            let store = try await TestStore.open(in: folder, name: "sequence-\(index)")
+            let store = try await TestStore.open(in: folder, name: "sequence-\(index)", on: backend)
             let difference: String?
             do {
                 difference = try await Self.replay(entries, restore: restore, on: store)
@@ -108,12 +109,12 @@ struct ShellConformanceTests {
             }
             await store.close()
             if let difference {
-                differing.append("sequence \(LedgerModelRun.hex(seed)) (\(restore.rawValue)\(truth ? ", ground truth" : "")): \(difference)")
+                differing.append("sequence \(ModelRandom.hex(seed)) (\(restore.rawValue)\(truth ? ", ground truth" : "")): \(difference)")
             }
             if differing.count >= 3 { break }
         }
         // The replay compared something: the sequences hold steps of every kind.
-        #expect(steps > Self.sequences * 5, "\(steps) steps in \(Self.sequences) sequences")
+        #expect(steps > Self.sequences(on: backend) * 5, "\(steps) steps in \(Self.sequences(on: backend)) sequences")
         #expect(differing.isEmpty, "\(differing.count) sequences read other facts from the store:\n\(differing.joined(separator: "\n"))")
     }
 }

@@ -39,7 +39,7 @@ extension BrokerTests {
     struct StoreKit2Tests {
         @Test func aSignedTransactionIsVerifiedLocallyAndCredited() async throws {
             let pipeline = try await PipelineHarness.start(name: "sk2jws")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let purchase = try await pipeline.mintStoreKit2()
             let id = try await pipeline.upload(["userId": "sofia", "signedTransaction": try #require(purchase.signedTransaction)])
             let status = try await pipeline.waitForState(id)
@@ -66,7 +66,7 @@ extension BrokerTests {
 
         @Test func aTransactionIdAloneIsLookedUpWithTheServerAPI() async throws {
             let pipeline = try await PipelineHarness.start(name: "sk2txid")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             // An id is a lookup: what proves these purchases tom's is their token naming his orders.
             let production = try await pipeline.mintStoreKit2(
                 appAccountToken: try await pipeline.createOrder(userId: "tom", productId: "com.example.coins.60"))
@@ -93,7 +93,7 @@ extension BrokerTests {
 
         @Test func aReceiptIsVerifiedThroughTheServerAPI() async throws {
             let pipeline = try await PipelineHarness.start(name: "sk2receipt", receiptsThroughServerAPI: true)
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let device = UUID().uuidString
             // The receipt's signature is not checked on this route: its purchases are the uploader's
             // by their tokens (applicationUsername naming her orders), not by the receipt's word.
@@ -116,7 +116,7 @@ extension BrokerTests {
 
         @Test func aRefundNotificationRevokesTheGrantAndAReversalRestoresIt() async throws {
             let pipeline = try await PipelineHarness.start(name: "sk2refund")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let purchase = try await pipeline.mintStoreKit2()
             let id = try await pipeline.upload(["userId": "vera", "signedTransaction": try #require(purchase.signedTransaction)])
             #expect(try await pipeline.waitForState(id)["state"] as? String == "credited")
@@ -162,7 +162,7 @@ extension BrokerTests {
 
         @Test func subscriptionNotificationsKeepItsStateAndRenewalsAreCredited() async throws {
             let pipeline = try await PipelineHarness.start(name: "sk2subs")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let purchase = try await pipeline.mintStoreKit2(productId: "com.example.vip.month", type: "auto_renewable")
             let id = try await pipeline.upload(["userId": "walt", "signedTransaction": try #require(purchase.signedTransaction)])
             #expect(try await pipeline.waitForState(id)["state"] as? String == "credited")
@@ -193,7 +193,7 @@ extension BrokerTests.StoreKit2Tests {
     /// Notification History and re-delivered by `iap admin reconcile-notifications`.
     @Test func missedNotificationsAreReconciledFromApplesHistory() async throws {
         let pipeline = try await PipelineHarness.start(name: "sk2reconcile")
-        defer { Task { await pipeline.stop() } }
+        Teardown.add { await pipeline.stop() }
         let purchase = try await pipeline.mintStoreKit2()
         let id = try await pipeline.upload(["userId": "xena", "signedTransaction": try #require(purchase.signedTransaction)])
         #expect(try await pipeline.waitForState(id)["state"] as? String == "credited")

@@ -44,7 +44,7 @@ enum UnicodeTricks {
     ]
 }
 
-@Suite("Console escaping and ids, per Unicode scalar")
+@Suite("Console escaping and ids, per Unicode scalar", .teardown)
 struct UnicodeTrickTests {
     @Test func escapingIsPerUnicodeScalar() {
         #expect(ConsoleHTML.escape("\u{22}\u{301}").unicodeScalars.elementsEqual("&quot;\u{301}".unicodeScalars))
@@ -63,7 +63,7 @@ struct UnicodeTrickTests {
     @Test func everyTemplateRendersHostileTextAsText() async throws {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-console-\(UUID().uuidString)")
         let store = try await TestStore.open(in: folder)
-        defer { Task { await store.close() } }
+        Teardown.add { await store.close() }
         let console = try Console(
             settings: ConsoleSettings(operatorTokens: ["operator-token-0123456789abcdefghijkl"], insecureCookies: true),
             dependencies: ConsoleDependencies(
@@ -220,7 +220,7 @@ extension BrokerTests {
         /// whose `sub` is not NFC is refused.
         @Test func canonicallyEquivalentUserIdsReadNothingOfEachOther() async throws {
             let pipeline = try await PipelineHarness.startAuthenticated(name: "samebytes")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let base = pipeline.intakeURL
             for (owner, twin) in UnicodeTricks.equivalentPairs {
                 // The other spelling's data, as another path (the admin routes, an older deployment) wrote it.
@@ -269,7 +269,7 @@ extension BrokerTests {
         /// never become ids; an admin may not sign as one of the services.
         @Test func everyIdFieldRefusesTheCorpus() async throws {
             let pipeline = try await PipelineHarness.start(name: "idcorpus")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let base = pipeline.intakeURL
             let admin = PipelineHarness.adminToken
             for (id, why) in UnicodeTricks.badIds {
@@ -308,7 +308,7 @@ extension BrokerTests {
 
         @Test func aTokenWhoseSubJoinsTheTextAroundItIsMalformed() async throws {
             let pipeline = try await PipelineHarness.startAuthenticated(name: "subcorpus")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             for (id, why) in UnicodeTricks.badIds {
                 let token = try await TestTokens.hs256(.init(id))
                 let answer = try await UserHTTP.send(.GET, pipeline.intakeURL + "/v1/users/ana/grants", token: token)

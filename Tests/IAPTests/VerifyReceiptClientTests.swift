@@ -11,7 +11,7 @@ import ServiceLifecycle
 import Testing
 
 /// The `verifyReceipt` client against the fake App Store over real HTTP, one Apple answer at a time.
-@Suite("verifyReceipt statuses, classified")
+@Suite("verifyReceipt statuses, classified", .teardown)
 struct VerifyReceiptClientTests {
     /// A fake App Store on a free port, and a client pointed at it.
     struct Apple {
@@ -98,7 +98,7 @@ struct VerifyReceiptClientTests {
     ])
     func appleStatusIsClassified(status: Int, expected: Class) async throws {
         let apple = try await Apple.start()
-        defer { Task { await apple.stop() } }
+        Teardown.add { await apple.stop() }
         let receipt = try await apple.mint()
         try await apple.fault(["status": status, "count": 1])
         #expect(classify(await apple.client().verify(request(receipt))) == expected)
@@ -110,7 +110,7 @@ struct VerifyReceiptClientTests {
     /// and as milliseconds in a string, and the two agree.
     @Test func answerDatesAreWrittenAsAppleWritesThem() async throws {
         let apple = try await Apple.start()
-        defer { Task { await apple.stop() } }
+        Teardown.add { await apple.stop() }
         let receipt = try await apple.mint()
         let answer = try await HTTP.post(apple.url + "/verifyReceipt", json: ["receipt-data": receipt])
         let inApp = try #require((answer.json["receipt"] as? [String: Any])?["in_app"] as? [[String: Any]])
@@ -131,7 +131,7 @@ struct VerifyReceiptClientTests {
 
     @Test func internalAppleErrorFollowsTheRetryFlag() async throws {
         let apple = try await Apple.start()
-        defer { Task { await apple.stop() } }
+        Teardown.add { await apple.stop() }
         let receipt = try await apple.mint()
         let flagged = try await HTTP.post(apple.url + "/fake/faults", json: FaultWithFlag(status: 21150, retryable: false))
         #expect(flagged.status == 204)
@@ -162,7 +162,7 @@ struct VerifyReceiptClientTests {
 
     @Test func productionReceiptSentBackFromTheSandboxIsVerifiedInProduction() async throws {
         let apple = try await Apple.start()
-        defer { Task { await apple.stop() } }
+        Teardown.add { await apple.stop() }
         let receipt = try await apple.mint()
         // Production wrongly says "sandbox receipt"; the sandbox answers 21008; back in production it verifies.
         try await apple.fault(["status": 21007, "count": 1])
@@ -177,14 +177,14 @@ struct VerifyReceiptClientTests {
     @Test(arguments: [500, 502, 503, 429])
     func httpErrorIsTransient(httpStatus: Int) async throws {
         let apple = try await Apple.start()
-        defer { Task { await apple.stop() } }
+        Teardown.add { await apple.stop() }
         try await apple.fault(["httpStatus": httpStatus, "count": 1])
         #expect(classify(await apple.client().verify(request(try await apple.mint()))) == .retryLater("apple_unavailable"))
     }
 
     @Test func slowAppleIsTransient() async throws {
         let apple = try await Apple.start()
-        defer { Task { await apple.stop() } }
+        Teardown.add { await apple.stop() }
         let receipt = try await apple.mint()
         try await apple.fault(["delayMs": 1500, "count": 1])
         let outcome = await apple.client(timeout: .milliseconds(300)).verify(request(receipt))
@@ -202,7 +202,7 @@ struct VerifyReceiptClientTests {
 
     @Test func repeated21002NeedsAPersonAfterTheLimitButOtherFailuresDoNotCount() async throws {
         let apple = try await Apple.start()
-        defer { Task { await apple.stop() } }
+        Teardown.add { await apple.stop() }
         let receipt = try await apple.mint()
         // Attempt 5 after four timeouts: the first 21002 is still retried.
         try await apple.fault(["status": 21002, "count": 1])
@@ -216,7 +216,7 @@ struct VerifyReceiptClientTests {
 
     @Test func sandboxReceiptFallsBackAndProductionOnlyBundlesAreChecked() async throws {
         let apple = try await Apple.start()
-        defer { Task { await apple.stop() } }
+        Teardown.add { await apple.stop() }
         let outcome = await apple.client().verify(request(try await apple.mint(environment: "Sandbox")))
         guard case .verified(let receipt) = outcome else {
             Issue.record("expected verified, got \(outcome)")
@@ -232,7 +232,7 @@ struct VerifyReceiptClientTests {
 
     @Test func unknownReceiptIsInvalid() async throws {
         let apple = try await Apple.start()
-        defer { Task { await apple.stop() } }
+        Teardown.add { await apple.stop() }
         let unknown = Data("FAKE-RECEIPT-V1:no-such-receipt".utf8).base64EncodedString()
         #expect(classify(await apple.client().verify(request(unknown))) == .rejected("invalid_receipt"))
     }

@@ -59,7 +59,7 @@ extension BrokerTests {
         /// refreshed receipt pays o2; the user holds 600.
         @Test func anOrderIsNeverPaidByAPurchaseMadeBeforeIt() async throws {
             let pipeline = try await PipelineHarness.start(name: "paid-before")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let o1 = try await pipeline.createOrder(userId: "olga", productId: Self.coins)
             let first = try await mint(pipeline, Mint(productId: Self.coins, deviceId: "olga-phone"))
             try await Task.sleep(for: .milliseconds(20))
@@ -96,7 +96,7 @@ extension BrokerTests {
         /// period is credited to them too: Apple does not tell again.
         @Test func aRenewalToldBeforeTheFirstUploadIsCreditedToTheOwner() async throws {
             let pipeline = try await PipelineHarness.start(name: "renew-first")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let first = try await mint(pipeline, Mint(productId: Self.month, type: "auto_renewable", deviceId: "rita-phone"))
             let renewed = try await HTTP.post(
                 pipeline.fakeURL + "/fake/subscriptions/\(first.originalTransactionId)/renew", json: [String: String]())
@@ -143,7 +143,7 @@ extension BrokerTests {
         /// Apple's SUBSCRIBED (RESUBSCRIBE) notification alone gives it to nobody.
         @Test func aResubscriptionByAnotherAccountIsCreditedToItsBuyer() async throws {
             let pipeline = try await PipelineHarness.start(name: "resubscribe")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let (month, again) = try await anasMonthLapsedAndBoughtAgain(pipeline)
             #expect(again.originalTransactionId == month.originalTransactionId && again.transactionId != month.transactionId)
             #expect(
@@ -177,7 +177,7 @@ extension BrokerTests {
         /// earlier period stays with the first owner.
         @Test func aRenewalOfAnotherAccountsResubscriptionWaitsForItsBuyer() async throws {
             let pipeline = try await PipelineHarness.start(name: "stretch")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let (month, again) = try await anasMonthLapsedAndBoughtAgain(pipeline)
             let renewed = try await HTTP.post(
                 pipeline.fakeURL + "/fake/subscriptions/\(month.originalTransactionId)/renew", json: [String: String]())
@@ -214,7 +214,7 @@ extension BrokerTests {
         @Test(arguments: [false, true])
         func aCancellationWithoutItsTypeTakesBackNoMoreThanApplesWord(receiptFirst: Bool) async throws {
             let pipeline = try await PipelineHarness.start(name: "untyped-\(receiptFirst)")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let packs = try await mint(pipeline, Mint(productId: Self.coins, quantity: 3, deviceId: "pia-phone"))
             let credited = try await upload(
                 pipeline, ["userId": "pia", "receiptData": packs.receiptData, "transactionId": packs.transactionId])
@@ -258,7 +258,7 @@ extension BrokerTests {
         /// made (`transactionReason` PURCHASE), not a renewal.
         @Test func anOrderPlacedForAnUpgradeIsPaidByIt() async throws {
             let pipeline = try await PipelineHarness.start(name: "upgrade-order")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let month = try await mint(pipeline, Mint(productId: Self.month, type: "auto_renewable", deviceId: "ugo-phone"))
             let first = try await upload(pipeline, ["userId": "ugo", "signedTransaction": month.signedTransaction])
             #expect(first["state"] as? String == "credited", "\(first)")
@@ -279,7 +279,7 @@ extension BrokerTests {
         /// purchase, a refunded one and an unknown id answer alike, with no transactions listed.
         @Test func aStrangersLookupAnswersAlikeForTakenRefundedAndUnknownIds() async throws {
             let pipeline = try await PipelineHarness.start(name: "lookup-alike")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let taken = try await mint(pipeline, Mint(productId: Self.coins, deviceId: "tom-phone"))
             #expect(try await upload(pipeline, ["userId": "tom", "signedTransaction": taken.signedTransaction])["state"] as? String == "credited")
             let refunded = try await mint(pipeline, Mint(productId: Self.coins, deviceId: "tom-phone"))
@@ -308,7 +308,7 @@ extension BrokerTests {
         /// purchase not in it yet, and finishing it would lose it.
         @Test func aStoreKit1RestoreTheReceiptDoesNotHoldIsSettledByItsOriginal() async throws {
             let pipeline = try await PipelineHarness.start(name: "sk1-restore")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let premium = try await mint(pipeline, Mint(productId: "com.example.premium", type: "non_consumable", deviceId: "ria-phone"))
             #expect(try await upload(pipeline, ["userId": "ria", "receiptData": premium.receiptData])["state"] as? String == "credited")
             let restore = try await HTTP.post(
@@ -364,7 +364,7 @@ extension BrokerTests {
         /// bound to it: the purchase's later upload is `already_credited`, not a second credit.
         @Test func aGoodwillGrantNamingTheApplePurchaseIsNotCreditedTwice() async throws {
             let pipeline = try await PipelineHarness.start(name: "goodwill-bound")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let purchase = try await mint(pipeline, Mint(productId: Self.coins, deviceId: "gil-phone"))
             let granted = try await pipeline.admin(
                 .POST, "/v1/admin/grants",
@@ -383,7 +383,7 @@ extension BrokerTests {
         /// Apple said nothing as it ended (`/entitlements` agrees).
         @Test func aSubscriptionPastItsPeriodIsNotActive() async throws {
             let pipeline = try await PipelineHarness.start(name: "past-period")
-            defer { Task { await pipeline.stop() } }
+            Teardown.add { await pipeline.stop() }
             let month = try await mint(
                 pipeline, Mint(productId: Self.month, type: "auto_renewable", deviceId: "sam-phone", expiresInSeconds: 2))
             #expect(try await upload(pipeline, ["userId": "sam", "signedTransaction": month.signedTransaction])["state"] as? String == "credited")

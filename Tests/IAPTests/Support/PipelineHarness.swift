@@ -26,6 +26,8 @@ import SwiftASN1
 final class PipelineHarness: Sendable {
     let names: PipelineNames
     let databasePath: String
+    /// The store's backend (a harness `sharing` another uses the other's store).
+    let backend: Backend
     let intakeURL: String
     let fakeURL: String
     let store: OrderStore
@@ -65,7 +67,7 @@ final class PipelineHarness: Sendable {
         alerts: AlertSettings = .init(), withOps: Bool = false, authentication: UserAuthentication = .off,
         limits: IntakeLimits = .unlimited, separateAdmin: Bool = false, receiptsThroughServerAPI: Bool = false,
         confirmWithAPI: Bool = false, restorePolicy: RestorePolicy = .keep, onCluster: Bool = false,
-        sharing shared: PipelineHarness? = nil, store chosenStore: StoreLocation? = nil
+        sharing shared: PipelineHarness? = nil, store chosenStore: StoreLocation? = nil, on backend: Backend = .sqlite
     ) async throws -> PipelineHarness {
         let logger = TestBroker.logger
         // On the three-node cluster: all its URLs, quorum queues.
@@ -79,7 +81,8 @@ final class PipelineHarness: Sendable {
         if let chosenStore {
             location = chosenStore
         } else {
-            location = try await TestStore.location(in: URL(fileURLWithPath: databasePath).deletingLastPathComponent())
+            location = try await TestStore.location(
+                in: URL(fileURLWithPath: databasePath).deletingLastPathComponent(), on: shared?.backend ?? backend)
         }
         var settings = PipelineSettings(
             amqp: try onCluster ? TestCluster.configuration() : TestBroker.configuration(), names: names,
@@ -161,20 +164,21 @@ final class PipelineHarness: Sendable {
         let store: OrderStore
         if let running = pipeline.store { store = running } else { store = try await OrderStore(location: location) }
         return PipelineHarness(
-            names: names, databasePath: databasePath,
+            names: names, databasePath: databasePath, backend: location.backend,
             intakeURL: "http://127.0.0.1:\(ports.withLockedValue { $0[.intake] ?? 0 })", fakeURL: fakeURL,
             store: store, opsURL: ports.withLockedValue { $0[.ops] }.map { "http://127.0.0.1:\($0)" },
             adminURL: ports.withLockedValue { $0[.admin] }.map { "http://127.0.0.1:\($0)" }, groups: [fakeGroup, group], tasks: [fakeTask, task], pipelines: [pipeline])
     }
 
     private init(
-        names: PipelineNames, databasePath: String, intakeURL: String, fakeURL: String, store: OrderStore,
+        names: PipelineNames, databasePath: String, backend: Backend, intakeURL: String, fakeURL: String, store: OrderStore,
         opsURL: String?, adminURL: String?, groups: [ServiceGroup], tasks: [Task<Void, any Error>], pipelines: [Pipeline]
     ) {
         self.opsURL = opsURL
         self.adminURL = adminURL
         self.names = names
         self.databasePath = databasePath
+        self.backend = backend
         self.intakeURL = intakeURL
         self.fakeURL = fakeURL
         self.store = store

@@ -29,7 +29,7 @@ final class ProcessDrill: Sendable {
         }
     }
 
-    init(name: String, environment: [String: String] = [:]) async throws {
+    init(name: String, on backend: Backend = .sqlite, environment: [String: String] = [:]) async throws {
         guard let binary = ProcessInfo.processInfo.environment["IAP_TEST_IAP_BINARY"], !binary.isEmpty,
             FileManager.default.isExecutableFile(atPath: binary)
         else { throw MissingBinary() }
@@ -46,11 +46,11 @@ final class ProcessDrill: Sendable {
         for role in ["orders", "intake", "finisher", "verifier"] { opsPorts[role] = try Self.freePort() }
         self.opsPorts = opsPorts
         extraEnvironment = environment
-        storeLocation = try? await TestStore.location(in: folder)
+        storeLocation = try await TestStore.location(in: folder, on: backend)
     }
 
     /// The store the test asked for (a PostgreSQL database of this drill's own, or the file).
-    let storeLocation: StoreLocation?
+    let storeLocation: StoreLocation
 
     private var environment: [String: String] {
         var environment = ProcessInfo.processInfo.environment
@@ -84,9 +84,7 @@ final class ProcessDrill: Sendable {
             ]
         ) { $1 }
         // The store the test asked for (a PostgreSQL database of this drill's own, or the file).
-        if let location = storeLocation {
-            environment.merge(TestStore.environment(for: location)) { $1 }
-        }
+        environment.merge(TestStore.environment(for: storeLocation)) { $1 }
         environment.merge(extraEnvironment) { $1 }
         return environment
     }
@@ -152,8 +150,9 @@ final class ProcessDrill: Sendable {
         return text.split(separator: "\n").suffix(lines).joined(separator: "\n")
     }
 
-    /// Waits until `url` answers `/healthz`.
-    func waitHealthy(_ url: String, timeout: Duration = .seconds(30)) async throws {
+    /// Waits until `url` answers `/healthz`: within the bound a harness has to start (a process
+    /// started while fifty suites start at once on two cores took more than 30 s).
+    func waitHealthy(_ url: String, timeout: Duration = PipelineHarness.startLimit) async throws {
         let ok = try await eventually(timeout: timeout, interval: .milliseconds(100)) {
             (try? await HTTP.get(url + "/healthz").status) == 200
         }
@@ -169,17 +168,19 @@ final class ProcessDrill: Sendable {
             for worker in 0..<workers {
                 group.addTask {
                     var minted: [PipelineHarness.Purchase] = []
-                    for _ in stride(from: worker, to: count, by: workers) {
-                        let answer = try await HTTP.post(
-                            self.fakeURL + "/fake/purchases",
-                            json: ["bundleId": PipelineHarness.bundleId, "productId": "com.example.coins.60"])
-                        minted.append(try JSONDecoder().decode(PipelineHarness.Purchase.self, from: answer.body))
-                    }
+                    for _ in stride(from: worker, to: count, by: workers) { minted.append(try await self.mintOne()) }
                     return minted
                 }
             }
             return try await group.reduce(into: []) { $0 += $1 }
         }
+    }
+
+    /// One purchase made at the fake App Store (a consumable of the test catalog).
+    func mintOne() async throws -> PipelineHarness.Purchase {
+        let answer = try await HTTP.post(
+            fakeURL + "/fake/purchases", json: ["bundleId": PipelineHarness.bundleId, "productId": "com.example.coins.60"])
+        return try JSONDecoder().decode(PipelineHarness.Purchase.self, from: answer.body)
     }
 
     /// Uploads every purchase like a phone would: retrying until the intake answers 202.
@@ -250,8 +251,7 @@ final class ProcessDrill: Sendable {
     func settle(_ submissions: [String: String], timeout: Duration = .seconds(120), store location: StoreLocation? = nil)
         async throws -> Outcome
     {
-        let store: OrderStore
-        if let location { store = try await OrderStore(location: location) } else { store = try await TestStore.open(in: folder) }
+        let store = try await OrderStore(location: location ?? storeLocation)
         let ids = Set(submissions.values.compactMap(UUID.init(uuidString:)))
         _ = try await eventually(timeout: timeout, interval: .milliseconds(250)) {
             // Every accepted submission, the ones a phone sent again after a lost 202 included.
@@ -289,5 +289,111 @@ final class ProcessDrill: Sendable {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
         }
         return Int(UInt16(bigEndian: address.sin_port))
+    }
+}
+
+/// A drill's traffic: phones that each buy at the fake App Store and upload what they bought,
+/// retrying until the intake answers 202, one purchase after another, until the drill says its
+/// fault has landed (`faultLanded()`) and `after` more uploads were started. The fault always
+/// lands mid-stream, however fast or slow the machine; bounded by `limit` purchases and by
+/// `deadline` (traffic that reaches its limit before the fault landed fails the drill).
+final class DrillTraffic: Sendable {
+    private struct State {
+        var purchases: [(purchase: PipelineHarness.Purchase, userId: String)] = []
+        var accepted: [String: String] = [:]
+        var started = 0
+        var startedAtFault: Int?
+        var ended = false
+    }
+
+    let after: Int
+    let limit: Int
+    private let state: NIOLockedValueBox<State>
+    private let task: Task<Void, any Error>
+
+    init(
+        _ drill: ProcessDrill, intakes: [String]? = nil, concurrency: Int = 16, after: Int = 300, limit: Int = 3_000,
+        deadline: Duration = .seconds(200)
+    ) {
+        let state = NIOLockedValueBox(State())
+        let intakes = intakes ?? [drill.intakeURL]
+        let end = ContinuousClock.now + deadline
+        self.state = state
+        self.after = after
+        self.limit = limit
+        task = Task {
+            defer { state.withLockedValue { $0.ended = true } }
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for _ in 0..<concurrency {
+                    group.addTask {
+                        while true {
+                            let index = state.withLockedValue { state -> Int? in
+                                let bound = state.startedAtFault.map { min($0 + after, limit) } ?? limit
+                                guard state.started < bound else { return nil }
+                                state.started += 1
+                                return state.started - 1
+                            }
+                            guard let index else { return }
+                            let purchase = try await drill.mintOne()
+                            let userId = "user-\(index)"
+                            state.withLockedValue { $0.purchases.append((purchase, userId)) }
+                            var target = index
+                            while true {
+                                defer { target += 1 }
+                                let intake = intakes[target % intakes.count]
+                                let failure: String
+                                do {
+                                    let answer = try await HTTP.post(
+                                        intake + "/v1/receipts", json: ["userId": userId, "receiptData": purchase.receiptData])
+                                    if answer.status == 202, let id = answer.json["submissionId"] as? String {
+                                        state.withLockedValue { $0.accepted[purchase.transactionId] = id }
+                                        break
+                                    }
+                                    failure = "\(answer.status) \(answer.text.prefix(300))"
+                                } catch {
+                                    failure = "\(error)"
+                                }
+                                guard ContinuousClock.now < end else {
+                                    throw HarnessError("uploads did not get through; the last answer, from \(intake): \(failure)")
+                                }
+                                try await Task.sleep(for: .milliseconds(100))
+                            }
+                        }
+                    }
+                }
+                try await group.waitForAll()
+            }
+        }
+    }
+
+    /// Uploads accepted so far.
+    var accepted: Int { state.withLockedValue { $0.accepted.count } }
+
+    /// The purchases bought so far, each with the user whose phone uploads it.
+    var purchases: [(purchase: PipelineHarness.Purchase, userId: String)] { state.withLockedValue { $0.purchases } }
+
+    /// Waits until `more` uploads beyond those accepted now are accepted (the stream is flowing).
+    func waitForMore(_ more: Int, timeout: Duration = .seconds(60)) async throws {
+        let target = accepted + more
+        guard try await eventually(timeout: timeout, interval: .milliseconds(20), { self.accepted >= target }) else {
+            throw HarnessError("the drill's traffic did not reach \(target) accepted uploads (\(accepted))")
+        }
+    }
+
+    /// The drill's fault has landed: `after` more uploads, then the traffic ends.
+    func faultLanded() {
+        let ended = state.withLockedValue { state -> Bool in
+            if state.startedAtFault == nil { state.startedAtFault = state.started }
+            return state.ended || state.started >= limit
+        }
+        if ended {
+            Issue.record("the drill's traffic had ended (its bound of \(limit) purchases) before the fault landed")
+        }
+    }
+
+    /// Every upload accepted, by transaction id, once the traffic has ended.
+    func finish() async throws -> [String: String] {
+        try await task.value
+        return state.withLockedValue { $0.accepted }
     }
 }

@@ -4,24 +4,48 @@ import Logging
 import Testing
 @testable import OrderStore
 
-/// The order store every test runs against: SQLite files, or, with `IAP_TEST_STORE=postgres`
-/// (`scripts/dev test` runs the whole suite a second time so), a database of its own per
-/// store on the private PostgreSQL server at `IAP_TEST_DATABASE_URL`.
+/// The order store a test runs on. Store tests take it as their argument
+/// (`@Test(arguments: TestStore.backends)`), so one `swift test` pass runs them on both; the rest
+/// of the suite runs on SQLite, and the suites about several order services on one PostgreSQL
+/// store run there alone.
+enum Backend: String, Sendable, CaseIterable, CustomTestStringConvertible {
+    case sqlite, postgres
+
+    var testDescription: String { self == .sqlite ? "SQLite" : "PostgreSQL" }
+}
+
+extension StoreLocation {
+    var backend: Backend {
+        switch self {
+        case .sqlite: .sqlite
+        case .postgres: .postgres
+        }
+    }
+}
+
+/// The order stores of the tests: SQLite files, or a database of its own per store on the
+/// private PostgreSQL server at `IAP_TEST_DATABASE_URL` (`scripts/dev test` starts it).
 enum TestStore {
-    static var usesPostgres: Bool { ProcessInfo.processInfo.environment["IAP_TEST_STORE"] == "postgres" }
+    /// Whether this run has a PostgreSQL server to test on.
+    static var hasPostgres: Bool { ProcessInfo.processInfo.environment["IAP_TEST_DATABASE_URL"].map { !$0.isEmpty } ?? false }
+
+    /// The backends a store test runs on: SQLite, and PostgreSQL when the run has its server
+    /// (`swift test` alone tests SQLite; `scripts/dev test` both).
+    static var backends: [Backend] { hasPostgres ? [.sqlite, .postgres] : [.sqlite] }
 
     struct MissingServer: Error, CustomStringConvertible {
         var description: String {
-            "IAP_TEST_STORE=postgres needs IAP_TEST_DATABASE_URL: run the suite with `scripts/dev test`, which starts PostgreSQL"
+            "a test on PostgreSQL needs IAP_TEST_DATABASE_URL: run the suite with `scripts/dev test`, which starts PostgreSQL"
         }
     }
 
-    /// The store of `name` in `folder`: the same location each time it is asked for (a test
-    /// reopens a store after a crash), a new one for each folder.
-    static func location(in folder: URL, name: String = "orders") async throws -> StoreLocation {
+    /// The store of `name` in `folder` on `backend`: the same location each time it is asked
+    /// for (a test reopens a store after a crash), a new one for each folder.
+    static func location(in folder: URL, name: String = "orders", on backend: Backend = .sqlite) async throws
+        -> StoreLocation
+    {
         let path = folder.appendingPathComponent("\(name).sqlite").path
-        guard usesPostgres else { return .sqlite(path: path) }
-        guard ProcessInfo.processInfo.environment["IAP_TEST_DATABASE_URL"] != nil else { throw MissingServer() }
+        guard backend == .postgres else { return .sqlite(path: path) }
         let digest = SHA256.hash(data: Data(path.utf8)).prefix(12).map { String(format: "%02x", $0) }.joined()
         return .postgres(try await postgresDatabase(named: "iap_test_\(digest)"))
     }
@@ -57,11 +81,12 @@ enum TestStore {
         return location
     }
 
-    /// A store at `location(in:name:)`.
+    /// A store at `location(in:name:on:)`.
     static func open(
-        in folder: URL, name: String = "orders", statementObserver: (@Sendable (String) -> Void)? = nil
+        in folder: URL, name: String = "orders", on backend: Backend = .sqlite,
+        statementObserver: (@Sendable (String) -> Void)? = nil
     ) async throws -> OrderStore {
-        try await OrderStore(location: location(in: folder, name: name), statementObserver: statementObserver)
+        try await OrderStore(location: location(in: folder, name: name, on: backend), statementObserver: statementObserver)
     }
 
     /// The environment that points an `iap` process at `location`.
@@ -115,11 +140,9 @@ extension OrderStore {
 }
 
 extension Trait where Self == ConditionTrait {
-    /// For a suite that runs in the SQLite pass only: its subject does not depend on the store
-    /// (the receipt parser, the console seen in a browser), or the PostgreSQL pass has a suite
-    /// of its own for it (the fault drills: "Fault drills on PostgreSQL"). Running it twice
-    /// would cost the PostgreSQL pass minutes and check nothing the first pass did not.
-    static var sqlitePassOnly: Self {
-        .enabled(if: !TestStore.usesPostgres, "runs in the SQLite pass; the PostgreSQL pass has nothing of its own to check here")
+    /// For a suite or test about PostgreSQL alone (several order services on one store, its
+    /// drills): it runs when the run has the server.
+    static var needsPostgres: Self {
+        .enabled(if: TestStore.hasPostgres, "needs the PostgreSQL server of `scripts/dev test` (IAP_TEST_DATABASE_URL)")
     }
 }

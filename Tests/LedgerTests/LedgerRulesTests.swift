@@ -116,7 +116,9 @@ struct LedgerRulesTests {
 
     /// docs/ledger.md's two finish tables say what the code does, row by row.
     @Test func theLedgerPagesFinishTablesMatchTheCode() throws {
-        let page = try String(contentsOf: repositoryRoot.appendingPathComponent("docs/ledger.md"), encoding: .utf8)
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent()
+        let page = try String(contentsOf: root.appendingPathComponent("docs/ledger.md"), encoding: .utf8)
         let rows = page.split(separator: "\n").filter { $0.hasPrefix("| `") || $0.hasPrefix("| any") }.map { line in
             line.split(separator: "|", omittingEmptySubsequences: false).dropFirst().dropLast()
                 .map { $0.trimmingCharacters(in: .whitespaces) }
