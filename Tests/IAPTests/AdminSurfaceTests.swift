@@ -101,7 +101,6 @@ extension BrokerTests {
                     "IAP_LOG_LEVEL": "info", "IAP_LOG_FORMAT": "text", "IAP_AUTH": "jwt",
                     "IAP_AUTH_HS256_SECRET": TestTokens.secret,
                 ])
-            defer { drill.stopAll() }
             try drill.start("orders")
             try await drill.waitHealthy(drill.intakeURL)
             let token = try TestTokens.handmade(header: ["alg": "x\nFORGED critical"], claims: .init("ana"))

@@ -17,7 +17,6 @@ extension ClusterDrills {
         /// refuses a classic one (406).
         @Test func severalBrokerURLsMeanQuorumQueuesByDefault() async throws {
             let drill = try await ProcessDrill(name: "default-type", environment: ["IAP_AMQP_URL": try TestCluster.urls()])
-            defer { drill.stopAll() }
             try drill.start("verifier")
             let names = PipelineNames(prefix: drill.prefix)
             let probe = AMQPConnection(configuration: try TestCluster.configuration(), topology: Topology(), logger: TestBroker.logger)

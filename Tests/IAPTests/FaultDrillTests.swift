@@ -31,7 +31,6 @@ extension DisruptiveTests {
 
         @Test func verifierKilledMidStream() async throws {
             let drill = try await startStandardDrill("kill-verifier")
-            defer { drill.stopAll() }
             let traffic = DrillTraffic(drill)
             for _ in 0..<2 {
                 try await traffic.waitForMore(100)
@@ -48,7 +47,6 @@ extension DisruptiveTests {
 
         @Test func orderServiceKilledMidStream() async throws {
             let drill = try await startStandardDrill("kill-orders")
-            defer { drill.stopAll() }
             let traffic = DrillTraffic(drill)
             try await traffic.waitForMore(100)
             drill.kill9("orders")
@@ -63,7 +61,6 @@ extension DisruptiveTests {
 
         @Test func brokerStoppedForTenSecondsWhileUploadsKeepComing() async throws {
             let drill = try await startStandardDrill("broker-down")
-            defer { drill.stopAll() }
             let traffic = DrillTraffic(drill, concurrency: 8)
             try await traffic.waitForMore(100)
             try await TestBroker.controlDrillNode("stop")
@@ -94,7 +91,6 @@ extension DisruptiveTests {
             // The client gives Apple its 5 s (ProcessDrill), so that the fake's 6 s answers below
             // are timeouts while its ordinary ones, slow on two loaded cores, are not.
             let drill = try await startStandardDrill("apple-down")
-            defer { drill.stopAll() }
             // 503s, then 21005, then answers slower than the client's 1 s timeout; then healthy.
             let traffic = DrillTraffic(drill)
             try await traffic.waitForMore(100)
@@ -116,7 +112,6 @@ extension DisruptiveTests {
 
         @Test func everyRoleStopsCleanlyOnSIGTERMMidStream() async throws {
             let drill = try await startStandardDrill("sigterm")
-            defer { drill.stopAll() }
             let traffic = DrillTraffic(drill, after: 100)
             try await traffic.waitForMore(50)
             let started = ContinuousClock.now
@@ -139,7 +134,6 @@ extension DisruptiveTests {
 
         @Test func resultsRedeliveredAfterFinisherCrashesCreditOnce() async throws {
             let drill = try await ProcessDrill(name: "redeliver", environment: ["IAP_FINISHER_PREFETCH": "500"])
-            defer { drill.stopAll() }
             try drill.start("fake-appstore")
             try await drill.waitHealthy(drill.fakeURL)
             try drill.start("intake")

@@ -66,7 +66,6 @@ extension BrokerTests {
                     "IAP_ALERT_WEBHOOK": webhook.url, "IAP_ADMIN_TOKEN": PipelineHarness.adminToken,
                     "IAP_TRUSTED_ROOTS": root.path, "IAP_APP_APPLE_ID": "1234567890", "IAP_LOG_LEVEL": "info",
                 ])
-            defer { drill.stopAll() }
             try drill.start("fake-appstore")
             try await drill.waitHealthy(drill.fakeURL)
             try await HTTP.get(drill.fakeURL + "/fake/root-certificate").body.write(to: root)

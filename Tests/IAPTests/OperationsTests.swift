@@ -15,7 +15,6 @@ extension BrokerTests {
 
         @Test func everyRoleExportsTheRightCountsAfterAnEndToEndRun() async throws {
             let drill = try await ProcessDrill(name: "metrics")
-            defer { drill.stopAll() }
             try drill.start("fake-appstore")
             try await drill.waitHealthy(drill.fakeURL)
             try drill.start("orders")

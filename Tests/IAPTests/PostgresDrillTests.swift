@@ -39,7 +39,6 @@ extension ClusterDrills {
         /// flight; phones go to the other one, its results are redelivered to either finisher.
         @Test func oneOfTwoOrderServicesKilledMidStream() async throws {
             let (drill, intakes) = try await startTwoOfEach("pg-kill-orders")
-            defer { drill.stopAll() }
             let traffic = DrillTraffic(drill, intakes: intakes)
             try await traffic.waitForMore(150)
             // Results are in flight: some purchases are credited already, more are not yet.
@@ -70,7 +69,6 @@ extension ClusterDrills {
             defer { server.stop() }
             let url = try await server.start()
             let (drill, intakes) = try await startTwoOfEach("pg-restart", environment: ["IAP_DATABASE_URL": url])
-            defer { drill.stopAll() }
             let traffic = DrillTraffic(drill, intakes: intakes)
             try await traffic.waitForMore(150)
             try await server.restart(pause: .seconds(3))
@@ -92,7 +90,6 @@ extension ClusterDrills {
             // Node 2 first in every service's list: that is the node they all connect to.
             let (drill, intakes) = try await startTwoOfEach(
                 "pg-kill-node", environment: ["IAP_AMQP_URL": [urls[1], urls[0], urls[2]].joined(separator: ",")])
-            defer { drill.stopAll() }
             let traffic = DrillTraffic(drill, intakes: intakes)
             try await traffic.waitForMore(150)
             // Two connections each (publishing, consuming), four services: all eight on node 2.
@@ -120,7 +117,6 @@ extension ClusterDrills {
             // Node 3, the one in a namespace of its own, first in every service's list.
             let (drill, intakes) = try await startTwoOfEach(
                 "pg-partition", environment: ["IAP_AMQP_URL": [urls[2], urls[0], urls[1]].joined(separator: ",")])
-            defer { drill.stopAll() }
             let traffic = DrillTraffic(drill, intakes: intakes)
             try await traffic.waitForMore(150)
             // Two connections each (publishing, consuming), four services: all eight on node 3.

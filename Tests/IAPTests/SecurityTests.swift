@@ -261,7 +261,6 @@ extension BrokerTests.SecurityTests {
                 "IAP_ADMIN_TOKEN": adminToken, "IAP_APPSTORE_SHARED_SECRET": sharedSecret,
                 "IAP_AMQP_URL": "", "IAP_AMQP_URL_FILE": urlFile.path,
             ])
-        defer { drill.stopAll() }
         try drill.start("fake-appstore")
         try await drill.waitHealthy(drill.fakeURL)
         try drill.start("orders")

@@ -47,6 +47,8 @@ final class ProcessDrill: Sendable {
         self.opsPorts = opsPorts
         extraEnvironment = environment
         storeLocation = try await TestStore.location(in: folder, on: backend)
+        // Whatever happens to the test (a start that fails included), its processes stop.
+        Teardown.add { [self] in _ = try? await offThePool { self.stopAll() } }
     }
 
     /// The store the test asked for (a PostgreSQL database of this drill's own, or the file).
