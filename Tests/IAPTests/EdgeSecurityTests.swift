@@ -35,7 +35,9 @@ struct EdgeSecurityTests {
             for client in clients { try client.send(head) }
             let replies = try await withThrowingTaskGroup(of: (String, Duration).self) { group in
                 for client in clients {
-                    group.addTask { (try await client.receiveOffThePool(timeout: 4), ContinuousClock.now - began) }
+                    // Well inside the bodies' 20 s timeout, with room for a loaded machine: an
+                    // answer within it is a 429 sent before the body arrived.
+                    group.addTask { (try await client.receiveOffThePool(timeout: 15), ContinuousClock.now - began) }
                 }
                 return try await group.reduce(into: []) { $0.append($1) }
             }
@@ -50,9 +52,9 @@ struct EdgeSecurityTests {
             let refilled = Int(lastAnswer.components.seconds) + 1
             #expect(
                 held <= 5 + refilled, "\(held) held of 15 with a burst of 5 and \(refilled) refilled in \(lastAnswer)")
-            // At once: long before the bodies' 20 s timeout could have answered them (under a
-            // full suite's load "at once" has been 3.4 s).
-            #expect(!refused.isEmpty && lastAnswer < .seconds(10), "429s answered by \(lastAnswer): \(refused.count) of 15")
+            // At once: before the bodies' 20 s timeout could have answered them (under a full
+            // suite's load "at once" has been 3.4 s, and once over 4 s).
+            #expect(!refused.isEmpty && lastAnswer < .seconds(15), "429s answered by \(lastAnswer): \(refused.count) of 15")
             withExtendedLifetime(clients) {}
         }
     }
@@ -82,14 +84,20 @@ struct EdgeSecurityTests {
                 let genuine = try await HTTP.post(url, json: ["signedPayload": try ForgedNotification.make(signer: edge.apple)])
                 #expect(genuine.status == 200, "\(genuine.text)")
             }
-            // Forgeries spend the address's budget: five, then 429.
+            // Forgeries spend the address's budget: ten at once, five of them checked (403), the
+            // rest 429; one more checked for each second they took (the bucket refills one a
+            // second), which on a loaded machine can be more than one.
             let forged = try ForgedNotification.make(signer: try FakeCertificateAuthority.generate(name: "Not Apple"))
-            var forgedStatuses: [Int] = []
-            for _ in 0..<10 { forgedStatuses.append(try await HTTP.post(url, json: ["signedPayload": forged]).status) }
-            // Five, and one more if a second passed meanwhile (the bucket refills one a second).
+            let began = ContinuousClock.now
+            let forgedStatuses = try await withThrowingTaskGroup(of: Int.self) { group in
+                for _ in 0..<10 { group.addTask { try await HTTP.post(url, json: ["signedPayload": forged]).status } }
+                return try await group.reduce(into: [Int]()) { $0.append($1) }
+            }
+            let refilled = Int((ContinuousClock.now - began).components.seconds) + 1
+            let checked = forgedStatuses.filter { $0 == 403 }.count
             #expect(
-                forgedStatuses.prefix(5).allSatisfy { $0 == 403 } && (5...6).contains(forgedStatuses.filter { $0 == 403 }.count)
-                    && forgedStatuses.last == 429, "\(forgedStatuses)")
+                checked >= 5 && checked <= 5 + refilled && forgedStatuses.filter { $0 == 429 }.count == 10 - checked
+                    && checked < 10, "\(forgedStatuses) in \(refilled) s")
             #expect(edge.errorLines.withLockedValue { $0 }.isEmpty, "\(edge.errorLines.withLockedValue { $0 })")
         }
     }
