@@ -928,12 +928,12 @@ extension BrokerTests {
         func randomSequencesMatchTheReferenceModel(on backend: Backend, policy: RestorePolicy) async throws {
             let total = ModelSeeds.sequences(on: backend)
             let count = policy == .keep ? total - total / 4 : total / 4
-            // The whole test is bounded. It runs beside the fault drills (`DisruptiveTests`),
-            // which take most of a core: there 117 sequences of the keep policy took 160 s on
-            // SQLite. On PostgreSQL each statement is a round trip through postgres-nio, which in
-            // the suite's debug build costs about half the process's CPU: a sequence takes two to
-            // three times as long there, so that pass runs half the sequences
-            // (`ModelSeeds.sequences`) under a bound 1.4 times as long.
+            // The whole test is bounded. It runs beside the fault drills (`DisruptiveTests`,
+            // `ClusterDrills`), which take most of the cores: there 117 sequences of the keep
+            // policy took 160 s on SQLite. On PostgreSQL each statement is a round trip through
+            // postgres-nio, which in the suite's debug build costs about half the process's CPU:
+            // a sequence takes two to three times as long there, so the PostgreSQL cases run half
+            // the sequences (`ModelSeeds.sequences(on:)`) under a bound 1.4 times as long.
             try await Self.runModel(
                 "model", policy: policy, held: false, on: backend,
                 random: (0..<count).map { ModelRandom.sequenceSeed(base: ModelRandom.base, policy: policy, index: $0) },
