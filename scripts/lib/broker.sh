@@ -371,7 +371,9 @@ cluster_kill_node() {
 cluster_start_node() {
     local env_file
     env_file=$(cluster_node_env "$1")
-    ( broker_load "$env_file"; broker_start )
+    # As long as a cluster's start: a node that rejoins syncs its tables and recovers its queues'
+    # members, which on a loaded machine takes well over a lone node's minute.
+    ( BROKER_START_TIMEOUT=$CLUSTER_START_TIMEOUT; broker_load "$env_file"; broker_start )
 }
 
 # How many client connections node <n> (1-based, or its AMQP port) holds: established TCP
