@@ -577,25 +577,41 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
             }
         }
         let query = PostgresQuery(unsafeSQL: Self.numbered(sql), binds: binds)
-        // Past the timeout the connection is closed under the statement, which then fails.
-        let timedOut = NIOLockedValueBox(false)
         let connection = connection
-        let timer = connection.eventLoop.scheduleTask(in: statementTimeout) {
-            timedOut.withLockedValue { $0 = true }
-            let closing: EventLoopFuture<Void> = connection.close()
-            _ = closing
-        }
-        defer { timer.cancel() }
         let result: PostgresQueryResult
         do {
-            let answer: EventLoopFuture<PostgresQueryResult> = connection.query(query, logger: logger)
-            result = try await answer.get()
-        } catch {
-            var translated = Self.translate(error, sql: sql)
-            if timedOut.withLockedValue({ $0 }) {
-                translated = SQLError(
-                    .connection, "no answer from the database within \(statementTimeout.nanoseconds / 1_000_000_000) s (running \(sql.prefix(120)))")
+            // A query written to a connection that has closed meanwhile (the server went away
+            // between two statements) is dropped by the driver unanswered: it fails here, at once.
+            guard !connection.isClosed else {
+                throw SQLError(.connection, "the connection to the database is closed (running \(sql.prefix(120)))")
             }
+            // Whichever comes first: the answer, or the timeout, which also closes the
+            // connection under the statement. The wait never depends on the driver failing it.
+            let statementTimeout = statementTimeout
+            result = try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<PostgresQueryResult, any Error>) in
+                let answered = NIOLockedValueBox(false)
+                let answer: @Sendable (Result<PostgresQueryResult, any Error>) -> Void = { outcome in
+                    let first = answered.withLockedValue { answered in
+                        defer { answered = true }
+                        return !answered
+                    }
+                    if first { continuation.resume(with: outcome) }
+                }
+                let timer = connection.eventLoop.scheduleTask(in: statementTimeout) {
+                    answer(.failure(SQLError(
+                        .connection,
+                        "no answer from the database within \(statementTimeout.nanoseconds / 1_000_000_000) s (running \(sql.prefix(120)))")))
+                    let closing: EventLoopFuture<Void> = connection.close()
+                    _ = closing
+                }
+                let query: EventLoopFuture<PostgresQueryResult> = connection.query(query, logger: logger)
+                query.whenComplete { outcome in
+                    timer.cancel()
+                    answer(outcome)
+                }
+            }
+        } catch {
+            let translated = (error as? SQLError) ?? Self.translate(error, sql: sql)
             // Outside a savepoint a conflict leaves nothing to keep: the transaction runs again.
             if translated.kind == .serializationFailure, !savepoints.contains(where: \.sent) { mustRetry = true }
             isInsideTransaction = false
