@@ -9,6 +9,11 @@ import NIOConcurrencyHelpers
 /// changes is the cost: one `fsync` and one turn of the writer per batch instead of per
 /// write, which is what bounds an order store taking thousands of uploads and results a
 /// second. A lone write is committed at once: nothing waits for a batch to fill.
+///
+/// On PostgreSQL the units that name their `keys` go side by side (`SideBySideRound`): a
+/// batch's reads in one round trip and its writes in another, rather than two round trips per
+/// unit in turn. Units whose keys meet go in later rounds of the same transaction, in the
+/// order they came, each seeing what the ones before it wrote.
 final class GroupCommit: Sendable {
     /// What became of one unit in a batch.
     private enum Outcome: Sendable {
@@ -22,18 +27,42 @@ final class GroupCommit: Sendable {
 
     /// One caller's unit of work and how to answer it.
     private struct Pending: Sendable {
-        /// Runs the work in a savepoint of the shared transaction and keeps its value.
-        let run: @Sendable (any SQLConnection) async -> Outcome
+        /// The rows it reads and writes, by name (nil: any row); see `write(keys:_:)`.
+        let keys: Set<String>?
+        /// Runs the work on the connection given and keeps its value.
+        let perform: @Sendable (any SQLConnection) async throws -> Void
+        /// Keeps the error the work ended with, for `resume`.
+        let fail: @Sendable (any Error) -> Void
         /// After the commit: answers with the kept outcome, or with the commit's own error.
         let resume: @Sendable ((any Error)?) -> Void
         /// Batches it conflicted in so far.
         var conflicts = 0
+
+        /// Runs the work alone, in a savepoint of the shared transaction.
+        func runAlone(on db: any SQLConnection) async -> Outcome {
+            await outcome(on: db) { try await db.inSavepoint { try await perform(db) } }
+        }
+
+        /// What running `body` on `db` came to.
+        func outcome(on db: any SQLConnection, _ body: () async throws -> Void) async -> Outcome {
+            do {
+                try await body()
+                return .done
+            } catch let error as SQLError where error.kind == .serializationFailure && db.isInsideTransaction {
+                return .conflicted(error)
+            } catch {
+                fail(error)
+                return .failed(error)
+            }
+        }
     }
 
     private struct State {
         var pending: [Pending] = []
         var draining = false
         var batches = 0
+        var together = 0
+        var alone = 0
     }
 
     private let database: any SQLDatabase
@@ -47,23 +76,25 @@ final class GroupCommit: Sendable {
 
     /// Runs `work` in a savepoint of the next group commit and returns its value once that
     /// commit is durable. An error thrown by `work` rolls back its own savepoint only.
-    func write<T: Sendable>(_ work: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
+    ///
+    /// `keys` name every row the work may read or write (a purchase's transaction id, its
+    /// credit key, a submission's id...): two units whose keys are apart touch no row in
+    /// common, and may go side by side. Work that names them reads once, first, and queues its
+    /// writes (`executeLater`), or else runs again alone (see `SideBySideRound`). Nil: the
+    /// work runs alone, between the units before it and the ones after.
+    func write<T: Sendable>(
+        keys: Set<String>? = nil, _ work: @escaping @Sendable (any SQLConnection) async throws -> T
+    ) async throws -> T {
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
-            // Written on the writer's queue, read after the commit: never at the same time.
+            // Written while the batch runs, read after the commit: never at the same time.
             let outcome = NIOLockedValueBox<Result<T, any Error>?>(nil)
             let pending = Pending(
-                run: { db in
-                    do {
-                        let value = try await db.inSavepoint { try await work(db) }
-                        outcome.withLockedValue { $0 = .success(value) }
-                        return .done
-                    } catch let error as SQLError where error.kind == .serializationFailure && db.isInsideTransaction {
-                        return .conflicted(error)
-                    } catch {
-                        outcome.withLockedValue { $0 = .failure(error) }
-                        return .failed(error)
-                    }
+                keys: keys,
+                perform: { db in
+                    let value = try await work(db)
+                    outcome.withLockedValue { $0 = .success(value) }
                 },
+                fail: { error in outcome.withLockedValue { $0 = .failure(error) } },
                 resume: { commitError in
                     if let commitError {
                         continuation.resume(throwing: commitError)
@@ -116,19 +147,30 @@ final class GroupCommit: Sendable {
             do {
                 let conflicted = try await database.write { db -> [Int: any Error] in
                     var conflicted: [Int: any Error] = [:]
-                    for (index, pending) in batch.enumerated() {
-                        switch await pending.run(db) {
-                        case .done:
-                            break
-                        case .conflicted(let error):
-                            conflicted[index] = error
-                        case .failed(let error):
-                            // Some errors (disk full, I/O, a lost connection) roll back the whole
-                            // transaction, taking the writes before them with it: fail the batch
-                            // rather than commit what follows and report the lost ones as stored.
-                            // (On PostgreSQL a lost connection runs the batch again.)
-                            guard db.isInsideTransaction else {
-                                throw (error as? SQLError) ?? SQLError(.other, "the group commit's transaction was rolled back")
+                    for round in Self.rounds(batch.map(\.keys)) {
+                        let outcomes: [(Int, Outcome)]
+                        if round.count > 1, let connection = db as? any SideBySideConnection {
+                            outcomes = await self.sideBySide(round.map { batch[$0] }, on: connection)
+                                .enumerated().map { (round[$0.offset], $0.element) }
+                        } else {
+                            var alone: [(Int, Outcome)] = []
+                            for index in round { alone.append((index, await batch[index].runAlone(on: db))) }
+                            outcomes = alone
+                        }
+                        for (index, outcome) in outcomes {
+                            switch outcome {
+                            case .done:
+                                break
+                            case .conflicted(let error):
+                                conflicted[index] = error
+                            case .failed(let error):
+                                // Some errors (disk full, I/O, a lost connection) roll back the whole
+                                // transaction, taking the writes before them with it: fail the batch
+                                // rather than commit what follows and report the lost ones as stored.
+                                // (On PostgreSQL a lost connection runs the batch again.)
+                                guard db.isInsideTransaction else {
+                                    throw (error as? SQLError) ?? SQLError(.other, "the group commit's transaction was rolled back")
+                                }
                             }
                         }
                     }
@@ -163,4 +205,83 @@ final class GroupCommit: Sendable {
 
     /// Batches a unit may conflict in before its caller hears of the conflict.
     static let maxConflicts = 64
+
+    /// Units run side by side so far, and those of them that then ran again alone.
+    var sideBySideUnits: (together: Int, alone: Int) { state.withLockedValue { ($0.together, $0.alone) } }
+
+    /// The batch's units (by their keys) as rounds, in order: a round holds units whose keys
+    /// are apart from each other's and from those of every unit left for a later round before
+    /// them, so units that meet keep their order. A unit without keys is a round of its own.
+    static func rounds(_ keys: [Set<String>?]) -> [[Int]] {
+        var rounds: [[Int]] = []
+        var remaining = Array(keys.indices)
+        while !remaining.isEmpty {
+            var round: [Int] = []
+            var later: [Int] = []
+            var taken = Set<String>()
+            var waiting = Set<String>()
+            var closed = false
+            for index in remaining {
+                if closed {
+                    later.append(index)
+                } else if let unitKeys = keys[index] {
+                    if unitKeys.isDisjoint(with: taken), unitKeys.isDisjoint(with: waiting) {
+                        round.append(index)
+                        taken.formUnion(unitKeys)
+                    } else {
+                        later.append(index)
+                        waiting.formUnion(unitKeys)
+                    }
+                } else {
+                    // Alone, and nothing after it goes before it.
+                    closed = true
+                    if round.isEmpty, later.isEmpty { round.append(index) } else { later.append(index) }
+                }
+            }
+            rounds.append(round)
+            remaining = later
+        }
+        return rounds
+    }
+
+    /// Runs `units` as one round side by side, then the ones that could not go side by side
+    /// alone, in their order; answers each unit's outcome.
+    private func sideBySide(_ units: [Pending], on connection: any SideBySideConnection) async -> [Outcome] {
+        let round = SideBySideRound(units: units.count, on: connection)
+        var outcomes: [Outcome?] = await withTaskGroup(of: (Int, Outcome?).self) { group in
+            for (index, pending) in units.enumerated() {
+                group.addTask {
+                    let unit = round.unit(index)
+                    defer { round.ended() }
+                    var goesAlone = false
+                    let outcome = await pending.outcome(on: connection) {
+                        do {
+                            try await pending.perform(unit)
+                            try await unit.close()
+                        } catch is SideBySideRound.GoesAlone {
+                            goesAlone = true
+                        }
+                    }
+                    return (index, goesAlone ? nil : outcome)
+                }
+            }
+            group.addTask {
+                await round.serve()
+                return (-1, nil)
+            }
+            var outcomes = [Outcome?](repeating: nil, count: units.count)
+            for await (index, outcome) in group where index >= 0 { outcomes[index] = outcome }
+            return outcomes
+        }
+        var alone = 0
+        for index in units.indices where outcomes[index] == nil {
+            alone += 1
+            outcomes[index] = await units[index].runAlone(on: connection)
+        }
+        state.withLockedValue { [alone] in
+            $0.together += units.count
+            $0.alone += alone
+        }
+        return outcomes.map { $0 ?? .done }
+    }
 }

@@ -84,7 +84,7 @@ extension OrderStore {
     private func insertAccepted(_ request: VerifyRequest, message: OutboxMessage?) async throws {
         do {
             // Both rows in one write (one round trip on PostgreSQL, with no savepoint).
-            try await acceptCommit.write { db in
+            try await acceptCommit.write(keys: ["submission:" + request.submissionId.uuidString]) { db in
                 var statements = [Self.submissionStatement(request)]
                 if let message { statements.append(Self.insertStatement(message, now: request.acceptedAt)) }
                 try await db.executeLater(statements)
@@ -225,11 +225,32 @@ extension OrderStore {
     public func applyCounting(_ result: VerifyResult, policy: CreditPolicy = .init(), now: Date = Date()) async throws
         -> Applied
     {
-        try await groupCommit.write { db -> Applied in
+        try await groupCommit.write(keys: Self.keys(of: result, policy: policy)) { db -> Applied in
             var counts = Applied(state: .pending, credited: 0, replayed: 0)
             counts.state = try await Self.apply(result, policy: policy, now: now, counts: &counts, in: db)
             return counts
         }
+    }
+
+    /// The rows applying `result` may read or write, by name (see `GroupCommit.write(keys:_:)`):
+    /// its submission's, and for each purchase in it, those of its transaction, its chain, its
+    /// credit key and the orders it names. (What else a result reads, it reads alone.)
+    static func keys(of result: VerifyResult, policy: CreditPolicy) -> Set<String> {
+        var keys: Set<String> = ["submission:" + result.submissionId.uuidString]
+        if let orderId = result.orderId { keys.insert("order:" + orderId.lowercased()) }
+        var purchases: [VerifiedPurchase] = []
+        switch result.outcome {
+        case .verified(let receipt): purchases = receipt.purchases
+        case .notification(let notification): purchases = notification.purchase.map { [$0] } ?? []
+        case .rejected, .retryLater, .needsReview: break
+        }
+        for purchase in purchases {
+            keys.insert("transaction:" + purchase.transactionId)
+            keys.insert("chain:" + purchase.originalTransactionId)
+            keys.insert("credit:" + policy.creditKey(of: purchase))
+            if let token = purchase.appAccountToken { keys.insert("order:" + token.lowercased()) }
+        }
+        return keys
     }
 
     private static func apply(

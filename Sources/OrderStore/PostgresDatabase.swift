@@ -361,7 +361,7 @@ final class EventLoopTaskExecutor: TaskExecutor {
 }
 
 /// One leased PostgreSQL connection inside one transaction (or in autocommit).
-final class PostgresSession: SQLConnection, @unchecked Sendable {
+final class PostgresSession: SideBySideConnection, @unchecked Sendable {
     // Unchecked: a session is only touched by the one task running its transaction.
     private let connection: PostgresConnection
     private let logger: Logger
@@ -463,15 +463,28 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
             if statement.queuesMessage { sentMessages = true }
             return
         }
+        let rows = try await run("SELECT iap_write(?, ?::jsonb, ?) AS counts", [], binding: writeBinding(statements))
+        let counts = try Self.writeAnswer(rows.first?.values.first, for: statements).get()
+        changesCount = counts.last ?? 0
+        if statements.contains(where: \.queuesMessage) { sentMessages = true }
+    }
+
+    /// The arguments of one call of `iap_write` running `statements`.
+    private func writeBinding(_ statements: [SQLStatement]) -> (inout PostgresBindings) -> Void {
         let (texts, arguments) = formattedBatch(statements)
         let required = statements.map { $0.requiresChange != nil }
-        let rows = try await run("SELECT iap_write(?, ?::jsonb, ?) AS counts", [], binding: { binds in
+        return { binds in
             binds.append(texts)
             binds.append(arguments)
             binds.append(required)
-        })
-        guard let answer = rows.first?.values.first, case .text(let text) = answer else {
-            throw SQLError(.other, "iap_write answered no rows")
+        }
+    }
+
+    /// What one call of `iap_write` running `statements` answered: each statement's count of
+    /// changed rows, or the error that undid them all.
+    private static func writeAnswer(_ answer: SQLValue?, for statements: [SQLStatement]) -> Result<[Int], any Error> {
+        guard let answer, case .text(let text) = answer else {
+            return .failure(SQLError(.other, "iap_write answered no rows"))
         }
         if text.hasPrefix("failed ") {
             // `failed <statement> <SQLSTATE> <message>`, from 1.
@@ -479,18 +492,66 @@ final class PostgresSession: SQLConnection, @unchecked Sendable {
             let index = parts.count > 1 ? (Int(parts[1]) ?? 0) - 1 : -1
             let state = parts.count > 2 ? parts[2] : ""
             let message = parts.count > 3 ? parts[3] : text
-            if state == Self.noRowChanged, statements.indices.contains(index), let error = statements[index].requiresChange {
-                throw error
+            if state == noRowChanged, statements.indices.contains(index), let error = statements[index].requiresChange {
+                return .failure(error)
             }
             let sql = statements.indices.contains(index) ? statements[index].sql : "iap_write"
-            throw Self.serverError(state: state, detail: "\(message) [\(state)] (running \(sql.prefix(120)))")
+            return .failure(serverError(state: state, detail: "\(message) [\(state)] (running \(sql.prefix(120)))"))
         }
-        let counts = try Self.integers(answer)
-        guard counts.count == statements.count else {
-            throw SQLError(.other, "iap_write answered \(counts.count) counts for \(statements.count) statements")
+        return Result {
+            let counts = try integers(answer)
+            guard counts.count == statements.count else {
+                throw SQLError(.other, "iap_write answered \(counts.count) counts for \(statements.count) statements")
+            }
+            return counts
         }
-        changesCount = counts.last ?? 0
-        if statements.contains(where: \.queuesMessage) { sentMessages = true }
+    }
+
+    /// Every unit's queries in one call of `iap_read`.
+    func readSideBySide(_ units: [[SQLStatement]]) async throws -> [[[SQLRow]]] {
+        let sets = try await readBatch(units.flatMap { $0 })
+        var answers: [[[SQLRow]]] = []
+        answers.reserveCapacity(units.count)
+        var start = 0
+        for unit in units {
+            answers.append(Array(sets[start..<start + unit.count]))
+            start += unit.count
+        }
+        return answers
+    }
+
+    /// Every unit's writes in one statement that calls `iap_write` once per unit: each call
+    /// undoes its own unit's writes when one fails (its block's subtransaction) and says so.
+    func writeSideBySide(_ units: [[SQLStatement]]) async throws -> [(any Error)?] {
+        try await flushPendingWrites(last: false)
+        try await sendSavepoints(keepingInnermost: false)
+        let written = units.filter { !$0.isEmpty }
+        guard !written.isEmpty else { return units.map { _ in nil } }
+        let calls = written.indices.map { "iap_write(?, ?::jsonb, ?) AS u\($0)" }.joined(separator: ", ")
+        let bindings = written.map(writeBinding)
+        let rows = try await run("SELECT " + calls, [], binding: { binds in
+            for binding in bindings { binding(&binds) }
+        })
+        guard let answers = rows.first?.values, answers.count == written.count else {
+            throw SQLError(.other, "iap_write answered no row for \(written.count) units")
+        }
+        var errors: [(any Error)?] = []
+        var next = 0
+        for unit in units {
+            guard !unit.isEmpty else {
+                errors.append(nil)
+                continue
+            }
+            switch Self.writeAnswer(answers[next], for: unit) {
+            case .success:
+                errors.append(nil)
+                if unit.contains(where: \.queuesMessage) { sentMessages = true }
+            case .failure(let error):
+                errors.append(error)
+            }
+            next += 1
+        }
+        return errors
     }
 
     /// The SQLSTATE `iap_write` raises for a statement that `requiresChange` and changed no row.

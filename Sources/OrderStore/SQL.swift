@@ -298,6 +298,18 @@ package protocol SQLConnection: AnyObject {
     var queuedMessages: Bool { get }
 }
 
+/// A connection on which a group commit's units go side by side (PostgreSQL): the reads of
+/// many units in one round trip, then the writes of many units in one more, each unit's writes
+/// all or nothing on their own, the transaction going on whatever one unit's did.
+protocol SideBySideConnection: SQLConnection, Sendable {
+    /// Runs each unit's queries, all in one round trip; answers each unit's sets of rows.
+    func readSideBySide(_ units: [[SQLStatement]]) async throws -> [[[SQLRow]]]
+    /// Runs each unit's writes, all in one round trip, each unit's undone alone when one of
+    /// them fails; answers each unit's error, or nil where its writes stayed. A throw: the
+    /// round trip itself failed, and no unit's writes are known to have stayed.
+    func writeSideBySide(_ units: [[SQLStatement]]) async throws -> [(any Error)?]
+}
+
 extension SQLConnection {
     @discardableResult
     func execute(sql: String) async throws -> Int { try await execute(sql: sql, arguments: []) }

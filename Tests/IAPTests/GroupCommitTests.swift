@@ -163,6 +163,93 @@ extension GroupCommitTests {
     }
 }
 
+extension GroupCommitTests {
+    /// A batch's units as rounds: apart keys together, meeting keys later and in order, a unit
+    /// without keys alone with nothing after it going first.
+    @Test func roundsKeepUnitsThatMeetApartAndInOrder() {
+        // No keys at all (8) meets nothing.
+        let keys: [Set<String>?] = [["a"], ["b"], ["a"], ["c"], nil, ["d"], ["c", "e"], ["e"], []]
+        #expect(GroupCommit.rounds(keys) == [[0, 1, 3], [2], [4], [5, 6, 8], [7]])
+        #expect(GroupCommit.rounds([["a"], ["b", "a"], ["b"], ["c"]]) == [[0, 3], [1], [2]])
+        #expect(GroupCommit.rounds([]) == [])
+    }
+
+    /// On PostgreSQL a batch's keyed units go side by side: every unit's read in one round trip,
+    /// every unit's writes in one more (two for all sixteen counters here, where one after the
+    /// other they take two each). A unit whose key another one before it names waits for a later
+    /// round and sees what that one wrote; a unit that reads twice runs again alone; a unit whose
+    /// write fails is undone alone. On SQLite the same units run one after the other, to the
+    /// same values.
+    @Test(arguments: TestStore.backends) func keyedUnitsGoSideBySideAndThoseThatMeetKeepTheirOrder(_ backend: Backend) async throws {
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-group-\(UUID().uuidString)")
+        let sent = NIOLockedValueBox([String]())
+        let store = try await TestStore.open(in: folder, on: backend) { sql in sent.withLockedValue { $0.append(sql) } }
+        try await store.database.write { db in
+            try await db.execute(sql: "CREATE TABLE counter (k TEXT PRIMARY KEY, n INTEGER NOT NULL)")
+        }
+        let groupCommit = store.groupCommit
+        // Adds one to counter `key`: read first, written at the unit's end.
+        @Sendable func increment(_ key: String, readingTwice: Bool = false) async throws -> Int {
+            try await groupCommit.write(keys: [key]) { db in
+                let query = SQLStatement("SELECT n FROM counter WHERE k = ?", [key])
+                var value: Int = try await db.readBatch([query])[0].first?["n"] ?? 0
+                if readingTwice { value = try await db.readBatch([query])[0].first?["n"] ?? 0 }
+                try await db.executeLater([
+                    SQLStatement(
+                        "INSERT INTO counter (k, n) VALUES (?, ?) ON CONFLICT (k) DO UPDATE SET n = excluded.n", [key, value + 1])
+                ])
+                return value + 1
+            }
+        }
+        let held = try await HeldWriter(groupCommit)
+        var units: [(key: String, task: Task<Int, any Error>)] = []
+        func queue(_ key: String, _ task: Task<Int, any Error>) async throws {
+            units.append((key, task))
+            try await held.waitUntilQueued(units.count)
+        }
+        for index in 0..<16 { try await queue("k\(index)", Task { try await increment("k\(index)") }) }
+        try await queue("k0", Task { try await increment("k0") })
+        try await queue("twice", Task { try await increment("twice", readingTwice: true) })
+        try await queue(
+            "missing",
+            Task {
+                try await groupCommit.write(keys: ["missing"]) { db in
+                    try await db.executeLater([
+                        SQLStatement(
+                            "UPDATE counter SET n = 1 WHERE k = 'missing'", requiresChange: SQLError(.other, "no such counter"))
+                    ])
+                    return 0
+                }
+            })
+        let before = sent.withLockedValue { $0.count }
+        let (togetherBefore, aloneBefore) = groupCommit.sideBySideUnits
+        try await held.release()
+        var values: [String: [Int]] = [:]
+        for unit in units.dropLast() { values[unit.key, default: []].append(try await unit.task.value) }
+        await #expect(throws: SQLError.self) { try await units.last!.task.value }
+        let roundTrips = sent.withLockedValue { $0[before...].filter { !$0.hasPrefix(SQLTrace.inBatch) } }
+
+        #expect(values["k0"] == [1, 2], "the unit that met k0's first did not see its write")
+        #expect((1..<16).allSatisfy { values["k\($0)"] == [1] })
+        #expect(values["twice"] == [1])
+        let stored: Int? = try await store.testValue("SELECT SUM(n) FROM counter")
+        #expect(stored == 2 + 15 + 1)
+        #expect(try await store.testValue("SELECT COUNT(*) FROM counter WHERE k = 'missing'") == 0)
+
+        let (together, alone) = groupCommit.sideBySideUnits
+        if backend == .postgres {
+            // The 16 counters, the unit reading twice and the failing one in one round; k0's
+            // second unit in a round of its own.
+            #expect(together - togetherBefore == 18 && alone - aloneBefore == 1)
+            // The holder's COMMIT; BEGIN, the round's read and its write; the unit reading twice
+            // alone (two reads, one write); k0's second unit (one read, one write); COMMIT.
+            #expect(roundTrips.count == 10, "\(roundTrips.count) round trips: \(roundTrips.joined(separator: "\n"))")
+        } else {
+            #expect(together == 0 && alone == 0)
+        }
+    }
+}
+
 /// Keeps the group commit's writer busy until released, so that the writes queued meanwhile
 /// are known to share the next batch, in the order they were queued.
 private struct HeldWriter {
