@@ -300,7 +300,9 @@ package protocol SQLConnection: AnyObject {
 
 /// A connection on which a group commit's units go side by side (PostgreSQL): the reads of
 /// many units in one round trip, then the writes of many units in one more, each unit's writes
-/// all or nothing on their own, the transaction going on whatever one unit's did.
+/// all or nothing on their own, the transaction going on whatever one unit's did. Sendable:
+/// a round's units hold it in tasks of their own, but only the round (`SideBySideRound`)
+/// sends on it, and only while every unit waits.
 protocol SideBySideConnection: SQLConnection, Sendable {
     /// Runs each unit's queries, all in one round trip; answers each unit's sets of rows.
     func readSideBySide(_ units: [[SQLStatement]]) async throws -> [[[SQLRow]]]
@@ -390,6 +392,12 @@ protocol SQLDatabase: Sendable {
     /// ledger's writes (the shared rate-limit buckets): on PostgreSQL on a connection of its
     /// own in autocommit, failing at once while the database is away; on SQLite as `write`.
     func writeAside<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T
+    /// Runs `body` in a write transaction kept apart from other writers by the row locks it
+    /// takes (`FOR UPDATE`), not by serializability: the outbox relay's claims and deletes. On
+    /// PostgreSQL `READ COMMITTED`, beside the ledger's writer rather than behind it, so that it
+    /// neither waits for a group commit nor makes one fail to serialize; on SQLite as `write`.
+    @discardableResult
+    func writeLocked<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T
     /// Closes the connections.
     func close() async
 }
