@@ -71,7 +71,7 @@ extension OrderStore {
                 return try await Self.withRequests(rows.map(Self.outboxMessage), in: db)
             }
         }
-        return try await database.write { db in
+        return try await database.writeLocked { db in
             let work = try await db.rows(
                 sql: """
                     SELECT * FROM outbox
@@ -102,7 +102,7 @@ extension OrderStore {
     /// rows then would send them twice and events out of order). Nothing to do on SQLite.
     public func renewClaims(_ ids: [Int64], relay: String, lease: TimeInterval = 30, now: Date = Date()) async throws {
         guard database.dialect == .postgres, !ids.isEmpty else { return }
-        try await database.write { db in
+        try await database.writeLocked { db in
             try await db.execute(
                 sql: "UPDATE outbox SET claimedUntil = ? WHERE claimedBy = ? AND id IN (\(sqlMarks(ids.count)))",
                 arguments: SQLArguments(values: [now.addingTimeInterval(lease).sqlValue, relay.sqlValue] + ids.map(\.sqlValue)))
@@ -113,7 +113,7 @@ extension OrderStore {
     /// may take them at once rather than after the lease.
     public func releaseClaims(_ ids: [Int64], relay: String) async throws {
         guard database.dialect == .postgres, !ids.isEmpty else { return }
-        try await database.write { db in
+        try await database.writeLocked { db in
             try await db.execute(
                 sql: "UPDATE outbox SET claimedUntil = NULL WHERE claimedBy = ? AND id IN (\(sqlMarks(ids.count)))",
                 arguments: SQLArguments(values: [relay.sqlValue] + ids.map(\.sqlValue)))
@@ -153,7 +153,7 @@ extension OrderStore {
     /// Forgets messages the broker confirmed.
     public func markPublished(_ ids: [Int64]) async throws {
         guard !ids.isEmpty else { return }
-        try await database.write { db in
+        try await database.writeLocked { db in
             try await db.execute(
                 sql: "DELETE FROM outbox WHERE id IN (\(sqlMarks(ids.count)))",
                 arguments: SQLArguments(ids))
@@ -162,7 +162,7 @@ extension OrderStore {
 
     /// Records a failed publish; the message stays, unclaimed, for the next round.
     public func markPublishFailed(_ id: Int64, error: String) async throws {
-        try await database.write { db in
+        try await database.writeLocked { db in
             try await db.execute(
                 sql: "UPDATE outbox SET attempts = attempts + 1, lastError = ?, claimedUntil = NULL WHERE id = ?",
                 arguments: [error, id])

@@ -88,6 +88,8 @@ package final class PostgresDatabase: SQLDatabase {
     /// Runs both clients until `close`.
     private let clients: Task<Void, Never>
     private let writerGate = AsyncGate(permits: 1)
+    /// The transactions of `writeLocked`, one at a time beside the writer's.
+    private let lockedGate = AsyncGate(permits: 1)
     private let readerGate: AsyncGate
     /// How long a transaction keeps trying through lost connections and conflicts.
     private let patience: TimeInterval
@@ -107,8 +109,10 @@ package final class PostgresDatabase: SQLDatabase {
         self.patience = patience
         self.statementObserver = statementObserver
         readerGate = AsyncGate(permits: max(1, readers))
+        // The readers', the writer's and `writeLocked`'s, and one more for a lease that outlives
+        // its transaction's turn (a connection going back to the pool).
         client = PostgresClient(
-            configuration: Self.configuration(location, connections: max(1, readers) + 2, synchronousCommit: true),
+            configuration: Self.configuration(location, connections: max(1, readers) + 3, synchronousCommit: true),
             eventLoopGroup: Self.eventLoops, backgroundLogger: logger)
         var asideConfiguration = Self.configuration(location, connections: 2, synchronousCommit: false)
         asideConfiguration.options.connectTimeout = .seconds(2)
@@ -172,6 +176,13 @@ package final class PostgresDatabase: SQLDatabase {
         await writerGate.acquire()
         defer { writerGate.release() }
         return try await transaction(begin: "BEGIN ISOLATION LEVEL SERIALIZABLE", body)
+    }
+
+    @discardableResult
+    func writeLocked<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
+        await lockedGate.acquire()
+        defer { lockedGate.release() }
+        return try await transaction(begin: "BEGIN ISOLATION LEVEL READ COMMITTED", body)
     }
 
     /// On a connection of its own, in autocommit (each statement its own transaction, READ

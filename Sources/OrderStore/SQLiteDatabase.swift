@@ -76,6 +76,12 @@ final class SQLiteDatabase: SQLDatabase {
         try await write(body)
     }
 
+    @discardableResult
+    func writeLocked<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
+        // One writer: nothing to keep apart.
+        try await write(body)
+    }
+
     func close() async {
         await writerGate.acquire()
         writer.close()
