@@ -65,12 +65,22 @@ final class GroupCommit: Sendable {
         var alone = 0
     }
 
+    /// Which of the database's writers a batch goes to.
+    enum Writer: Sendable {
+        /// `write`: the ledger's.
+        case ledger
+        /// `writeUploads`.
+        case uploads
+    }
+
     private let database: any SQLDatabase
+    private let writer: Writer
     private let maxBatch: Int
     private let state = NIOLockedValueBox(State())
 
-    init(database: any SQLDatabase, maxBatch: Int = 512) {
+    init(database: any SQLDatabase, writer: Writer = .ledger, maxBatch: Int = 512) {
         self.database = database
+        self.writer = writer
         self.maxBatch = maxBatch
     }
 
@@ -145,7 +155,7 @@ final class GroupCommit: Sendable {
             }
             if batch.isEmpty { return }
             do {
-                let conflicted = try await database.write { db -> [Int: any Error] in
+                let conflicted = try await write { db -> [Int: any Error] in
                     var conflicted: [Int: any Error] = [:]
                     for round in Self.rounds(batch.map(\.keys)) {
                         let outcomes: [(Int, Outcome)]
@@ -200,6 +210,14 @@ final class GroupCommit: Sendable {
                 for pending in batch { pending.resume(error) }
                 backoff = 0
             }
+        }
+    }
+
+    /// Runs a batch's transaction on its writer.
+    private func write<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
+        switch writer {
+        case .ledger: try await database.write(body)
+        case .uploads: try await database.writeUploads(body)
         }
     }
 

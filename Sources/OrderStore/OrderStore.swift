@@ -72,7 +72,7 @@ public final class OrderStore: Sendable {
             throw OrderStoreError(.unavailable, "cannot open the order store at \(location): \(error)")
         }
         groupCommit = GroupCommit(database: database)
-        acceptCommit = GroupCommit(database: database)
+        acceptCommit = GroupCommit(database: database, writer: .uploads)
     }
 
     /// Which backend runs this store.

@@ -110,6 +110,13 @@ struct AnnouncingDatabase: SQLDatabase {
     }
 
     @discardableResult
+    func writeUploads<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
+        let (value, queued) = try await inner.writeUploads { db in (try await body(db), db.queuedMessages) }
+        if queued { signal.announce() }
+        return value
+    }
+
+    @discardableResult
     func writeLocked<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
         let (value, queued) = try await inner.writeLocked { db in (try await body(db), db.queuedMessages) }
         if queued { signal.announce() }

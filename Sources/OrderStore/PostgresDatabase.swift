@@ -74,7 +74,8 @@ public struct PostgresLocation: Sendable, Equatable, CustomStringConvertible {
 ///
 /// Connections come from postgres-nio's pooled `PostgresClient`, which reconnects on its own;
 /// every wait is bounded (a lease, a statement) and nothing blocks a thread. Writes run
-/// `SERIALIZABLE`, one at a time per process as SQLite's: two services crediting the same
+/// `SERIALIZABLE`, one at a time per writer (the ledger's, the uploads'; the relay's claims
+/// run `READ COMMITTED`, `writeLocked`): two services crediting the same
 /// purchase cannot both succeed, and the loser runs again (SQLSTATE 40001, 40P01) and sees the
 /// winner's row. A transaction that never reached its commit (a conflict, a lost connection) is
 /// run again on a fresh connection until `patience` runs out.
@@ -88,7 +89,9 @@ package final class PostgresDatabase: SQLDatabase {
     /// Runs both clients until `close`.
     private let clients: Task<Void, Never>
     private let writerGate = AsyncGate(permits: 1)
-    /// The transactions of `writeLocked`, one at a time beside the writer's.
+    /// The transactions of `writeUploads`, one at a time beside the writer's.
+    private let uploadsGate = AsyncGate(permits: 1)
+    /// The transactions of `writeLocked`, one at a time beside the writers'.
     private let lockedGate = AsyncGate(permits: 1)
     private let readerGate: AsyncGate
     /// How long a transaction keeps trying through lost connections and conflicts.
@@ -109,10 +112,10 @@ package final class PostgresDatabase: SQLDatabase {
         self.patience = patience
         self.statementObserver = statementObserver
         readerGate = AsyncGate(permits: max(1, readers))
-        // The readers', the writer's and `writeLocked`'s, and one more for a lease that outlives
-        // its transaction's turn (a connection going back to the pool).
+        // The readers', the two writers' and `writeLocked`'s, and one more for a lease that
+        // outlives its transaction's turn (a connection going back to the pool).
         client = PostgresClient(
-            configuration: Self.configuration(location, connections: max(1, readers) + 3, synchronousCommit: true),
+            configuration: Self.configuration(location, connections: max(1, readers) + 4, synchronousCommit: true),
             eventLoopGroup: Self.eventLoops, backgroundLogger: logger)
         var asideConfiguration = Self.configuration(location, connections: 2, synchronousCommit: false)
         asideConfiguration.options.connectTimeout = .seconds(2)
@@ -175,6 +178,13 @@ package final class PostgresDatabase: SQLDatabase {
     func write<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
         await writerGate.acquire()
         defer { writerGate.release() }
+        return try await transaction(begin: "BEGIN ISOLATION LEVEL SERIALIZABLE", body)
+    }
+
+    @discardableResult
+    func writeUploads<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
+        await uploadsGate.acquire()
+        defer { uploadsGate.release() }
         return try await transaction(begin: "BEGIN ISOLATION LEVEL SERIALIZABLE", body)
     }
 

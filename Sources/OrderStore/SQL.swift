@@ -396,6 +396,11 @@ protocol SQLDatabase: Sendable {
     /// takes (`FOR UPDATE`), not by serializability: the outbox relay's claims and deletes. On
     /// PostgreSQL `READ COMMITTED`, beside the ledger's writer rather than behind it, so that it
     /// neither waits for a group commit nor makes one fail to serialize; on SQLite as `write`.
+    /// Runs `body` as `write` does, for uploads: on PostgreSQL on a writer of their own, since
+    /// an upload's rows (a new submission and its message) are none the ledger's writer holds,
+    /// so uploads need not wait for a batch of results; on SQLite as `write` (one writer).
+    @discardableResult
+    func writeUploads<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T
     @discardableResult
     func writeLocked<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T
     /// Closes the connections.

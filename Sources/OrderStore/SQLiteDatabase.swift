@@ -77,6 +77,11 @@ final class SQLiteDatabase: SQLDatabase {
     }
 
     @discardableResult
+    func writeUploads<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
+        try await write(body)
+    }
+
+    @discardableResult
     func writeLocked<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
         // One writer: nothing to keep apart.
         try await write(body)
