@@ -76,12 +76,15 @@ final class GroupCommit: Sendable {
     private let database: any SQLDatabase
     private let writer: Writer
     private let maxBatch: Int
+    /// The most keys a batch locks (see `batchSize`).
+    private let maxKeys: Int
     private let state = NIOLockedValueBox(State())
 
-    init(database: any SQLDatabase, writer: Writer = .ledger, maxBatch: Int = 512) {
+    init(database: any SQLDatabase, writer: Writer = .ledger, maxBatch: Int = 512, maxKeys: Int = 512) {
         self.database = database
         self.writer = writer
         self.maxBatch = maxBatch
+        self.maxKeys = maxKeys
     }
 
     /// Runs `work` in a savepoint of the next group commit and returns its value once that
@@ -148,14 +151,14 @@ final class GroupCommit: Sendable {
                     return []
                 }
                 state.batches += 1
-                let count = min(maxBatch, state.pending.count)
+                let count = Self.batchSize(state.pending.prefix(maxBatch).map(\.keys), maxKeys: maxKeys)
                 let batch = Array(state.pending.prefix(count))
                 state.pending.removeFirst(count)
                 return batch
             }
             if batch.isEmpty { return }
             do {
-                let conflicted = try await write { db -> [Int: any Error] in
+                let conflicted = try await commit(keys: Self.keys(of: batch.map(\.keys))) { db -> [Int: any Error] in
                     var conflicted: [Int: any Error] = [:]
                     for round in Self.rounds(batch.map(\.keys)) {
                         let outcomes: [(Int, Outcome)]
@@ -213,12 +216,41 @@ final class GroupCommit: Sendable {
         }
     }
 
-    /// Runs a batch's transaction on its writer.
-    private func write<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
-        switch writer {
-        case .ledger: try await database.write(body)
-        case .uploads: try await database.writeUploads(body)
+    /// Runs a batch's transaction on its writer, holding the locks of `keys` (nil: of every row).
+    private func commit<T: Sendable>(
+        keys: Set<String>?, _ body: @escaping @Sendable (any SQLConnection) async throws -> T
+    ) async throws -> T {
+        switch (writer, keys) {
+        case (.ledger, let keys?): try await database.write(keys: keys, body)
+        case (.ledger, nil): try await database.write(body)
+        case (.uploads, _): try await database.writeUploads(body)
         }
+    }
+
+    /// How many of the units waiting (by their keys, at most a batch's worth) the next batch
+    /// takes: all of them, unless their keys together would pass `maxKeys`; then those before,
+    /// and always at least one. A unit without keys counts none: its batch locks the whole
+    /// ledger. (On PostgreSQL each key is a lock held to the commit, in a lock table the server
+    /// sizes for about 64 per connection: a bound per batch keeps services × `maxKeys` in it.)
+    static func batchSize(_ keys: [Set<String>?], maxKeys: Int) -> Int {
+        var union = Set<String>()
+        for (index, unitKeys) in keys.enumerated() {
+            guard let unitKeys else { continue }
+            union.formUnion(unitKeys)
+            if union.count > maxKeys, index > 0 { return index }
+        }
+        return keys.count
+    }
+
+    /// The keys a batch's transaction locks: every unit's, or nil (every row) when one of them
+    /// names none.
+    static func keys(of units: [Set<String>?]) -> Set<String>? {
+        var union = Set<String>()
+        for unitKeys in units {
+            guard let unitKeys else { return nil }
+            union.formUnion(unitKeys)
+        }
+        return union
     }
 
     /// Batches a unit may conflict in before its caller hears of the conflict.

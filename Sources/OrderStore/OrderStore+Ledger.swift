@@ -268,10 +268,9 @@ extension OrderStore {
                         grant.expiresAt,
                     ],
                     // Never credit on an assumption: the credit key has an active grant already.
-                    // (Another writer's grant this transaction cannot see fails it with 40001
-                    // instead, and it runs again.) The unit is undone, as a unique key's refusal
-                    // would. The conflict target is the index the facts were read by: under
-                    // SERIALIZABLE no other index is read, so no new conflicts between writers arise.
+                    // The unit is undone, as a unique key's refusal would. (Two writers of one
+                    // credit key hold its lock one after the other, so the second has read the
+                    // first's grant: this guards the rule should a unit ever miss a key.)
                     requiresChange: SQLError(.uniqueViolation, "an active grant for \(key) exists already"))
             ]
         case .revokeGrant(let transactionId, let by, let at):

@@ -103,6 +103,13 @@ struct AnnouncingDatabase: SQLDatabase {
         return value
     }
 
+    @discardableResult
+    func write<T: Sendable>(keys: Set<String>, _ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
+        let (value, queued) = try await inner.write(keys: keys) { db in (try await body(db), db.queuedMessages) }
+        if queued { signal.announce() }
+        return value
+    }
+
     func writeAside<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
         let (value, queued) = try await inner.writeAside { db in (try await body(db), db.queuedMessages) }
         if queued { signal.announce() }

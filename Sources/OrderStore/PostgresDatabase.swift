@@ -74,11 +74,16 @@ public struct PostgresLocation: Sendable, Equatable, CustomStringConvertible {
 ///
 /// Connections come from postgres-nio's pooled `PostgresClient`, which reconnects on its own;
 /// every wait is bounded (a lease, a statement) and nothing blocks a thread. Writes run
-/// `SERIALIZABLE`, one at a time per writer (the ledger's, the uploads'; the relay's claims
-/// run `READ COMMITTED`, `writeLocked`): two services crediting the same
-/// purchase cannot both succeed, and the loser runs again (SQLSTATE 40001, 40P01) and sees the
-/// winner's row. A transaction that never reached its commit (a conflict, a lost connection) is
-/// run again on a fresh connection until `patience` runs out.
+/// `READ COMMITTED`, one at a time per writer (the ledger's, the uploads', the relay's), each
+/// kept apart from the writers it could meet by locks rather than by serializability:
+/// - the ledger's by transaction-level advisory locks (`ledgerLocks`): work that names its rows
+///   (`write(keys:)`) holds one lock per key and the ledger's lock shared, other work holds the
+///   ledger's lock alone. Two services crediting the same purchase take the same lock: the
+///   second waits for the first's commit and then reads its rows. Work whose keys are apart
+///   runs at once, where `SERIALIZABLE` failed it on the pages of an index both had read;
+/// - uploads insert only rows of their own; the relay's claims lock their rows (`FOR UPDATE`).
+/// A transaction that never reached its commit (a deadlock, a lost connection) is run again on
+/// a fresh connection until `patience` runs out.
 package final class PostgresDatabase: SQLDatabase {
     let location: PostgresLocation
     private let logger: Logger
@@ -176,16 +181,54 @@ package final class PostgresDatabase: SQLDatabase {
     }
 
     func write<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
+        try await writeLedger(locks: Self.ledgerLocks(nil), body)
+    }
+
+    func write<T: Sendable>(keys: Set<String>, _ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
+        try await writeLedger(locks: Self.ledgerLocks(keys), body)
+    }
+
+    private func writeLedger<T: Sendable>(
+        locks: String, _ body: @escaping @Sendable (any SQLConnection) async throws -> T
+    ) async throws -> T {
         await writerGate.acquire()
         defer { writerGate.release() }
-        return try await transaction(begin: "BEGIN ISOLATION LEVEL SERIALIZABLE", body)
+        return try await transaction(begin: "BEGIN ISOLATION LEVEL READ COMMITTED", locks: locks, body)
+    }
+
+    /// The advisory lock every write of the ledger holds: shared by work that names its keys,
+    /// alone by work that may touch any row. (`pg_advisory_xact_lock` with one `bigint`; the
+    /// sweeper's and the migrations' locks are other numbers.)
+    static let ledgerLock: Int64 = 0x4941_505F_4C45_4447
+
+    /// The statement that takes the ledger's locks for work touching the rows `keys` name (nil:
+    /// any row). Every service takes them in one order, the ledger's lock first and then the
+    /// keys' by number, so two transactions wait for each other but never deadlock; a key's
+    /// number is a 64-bit FNV-1a hash of its name, the same in every service and version.
+    static func ledgerLocks(_ keys: Set<String>?) -> String {
+        guard let keys else { return "SELECT pg_advisory_xact_lock(\(ledgerLock))" }
+        let numbers = Set(keys.map(lockNumber)).sorted().map(String.init).joined(separator: ",")
+        return """
+            SELECT count(*) FROM (SELECT pg_advisory_xact_lock_shared(\(ledgerLock)) UNION ALL
+            SELECT pg_advisory_xact_lock(key) FROM unnest('{\(numbers)}'::int8[]) AS key) AS held
+            """
+    }
+
+    /// The lock number of a key's name: FNV-1a, 64 bits.
+    static func lockNumber(_ key: String) -> Int64 {
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+        for byte in key.utf8 {
+            hash ^= UInt64(byte)
+            hash &*= 0x0000_0100_0000_01B3
+        }
+        return Int64(bitPattern: hash)
     }
 
     @discardableResult
     func writeUploads<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
         await uploadsGate.acquire()
         defer { uploadsGate.release() }
-        return try await transaction(begin: "BEGIN ISOLATION LEVEL SERIALIZABLE", body)
+        return try await transaction(begin: "BEGIN ISOLATION LEVEL READ COMMITTED", body)
     }
 
     @discardableResult
@@ -320,7 +363,7 @@ package final class PostgresDatabase: SQLDatabase {
     /// Runs `body` in one transaction, again after a conflict or a connection lost before the
     /// commit was sent, until `patience` runs out.
     private func transaction<T: Sendable>(
-        begin: String, _ body: @escaping @Sendable (any SQLConnection) async throws -> T
+        begin: String, locks: String? = nil, _ body: @escaping @Sendable (any SQLConnection) async throws -> T
     ) async throws -> T {
         let deadline = Date().addingTimeInterval(patience)
         var attempt = 0
@@ -331,6 +374,7 @@ package final class PostgresDatabase: SQLDatabase {
                 return try await withSession(client, leaseTimeout: .seconds(max(1, Int64(deadline.timeIntervalSinceNow)))) { session in
                     try await session.execute(sql: begin)
                     do {
+                        if let locks { try await session.execute(sql: locks) }
                         let value = try await body(session)
                         try await session.flushPendingWrites(last: true)
                         if session.mustRetry {
@@ -352,8 +396,9 @@ package final class PostgresDatabase: SQLDatabase {
             } catch let error as SQLError {
                 switch error.kind {
                 case .serializationFailure where Date() < deadline:
-                    // Back off, exponentially with jitter up to a quarter second, so that two
-                    // order services whose batches keep meeting stop meeting.
+                    // A deadlock between row locks, or 40001 from a server whose default
+                    // isolation is stricter: back off, exponentially with jitter up to a quarter
+                    // second, so that two transactions that keep meeting stop meeting.
                     let limit = min(0.002 * pow(2, Double(min(attempt, 10))), 0.25)
                     try await Task.sleep(for: .seconds(Double.random(in: 0...1) * limit))
                 case .connection where !committing.withLockedValue({ $0 }) && Date() < deadline:

@@ -384,10 +384,18 @@ protocol SQLDatabase: Sendable {
     var dialect: SQLDialect { get }
     /// Runs `body` in a read-only transaction that sees one consistent state.
     func read<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T
-    /// Runs `body` in a write transaction and commits it; on PostgreSQL a serialization failure
-    /// runs `body` again, so `body` must only change the database and its own locals.
+    /// Runs `body` in a write transaction of the ledger and commits it, kept apart from every
+    /// other such transaction (of this service or another one sharing the store): `body` sees
+    /// the store as if it ran alone. On PostgreSQL a conflict or a lost connection runs `body`
+    /// again, so `body` must only change the database and its own locals.
     @discardableResult
     func write<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T
+    /// `write`, for work that touches only the rows `keys` name (see `GroupCommit.write(keys:_:)`):
+    /// kept apart only from transactions whose keys meet these, and from those of `write`. On
+    /// PostgreSQL each key is a transaction-level advisory lock, taken in one order by every
+    /// service; on SQLite as `write` (one writer).
+    @discardableResult
+    func write<T: Sendable>(keys: Set<String>, _ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T
     /// Runs one short, self-contained statement's worth of work that must not wait behind the
     /// ledger's writes (the shared rate-limit buckets): on PostgreSQL on a connection of its
     /// own in autocommit, failing at once while the database is away; on SQLite as `write`.
@@ -396,9 +404,10 @@ protocol SQLDatabase: Sendable {
     /// takes (`FOR UPDATE`), not by serializability: the outbox relay's claims and deletes. On
     /// PostgreSQL `READ COMMITTED`, beside the ledger's writer rather than behind it, so that it
     /// neither waits for a group commit nor makes one fail to serialize; on SQLite as `write`.
-    /// Runs `body` as `write` does, for uploads: on PostgreSQL on a writer of their own, since
-    /// an upload's rows (a new submission and its message) are none the ledger's writer holds,
-    /// so uploads need not wait for a batch of results; on SQLite as `write` (one writer).
+    /// Runs `body` in a write transaction for uploads, which only insert rows of their own (a
+    /// new submission and its message; a unique key keeps each once): on PostgreSQL on a writer
+    /// of their own, `READ COMMITTED` with no lock of the ledger's, so uploads never wait for a
+    /// batch of results; on SQLite as `write` (one writer).
     @discardableResult
     func writeUploads<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T
     @discardableResult

@@ -71,6 +71,10 @@ final class SQLiteDatabase: SQLDatabase {
         }
     }
 
+    func write<T: Sendable>(keys: Set<String>, _ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
+        try await write(body)
+    }
+
     func writeAside<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
         // One process writes the file: there is no other queue to stay out of.
         try await write(body)

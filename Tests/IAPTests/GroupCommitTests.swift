@@ -174,6 +174,29 @@ extension GroupCommitTests {
         #expect(GroupCommit.rounds([]) == [])
     }
 
+    /// A batch takes the units waiting until their keys together would pass the bound (always
+    /// one at least; a unit without keys counts none) and locks the union of their keys, or
+    /// the whole ledger when one of them names none.
+    @Test func aBatchLocksItsUnitsKeysAndNoMoreThanTheBound() {
+        #expect(GroupCommit.batchSize([["a", "b"], ["b", "c"], ["d"], ["e"]], maxKeys: 3) == 2)
+        #expect(GroupCommit.batchSize([["a", "b", "c", "d"], ["e"]], maxKeys: 3) == 1)
+        #expect(GroupCommit.batchSize([["a"], nil, ["a"], ["b"]], maxKeys: 2) == 4)
+        #expect(GroupCommit.batchSize([], maxKeys: 2) == 0)
+        #expect(GroupCommit.keys(of: [["a"], ["b", "a"]]) == ["a", "b"])
+        #expect(GroupCommit.keys(of: [["a"], nil]) == nil)
+
+        // Every service takes the locks in one order: the ledger's first (shared), then the
+        // keys' by number, each once.
+        let statement = PostgresDatabase.ledgerLocks(["order:o1", "transaction:7", "order:o1", "chain:7"])
+        let numbers = ["order:o1", "transaction:7", "chain:7"].map(PostgresDatabase.lockNumber).sorted()
+        #expect(statement.contains("pg_advisory_xact_lock_shared(\(PostgresDatabase.ledgerLock))"))
+        #expect(statement.contains("'{\(numbers.map(String.init).joined(separator: ","))}'::int8[]"))
+        #expect(PostgresDatabase.ledgerLocks(nil) == "SELECT pg_advisory_xact_lock(\(PostgresDatabase.ledgerLock))")
+        // A key's number is the same in every service and version (FNV-1a, 64 bits).
+        #expect(PostgresDatabase.lockNumber("") == Int64(bitPattern: 0xcbf2_9ce4_8422_2325))
+        #expect(PostgresDatabase.lockNumber("a") == Int64(bitPattern: 0xaf63_dc4c_8601_ec8c))
+    }
+
     /// On PostgreSQL a batch's keyed units go side by side: every unit's read in one round trip,
     /// every unit's writes in one more (two for all sixteen counters here, where one after the
     /// other they take two each). A unit whose key another one before it names waits for a later
@@ -241,9 +264,10 @@ extension GroupCommitTests {
             // The 16 counters, the unit reading twice and the failing one in one round; k0's
             // second unit in a round of its own.
             #expect(together - togetherBefore == 18 && alone - aloneBefore == 1)
-            // The holder's COMMIT; BEGIN, the round's read and its write; the unit reading twice
-            // alone (two reads, one write); k0's second unit (one read, one write); COMMIT.
-            #expect(roundTrips.count == 10, "\(roundTrips.count) round trips: \(roundTrips.joined(separator: "\n"))")
+            // The holder's COMMIT; BEGIN, the ledger's locks, the round's read and its write; the
+            // unit reading twice alone (two reads, one write); k0's second unit (one read, one
+            // write); COMMIT.
+            #expect(roundTrips.count == 11, "\(roundTrips.count) round trips: \(roundTrips.joined(separator: "\n"))")
         } else {
             #expect(together == 0 && alone == 0)
         }

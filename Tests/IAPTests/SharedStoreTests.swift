@@ -23,6 +23,12 @@ struct SharedStoreTests {
         }
     }
 
+    /// Transactions of this test's database waiting on an advisory lock.
+    static let waitingOnLocks = """
+        SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+            AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+        """
+
     func upload(_ user: String, _ transactionId: String, to store: OrderStore) async throws -> VerifyResult {
         let request = VerifyRequest(submissionId: UUID(), userId: user, receiptData: "AAAA", acceptedAt: Date())
         try await store.accept(request, message: OutboxMessage(routingKey: "q", body: [1]))
@@ -69,6 +75,58 @@ struct SharedStoreTests {
         #expect(mismatched == 0)
         let settled = try await stores[0].submissionCounts()
         #expect((settled[.credited] ?? 0) >= count, "\(settled)")
+        for store in stores { await store.close() }
+    }
+
+    /// Writes of the ledger on three services: one holds keys a and b and waits inside its
+    /// transaction. A write naming key c commits meanwhile; one naming b, and one naming no
+    /// keys (any row), wait for the holder's commit, and then read what it wrote.
+    @Test func writesWhoseKeysMeetWaitForEachOtherAndOthersGoOn() async throws {
+        let stores = try await services(3)
+        let (entered, enter) = AsyncStream.makeStream(of: Void.self)
+        let (released, release) = AsyncStream.makeStream(of: Void.self)
+        let mark = "INSERT INTO reconciliation_run (task, lastRunAt) VALUES (?, ?)"
+        let holder = Task {
+            try await stores[0].database.write(keys: ["k:a", "k:b"]) { db in
+                try await db.execute(sql: mark, arguments: ["locks-holder", Date()])
+                enter.yield()
+                for await _ in released { break }
+            }
+        }
+        for await _ in entered { break }
+
+        // Apart: commits while the holder waits (were it kept waiting too, this never ends).
+        try await stores[1].database.write(keys: ["k:c"]) { db in
+            try await db.execute(sql: mark, arguments: ["locks-apart", Date()])
+        }
+
+        let seen = NIOLockedValueBox([String: Int]())
+        func waiter(_ store: OrderStore, keys: Set<String>?, name: String) -> Task<Void, any Error> {
+            Task {
+                let body: @Sendable (any SQLConnection) async throws -> Void = { db in
+                    let held = try await Int.fetchOne(
+                        db, sql: "SELECT COUNT(*) FROM reconciliation_run WHERE task = 'locks-holder'") ?? 0
+                    seen.withLockedValue { $0[name] = held }
+                }
+                if let keys { try await store.database.write(keys: keys, body) } else { try await store.database.write(body) }
+            }
+        }
+        let meeting = waiter(stores[1], keys: ["k:b", "k:d"], name: "meeting")
+        let everything = waiter(stores[2], keys: nil, name: "everything")
+        // Both wait on an advisory lock the holder has (bounded: 200 looks, 20 s).
+        var waiting = 0
+        for _ in 0..<200 where waiting < 2 {
+            try await Task.sleep(for: .milliseconds(100))
+            waiting = try await stores[0].testValue(Self.waitingOnLocks) ?? 0
+        }
+        #expect(waiting == 2)
+        #expect(seen.withLockedValue { $0 }.isEmpty)
+
+        release.yield()
+        try await holder.value
+        try await meeting.value
+        try await everything.value
+        #expect(seen.withLockedValue { $0 } == ["meeting": 1, "everything": 1])
         for store in stores { await store.close() }
     }
 
@@ -281,8 +339,8 @@ struct SharedStoreTests {
         for store in stores { await store.close() }
     }
 
-    /// While one order service sweeps (holding the sweeper's advisory lock in its
-    /// transaction), another's sweep does nothing; once the first is done, the next one sweeps.
+    /// While one order service sweeps (holding the ledger's lock alone, and the sweeper's), a
+    /// sweep of another one waits for it, then finds what the first left and requeues it once.
     @Test func oneSweeperAtATime() async throws {
         let stores = try await services(2)
         let request = VerifyRequest(submissionId: UUID(), userId: "ana", receiptData: "AAAA", acceptedAt: Date())
@@ -295,25 +353,33 @@ struct SharedStoreTests {
                 OutboxMessage(routingKey: "q", body: Array(request.submissionId.uuidString.utf8))
             }.count
         }
-        let holding = NIOLockedValueBox(false)
-        let released = NIOLockedValueBox(false)
+        let (entered, enter) = AsyncStream.makeStream(of: Void.self)
+        let (released, release) = AsyncStream.makeStream(of: Void.self)
         // Never leave the writer holding, whatever fails below.
-        defer { released.withLockedValue { $0 = true } }
+        defer { release.yield() }
         let leader = Task {
             try await stores[0].database.write { db in
                 let took = try await db.takeExclusive("sweeper")
-                holding.withLockedValue { $0 = true }
-                // Held until the test is done, waiting without blocking a thread: the body runs
-                // on an event loop the store shares with every other transaction.
-                _ = try await eventually(timeout: .seconds(60)) { released.withLockedValue { $0 } }
+                enter.yield()
+                for await _ in released { break }
                 return took
             }
         }
-        #expect(try await eventually(timeout: .seconds(10)) { holding.withLockedValue { $0 } })
-        #expect(try await sweep(stores[1]) == 0, "a second sweeper ran while the first held the lock")
-        released.withLockedValue { $0 = true }
+        for await _ in entered { break }
+        let second = Task { try await sweep(stores[1]) }
+        // The second sweep waits on the ledger's lock (bounded: 200 looks, 20 s).
+        var waiting = 0
+        for _ in 0..<200 where waiting < 1 {
+            try await Task.sleep(for: .milliseconds(100))
+            waiting = try await stores[0].testValue(Self.waitingOnLocks) ?? 0
+        }
+        #expect(waiting == 1, "a second sweeper ran while the first held the lock")
+        release.yield()
         #expect(try await leader.value)
-        #expect(try await sweep(stores[1]) == 1)
+        #expect(try await second.value == 1)
+        #expect(try await sweep(stores[0]) == 0)
+        let queued: Int? = try await stores[0].testValue("SELECT COUNT(*) FROM outbox")
+        #expect(queued == 1)
         for store in stores { await store.close() }
     }
 
