@@ -66,7 +66,8 @@ extension OrderStore {
         let order = Order(
             orderId: UUID().uuidString.lowercased(), userId: userId, productId: productId, state: "created",
             transactionId: nil, createdAt: now, updatedAt: now)
-        try await database.write { db in
+        // A new row of its own: it waits for no other write of the ledger, and none for it.
+        try await database.write(keys: ["order:" + order.orderId]) { db in
             try await db.execute(
                 sql: "INSERT INTO orders (id, userId, productId, state, createdAt, updatedAt) VALUES (?, ?, ?, 'created', ?, ?)",
                 arguments: [order.orderId, userId, productId, now, now])

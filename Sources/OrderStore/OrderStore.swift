@@ -104,10 +104,11 @@ public final class OrderStore: Sendable {
         }
     }
 
-    /// Whether a write transaction can be started now (for readiness checks).
+    /// Whether a write transaction can be started now (for readiness checks). It names no
+    /// rows, so on PostgreSQL it waits for no write of the ledger that names its own.
     public func isWritable() async -> Bool {
         do {
-            try await database.write { db in try await db.execute(sql: "SELECT 1") }
+            try await database.write(keys: []) { db in try await db.execute(sql: "SELECT 1") }
             return true
         } catch {
             return false

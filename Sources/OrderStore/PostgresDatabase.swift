@@ -396,8 +396,8 @@ package final class PostgresDatabase: SQLDatabase {
             } catch let error as SQLError {
                 switch error.kind {
                 case .serializationFailure where Date() < deadline:
-                    // A deadlock between row locks, or 40001 from a server whose default
-                    // isolation is stricter: back off, exponentially with jitter up to a quarter
+                    // A deadlock (40P01: two relays' claims of outbox rows) or a serialization
+                    // failure (40001): back off, exponentially with jitter up to a quarter
                     // second, so that two transactions that keep meeting stop meeting.
                     let limit = min(0.002 * pow(2, Double(min(attempt, 10))), 0.25)
                     try await Task.sleep(for: .seconds(Double.random(in: 0...1) * limit))

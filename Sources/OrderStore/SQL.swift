@@ -385,8 +385,8 @@ protocol SQLDatabase: Sendable {
     /// Runs `body` in a read-only transaction that sees one consistent state.
     func read<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T
     /// Runs `body` in a write transaction of the ledger and commits it, kept apart from every
-    /// other such transaction (of this service or another one sharing the store): `body` sees
-    /// the store as if it ran alone. On PostgreSQL a conflict or a lost connection runs `body`
+    /// other write of the ledger (of this service or another one sharing the store): `body`
+    /// sees the ledger as if it ran alone, beside only uploads' inserts and the relay's claims. On PostgreSQL a conflict or a lost connection runs `body`
     /// again, so `body` must only change the database and its own locals.
     @discardableResult
     func write<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T

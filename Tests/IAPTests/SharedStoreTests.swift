@@ -79,8 +79,9 @@ struct SharedStoreTests {
     }
 
     /// Writes of the ledger on three services: one holds keys a and b and waits inside its
-    /// transaction. A write naming key c commits meanwhile; one naming b, and one naming no
-    /// keys (any row), wait for the holder's commit, and then read what it wrote.
+    /// transaction. A write naming key c, a readiness check and a new order go on meanwhile;
+    /// a write naming b, and one naming no keys (any row), wait for the holder's commit, and
+    /// then read what it wrote.
     @Test func writesWhoseKeysMeetWaitForEachOtherAndOthersGoOn() async throws {
         let stores = try await services(3)
         let (entered, enter) = AsyncStream.makeStream(of: Void.self)
@@ -99,6 +100,17 @@ struct SharedStoreTests {
         try await stores[1].database.write(keys: ["k:c"]) { db in
             try await db.execute(sql: mark, arguments: ["locks-apart", Date()])
         }
+
+        // A readiness check and a new order name no rows the holder has: they do not wait either
+        // (bounded: 200 looks, 20 s).
+        let ready = NIOLockedValueBox<Bool?>(nil)
+        let readiness = Task {
+            let writable = await stores[1].isWritable()
+            let order = try? await stores[1].createOrder(userId: "ana", productId: "com.example.coins.60")
+            ready.withLockedValue { $0 = writable && order != nil }
+        }
+        for _ in 0..<200 where ready.withLockedValue({ $0 }) == nil { try await Task.sleep(for: .milliseconds(100)) }
+        #expect(ready.withLockedValue { $0 } == true, "a readiness check or a new order waited for the holder")
 
         let seen = NIOLockedValueBox([String: Int]())
         func waiter(_ store: OrderStore, keys: Set<String>?, name: String) -> Task<Void, any Error> {
@@ -124,6 +136,7 @@ struct SharedStoreTests {
 
         release.yield()
         try await holder.value
+        await readiness.value
         try await meeting.value
         try await everything.value
         #expect(seen.withLockedValue { $0 } == ["meeting": 1, "everything": 1])
