@@ -674,10 +674,9 @@ final class PostgresSession: SideBySideConnection, @unchecked Sendable {
             sentMessages = sentBefore
             if let sqlError = error as? SQLError, sqlError.kind == .connection { throw error }
             // Undo this unit only; the transaction goes on. A unit that met another writer's
-            // work (the server's 40001, or a row it expected to insert found taken) is run
-            // again by its caller: what the others wrote stays serializable, as the commit
-            // checks (SSI keeps the read sets of rolled-back savepoints). A unit whose savepoint
-            // was never sent wrote nothing that stayed (its one write undid itself).
+            // work (a row it expected to insert found taken, the server's 40001 or 40P01) is
+            // run again by its caller, on fresh facts; what the others wrote stays. A unit whose
+            // savepoint was never sent wrote nothing that stayed (its one write undid itself).
             if let innermost = savepoints.last, innermost.sent {
                 _ = try await run("ROLLBACK TO SAVEPOINT \(innermost.name)", [])
                 _ = try await run("RELEASE SAVEPOINT \(innermost.name)", [])
