@@ -386,8 +386,9 @@ protocol SQLDatabase: Sendable {
     func read<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T
     /// Runs `body` in a write transaction of the ledger and commits it, kept apart from every
     /// other write of the ledger (of this service or another one sharing the store): `body`
-    /// sees the ledger as if it ran alone, beside only uploads' inserts and the relay's claims. On PostgreSQL a conflict or a lost connection runs `body`
-    /// again, so `body` must only change the database and its own locals.
+    /// sees the ledger as if it ran alone, beside only uploads' inserts and the relay's claims.
+    /// On PostgreSQL a deadlock or a lost connection runs `body` again, so `body` must only
+    /// change the database and its own locals.
     @discardableResult
     func write<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T
     /// `write`, for work that touches only the rows `keys` name (see `GroupCommit.write(keys:_:)`):
@@ -400,16 +401,16 @@ protocol SQLDatabase: Sendable {
     /// ledger's writes (the shared rate-limit buckets): on PostgreSQL on a connection of its
     /// own in autocommit, failing at once while the database is away; on SQLite as `write`.
     func writeAside<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T
-    /// Runs `body` in a write transaction kept apart from other writers by the row locks it
-    /// takes (`FOR UPDATE`), not by serializability: the outbox relay's claims and deletes. On
-    /// PostgreSQL `READ COMMITTED`, beside the ledger's writer rather than behind it, so that it
-    /// neither waits for a group commit nor makes one fail to serialize; on SQLite as `write`.
     /// Runs `body` in a write transaction for uploads, which only insert rows of their own (a
     /// new submission and its message; a unique key keeps each once): on PostgreSQL on a writer
     /// of their own, `READ COMMITTED` with no lock of the ledger's, so uploads never wait for a
     /// batch of results; on SQLite as `write` (one writer).
     @discardableResult
     func writeUploads<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T
+    /// Runs `body` in a write transaction kept apart from other writers by the row locks it
+    /// takes (`FOR UPDATE`), not by the ledger's locks: the outbox relay's claims and deletes.
+    /// On PostgreSQL `READ COMMITTED`, beside the ledger's writer rather than behind it, so that
+    /// it never waits for a group commit; on SQLite as `write`.
     @discardableResult
     func writeLocked<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T
     /// Closes the connections.
