@@ -84,7 +84,8 @@ public final class OrderStore: Sendable {
     }
 
     /// The settings an answered commit's durability rests on: on SQLite the writer's
-    /// `synchronous` (2 is FULL) and `journal_mode`; on PostgreSQL `fsync`,
+    /// `synchronous` (2 is FULL) and `journal_mode`, and beside them its `temp_store` (2 is
+    /// MEMORY: a savepoint's journal is never written to disk); on PostgreSQL `fsync`,
     /// `synchronous_commit` and `full_page_writes`.
     public func durability() async throws -> [String: String] {
         try await database.write { db in
@@ -93,6 +94,7 @@ public final class OrderStore: Sendable {
                 await [
                     "synchronous": String(try Int.fetchOne(db, sql: "PRAGMA synchronous") ?? -1),
                     "journal_mode": try String.fetchOne(db, sql: "PRAGMA journal_mode") ?? "",
+                    "temp_store": String(try Int.fetchOne(db, sql: "PRAGMA temp_store") ?? -1),
                 ]
             case .postgres:
                 await [
