@@ -75,6 +75,9 @@ struct BenchCommand: AsyncParsableCommand {
     @Option(help: "With --start-dev: order services (`iap orders`), each with its own intake; uploads go round-robin. More than one needs --database-url.")
     var orders: Int = 1
 
+    @Option(help: "With --start-dev: cap each order service at this many cores (a Linux control group of its own, as root), as if each ran on a machine of that size.")
+    var ordersCPU: Double?
+
     @Option(help: "Seconds to wait for every submission to settle.")
     var settleTimeout: Int = 600
 
@@ -91,6 +94,10 @@ struct BenchCommand: AsyncParsableCommand {
         guard orders == 1 || (databaseURL != nil && startDev && mode == .queue) else {
             throw ValidationError("several --orders share one store: they need --database-url, --start-dev and --mode queue")
         }
+        if let ordersCPU {
+            guard startDev && mode == .queue else { throw ValidationError("--orders-cpu needs --start-dev and --mode queue") }
+            guard (0.01...64).contains(ordersCPU) else { throw ValidationError("--orders-cpu must be 0.01 to 64 cores") }
+        }
         guard !verifyAfterUpload || (startDev && mode == .queue) else {
             throw ValidationError("--verify-after-upload needs --start-dev and --mode queue")
         }
@@ -101,7 +108,7 @@ struct BenchCommand: AsyncParsableCommand {
         if startDev {
             cluster = try await BenchCluster.start(
                 inline: mode == .inline, verifiers: verifiers, verifierConcurrency: verifierConcurrency,
-                verifiersLater: verifyAfterUpload, orders: orders, databaseURL: databaseURL, amqpURL: amqpURL)
+                verifiersLater: verifyAfterUpload, orders: orders, ordersCPU: ordersCPU, databaseURL: databaseURL, amqpURL: amqpURL)
         }
         // The cluster's files (stores, logs) are kept only when the run failed, to be read.
         var succeeded = false
@@ -182,7 +189,8 @@ struct BenchCommand: AsyncParsableCommand {
             duplicated: coverage.grants - coverage.granted, refused: purchases - upload.accepted,
             secondsToCreditAll: span, appleCalls: calls, peakRSSMB: cluster?.peakRSSMegabytes() ?? [:],
             cpuSeconds: .init(
-                upload: Self.used(from: cpuAtStart, to: cpuAtUploaded), settle: Self.used(from: cpuAtUploaded, to: cpuAtSettled)))
+                upload: Self.used(from: cpuAtStart, to: cpuAtUploaded), settle: Self.used(from: cpuAtUploaded, to: cpuAtSettled)),
+            ordersCPU: ordersCPU, throttledPeriods: cluster?.throttledPeriods() ?? [:])
         if json {
             let encoder = JSONEncoder()
             encoder.outputFormatting = [.sortedKeys]
@@ -314,6 +322,10 @@ struct BenchReport: Encodable {
     var peakRSSMB: [String: Double]
     /// CPU seconds each process used while uploading and while the rest settled, by role.
     var cpuSeconds: CPU
+    /// `--orders-cpu`: the cores each order service was capped at.
+    var ordersCPU: Double?
+    /// With `--orders-cpu`: the 100 ms periods each order service was held at its cap, by role.
+    var throttledPeriods: [String: Int]
 
     struct CPU: Encodable {
         var upload: [String: Double]
@@ -334,7 +346,10 @@ struct BenchReport: Encodable {
             CPU s while uploading     \(Self.byRole(cpuSeconds.upload, f))
             CPU s while settling      \(Self.byRole(cpuSeconds.settle, f))
             peak RSS MB               \(Self.byRole(peakRSSMB, f))
-            """
+            """ + (ordersCPU.map { cores in
+                "\norder services capped at  \(String(format: "%.2f", cores)) cores each; periods held at the cap: "
+                    + Self.byRole(throttledPeriods.mapValues(Double.init)) { String(Int($0)) }
+            } ?? "")
     }
 }
 
@@ -385,8 +400,14 @@ final class BenchCluster: @unchecked Sendable {
     private let environment: [String: String]
     private let lock = NSLock()
     private var processes: [(role: String, process: Process)]
+    /// `--orders-cpu`: each order service's control group, by role.
+    private var caps: [(role: String, cap: BenchCPUCap)] = []
+    private let ordersCPU: Double?
 
-    private init(intakeURLs: [String], fakeURL: String, databasePath: String, folder: URL, environment: [String: String]) {
+    private init(
+        intakeURLs: [String], fakeURL: String, databasePath: String, folder: URL, environment: [String: String], ordersCPU: Double?
+    ) {
+        self.ordersCPU = ordersCPU
         self.intakeURLs = intakeURLs
         self.fakeURL = fakeURL
         self.databasePath = databasePath
@@ -397,7 +418,8 @@ final class BenchCluster: @unchecked Sendable {
 
     /// Starts the cluster; verifiers too unless `verifiersLater` (then `startVerifiers`).
     static func start(
-        inline: Bool, verifiers: Int, verifierConcurrency: Int, verifiersLater: Bool, orders: Int = 1, databaseURL: String? = nil,
+        inline: Bool, verifiers: Int, verifierConcurrency: Int, verifiersLater: Bool, orders: Int = 1, ordersCPU: Double? = nil,
+        databaseURL: String? = nil,
         amqpURL: String? = nil
     ) async throws -> BenchCluster {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-bench-\(UUID().uuidString)")
@@ -441,7 +463,9 @@ final class BenchCluster: @unchecked Sendable {
         if let amqpURL { environment[Setting.amqpURL.variable] = amqpURL }
         let intakeURLs = httpPorts.map { "http://127.0.0.1:\($0)" }
         let cluster = BenchCluster(
-            intakeURLs: intakeURLs, fakeURL: fakeURL, databasePath: databasePath, folder: folder, environment: environment)
+            intakeURLs: intakeURLs, fakeURL: fakeURL, databasePath: databasePath, folder: folder, environment: environment,
+            ordersCPU: ordersCPU)
+
         do {
             if inline {
                 try cluster.launch("dev", role: "dev")
@@ -514,6 +538,7 @@ final class BenchCluster: @unchecked Sendable {
         let alive = running.map(\.process).filter(\.isRunning)
         for process in alive { process.terminate() }
         for process in alive { process.waitUntilExit() }
+        for (_, cap) in lock.withLock({ caps }) { cap.remove() }
         if removingFiles {
             try? FileManager.default.removeItem(at: folder)
         } else {
@@ -525,6 +550,16 @@ final class BenchCluster: @unchecked Sendable {
         let process = try Self.launch(
             [command], environment: environment.merging(extra) { $1 }, log: folder.appendingPathComponent("\(role).log"))
         lock.withLock { processes.append((role, process)) }
+        if command == "orders", let ordersCPU {
+            let cap = try BenchCPUCap(name: "iap-bench-\(ProcessInfo.processInfo.processIdentifier)-\(role)", cores: ordersCPU)
+            lock.withLock { caps.append((role, cap)) }
+            try cap.add(process.processIdentifier)
+        }
+    }
+
+    /// With `--orders-cpu`: the periods each order service was held at its cap so far, by role.
+    func throttledPeriods() -> [String: Int] {
+        lock.withLock { caps }.reduce(into: [:]) { periods, entry in periods[entry.role] = entry.cap.throttledPeriods() }
     }
 
     private static func launch(_ arguments: [String], environment: [String: String], log: URL) throws -> Process {

@@ -32,6 +32,38 @@ extension BrokerTests {
             #expect(run.status != 0 && run.output.contains("--verify-after-upload needs --start-dev and --mode queue"), "\(run.output)")
         }
 
+        /// Capping the order services means something only for processes bench starts itself.
+        @Test func ordersCPUNeedsItsOwnQueueCluster() async throws {
+            let run = try await CommandLineTests().iap(["bench", "--orders-cpu", "0.5"], environment: ["IAP_AMQP_URL": try TestBroker.url()])
+            #expect(run.status != 0 && run.output.contains("--orders-cpu needs --start-dev and --mode queue"), "\(run.output)")
+        }
+
+        /// `--orders-cpu`: the order service runs in a control group of its own, held at its
+        /// quota (a twentieth of a core cannot start a service without being held back), and
+        /// the report says so; the group is gone afterwards.
+        @Test(.enabled(if: BenchCommandTests.canCapCPU, "needs root and a cgroup cpu controller"))
+        func theOrderServiceRunsAtItsCap() async throws {
+            let run = try await CommandLineTests().iap(
+                ["bench", "--start-dev", "--purchases", "20", "--concurrency", "4", "--orders-cpu", "0.05", "--json",
+                    "--settle-timeout", "120"],
+                environment: ["IAP_AMQP_URL": try TestBroker.url()])
+            #expect(run.status == 0, "\(run.output.suffix(2000))")
+            let line = try #require(run.output.split(separator: "\n").last { $0.hasPrefix("{") }, "\(run.output.suffix(2000))")
+            let report = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
+            #expect(report["credited"] as? Int == 20 && report["lost"] as? Int == 0 && report["duplicated"] as? Int == 0, "\(line)")
+            #expect(report["ordersCPU"] as? Double == 0.05, "\(line)")
+            let throttled = try #require(report["throttledPeriods"] as? [String: Int], "\(line)")
+            #expect(Set(throttled.keys) == ["orders"] && (throttled["orders"] ?? 0) > 0, "\(line)")
+            let groups = ["/sys/fs/cgroup", "/sys/fs/cgroup/cpu"].flatMap { (try? FileManager.default.contentsOfDirectory(atPath: $0)) ?? [] }
+            #expect(!groups.contains { $0.hasPrefix("iap-bench-") && $0.hasSuffix("-orders") }, "\(groups)")
+        }
+
+        static var canCapCPU: Bool {
+            getuid() == 0
+                && (FileManager.default.fileExists(atPath: "/sys/fs/cgroup/cgroup.controllers")
+                    || FileManager.default.fileExists(atPath: "/sys/fs/cgroup/cpu/cpu.cfs_quota_us"))
+        }
+
         /// The production shape, verifiers held back until every upload is in: each process
         /// is reported by role (CPU per phase, peak RSS), the verifiers used no CPU while the
         /// intake was measured alone, and nothing is lost.
