@@ -40,6 +40,11 @@ let package = Package(
             pkgConfig: "librabbitmq",
             providers: [.apt(["librabbitmq-dev"])]
         ),
+        .systemLibrary(
+            name: "CZlib",
+            pkgConfig: "zlib",
+            providers: [.apt(["zlib1g-dev"])]
+        ),
         .target(
             name: "IAPCore",
             swiftSettings: strictSettings
@@ -48,6 +53,7 @@ let package = Package(
             name: "Messaging",
             dependencies: [
                 "CRabbitMQ",
+                "CZlib",
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -226,7 +232,7 @@ let package = Package(
         .executableTarget(
             name: "IAPMicrobench",
             dependencies: [
-                "IAPCore", "AppStore", "FakeAppStore", "OrderStore",
+                "IAPCore", "AppStore", "FakeAppStore", "OrderStore", "Messaging",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "X509", package: "swift-certificates"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),

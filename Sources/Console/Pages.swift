@@ -104,11 +104,12 @@ extension Console {
                         "reason": entry.reason ?? "unknown", "messageId": entry.messageId ?? "", "bytes": entry.body.count,
                     ]
                     let codec = MessageCodec()
-                    if let request = try? codec.decode(VerifyRequest.self, from: entry.body) {
+                    let body = (try? entry.decodedBody()) ?? entry.body
+                    if let request = try? codec.decode(VerifyRequest.self, from: body) {
                         fields["submissionId"] = request.submissionId.uuidString
                         fields["userId"] = request.userId
                         fields["href"] = Self.userPath(request.userId)
-                    } else if let result = try? codec.decode(VerifyResult.self, from: entry.body) {
+                    } else if let result = try? codec.decode(VerifyResult.self, from: body) {
                         fields["submissionId"] = result.submissionId.uuidString
                     }
                     return fields

@@ -125,7 +125,8 @@ public final class FinisherService: Service, Sendable {
     func handle(_ delivery: AMQPDelivery) async {
         let result: VerifyResult
         do {
-            result = try codec.decode(VerifyResult.self, from: delivery.body)
+            // Deflated or not (`content-encoding`), as the verifier published it.
+            result = try codec.decode(VerifyResult.self, from: try delivery.decodedBody())
         } catch {
             logger.error(
                 "undecodable result sent to the dead-letter queue",

@@ -211,6 +211,9 @@ extension Setting {
     public static let maxRetryAgeHours = Setting(
         "IAP_MAX_RETRY_AGE_HOURS", fallback: "72",
         "Hours after which an upload that keeps failing transiently needs review.")
+    public static let messageEncoding = Setting(
+        "IAP_MESSAGE_ENCODING", fallback: "deflate",
+        "How the services encode the messages that carry a receipt or its verification on the broker (verify requests, their retries, results): deflate (about half the bytes in the broker's store and on the wire) or identity. Every consumer reads both; identity is for while consumers of a release that does not read deflate still run.")
     public static let notificationMaxBytes = Setting(
         "IAP_NOTIFICATION_MAX_BYTES", fallback: "65536",
         "Largest App Store notification body in bytes; larger ones get 413.")

@@ -4,6 +4,7 @@ import X509
 import FakeAppStore
 import Foundation
 import IAPCore
+import Messaging
 import NIOConcurrencyHelpers
 import OrderStore
 
@@ -121,6 +122,20 @@ struct Microbench {
         try measureSync("verify request decode (4 KB receipt)", seconds: seconds) {
             _ = try codec.decode(VerifyRequest.self, from: bytes)
         }
+        // A minted receipt (the fake's, as in the benchmarks): what the relay deflates and a
+        // verifier inflates for each upload.
+        let minted = try ReceiptMinter(authority: try FakeCertificateAuthority.generate()).mint(
+            ReceiptPayload(
+                bundleId: "com.example.demo",
+                inApp: [InAppPurchasePayload(productId: "com.example.coins.60", transactionId: "2000000000000001", purchaseDate: Date())]))
+        let message = try codec.encode(
+            VerifyRequest(
+                submissionId: UUID(), userId: "user-1", receiptData: Data(minted).base64EncodedString(), transactionId: "2000000000000001",
+                attempt: 1, acceptedAt: Date()))
+        let deflated = try ContentEncoding.deflate.encode(message)
+        print("verify message: \(message.count) bytes, \(deflated.count) deflated")
+        try measureSync("verify message deflate (minted receipt)", seconds: seconds) { _ = try ContentEncoding.deflate.encode(message) }
+        try measureSync("verify message inflate (minted receipt)", seconds: seconds) { _ = try ContentEncoding.deflate.decode(deflated) }
     }
 
     /// With `databaseURL` (`postgres://…/DB`), both stores are fresh databases on that server

@@ -114,9 +114,10 @@ public final class AMQPConnection: Sendable {
         var headers = delivery.headers
         headers["x-iap-dead-reason"] = String(reason.prefix(500))
         headers["x-iap-dead-from"] = delivery.routingKey
+        var message = OutgoingMessage(routingKey: queue, body: delivery.body, headers: headers, messageId: delivery.messageId)
+        message.contentEncoding = delivery.contentEncoding
         do {
-            try await publish(
-                OutgoingMessage(routingKey: queue, body: delivery.body, headers: headers, messageId: delivery.messageId))
+            try await publish(message)
             try await delivery.ack()
         } catch {
             try? await delivery.reject(requeue: false)

@@ -19,6 +19,9 @@ public struct OutgoingMessage: Sendable, Equatable {
     /// Whether a message that reaches no queue fails its publish (`unroutable`). True for work
     /// queues, where it would be lost; false for events nobody may subscribe to yet.
     public var mandatory: Bool = true
+    /// How `body` is encoded (AMQP's `content-encoding`: a `ContentEncoding` raw value), or
+    /// nil for a body as it is.
+    public var contentEncoding: String?
 
     /// Creates a persistent message.
     public init(
@@ -51,6 +54,15 @@ public struct AMQPDelivery: Sendable {
     public var redelivered: Bool
     /// The message id, if the publisher set one.
     public var messageId: String?
+    /// How `body` is encoded (AMQP's `content-encoding`), if the publisher said.
+    public var contentEncoding: String?
+
+    /// The body as its publisher wrote it, decoded when the message names a content
+    /// encoding; throws `undecodable` for an encoding this module does not read, or a body
+    /// that is not what its encoding says.
+    public func decodedBody() throws(AMQPError) -> [UInt8] {
+        try ContentEncoding.decode(body, named: contentEncoding)
+    }
 
     let deliveryTag: UInt64
     let channel: UInt16

@@ -192,6 +192,10 @@ final class ConnectionWorker {
             properties._flags |= amqp_flags_t(AMQP_BASIC_MESSAGE_ID_FLAG)
             properties.message_id = arena.bytes(messageId)
         }
+        if let contentEncoding = publish.message.contentEncoding {
+            properties._flags |= amqp_flags_t(AMQP_BASIC_CONTENT_ENCODING_FLAG)
+            properties.content_encoding = arena.bytes(contentEncoding)
+        }
         if let priority = publish.message.priority {
             properties._flags |= amqp_flags_t(AMQP_BASIC_PRIORITY_FLAG)
             properties.priority = priority
@@ -309,9 +313,11 @@ final class ConnectionWorker {
         }
         let messageId =
             flags & amqp_flags_t(AMQP_BASIC_MESSAGE_ID_FLAG) != 0 ? message.properties.message_id.string : nil
+        let contentEncoding =
+            flags & amqp_flags_t(AMQP_BASIC_CONTENT_ENCODING_FLAG) != 0 ? message.properties.content_encoding.string : nil
         return AMQPDelivery(
             body: message.body.array, headers: headers, exchange: exchange, routingKey: routingKey,
-            redelivered: redelivered, messageId: messageId, deliveryTag: tag, channel: channel,
+            redelivered: redelivered, messageId: messageId, contentEncoding: contentEncoding, deliveryTag: tag, channel: channel,
             generation: generation, channelEpoch: channel == Self.queryChannel ? queryChannelEpoch : 0,
             mailbox: mailbox)
     }

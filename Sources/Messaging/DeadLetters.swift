@@ -11,6 +11,13 @@ public struct DeadLetters: Sendable {
         public var from: String?
         /// Its message id.
         public var messageId: String?
+        /// How `body` is encoded (AMQP's `content-encoding`), if its publisher said.
+        public var contentEncoding: String?
+
+        /// The body as its publisher wrote it (see `AMQPDelivery.decodedBody()`).
+        public func decodedBody() throws(AMQPError) -> [UInt8] {
+            try ContentEncoding.decode(body, named: contentEncoding)
+        }
     }
 
     private let connection: AMQPConnection
@@ -36,7 +43,7 @@ public struct DeadLetters: Sendable {
             Entry(
                 body: $0.body, reason: $0.headers["x-iap-dead-reason"] ?? $0.headers["x-last-death-reason"],
                 from: $0.headers["x-iap-dead-from"] ?? $0.headers["x-last-death-queue"],
-                messageId: $0.messageId)
+                messageId: $0.messageId, contentEncoding: $0.contentEncoding)
         }
     }
 
@@ -58,11 +65,11 @@ public struct DeadLetters: Sendable {
             }
             let target = headers.removeValue(forKey: "x-iap-dead-from") ?? brokerQueue ?? fallback
             headers["x-iap-redriven-reason"] = headers.removeValue(forKey: "x-iap-dead-reason") ?? brokerReason
+            var message = OutgoingMessage(
+                routingKey: target, body: delivery.body, headers: headers, messageId: delivery.messageId, priority: priority)
+            message.contentEncoding = delivery.contentEncoding
             do {
-                try await connection.publish(
-                    OutgoingMessage(
-                        routingKey: target, body: delivery.body, headers: headers, messageId: delivery.messageId,
-                        priority: priority))
+                try await connection.publish(message)
                 try await delivery.ack()
                 moved += 1
             } catch {

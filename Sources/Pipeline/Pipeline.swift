@@ -65,6 +65,9 @@ public struct PipelineSettings: Sendable {
     public var storeKit: StoreKitSettings = .init()
     /// Benchmarks only: the intake verifies inside the HTTP request (see `IntakeSettings.inlineVerifier`).
     public var inlineVerification = false
+    /// How the outbox relay encodes verify messages (nil: as they are); the verifier's own
+    /// messages follow `verifier.messageEncoding`.
+    public var messageEncoding: ContentEncoding? = .deflate
     /// Customer service's console (`/admin/`, beside the admin routes): viewer tokens, cookies, sessions.
     public var console = ConsoleSettings()
     /// Scheduled reconciliation with Apple in the process that runs the finisher, when the
@@ -246,7 +249,8 @@ public struct Pipeline: Sendable {
         var last: [any Service] = []
         // One outbox relay per process that writes the store: uploads (intake) and events (finisher).
         if let store = shared.store, let publisher = shared.publisher {
-            middle.append(OutboxRelay(store: store, publisher: publisher, logger: logger))
+            middle.append(
+                OutboxRelay(store: store, publisher: publisher, verifyEncoding: settings.messageEncoding, logger: logger))
         }
         if roles.contains(.intake) {
             let services = try intakeServices(settings: settings, shared: shared, logger: logger, onListening: onListening)

@@ -20,6 +20,8 @@ public struct VerifierSettings: Sendable {
     public var sandboxPolicy: SandboxPolicy
     /// When to stop calling Apple during an outage.
     public var circuitBreaker: CircuitBreaker.Settings
+    /// How the retries and results this verifier publishes are encoded (nil: as they are).
+    public var messageEncoding: ContentEncoding? = .deflate
 
     /// Creates settings.
     public init(
@@ -126,13 +128,10 @@ public final class VerifierService: Service, Sendable {
             attempt: request.attempt, outcome: .retryLater(.appleUnavailable, message: "Apple is failing; verification paused"),
             nextAttemptAt: Date().addingTimeInterval(TimeInterval(wait) / 1000))
         return [
-            OutgoingMessage(
-                routingKey: settings.names.verifyRetry(delaySeconds: level), body: try codec.encode(request),
-                messageId: request.submissionId.uuidString, priority: VerifyPriority.retry,
-                expiration: .milliseconds(wait)),
-            OutgoingMessage(
-                routingKey: settings.names.results, body: try codec.encode(result),
-                messageId: request.submissionId.uuidString),
+            try message(
+                settings.names.verifyRetry(delaySeconds: level), request, messageId: request.submissionId.uuidString,
+                priority: VerifyPriority.retry, expiration: .milliseconds(wait)),
+            try message(settings.names.results, result, messageId: request.submissionId.uuidString),
         ]
     }
 
@@ -171,7 +170,8 @@ public final class VerifierService: Service, Sendable {
     @inline(never)
     private func decodeRequest(_ delivery: AMQPDelivery) -> Result<VerifyRequest, UndecodableRequest> {
         do {
-            return .success(try codec.decode(VerifyRequest.self, from: delivery.body))
+            // Deflated or not (`content-encoding`), as the relay published it.
+            return .success(try codec.decode(VerifyRequest.self, from: try delivery.decodedBody()))
         } catch {
             logger.error(
                 "undecodable verify message sent to the dead-letter queue",
@@ -226,20 +226,28 @@ public final class VerifierService: Service, Sendable {
                 next.attempt += 1
                 if reason == .appleMalformed { next.malformedAnswers = (request.malformedAnswers ?? 0) + 1 }
                 messages.append(
-                    OutgoingMessage(
-                        routingKey: settings.names.verifyRetry(delaySeconds: level), body: try codec.encode(next),
-                        messageId: request.submissionId.uuidString, priority: VerifyPriority.retry,
-                        expiration: .milliseconds(wait)))
+                    try message(
+                        settings.names.verifyRetry(delaySeconds: level), next, messageId: request.submissionId.uuidString,
+                        priority: VerifyPriority.retry, expiration: .milliseconds(wait)))
                 result.nextAttemptAt = now.addingTimeInterval(TimeInterval(wait) / 1000)
                 Counter(label: MetricNames.retries).increment()
                 logger.info("verification will be retried", metadata: metadata)
             }
         }
-        messages.append(
-            OutgoingMessage(
-                routingKey: settings.names.results, body: try codec.encode(result),
-                messageId: request.submissionId.uuidString))
+        messages.append(try message(settings.names.results, result, messageId: request.submissionId.uuidString))
         return messages
+    }
+
+    /// `value` as a message to `routingKey`, in the settings' encoding.
+    private func message(
+        _ routingKey: String, _ value: some Encodable, messageId: String, priority: UInt8? = nil, expiration: Duration? = nil
+    ) throws -> OutgoingMessage {
+        var body = try codec.encode(value)
+        if let encoding = settings.messageEncoding { body = try encoding.encode(body) }
+        var message = OutgoingMessage(
+            routingKey: routingKey, body: body, messageId: messageId, priority: priority, expiration: expiration)
+        message.contentEncoding = settings.messageEncoding?.rawValue
+        return message
     }
 
     /// Gives the upload back to the queue after a failed publish or ack (or, should it ever

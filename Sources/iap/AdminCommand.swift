@@ -86,15 +86,16 @@ struct DeadLettersCommand: AsyncParsableCommand {
         fields["from"] = entry.from
         fields["messageId"] = entry.messageId
         let codec = MessageCodec()
-        if let request = try? codec.decode(VerifyRequest.self, from: entry.body) {
+        let body = (try? entry.decodedBody()) ?? entry.body
+        if let request = try? codec.decode(VerifyRequest.self, from: body) {
             fields["submissionId"] = request.submissionId.uuidString
             fields["userId"] = request.userId
             fields["attempt"] = String(request.attempt)
-        } else if let result = try? codec.decode(VerifyResult.self, from: entry.body) {
+        } else if let result = try? codec.decode(VerifyResult.self, from: body) {
             fields["submissionId"] = result.submissionId.uuidString
             fields["attempt"] = String(result.attempt)
         } else {
-            fields["preview"] = String(String(decoding: entry.body.prefix(120), as: UTF8.self))
+            fields["preview"] = String(String(decoding: body.prefix(120), as: UTF8.self))
         }
         let data = (try? JSONSerialization.data(withJSONObject: fields, options: [.sortedKeys])) ?? Data()
         return String(decoding: data, as: UTF8.self)

@@ -87,6 +87,8 @@ private func pipelineSettings(
             sandboxPolicy: try verifier?.sandboxPolicy() ?? VerifierOptions.sandboxPolicy(),
             restorePolicy: try VerifierOptions.restorePolicy()))
     settings.postgres = try store?.postgres()
+    settings.messageEncoding = try broker.encoding()
+    settings.verifier.messageEncoding = settings.messageEncoding
     return settings
 }
 

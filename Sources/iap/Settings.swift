@@ -120,6 +120,19 @@ struct BrokerOptions: ParsableArguments {
     @Option(name: .long, help: ArgumentHelp(Setting.queueDeliveryLimit.help))
     var queueDeliveryLimit: Int?
 
+    @Option(name: .long, help: ArgumentHelp(Setting.messageEncoding.help))
+    var messageEncoding: String?
+
+    /// IAP_MESSAGE_ENCODING: nil for identity.
+    func encoding() throws -> ContentEncoding? {
+        let value = SettingReader().string(messageEncoding, .messageEncoding)
+        if value == "identity" { return nil }
+        guard let encoding = ContentEncoding(rawValue: value) else {
+            throw ValidationError("\(Setting.messageEncoding.variable) must be deflate or identity, got '\(value)'")
+        }
+        return encoding
+    }
+
     /// IAP_AMQP_URL: one URL, or the comma-separated URLs of a cluster's nodes.
     /// It carries the broker password: from the environment or a file only, never a flag.
     private func url() throws -> String {

@@ -64,6 +64,9 @@ struct CommandLineTests {
         let missing = try await iap(["verifier"])
         #expect(missing.status != 0)
         #expect(missing.output.contains("IAP_BUNDLE_IDS"), "\(missing.output)")
+        let encoding = try await iap(["verifier", "--bundle-ids", "com.example.demo"], environment: ["IAP_MESSAGE_ENCODING": "gzip"])
+        #expect(encoding.status != 0)
+        #expect(encoding.output.contains("IAP_MESSAGE_ENCODING must be deflate or identity, got 'gzip'"), "\(encoding.output)")
     }
 
     @Test func theIntakeRefusesToStartWithoutAKeyForUserTokens() async throws {

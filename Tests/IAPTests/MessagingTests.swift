@@ -110,6 +110,32 @@ extension BrokerTests {
             await connection.close()
         }
 
+        /// A body's `content-encoding` travels with it: to a consumer, into a dead-letter
+        /// queue by `deadLetter`, through an operator's listing and back by `redrive`.
+        @Test func aDeflatedBodyKeepsItsEncodingThroughDeadLetteringAndRedrive() async throws {
+            let queues = Queues("encoding")
+            let connection = try await connect(queues)
+            let text = Array(String(repeating: "a receipt repeats itself; ", count: 200).utf8)
+            var message = OutgoingMessage(routingKey: queues.work, body: try ContentEncoding.deflate.encode(text))
+            message.contentEncoding = ContentEncoding.deflate.rawValue
+            try await connection.publish(message)
+            let delivery = try #require(try await connection.get(queues.work))
+            #expect(delivery.contentEncoding == "deflate" && delivery.body.count < text.count / 10)
+            #expect(try delivery.decodedBody() == text)
+
+            await connection.deadLetter(delivery, to: queues.dead, reason: "a test")
+            let listed = try await DeadLetters(connection: connection).list(queues.dead, limit: 5)
+            #expect(listed.count == 1 && listed.first?.contentEncoding == "deflate" && listed.first?.reason == "a test")
+            #expect(try listed.first?.decodedBody() == text)
+
+            #expect(try await DeadLetters(connection: connection).redrive(queues.dead, fallback: queues.work, limit: 5) == 1)
+            let back = try #require(try await connection.get(queues.work))
+            #expect(back.contentEncoding == "deflate")
+            #expect(try back.decodedBody() == text)
+            try await back.ack()
+            await connection.close()
+        }
+
         @Test func requeuedMessageIsDeliveredAgain() async throws {
             let queues = Queues("requeue")
             let connection = try await connect(queues)

@@ -85,6 +85,23 @@ struct RelayTests {
         await store.close()
     }
 
+    /// `IAP_MESSAGE_ENCODING=identity`: verify messages go out as they are, for verifiers of a
+    /// release that does not read deflate.
+    @Test func aRelayWithoutAnEncodingPublishesTheBodyAsItIs() async throws {
+        let store = try await makeStore(.sqlite)
+        let request = VerifyRequest(submissionId: UUID(), userId: "ana", receiptData: "MIIT", acceptedAt: Date())
+        try await store.accept(request, message: .verify(request, routingKey: "verify", priority: VerifyPriority.firstAttempt))
+        let published = NIOLockedValueBox([OutgoingMessage]())
+        let relay = OutboxRelay(
+            store: store, publisher: Publishing { message in published.withLockedValue { $0.append(message) } },
+            verifyEncoding: nil, logger: Logger(label: "iap.tests.relay"))
+        #expect(await relay.relayBatch() == 1)
+        let message = try #require(published.withLockedValue { $0 }.first)
+        #expect(message.contentEncoding == nil)
+        #expect(try MessageCodec().decode(VerifyRequest.self, from: message.body).submissionId == request.submissionId)
+        await store.close()
+    }
+
     /// A verify message names its submission and is built from the submission's row when it is
     /// published: the receipt is stored once, and the message carries everything the app sent.
     /// A message whose submission is gone (purged) is dropped, not retried forever.
@@ -107,7 +124,11 @@ struct RelayTests {
         let message = try #require(published.withLockedValue { $0 }.first)
         #expect(message.routingKey == "verify" && message.priority == VerifyPriority.firstAttempt && message.mandatory)
         #expect(message.messageId == request.submissionId.uuidString)
-        let sent = try MessageCodec().decode(VerifyRequest.self, from: message.body)
+        // Deflated on the wire (the default), as the verifiers read it.
+        #expect(message.contentEncoding == "deflate")
+        let body = try ContentEncoding.decode(message.body, named: message.contentEncoding)
+        #expect(message.body.count < body.count * 2 / 3, "\(message.body.count) of \(body.count) bytes")
+        let sent = try MessageCodec().decode(VerifyRequest.self, from: body)
         #expect(sent.submissionId == request.submissionId && sent.userId == "ana" && sent.attempt == 1)
         #expect(sent.receiptData == request.receiptData)
         #expect(sent.transactionId == "t2" && sent.originalTransactionId == "t1" && sent.productId == "com.example.gems")

@@ -62,6 +62,42 @@ extension BrokerTests {
             await connection.close()
         }
 
+        /// A verify message deflated by its publisher (AMQP's `content-encoding`) is read and
+        /// credited; one in an encoding no verifier reads is dead-lettered saying so, and the
+        /// operator's listing still names its submission when the encoding is one it reads.
+        @Test func aDeflatedVerifyMessageIsCreditedAndAnUnknownEncodingIsDeadLettered() async throws {
+            let pipeline = try await PipelineHarness.start(name: "encoding")
+            Teardown.add { await pipeline.stop() }
+            let names = pipeline.names
+            let purchase = try await pipeline.mint()
+            let request = VerifyRequest(
+                submissionId: UUID(), userId: "olga", receiptData: purchase.receiptData, acceptedAt: Date())
+            // Accepted, its own message parked where no verifier reads; the deflated copy goes to the verifiers.
+            try await pipeline.store.accept(
+                request, message: OutboxMessage(routingKey: names.verifyDead, body: try MessageCodec().encode(request)))
+            let connection = AMQPConnection(
+                configuration: try TestBroker.configuration(),
+                topology: .pipeline(names, retrySchedule: RetrySchedule(delaysSeconds: [1])), logger: TestBroker.logger)
+            #expect(await connection.waitUntilConnected(timeout: .seconds(15)))
+            Teardown.add { await connection.close() }
+            let plain = try MessageCodec().encode(request)
+            var deflated = OutgoingMessage(routingKey: names.verify, body: try ContentEncoding.deflate.encode(plain))
+            deflated.contentEncoding = ContentEncoding.deflate.rawValue
+            #expect(deflated.body.count < plain.count * 2 / 3, "\(deflated.body.count) of \(plain.count) bytes")
+            try await connection.publish(deflated)
+            let status = try await pipeline.waitForState(request.submissionId.uuidString, timeout: .seconds(30))
+            #expect(status["state"] as? String == "credited")
+
+            var unknown = OutgoingMessage(routingKey: names.verify, body: plain)
+            unknown.contentEncoding = "br"
+            try await connection.publish(unknown)
+            #expect(try await eventually { try await connection.queueStatus(names.verifyDead).messageCount == 2 })
+            let listed = try await DeadLetters(connection: connection).list(names.verifyDead, limit: 10)
+            let refused = try #require(listed.first { $0.contentEncoding == "br" }, "\(listed.map(\.reason))")
+            #expect(refused.reason?.contains("content-encoding 'br'") == true, "\(refused.reason ?? "")")
+            #expect(refused.body == plain)
+        }
+
         @Test func lostMessageIsRecoveredByTheSweeper() async throws {
             let pipeline = try await PipelineHarness.start(
                 name: "sweeper",
