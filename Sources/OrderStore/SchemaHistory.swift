@@ -661,6 +661,19 @@ enum SchemaHistory {
             postgres: """
                 ALTER TABLE outbox ADD COLUMN submissionId TEXT COLLATE "C";
                 """),
+        SchemaStep(
+            version: 14, name: "room on the outbox's pages for its claims",
+            sqlite: """
+                -- PostgreSQL only: SQLite has one relay, which claims nothing.
+                """,
+            // A relay claims each row (an UPDATE of claimedBy and claimedUntil, which no index
+            // holds) before it publishes. With the pages packed full the new version goes to
+            // another page and every index of the table gets an entry for it; with half of
+            // each page kept free it stays on its page (a heap-only update) and no index is
+            // written. The rows live for a moment: the space costs nothing.
+            postgres: """
+                ALTER TABLE outbox SET (fillfactor = 50);
+                """),
     ]
 
     /// SQLite's migrations: each step under the name it has always had in GRDB's table.

@@ -260,7 +260,7 @@ extension BrokerTests {
             var held: [AMQPDelivery] = []
             while let delivery = try await listener.get(names.results) {
                 _ = try await pipeline.store.applyCounting(
-                    try MessageCodec().decode(VerifyResult.self, from: delivery.body), policy: policy)
+                    try MessageCodec().decode(VerifyResult.self, from: try delivery.decodedBody()), policy: policy)
                 held.append(delivery)
             }
             #expect(held.count == 5)

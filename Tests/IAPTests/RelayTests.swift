@@ -85,6 +85,34 @@ struct RelayTests {
         await store.close()
     }
 
+    /// On PostgreSQL a relay claims each outbox row (an `UPDATE`) before it publishes. The room
+    /// kept free on the outbox's pages lets the claims stay on their pages (heap-only updates),
+    /// so that no index of the outbox is written for them; packed full, most were not.
+    @Test(.needsPostgres) func claimsOnPostgreSQLWriteNoIndexEntries() async throws {
+        let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-relay-\(UUID().uuidString)")
+        let store = try await TestStore.open(in: folder, on: .postgres)
+        for index in 0..<300 {
+            try await store.accept(request("u\(index)"), message: OutboxMessage(routingKey: "verify", body: Array(repeating: 7, count: 200)))
+        }
+        let relay = OutboxRelay(store: store, publisher: Publishing { _ in }, batchSize: 50, logger: Logger(label: "iap.tests.relay"))
+        var relayed = 0
+        for _ in 0..<20 where relayed < 300 { relayed += await relay.relayBatch() }
+        #expect(relayed == 300)
+        // Each connection's statistics reach the server when it ends.
+        await store.close()
+        let reader = try await TestStore.open(in: folder, on: .postgres)
+        var updates = 0
+        var heapOnly = 0
+        #expect(
+            try await eventually {
+                updates = try await reader.testValue("SELECT n_tup_upd FROM pg_stat_user_tables WHERE relname = 'outbox'") ?? 0
+                heapOnly = try await reader.testValue("SELECT n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'outbox'") ?? 0
+                return updates >= 300
+            })
+        #expect(heapOnly * 10 >= updates * 9, "\(heapOnly) of \(updates) claims were heap-only")
+        await reader.close()
+    }
+
     /// `IAP_MESSAGE_ENCODING=identity`: verify messages go out as they are, for verifiers of a
     /// release that does not read deflate.
     @Test func aRelayWithoutAnEncodingPublishesTheBodyAsItIs() async throws {
