@@ -62,23 +62,30 @@ extension BrokerTests {
             await connection.close()
         }
 
+        /// An upload accepted with its message parked in the verify dead letters (as after an
+        /// operator's purge or a bug), and a connection to the pipeline's queues.
+        func parkedUpload(in pipeline: PipelineHarness, by user: String) async throws -> (VerifyRequest, AMQPConnection) {
+            let purchase = try await pipeline.mint()
+            let request = VerifyRequest(
+                submissionId: UUID(), userId: user, receiptData: purchase.receiptData, acceptedAt: Date())
+            try await pipeline.store.accept(
+                request, message: OutboxMessage(routingKey: pipeline.names.verifyDead, body: try MessageCodec().encode(request)))
+            let connection = AMQPConnection(
+                configuration: try TestBroker.configuration(),
+                topology: .pipeline(pipeline.names, retrySchedule: RetrySchedule(delaysSeconds: [1])), logger: TestBroker.logger)
+            #expect(await connection.waitUntilConnected(timeout: .seconds(15)))
+            return (request, connection)
+        }
+
         /// A verify message deflated by its publisher (AMQP's `content-encoding`) is read and
-        /// credited; one in an encoding no verifier reads is dead-lettered saying so, and the
-        /// operator's listing still names its submission when the encoding is one it reads.
+        /// credited; one in an encoding no verifier reads is dead-lettered saying so, listed
+        /// with its encoding and its body as it came.
         @Test func aDeflatedVerifyMessageIsCreditedAndAnUnknownEncodingIsDeadLettered() async throws {
             let pipeline = try await PipelineHarness.start(name: "encoding")
             Teardown.add { await pipeline.stop() }
             let names = pipeline.names
-            let purchase = try await pipeline.mint()
-            let request = VerifyRequest(
-                submissionId: UUID(), userId: "olga", receiptData: purchase.receiptData, acceptedAt: Date())
-            // Accepted, its own message parked where no verifier reads; the deflated copy goes to the verifiers.
-            try await pipeline.store.accept(
-                request, message: OutboxMessage(routingKey: names.verifyDead, body: try MessageCodec().encode(request)))
-            let connection = AMQPConnection(
-                configuration: try TestBroker.configuration(),
-                topology: .pipeline(names, retrySchedule: RetrySchedule(delaysSeconds: [1])), logger: TestBroker.logger)
-            #expect(await connection.waitUntilConnected(timeout: .seconds(15)))
+            // The upload's own message is parked; a deflated copy goes to the verifiers.
+            let (request, connection) = try await parkedUpload(in: pipeline, by: "olga")
             Teardown.add { await connection.close() }
             let plain = try MessageCodec().encode(request)
             var deflated = OutgoingMessage(routingKey: names.verify, body: try ContentEncoding.deflate.encode(plain))
@@ -119,16 +126,7 @@ extension BrokerTests {
             let pipeline = try await PipelineHarness.start(name: "redrive")
             Teardown.add { await pipeline.stop() }
             let names = pipeline.names
-            let purchase = try await pipeline.mint()
-            // An accepted upload whose message ended up dead (as after an operator's purge or a bug).
-            let request = VerifyRequest(
-                submissionId: UUID(), userId: "ivan", receiptData: purchase.receiptData, acceptedAt: Date())
-            try await pipeline.store.accept(
-                request, message: OutboxMessage(routingKey: names.verifyDead, body: try MessageCodec().encode(request)))
-            let connection = AMQPConnection(
-                configuration: try TestBroker.configuration(),
-                topology: .pipeline(names, retrySchedule: RetrySchedule(delaysSeconds: [1])), logger: TestBroker.logger)
-            #expect(await connection.waitUntilConnected(timeout: .seconds(15)))
+            let (request, connection) = try await parkedUpload(in: pipeline, by: "ivan")
             #expect(try await eventually { try await connection.queueStatus(names.verifyDead).messageCount == 1 })
             #expect(try await pipeline.status(request.submissionId.uuidString)["state"] as? String == "pending")
 
