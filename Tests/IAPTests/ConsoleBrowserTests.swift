@@ -32,14 +32,7 @@ extension BrokerTests {
             let orderId = try #require(held.orderId)
 
             // An accepted upload whose message ended up dead (as after an operator's purge or a bug).
-            let dead = try await pipeline.mint()
-            let request = VerifyRequest(submissionId: UUID(), userId: "dave", receiptData: dead.receiptData, acceptedAt: Date())
-            try await pipeline.store.accept(
-                request, message: OutboxMessage(routingKey: pipeline.names.verifyDead, body: try MessageCodec().encode(request)))
-            let connection = AMQPConnection(
-                configuration: try TestBroker.configuration(),
-                topology: .pipeline(pipeline.names, retrySchedule: RetrySchedule(delaysSeconds: [1])), logger: TestBroker.logger)
-            #expect(await connection.waitUntilConnected(timeout: .seconds(15)))
+            let (request, connection) = try await pipeline.parkedUpload(by: "dave")
             #expect(try await eventually { try await connection.queueStatus(pipeline.names.verifyDead).messageCount == 1 })
             await connection.close()
 

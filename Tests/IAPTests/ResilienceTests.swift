@@ -62,21 +62,6 @@ extension BrokerTests {
             await connection.close()
         }
 
-        /// An upload accepted with its message parked in the verify dead letters (as after an
-        /// operator's purge or a bug), and a connection to the pipeline's queues.
-        func parkedUpload(in pipeline: PipelineHarness, by user: String) async throws -> (VerifyRequest, AMQPConnection) {
-            let purchase = try await pipeline.mint()
-            let request = VerifyRequest(
-                submissionId: UUID(), userId: user, receiptData: purchase.receiptData, acceptedAt: Date())
-            try await pipeline.store.accept(
-                request, message: OutboxMessage(routingKey: pipeline.names.verifyDead, body: try MessageCodec().encode(request)))
-            let connection = AMQPConnection(
-                configuration: try TestBroker.configuration(),
-                topology: .pipeline(pipeline.names, retrySchedule: RetrySchedule(delaysSeconds: [1])), logger: TestBroker.logger)
-            #expect(await connection.waitUntilConnected(timeout: .seconds(15)))
-            return (request, connection)
-        }
-
         /// A verify message deflated by its publisher (AMQP's `content-encoding`) is read and
         /// credited; one in an encoding no verifier reads is dead-lettered saying so, listed
         /// with its encoding and its body as it came.
@@ -85,7 +70,7 @@ extension BrokerTests {
             Teardown.add { await pipeline.stop() }
             let names = pipeline.names
             // The upload's own message is parked; a deflated copy goes to the verifiers.
-            let (request, connection) = try await parkedUpload(in: pipeline, by: "olga")
+            let (request, connection) = try await pipeline.parkedUpload(by: "olga")
             Teardown.add { await connection.close() }
             let plain = try MessageCodec().encode(request)
             var deflated = OutgoingMessage(routingKey: names.verify, body: try ContentEncoding.deflate.encode(plain))
@@ -126,7 +111,7 @@ extension BrokerTests {
             let pipeline = try await PipelineHarness.start(name: "redrive")
             Teardown.add { await pipeline.stop() }
             let names = pipeline.names
-            let (request, connection) = try await parkedUpload(in: pipeline, by: "ivan")
+            let (request, connection) = try await pipeline.parkedUpload(by: "ivan")
             #expect(try await eventually { try await connection.queueStatus(names.verifyDead).messageCount == 1 })
             #expect(try await pipeline.status(request.submissionId.uuidString)["state"] as? String == "pending")
 

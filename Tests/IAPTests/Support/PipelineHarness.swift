@@ -15,6 +15,7 @@ import NIOFoundationCompat
 import NIOHTTP1
 import OrderStore
 import Pipeline
+import Relay
 import ServiceLifecycle
 import Testing
 import Verifier
@@ -346,5 +347,20 @@ enum HTTP {
         let response = try await HTTPClient.shared.execute(request, timeout: .seconds(30))
         let bytes = try await response.body.collect(upTo: 64 * 1024 * 1024)
         return Answer(status: Int(response.status.code), body: Data(buffer: bytes), headers: response.headers)
+    }
+}
+
+extension PipelineHarness {
+    /// An upload accepted with its message parked in the verify dead letters (as after an
+    /// operator's purge or a bug), and a connection to this pipeline's queues.
+    func parkedUpload(by user: String) async throws -> (VerifyRequest, AMQPConnection) {
+        let purchase = try await mint()
+        let request = VerifyRequest(submissionId: UUID(), userId: user, receiptData: purchase.receiptData, acceptedAt: Date())
+        try await store.accept(request, message: OutboxMessage(routingKey: names.verifyDead, body: try MessageCodec().encode(request)))
+        let connection = AMQPConnection(
+            configuration: try TestBroker.configuration(),
+            topology: .pipeline(names, retrySchedule: RetrySchedule(delaysSeconds: [1])), logger: TestBroker.logger)
+        #expect(await connection.waitUntilConnected(timeout: .seconds(15)))
+        return (request, connection)
     }
 }
