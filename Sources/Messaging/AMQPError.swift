@@ -24,8 +24,8 @@ public struct AMQPError: Error, Sendable, CustomStringConvertible {
         public static let cancelled = Code(rawValue: "cancelled")
         /// The connection or a protocol operation failed.
         public static let connectionFailed = Code(rawValue: "connection_failed")
-        /// A body's `content-encoding` is not one this module reads, or the body is not what
-        /// its encoding says.
+        /// A body's `content-encoding` is not one this module reads, the body is not what its
+        /// encoding says, or (never seen) zlib could not encode one.
         public static let undecodable = Code(rawValue: "undecodable")
     }
 

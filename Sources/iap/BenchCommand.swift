@@ -419,8 +419,7 @@ final class BenchCluster: @unchecked Sendable {
     /// Starts the cluster; verifiers too unless `verifiersLater` (then `startVerifiers`).
     static func start(
         inline: Bool, verifiers: Int, verifierConcurrency: Int, verifiersLater: Bool, orders: Int = 1, ordersCPU: Double? = nil,
-        databaseURL: String? = nil,
-        amqpURL: String? = nil
+        databaseURL: String? = nil, amqpURL: String? = nil
     ) async throws -> BenchCluster {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-bench-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
@@ -465,7 +464,6 @@ final class BenchCluster: @unchecked Sendable {
         let cluster = BenchCluster(
             intakeURLs: intakeURLs, fakeURL: fakeURL, databasePath: databasePath, folder: folder, environment: environment,
             ordersCPU: ordersCPU)
-
         do {
             if inline {
                 try cluster.launch("dev", role: "dev")
