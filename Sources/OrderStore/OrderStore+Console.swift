@@ -404,14 +404,14 @@ extension OrderStore {
             return try await database.write { db throws -> VerifyRequest in
                 guard
                     let row = try await db.row(sql: """
-                            SELECT \(Self.submissionColumns), state FROM submission WHERE id = ?
+                            SELECT \(Self.submissionColumns), state FROM \(StoredReceipt.source) WHERE id = ?
                             """, arguments: [id.uuidString])
                 else { throw OrderStoreError(.notFound, "no submission \(id)") }
                 let state: String = row["state"]
                 guard ["pending", "retrying", "needs_review"].contains(state) else {
                     throw OrderStoreError(.conflict, "submission \(id) is \(state) already")
                 }
-                let request = Self.nextAttempt(of: row, id: id)
+                let request = try Self.nextAttempt(of: row, id: id)
                 try await Self.insert(try message(request), now: now, in: db)
                 try await db.execute(
                     sql: """

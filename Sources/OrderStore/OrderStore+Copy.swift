@@ -39,6 +39,7 @@ extension OrderStore {
     /// name a row (its primary key) for ordering.
     static let ledgerTables: [(name: String, key: String)] = [
         ("submission", "id"),
+        ("submission_receipt", "submissionId"),
         ("orders", "id"),
         ("purchase", "transactionId"),
         ("grants", "id"),

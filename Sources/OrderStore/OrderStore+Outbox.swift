@@ -137,11 +137,12 @@ extension OrderStore {
         let ids = Set(messages.compactMap(\.submissionId)).map(\.uuidString)
         guard !ids.isEmpty else { return messages }
         let rows = try await db.rows(
-            sql: "SELECT \(submissionColumns) FROM submission WHERE id IN (\(sqlMarks(ids.count)))", arguments: SQLArguments(ids))
+            sql: "SELECT \(submissionColumns) FROM \(StoredReceipt.source) WHERE id IN (\(sqlMarks(ids.count)))",
+            arguments: SQLArguments(ids))
         var requests: [SubmissionID: VerifyRequest] = [:]
         for row in rows {
             guard let id = UUID(uuidString: row["id"]) else { continue }
-            requests[id] = nextAttempt(of: row, id: id)
+            requests[id] = try nextAttempt(of: row, id: id)
         }
         return messages.map { message in
             var message = message

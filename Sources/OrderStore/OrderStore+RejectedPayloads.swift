@@ -14,16 +14,20 @@ extension OrderStore {
             try await database.write { db in
                 guard
                     let row = try await db.row(
-                        sql: "SELECT receiptData, signedTransaction, signedPayload FROM submission WHERE id = ? AND state = 'rejected'",
+                        sql: """
+                            SELECT id, \(StoredReceipt.columns), signedTransaction, signedPayload FROM \(StoredReceipt.source)
+                            WHERE id = ? AND state = 'rejected'
+                            """,
                         arguments: [id.uuidString])
                 else { return }
-                let receipt: String = row["receiptData"]
+                let receipt = try StoredReceipt.text(of: row)
                 let transaction: String? = row["signedTransaction"]
                 let payload: String? = row["signedPayload"]
                 let shorten = { (text: String) in text.utf8.count > 1024 ? digest(text) : text }
                 try await db.execute(
                     sql: "UPDATE submission SET receiptData = ?, signedTransaction = ?, signedPayload = ? WHERE id = ? AND state = 'rejected'",
                     arguments: [shorten(receipt), transaction.map(shorten), payload.map(shorten), id.uuidString])
+                try await db.execute(sql: "DELETE FROM submission_receipt WHERE submissionId = ?", arguments: [id.uuidString])
             }
         } catch let error as OrderStoreError {
             throw error

@@ -30,6 +30,8 @@ extension OrderStore {
                 let list = sqlMarks(ids.count)
                 try await db.execute(
                     sql: "DELETE FROM submission_transaction WHERE submissionId IN (\(list))", arguments: SQLArguments(ids))
+                try await db.execute(
+                    sql: "DELETE FROM submission_receipt WHERE submissionId IN (\(list))", arguments: SQLArguments(ids))
                 try await db.execute(sql: "DELETE FROM submission WHERE id IN (\(list))", arguments: SQLArguments(ids))
                 return db.changesCount
             }

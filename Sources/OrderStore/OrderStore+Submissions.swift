@@ -85,7 +85,7 @@ extension OrderStore {
         do {
             // Both rows in one write (one round trip on PostgreSQL, with no savepoint).
             try await acceptCommit.write(keys: ["submission:" + request.submissionId.uuidString]) { db in
-                var statements = [Self.submissionStatement(request)]
+                var statements = StoredReceipt.statements(for: request)
                 if let message { statements.append(Self.insertStatement(message, now: request.acceptedAt)) }
                 try await db.executeLater(statements)
             }
@@ -97,11 +97,12 @@ extension OrderStore {
 
     /// Writes an accepted upload as a `pending` submission.
     static func insertSubmission(_ request: VerifyRequest, in db: any SQLConnection) async throws {
-        try await db.executeLater([submissionStatement(request)])
+        try await db.executeLater(StoredReceipt.statements(for: request))
     }
 
-    /// The row of an accepted upload, a `pending` submission.
-    static func submissionStatement(_ request: VerifyRequest) -> SQLStatement {
+    /// The row of an accepted upload, a `pending` submission, with `receiptData` for its
+    /// receipt (empty when the receipt is kept deflated: `StoredReceipt`).
+    static func submissionStatement(_ request: VerifyRequest, receiptData: String) -> SQLStatement {
         SQLStatement(
             """
             INSERT INTO submission (id, userId, orderId, transactionId, originalTransactionId, productId,
@@ -110,7 +111,7 @@ extension OrderStore {
             """,
             [
                 request.submissionId.uuidString, request.userId, request.orderId, request.transactionId,
-                request.originalTransactionId, request.productId, request.receiptData, request.signedTransaction, request.signedPayload, request.acceptedAt,
+                request.originalTransactionId, request.productId, receiptData, request.signedTransaction, request.signedPayload, request.acceptedAt,
                 request.acceptedAt,
             ])
     }
@@ -120,7 +121,10 @@ extension OrderStore {
         try await database.read { db in
             guard
                 let row = try await db.cachedRow(
-                    sql: "SELECT * FROM submission WHERE id = ?", arguments: [id.uuidString])
+                    sql: """
+                        SELECT submission.*, submission_receipt.submissionId AS receiptOf FROM \(StoredReceipt.source)
+                        WHERE id = ?
+                        """, arguments: [id.uuidString])
             else { return nil }
             var transactions: [SubmissionStatus.Transaction] = []
             for transaction in try await db.rows(
@@ -162,7 +166,8 @@ extension OrderStore {
         if (row["transactionId"] as String?) != nil || (row["signedTransaction"] as String?) != nil { return .transaction }
         if (row["orderId"] as String?) != nil { return .order }
         if (row["signedPayload"] as String?) != nil { return .transaction }
-        return (row["receiptData"] as String).isEmpty ? .transaction : .nothing
+        let receipt = (row["receiptOf"] as String?) != nil || !(row["receiptData"] as String).isEmpty
+        return receipt ? .nothing : .transaction
     }
 
     /// What happened to a transaction since its upload was answered: granted by customer

@@ -14,7 +14,7 @@ extension OrderStore {
             // One sweeper at a time among the order services sharing the store.
             guard try await db.takeExclusive("sweeper") else { return [] }
             let rows = try await db.rows(sql: """
-                    SELECT \(Self.submissionColumns) FROM submission
+                    SELECT \(Self.submissionColumns) FROM \(StoredReceipt.source)
                     WHERE ((state = 'pending' AND updatedAt < ?) OR (state = 'retrying' AND nextAttemptAt < ?))
                         -- Still waiting in the outbox (broker away): not lost, do not copy it.
                         AND NOT EXISTS (SELECT 1 FROM outbox WHERE outbox.messageId = submission.id)
@@ -24,7 +24,7 @@ extension OrderStore {
             var requeued: [VerifyRequest] = []
             for row in rows {
                 guard let id = UUID(uuidString: row["id"]) else { continue }
-                let request = Self.nextAttempt(of: row, id: id)
+                let request = try Self.nextAttempt(of: row, id: id)
                 try await Self.insert(try message(request), now: now, in: db)
                 try await db.execute(
                     sql: """
@@ -52,17 +52,17 @@ extension OrderStore {
 }
 
 extension OrderStore {
-    /// The columns of `submission` that `nextAttempt(of:id:)` reads.
+    /// The columns of `submission` (read from `StoredReceipt.source`) that `nextAttempt(of:id:)` reads.
     static let submissionColumns = """
-        id, userId, orderId, transactionId, originalTransactionId, productId, receiptData, signedTransaction, signedPayload,
-        attempts, acceptedAt
+        id, userId, orderId, transactionId, originalTransactionId, productId, \(StoredReceipt.columns), signedTransaction,
+        signedPayload, attempts, acceptedAt
         """
 
     /// The verify request for the next attempt at a stored submission (a row of `submission`
     /// with `submissionColumns`): everything the app uploaded, with the number of its attempt.
-    static func nextAttempt(of row: SQLRow, id: SubmissionID) -> VerifyRequest {
+    static func nextAttempt(of row: SQLRow, id: SubmissionID) throws -> VerifyRequest {
         var request = VerifyRequest(
-            submissionId: id, userId: row["userId"], receiptData: row["receiptData"],
+            submissionId: id, userId: row["userId"], receiptData: try StoredReceipt.text(of: row),
             transactionId: row["transactionId"], orderId: row["orderId"],
             attempt: (row["attempts"] as Int) + 1, acceptedAt: row["acceptedAt"])
         request.signedTransaction = row["signedTransaction"]

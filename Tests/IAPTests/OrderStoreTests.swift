@@ -1,5 +1,8 @@
+import Compressing
+import FakeAppStore
 import Foundation
 import IAPCore
+import Ledger
 import NIOConcurrencyHelpers
 @testable import OrderStore
 import Testing
@@ -344,5 +347,63 @@ struct OrderStoreTests {
         try await store.markPublished(messages.compactMap(\.id))
         #expect(try await store.outboxBacklog() == 0)
         #expect(try await store.submissionCounts()[.pending] == 2)
+    }
+
+    /// An uploaded app receipt is kept once, its DER bytes deflated in a row nothing updates:
+    /// the submission row holds no copy, the verify message the relay builds and the sweeper's
+    /// next attempt carry the text exactly as the app sent it, and a rejected receipt's digest
+    /// and the retention purge take that row too. Text too short to be a receipt stays as it came.
+    @Test(arguments: TestStore.backends) func aReceiptIsKeptOnceDeflatedAndReadBackAsUploaded(_ backend: Backend) async throws {
+        let store = try await makeStore(backend)
+        var payload = AppReceiptTests.payload
+        payload.bundleId = "com.example.app"
+        let receipt = Data(try ReceiptMinter(authority: try FakeCertificateAuthority.generate()).mint(payload)).base64EncodedString()
+        let accepted = Date().addingTimeInterval(-3600)
+        let minted = VerifyRequest(submissionId: UUID(), userId: "u1", receiptData: receipt, acceptedAt: accepted)
+        let short = VerifyRequest(submissionId: UUID(), userId: "u2", receiptData: "AAAA", acceptedAt: accepted)
+        for request in [minted, short] {
+            try await store.accept(request, message: .verify(request, routingKey: "q", priority: 0))
+        }
+
+        func stored(_ request: VerifyRequest) async throws -> (text: String, deflated: [UInt8]?) {
+            let text = try await store.testRows("SELECT receiptData FROM submission WHERE id = ?", [request.submissionId.uuidString])
+            let deflated = try await store.testRows(
+                "SELECT deflated FROM submission_receipt WHERE submissionId = ?", [request.submissionId.uuidString])
+            return (try #require(text.first)["receiptData"], deflated.first.map { [UInt8]($0["deflated"] as Data) })
+        }
+        let kept = try await stored(minted)
+        let deflated = try #require(kept.deflated)
+        #expect(kept.text.isEmpty)
+        #expect(try Deflate.decompress(deflated, limit: 1 << 20) == [UInt8](try #require(Data(base64Encoded: receipt))))
+        #expect(deflated.count * 2 < receipt.utf8.count, "\(deflated.count) bytes kept for \(receipt.utf8.count) of text")
+        #expect(try await stored(short).text == "AAAA")
+        #expect(try await stored(short).deflated == nil)
+
+        // What the relay publishes, and what the sweeper sends again, is what the app uploaded.
+        let messages = try await store.claimUnpublished(limit: 10, relay: "test")
+        #expect(Set(messages.compactMap(\.request?.receiptData)) == [receipt, "AAAA"])
+        try await store.markPublished(messages.compactMap(\.id))
+        let requeued = try await store.requeueStuck(pendingBefore: Date(), retryDueBefore: Date(), limit: 10) { request in
+            .verify(request, routingKey: "q", priority: 0)
+        }
+        #expect(Set(requeued.map(\.receiptData)) == [receipt, "AAAA"])
+        // A receipt on its own names nothing: the app is told to finish only what it carried.
+        #expect(try await store.status(of: minted.submissionId)?.named == .nothing)
+
+        // Rejected: only a digest stays; the retention purge leaves no receipt row behind.
+        let again = VerifyRequest(submissionId: UUID(), userId: "u1", receiptData: receipt, acceptedAt: accepted)
+        try await store.accept(again, message: nil)
+        for request in [minted, again] {
+            _ = try await store.apply(
+                VerifyResult(
+                    submissionId: request.submissionId, userId: "u1", orderId: nil, attempt: 2,
+                    outcome: .rejected(.invalidReceipt, message: "Apple: 21002")))
+        }
+        try await store.keepOnlyDigests(ofRejected: minted.submissionId) { "sha256:\($0.utf8.count)" }
+        #expect(try await stored(minted).text == "sha256:\(receipt.utf8.count)")
+        #expect(try await stored(minted).deflated == nil)
+        #expect(try await stored(again).deflated != nil)
+        #expect(try await store.purgeRejected(olderThan: Date().addingTimeInterval(60), now: Date()) == 2)
+        #expect(try await store.testRows("SELECT * FROM submission_receipt").isEmpty)
     }
 }
