@@ -50,15 +50,10 @@ let package = Package(
             swiftSettings: strictSettings
         ),
         .target(
-            name: "Compressing",
-            dependencies: ["CZlib"],
-            swiftSettings: strictSettings
-        ),
-        .target(
             name: "Messaging",
             dependencies: [
                 "CRabbitMQ",
-                "Compressing",
+                "CZlib",
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -95,7 +90,7 @@ let package = Package(
         .target(
             name: "OrderStore",
             dependencies: [
-                "IAPCore", "Ledger", "Compressing",
+                "IAPCore", "Ledger",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
@@ -237,7 +232,7 @@ let package = Package(
         .executableTarget(
             name: "IAPMicrobench",
             dependencies: [
-                "IAPCore", "AppStore", "Compressing", "FakeAppStore", "OrderStore", "Messaging",
+                "IAPCore", "AppStore", "FakeAppStore", "OrderStore", "Messaging",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "X509", package: "swift-certificates"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
@@ -263,7 +258,7 @@ let package = Package(
         .testTarget(
             name: "IAPTests",
             dependencies: [
-                "IAPCore", "Ledger", "LedgerTestSupport", "Compressing", "Messaging", "AppStore", "OrderStore", "FakeAppStore",
+                "IAPCore", "Ledger", "LedgerTestSupport", "Messaging", "AppStore", "OrderStore", "FakeAppStore",
                 "Intake", "Relay", "Verifier", "Finisher", "Pipeline", "Console",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "GRDB", package: "GRDB.swift"),

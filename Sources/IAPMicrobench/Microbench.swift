@@ -1,5 +1,4 @@
 import AppStore
-import Compressing
 import Crypto
 import X509
 import FakeAppStore
@@ -137,17 +136,6 @@ struct Microbench {
         print("verify message: \(message.count) bytes, \(deflated.count) deflated")
         try measureSync("verify message deflate (minted receipt)", seconds: seconds) { _ = try ContentEncoding.deflate.encode(message) }
         try measureSync("verify message inflate (minted receipt)", seconds: seconds) { _ = try ContentEncoding.deflate.decode(deflated) }
-        // The same receipt as the order store keeps it: its DER bytes deflated, written when
-        // the upload is accepted and read back when the relay builds the verify message.
-        let text = Data(minted).base64EncodedString()
-        let atRest = try Deflate.compress([UInt8](Data(base64Encoded: text)!))
-        print("receipt at rest: \(text.utf8.count) bytes of base64, \(atRest.count) deflated")
-        try measureSync("receipt store (base64 decode, deflate)", seconds: seconds) {
-            _ = try Deflate.compress([UInt8](Data(base64Encoded: text)!))
-        }
-        try measureSync("receipt read (inflate, base64 encode)", seconds: seconds) {
-            _ = Data(try Deflate.decompress(atRest, limit: 1 << 20)).base64EncodedString()
-        }
     }
 
     /// With `databaseURL` (`postgres://…/DB`), both stores are fresh databases on that server

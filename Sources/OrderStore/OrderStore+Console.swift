@@ -411,7 +411,7 @@ extension OrderStore {
                 guard ["pending", "retrying", "needs_review"].contains(state) else {
                     throw OrderStoreError(.conflict, "submission \(id) is \(state) already")
                 }
-                let request = try Self.nextAttempt(of: row, id: id)
+                let request = Self.nextAttempt(of: row, id: id)
                 try await Self.insert(try message(request), now: now, in: db)
                 try await db.execute(
                     sql: """

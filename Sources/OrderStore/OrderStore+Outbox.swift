@@ -142,7 +142,7 @@ extension OrderStore {
         var requests: [SubmissionID: VerifyRequest] = [:]
         for row in rows {
             guard let id = UUID(uuidString: row["id"]) else { continue }
-            requests[id] = try nextAttempt(of: row, id: id)
+            requests[id] = nextAttempt(of: row, id: id)
         }
         return messages.map { message in
             var message = message

@@ -20,7 +20,7 @@ extension OrderStore {
                             """,
                         arguments: [id.uuidString])
                 else { return }
-                let receipt = try StoredReceipt.text(of: row)
+                let receipt = StoredReceipt.text(of: row)
                 let transaction: String? = row["signedTransaction"]
                 let payload: String? = row["signedPayload"]
                 let shorten = { (text: String) in text.utf8.count > 1024 ? digest(text) : text }

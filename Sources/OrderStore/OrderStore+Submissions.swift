@@ -101,7 +101,7 @@ extension OrderStore {
     }
 
     /// The row of an accepted upload, a `pending` submission, with `receiptData` for its
-    /// receipt (empty when the receipt is kept deflated: `StoredReceipt`).
+    /// receipt (empty when the receipt is kept as bytes: `StoredReceipt`).
     static func submissionStatement(_ request: VerifyRequest, receiptData: String) -> SQLStatement {
         SQLStatement(
             """

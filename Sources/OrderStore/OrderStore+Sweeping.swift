@@ -24,7 +24,7 @@ extension OrderStore {
             var requeued: [VerifyRequest] = []
             for row in rows {
                 guard let id = UUID(uuidString: row["id"]) else { continue }
-                let request = try Self.nextAttempt(of: row, id: id)
+                let request = Self.nextAttempt(of: row, id: id)
                 try await Self.insert(try message(request), now: now, in: db)
                 try await db.execute(
                     sql: """
@@ -60,9 +60,9 @@ extension OrderStore {
 
     /// The verify request for the next attempt at a stored submission (a row of `submission`
     /// with `submissionColumns`): everything the app uploaded, with the number of its attempt.
-    static func nextAttempt(of row: SQLRow, id: SubmissionID) throws -> VerifyRequest {
+    static func nextAttempt(of row: SQLRow, id: SubmissionID) -> VerifyRequest {
         var request = VerifyRequest(
-            submissionId: id, userId: row["userId"], receiptData: try StoredReceipt.text(of: row),
+            submissionId: id, userId: row["userId"], receiptData: StoredReceipt.text(of: row),
             transactionId: row["transactionId"], orderId: row["orderId"],
             attempt: (row["attempts"] as Int) + 1, acceptedAt: row["acceptedAt"])
         request.signedTransaction = row["signedTransaction"]

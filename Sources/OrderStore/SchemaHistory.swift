@@ -675,26 +675,25 @@ enum SchemaHistory {
                 ALTER TABLE outbox SET (fillfactor = 50);
                 """),
         SchemaStep(
-            version: 15, name: "a receipt kept deflated in a row of its own",
+            version: 15, name: "a receipt kept as bytes in a row of its own",
             sqlite: """
-                -- An uploaded receipt's DER bytes, deflated, written once: the submission row,
-                -- updated as its verification goes on, stays small. Receipts stored before
-                -- stay in submission.receiptData, which readers fall back to.
+                -- An uploaded receipt's bytes (not their base64), written once: the submission
+                -- row, updated as its verification goes on, stays small. Receipts stored
+                -- before stay in submission.receiptData, which readers fall back to.
                 CREATE TABLE submission_receipt (
                     submissionId TEXT NOT NULL PRIMARY KEY REFERENCES submission(id),
-                    deflated BLOB NOT NULL
+                    receipt BLOB NOT NULL
                 );
                 """,
-            // An uploaded receipt's DER bytes, deflated, written once: the submission row,
+            // An uploaded receipt's bytes (not their base64), written once: the submission row,
             // updated as its verification goes on, stays small. Receipts stored before stay in
-            // submission.receiptData, which readers fall back to. The bytes are deflated
-            // already: PostgreSQL's own compression would try and fail on each large one.
+            // submission.receiptData, which readers fall back to. PostgreSQL compresses the
+            // bytes in their row, as it does any value past 2 KB.
             postgres: """
                 CREATE TABLE submission_receipt (
                     submissionId TEXT COLLATE "C" NOT NULL PRIMARY KEY REFERENCES submission(id),
-                    deflated BYTEA NOT NULL
+                    receipt BYTEA NOT NULL
                 );
-                ALTER TABLE submission_receipt ALTER COLUMN deflated SET STORAGE EXTERNAL;
                 """),
     ]
 

@@ -260,15 +260,15 @@ struct HostileInputEdgeTests {
         func kept(_ id: SubmissionID) async throws -> Int {
             let rows = try await store.testRows(
                 """
-                SELECT receiptData, signedTransaction, signedPayload, submission_receipt.deflated FROM submission
+                SELECT receiptData, signedTransaction, signedPayload, submission_receipt.receipt FROM submission
                 LEFT JOIN submission_receipt ON submission_receipt.submissionId = submission.id WHERE id = ?
                 """, [id.uuidString])
             let row = try #require(rows.first)
             let texts: [String?] = [row["receiptData"], row["signedTransaction"], row["signedPayload"]]
-            return texts.compactMap { $0?.utf8.count }.reduce(0, +) + ((row["deflated"] as Data?)?.count ?? 0)
+            return texts.compactMap { $0?.utf8.count }.reduce(0, +) + ((row["receipt"] as Data?)?.count ?? 0)
         }
         #expect(try await kept(rejected.submissionId) < 1024)
-        // The pending one keeps its receipt (deflated: 240,000 characters of "ABC" fold small).
+        // The pending one keeps its receipt (as bytes), and a retry sends it as it came.
         #expect(try await kept(pending.submissionId) > 0)
         let requeued = try await store.requeueStuck(pendingBefore: Date().addingTimeInterval(60), retryDueBefore: Date(), limit: 10) {
             .verify($0, routingKey: "q", priority: 0)
