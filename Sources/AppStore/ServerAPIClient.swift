@@ -84,13 +84,15 @@ public final class AppStoreServerAPIClient: Sendable {
 
     /// Apple's limits per app, in requests per second (production; the sandbox gets 10 %).
     enum Endpoint: String {
-        case transactionInfo, history, subscriptionStatuses, notificationHistory, consumption
+        case transactionInfo, history, subscriptionStatuses, notificationHistory, consumption, finish
         case orderLookup, refundHistory
         case testNotification
 
+        /// Finish Transaction (API 1.20) is paced as the other per-transaction calls: Apple
+        /// answers a faster caller 429, which holds the endpoint off until its `Retry-After`.
         var productionRate: Double {
             switch self {
-            case .transactionInfo, .history, .subscriptionStatuses, .notificationHistory, .consumption: 50
+            case .transactionInfo, .history, .subscriptionStatuses, .notificationHistory, .consumption, .finish: 50
             case .orderLookup, .refundHistory: 10
             case .testNotification: 1
             }
@@ -250,6 +252,15 @@ public final class AppStoreServerAPIClient: Sendable {
         let _: Empty = try await call(
             .PUT, "/inApps/v2/transactions/consumption/\(try Self.pathId(transactionId))", environment,
             endpoint: .consumption, body: information)
+    }
+
+    /// Finish Transaction (API 1.20): tells Apple the server finished processing a transaction
+    /// (it delivered the content), as the app's `finish()` does; a finished consumable leaves
+    /// the device's later receipts. Finishing a transaction Apple already holds finished is
+    /// not an error. `notFound` for an id this environment never issued.
+    public func finishTransaction(_ transactionId: String, in environment: ServerAPIEnvironment) async throws(ServerAPIError) {
+        let _: Empty = try await call(
+            .POST, "/inApps/v1/transactions/\(try Self.pathId(transactionId))/finish", environment, endpoint: .finish)
     }
 
     // MARK: - Plumbing

@@ -95,7 +95,8 @@ import X509
 ///   `/sandbox/inApps`: Get Transaction Info, Get Transaction History (v1 and v2 alike, with
 ///   Apple's filters), Get Refund History v2,
 ///   Look Up Order ID, Get All Subscription Statuses, Get
-///   Notification History, Request a Test Notification, Send Consumption Information.
+///   Notification History, Request a Test Notification, Send Consumption Information, Finish
+///   Transaction (the state `/fake/purchases/{transactionId}/finish` sets).
 public struct FakeAppStore: Sendable {
     let ledger: FakeLedger
     let minter: ReceiptMinter

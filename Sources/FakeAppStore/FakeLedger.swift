@@ -268,8 +268,8 @@ final class FakeLedger: Sendable {
         }
     }
 
-    /// Marks a transaction finished, as the app's `finishTransaction` does (and, later, the
-    /// Server API's Finish Transaction): the one place that state is kept. A finished consumable
+    /// Marks a transaction finished, as the app's `finishTransaction` does and the Server API's
+    /// Finish Transaction: the one place that state is kept. A finished consumable
     /// leaves every receipt its device is issued from now on; other purchases stay. Finishing
     /// again changes nothing. The purchase as it is now.
     func finish(transactionId: String) throws -> Purchase? {

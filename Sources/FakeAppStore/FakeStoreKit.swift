@@ -393,6 +393,15 @@ struct FakeStoreKit: Sendable {
                 ["testNotificationToken": UUID().uuidString.lowercased()]
             }
         }
+        router.post("\(prefix)/inApps/v1/transactions/{transactionId}/finish") { request, context in
+            // Finish Transaction: the same state the app's finishTransaction sets (the fake's
+            // /fake/purchases/{id}/finish); a finished consumable leaves later receipts.
+            try await answer(request) { bundleId in
+                let purchase = try found(try context.parameters.require("transactionId"), bundleId, environment)
+                _ = try ledger.finish(transactionId: purchase.transactionId)
+                return [String: String]()
+            }
+        }
         router.put("\(prefix)/inApps/v2/transactions/consumption/{transactionId}") { request, context in
             try await answer(request, status: .accepted) { bundleId in
                 let purchase = try found(try context.parameters.require("transactionId"), bundleId, environment)

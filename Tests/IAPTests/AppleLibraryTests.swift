@@ -35,6 +35,10 @@ extension BrokerTests {
             ])
             #expect(status == 0, "Apple's library refused the fake:\n\(text)")
             #expect(text.contains("\"check\": \"request_test_notification\", \"ok\": true"), "\(text)")
+            let finished = text.split(separator: "\n").contains {
+                $0.contains("\"check\": \"finish_transaction\"") && $0.contains("\"ok\": true")
+            }
+            #expect(finished, "\(text)")
         }
     }
 }

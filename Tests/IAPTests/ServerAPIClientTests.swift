@@ -101,4 +101,32 @@ struct ServerAPIClientTests {
         _ = try await fast.transactionInfo(id, in: .sandbox)
         #expect(clock.now - before >= .milliseconds(950), "the call after a 429 went out after \(clock.now - before)")
     }
+
+    /// Finish Transaction (API 1.20) sets the state the app's `finishTransaction` sets: the
+    /// finished consumable leaves the device's refreshed receipt, the other purchase stays.
+    /// Finishing again is no error; an id the environment never issued is `notFound`.
+    @Test func finishTransactionTakesAFinishedConsumableOffLaterReceipts() async throws {
+        let apple = try await VerifyReceiptClientTests.Apple.start()
+        Teardown.add { await apple.stop() }
+        let api = try client(apple)
+        let device = UUID().uuidString
+        let finished = try await mint(apple, device: device).transactionId
+        let kept = try await mint(apple, device: device).transactionId
+        func onTheReceipt() async throws -> Set<String> {
+            let refreshed = try await HTTP.post(apple.url + "/fake/devices/\(device)/receipt", json: [String: String]())
+            let receipt = try AppReceiptParser.parse(base64: try #require(refreshed.json["receiptData"] as? String))
+            return Set(receipt.inApp.map(\.transactionId))
+        }
+        #expect(try await onTheReceipt() == [finished, kept])
+
+        try await api.finishTransaction(finished, in: .production)
+        #expect(try await onTheReceipt() == [kept])
+        try await api.finishTransaction(finished, in: .production)
+
+        let sandbox = try await mint(apple, environment: "Sandbox").transactionId
+        #expect(await kind { try await api.finishTransaction(sandbox, in: .production) } == .notFound)
+        try await api.finishTransaction(sandbox, in: .sandbox)
+        #expect(await kind { try await api.finishTransaction("2000000000000001", in: .production) } == .notFound)
+        #expect(await kind { try await api.finishTransaction("../1/finish", in: .production) } == .invalid)
+    }
 }

@@ -454,6 +454,32 @@ def main():
 
     run("RESCIND_CONSENT + verify_and_decode_app_transaction", consent_rescinded)
 
+    def finish_transaction():
+        # Two consumables on a device of their own; the one on the receipt's first line is
+        # finished through the library: the refreshed receipt then names the other.
+        device = f"referee-finish-{time.time_ns()}"
+        bought = {fake.mint(bundle, "com.example.coins.60", "consumable", deviceId=device)["transactionId"]
+                  for _ in range(2)}
+        utility = ReceiptUtility()
+        receipt = fake.post(f"/fake/devices/{device}/receipt", {}, status=200)["receiptData"]
+        first = utility.extract_transaction_id_from_app_receipt(receipt)
+        expect(first in bought, f"the receipt names {first}, not one of {bought}")
+        production.finish_transaction(first)
+        production.finish_transaction(first)  # again: Apple holds it finished; no error
+        receipt = fake.post(f"/fake/devices/{device}/receipt", {}, status=200)["receiptData"]
+        left = utility.extract_transaction_id_from_app_receipt(receipt)
+        expect(left == (bought - {first}).pop(), f"after finishing {first} the receipt names {left}")
+        sandbox.finish_transaction(minted["sandboxRenewal"]["transactionId"])
+        try:
+            production.finish_transaction("2000000000000001")
+        except APIException as error:
+            expect(error.http_status_code == 404 and error.api_error == APIError.TRANSACTION_ID_NOT_FOUND,
+                   f"unknown id: HTTP {error.http_status_code}, {error.raw_api_error} {error.error_message}")
+            return {"finished": first, "left": left}
+        raise CheckFailed("an unknown transaction id was finished")
+
+    run("finish_transaction", finish_transaction)
+
 
 if __name__ == "__main__":
     main()
