@@ -688,7 +688,7 @@ enum SchemaHistory {
             // An uploaded receipt's bytes (not their base64), written once: the submission row,
             // updated as its verification goes on, stays small. Receipts stored before stay in
             // submission.receiptData, which readers fall back to. PostgreSQL compresses the
-            // bytes in their row, as it does any value past 2 KB.
+            // bytes in their row, as it does any row past 2 KB.
             postgres: """
                 CREATE TABLE submission_receipt (
                     submissionId TEXT COLLATE "C" NOT NULL PRIMARY KEY REFERENCES submission(id),

@@ -297,11 +297,15 @@ extension BrokerTests {
             let state = try await pipeline.waitForState(id)
             #expect(state["state"] as? String == "rejected", "\(state)")
             func kept() async throws -> Int {
+                // The receipt as text in the submission, or as bytes in its own row (`submission_receipt`).
                 let rows = try await pipeline.store.testRows(
-                    "SELECT receiptData, signedTransaction, signedPayload FROM submission WHERE id = ?", [id])
+                    """
+                    SELECT receiptData, signedTransaction, signedPayload, submission_receipt.receipt FROM submission
+                    LEFT JOIN submission_receipt ON submission_receipt.submissionId = submission.id WHERE id = ?
+                    """, [id])
                 guard let row = rows.first else { return -1 }
                 let texts: [String?] = [row["receiptData"], row["signedTransaction"], row["signedPayload"]]
-                return texts.compactMap { $0?.utf8.count }.reduce(0, +)
+                return texts.compactMap { $0?.utf8.count }.reduce(0, +) + ((row["receipt"] as Data?)?.count ?? 0)
             }
             let small = try await eventually(timeout: .seconds(10)) { (0..<1024).contains(try await kept()) }
             let bytes = try await kept()
