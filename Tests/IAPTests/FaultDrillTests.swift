@@ -22,6 +22,9 @@ extension DisruptiveTests {
             try drill.start("orders")
             try await drill.waitHealthy(drill.intakeURL)
             try drill.start("verifier")
+            // Running, not starting: uploads are accepted without a verifier, and a signal sent
+            // before its handlers are installed ends it as the default action does.
+            try await drill.waitHealthy(drill.opsURL("verifier"))
             return drill
         }
 

@@ -20,6 +20,9 @@ final class ProcessDrill: Sendable {
     private let extraEnvironment: [String: String]
 
     var intakeURL: String { "http://127.0.0.1:\(intakePort)" }
+    /// The operators' endpoint of `role` (`/healthz` answers once the process runs its
+    /// services, its signal handlers installed).
+    func opsURL(_ role: String) -> String { "http://127.0.0.1:\(opsPorts[role] ?? 0)" }
     var fakeURL: String { "http://127.0.0.1:\(fakePort)" }
     var databasePath: String { folder.appendingPathComponent("orders.sqlite").path }
 
