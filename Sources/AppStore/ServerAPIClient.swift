@@ -84,15 +84,19 @@ public final class AppStoreServerAPIClient: Sendable {
 
     /// Apple's limits per app, in requests per second (production; the sandbox gets 10 %).
     enum Endpoint: String {
-        case transactionInfo, history, subscriptionStatuses, notificationHistory, consumption, finish
+        case transactionInfo, history, subscriptionStatuses, notificationHistory, consumption, finish, appAccountToken
+        case appTransactionInfo
         case orderLookup, refundHistory
         case testNotification
 
-        /// Finish Transaction (API 1.20) is paced as the other per-transaction calls: Apple
-        /// answers a faster caller 429, which holds the endpoint off until its `Retry-After`.
+        /// Finish Transaction (API 1.20), Set App Account Token (1.16) and Get App Transaction
+        /// Info (1.17) are paced as the other per-transaction calls: Apple answers a faster caller 429, which holds the endpoint off
+        /// until its `Retry-After`.
         var productionRate: Double {
             switch self {
-            case .transactionInfo, .history, .subscriptionStatuses, .notificationHistory, .consumption, .finish: 50
+            case .transactionInfo, .history, .subscriptionStatuses, .notificationHistory, .consumption, .finish,
+                .appAccountToken, .appTransactionInfo:
+                50
             case .orderLookup, .refundHistory: 10
             case .testNotification: 1
             }
@@ -263,6 +267,32 @@ public final class AppStoreServerAPIClient: Sendable {
             .POST, "/inApps/v1/transactions/\(try Self.pathId(transactionId))/finish", environment, endpoint: .finish)
     }
 
+    /// Get App Transaction Info (API 1.17): the signed `AppTransaction` of the customer that
+    /// `anyTransactionId` (a transaction, original transaction or app transaction id) belongs to.
+    public func appTransactionInfo(_ anyTransactionId: String, in environment: ServerAPIEnvironment) async throws(ServerAPIError)
+        -> String
+    {
+        struct Answer: Decodable { var signedAppTransactionInfo: String }
+        let answer: Answer = try await call(
+            .GET, "/inApps/v1/transactions/appTransactions/\(try Self.pathId(anyTransactionId))", environment,
+            endpoint: .appTransactionInfo)
+        return answer.signedAppTransactionInfo
+    }
+
+    /// Set App Account Token (API 1.16): binds the purchase `originalTransactionId` names to
+    /// `token` (a purchase made outside the app, or one bound to the wrong account); its
+    /// transactions, and the renewals to come, carry that `appAccountToken`. Apple refuses a
+    /// transaction id that is not an original one (4000187), a Family Sharing purchase
+    /// (4000185) and, with multiseat subscriptions, an assigned one (4000227): `invalid`.
+    public func setAppAccountToken(_ token: UUID, originalTransactionId: String, in environment: ServerAPIEnvironment)
+        async throws(ServerAPIError)
+    {
+        struct Body: Encodable { var appAccountToken: String }
+        let _: Empty = try await call(
+            .PUT, "/inApps/v1/transactions/\(try Self.pathId(originalTransactionId))/appAccountToken", environment,
+            endpoint: .appAccountToken, body: Body(appAccountToken: token.uuidString.lowercased()))
+    }
+
     // MARK: - Plumbing
 
     private struct Empty: Decodable {}
@@ -362,7 +392,7 @@ public final class AppStoreServerAPIClient: Sendable {
             error.kind = .unauthorized
         case (_, 4_040_002?), (_, 4_040_004?), (_, 4_040_006?), (_, 5_000_001?):
             error.kind = .transient
-        case (_, 4_040_010?), (_, 4_040_005?):
+        case (_, 4_040_010?), (_, 4_040_005?), (_, 4_040_019?):
             error.kind = .notFound
         case (500..<600, _):
             error.kind = .transient

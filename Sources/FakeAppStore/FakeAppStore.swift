@@ -96,7 +96,8 @@ import X509
 ///   Apple's filters), Get Refund History v2,
 ///   Look Up Order ID, Get All Subscription Statuses, Get
 ///   Notification History, Request a Test Notification, Send Consumption Information, Finish
-///   Transaction (the state `/fake/purchases/{transactionId}/finish` sets).
+///   Transaction (the state `/fake/purchases/{transactionId}/finish` sets), Set App Account Token,
+///   Get App Transaction Info (every signed transaction names its customer's `appTransactionId`).
 public struct FakeAppStore: Sendable {
     let ledger: FakeLedger
     let minter: ReceiptMinter

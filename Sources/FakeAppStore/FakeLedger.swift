@@ -281,6 +281,17 @@ final class FakeLedger: Sendable {
         }
     }
 
+    /// Set App Account Token: `token` on every transaction of the purchase whose original
+    /// transaction id is `originalTransactionId`; a subscription's next period takes it from
+    /// the latest one.
+    func setAppAccountToken(_ token: String, originalTransactionId: String) throws {
+        try database.write { db in
+            try db.execute(
+                sql: "UPDATE purchase SET applicationUsername = ? WHERE originalTransactionId = ?",
+                arguments: [token, originalTransactionId])
+        }
+    }
+
     /// Stores a purchase.
     static func insert(_ purchase: Purchase, _ db: Database) throws {
         try db.execute(
@@ -460,6 +471,21 @@ final class FakeLedger: Sendable {
                     ORDER BY p.purchaseDate, p.transactionId
                     """,
                 arguments: [transactionId]
+            ).map(Purchase.init(row:))
+        }
+    }
+
+    /// The purchases of `bundleId` in `environment` made on `deviceId`, oldest first (nil:
+    /// every device's).
+    func purchases(bundleId: String, environment: String, deviceId: String? = nil) throws -> [Purchase] {
+        try database.read { db in
+            try Row.fetchAll(
+                db,
+                sql: """
+                    SELECT * FROM purchase WHERE bundleId = ? AND environment = ? AND (? IS NULL OR deviceId = ?)
+                    ORDER BY purchaseDate, transactionId
+                    """,
+                arguments: [bundleId, environment, deviceId, deviceId]
             ).map(Purchase.init(row:))
         }
     }

@@ -53,6 +53,7 @@ struct FakeStoreKit: Sendable {
         var environment: String
         var transactionReason: String
         var isUpgraded: Bool?
+        var appTransactionId: String
         var storefront = "USA"
         var storefrontId = "143441"
         var price = 990
@@ -173,7 +174,29 @@ struct FakeStoreKit: Sendable {
                 revocationType: purchase.cancellationDate == nil ? nil : purchase.revocationType ?? "REFUND_FULL",
                 revocationPercentage: purchase.cancellationDate == nil ? nil : purchase.revocationPercentage,
                 environment: purchase.environment, transactionReason: purchase.transactionReason,
-                isUpgraded: purchase.isUpgraded ? true : nil))
+                isUpgraded: purchase.isUpgraded ? true : nil, appTransactionId: Self.appTransactionId(of: purchase)))
+    }
+
+    /// The app transaction id of `purchase`'s customer (API 1.15): Apple keeps one per Apple
+    /// account and app; the fake's accounts are its devices, so one per device, app and
+    /// environment, the same every time it is asked.
+    static func appTransactionId(of purchase: FakeLedger.Purchase) -> String {
+        let digest = SHA256.hash(data: Data("\(purchase.bundleId)|\(purchase.environment)|\(purchase.deviceId)".utf8))
+        let value = digest.prefix(8).reduce(UInt64(0)) { $0 << 8 | UInt64($1) } % 100_000_000_000_000_000
+        return String(700_000_000_000_000_000 + value)
+    }
+
+    /// The signed `AppTransaction` of `purchase`'s customer (Get App Transaction Info): its
+    /// download dated a day before the account's first purchase.
+    func signedAppTransaction(of purchase: FakeLedger.Purchase) throws -> String {
+        let first = try ledger.purchases(bundleId: purchase.bundleId, environment: purchase.environment, deviceId: purchase.deviceId)
+            .first?.purchaseDate ?? purchase.purchaseDate
+        let now = FakeAppStore.milliseconds(Date())
+        return try authority.signJWS(
+            AppTransaction(
+                appTransactionId: Self.appTransactionId(of: purchase), bundleId: purchase.bundleId, appAppleId: appAppleId,
+                receiptType: purchase.environment, receiptCreationDate: now,
+                originalPurchaseDate: FakeAppStore.milliseconds(first) - 86_400_000, signedDate: now))
     }
 
     /// The renewal info of `purchase`'s chain as it stands (`state`, read from the ledger when nil).
@@ -393,12 +416,55 @@ struct FakeStoreKit: Sendable {
                 ["testNotificationToken": UUID().uuidString.lowercased()]
             }
         }
+        router.get("\(prefix)/inApps/v1/transactions/appTransactions/{transactionId}") { request, context in
+            // Get App Transaction Info: any transaction id of the customer, or the customer's
+            // appTransactionId.
+            try await answer(request) { bundleId in
+                let id = try context.parameters.require("transactionId")
+                guard !id.isEmpty, id.allSatisfy(\.isNumber) else {
+                    throw APIError(status: .badRequest, errorCode: 4_000_006, errorMessage: "Invalid transaction id.")
+                }
+                let owner = try ledger.purchase(transactionId: id).flatMap { $0.bundleId == bundleId && $0.environment == environment ? $0 : nil }
+                    ?? ledger.purchases(bundleId: bundleId, environment: environment).first { Self.appTransactionId(of: $0) == id }
+                guard let owner else {
+                    throw APIError(
+                        status: .notFound, errorCode: 4_040_019, errorMessage: "No app transaction exists for the customer.")
+                }
+                return ["signedAppTransactionInfo": try signedAppTransaction(of: owner)]
+            }
+        }
         router.post("\(prefix)/inApps/v1/transactions/{transactionId}/finish") { request, context in
             // Finish Transaction: the same state the app's finishTransaction sets (the fake's
             // /fake/purchases/{id}/finish); a finished consumable leaves later receipts.
             try await answer(request) { bundleId in
                 let purchase = try found(try context.parameters.require("transactionId"), bundleId, environment)
                 _ = try ledger.finish(transactionId: purchase.transactionId)
+                return [String: String]()
+            }
+        }
+        router.put("\(prefix)/inApps/v1/transactions/{transactionId}/appAccountToken") { request, context in
+            // Set App Account Token: every transaction of the purchase, and the renewals to
+            // come (each takes its chain's latest token), carry the new token.
+            try await answer(request) { bundleId in
+                var request = request
+                let body = try await request.collectBody(upTo: 64 * 1024)
+                let fields = (try? JSONSerialization.jsonObject(with: Data(body.readableBytesView))) as? [String: Any]
+                guard let text = fields?["appAccountToken"] as? String, let token = UUID(uuidString: text) else {
+                    throw APIError(
+                        status: .badRequest, errorCode: 4_000_183, errorMessage: "Invalid request. The app account token field must be a valid UUID.")
+                }
+                let purchase = try found(try context.parameters.require("transactionId"), bundleId, environment)
+                guard purchase.transactionId == purchase.originalTransactionId else {
+                    throw APIError(
+                        status: .badRequest, errorCode: 4_000_187,
+                        errorMessage: "Invalid request. The transaction ID provided is not an original transaction ID.")
+                }
+                guard purchase.inAppOwnershipType != "FAMILY_SHARED" else {
+                    throw APIError(
+                        status: .badRequest, errorCode: 4_000_185,
+                        errorMessage: "Invalid request. Family Sharing transactions aren't supported by this endpoint.")
+                }
+                try ledger.setAppAccountToken(token.uuidString.lowercased(), originalTransactionId: purchase.originalTransactionId)
                 return [String: String]()
             }
         }

@@ -78,11 +78,7 @@ private struct FakeStore {
 
     /// The payload of a compact JWS.
     static func payload(_ jws: String) throws -> [String: Any] {
-        var part = String(jws.split(separator: ".")[1]).replacingOccurrences(of: "-", with: "+")
-            .replacingOccurrences(of: "_", with: "/")
-        while part.count % 4 != 0 { part += "=" }
-        let data = try #require(Data(base64Encoded: part))
-        return try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any])
+        try #require(jwsPayload(jws))
     }
 
     /// The notifications the fake sent, oldest first: type, subtype, status and the decoded

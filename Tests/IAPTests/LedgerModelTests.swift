@@ -389,14 +389,6 @@ final class NotificationRelay: Sendable {
         else { return nil }
         return transaction["transactionId"] as? String
     }
-
-    private static func jwsPayload(_ jws: String) -> [String: Any]? {
-        let parts = jws.split(separator: ".", omittingEmptySubsequences: false)
-        guard parts.count == 3 else { return nil }
-        var base64 = parts[1].replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
-        while base64.count % 4 != 0 { base64 += "=" }
-        return Data(base64Encoded: base64).flatMap { try? JSONSerialization.jsonObject(with: $0) as? [String: Any] }
-    }
 }
 
 // MARK: - Driving one sequence

@@ -1,7 +1,8 @@
-import AppStore
+@testable import AppStore
 import AsyncHTTPClient
 import Crypto
 import Foundation
+import NIOHTTP1
 import Testing
 
 /// The App Store Server API client against the fake: Apple's answers and errors, the bearer
@@ -128,5 +129,85 @@ struct ServerAPIClientTests {
         try await api.finishTransaction(sandbox, in: .sandbox)
         #expect(await kind { try await api.finishTransaction("2000000000000001", in: .production) } == .notFound)
         #expect(await kind { try await api.finishTransaction("../1/finish", in: .production) } == .invalid)
+    }
+
+    /// Set App Account Token (API 1.16) binds a purchase to another account token: Get
+    /// Transaction Info and the next renewal carry it. Apple refuses a renewal's id (not an
+    /// original transaction id: 4000187), a Family Sharing purchase (4000185) and a token that
+    /// is no UUID (4000183).
+    @Test func setAppAccountTokenRebindsAPurchaseAndItsRenewals() async throws {
+        let apple = try await VerifyReceiptClientTests.Apple.start()
+        Teardown.add { await apple.stop() }
+        let api = try client(apple)
+        let minted = try await HTTP.post(
+            apple.url + "/fake/purchases",
+            json: [
+                "bundleId": PipelineHarness.bundleId, "productId": "com.example.vip.month", "type": "auto_renewable",
+                "appAccountToken": "11111111-2222-4333-8444-555555555555",
+            ])
+        let original = try #require(minted.json["originalTransactionId"] as? String)
+        func token(_ transactionId: String) async throws -> String? {
+            jwsPayload(try await api.transactionInfo(transactionId, in: .production))?["appAccountToken"] as? String
+        }
+        #expect(try await token(original) == "11111111-2222-4333-8444-555555555555")
+
+        let rebound = try #require(UUID(uuidString: "A1B2C3D4-E5F6-4A7B-8C9D-0E1F2A3B4C5D"))
+        try await api.setAppAccountToken(rebound, originalTransactionId: original, in: .production)
+        #expect(try await token(original) == "a1b2c3d4-e5f6-4a7b-8c9d-0e1f2a3b4c5d")
+        let renewal = try await HTTP.post(apple.url + "/fake/subscriptions/\(original)/renew", json: [String: String]())
+        let renewed = try #require(renewal.json["transactionId"] as? String)
+        #expect(try await token(renewed) == "a1b2c3d4-e5f6-4a7b-8c9d-0e1f2a3b4c5d")
+
+        func refusal(_ call: () async throws -> Void) async -> Int? {
+            do {
+                try await call()
+                return nil
+            } catch let error as ServerAPIError {
+                return error.kind == .invalid ? error.errorCode : nil
+            } catch {
+                return nil
+            }
+        }
+        #expect(await refusal { try await api.setAppAccountToken(rebound, originalTransactionId: renewed, in: .production) } == 4_000_187)
+        let family = try await HTTP.post(
+            apple.url + "/fake/purchases",
+            raw: Data(
+                #"{"bundleId": "\#(PipelineHarness.bundleId)", "productId": "com.example.premium", "type": "non_consumable", "familyShared": true}"#
+                    .utf8))
+        let shared = try #require(family.json["originalTransactionId"] as? String)
+        #expect(await refusal { try await api.setAppAccountToken(rebound, originalTransactionId: shared, in: .production) } == 4_000_185)
+        let notAUUID = try await HTTP.send(
+            apple.url + "/inApps/v1/transactions/\(original)/appAccountToken", method: .PUT,
+            body: Data(#"{"appAccountToken": "not-a-uuid"}"#.utf8), headers: ["Authorization": "Bearer \(try await api.bearerToken())"])
+        #expect(notAUUID.status == 400 && notAUUID.json["errorCode"] as? Int == 4_000_183, "\(notAUUID.text)")
+        #expect(await kind { try await api.setAppAccountToken(rebound, originalTransactionId: "2000000000000001", in: .production) } == .notFound)
+    }
+
+    /// Every transaction names its customer's app transaction (API 1.15), and Get App
+    /// Transaction Info (1.17) answers it, signed, for any of the customer's transaction ids or
+    /// the app transaction id itself: one per account (the fake's device).
+    @Test func appTransactionInfoNamesTheCustomersDownload() async throws {
+        let apple = try await VerifyReceiptClientTests.Apple.start()
+        Teardown.add { await apple.stop() }
+        let api = try client(apple)
+        let device = UUID().uuidString
+        let first = try await mint(apple, device: device).transactionId
+        let second = try await mint(apple, device: device).transactionId
+        let stranger = try await mint(apple).transactionId
+        func appTransactionId(ofTransaction id: String) async throws -> String? {
+            jwsPayload(try await api.transactionInfo(id, in: .production))?["appTransactionId"] as? String
+        }
+        let customer = try #require(try await appTransactionId(ofTransaction: first))
+        #expect(try await appTransactionId(ofTransaction: second) == customer)
+        #expect(try await appTransactionId(ofTransaction: stranger) != customer)
+
+        for id in [second, customer] {
+            let download = try #require(jwsPayload(try await api.appTransactionInfo(id, in: .production)))
+            #expect(download["appTransactionId"] as? String == customer)
+            #expect(download["bundleId"] as? String == PipelineHarness.bundleId)
+            #expect(download["receiptType"] as? String == "Production")
+        }
+        #expect(await kind { _ = try await api.appTransactionInfo("2000000000000001", in: .production) } == .notFound)
+        #expect(await kind { _ = try await api.appTransactionInfo(first, in: .sandbox) } == .notFound)
     }
 }

@@ -33,6 +33,7 @@ from appstoreserverlibrary.models.Status import Status
 from appstoreserverlibrary.models.Subtype import Subtype
 from appstoreserverlibrary.models.TransactionHistoryRequest import Order, ProductType, TransactionHistoryRequest
 from appstoreserverlibrary.models.TransactionReason import TransactionReason
+from appstoreserverlibrary.models.UpdateAppAccountTokenRequest import UpdateAppAccountTokenRequest
 from appstoreserverlibrary.receipt_utility import ReceiptUtility
 from appstoreserverlibrary.signed_data_verifier import SignedDataVerifier
 
@@ -479,6 +480,49 @@ def main():
         raise CheckFailed("an unknown transaction id was finished")
 
     run("finish_transaction", finish_transaction)
+
+    def set_app_account_token():
+        token = "5a0b1c2d-3e4f-4a5b-8c6d-7e8f9a0b1c2d"
+        chain = fake.mint(bundle, "com.example.vip.month", "auto_renewable")
+        original = chain["originalTransactionId"]
+        production.set_app_account_token(original, UpdateAppAccountTokenRequest(appAccountToken=token.upper()))
+        decoded = mapped_txn(verifier, production.get_transaction_info(original).signedTransactionInfo)
+        expect(decoded.appAccountToken == token, f"after set_app_account_token the transaction reads {decoded.appAccountToken}")
+        renewal = fake.post(f"/fake/subscriptions/{original}/renew")
+        renewed = mapped_txn(verifier, renewal["signedTransaction"])
+        expect(renewed.appAccountToken == token, f"the next renewal reads {renewed.appAccountToken}")
+
+        def refused(transaction_id, value, error):
+            try:
+                production.set_app_account_token(transaction_id, UpdateAppAccountTokenRequest(appAccountToken=value))
+            except APIException as raised:
+                expect(raised.http_status_code == 400 and raised.api_error == error,
+                       f"{transaction_id}: HTTP {raised.http_status_code}, {raised.raw_api_error} {raised.error_message}")
+                return raised.raw_api_error
+            raise CheckFailed(f"{transaction_id} took the token {value}")
+
+        codes = [refused(renewal["transactionId"], token, APIError.TRANSACTION_ID_IS_NOT_ORIGINAL_TRANSACTION_ID_ERROR),
+                 refused(minted["family"]["originalTransactionId"], token, APIError.FAMILY_TRANSACTION_NOT_SUPPORTED_ERROR),
+                 refused(original, "not-a-uuid", APIError.INVALID_APP_ACCOUNT_TOKEN_UUID_ERROR)]
+        return {"appAccountToken": renewed.appAccountToken, "refused": codes}
+
+    run("set_app_account_token", set_app_account_token)
+
+    def app_transaction_info():
+        customer = mapped_txn(verifier, minted["consumable"]["signedTransaction"]).appTransactionId
+        expect(customer, "the minted transaction names no appTransactionId")
+        premium = mapped_txn(verifier, minted["premium"]["signedTransaction"]).appTransactionId
+        expect(premium == customer, f"two purchases of one device name {customer} and {premium}")
+        found = []
+        for any_id in (minted["premium"]["transactionId"], customer):
+            answer = production.get_app_transaction_info(any_id)
+            app = mapped(verifier.verify_and_decode_app_transaction(answer.signedAppTransactionInfo), "app transaction")
+            expect(app.appTransactionId == customer and app.bundleId == bundle,
+                   f"{any_id}: the app transaction is {app.appTransactionId} of {app.bundleId}")
+            found.append(app.appTransactionId)
+        return {"appTransactionId": customer, "asked": len(found)}
+
+    run("get_app_transaction_info", app_transaction_info)
 
 
 if __name__ == "__main__":
