@@ -90,8 +90,8 @@ public final class AppStoreServerAPIClient: Sendable {
         case testNotification
 
         /// Finish Transaction (API 1.20), Set App Account Token (1.16) and Get App Transaction
-        /// Info (1.17) are paced as the other per-transaction calls: Apple answers a faster caller 429, which holds the endpoint off
-        /// until its `Retry-After`.
+        /// Info (1.17) are paced as the other per-transaction calls: Apple answers a faster
+        /// caller 429, which holds the endpoint off until its `Retry-After`.
         var productionRate: Double {
             switch self {
             case .transactionInfo, .history, .subscriptionStatuses, .notificationHistory, .consumption, .finish,

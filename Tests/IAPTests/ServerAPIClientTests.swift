@@ -27,21 +27,31 @@ struct ServerAPIClientTests {
         return (try #require(answer.json["transactionId"] as? String), try #require(answer.json["orderId"] as? String))
     }
 
-    func kind(_ call: () async throws -> Void) async -> ServerAPIError.Kind? {
+    /// The fake App Store, stopped at teardown, and a client of it.
+    func started() async throws -> (VerifyReceiptClientTests.Apple, AppStoreServerAPIClient) {
+        let apple = try await VerifyReceiptClientTests.Apple.start()
+        Teardown.add { await apple.stop() }
+        return (apple, try client(apple))
+    }
+
+    /// The error `call` throws, nil when it succeeds or throws something else.
+    func failure(_ call: () async throws -> Void) async -> ServerAPIError? {
         do {
             try await call()
             return nil
         } catch let error as ServerAPIError {
-            return error.kind
+            return error
         } catch {
             return nil
         }
     }
 
+    func kind(_ call: () async throws -> Void) async -> ServerAPIError.Kind? {
+        await failure(call)?.kind
+    }
+
     @Test func callsAnswerInApplesShapesAndErrorsAreTyped() async throws {
-        let apple = try await VerifyReceiptClientTests.Apple.start()
-        Teardown.add { await apple.stop() }
-        let api = try client(apple)
+        let (apple, api) = try await started()
         let device = UUID().uuidString
         let first = try await mint(apple, device: device)
         _ = try await mint(apple, device: device)
@@ -107,9 +117,7 @@ struct ServerAPIClientTests {
     /// finished consumable leaves the device's refreshed receipt, the other purchase stays.
     /// Finishing again is no error; an id the environment never issued is `notFound`.
     @Test func finishTransactionTakesAFinishedConsumableOffLaterReceipts() async throws {
-        let apple = try await VerifyReceiptClientTests.Apple.start()
-        Teardown.add { await apple.stop() }
-        let api = try client(apple)
+        let (apple, api) = try await started()
         let device = UUID().uuidString
         let finished = try await mint(apple, device: device).transactionId
         let kept = try await mint(apple, device: device).transactionId
@@ -136,9 +144,7 @@ struct ServerAPIClientTests {
     /// original transaction id: 4000187), a Family Sharing purchase (4000185) and a token that
     /// is no UUID (4000183).
     @Test func setAppAccountTokenRebindsAPurchaseAndItsRenewals() async throws {
-        let apple = try await VerifyReceiptClientTests.Apple.start()
-        Teardown.add { await apple.stop() }
-        let api = try client(apple)
+        let (apple, api) = try await started()
         let minted = try await HTTP.post(
             apple.url + "/fake/purchases",
             json: [
@@ -159,14 +165,7 @@ struct ServerAPIClientTests {
         #expect(try await token(renewed) == "a1b2c3d4-e5f6-4a7b-8c9d-0e1f2a3b4c5d")
 
         func refusal(_ call: () async throws -> Void) async -> Int? {
-            do {
-                try await call()
-                return nil
-            } catch let error as ServerAPIError {
-                return error.kind == .invalid ? error.errorCode : nil
-            } catch {
-                return nil
-            }
+            await failure(call).flatMap { $0.kind == .invalid ? $0.errorCode : nil }
         }
         #expect(await refusal { try await api.setAppAccountToken(rebound, originalTransactionId: renewed, in: .production) } == 4_000_187)
         let family = try await HTTP.post(
@@ -187,9 +186,7 @@ struct ServerAPIClientTests {
     /// Transaction Info (1.17) answers it, signed, for any of the customer's transaction ids or
     /// the app transaction id itself: one per account (the fake's device).
     @Test func appTransactionInfoNamesTheCustomersDownload() async throws {
-        let apple = try await VerifyReceiptClientTests.Apple.start()
-        Teardown.add { await apple.stop() }
-        let api = try client(apple)
+        let (apple, api) = try await started()
         let device = UUID().uuidString
         let first = try await mint(apple, device: device).transactionId
         let second = try await mint(apple, device: device).transactionId
