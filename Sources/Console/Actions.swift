@@ -88,7 +88,9 @@ extension Console {
         return Self.redirect(location)
     }
 
-    private var policy: CreditPolicy { CreditPolicy(catalog: deps.catalog, eventsExchange: deps.names.events) }
+    private var policy: CreditPolicy {
+        CreditPolicy(catalog: deps.catalog, eventsExchange: deps.names.events, finishAtApple: deps.finishAtApple)
+    }
 
     private func required(_ form: [String: String], _ name: String) throws -> String {
         guard let value = form[name]?.trimmingCharacters(in: .whitespacesAndNewlines), !value.isEmpty,

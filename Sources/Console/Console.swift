@@ -77,12 +77,15 @@ public struct ConsoleDependencies: Sendable {
     public var appStore: AppStoreServerAPIClient?
     /// Checks what the Server API answers.
     public var signedData: SignedDataVerifier?
+    /// Whether what customer service settles is queued to be finished at Apple.
+    public var finishAtApple: Bool
 
     /// Creates the dependencies.
     public init(
         store: OrderStore, catalog: Catalog?, names: PipelineNames, broker: AMQPConnection?,
-        appStore: AppStoreServerAPIClient?, signedData: SignedDataVerifier?
+        appStore: AppStoreServerAPIClient?, signedData: SignedDataVerifier?, finishAtApple: Bool = false
     ) {
+        self.finishAtApple = finishAtApple
         self.store = store
         self.catalog = catalog
         self.names = names

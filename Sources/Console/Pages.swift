@@ -151,6 +151,7 @@ extension Console {
                 "revokedAt": entry.revokedAt.map(Self.when) ?? "", "key": ConsoleSessions.randomToken(),
             ]
             if let revokedBy = entry.revokedBy, !revokedBy.isEmpty { fields["revokedBy"] = revokedBy }
+            fields["atApple"] = Self.finishText(entry.finish)
             return fields
         }
         context["subscriptions"] = customer.subscriptions.map {
@@ -288,6 +289,19 @@ extension Console {
             "acceptedAt": when(submission.acceptedAt), "updatedAt": when(submission.updatedAt),
             "alertedAt": submission.alertedAt.map(when) ?? "", "finishable": submission.finishable,
         ]
+    }
+
+    /// Where a transaction's finish at Apple stands, in a few words.
+    static func finishText(_ finish: AppleFinishState?) -> String {
+        guard let finish else { return "—" }
+        switch finish.state {
+        case "finished": return "finished by \(finish.finishedBy ?? "server") \(finish.finishedAt.map(when) ?? "")"
+        case "refused": return "Apple refused to finish it: \(finish.lastError ?? "no reason given")"
+        default:
+            guard finish.attempts > 0 else { return "finishing" }
+            let next = finish.dueAt.map { ", next call \(when($0))" } ?? ""
+            return "finishing: \(finish.attempts) call(s) failed\(next) (\(finish.lastError ?? "no answer"))"
+        }
     }
 
     static func purchaseContext(_ purchase: ConsolePurchase) -> [String: Any] {

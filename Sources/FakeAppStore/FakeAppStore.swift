@@ -35,7 +35,9 @@ import X509
 /// - `POST /fake/purchases/{transactionId}/finish` → `{"transactionId", "finishedDateMs",
 ///   "leavesReceipt"}`: the app's `finishTransaction`. A finished consumable leaves every
 ///   receipt its device is issued afterwards (and their `verifyReceipt` answers); other
-///   purchases stay. Idempotent; 404 unknown.
+///   purchases stay. Idempotent; 404 unknown. `GET` on the same path → `{"transactionId",
+///   "finishedDateMs"? (absent while unfinished), "serverFinishCalls"}`: how it was finished,
+///   and how many Finish Transaction calls of the Server API named it.
 /// - `POST /fake/subscriptions/{originalTransactionId}/renew` → 201 in the same shape: the next
 ///   billing period (new transaction and web order line item ids, `transactionReason` RENEWAL)
 ///   on the device of the chain's latest transaction, whose receipt holds the whole chain;
@@ -84,7 +86,9 @@ import X509
 ///   notification; REFUND_REVERSED first undoes the refund of the same set.
 /// - `GET /fake/consumption/{transactionId}`: the consumption information received for it.
 /// - `POST /fake/faults` `{"status"?, "httpStatus"?, "delayMs"?, "count"?, "transactionId"?,
-///   "retryable"?}` → 204 injects a misbehaviour; `DELETE /fake/faults` → 204 clears them.
+///   "retryable"?}` → 204 injects a misbehaviour (`count` 0: until cleared); one scoped to a
+///   transaction reaches the `verifyReceipt` answers holding it and the Server API's Finish
+///   Transaction calls naming it. `DELETE /fake/faults` → 204 clears them.
 /// - `POST /fake/config` `{"latencyMs"?, "errorRate"?, "notificationURL"?}` → 204.
 /// - `GET /fake/stats` → `{"verifyReceiptCalls", "serverAPICalls"}`; `GET /fake/root-certificate`
 ///   → the root (DER); `GET /healthz`.
@@ -224,6 +228,17 @@ public struct FakeAppStore: Sendable {
                 FinishAnswer(
                     transactionId: id, finishedDateMs: String(Self.milliseconds(purchase.finishedDate ?? Date())),
                     leavesReceipt: purchase.type == "consumable"))
+        }
+        router.get("/fake/purchases/{transactionId}/finish") { _, context in
+            // How a transaction was finished: when, and how many Finish Transaction calls named it.
+            let id = try context.parameters.require("transactionId")
+            guard let record = try ledger.finishRecord(transactionId: id) else {
+                throw HTTPError(.notFound, message: "no purchase \(id)")
+            }
+            return try json(
+                FinishRecord(
+                    transactionId: id, finishedDateMs: record.finishedDate.map { String(Self.milliseconds($0)) },
+                    serverFinishCalls: record.serverCalls))
         }
     }
 
@@ -466,6 +481,14 @@ public struct FakeAppStore: Sendable {
     private struct FailRenewalRequest: Decodable {
         /// The billing grace period's length; none when absent.
         var gracePeriodSeconds: Int?
+    }
+
+    private struct FinishRecord: Encodable {
+        var transactionId: String
+        /// When it was first finished, by the app or the server; absent while unfinished.
+        var finishedDateMs: String?
+        /// Finish Transaction calls of the App Store Server API that named it.
+        var serverFinishCalls: Int
     }
 
     private struct FinishAnswer: Encodable {

@@ -199,6 +199,9 @@ final class FakeLedger: Sendable {
                     );
                     """)
         }
+        migrator.registerMigration("v6: Finish Transaction calls counted") { db in
+            try db.execute(sql: "ALTER TABLE purchase ADD COLUMN serverFinishCalls INTEGER NOT NULL DEFAULT 0")
+        }
         return migrator
     }
 
@@ -272,12 +275,27 @@ final class FakeLedger: Sendable {
     /// Finish Transaction: the one place that state is kept. A finished consumable
     /// leaves every receipt its device is issued from now on; other purchases stay. Finishing
     /// again changes nothing. The purchase as it is now.
-    func finish(transactionId: String) throws -> Purchase? {
+    func finish(transactionId: String, byServer: Bool = false) throws -> Purchase? {
         try database.write { db in
             try db.execute(
                 sql: "UPDATE purchase SET finishedDate = ? WHERE transactionId = ? AND finishedDate IS NULL",
                 arguments: [Date(), transactionId])
+            if byServer {
+                try db.execute(
+                    sql: "UPDATE purchase SET serverFinishCalls = serverFinishCalls + 1 WHERE transactionId = ?",
+                    arguments: [transactionId])
+            }
             return try Self.purchase(transactionId, db)
+        }
+    }
+
+    /// When a transaction was finished (by the app or the Server API) and how many Finish
+    /// Transaction calls named it; nil for an unknown id.
+    func finishRecord(transactionId: String) throws -> (finishedDate: Date?, serverCalls: Int)? {
+        try database.read { db in
+            try Row.fetchOne(
+                db, sql: "SELECT finishedDate, serverFinishCalls FROM purchase WHERE transactionId = ?", arguments: [transactionId]
+            ).map { ($0["finishedDate"], $0["serverFinishCalls"]) }
         }
     }
 

@@ -436,9 +436,10 @@ struct FakeStoreKit: Sendable {
         router.post("\(prefix)/inApps/v1/transactions/{transactionId}/finish") { request, context in
             // Finish Transaction: the same state the app's finishTransaction sets (the fake's
             // /fake/purchases/{id}/finish); a finished consumable leaves later receipts.
-            try await answer(request) { bundleId in
-                let purchase = try found(try context.parameters.require("transactionId"), bundleId, environment)
-                _ = try ledger.finish(transactionId: purchase.transactionId)
+            let id = try context.parameters.require("transactionId")
+            return try await answer(request, naming: [id]) { bundleId in
+                let purchase = try found(id, bundleId, environment)
+                _ = try ledger.finish(transactionId: purchase.transactionId, byServer: true)
                 return [String: String]()
             }
         }
@@ -613,7 +614,8 @@ struct FakeStoreKit: Sendable {
 
     /// Checks the bearer token, applies faults and latency, and renders Apple's answers and errors.
     private func answer(
-        _ request: Request, status: HTTPResponse.Status = .ok, _ body: (String) async throws -> some Encodable
+        _ request: Request, status: HTTPResponse.Status = .ok, naming transactionIds: Set<String> = [],
+        _ body: (String) async throws -> some Encodable
     ) async throws -> Response {
         ledger.countServerAPICall()
         let latency = ledger.latencyMs
@@ -623,7 +625,8 @@ struct FakeStoreKit: Sendable {
             return Response(status: .unauthorized, body: .init(byteBuffer: ByteBuffer(string: "Unauthenticated\n")))
         }
         do {
-            if let fault = ledger.takeFault(transactionIds: [], serverAPI: true), let httpStatus = fault.httpStatus {
+            // A fault scoped to a transaction reaches the calls whose path names it (Finish Transaction).
+            if let fault = ledger.takeFault(transactionIds: transactionIds, serverAPI: true), let httpStatus = fault.httpStatus {
                 if let delay = fault.delayMs { try await Task.sleep(for: .milliseconds(delay)) }
                 var response = Response(status: .init(code: httpStatus))
                 if httpStatus == 429 {

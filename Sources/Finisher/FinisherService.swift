@@ -23,6 +23,9 @@ public struct FinisherSettings: Sendable {
     public var sandboxPolicy: SandboxPolicy
     /// What a restore uploaded by another user than the owner does.
     public var restorePolicy: RestorePolicy
+    /// Whether each settled transaction is queued to be finished at Apple (set from
+    /// `IAP_FINISH_TRANSACTIONS` by the pipeline).
+    public var finishAtApple = false
 
     /// Creates settings.
     public init(
@@ -58,7 +61,7 @@ public final class FinisherService: Service, Sendable {
     ) {
         self.policy = CreditPolicy(
             catalog: settings.catalog, eventsExchange: settings.names.events, sandbox: settings.sandboxPolicy,
-            restore: settings.restorePolicy)
+            restore: settings.restorePolicy, finishAtApple: settings.finishAtApple)
         self.settings = settings
         self.consumer = consumer
         self.publisher = publisher

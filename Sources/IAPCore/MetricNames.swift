@@ -50,11 +50,17 @@ public enum MetricNames {
     public static let reconciliationCorrections = "iap_reconciliation_corrections_total"
     /// Notifications Apple could not deliver, re-delivered by a reconciliation.
     public static let reconciliationRedelivered = "iap_reconciliation_redelivered_total"
+    /// Finish Transaction calls the order service made, by `result`: `finished` (Apple
+    /// confirmed), `retry` (Apple could not answer now) or `refused` (never asked again).
+    public static let appleFinishes = "iap_apple_finishes_total"
+    /// Settled transactions queued to be finished at Apple and not finished yet (sampled).
+    public static let appleFinishBacklog = "iap_apple_finish_backlog"
 
     /// All of them.
     public static let all: [String] = [
         uploads, verifications, appleRequestDuration, retries, deadLetters, resultsApplied, grants, revocations,
         replays, alerts, submissions, outboxBacklog, queueMessages, queueConsumers, breakerOpen, notifications, notificationsDuplicate, notificationsRefused,
-        retentionPurged, reconciliationRuns, reconciliationCorrections, reconciliationRedelivered,
+        retentionPurged, reconciliationRuns, reconciliationCorrections, reconciliationRedelivered, appleFinishes,
+        appleFinishBacklog,
     ]
 }

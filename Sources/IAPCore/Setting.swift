@@ -187,6 +187,9 @@ extension Setting {
     public static let fakeNotificationURL = Setting(
         "IAP_FAKE_NOTIFICATION_URL",
         "Where the fake sends App Store Server Notifications.")
+    public static let finishTransactions = Setting(
+        "IAP_FINISH_TRANSACTIONS", fallback: nil, defaultNote: "both with the App Store Server API key, else app",
+        "Who finishes a credited transaction at Apple: server (the order service calls Finish Transaction after the commit that settled it; answers never tell the app to finish), app (the app, on the status answer's advice) or both.")
     public static let finisherPrefetch = Setting(
         "IAP_FINISHER_PREFETCH", fallback: "64",
         "Results fetched and applied at once (they share group commits).")

@@ -243,6 +243,28 @@ public enum RestorePolicy: String, Sendable, Equatable, CaseIterable {
     case transfer
 }
 
+/// Who tells Apple a credited transaction is finished (`IAP_FINISH_TRANSACTIONS`).
+///
+/// Apple's Finish Transaction (App Store Server API 1.20) lets the server finish a transaction
+/// once it delivered the content, as the app's `finish()` does: a purchase is then finished
+/// even when the app never comes back. Either way only a settled transaction is finished.
+public enum FinishMode: String, Sendable, Equatable, CaseIterable {
+    /// The app finishes, on the status answer's advice; the server never calls Apple for it.
+    case app
+    /// The server finishes each transaction it settled, and the answers never tell the app to
+    /// (`finishTransaction` stays false; `finishedBy` says when Apple confirmed the server's
+    /// call): for apps whose StoreKit code leaves finishing to the server.
+    case server
+    /// The server finishes each transaction it settled, and the answers tell the app it may
+    /// finish too, as with `app`; Apple takes both, whichever comes first.
+    case both
+
+    /// Whether the order service calls Finish Transaction.
+    public var serverFinishes: Bool { self != .app }
+    /// Whether the status answers may tell the app to finish.
+    public var appFinishes: Bool { self != .server }
+}
+
 /// An App Store Server Notification V2, verified: what the finisher needs to apply it.
 public struct AppStoreNotification: Codable, Sendable, Equatable {
     /// Apple's id of the notification; the same notification applies once.

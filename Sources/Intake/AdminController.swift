@@ -23,7 +23,11 @@ struct AdminController: Sendable {
         attempts = FailedAttempts(limit: settings.limits.failedAdminAttempts ?? .max)
     }
 
-    var policy: CreditPolicy { CreditPolicy(catalog: settings.catalog, eventsExchange: settings.names.events) }
+    var policy: CreditPolicy {
+        CreditPolicy(
+            catalog: settings.catalog, eventsExchange: settings.names.events,
+            finishAtApple: settings.finishTransactions.serverFinishes)
+    }
 
     func addRoutes(to router: Router<IntakeContext>) {
         router.get("/v1/admin/purchases/{transactionId}") { request, context in
@@ -97,7 +101,7 @@ struct AdminController: Sendable {
             guard let status = try await store.status(of: id) else {
                 throw APIError(.submissionNotFound, "no such submission")
             }
-            return try JSONResponse.make(SubmissionStatusBody(status))
+            return try JSONResponse.make(SubmissionStatusBody(status, finishMode: settings.finishTransactions))
         }
         router.get("/v1/admin/consumption-requests") { request, context in
             try authorize(request, context)

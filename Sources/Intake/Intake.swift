@@ -34,6 +34,10 @@ public struct IntakeSettings: Sendable {
     /// Benchmarks only: verify with Apple inside the HTTP request and answer with the final
     /// state, as a first synchronous design would (no queue, no retries).
     public var inlineVerifier: (any ReceiptVerifying)?
+    /// Who finishes a settled transaction at Apple: with `server` the answers never tell the
+    /// app to finish; with `server` or `both` what customer service settles is queued to be
+    /// finished at Apple as the finisher's credits are.
+    public var finishTransactions: FinishMode = .app
     /// Checks each App Store notification's signature, chain, bundle id, environment and app
     /// id before anything is stored; nil answers every notification 503 (Apple retries).
     public var notificationVerifier: SignedDataVerifier?

@@ -64,11 +64,13 @@ struct ReceiptsController: Sendable {
             VerifyResult(
                 submissionId: request.submissionId, userId: request.userId, orderId: request.orderId, attempt: 1,
                 outcome: outcome),
-            policy: CreditPolicy(catalog: settings.catalog, eventsExchange: settings.names.events))
+            policy: CreditPolicy(
+                catalog: settings.catalog, eventsExchange: settings.names.events,
+                finishAtApple: settings.finishTransactions.serverFinishes))
         guard let status = try await store.status(of: request.submissionId) else {
             throw APIError(.internalError, "the upload vanished")
         }
-        return try JSONResponse.make(SubmissionStatusBody(status))
+        return try JSONResponse.make(SubmissionStatusBody(status, finishMode: settings.finishTransactions))
     }
 
     /// Stores the request and its queue message in one transaction; durable once this returns.
@@ -214,7 +216,7 @@ struct ReceiptsController: Sendable {
         else {
             throw APIError(.submissionNotFound, "no such submission")
         }
-        return try JSONResponse.make(SubmissionStatusBody(status))
+        return try JSONResponse.make(SubmissionStatusBody(status, finishMode: settings.finishTransactions))
     }
 }
 
@@ -233,8 +235,11 @@ struct SubmissionStatusBody: Encodable {
         var state: String
         var reason: String?
         var grantedBy: String?
-        /// Whether the app may finish this transaction (it is settled).
+        /// Whether the app may finish this transaction (it is settled, and the app finishes).
         var finishTransaction: Bool
+        /// `server` once Apple confirmed the order service's Finish Transaction call.
+        var finishedBy: String?
+        var finishedAt: Date?
     }
 
     var submissionId: String
@@ -248,15 +253,18 @@ struct SubmissionStatusBody: Encodable {
     var environment: String?
     var acceptedAt: Date
 
-    init(_ status: SubmissionStatus) {
+    /// The answer for `status`; with `FinishMode.server` it never tells the app to finish.
+    init(_ status: SubmissionStatus, finishMode: FinishMode) {
         submissionId = status.submissionId.uuidString
         state = status.state.rawValue
-        finishTransaction = status.finishTransaction
+        finishTransaction = finishMode.appFinishes && status.finishTransaction
         transactions = status.transactions.map {
             Transaction(
                 transactionId: $0.transactionId, originalTransactionId: $0.originalTransactionId,
                 productId: $0.productId, environment: $0.environment.rawValue, state: $0.state.rawValue,
-                reason: $0.reason?.rawValue, grantedBy: $0.grantedBy, finishTransaction: $0.finishTransaction)
+                reason: $0.reason?.rawValue, grantedBy: $0.grantedBy,
+                finishTransaction: finishMode.appFinishes && $0.finishTransaction, finishedBy: $0.finishedBy,
+                finishedAt: $0.finishedAt)
         }
         reason = status.reason?.rawValue
         message = status.reasonMessage

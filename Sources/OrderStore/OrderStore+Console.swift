@@ -80,6 +80,8 @@ public struct ConsoleGrant: Sendable, Equatable {
     public var revokedAt: Date?
     /// Who revoked it (apple, transfer, an admin).
     public var revokedBy: String?
+    /// Where its transaction's finish at Apple stands; nil when the server does not finish it.
+    public var finish: AppleFinishState? = nil
 }
 
 /// Everything the console's customer page shows.
@@ -193,8 +195,10 @@ extension OrderStore {
     /// uploads, and one timeline of everything that happened to their purchases.
     public func consoleCustomer(_ userId: String, limit: Int = 500) async throws -> ConsoleCustomer {
         try await database.read { db in
-            let grants = try await db.rows(sql: "SELECT * FROM grants WHERE userId = ? ORDER BY id LIMIT ?", arguments: [userId, limit]
+            var grants = try await db.rows(sql: "SELECT * FROM grants WHERE userId = ? ORDER BY id LIMIT ?", arguments: [userId, limit]
             ).map { ConsoleGrant(grant: Grant(row: $0), revokedAt: $0["revokedAt"], revokedBy: $0["revokedBy"]) }
+            let finishes = try await Self.finishStates(of: grants.map(\.grant.transactionId), in: db)
+            for index in grants.indices { grants[index].finish = finishes[grants[index].grant.transactionId] }
             let purchases = try await db.rows(sql: "SELECT * FROM purchase WHERE userId = ? ORDER BY creditedAt LIMIT ?", arguments: [userId, limit]
             ).map(ConsolePurchase.init(row:))
             let subscriptions = try await db.rows(sql: "SELECT * FROM subscription WHERE userId = ? ORDER BY updatedAt DESC LIMIT ?", arguments: [userId, limit]
@@ -254,6 +258,13 @@ extension OrderStore {
                         at: grant.grantedAt, kind: "credit",
                         summary: "Credited \(grant.productId) ×\(grant.quantity) for transaction \(grant.transactionId) (\(grant.source))",
                         subject: grant.transactionId))
+                if let finish = entry.finish, let finishedAt = finish.finishedAt {
+                    timeline.append(
+                        ConsoleEvent(
+                            at: finishedAt, kind: "finished",
+                            summary: "Transaction \(grant.transactionId) finished at Apple by the \(finish.finishedBy ?? "server")",
+                            subject: grant.transactionId))
+                }
                 if let revokedAt = entry.revokedAt {
                     timeline.append(
                         ConsoleEvent(

@@ -52,6 +52,7 @@ extension OrderStore {
         ("revocation", "creditKey"),
         ("reconciliation_run", "task"),
         ("redelivered_notification", "notificationUUID"),
+        ("apple_finish", "transactionId"),
     ]
 
     /// Copies this SQLite store's whole ledger into `target`, a PostgreSQL store that holds

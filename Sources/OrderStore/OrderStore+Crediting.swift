@@ -13,12 +13,16 @@ public struct CreditPolicy: Sendable {
     public var sandbox: SandboxPolicy
     /// What a restore uploaded by another user than the owner does.
     public var restore: RestorePolicy
+    /// Whether each settled transaction is queued to be finished at Apple in the commit that
+    /// settled it (`FinishMode.serverFinishes`).
+    public var finishAtApple: Bool
 
     /// Creates a policy.
     public init(
         catalog: Catalog? = nil, eventsExchange: String? = nil, sandbox: SandboxPolicy = .accept,
-        restore: RestorePolicy = .keep
+        restore: RestorePolicy = .keep, finishAtApple: Bool = false
     ) {
+        self.finishAtApple = finishAtApple
         self.catalog = catalog
         self.eventsExchange = eventsExchange
         self.sandbox = sandbox

@@ -254,6 +254,9 @@ extension OrderStore {
             ]
         case .grant(let grant):
             let key = grant.creditKey?.stored ?? grant.transactionId
+            // A credit settles its transaction: finished at Apple after this commit, when the
+            // server finishes.
+            let finish = policy.finishAtApple ? [queueAppleFinish(grant.transactionId, environment: grant.environment, now: now)] : []
             return [
                 SQLStatement(
                     """
@@ -272,7 +275,7 @@ extension OrderStore {
                     // credit key hold its lock one after the other, so the second has read the
                     // first's grant: this guards the rule should a unit ever miss a key.)
                     requiresChange: SQLError(.uniqueViolation, "an active grant for \(key) exists already"))
-            ]
+            ] + finish
         case .revokeGrant(let transactionId, let by, let at):
             return [SQLStatement("UPDATE grants SET state = 'revoked', revokedAt = ?, revokedBy = ? WHERE transactionId = ?",
                 [at, by, transactionId])]

@@ -21,6 +21,11 @@ public struct SubmissionStatus: Sendable, Equatable {
         /// Who granted it when that was not Apple's answer to this upload: a customer service
         /// operator, or `apple` (a reversed refund); nil otherwise.
         public var grantedBy: String? = nil
+        /// `server` once Apple confirmed the order service's Finish Transaction call; nil
+        /// before, and when the app finishes (Apple does not tell the server).
+        public var finishedBy: String? = nil
+        /// When Apple confirmed it.
+        public var finishedAt: Date? = nil
 
         /// Whether the app may finish this transaction: it is settled (see `FinishAdvice`).
         public var finishTransaction: Bool { FinishAdvice.mayFinish(state) }
@@ -138,6 +143,12 @@ extension OrderStore {
                     reason: (transaction["reason"] as String?).map(ReasonCode.init(rawValue:)))
                 try await Self.followLaterEvents(&current, key: transaction["creditKey"], userId: row["userId"], in: db)
                 transactions.append(current)
+            }
+            let finishes = try await Self.finishStates(of: transactions.map(\.transactionId), in: db)
+            for index in transactions.indices {
+                guard let finish = finishes[transactions[index].transactionId], finish.state == "finished" else { continue }
+                transactions[index].finishedBy = finish.finishedBy
+                transactions[index].finishedAt = finish.finishedAt
             }
             var status = SubmissionStatus(
                 submissionId: id, userId: row["userId"],
@@ -373,6 +384,15 @@ extension OrderStore {
                                 id, purchase.transactionId, purchase.originalTransactionId, purchase.productId,
                                 purchase.environment.rawValue, state.rawValue, reason?.rawValue, policy.creditKey(of: purchase),
                             ]))
+                }
+                // Every transaction of the upload that is settled (credited now or before,
+                // another user's, refunded, replaced) is finished at Apple after this commit;
+                // a held one never is. A lookup that proved nothing finishes nothing.
+                if policy.finishAtApple && verdict.listsTransactions {
+                    for (purchase, state, _) in listed where FinishAdvice.mayFinish(state) {
+                        closing.append(
+                            Self.queueAppleFinish(purchase.transactionId, environment: purchase.environment.rawValue, now: now))
+                    }
                 }
                 let replayed = outcomes.filter { $0.state == .replayedFromOtherUser }.count
                 counts.replayed = replayed

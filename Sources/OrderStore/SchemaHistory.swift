@@ -695,6 +695,46 @@ enum SchemaHistory {
                     receipt BYTEA NOT NULL
                 );
                 """),
+        SchemaStep(
+            version: 16, name: "transactions the server finishes at Apple",
+            sqlite: """
+                -- Each settled transaction the order service is to finish at Apple (Finish
+                -- Transaction), queued in the commit that settled it and kept once; the worker
+                -- that calls Apple claims rows for a while, and records what Apple answered.
+                CREATE TABLE apple_finish (
+                    transactionId TEXT PRIMARY KEY NOT NULL,
+                    environment TEXT NOT NULL,
+                    state TEXT NOT NULL CHECK (state IN ('queued', 'finished', 'refused')),
+                    queuedAt DATETIME NOT NULL,
+                    dueAt DATETIME NOT NULL,
+                    attempts INTEGER NOT NULL DEFAULT 0,
+                    lastError TEXT,
+                    finishedAt DATETIME,
+                    finishedBy TEXT,
+                    claimedBy TEXT,
+                    claimedUntil DATETIME
+                );
+                CREATE INDEX apple_finish_due ON apple_finish(state, dueAt);
+                """,
+            // Each settled transaction the order service is to finish at Apple (Finish
+            // Transaction), queued in the commit that settled it and kept once; the worker that
+            // calls Apple claims rows for a while, and records what Apple answered.
+            postgres: """
+                CREATE TABLE apple_finish (
+                    transactionId TEXT COLLATE "C" PRIMARY KEY NOT NULL,
+                    environment TEXT COLLATE "C" NOT NULL,
+                    state TEXT COLLATE "C" NOT NULL CHECK (state IN ('queued', 'finished', 'refused')),
+                    queuedAt TEXT COLLATE "C" NOT NULL,
+                    dueAt TEXT COLLATE "C" NOT NULL,
+                    attempts BIGINT NOT NULL DEFAULT 0,
+                    lastError TEXT COLLATE "C",
+                    finishedAt TEXT COLLATE "C",
+                    finishedBy TEXT COLLATE "C",
+                    claimedBy TEXT COLLATE "C",
+                    claimedUntil TEXT COLLATE "C"
+                );
+                CREATE INDEX apple_finish_due ON apple_finish(state, dueAt);
+                """),
     ]
 
     /// SQLite's migrations: each step under the name it has always had in GRDB's table.

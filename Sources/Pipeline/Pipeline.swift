@@ -108,6 +108,8 @@ public struct StoreKitSettings: Sendable {
     /// then Get Transaction History) instead of `verifyReceipt`. What it finds is a lookup,
     /// not a proof of ownership (see docs/ledger.md).
     public var receiptsThroughServerAPI: Bool
+    /// Who finishes a settled transaction at Apple; `server` and `both` need `serverAPI`.
+    public var finishTransactions: FinishMode = .app
 
     /// Creates settings.
     public init(
@@ -152,6 +154,7 @@ private struct SharedDependencies {
             ? nil : AMQPConnection(configuration: publishing, topology: topology, logger: logger)
         store = roles.isDisjoint(with: [.intake, .finisher]) ? nil : try await OrderStore(location: settings.storeLocation)
         if roles.contains(.verifier) || settings.inlineVerification || reconciles || consoleAsksApple
+            || (roles.contains(.finisher) && settings.storeKit.finishTransactions.serverFinishes)
             || (roles.contains(.finisher) && settings.finisher.alerts.webhookURL != nil)
         {
             var configuration = HTTPClient.Configuration()
@@ -258,13 +261,23 @@ public struct Pipeline: Sendable {
             last.append(contentsOf: services.suffix(1))
         }
         if roles.contains(.finisher) {
+            var finisher = settings.finisher
+            finisher.finishAtApple = settings.storeKit.finishTransactions.serverFinishes
             middle.append(
                 FinisherService(
-                    settings: settings.finisher, consumer: try shared.require(shared.consumer, "a consuming connection", for: .finisher),
+                    settings: finisher, consumer: try shared.require(shared.consumer, "a consuming connection", for: .finisher),
                     publisher: try shared.require(shared.publisher, "a publishing connection", for: .finisher),
                     store: try shared.require(shared.store, "the order store", for: .finisher), httpClient: shared.httpClient,
                     logger: logger))
             Reconciliation.exportMetrics()
+            AppleFinishing.exportMetrics()
+            if finisher.finishAtApple {
+                middle.append(
+                    AppleFinishing(
+                        store: try shared.require(shared.store, "the order store", for: .finisher),
+                        client: try shared.require(try shared.serverAPI(settings, logger: logger), "a Server API client", for: .finisher),
+                        logger: logger))
+            }
             if reconciles, let schedule = settings.reconciliation {
                 middle.append(try reconciliation(settings: settings, schedule: schedule, shared: shared, logger: logger))
             }
@@ -296,6 +309,7 @@ public struct Pipeline: Sendable {
     ) throws -> [any Service] {
         let store = try shared.require(shared.store, "the order store", for: .intake)
         var intake = settings.intake
+        intake.finishTransactions = settings.storeKit.finishTransactions
         if settings.inlineVerification { intake.inlineVerifier = try shared.appStoreVerifier(settings, for: .intake, logger: logger) }
         if intake.notificationVerifier == nil { intake.notificationVerifier = shared.signedData }
         if intake.bundleIds.isEmpty { intake.bundleIds = settings.verifyReceipt.bundleIds }
@@ -311,7 +325,8 @@ public struct Pipeline: Sendable {
                     failedSignIns: intake.limits.failedAdminAttempts),
                 dependencies: ConsoleDependencies(
                     store: store, catalog: intake.catalog, names: settings.names, broker: shared.publisher,
-                    appStore: try shared.serverAPI(settings, logger: logger), signedData: shared.signedData),
+                    appStore: try shared.serverAPI(settings, logger: logger), signedData: shared.signedData,
+                    finishAtApple: settings.storeKit.finishTransactions.serverFinishes),
                 logger: logger)
             intake.adminPages = { router in console.addRoutes(to: router) }
         }
@@ -332,7 +347,8 @@ public struct Pipeline: Sendable {
                 client: client, verifier: try shared.require(shared.signedData, "a signed-data verifier", for: .finisher)),
             policy: CreditPolicy(
                 catalog: settings.finisher.catalog, eventsExchange: settings.names.events,
-                sandbox: settings.finisher.sandboxPolicy, restore: settings.finisher.restorePolicy),
+                sandbox: settings.finisher.sandboxPolicy, restore: settings.finisher.restorePolicy,
+                finishAtApple: settings.storeKit.finishTransactions.serverFinishes),
             verifyQueue: settings.names.verify, settings: schedule, logger: logger)
         return ReconciliationService(reconciliation: reconciliation, interval: schedule.interval, logger: logger)
     }

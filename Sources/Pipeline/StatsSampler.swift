@@ -46,6 +46,9 @@ final class StatsSampler: Service, Sendable {
             if let backlog = try? await store.outboxBacklog() {
                 Gauge(label: MetricNames.outboxBacklog).record(backlog)
             }
+            if let finishes = try? await store.queuedFinishes() {
+                Gauge(label: MetricNames.appleFinishBacklog).record(finishes.count)
+            }
         }
         if let connection, connection.isConnected {
             for queue in names.verifyQueues + [names.results, names.verifyDead, names.resultsDead] {

@@ -203,6 +203,9 @@ struct IntakeCommand: AsyncParsableCommand {
         var settings = try pipelineSettings(broker: broker, store: store, http: http)
         try await apply(catalog: catalog.load(), http: http, to: &settings)
         try notifications.apply(to: &settings)
+        // Who finishes (the answers' advice) and the console's look-ups: from the environment only.
+        settings.storeKit = try StoreKitOptions.parse([]).settings(
+            bundleIds: settings.verifyReceipt.bundleIds, defaults: settings.storeKit)
         try await serve([.intake], settings: settings, ops: ops, log: log, label: "iap.intake")
     }
 }
@@ -244,6 +247,9 @@ struct FinisherCommand: AsyncParsableCommand {
     func run() async throws {
         var settings = try pipelineSettings(broker: broker, store: store, finisherPrefetch: finisherPrefetch)
         try await apply(catalog: catalog.load(), to: &settings)
+        // The Server API key, for Finish Transaction: from the environment only.
+        settings.storeKit = try StoreKitOptions.parse([]).settings(
+            bundleIds: settings.verifyReceipt.bundleIds, defaults: settings.storeKit)
         try await serve([.finisher], settings: settings, ops: ops, log: log, label: "iap.finisher")
     }
 }
@@ -270,11 +276,10 @@ struct OrdersCommand: AsyncParsableCommand {
         try await apply(catalog: catalog.load(), http: http, to: &settings)
         try notifications.apply(to: &settings)
         settings.reconciliation = try reconcile.settings()
-        if settings.reconciliation != nil {
-            // The Server API key, from the environment only (the verifier's flags would clash here).
-            settings.storeKit = try StoreKitOptions.parse([]).settings(
-                bundleIds: settings.verifyReceipt.bundleIds, defaults: settings.storeKit)
-        }
+        // The Server API key (reconciliation, Finish Transaction, the console's look-ups), from
+        // the environment only (the verifier's flags would clash here).
+        settings.storeKit = try StoreKitOptions.parse([]).settings(
+            bundleIds: settings.verifyReceipt.bundleIds, defaults: settings.storeKit)
         try await serve([.intake, .finisher], settings: settings, ops: ops, log: log, label: "iap.orders")
     }
 }

@@ -636,6 +636,9 @@ struct StoreKitOptions: ParsableArguments {
     @Option(name: .long, help: ArgumentHelp(Setting.trustedRoots.help))
     var trustedRoots: String?
 
+    @Option(name: .long, help: ArgumentHelp(Setting.finishTransactions.help))
+    var finishTransactions: String?
+
     /// StoreKit 2 settings; `bundleIds` names the app of the Server API key (exactly one).
     func settings(bundleIds: Set<String>, defaults: StoreKitSettings = .init()) throws -> StoreKitSettings {
         let reader = SettingReader()
@@ -691,6 +694,18 @@ struct StoreKitOptions: ParsableArguments {
             settings.receiptsThroughServerAPI = true
         case "verify-receipt": settings.receiptsThroughServerAPI = false
         case let other?: throw ValidationError("\(Setting.receiptsVia.variable) must be server-api or verify-receipt, got '\(other)'")
+        }
+        let modes = FinishMode.allCases.map(\.rawValue).joined(separator: ", ")
+        switch reader.optionalString(finishTransactions, .finishTransactions) {
+        case nil: settings.finishTransactions = settings.serverAPI == nil ? .app : .both
+        case let raw?:
+            guard let mode = FinishMode(rawValue: raw) else {
+                throw ValidationError("\(Setting.finishTransactions.variable) must be one of \(modes), got '\(raw)'")
+            }
+            guard !mode.serverFinishes || settings.serverAPI != nil else {
+                throw ValidationError("\(Setting.finishTransactions.variable)=\(raw) needs the App Store Server API key (\(Setting.appStoreKeyPath.variable))")
+            }
+            settings.finishTransactions = mode
         }
         return settings
     }

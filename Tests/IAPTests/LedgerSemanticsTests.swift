@@ -617,4 +617,61 @@ struct LedgerSemanticsTests {
         }
         #expect(scans.isEmpty, "full scans on hot paths:\n\(scans.joined(separator: "\n"))")
     }
+    @Test(arguments: TestStore.backends) func whatIsSettledIsQueuedToBeFinishedAtAppleOnceAndNothingHeldIs(_ backend: Backend) async throws {
+        let (store, _) = try await makeStore(backend)
+        var finishing = policy
+        finishing.finishAtApple = true
+        func queued() async throws -> [String] {
+            try await store.finishStates(of: ["c1", "c2", "p1", "p2", "v1", "r1", "s1", "s2"]).filter { $0.value.state == "queued" }
+                .keys.sorted()
+        }
+        // Credited: both purchases of the upload; the same upload again, or another user's
+        // replay of it, queues nothing more.
+        let first = try await upload(
+            [purchase("c1", product: "com.example.coins.60"), purchase("c2", product: "com.example.coins.120")], by: "ana",
+            to: store, policy: finishing)
+        try await upload([purchase("c1", product: "com.example.coins.60")], by: "ana", to: store, policy: finishing)
+        let replay = try await upload([purchase("c1", product: "com.example.coins.60")], by: "eve", to: store, policy: finishing)
+        #expect(replay.transactions.map(\.state) == [.replayedFromOtherUser])
+        #expect(try await queued() == ["c1", "c2"])
+        #expect(try await store.testRows("SELECT * FROM apple_finish").count == 2)
+        // A lookup that proves nothing is held, and never finished at Apple.
+        var looked = purchase("v1", product: "com.example.coins.300")
+        looked.evidence = .lookup
+        #expect(try await upload([looked], by: "mallory", to: store, policy: finishing).transactions.map(\.state) == [.held])
+        // A restore (a new transaction id of a credited non-consumable) is settled as the
+        // purchase it restores: finished too.
+        try await upload([purchase("p1", product: "com.example.premium")], by: "ana", to: store, policy: finishing)
+        let restore = try await upload(
+            [purchase("p2", original: "p1", product: "com.example.premium")], by: "ana", to: store, policy: finishing)
+        #expect(restore.transactions.map(\.state) == [.alreadyCredited])
+        // A renewal credited by Apple's notification is finished as an upload's credit is.
+        try await upload([purchase("s1", product: "com.example.vip.month", period: "w1")], by: "ana", to: store, policy: finishing)
+        _ = try await notify(
+            "DID_RENEW", purchase("s2", original: "s1", product: "com.example.vip.month", period: "w2"), to: store, status: 1,
+            policy: finishing)
+        #expect(try await queued() == ["c1", "c2", "p1", "p2", "s1", "s2"])
+        // Without the setting (the app finishes) nothing is queued.
+        try await upload([purchase("r1", product: "com.example.coins.60")], by: "ana", to: store)
+        #expect(try await store.finishStates(of: ["r1"]).isEmpty)
+
+        // The worker claims what is due once (a second claim while the first holds finds
+        // nothing), and records what Apple answered; only `finished` says so in the answer.
+        let now = Date()
+        let claimed = try await store.claimDueFinishes(limit: 10, worker: "w1", now: now)
+        #expect(claimed.map(\.transactionId).sorted() == ["c1", "c2", "p1", "p2", "s1", "s2"])
+        #expect(try await store.claimDueFinishes(limit: 10, worker: "w2", now: now).isEmpty)
+        try await store.recordFinish("c1", .finished, now: now)
+        try await store.recordFinish("c2", .retry(at: now.addingTimeInterval(30), error: "503"), now: now)
+        try await store.recordFinish("p1", .refused("4040010"), now: now)
+        let later = try await store.claimDueFinishes(limit: 10, worker: "w2", now: now.addingTimeInterval(61))
+        #expect(later.map(\.transactionId).sorted() == ["c2", "p2", "s1", "s2"], "lapsed claims and due retries come back")
+        #expect(later.first { $0.transactionId == "c2" }?.attempts == 1)
+        try await store.recordFinish("c1", .retry(at: now, error: "late"), now: now)
+        let states = try await store.finishStates(of: ["c1", "c2", "p1"])
+        #expect(states["c1"]?.state == "finished" && states["c1"]?.finishedBy == "server", "a finished one stays finished")
+        #expect(states["p1"]?.state == "refused" && states["p1"]?.lastError == "4040010")
+        let answered = try await store.status(of: first.submissionId)
+        #expect(answered?.transactions.map(\.finishedBy) == ["server", nil])
+    }
 }

@@ -67,7 +67,8 @@ final class PipelineHarness: Sendable {
         circuitBreaker: CircuitBreaker.Settings = .init(), sweeper: SweeperSettings = .init(),
         alerts: AlertSettings = .init(), withOps: Bool = false, authentication: UserAuthentication = .off,
         limits: IntakeLimits = .unlimited, separateAdmin: Bool = false, receiptsThroughServerAPI: Bool = false,
-        confirmWithAPI: Bool = false, restorePolicy: RestorePolicy = .keep, onCluster: Bool = false,
+        confirmWithAPI: Bool = false, restorePolicy: RestorePolicy = .keep, finishTransactions: FinishMode = .app,
+        onCluster: Bool = false,
         sharing shared: PipelineHarness? = nil, store chosenStore: StoreLocation? = nil, on backend: Backend = .sqlite
     ) async throws -> PipelineHarness {
         let logger = TestBroker.logger
@@ -134,6 +135,7 @@ final class PipelineHarness: Sendable {
             trustedRoots: [try Certificate(derEncoded: [UInt8](root.body))], appAppleId: FakeAppStore.defaultAppAppleId,
             serverAPI: ServerAPIKey.settings(fakeURL: fakeURL), confirmWithAPI: confirmWithAPI,
             receiptsThroughServerAPI: receiptsThroughServerAPI)
+        settings.storeKit.finishTransactions = finishTransactions
 
         let pipeline = try await Pipeline(roles: roles, settings: settings, logger: logger, onListening: report)
         let group = pipeline.makeServiceGroup(gracefulShutdownSignals: [], logger: logger)

@@ -1,0 +1,147 @@
+public import Foundation
+public import IAPCore
+
+/// A transaction the order service is to finish at Apple (Finish Transaction), queued in the
+/// commit that settled it: a crash after that commit cannot skip it, and the row keeps it once.
+public struct AppleFinish: Sendable, Equatable {
+    /// Apple's transaction id.
+    public var transactionId: String
+    /// Where Apple issued it.
+    public var environment: AppStoreEnvironment
+    /// Calls made for it so far.
+    public var attempts: Int
+
+    /// Creates one.
+    public init(transactionId: String, environment: AppStoreEnvironment, attempts: Int) {
+        self.transactionId = transactionId
+        self.environment = environment
+        self.attempts = attempts
+    }
+}
+
+/// Where a transaction's finish at Apple stands, for the status answer and the console.
+public struct AppleFinishState: Sendable, Equatable {
+    /// `queued`, `finished` or `refused`.
+    public var state: String
+    /// When Apple confirmed it.
+    public var finishedAt: Date?
+    /// Who finished it: `server` (Apple confirmed the order service's call).
+    public var finishedBy: String?
+    /// Calls made so far.
+    public var attempts: Int
+    /// When the next call is due, while queued.
+    public var dueAt: Date?
+    /// Apple's last refusal or failure.
+    public var lastError: String?
+}
+
+/// What one Finish Transaction call came to.
+public enum AppleFinishOutcome: Sendable, Equatable {
+    /// Apple confirmed it: the transaction is finished.
+    case finished
+    /// Apple refused it for good (an id it does not know there); never asked again.
+    case refused(String)
+    /// Apple could not answer now: asked again at `at`.
+    case retry(at: Date, error: String)
+}
+
+extension OrderStore {
+    /// The statement that queues `transactionId` to be finished at Apple, once: a transaction
+    /// queued (or finished) before stays as it is. Written in the commit that settled it.
+    static func queueAppleFinish(_ transactionId: String, environment: String, now: Date) -> SQLStatement {
+        SQLStatement(
+            """
+            INSERT INTO apple_finish (transactionId, environment, state, queuedAt, dueAt, attempts)
+            VALUES (?, ?, 'queued', ?, ?, 0) ON CONFLICT (transactionId) DO NOTHING
+            """,
+            [transactionId, environment, now, now])
+    }
+
+    /// The queued finishes that are due, at most `limit`, oldest due first, claimed for
+    /// `worker` until `lease` has passed: several order services share a PostgreSQL store, and
+    /// a row another one holds is skipped (`FOR UPDATE SKIP LOCKED`); a worker that died lets
+    /// its claims lapse.
+    public func claimDueFinishes(
+        limit: Int, worker: String, lease: TimeInterval = 60, now: Date = Date()
+    ) async throws -> [AppleFinish] {
+        let lock = database.dialect == .postgres ? " FOR UPDATE SKIP LOCKED" : ""
+        return try await database.writeLocked { db in
+            let rows = try await db.rows(
+                sql: """
+                    SELECT transactionId, environment, attempts FROM apple_finish
+                    WHERE state = 'queued' AND dueAt <= ? AND (claimedUntil IS NULL OR claimedUntil < ? OR claimedBy = ?)
+                    ORDER BY dueAt LIMIT ?\(lock)
+                    """,
+                arguments: [now, now, worker, limit])
+            guard !rows.isEmpty else { return [] }
+            let ids = rows.map { $0["transactionId"] as String }
+            try await db.execute(
+                sql: "UPDATE apple_finish SET claimedBy = ?, claimedUntil = ? WHERE transactionId IN (\(sqlMarks(ids.count)))",
+                arguments: SQLArguments(values: [worker.sqlValue, now.addingTimeInterval(lease).sqlValue] + ids.map(\.sqlValue)))
+            return rows.map { row in
+                AppleFinish(
+                    transactionId: row["transactionId"],
+                    environment: AppStoreEnvironment(rawValue: row["environment"]) ?? .production, attempts: row["attempts"])
+            }
+        }
+    }
+
+    /// Records what Apple answered for `transactionId`'s finish, and lets go of the claim.
+    public func recordFinish(_ transactionId: String, _ outcome: AppleFinishOutcome, now: Date = Date()) async throws {
+        let statement: SQLStatement
+        switch outcome {
+        case .finished:
+            statement = SQLStatement(
+                """
+                UPDATE apple_finish SET state = 'finished', finishedAt = ?, finishedBy = 'server', attempts = attempts + 1,
+                    lastError = NULL, claimedBy = NULL, claimedUntil = NULL
+                WHERE transactionId = ? AND state = 'queued'
+                """, [now, transactionId])
+        case .refused(let error):
+            statement = SQLStatement(
+                """
+                UPDATE apple_finish SET state = 'refused', attempts = attempts + 1, lastError = ?, claimedBy = NULL,
+                    claimedUntil = NULL
+                WHERE transactionId = ? AND state = 'queued'
+                """, [error, transactionId])
+        case .retry(let at, let error):
+            statement = SQLStatement(
+                """
+                UPDATE apple_finish SET dueAt = ?, attempts = attempts + 1, lastError = ?, claimedBy = NULL,
+                    claimedUntil = NULL
+                WHERE transactionId = ? AND state = 'queued'
+                """, [at, error, transactionId])
+        }
+        try await database.writeLocked { db in try await db.executeBatch([statement]) }
+    }
+
+    /// Where the finishes of `transactionIds` stand, by transaction id (absent: never queued).
+    public func finishStates(of transactionIds: [String]) async throws -> [String: AppleFinishState] {
+        guard !transactionIds.isEmpty else { return [:] }
+        return try await database.read { db in try await Self.finishStates(of: transactionIds, in: db) }
+    }
+
+    static func finishStates(of transactionIds: [String], in db: any SQLConnection) async throws -> [String: AppleFinishState] {
+        guard !transactionIds.isEmpty else { return [:] }
+        var states: [String: AppleFinishState] = [:]
+        for row in try await db.rows(
+            sql: "SELECT * FROM apple_finish WHERE transactionId IN (\(sqlMarks(transactionIds.count)))",
+            arguments: SQLArguments(transactionIds))
+        {
+            let queued = (row["state"] as String) == "queued"
+            states[row["transactionId"]] = AppleFinishState(
+                state: row["state"], finishedAt: row["finishedAt"], finishedBy: row["finishedBy"], attempts: row["attempts"],
+                dueAt: queued ? row["dueAt"] : nil, lastError: row["lastError"])
+        }
+        return states
+    }
+
+    /// How many finishes are queued, and when the oldest of them was queued: the operators'
+    /// gauge of how far the server's finishing lags.
+    public func queuedFinishes() async throws -> (count: Int, oldest: Date?) {
+        try await database.read { db in
+            let row = try await db.row(sql: "SELECT count(*) AS n, min(queuedAt) AS oldest FROM apple_finish WHERE state = 'queued'")
+            return (row.map { $0["n"] as Int } ?? 0, row.flatMap { $0["oldest"] as Date? })
+        }
+    }
+}

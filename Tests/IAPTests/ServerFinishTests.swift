@@ -1,0 +1,141 @@
+import Crypto
+import Foundation
+import NIOHTTP1
+import IAPCore
+import OrderStore
+import Testing
+
+/// How the fake App Store says a transaction was finished.
+struct FakeFinishRecord: Decodable, Equatable {
+    var finishedDateMs: String?
+    var serverFinishCalls: Int
+
+    static func of(_ transactionId: String, at fakeURL: String) async throws -> FakeFinishRecord {
+        let answer = try await HTTP.get(fakeURL + "/fake/purchases/\(transactionId)/finish")
+        #expect(answer.status == 200, "\(answer.text)")
+        return try JSONDecoder().decode(FakeFinishRecord.self, from: answer.body)
+    }
+}
+
+extension BrokerTests {
+    /// `IAP_FINISH_TRANSACTIONS`: the order service finishes at Apple (Finish Transaction) what
+    /// it credited, once, and never what it holds; checked at the fake, which counts the calls.
+    @Suite("The server finishes what it credited")
+    struct ServerFinishTests {
+        @Test(arguments: TestStore.backends)
+        func aCreditedPurchaseIsFinishedOnceAndAHeldOneNever(_ backend: Backend) async throws {
+            let pipeline = try await PipelineHarness.start(name: "server-finish", finishTransactions: .both, on: backend)
+            Teardown.add { await pipeline.stop() }
+            let paid = try await pipeline.mintStoreKit2()
+            let looked = try await pipeline.mintStoreKit2(productId: "com.example.coins.120")
+            // A bare transaction id proves no ownership: held for customer service.
+            let held = try await pipeline.upload(["userId": "mallory", "transactionId": looked.transactionId])
+            #expect(try await pipeline.waitForState(held)["state"] as? String == "needs_review")
+            let credited = try await pipeline.upload(["userId": "ana", "signedTransaction": try #require(paid.signedTransaction)])
+            #expect(try await pipeline.waitForState(credited)["state"] as? String == "credited")
+
+            let finished = try await eventually(timeout: .seconds(20)) {
+                try await FakeFinishRecord.of(paid.transactionId, at: pipeline.fakeURL).finishedDateMs != nil
+            }
+            #expect(finished, "the credited purchase was not finished at Apple")
+            let answer = try await eventually(timeout: .seconds(10)) {
+                let status = try await pipeline.status(credited)
+                let transaction = (status["transactions"] as? [[String: Any]])?.first
+                return transaction?["finishedBy"] as? String == "server" && transaction?["finishTransaction"] as? Bool == true
+            }
+            #expect(answer, "the answer does not say the server finished it")
+            // Polled past the worker's next rounds: one call, and none for the held purchase.
+            try await Task.sleep(for: .seconds(3))
+            #expect(try await FakeFinishRecord.of(paid.transactionId, at: pipeline.fakeURL).serverFinishCalls == 1)
+            #expect(try await FakeFinishRecord.of(looked.transactionId, at: pipeline.fakeURL) == .init(serverFinishCalls: 0))
+            #expect(try await pipeline.status(held)["finishTransaction"] as? Bool == false)
+            let states = try await pipeline.store.finishStates(of: [paid.transactionId, looked.transactionId])
+            #expect(states[paid.transactionId]?.finishedBy == "server" && states[looked.transactionId] == nil)
+        }
+
+        @Test func withServerTheAnswersNeverTellTheAppToFinish() async throws {
+            let pipeline = try await PipelineHarness.start(name: "server-only-finish", finishTransactions: .server)
+            Teardown.add { await pipeline.stop() }
+            let paid = try await pipeline.mintStoreKit2()
+            let credited = try await pipeline.upload(["userId": "ana", "signedTransaction": try #require(paid.signedTransaction)])
+            #expect(try await pipeline.waitForState(credited)["state"] as? String == "credited")
+            let finished = try await eventually(timeout: .seconds(20)) {
+                let transaction = (try await pipeline.status(credited)["transactions"] as? [[String: Any]])?.first
+                return transaction?["finishedBy"] as? String == "server"
+            }
+            #expect(finished)
+            let status = try await pipeline.status(credited)
+            #expect(status["finishTransaction"] as? Bool == false)
+            #expect((status["transactions"] as? [[String: Any]])?.first?["finishTransaction"] as? Bool == false)
+            #expect(try await FakeFinishRecord.of(paid.transactionId, at: pipeline.fakeURL).serverFinishCalls == 1)
+        }
+    }
+}
+
+extension DisruptiveTests {
+    /// The finish is queued in the commit that credited: an order service killed (kill -9)
+    /// after that commit and before Apple confirmed the call finishes it once it is back.
+    @Suite("The server finishes what it credited, across a crash", .timeLimit(.minutes(4)))
+    struct ServerFinishDrillTests {
+        @Test(arguments: TestStore.backends)
+        func aCreditNotYetFinishedWhenTheOrderServiceDiesIsFinishedOnceAfterItsRestart(_ backend: Backend) async throws {
+            let keyFile = FileManager.default.temporaryDirectory.appendingPathComponent("key-\(UUID().uuidString).p8")
+            try ServerAPIKey.privateKey.pemRepresentation.write(to: keyFile, atomically: true, encoding: .utf8)
+            let rootFile = FileManager.default.temporaryDirectory.appendingPathComponent("root-\(UUID().uuidString).der")
+            let drill = try await ProcessDrill(
+                name: "finish-crash", on: backend,
+                environment: [
+                    "IAP_AMQP_URL": try TestBroker.drillNodeURL(),
+                    "IAP_FAKE_API_KEY_PATH": keyFile.path, "IAP_FAKE_API_KEY_ID": ServerAPIKey.keyId,
+                    "IAP_FAKE_ISSUER_ID": ServerAPIKey.issuerId,
+                    "IAP_RECONCILE_INTERVAL": "0", "IAP_FINISH_TRANSACTIONS": "both",
+                ])
+            try drill.start("fake-appstore")
+            try await drill.waitHealthy(drill.fakeURL)
+            try Data(try await HTTP.get(drill.fakeURL + "/fake/root-certificate").body).write(to: rootFile)
+            let apple = [
+                "IAP_APPSTORE_KEY_PATH": keyFile.path, "IAP_APPSTORE_KEY_ID": ServerAPIKey.keyId,
+                "IAP_APPSTORE_ISSUER_ID": ServerAPIKey.issuerId, "IAP_APPSTORE_API_URL": drill.fakeURL,
+                "IAP_APPSTORE_SANDBOX_API_URL": drill.fakeURL + "/sandbox", "IAP_TRUSTED_ROOTS": rootFile.path,
+            ]
+            try drill.start("orders", environment: apple)
+            try await drill.waitHealthy(drill.intakeURL)
+            try drill.start("verifier", environment: apple)
+            try await drill.waitHealthy(drill.opsURL("verifier"))
+
+            let minted = try await HTTP.post(
+                drill.fakeURL + "/fake/purchases", json: ["bundleId": PipelineHarness.bundleId, "productId": "com.example.coins.60"])
+            let purchase = try JSONDecoder().decode(PipelineHarness.Purchase.self, from: minted.body)
+            // Apple fails every Finish Transaction call for it until told otherwise.
+            let fault = try await HTTP.post(
+                drill.fakeURL + "/fake/faults",
+                json: PipelineHarness.ScopedFault(httpStatus: 503, count: 0, transactionId: purchase.transactionId))
+            #expect(fault.status == 204, "\(fault.text)")
+            let upload = try await HTTP.post(
+                drill.intakeURL + "/v1/receipts",
+                json: ["userId": "ana", "signedTransaction": try #require(purchase.signedTransaction)])
+            let submission = try #require(upload.json["submissionId"] as? String, "\(upload.text)")
+            let store = try await OrderStore(location: drill.storeLocation)
+            let tried = try await eventually(timeout: .seconds(30)) {
+                (try await store.finishStates(of: [purchase.transactionId])[purchase.transactionId]?.attempts ?? 0) >= 1
+            }
+            #expect(tried, "the order service never called Finish Transaction: \(drill.logTail("orders"))")
+            #expect(try await FakeFinishRecord.of(purchase.transactionId, at: drill.fakeURL).finishedDateMs == nil)
+
+            drill.kill9("orders")
+            #expect(try await HTTP.send(drill.fakeURL + "/fake/faults", method: .DELETE, body: nil).status == 204)
+            try drill.start("orders", environment: apple)
+            try await drill.waitHealthy(drill.intakeURL)
+            let finished = try await eventually(timeout: .seconds(60)) {
+                try await FakeFinishRecord.of(purchase.transactionId, at: drill.fakeURL).finishedDateMs != nil
+            }
+            #expect(finished, "not finished after the restart: \(drill.logTail("orders"))")
+            try await Task.sleep(for: .seconds(3))
+            #expect(try await FakeFinishRecord.of(purchase.transactionId, at: drill.fakeURL).serverFinishCalls == 1)
+            let status = try await HTTP.get(drill.intakeURL + "/v1/receipts/\(submission)?userId=ana")
+            let transaction = (status.json["transactions"] as? [[String: Any]])?.first
+            #expect(transaction?["finishedBy"] as? String == "server", "\(status.text)")
+            await store.close()
+        }
+    }
+}
