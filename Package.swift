@@ -193,7 +193,7 @@ let package = Package(
             dependencies: [
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Hummingbird", package: "hummingbird"),
-                "IAPCore", "Messaging", "AppStore", "OrderStore",
+                "IAPCore", "Messaging", "AppStore", "Ledger", "OrderStore",
                 "Intake", "Relay", "Verifier", "Finisher", "Console",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "X509", package: "swift-certificates"),
@@ -207,7 +207,7 @@ let package = Package(
         .executableTarget(
             name: "iap",
             dependencies: [
-                "IAPCore", "Messaging", "AppStore", "OrderStore", "FakeAppStore",
+                "IAPCore", "Messaging", "AppStore", "Ledger", "OrderStore", "FakeAppStore",
                 "Intake", "Relay", "Verifier", "Finisher", "Pipeline", "Console",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),

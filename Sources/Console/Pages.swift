@@ -61,6 +61,18 @@ extension Console {
             context["needsReviewCount"] = queues.needsReviewCount
             context["held"] = queues.held.map(Self.purchaseContext)
             context["heldCount"] = queues.heldCount
+            context["refundRequests"] = try await deps.store.consumptionRequests(limit: 20).map { request -> [String: Any] in
+                var fields: [String: Any] = [
+                    "transactionId": request.transactionId, "reason": request.reason ?? "no reason given",
+                    "answer": Self.consumptionAnswerText(request),
+                    "deadline": request.deadline.map(Self.when) ?? "—",
+                ]
+                if let userId = request.userId {
+                    fields["userId"] = userId
+                    fields["href"] = Self.userPath(userId)
+                }
+                return fields
+            }
             context["alerts"] = queues.alerts.map(Self.submissionContext)
             context["alertCount"] = queues.alertCount
             let hours = try await deps.store.consoleHourlyActivity()
@@ -289,6 +301,19 @@ extension Console {
             "acceptedAt": when(submission.acceptedAt), "updatedAt": when(submission.updatedAt),
             "alertedAt": submission.alertedAt.map(when) ?? "", "finishable": submission.finishable,
         ]
+    }
+
+    /// What was answered to a refund request, in a few words.
+    static func consumptionAnswerText(_ request: ConsumptionRequestRecord) -> String {
+        switch request.answer {
+        case "sent": "answered \(request.answeredAt.map(when) ?? "")"
+        case "skipped": "not answered (\(request.answerReason ?? "no reason"))"
+        case "refused": "Apple refused the answer: \(request.answerReason ?? "no reason given")"
+        case "expired": "not answered in time: \(request.answerReason ?? "no reason given")"
+        case "queued":
+            request.attempts > 0 ? "answering: \(request.attempts) call(s) failed (\(request.answerReason ?? "no answer"))" : "answering"
+        default: "recorded (not answered by this release)"
+        }
     }
 
     /// Where a transaction's finish at Apple stands, in a few words.

@@ -84,7 +84,8 @@ import X509
 /// - `POST /fake/purchases/{transactionId}/notify` `{"notificationType", "subtype"?,
 ///   "consumptionRequestReason"?}` → `{"transactionId", "notificationType"}`: sends any
 ///   notification; REFUND_REVERSED first undoes the refund of the same set.
-/// - `GET /fake/consumption/{transactionId}`: the consumption information received for it.
+/// - `GET /fake/consumption/{transactionId}`: the consumption information received for it (the
+///   last body; `?all=true`: every body received, oldest first, as an array).
 /// - `POST /fake/faults` `{"status"?, "httpStatus"?, "delayMs"?, "count"?, "transactionId"?,
 ///   "retryable"?}` → 204 injects a misbehaviour (`count` 0: until cleared); one scoped to a
 ///   transaction reaches the `verifyReceipt` answers holding it and the Server API's Finish
@@ -398,11 +399,15 @@ public struct FakeAppStore: Sendable {
                 "appTransactionId": notification.appTransactionId,
             ])
         }
-        router.get("/fake/consumption/{transactionId}") { _, context in
+        router.get("/fake/consumption/{transactionId}") { request, context in
+            // The last body received; with ?all=true every one, oldest first, as a JSON array.
             let id = try context.parameters.require("transactionId")
-            guard let body = ledger.consumption[id] else { throw HTTPError(.notFound, message: "nothing sent for \(id)") }
+            guard let bodies = ledger.consumption[id], let last = bodies.last else {
+                throw HTTPError(.notFound, message: "nothing sent for \(id)")
+            }
+            let text = request.uri.queryParameters["all"] == "true" ? "[" + bodies.joined(separator: ",") + "]" : last
             return Response(
-                status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(string: body)))
+                status: .ok, headers: [.contentType: "application/json"], body: .init(byteBuffer: ByteBuffer(string: text)))
         }
     }
 

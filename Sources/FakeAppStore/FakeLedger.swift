@@ -102,7 +102,7 @@ final class FakeLedger: Sendable {
         /// Notifications signed while held (`POST /fake/notifications/hold`), waiting for
         /// release; nil when notifications go out as they are signed.
         var held: [HeldNotification]?
-        var consumption: [String: String] = [:]
+        var consumption: [String: [String]] = [:]
     }
 
     let database: DatabaseQueue
@@ -582,10 +582,11 @@ final class FakeLedger: Sendable {
     /// Consumption information received for a transaction (Send Consumption Information).
     func recordConsumption(transactionId: String, body: [String: Any]) {
         let text = (try? JSONSerialization.data(withJSONObject: body, options: .sortedKeys)).map { String(decoding: $0, as: UTF8.self) }
-        volatile.withLockedValue { $0.consumption[transactionId] = text ?? "{}" }
+        volatile.withLockedValue { $0.consumption[transactionId, default: []].append(text ?? "{}") }
     }
 
-    var consumption: [String: String] {
+    /// Every body received for each transaction, oldest first.
+    var consumption: [String: [String]] {
         volatile.withLockedValue { $0.consumption }
     }
 

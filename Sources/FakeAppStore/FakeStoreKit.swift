@@ -474,14 +474,44 @@ struct FakeStoreKit: Sendable {
                 let purchase = try found(try context.parameters.require("transactionId"), bundleId, environment)
                 var request = request
                 let body = try await request.collectBody(upTo: 64 * 1024)
-                guard let fields = (try? JSONSerialization.jsonObject(with: Data(body.readableBytesView))) as? [String: Any],
-                    fields["customerConsented"] as? Bool == true, fields["deliveryStatus"] is String,
-                    fields["sampleContentProvided"] is Bool
-                else {
-                    throw APIError(status: .badRequest, errorCode: 4_000_035, errorMessage: "Invalid request.")
+                guard let fields = (try? JSONSerialization.jsonObject(with: Data(body.readableBytesView))) as? [String: Any] else {
+                    throw APIError(status: .badRequest, errorCode: 4_000_000, errorMessage: "Invalid request.")
                 }
+                try Self.checkConsumption(fields)
                 ledger.recordConsumption(transactionId: purchase.transactionId, body: fields)
                 return [String: String]()
+            }
+        }
+    }
+
+    /// Send Consumption Information v2's body as Apple checks it: `customerConsented` true
+    /// (4000035), `deliveryStatus` one of Apple's five (4000036), `sampleContentProvided` a
+    /// Boolean (4000041), `consumptionPercentage` 0 to 100000 milli-units and `refundPreference`
+    /// one of Apple's three when present (4000000).
+    static func checkConsumption(_ fields: [String: Any]) throws {
+        let boolean = type(of: NSNumber(value: true))
+        func isBool(_ value: Any?) -> Bool { value.map { type(of: $0) == boolean } ?? false }
+        guard isBool(fields["customerConsented"]), fields["customerConsented"] as? Bool == true else {
+            throw APIError(status: .badRequest, errorCode: 4_000_035, errorMessage: "Invalid request. The customer consented field is invalid.")
+        }
+        let deliveryStatuses: Set = [
+            "DELIVERED", "UNDELIVERED_QUALITY_ISSUE", "UNDELIVERED_WRONG_ITEM", "UNDELIVERED_SERVER_OUTAGE", "UNDELIVERED_OTHER",
+        ]
+        guard let status = fields["deliveryStatus"] as? String, deliveryStatuses.contains(status) else {
+            throw APIError(status: .badRequest, errorCode: 4_000_036, errorMessage: "Invalid request. The delivery status field is invalid.")
+        }
+        guard isBool(fields["sampleContentProvided"]) else {
+            throw APIError(
+                status: .badRequest, errorCode: 4_000_041, errorMessage: "Invalid request. The sample content provided field is invalid.")
+        }
+        if let used = fields["consumptionPercentage"], !(used is NSNull) {
+            guard !isBool(used), let share = used as? Int, (0...100_000).contains(share) else {
+                throw APIError(status: .badRequest, errorCode: 4_000_000, errorMessage: "Invalid request.")
+            }
+        }
+        if let preference = fields["refundPreference"], !(preference is NSNull) {
+            guard let text = preference as? String, ["DECLINE", "GRANT_FULL", "GRANT_PRORATED"].contains(text) else {
+                throw APIError(status: .badRequest, errorCode: 4_000_000, errorMessage: "Invalid request.")
             }
         }
     }

@@ -55,12 +55,16 @@ public enum MetricNames {
     public static let appleFinishes = "iap_apple_finishes_total"
     /// Settled transactions queued to be finished at Apple and not finished yet (sampled).
     public static let appleFinishBacklog = "iap_apple_finish_backlog"
+    /// Apple's refund requests answered, by `result`: `sent`, `skipped` (no consent, an
+    /// assigned transaction), `refused` (by Apple), `expired` (past Apple's deadline) or
+    /// `retry` (Apple could not answer now).
+    public static let consumptionAnswers = "iap_consumption_answers_total"
 
     /// All of them.
     public static let all: [String] = [
         uploads, verifications, appleRequestDuration, retries, deadLetters, resultsApplied, grants, revocations,
         replays, alerts, submissions, outboxBacklog, queueMessages, queueConsumers, breakerOpen, notifications, notificationsDuplicate, notificationsRefused,
         retentionPurged, reconciliationRuns, reconciliationCorrections, reconciliationRedelivered, appleFinishes,
-        appleFinishBacklog,
+        appleFinishBacklog, consumptionAnswers,
     ]
 }

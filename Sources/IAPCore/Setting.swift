@@ -163,6 +163,9 @@ extension Setting {
     public static let databasePath = Setting(
         "IAP_DATABASE_PATH", fallback: "iap-orders.sqlite", devFallback: "iap-dev.sqlite",
         "SQLite file of the order store; created with mode 0600.")
+    public static let consumptionConsent = Setting(
+        "IAP_CONSUMPTION_CONSENT", fallback: "none",
+        "Whose consent lets the order service answer Apple's refund requests (CONSUMPTION_REQUEST) with Send Consumption Information: none (no answer is sent), all (the app's terms obtained every customer's) or per-user (the users the app recorded consent for with POST /v1/users/{userId}/consumption).")
     public static let databaseURL = Setting(
         "IAP_DATABASE_URL",
         "PostgreSQL order store instead of the SQLite file: postgres://USER:PASSWORD@HOST:PORT/DB; several order services may share it.")
@@ -251,6 +254,9 @@ extension Setting {
     public static let reconcileInterval = Setting(
         "IAP_RECONCILE_INTERVAL", fallback: "24h",
         "How often the order service asks Apple about subscriptions due to renew, in billing retry or in a grace period, and re-delivers the notifications Apple could not send (needs \(Setting.appStoreKeyPath.variable)): e.g. 24h, 30m, 90s; 0 turns it off.")
+    public static let refundPreference = Setting(
+        "IAP_REFUND_PREFERENCE", fallback: "none",
+        "The refund outcome the consumption answers ask Apple for: DECLINE, GRANT_FULL, GRANT_PRORATED, or none (no preference).")
     public static let refusalsPerIP = Setting(
         "IAP_REFUSALS_PER_IP", fallback: "10",
         "Requests per second one client address may have refused for what they carried (400, 408, 413; bursts of twice that); past it they are answered 429; good requests are never refused for it; 0 is unlimited.")
@@ -260,6 +266,9 @@ extension Setting {
     public static let retryDelays = Setting(
         "IAP_RETRY_DELAYS", fallback: "5,30,120,600,1800",
         "Comma-separated delays in seconds between attempts; the last repeats.")
+    public static let sampleContentProvided = Setting(
+        "IAP_SAMPLE_CONTENT_PROVIDED", fallback: "false",
+        "Whether the app offers a free sample, trial or description of its content before purchase, as the consumption answers tell Apple: true or false.")
     public static let sandbox = Setting(
         "IAP_SANDBOX", fallback: "accept",
         "Sandbox purchases: accept, reject, or allowlist (users in \(Setting.sandboxAllowlist.variable) only).")

@@ -230,8 +230,23 @@ struct ConsumptionRequestBody: Encodable {
     var reason: String?
     var environment: String
     var receivedAt: Date
+    var ownershipType: String?
+    var deadline: Date?
+    var answer: String?
+    var answerReason: String?
+    /// The body sent to Apple (Send Consumption Information v2), as JSON text.
+    var answerJSON: String?
+    var answeredAt: Date?
+    var attempts: Int
 
     init(_ record: ConsumptionRequestRecord) {
+        ownershipType = record.ownershipType
+        deadline = record.deadline
+        answer = record.answer
+        answerReason = record.answerReason
+        answerJSON = record.answerJSON
+        answeredAt = record.answeredAt
+        attempts = record.attempts
         notificationUUID = record.notificationUUID
         transactionId = record.transactionId
         userId = record.userId

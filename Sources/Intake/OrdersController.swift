@@ -4,7 +4,8 @@ import IAPCore
 import OrderStore
 
 /// `GET /v1/products`, `POST /v1/orders`, `GET /v1/orders/{orderId}`, `GET /v1/users/{userId}/grants`,
-/// `GET /v1/users/{userId}/subscriptions`, `GET /v1/users/{userId}/entitlements`.
+/// `GET /v1/users/{userId}/subscriptions`, `GET /v1/users/{userId}/entitlements`,
+/// `POST /v1/users/{userId}/consumption`.
 ///
 /// The user is the token's subject; with authentication off, the one the request names
 /// (`?userId=`, the path, or the body's `userId`). A user reads only their own orders, grants,
@@ -58,6 +59,33 @@ struct OrdersController: Sendable {
             }
             let subscriptions = try await store.subscriptions(ofUser: userId)
             return try JSONResponse.make(["subscriptions": subscriptions.map(SubscriptionBody.init)])
+        }
+        router.post("/v1/users/{userId}/consumption") { request, context in
+            // What the app knows for Apple's refund requests: how much of a purchase the user
+            // used, and whether they consented to tell Apple (IAP_CONSUMPTION_CONSENT=per-user).
+            let userId = try context.pathParameter("userId")
+            guard context.userId.map({ sameUser($0, userId) }) ?? true else {
+                throw APIError(.userNotFound, "no such user")
+            }
+            let body = try await IntakeBody.collect(request, limit: 16 * 1024, timeout: settings.limits.bodyTimeout)
+            let fields = try JSONFields(body)
+            let transactionId = try fields.id("transactionId")
+            let used = try fields.int("consumptionPercentage")
+            let consented = try fields.bool("customerConsented")
+            if let used, !(0...100_000).contains(used) {
+                throw APIError.invalidField("consumptionPercentage", "must be 0 to 100000 (milli-units: 100000 is all of it)")
+            }
+            if used != nil, transactionId == nil { throw APIError.missingField("transactionId") }
+            guard used != nil || consented != nil else {
+                throw APIError.missingField("consumptionPercentage or customerConsented")
+            }
+            do {
+                try await store.reportConsumption(
+                    userId: userId, transactionId: transactionId, consumptionPercentage: used, consented: consented)
+            } catch is ConsumptionReportError {
+                throw APIError(.purchaseNotFound, "no purchase of this user has this transaction id")
+            }
+            return Response(status: .noContent)
         }
         router.get("/v1/users/{userId}/entitlements") { _, context in
             let userId = try context.pathParameter("userId")
@@ -211,6 +239,14 @@ struct JSONFields {
             throw .invalidField(name, "must be a whole number")
         }
         return number
+    }
+
+    func bool(_ name: String) throws(APIError) -> Bool? {
+        guard let value = fields[name], !(value is NSNull) else { return nil }
+        guard type(of: value) == Self.booleanType, let flag = value as? Bool else {
+            throw .invalidField(name, "must be true or false")
+        }
+        return flag
     }
 
     private static let booleanType = type(of: NSNumber(value: true))

@@ -178,7 +178,9 @@ extension Planner {
                     .init(
                         notificationUUID: notification.notificationUUID, transactionId: purchase.transactionId, userId: owner,
                         reason: notification.consumptionRequestReason, environment: notification.environment.rawValue,
-                        receivedAt: now)))
+                        receivedAt: now, ownershipType: purchase.ownershipType,
+                        deadline: (notification.signedDate ?? now).addingTimeInterval(
+                            LedgerChange.ConsumptionRequest.answerWindow))))
             return .recorded
         case .refundDeclined:
             // A case closed: nothing changes; Apple may still refund later.

@@ -89,12 +89,21 @@ public enum LedgerChange: Sendable, Equatable {
         public var reason: String?
         public var environment: String
         public var receivedAt: Date
+        /// `PURCHASED`, `FAMILY_SHARED` or `ASSIGNED`, as Apple's transaction said.
+        public var ownershipType: String?
+        /// When Apple stops waiting for the answer: 12 hours after it signed the request.
+        public var deadline: Date
+
+        /// Apple's time to answer a consumption request.
+        public static let answerWindow: TimeInterval = 12 * 3600
 
         /// Creates a request.
         public init(
             notificationUUID: String, transactionId: String, userId: String?, reason: String?, environment: String,
-            receivedAt: Date
+            receivedAt: Date, ownershipType: String? = nil, deadline: Date? = nil
         ) {
+            self.ownershipType = ownershipType
+            self.deadline = deadline ?? receivedAt.addingTimeInterval(Self.answerWindow)
             self.notificationUUID = notificationUUID
             self.transactionId = transactionId
             self.userId = userId

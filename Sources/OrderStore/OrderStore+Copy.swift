@@ -53,6 +53,8 @@ extension OrderStore {
         ("reconciliation_run", "task"),
         ("redelivered_notification", "notificationUUID"),
         ("apple_finish", "transactionId"),
+        ("consumption_report", "transactionId"),
+        ("consumption_consent", "userId"),
     ]
 
     /// Copies this SQLite store's whole ledger into `target`, a PostgreSQL store that holds

@@ -333,12 +333,13 @@ extension OrderStore {
                 ])]
         case .recordConsumptionRequest(let request):
             return [SQLStatement("""
-                    INSERT INTO consumption_request (notificationUUID, transactionId, userId, reason, environment, receivedAt)
-                    VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING
+                    INSERT INTO consumption_request (notificationUUID, transactionId, userId, reason, environment, receivedAt,
+                        ownershipType, deadline, answer, dueAt, attempts)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'queued', ?, 0) ON CONFLICT DO NOTHING
                     """,
                 [
                     request.notificationUUID, request.transactionId, request.userId, request.reason, request.environment,
-                    request.receivedAt,
+                    request.receivedAt, request.ownershipType, request.deadline, request.receivedAt,
                 ])]
         case .audit(let entry):
             return [

@@ -56,7 +56,10 @@ extension OrderStore {
             try await db.rows(sql: "SELECT * FROM consumption_request ORDER BY receivedAt DESC LIMIT ?", arguments: [limit]).map {
                 ConsumptionRequestRecord(
                     notificationUUID: $0["notificationUUID"], transactionId: $0["transactionId"], userId: $0["userId"],
-                    reason: $0["reason"], environment: $0["environment"], receivedAt: $0["receivedAt"])
+                    reason: $0["reason"], environment: $0["environment"], receivedAt: $0["receivedAt"],
+                    ownershipType: $0["ownershipType"], deadline: $0["deadline"], answer: $0["answer"],
+                    answerReason: $0["answerReason"], answerJSON: $0["answerJSON"], answeredAt: $0["answeredAt"],
+                    attempts: $0["attempts"])
             }
         }
     }
@@ -93,4 +96,17 @@ public struct ConsumptionRequestRecord: Sendable, Equatable {
     public var reason: String?
     public var environment: String
     public var receivedAt: Date
+    /// `PURCHASED`, `FAMILY_SHARED` or `ASSIGNED`.
+    public var ownershipType: String? = nil
+    /// When Apple stops waiting for the answer.
+    public var deadline: Date? = nil
+    /// `queued`, `sent`, `skipped`, `refused` or `expired`; nil for requests recorded before
+    /// answers were sent.
+    public var answer: String? = nil
+    /// Why it was skipped or refused, or the last failure while queued.
+    public var answerReason: String? = nil
+    /// The body sent to Apple.
+    public var answerJSON: String? = nil
+    public var answeredAt: Date? = nil
+    public var attempts: Int = 0
 }

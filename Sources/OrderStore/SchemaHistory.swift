@@ -735,6 +735,68 @@ enum SchemaHistory {
                 );
                 CREATE INDEX apple_finish_due ON apple_finish(state, dueAt);
                 """),
+        SchemaStep(
+            version: 17, name: "refund requests answered with the ledger's facts",
+            sqlite: """
+                -- Each consumption request is answered once (Send Consumption Information v2)
+                -- before its deadline: queued when recorded, then sent, skipped (no consent, an
+                -- assigned transaction), refused by Apple or expired; the body sent is kept.
+                ALTER TABLE consumption_request ADD COLUMN ownershipType TEXT;
+                ALTER TABLE consumption_request ADD COLUMN deadline DATETIME;
+                ALTER TABLE consumption_request ADD COLUMN answer TEXT
+                    CHECK (answer IN ('queued', 'sent', 'skipped', 'refused', 'expired'));
+                ALTER TABLE consumption_request ADD COLUMN answerReason TEXT;
+                ALTER TABLE consumption_request ADD COLUMN answerJSON TEXT;
+                ALTER TABLE consumption_request ADD COLUMN answeredAt DATETIME;
+                ALTER TABLE consumption_request ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0;
+                ALTER TABLE consumption_request ADD COLUMN dueAt DATETIME;
+                ALTER TABLE consumption_request ADD COLUMN claimedBy TEXT;
+                ALTER TABLE consumption_request ADD COLUMN claimedUntil DATETIME;
+                CREATE INDEX consumption_request_due ON consumption_request(answer, dueAt);
+
+                -- What the app reported of a purchase's use, and a user's consent to tell Apple.
+                CREATE TABLE consumption_report (
+                    transactionId TEXT PRIMARY KEY NOT NULL,
+                    userId TEXT NOT NULL,
+                    consumptionPercentage INTEGER NOT NULL,
+                    reportedAt DATETIME NOT NULL
+                );
+                CREATE TABLE consumption_consent (
+                    userId TEXT PRIMARY KEY NOT NULL,
+                    consented INTEGER NOT NULL,
+                    updatedAt DATETIME NOT NULL
+                );
+                """,
+            // Each consumption request is answered once (Send Consumption Information v2) before
+            // its deadline: queued when recorded, then sent, skipped (no consent, an assigned
+            // transaction), refused by Apple or expired; the body sent is kept. What the app
+            // reported of a purchase's use, and a user's consent to tell Apple.
+            postgres: """
+                ALTER TABLE consumption_request ADD COLUMN ownershipType TEXT COLLATE "C";
+                ALTER TABLE consumption_request ADD COLUMN deadline TEXT COLLATE "C";
+                ALTER TABLE consumption_request ADD COLUMN answer TEXT COLLATE "C"
+                    CHECK (answer IN ('queued', 'sent', 'skipped', 'refused', 'expired'));
+                ALTER TABLE consumption_request ADD COLUMN answerReason TEXT COLLATE "C";
+                ALTER TABLE consumption_request ADD COLUMN answerJSON TEXT COLLATE "C";
+                ALTER TABLE consumption_request ADD COLUMN answeredAt TEXT COLLATE "C";
+                ALTER TABLE consumption_request ADD COLUMN attempts BIGINT NOT NULL DEFAULT 0;
+                ALTER TABLE consumption_request ADD COLUMN dueAt TEXT COLLATE "C";
+                ALTER TABLE consumption_request ADD COLUMN claimedBy TEXT COLLATE "C";
+                ALTER TABLE consumption_request ADD COLUMN claimedUntil TEXT COLLATE "C";
+                CREATE INDEX consumption_request_due ON consumption_request(answer, dueAt);
+
+                CREATE TABLE consumption_report (
+                    transactionId TEXT COLLATE "C" PRIMARY KEY NOT NULL,
+                    userId TEXT COLLATE "C" NOT NULL,
+                    consumptionPercentage BIGINT NOT NULL,
+                    reportedAt TEXT COLLATE "C" NOT NULL
+                );
+                CREATE TABLE consumption_consent (
+                    userId TEXT COLLATE "C" PRIMARY KEY NOT NULL,
+                    consented BIGINT NOT NULL,
+                    updatedAt TEXT COLLATE "C" NOT NULL
+                );
+                """),
     ]
 
     /// SQLite's migrations: each step under the name it has always had in GRDB's table.

@@ -22,7 +22,7 @@ public final class AppleFinishing: Service, Sendable {
     private let batchSize: Int
     private let pollInterval: Duration
     private let logger: Logger
-    private let worker = "finish-\(ProcessInfo.processInfo.hostName)-\(ProcessInfo.processInfo.processIdentifier)-\(UUID().uuidString.prefix(8))"
+    private let worker = AppleCallQueue.workerName("finish")
 
     /// Creates the service.
     public init(
@@ -45,18 +45,7 @@ public final class AppleFinishing: Service, Sendable {
     }
 
     public func run() async throws {
-        let signal = store.outboxSignal
-        await withGracefulShutdownHandler {
-            while !Task.isShuttingDownGracefully && !Task.isCancelled {
-                let announced = signal.commits
-                let done = await finishBatch()
-                if done < batchSize {
-                    _ = await signal.wait(after: announced, timeout: pollInterval)
-                }
-            }
-        } onGracefulShutdown: {
-            signal.announce()
-        }
+        await AppleCallQueue.drain(store: store, batchSize: batchSize, pollInterval: pollInterval) { await self.finishBatch() }
     }
 
     /// Calls Apple for one batch of due transactions; returns how many were claimed.
@@ -114,14 +103,43 @@ public final class AppleFinishing: Service, Sendable {
         case .notFound, .invalid:
             return .refused(error.description)
         case .transient, .unauthorized:
-            var at = now.addingTimeInterval(retryDelay(afterAttempts: attempts))
-            if let retryAfter = error.retryAfter, retryAfter > at { at = retryAfter }
-            return .retry(at: at, error: error.description)
+            return .retry(at: AppleCallQueue.nextAttempt(after: error, attempts: attempts, now: now), error: error.description)
+        }
+    }
+}
+
+/// What the order service's queues of calls to Apple (finishes, consumption answers) share:
+/// rows queued in the commit that made them due, read after each commit that queued messages
+/// and at least every `pollInterval`, and retried with growing waits.
+enum AppleCallQueue {
+    /// Runs `batch` until graceful shutdown: again at once after a full batch, else after the
+    /// next commit or `pollInterval`.
+    static func drain(
+        store: OrderStore, batchSize: Int, pollInterval: Duration, _ batch: @escaping @Sendable () async -> Int
+    ) async {
+        let signal = store.outboxSignal
+        await withGracefulShutdownHandler {
+            while !Task.isShuttingDownGracefully && !Task.isCancelled {
+                let announced = signal.commits
+                if await batch() < batchSize {
+                    _ = await signal.wait(after: announced, timeout: pollInterval)
+                }
+            }
+        } onGracefulShutdown: {
+            signal.announce()
         }
     }
 
-    /// 2 s after the first failed call, doubling, at most an hour.
-    static func retryDelay(afterAttempts attempts: Int) -> TimeInterval {
-        min(3600, 2 * pow(2, Double(min(max(attempts - 1, 0), 12))))
+    /// A worker's name for its claims: the kind of calls, the host, the process, a random part.
+    static func workerName(_ kind: String) -> String {
+        "\(kind)-\(ProcessInfo.processInfo.hostName)-\(ProcessInfo.processInfo.processIdentifier)-\(UUID().uuidString.prefix(8))"
+    }
+
+    /// When to call again after `attempts` failed calls: 2 s after the first, doubling, at most
+    /// an hour, and never before Apple's `Retry-After`.
+    static func nextAttempt(after error: ServerAPIError, attempts: Int, now: Date) -> Date {
+        var at = now.addingTimeInterval(min(3600, 2 * pow(2, Double(min(max(attempts - 1, 0), 12)))))
+        if let retryAfter = error.retryAfter, retryAfter > at { at = retryAfter }
+        return at
     }
 }

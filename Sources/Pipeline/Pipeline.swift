@@ -6,6 +6,7 @@ public import Finisher
 import Foundation
 public import IAPCore
 public import Intake
+public import Ledger
 public import Logging
 public import Messaging
 public import OrderStore
@@ -110,6 +111,8 @@ public struct StoreKitSettings: Sendable {
     public var receiptsThroughServerAPI: Bool
     /// Who finishes a settled transaction at Apple; `server` and `both` need `serverAPI`.
     public var finishTransactions: FinishMode = .app
+    /// How Apple's refund requests are answered (with `serverAPI`; without it none is).
+    public var consumption = ConsumptionAnswer.Settings()
 
     /// Creates settings.
     public init(
@@ -154,7 +157,7 @@ private struct SharedDependencies {
             ? nil : AMQPConnection(configuration: publishing, topology: topology, logger: logger)
         store = roles.isDisjoint(with: [.intake, .finisher]) ? nil : try await OrderStore(location: settings.storeLocation)
         if roles.contains(.verifier) || settings.inlineVerification || reconciles || consoleAsksApple
-            || (roles.contains(.finisher) && settings.storeKit.finishTransactions.serverFinishes)
+            || (roles.contains(.finisher) && settings.storeKit.serverAPI != nil)
             || (roles.contains(.finisher) && settings.finisher.alerts.webhookURL != nil)
         {
             var configuration = HTTPClient.Configuration()
@@ -271,12 +274,12 @@ public struct Pipeline: Sendable {
                     logger: logger))
             Reconciliation.exportMetrics()
             AppleFinishing.exportMetrics()
-            if finisher.finishAtApple {
+            ConsumptionAnswering.exportMetrics()
+            if let client = try shared.serverAPI(settings, logger: logger) {
+                let store = try shared.require(shared.store, "the order store", for: .finisher)
+                if finisher.finishAtApple { middle.append(AppleFinishing(store: store, client: client, logger: logger)) }
                 middle.append(
-                    AppleFinishing(
-                        store: try shared.require(shared.store, "the order store", for: .finisher),
-                        client: try shared.require(try shared.serverAPI(settings, logger: logger), "a Server API client", for: .finisher),
-                        logger: logger))
+                    ConsumptionAnswering(store: store, client: client, settings: settings.storeKit.consumption, logger: logger))
             }
             if reconciles, let schedule = settings.reconciliation {
                 middle.append(try reconciliation(settings: settings, schedule: schedule, shared: shared, logger: logger))

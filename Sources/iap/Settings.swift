@@ -6,6 +6,7 @@ import Foundation
 import IAPCore
 import Intake
 import JWTKit
+import Ledger
 import Logging
 import Messaging
 import OrderStore
@@ -706,6 +707,25 @@ struct StoreKitOptions: ParsableArguments {
                 throw ValidationError("\(Setting.finishTransactions.variable)=\(raw) needs the App Store Server API key (\(Setting.appStoreKeyPath.variable))")
             }
             settings.finishTransactions = mode
+        }
+        let consents = ConsumptionAnswer.Consent.allCases.map(\.rawValue).joined(separator: ", ")
+        let consent = reader.string(nil, .consumptionConsent)
+        guard let consumptionConsent = ConsumptionAnswer.Consent(rawValue: consent) else {
+            throw ValidationError("\(Setting.consumptionConsent.variable) must be one of \(consents), got '\(consent)'")
+        }
+        settings.consumption.consent = consumptionConsent
+        switch reader.string(nil, .refundPreference) {
+        case "none": settings.consumption.refundPreference = nil
+        case let preference where ConsumptionAnswer.Settings.refundPreferences.contains(preference):
+            settings.consumption.refundPreference = preference
+        case let other:
+            let allowed = ConsumptionAnswer.Settings.refundPreferences.sorted().joined(separator: ", ")
+            throw ValidationError("\(Setting.refundPreference.variable) must be none or one of \(allowed), got '\(other)'")
+        }
+        switch reader.string(nil, .sampleContentProvided) {
+        case "true": settings.consumption.sampleContentProvided = true
+        case "false": settings.consumption.sampleContentProvided = false
+        case let other: throw ValidationError("\(Setting.sampleContentProvided.variable) must be true or false, got '\(other)'")
         }
         return settings
     }

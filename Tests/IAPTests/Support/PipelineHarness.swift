@@ -7,6 +7,7 @@ import Finisher
 import Foundation
 import IAPCore
 import Intake
+import Ledger
 import Logging
 import Messaging
 import NIOConcurrencyHelpers
@@ -68,6 +69,7 @@ final class PipelineHarness: Sendable {
         alerts: AlertSettings = .init(), withOps: Bool = false, authentication: UserAuthentication = .off,
         limits: IntakeLimits = .unlimited, separateAdmin: Bool = false, receiptsThroughServerAPI: Bool = false,
         confirmWithAPI: Bool = false, restorePolicy: RestorePolicy = .keep, finishTransactions: FinishMode = .app,
+        consumption: ConsumptionAnswer.Settings = .init(),
         onCluster: Bool = false,
         sharing shared: PipelineHarness? = nil, store chosenStore: StoreLocation? = nil, on backend: Backend = .sqlite
     ) async throws -> PipelineHarness {
@@ -136,6 +138,7 @@ final class PipelineHarness: Sendable {
             serverAPI: ServerAPIKey.settings(fakeURL: fakeURL), confirmWithAPI: confirmWithAPI,
             receiptsThroughServerAPI: receiptsThroughServerAPI)
         settings.storeKit.finishTransactions = finishTransactions
+        settings.storeKit.consumption = consumption
 
         let pipeline = try await Pipeline(roles: roles, settings: settings, logger: logger, onListening: report)
         let group = pipeline.makeServiceGroup(gracefulShutdownSignals: [], logger: logger)

@@ -1,0 +1,160 @@
+public import Foundation
+public import IAPCore
+public import Ledger
+
+/// A consumption request due to be answered, with the ledger's facts about its transaction.
+public struct DueConsumptionRequest: Sendable, Equatable {
+    public var notificationUUID: String
+    public var transactionId: String
+    public var environment: AppStoreEnvironment
+    public var deadline: Date
+    public var attempts: Int
+    public var facts: ConsumptionAnswer.Facts
+}
+
+/// What became of one consumption request's answer.
+public enum ConsumptionAnswerOutcome: Sendable, Equatable {
+    /// Apple took `body` (JSON, as sent).
+    case sent(body: String)
+    /// Nothing is sent, for `reason` (no consent, an assigned transaction).
+    case skipped(reason: String)
+    /// Apple refused it for good.
+    case refused(String)
+    /// Apple could not be told before the deadline.
+    case expired(String)
+    /// Apple could not answer now: sent again at `at`.
+    case retry(at: Date, error: String)
+}
+
+/// The app's report about a purchase (`POST /v1/users/{userId}/consumption`) was refused.
+public struct ConsumptionReportError: Error, Equatable, Sendable {
+    public enum Kind: Sendable { case transactionNotFound }
+    public var kind: Kind
+}
+
+extension OrderStore {
+    /// The queued consumption requests that are due, at most `limit`, claimed for `worker` until
+    /// `lease` has passed, each with the facts its answer is decided from, read in the same
+    /// transaction: whether its transaction was credited, what the app reported used, and
+    /// whether the purchase's user consented.
+    public func claimDueConsumptionRequests(
+        limit: Int, worker: String, lease: TimeInterval = 60, now: Date = Date()
+    ) async throws -> [DueConsumptionRequest] {
+        let lock = database.dialect == .postgres ? " FOR UPDATE OF consumption_request SKIP LOCKED" : ""
+        return try await database.writeLocked { db in
+            let rows = try await db.rows(
+                sql: """
+                    SELECT consumption_request.*,
+                        EXISTS (SELECT 1 FROM grants WHERE grants.transactionId = consumption_request.transactionId) AS delivered,
+                        (SELECT consumptionPercentage FROM consumption_report
+                            WHERE consumption_report.transactionId = consumption_request.transactionId) AS used,
+                        (SELECT consented FROM consumption_consent WHERE consumption_consent.userId = coalesce(
+                            (SELECT userId FROM purchase WHERE purchase.transactionId = consumption_request.transactionId),
+                            consumption_request.userId)) AS consented
+                    FROM consumption_request
+                    WHERE answer = 'queued' AND dueAt <= ? AND (claimedUntil IS NULL OR claimedUntil < ? OR claimedBy = ?)
+                    ORDER BY dueAt LIMIT ?\(lock)
+                    """,
+                arguments: [now, now, worker, limit])
+            guard !rows.isEmpty else { return [] }
+            let ids = rows.map { $0["notificationUUID"] as String }
+            try await db.execute(
+                sql: """
+                    UPDATE consumption_request SET claimedBy = ?, claimedUntil = ?
+                    WHERE notificationUUID IN (\(sqlMarks(ids.count)))
+                    """,
+                arguments: SQLArguments(values: [worker.sqlValue, now.addingTimeInterval(lease).sqlValue] + ids.map(\.sqlValue)))
+            return rows.map { row in
+                DueConsumptionRequest(
+                    notificationUUID: row["notificationUUID"], transactionId: row["transactionId"],
+                    environment: AppStoreEnvironment(rawValue: row["environment"]) ?? .production,
+                    deadline: (row["deadline"] as Date?) ?? (row["receivedAt"] as Date).addingTimeInterval(
+                        LedgerChange.ConsumptionRequest.answerWindow),
+                    attempts: row["attempts"],
+                    facts: ConsumptionAnswer.Facts(
+                        ownershipType: row["ownershipType"], delivered: row["delivered"], consumptionPercentage: row["used"],
+                        userConsented: row["consented"]))
+            }
+        }
+    }
+
+    /// Records what became of a consumption request's answer and lets go of the claim; every
+    /// outcome but a retry is final and audited (actor `system`).
+    public func recordConsumptionAnswer(
+        _ request: DueConsumptionRequest, _ outcome: ConsumptionAnswerOutcome, now: Date = Date()
+    ) async throws {
+        var statements: [SQLStatement] = []
+        func close(_ answer: String, reason: String?, json: String?) {
+            statements.append(
+                SQLStatement(
+                    """
+                    UPDATE consumption_request SET answer = ?, answerReason = ?, answerJSON = ?, answeredAt = ?,
+                        attempts = attempts + ?, claimedBy = NULL, claimedUntil = NULL
+                    WHERE notificationUUID = ? AND answer = 'queued'
+                    """,
+                    [answer, reason, json, now, answer == "skipped" ? 0 : 1, request.notificationUUID]))
+            var details = ["notificationUUID": request.notificationUUID, "answer": answer]
+            details["sent"] = json
+            statements.append(
+                Self.auditStatement(
+                    actor: "system", action: "consumption_answer", subject: "transaction:\(request.transactionId)",
+                    reason: reason ?? "answered Apple's refund request with the ledger's facts", details: details, now: now))
+        }
+        switch outcome {
+        case .sent(let body): close("sent", reason: nil, json: body)
+        case .skipped(let reason): close("skipped", reason: reason, json: nil)
+        case .refused(let error): close("refused", reason: error, json: nil)
+        case .expired(let error): close("expired", reason: error, json: nil)
+        case .retry(let at, let error):
+            statements.append(
+                SQLStatement(
+                    """
+                    UPDATE consumption_request SET dueAt = ?, attempts = attempts + 1, answerReason = ?, claimedBy = NULL,
+                        claimedUntil = NULL
+                    WHERE notificationUUID = ? AND answer = 'queued'
+                    """,
+                    [at, error, request.notificationUUID]))
+        }
+        let batch = statements
+        try await database.writeLocked { db in try await db.executeBatch(batch) }
+    }
+
+    /// The app's report about one of `userId`'s purchases: the share of it used (milli-units,
+    /// 100000 is all of it), and the user's consent to tell Apple when they ask for a refund.
+    /// A transaction that is not the user's is refused as unknown.
+    public func reportConsumption(
+        userId: String, transactionId: String?, consumptionPercentage: Int?, consented: Bool?, now: Date = Date()
+    ) async throws {
+        try await database.write { db in
+            if let transactionId {
+                let owner = try await db.row(sql: "SELECT userId FROM purchase WHERE transactionId = ?", arguments: [transactionId])
+                guard let owner, sameUser(owner["userId"], userId) else {
+                    throw ConsumptionReportError(kind: .transactionNotFound)
+                }
+                if let consumptionPercentage {
+                    try await db.executeLater([
+                        SQLStatement(
+                            """
+                            INSERT INTO consumption_report (transactionId, userId, consumptionPercentage, reportedAt)
+                            VALUES (?, ?, ?, ?)
+                            ON CONFLICT (transactionId) DO UPDATE SET consumptionPercentage = excluded.consumptionPercentage,
+                                reportedAt = excluded.reportedAt
+                            """, [transactionId, userId, consumptionPercentage, now])
+                    ])
+                }
+            }
+            if let consented {
+                try await db.executeLater([
+                    SQLStatement(
+                        """
+                        INSERT INTO consumption_consent (userId, consented, updatedAt) VALUES (?, ?, ?)
+                        ON CONFLICT (userId) DO UPDATE SET consented = excluded.consented, updatedAt = excluded.updatedAt
+                        """, [userId, consented, now]),
+                    Self.auditStatement(
+                        actor: userId, action: consented ? "consumption_consent_given" : "consumption_consent_withdrawn",
+                        subject: "user:\(userId)", reason: "reported by the app", details: [:], now: now),
+                ])
+            }
+        }
+    }
+}

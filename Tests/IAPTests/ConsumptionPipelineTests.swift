@@ -1,0 +1,82 @@
+import Foundation
+import IAPCore
+import Ledger
+import OrderStore
+import Testing
+
+extension BrokerTests {
+    /// Apple's refund requests (CONSUMPTION_REQUEST) through the real pipeline: answered once
+    /// with the ledger's facts when the customer consented, never without.
+    @Suite("Refund requests answered through the pipeline")
+    struct ConsumptionPipelineTests {
+        @Test(arguments: TestStore.backends)
+        func aSpentConsumableIsAnsweredOnceWithTheLedgersFactsAndNotAtAllWithoutConsent(_ backend: Backend) async throws {
+            let pipeline = try await PipelineHarness.start(
+                name: "consumption", consumption: .init(consent: .perUser, refundPreference: "DECLINE"), on: backend)
+            Teardown.add { await pipeline.stop() }
+            var purchases: [String: PipelineHarness.Purchase] = [:]
+            for user in ["ana", "bob"] {
+                let purchase = try await pipeline.mintStoreKit2()
+                let id = try await pipeline.upload(["userId": user, "signedTransaction": try #require(purchase.signedTransaction)])
+                #expect(try await pipeline.waitForState(id)["state"] as? String == "credited")
+                purchases[user] = purchase
+            }
+            let ana = try #require(purchases["ana"]), bob = try #require(purchases["bob"])
+            // The app says ana spent all of hers and consented; bob said nothing.
+            let report = try await HTTP.post(
+                pipeline.intakeURL + "/v1/users/ana/consumption",
+                json: ConsumptionReport(transactionId: ana.transactionId, consumptionPercentage: 100_000, customerConsented: true))
+            #expect(report.status == 204, "\(report.text)")
+            // Bad reports are refused and change nothing: a share past all of it, another user's purchase.
+            let tooMuch = try await HTTP.post(
+                pipeline.intakeURL + "/v1/users/ana/consumption",
+                json: ConsumptionReport(transactionId: ana.transactionId, consumptionPercentage: 100_001))
+            #expect(tooMuch.status == 400 && tooMuch.errorCode == "invalid_field")
+            let notHers = try await HTTP.post(
+                pipeline.intakeURL + "/v1/users/ana/consumption",
+                json: ConsumptionReport(transactionId: bob.transactionId, consumptionPercentage: 0))
+            #expect(notHers.status == 404 && notHers.errorCode == "purchase_not_found")
+
+            for purchase in [ana, bob] {
+                let asked = try await HTTP.post(
+                    pipeline.fakeURL + "/fake/purchases/\(purchase.transactionId)/notify",
+                    json: ["notificationType": "CONSUMPTION_REQUEST", "consumptionRequestReason": "UNINTENDED_PURCHASE"])
+                #expect(asked.status == 200, "\(asked.text)")
+            }
+            let answered = try await eventually(timeout: .seconds(30)) {
+                try await HTTP.get(pipeline.fakeURL + "/fake/consumption/\(ana.transactionId)").status == 200
+            }
+            #expect(answered, "Apple never heard about ana's refund request")
+            let settled = try await eventually(timeout: .seconds(30)) {
+                try await pipeline.store.consumptionRequests(limit: 10).filter { $0.answer != "queued" }.count == 2
+            }
+            #expect(settled)
+            try await Task.sleep(for: .seconds(2))
+            let bodies = try await HTTP.get(pipeline.fakeURL + "/fake/consumption/\(ana.transactionId)?all=true")
+            let sent = try #require(try JSONSerialization.jsonObject(with: bodies.body) as? [[String: Any]])
+            #expect(sent.count == 1, "answered more than once: \(bodies.text)")
+            #expect(sent.first?["customerConsented"] as? Bool == true)
+            #expect(sent.first?["deliveryStatus"] as? String == "DELIVERED")
+            #expect(sent.first?["consumptionPercentage"] as? Int == 100_000)
+            #expect(sent.first?["refundPreference"] as? String == "DECLINE")
+            #expect(sent.first?["sampleContentProvided"] as? Bool == false)
+            #expect(try await HTTP.get(pipeline.fakeURL + "/fake/consumption/\(bob.transactionId)").status == 404)
+
+            let requests = try await pipeline.store.consumptionRequests(limit: 10)
+            let anas = try #require(requests.first { $0.transactionId == ana.transactionId })
+            let bobs = try #require(requests.first { $0.transactionId == bob.transactionId })
+            #expect(anas.answer == "sent" && anas.answeredAt != nil && anas.answerJSON?.contains("DELIVERED") == true)
+            #expect(bobs.answer == "skipped" && bobs.answerReason == ConsumptionAnswer.noConsent)
+            let deadline = try #require(anas.deadline)
+            #expect(abs(deadline.timeIntervalSince(anas.receivedAt) - 12 * 3600) < 60, "Apple gives 12 hours")
+            let audited = try await pipeline.store.auditLog(limit: 100).filter { $0.action == "consumption_answer" }
+            #expect(Set(audited.map(\.subject)) == ["transaction:\(ana.transactionId)", "transaction:\(bob.transactionId)"])
+        }
+    }
+}
+
+private struct ConsumptionReport: Encodable {
+    var transactionId: String?
+    var consumptionPercentage: Int?
+    var customerConsented: Bool?
+}
