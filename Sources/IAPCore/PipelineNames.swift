@@ -49,6 +49,9 @@ public struct PipelineNames: Sendable, Equatable {
     public var verifyQueues: [String] { separatesRetries ? [verify, verifyRetries] : [verify] }
     /// Verification results waiting for the finisher.
     public var results: String { "\(prefix).results" }
+    /// The app's reports for Apple's refund requests (how much of a purchase was used, the
+    /// user's consent), published by the app's own services; the order service records them.
+    public var consumption: String { "\(prefix).consumption" }
     /// Verify messages that could not be processed at all (undecodable, crashed).
     public var verifyDead: String { "\(prefix).verify.dead" }
     /// Result messages that could not be processed at all.

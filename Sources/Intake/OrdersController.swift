@@ -69,19 +69,15 @@ struct OrdersController: Sendable {
             }
             let body = try await IntakeBody.collect(request, limit: 16 * 1024, timeout: settings.limits.bodyTimeout)
             let fields = try JSONFields(body)
-            let transactionId = try fields.id("transactionId")
-            let used = try fields.int("consumptionPercentage")
-            let consented = try fields.bool("customerConsented")
-            if let used, !(0...100_000).contains(used) {
-                throw APIError.invalidField("consumptionPercentage", "must be 0 to 100000 (milli-units: 100000 is all of it)")
-            }
-            if used != nil, transactionId == nil { throw APIError.missingField("transactionId") }
-            guard used != nil || consented != nil else {
-                throw APIError.missingField("consumptionPercentage or customerConsented")
+            let report = ConsumptionReport(
+                userId: userId, transactionId: try fields.id("transactionId"),
+                consumptionPercentage: try fields.int("consumptionPercentage"),
+                customerConsented: try fields.bool("customerConsented"))
+            if let problem = report.problem {
+                throw problem.why.hasPrefix("must") ? APIError.invalidField(problem.field, problem.why) : APIError.missingField(problem.field)
             }
             do {
-                try await store.reportConsumption(
-                    userId: userId, transactionId: transactionId, consumptionPercentage: used, consented: consented)
+                try await store.reportConsumption(report)
             } catch is ConsumptionReportError {
                 throw APIError(.purchaseNotFound, "no purchase of this user has this transaction id")
             }

@@ -26,6 +26,37 @@ public enum ConsumptionAnswerOutcome: Sendable, Equatable {
     case retry(at: Date, error: String)
 }
 
+/// What the app reports for Apple's refund requests: how much of a purchase `userId` used, and
+/// whether they consented to tell Apple. Arrives as `POST /v1/users/{userId}/consumption` or as
+/// a message on `<prefix>.consumption` (this shape, as JSON).
+public struct ConsumptionReport: Codable, Sendable, Equatable {
+    public var userId: String
+    public var transactionId: String?
+    /// Milli-units: 100000 is all of it.
+    public var consumptionPercentage: Int?
+    public var customerConsented: Bool?
+
+    /// Creates a report.
+    public init(userId: String, transactionId: String?, consumptionPercentage: Int?, customerConsented: Bool?) {
+        self.userId = userId
+        self.transactionId = transactionId
+        self.consumptionPercentage = consumptionPercentage
+        self.customerConsented = customerConsented
+    }
+
+    /// What is wrong with it, if anything: the field and why.
+    public var problem: (field: String, why: String)? {
+        if let used = consumptionPercentage, !(0...100_000).contains(used) {
+            return ("consumptionPercentage", "must be 0 to 100000 (milli-units: 100000 is all of it)")
+        }
+        if consumptionPercentage != nil, transactionId == nil { return ("transactionId", "is required with consumptionPercentage") }
+        if consumptionPercentage == nil, customerConsented == nil {
+            return ("consumptionPercentage", "or customerConsented is required")
+        }
+        return nil
+    }
+}
+
 /// The app's report about a purchase (`POST /v1/users/{userId}/consumption`) was refused.
 public struct ConsumptionReportError: Error, Equatable, Sendable {
     public enum Kind: Sendable { case transactionNotFound }
@@ -122,9 +153,9 @@ extension OrderStore {
     /// The app's report about one of `userId`'s purchases: the share of it used (milli-units,
     /// 100000 is all of it), and the user's consent to tell Apple when they ask for a refund.
     /// A transaction that is not the user's is refused as unknown.
-    public func reportConsumption(
-        userId: String, transactionId: String?, consumptionPercentage: Int?, consented: Bool?, now: Date = Date()
-    ) async throws {
+    public func reportConsumption(_ report: ConsumptionReport, now: Date = Date()) async throws {
+        let userId = report.userId, transactionId = report.transactionId
+        let consumptionPercentage = report.consumptionPercentage, consented = report.customerConsented
         try await database.write { db in
             if let transactionId {
                 let owner = try await db.row(sql: "SELECT userId FROM purchase WHERE transactionId = ?", arguments: [transactionId])

@@ -274,6 +274,11 @@ public struct Pipeline: Sendable {
                     logger: logger))
             Reconciliation.exportMetrics()
             AppleFinishing.exportMetrics()
+            middle.append(
+                ConsumptionReports(
+                    names: settings.names, consumer: try shared.require(shared.consumer, "a consuming connection", for: .finisher),
+                    publisher: try shared.require(shared.publisher, "a publishing connection", for: .finisher),
+                    store: try shared.require(shared.store, "the order store", for: .finisher), logger: logger))
             ConsumptionAnswering.exportMetrics()
             if let client = try shared.serverAPI(settings, logger: logger) {
                 let store = try shared.require(shared.store, "the order store", for: .finisher)

@@ -50,6 +50,10 @@ extension Topology {
             Queue(
                 name: names.results,
                 arguments: quorum.merging(limited) { $1 }.merging(deadLettering(to: names.resultsDead)) { $1 }),
+            // The app's consumption reports; what cannot be read goes where unreadable results go.
+            Queue(
+                name: names.consumption,
+                arguments: quorum.merging(limited) { $1 }.merging(deadLettering(to: names.resultsDead)) { $1 }),
         ]
         if names.separatesRetries {
             queues.append(

@@ -1,7 +1,9 @@
 import Foundation
 import IAPCore
 import Ledger
+import Messaging
 import OrderStore
+import Relay
 import Testing
 
 extension BrokerTests {
@@ -25,16 +27,16 @@ extension BrokerTests {
             // The app says ana spent all of hers and consented; bob said nothing.
             let report = try await HTTP.post(
                 pipeline.intakeURL + "/v1/users/ana/consumption",
-                json: ConsumptionReport(transactionId: ana.transactionId, consumptionPercentage: 100_000, customerConsented: true))
+                json: RouteReport(transactionId: ana.transactionId, consumptionPercentage: 100_000, customerConsented: true))
             #expect(report.status == 204, "\(report.text)")
             // Bad reports are refused and change nothing: a share past all of it, another user's purchase.
             let tooMuch = try await HTTP.post(
                 pipeline.intakeURL + "/v1/users/ana/consumption",
-                json: ConsumptionReport(transactionId: ana.transactionId, consumptionPercentage: 100_001))
+                json: RouteReport(transactionId: ana.transactionId, consumptionPercentage: 100_001))
             #expect(tooMuch.status == 400 && tooMuch.errorCode == "invalid_field")
             let notHers = try await HTTP.post(
                 pipeline.intakeURL + "/v1/users/ana/consumption",
-                json: ConsumptionReport(transactionId: bob.transactionId, consumptionPercentage: 0))
+                json: RouteReport(transactionId: bob.transactionId, consumptionPercentage: 0))
             #expect(notHers.status == 404 && notHers.errorCode == "purchase_not_found")
 
             for purchase in [ana, bob] {
@@ -75,7 +77,50 @@ extension BrokerTests {
     }
 }
 
-private struct ConsumptionReport: Encodable {
+extension BrokerTests.ConsumptionPipelineTests {
+    /// The app's services may publish the same reports to `<prefix>.consumption`: recorded as
+    /// the route records them; a wrong one, or one for another user's purchase, goes to the
+    /// dead letters with the reason and the queue keeps flowing.
+    @Test func aReportPublishedOnTheQueueIsRecordedAndABadOneDeadLettered() async throws {
+        let pipeline = try await PipelineHarness.start(
+            name: "consumption-amqp", consumption: .init(consent: .perUser))
+        Teardown.add { await pipeline.stop() }
+        let purchase = try await pipeline.mintStoreKit2()
+        let id = try await pipeline.upload(["userId": "cyd", "signedTransaction": try #require(purchase.signedTransaction)])
+        #expect(try await pipeline.waitForState(id)["state"] as? String == "credited")
+        let names = pipeline.names
+        let connection = AMQPConnection(
+            configuration: try TestBroker.configuration(),
+            topology: .pipeline(names, retrySchedule: RetrySchedule(delaysSeconds: [1])), logger: TestBroker.logger)
+        #expect(await connection.waitUntilConnected(timeout: .seconds(15)))
+        func publish(_ report: ConsumptionReport) async throws {
+            try await connection.publish(OutgoingMessage(routingKey: names.consumption, body: Array(try JSONEncoder().encode(report))))
+        }
+        try await publish(.init(userId: "dan", transactionId: purchase.transactionId, consumptionPercentage: 0, customerConsented: nil))
+        try await publish(.init(userId: "cyd", transactionId: nil, consumptionPercentage: nil, customerConsented: nil))
+        try await connection.publish(OutgoingMessage(routingKey: names.consumption, body: Array("{not json".utf8)))
+        try await publish(
+            .init(userId: "cyd", transactionId: purchase.transactionId, consumptionPercentage: 25_000, customerConsented: true))
+        #expect(try await eventually { try await connection.queueStatus(names.resultsDead).messageCount == 3 })
+        let reasons = try await DeadLetters(connection: connection).list(names.resultsDead, limit: 10).compactMap(\.reason)
+        #expect(reasons.contains { $0.contains("no purchase of this user") }, "\(reasons)")
+        #expect(reasons.contains { $0.contains("unreadable consumption report") }, "\(reasons)")
+
+        // Apple asks: answered with what the queue said.
+        _ = try await HTTP.post(
+            pipeline.fakeURL + "/fake/purchases/\(purchase.transactionId)/notify",
+            json: ["notificationType": "CONSUMPTION_REQUEST", "consumptionRequestReason": "OTHER"])
+        let answered = try await eventually(timeout: .seconds(30)) {
+            try await HTTP.get(pipeline.fakeURL + "/fake/consumption/\(purchase.transactionId)").status == 200
+        }
+        #expect(answered)
+        let sent = try await HTTP.get(pipeline.fakeURL + "/fake/consumption/\(purchase.transactionId)").json
+        #expect(sent["consumptionPercentage"] as? Int == 25_000 && sent["deliveryStatus"] as? String == "DELIVERED")
+        await connection.close()
+    }
+}
+
+private struct RouteReport: Encodable {
     var transactionId: String?
     var consumptionPercentage: Int?
     var customerConsented: Bool?
