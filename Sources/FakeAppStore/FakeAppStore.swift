@@ -24,7 +24,8 @@ import X509
 ///   (default true; false answers the device's receipt from before the purchase)}` → 201
 ///   `{"transactionId", "originalTransactionId", "webOrderLineItemId"? (subscriptions),
 ///   "receiptData" (the device's new receipt, base64), "signedTransaction" (JWS), "orderId" (the
-///   invoice's), "deviceId"}`.
+///   invoice's), "deviceId"}`. A one-time purchase (not `auto_renewable`) sends ONE_TIME_CHARGE,
+///   as Apple does since May 2025.
 /// - `POST /fake/devices/{deviceId}/receipt` → `{"receiptData"}`: the device's refreshed
 ///   receipt, holding everything it bought; 404 for a device that bought nothing.
 /// - `POST /fake/purchases/{transactionId}/restore` `{"deviceId"?, "inReceipt"?}` (body optional;
@@ -90,7 +91,8 @@ import X509
 ///   "retryable"?}` → 204 injects a misbehaviour (`count` 0: until cleared); one scoped to a
 ///   transaction reaches the `verifyReceipt` answers holding it and the Server API's Finish
 ///   Transaction calls naming it. `DELETE /fake/faults` → 204 clears them.
-/// - `POST /fake/config` `{"latencyMs"?, "errorRate"?, "notificationURL"?}` → 204.
+/// - `POST /fake/config` `{"latencyMs"?, "errorRate"?, "notificationURL"?, "oneTimeCharge"?}` →
+///   204 (`oneTimeCharge` false: one-time purchases send no ONE_TIME_CHARGE).
 /// - `GET /fake/stats` → `{"verifyReceiptCalls", "serverAPICalls"}`; `GET /fake/root-certificate`
 ///   → the root (DER); `GET /healthz`.
 /// - `POST /verifyReceipt`, `POST /sandbox/verifyReceipt`: Apple's `verifyReceipt`; like
@@ -427,6 +429,7 @@ public struct FakeAppStore: Sendable {
         router.post("/fake/config") { request, context in
             let config = try await request.decode(as: FakeConfig.self, context: context)
             if let latency = config.latencyMs { ledger.setLatency(milliseconds: latency) }
+            if let oneTimeCharge = config.oneTimeCharge { ledger.sendsOneTimeCharge = oneTimeCharge }
             if let url = config.notificationURL { notificationURL.withLockedValue { $0 = url.isEmpty ? nil : url } }
             if let rate = config.errorRate { ledger.errorRate = rate }
             return HTTPResponse.Status.noContent
@@ -461,6 +464,8 @@ public struct FakeAppStore: Sendable {
         /// The share of calls answered with 503, 0 to 1.
         var errorRate: Double?
         var notificationURL: String?
+        /// False: one-time purchases send no ONE_TIME_CHARGE (true by default, as Apple).
+        var oneTimeCharge: Bool?
     }
 
     private struct UpgradeRequest: Decodable {
@@ -711,7 +716,13 @@ public struct FakeAppStore: Sendable {
             deviceId: mint.deviceId,
             expiresIn: mint.expiresInSeconds.map(TimeInterval.init), familyShared: familyShared,
             receiptIncludesPurchase: mint.receiptIncludesPurchase ?? true)
-        return try minted(try ledger.mint(order, encode: encodeReceipt))
+        let result = try ledger.mint(order, encode: encodeReceipt)
+        if type != "auto_renewable", ledger.sendsOneTimeCharge {
+            // Apple tells the server of every one-time purchase (consumable, non-consumable,
+            // non-renewing subscription) too, in production since May 2025.
+            try await notify("ONE_TIME_CHARGE", subtype: nil, purchase: result.0)
+        }
+        return try minted(result)
     }
 
     /// `POST /fake/devices/{deviceId}/receipt`: the device's refreshed receipt.

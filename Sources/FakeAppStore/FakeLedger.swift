@@ -103,6 +103,8 @@ final class FakeLedger: Sendable {
         /// release; nil when notifications go out as they are signed.
         var held: [HeldNotification]?
         var consumption: [String: [String]] = [:]
+        /// Whether a one-time purchase sends ONE_TIME_CHARGE (Apple does).
+        var sendsOneTimeCharge = true
     }
 
     let database: DatabaseQueue
@@ -642,6 +644,12 @@ final class FakeLedger: Sendable {
     func failsAtRandom() -> Bool {
         let rate = errorRate
         return rate > 0 && Double.random(in: 0..<1) < rate
+    }
+
+    /// Whether a one-time purchase sends ONE_TIME_CHARGE, as Apple does (the default).
+    var sendsOneTimeCharge: Bool {
+        get { volatile.withLockedValue { $0.sendsOneTimeCharge } }
+        set { volatile.withLockedValue { $0.sendsOneTimeCharge = newValue } }
     }
 
     func setLatency(milliseconds: Int) {

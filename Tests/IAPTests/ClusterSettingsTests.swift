@@ -39,7 +39,12 @@ struct ClusterSettingsTests {
         let names = PipelineNames(prefix: "p")
         let topology = Topology.pipeline(names, retrySchedule: RetrySchedule(delaysSeconds: [5, 30]))
         let queues = Dictionary(uniqueKeysWithValues: topology.queues.map { ($0.name, $0.arguments) })
-        #expect(Set(queues.keys) == ["p.verify", "p.results", "p.verify.dead", "p.results.dead", "p.verify.retry.5s", "p.verify.retry.30s"])
+        #expect(
+            Set(queues.keys) == [
+                "p.verify", "p.results", "p.verify.dead", "p.results.dead", "p.verify.retry.5s", "p.verify.retry.30s",
+                "p.consumption",
+            ])
+        #expect(queues["p.consumption"] == queues["p.results"], "the app's consumption reports dead-letter as results do")
         #expect(
             queues["p.verify"] == [
                 "x-dead-letter-exchange": .string(""), "x-dead-letter-routing-key": .string("p.verify.dead"),
@@ -61,7 +66,11 @@ struct ClusterSettingsTests {
         let names = PipelineNames(prefix: "p", queueType: .quorum(deliveryLimit: 7))
         let topology = Topology.pipeline(names, retrySchedule: RetrySchedule(delaysSeconds: [5]))
         let queues = Dictionary(uniqueKeysWithValues: topology.queues.map { ($0.name, $0.arguments) })
-        #expect(Set(queues.keys) == ["p.verify", "p.verify.retries", "p.results", "p.verify.dead", "p.results.dead", "p.verify.retry.5s"])
+        #expect(
+            Set(queues.keys) == [
+                "p.verify", "p.verify.retries", "p.results", "p.verify.dead", "p.results.dead", "p.verify.retry.5s",
+                "p.consumption",
+            ])
         for (name, arguments) in queues {
             #expect(arguments["x-queue-type"] == .string("quorum"), "\(name)")
             #expect(arguments["x-max-priority"] == nil, "\(name): quorum queues have no priorities")

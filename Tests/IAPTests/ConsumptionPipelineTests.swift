@@ -125,3 +125,41 @@ private struct RouteReport: Encodable {
     var consumptionPercentage: Int?
     var customerConsented: Bool?
 }
+
+extension BrokerTests {
+    /// Apple's ONE_TIME_CHARGE (a consumable, non-consumable or non-renewing subscription
+    /// bought): with a token naming one of our orders it credits that order's user with no
+    /// upload; without one it is recorded and the purchase waits for the app's upload.
+    @Suite("ONE_TIME_CHARGE credits without an upload")
+    struct OneTimeChargeTests {
+        @Test(arguments: TestStore.backends)
+        func aOneTimeChargeWithAnOrdersTokenCreditsThatOrdersUser(_ backend: Backend) async throws {
+            let pipeline = try await PipelineHarness.start(name: "one-time-charge", oneTimeCharge: true, on: backend)
+            Teardown.add { await pipeline.stop() }
+            let created = try await HTTP.post(
+                pipeline.intakeURL + "/v1/orders", json: ["userId": "olga", "productId": "com.example.premium"])
+            let orderId = try #require(created.json["orderId"] as? String, "\(created.text)")
+            let bought = try await pipeline.mintStoreKit2(
+                productId: "com.example.premium", type: "non_consumable", appAccountToken: orderId)
+            let credited = try await eventually(timeout: .seconds(30)) {
+                try await pipeline.grantState(of: bought.transactionId, user: "olga") == "active"
+            }
+            #expect(credited, "the order's user was not credited from ONE_TIME_CHARGE")
+            let order = try await pipeline.store.order(orderId)
+            #expect(order?.state == "paid" && order?.transactionId == bought.transactionId)
+            #expect(try await pipeline.store.notifications(ofTransaction: bought.transactionId).map(\.type) == ["ONE_TIME_CHARGE"])
+
+            // No token: recorded, nobody credited, and the buyer's upload credits the buyer.
+            let anonymous = try await pipeline.mintStoreKit2()
+            let recorded = try await eventually(timeout: .seconds(30)) {
+                try await !pipeline.store.notifications(ofTransaction: anonymous.transactionId).isEmpty
+            }
+            #expect(recorded)
+            #expect(try await pipeline.store.grants(ofTransaction: anonymous.transactionId).isEmpty)
+            let upload = try await pipeline.upload(
+                ["userId": "pat", "signedTransaction": try #require(anonymous.signedTransaction)])
+            #expect(try await pipeline.waitForState(upload)["state"] as? String == "credited")
+            #expect(try await pipeline.grantState(of: anonymous.transactionId, user: "pat") == "active")
+        }
+    }
+}

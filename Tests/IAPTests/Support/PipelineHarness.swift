@@ -69,7 +69,7 @@ final class PipelineHarness: Sendable {
         alerts: AlertSettings = .init(), withOps: Bool = false, authentication: UserAuthentication = .off,
         limits: IntakeLimits = .unlimited, separateAdmin: Bool = false, receiptsThroughServerAPI: Bool = false,
         confirmWithAPI: Bool = false, restorePolicy: RestorePolicy = .keep, finishTransactions: FinishMode = .app,
-        consumption: ConsumptionAnswer.Settings = .init(),
+        consumption: ConsumptionAnswer.Settings = .init(), oneTimeCharge: Bool = false,
         onCluster: Bool = false,
         sharing shared: PipelineHarness? = nil, store chosenStore: StoreLocation? = nil, on backend: Backend = .sqlite
     ) async throws -> PipelineHarness {
@@ -166,6 +166,11 @@ final class PipelineHarness: Sendable {
             // The fake sends its notifications to this intake.
             let url = "http://127.0.0.1:\(ports.withLockedValue { $0[.intake] ?? 0 })/v1/notifications/appstore"
             _ = try await HTTP.post(fakeURL + "/fake/config", json: ["notificationURL": url])
+        }
+        if shared == nil {
+            // Apple's ONE_TIME_CHARGE for each one-time purchase, only where a test asks for it:
+            // the suites written before it count and order the notifications they send.
+            _ = try await HTTP.post(fakeURL + "/fake/config", json: ["oneTimeCharge": oneTimeCharge])
         }
         let store: OrderStore
         if let running = pipeline.store { store = running } else { store = try await OrderStore(location: location) }
