@@ -39,6 +39,10 @@ final class FakeLedger: Sendable {
         /// A StoreKit 1 restore the receipt never holds: receipts list this transaction (the
         /// one restored) in its place.
         var receiptTransactionId: String? = nil
+        /// Where its last change stands in the order of every change the fake made: the order
+        /// Get Transaction History sorts by (Apple sorts by the date a transaction last
+        /// changed), and what a `revision` counts from.
+        var modifiedSeq: Int64 = 0
     }
 
     /// What a receipt held when it was issued.
@@ -203,6 +207,31 @@ final class FakeLedger: Sendable {
         }
         migrator.registerMigration("v6: Finish Transaction calls counted") { db in
             try db.execute(sql: "ALTER TABLE purchase ADD COLUMN serverFinishCalls INTEGER NOT NULL DEFAULT 0")
+        }
+        migrator.registerMigration("v7: transactions ordered by their last change") { db in
+            // Each insert, and each change of what a signed transaction says (a refund and its
+            // reversal, an upgrade, a new token, a new expiry), takes the next number: Get
+            // Transaction History sorts by it and a revision answers what changed since.
+            try db.execute(
+                sql: """
+                    ALTER TABLE purchase ADD COLUMN modifiedSeq INTEGER;
+                    UPDATE purchase SET modifiedSeq = rowid;
+                    CREATE INDEX purchase_modified ON purchase(modifiedSeq);
+                    CREATE TRIGGER purchase_modified_on_insert AFTER INSERT ON purchase BEGIN
+                        UPDATE purchase SET modifiedSeq = (SELECT coalesce(max(modifiedSeq), 0) + 1 FROM purchase)
+                        WHERE rowid = NEW.rowid;
+                    END;
+                    CREATE TRIGGER purchase_modified_on_change
+                    AFTER UPDATE OF cancellationDate, revocationType, revocationPercentage, isUpgraded, applicationUsername,
+                        expiresDate ON purchase
+                    WHEN OLD.cancellationDate IS NOT NEW.cancellationDate OR OLD.revocationType IS NOT NEW.revocationType
+                        OR OLD.revocationPercentage IS NOT NEW.revocationPercentage OR OLD.isUpgraded IS NOT NEW.isUpgraded
+                        OR OLD.applicationUsername IS NOT NEW.applicationUsername OR OLD.expiresDate IS NOT NEW.expiresDate
+                    BEGIN
+                        UPDATE purchase SET modifiedSeq = (SELECT coalesce(max(modifiedSeq), 0) + 1 FROM purchase)
+                        WHERE rowid = NEW.rowid;
+                    END;
+                    """)
         }
         return migrator
     }
@@ -710,6 +739,6 @@ extension FakeLedger.Purchase {
             inAppOwnershipType: row["inAppOwnershipType"], transactionReason: row["transactionReason"],
             revocationType: row["revocationType"], revocationPercentage: row["revocationPercentage"],
             isUpgraded: row["isUpgraded"], finishedDate: row["finishedDate"],
-            receiptTransactionId: row["receiptTransactionId"])
+            receiptTransactionId: row["receiptTransactionId"], modifiedSeq: row["modifiedSeq"] ?? 0)
     }
 }

@@ -330,8 +330,10 @@ struct FakeStoreKit: Sendable {
             router.get("\(prefix)/inApps/\(version)/history/{transactionId}") { request, context in
                 try await answer(request) { bundleId in
                     let purchase = try found(try context.parameters.require("transactionId"), bundleId, environment)
-                    let all = HistoryFilter(request.uri.queryParameters).apply(to: try ledger.history(of: purchase.transactionId))
-                    return try page(all, revision: request.uri.queryParameters.get("revision"), bundleId: bundleId, environment: environment)
+                    let filter = HistoryFilter(request.uri.queryParameters)
+                    return try page(
+                        filter.apply(to: try ledger.history(of: purchase.transactionId)), descending: filter.descending,
+                        revision: request.uri.queryParameters.get("revision"), bundleId: bundleId, environment: environment)
                 }
             }
         }
@@ -339,7 +341,10 @@ struct FakeStoreKit: Sendable {
             try await answer(request) { bundleId in
                 let purchase = try found(try context.parameters.require("transactionId"), bundleId, environment)
                 let refunded = try ledger.history(of: purchase.transactionId).filter { $0.cancellationDate != nil }
-                return try page(refunded, revision: request.uri.queryParameters.get("revision"), bundleId: bundleId, environment: environment)
+                    .sorted { $0.modifiedSeq < $1.modifiedSeq }
+                return try page(
+                    refunded, descending: false, revision: request.uri.queryParameters.get("revision"), bundleId: bundleId,
+                    environment: environment)
             }
         }
         router.get("\(prefix)/inApps/v1/lookup/{orderId}") { request, context in
@@ -569,7 +574,9 @@ struct FakeStoreKit: Sendable {
                     && (revoked.map { $0 == (purchase.cancellationDate != nil) } ?? true)
                     && (start.map { date >= $0 } ?? true) && (end.map { date < $0 } ?? true)
             }
-            return descending ? kept.reversed() : kept
+            // Apple sorts by the date each transaction last changed.
+            let sorted = kept.sorted { $0.modifiedSeq < $1.modifiedSeq }
+            return descending ? sorted.reversed() : sorted
         }
     }
 
@@ -621,15 +628,42 @@ struct FakeStoreKit: Sendable {
         var paginationToken: String?
     }
 
-    /// 20 signed transactions per page; the revision is where the next page starts.
-    private func page(_ purchases: [FakeLedger.Purchase], revision: String?, bundleId: String, environment: String) throws
-        -> PageAnswer
-    {
-        let start = revision.flatMap(Int.init) ?? 0
-        let slice = purchases.dropFirst(start).prefix(20)
+    /// 20 signed transactions per page, in the order `purchases` are sorted in (by their last
+    /// change). The revision says how far the caller has read: asked with it, the answer holds
+    /// only what changed after (ascending: a transaction refunded since comes again, with its
+    /// refund), or, sorted descending, the next older page. Every answer carries a revision;
+    /// one that found nothing new gives back the one it was asked with. A revision the fake did
+    /// not make is Apple's 4000005.
+    private func page(
+        _ purchases: [FakeLedger.Purchase], descending: Bool, revision: String?, bundleId: String, environment: String
+    ) throws -> PageAnswer {
+        var cursor: Int64?
+        if let revision {
+            guard let seq = Self.revisionSeq(revision) else {
+                throw APIError(status: .badRequest, errorCode: 4_000_005, errorMessage: "Invalid request revision.")
+            }
+            cursor = seq
+        }
+        let after = purchases.filter { purchase in
+            guard let cursor else { return true }
+            return descending ? purchase.modifiedSeq < cursor : purchase.modifiedSeq > cursor
+        }
+        let slice = after.prefix(20)
+        let next = slice.last?.modifiedSeq ?? cursor ?? (descending ? Int64.max : 0)
         return PageAnswer(
-            revision: String(start + slice.count), hasMore: start + slice.count < purchases.count, bundleId: bundleId,
+            revision: Self.revisionToken(next), hasMore: after.count > slice.count, bundleId: bundleId,
             appAppleId: appAppleId, environment: environment, signedTransactions: try slice.map(signedTransaction))
+    }
+
+    /// An opaque revision, as Apple's are: where a caller's reading stands.
+    static func revisionToken(_ seq: Int64) -> String {
+        Data("rev:\(seq)".utf8).base64EncodedString()
+    }
+
+    static func revisionSeq(_ token: String) -> Int64? {
+        guard let data = Data(base64Encoded: token), let text = String(data: data, encoding: .utf8), text.hasPrefix("rev:")
+        else { return nil }
+        return Int64(text.dropFirst(4))
     }
 
     private func found(_ transactionId: String, _ bundleId: String, _ environment: String) throws -> FakeLedger.Purchase {

@@ -35,7 +35,10 @@ extension BrokerTests {
             ])
             #expect(status == 0, "Apple's library refused the fake:\n\(text)")
             #expect(text.contains("\"check\": \"request_test_notification\", \"ok\": true"), "\(text)")
-            for check in ["finish_transaction", "set_app_account_token", "get_app_transaction_info"] {
+            for check in [
+                "finish_transaction", "set_app_account_token", "get_app_transaction_info", "get_transaction_history with revision",
+                "send_consumption_information",
+            ] {
                 let passed = text.split(separator: "\n").contains {
                     $0.contains("\"check\": \"\(check)\"") && $0.contains("\"ok\": true")
                 }

@@ -23,11 +23,14 @@ import urllib.request
 import attr
 
 from appstoreserverlibrary.api_client import APIError, APIException, AppStoreServerAPIClient, GetTransactionHistoryVersion
+from appstoreserverlibrary.models.ConsumptionRequest import ConsumptionRequest
+from appstoreserverlibrary.models.DeliveryStatus import DeliveryStatus
 from appstoreserverlibrary.models.Environment import Environment
 from appstoreserverlibrary.models.ExpirationIntent import ExpirationIntent
 from appstoreserverlibrary.models.InAppOwnershipType import InAppOwnershipType
 from appstoreserverlibrary.models.NotificationHistoryRequest import NotificationHistoryRequest
 from appstoreserverlibrary.models.OrderLookupStatus import OrderLookupStatus
+from appstoreserverlibrary.models.RefundPreference import RefundPreference
 from appstoreserverlibrary.models.RevocationType import RevocationType
 from appstoreserverlibrary.models.Status import Status
 from appstoreserverlibrary.models.Subtype import Subtype
@@ -523,6 +526,55 @@ def main():
         return {"appTransactionId": customer, "asked": len(found)}
 
     run("get_app_transaction_info", app_transaction_info)
+
+    def history_revision():
+        # A customer's history sorted by when each transaction last changed: asked again with
+        # the revision of the last answer, only what changed since comes back.
+        device = f"referee-revision-{time.time_ns()}"
+        bought = [fake.mint(bundle, "com.example.coins.60", "consumable", deviceId=device)["transactionId"]
+                  for _ in range(3)]
+        request = TransactionHistoryRequest(sort=Order.ASCENDING)
+        first = production.get_transaction_history(bought[0], None, request, GetTransactionHistoryVersion.V2)
+        ids = [mapped_txn(verifier, jws).transactionId for jws in first.signedTransactions]
+        expect(ids == bought and first.revision and not first.hasMore, f"first answer: {ids}, hasMore {first.hasMore}")
+        quiet = production.get_transaction_history(bought[0], first.revision, request, GetTransactionHistoryVersion.V2)
+        expect(not quiet.signedTransactions and quiet.revision, f"nothing changed, yet {len(quiet.signedTransactions)} came back")
+        fake.post(f"/fake/purchases/{bought[0]}/refund", {}, status=200)
+        later = fake.mint(bundle, "com.example.coins.120", "consumable", deviceId=device)["transactionId"]
+        changed = production.get_transaction_history(bought[0], quiet.revision, request, GetTransactionHistoryVersion.V2)
+        decoded = [mapped_txn(verifier, jws) for jws in changed.signedTransactions]
+        expect([transaction.transactionId for transaction in decoded] == [bought[0], later],
+               f"changed since: {[transaction.transactionId for transaction in decoded]}")
+        expect(decoded[0].revocationDate is not None, "the refunded transaction came back without its revocation")
+        refunds = production.get_refund_history(bought[1], None)
+        refunded = [mapped_txn(verifier, jws).transactionId for jws in refunds.signedTransactions]
+        expect(refunded == [bought[0]], f"refund history: {refunded}")
+        try:
+            production.get_transaction_history(bought[0], "not-a-revision", request, GetTransactionHistoryVersion.V2)
+        except APIException as error:
+            expect(error.api_error == APIError.INVALID_REQUEST_REVISION, f"bad revision: {error.raw_api_error}")
+            return {"first": len(ids), "changed": len(decoded)}
+        raise CheckFailed("a revision the fake never made was taken")
+
+    run("get_transaction_history with revision", history_revision)
+
+    def send_consumption_information():
+        transaction = minted["consumable"]["transactionId"]
+        production.send_consumption_information(transaction, ConsumptionRequest(
+            customerConsented=True, sampleContentProvided=False, deliveryStatus=DeliveryStatus.DELIVERED,
+            consumptionPercentage=25000, refundPreference=RefundPreference.GRANT_PRORATED))
+        sent = json.loads(urllib.request.urlopen(f"{fake.url}/fake/consumption/{transaction}").read())
+        expect(sent == {"customerConsented": True, "sampleContentProvided": False, "deliveryStatus": "DELIVERED",
+                        "consumptionPercentage": 25000, "refundPreference": "GRANT_PRORATED"}, f"the fake kept {sent}")
+        try:
+            production.send_consumption_information(transaction, ConsumptionRequest(
+                customerConsented=False, sampleContentProvided=False, deliveryStatus=DeliveryStatus.DELIVERED))
+        except APIException as error:
+            expect(error.api_error == APIError.INVALID_CUSTOMER_CONSENTED, f"no consent: {error.raw_api_error}")
+            return {"sent": sent["deliveryStatus"]}
+        raise CheckFailed("an answer without the customer's consent was taken")
+
+    run("send_consumption_information", send_consumption_information)
 
 
 if __name__ == "__main__":
