@@ -99,6 +99,66 @@ public struct SubscriptionStatusReader: Sendable {
     }
 }
 
+extension SubscriptionStatusReader {
+    /// What changed in a customer's purchases since a revision: each transaction verified, and
+    /// Apple's revision to ask with next time.
+    public struct Changes: Sendable {
+        /// The changed transactions (new ones, refunded ones, reversed refunds, …), each with
+        /// its JWS, in the order Apple lists them (by when each last changed).
+        public var transactions: [(transaction: JWSTransactionDecodedPayload, signed: String)]
+        /// Where the next read starts.
+        public var revision: String?
+    }
+
+    /// Every transaction of the customer `anyTransactionId` belongs to that changed since
+    /// `revision` (all of them without one): Get Transaction History v2, every page (Apple sorts
+    /// it by each transaction's last change, and its revision answers what changed since).
+    ///
+    /// Throws `ServerAPIError` when Apple fails, `JWSVerificationError` when its answer does not verify.
+    public func changes(of anyTransactionId: String, since revision: String?, in environment: ServerAPIEnvironment)
+        async throws -> Changes
+    {
+        var changes = Changes(transactions: [], revision: revision)
+        var pages = 0
+        while pages < 500 {
+            let page = try await client.transactionHistory(anyTransactionId, revision: changes.revision, in: environment)
+            for jws in page.signedTransactions ?? [] {
+                changes.transactions.append((try await verifier.verifyTransaction(jws), jws))
+            }
+            changes.revision = page.revision ?? changes.revision
+            pages += 1
+            if page.hasMore != true { break }
+        }
+        return changes
+    }
+
+    /// The notification Apple sends about a transaction as Transaction History shows it now:
+    /// REVOKE for a family member's access taken back, REFUND for one refunded, REFUND_REVERSED
+    /// for one whose refund the store holds and Apple no longer shows, DID_RENEW for a period of
+    /// an auto-renewable subscription (credited once, to the subscription's owner), and
+    /// ONE_TIME_CHARGE for any other purchase (credited to the user its token's order names, or
+    /// kept for its buyer's upload). Its `notificationUUID` names the transaction and what
+    /// Apple's answer says of it, so the same answer applies once however often it is read.
+    public static func notification(history transaction: JWSTransactionDecodedPayload, refundStands: Bool) -> AppStoreNotification {
+        let type: String
+        var stamp = ""
+        if let revoked = transaction.revocationDate {
+            type = transaction.revocationType == "FAMILY_REVOKE" ? "REVOKE" : "REFUND"
+            stamp = ":\(revoked)"
+        } else if refundStands {
+            type = "REFUND_REVERSED"
+            stamp = ":\(transaction.signedDate ?? 0)"
+        } else {
+            type = transaction.type == "Auto-Renewable Subscription" ? "DID_RENEW" : "ONE_TIME_CHARGE"
+        }
+        return AppStoreNotification(
+            notificationUUID: "reconcile:\(transaction.originalTransactionId):\(transaction.transactionId):\(type)\(stamp)",
+            notificationType: type, subtype: nil, environment: transaction.environment == "Sandbox" ? .sandbox : .production,
+            bundleId: transaction.bundleId, signedDate: transaction.signedDate.map(Date.init(appleMilliseconds:)),
+            purchase: AppStoreVerifier.purchase(transaction))
+    }
+}
+
 extension AppStoreServerAPIClient {
     /// The signed payloads of every notification Apple could not deliver to us between
     /// `start` and `end` (Get Notification History with `onlyFailures`, every page).

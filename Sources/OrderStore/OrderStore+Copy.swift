@@ -55,6 +55,7 @@ extension OrderStore {
         ("apple_finish", "transactionId"),
         ("consumption_report", "transactionId"),
         ("consumption_consent", "userId"),
+        ("history_revision", "anchor"),
     ]
 
     /// Copies this SQLite store's whole ledger into `target`, a PostgreSQL store that holds

@@ -235,3 +235,81 @@ extension OrderStore {
         return submissionId
     }
 }
+
+/// A transaction the reconciliation asks Apple's transaction history with, standing for its
+/// customer, and how far that history was read.
+public struct HistoryAnchor: Sendable, Equatable {
+    /// An original transaction id of the customer's.
+    public var transactionId: String
+    public var environment: AppStoreEnvironment
+    /// Apple's revision from the last read; nil: never read.
+    public var revision: String?
+    /// The customer (Apple's appTransactionId) its history was found to be, once read.
+    public var customer: String?
+
+    /// Creates an anchor.
+    public init(transactionId: String, environment: AppStoreEnvironment, revision: String?, customer: String? = nil) {
+        self.transactionId = transactionId
+        self.environment = environment
+        self.revision = revision
+        self.customer = customer
+    }
+}
+
+extension OrderStore {
+    /// The transactions to read Apple's history with: every subscription's chain, and every
+    /// purchase with an open question (held for a person, or credited since `openSince`, while
+    /// Apple may still refund it), one per original transaction, with the revision last kept.
+    public func historyAnchors(openSince: Date) async throws -> [HistoryAnchor] {
+        try await database.read { db in
+            try await db.rows(
+                sql: """
+                    SELECT anchor.transactionId, anchor.environment, history_revision.revision, history_revision.customer
+                    FROM (
+                        SELECT originalTransactionId AS transactionId, environment FROM subscription
+                        UNION
+                        SELECT originalTransactionId AS transactionId, environment FROM purchase
+                        WHERE heldReason IS NOT NULL OR creditedAt >= ?
+                    ) AS anchor
+                    LEFT JOIN history_revision ON history_revision.anchor = anchor.transactionId
+                    ORDER BY anchor.transactionId
+                    """,
+                arguments: [openSince]
+            ).map {
+                HistoryAnchor(
+                    transactionId: $0["transactionId"], environment: AppStoreEnvironment(rawValue: $0["environment"]) ?? .production,
+                    revision: $0["revision"], customer: $0["customer"])
+            }
+        }
+    }
+
+    /// Keeps Apple's revision of a customer's history, read with `anchor`, for it and for every
+    /// other original transaction the read listed (`also`): any of them asks for the same
+    /// history next time, from there.
+    public func recordHistoryRevision(
+        _ anchor: HistoryAnchor, revision: String, customer: String?, also others: Set<String> = [], now: Date = Date()
+    ) async throws {
+        let statements = ([anchor.transactionId] + others.subtracting([anchor.transactionId]).sorted()).map { id in
+            SQLStatement(
+                """
+                INSERT INTO history_revision (anchor, environment, revision, customer, readAt) VALUES (?, ?, ?, ?, ?)
+                ON CONFLICT (anchor) DO UPDATE SET revision = excluded.revision,
+                    customer = coalesce(excluded.customer, history_revision.customer), readAt = excluded.readAt
+                """, [id, anchor.environment.rawValue, revision, customer, now])
+        }
+        try await database.writeLocked { db in try await db.executeBatch(statements) }
+    }
+
+    /// Whether the store has a row of the transaction `transactionId` (credited, or held).
+    public func knowsPurchase(_ transactionId: String) async throws -> Bool {
+        try await database.read { db in
+            try await db.cachedRow(sql: "SELECT 1 FROM purchase WHERE transactionId = ?", arguments: [transactionId]) != nil
+        }
+    }
+
+    /// Whether the store holds a refund or revocation of `purchase` that stands (not reversed).
+    public func revocationStands(of purchase: VerifiedPurchase, policy: CreditPolicy) async throws -> Bool {
+        let key = policy.creditKey(of: purchase)
+        return try await database.read { db in try await Self.revocationStands(key: key, in: db) }
+    }
+}

@@ -797,6 +797,34 @@ enum SchemaHistory {
                     updatedAt TEXT COLLATE "C" NOT NULL
                 );
                 """),
+        SchemaStep(
+            version: 18, name: "how far each customer's history was read",
+            sqlite: """
+                -- Apple's revision of each customer's transaction history, by the transaction the
+                -- reconciliation asks with: the next run asks only for what changed since.
+                -- `customer` is Apple's appTransactionId, one per customer and app: a customer's
+                -- history is read once a run, whichever of their transactions asks.
+                CREATE TABLE history_revision (
+                    anchor TEXT PRIMARY KEY NOT NULL,
+                    environment TEXT NOT NULL,
+                    revision TEXT NOT NULL,
+                    customer TEXT,
+                    readAt DATETIME NOT NULL
+                );
+                """,
+            // Apple's revision of each customer's transaction history, by the transaction the
+            // reconciliation asks with: the next run asks only for what changed since. `customer`
+            // is Apple's appTransactionId, one per customer and app: a customer's history is read
+            // once a run, whichever of their transactions asks.
+            postgres: """
+                CREATE TABLE history_revision (
+                    anchor TEXT COLLATE "C" PRIMARY KEY NOT NULL,
+                    environment TEXT COLLATE "C" NOT NULL,
+                    revision TEXT COLLATE "C" NOT NULL,
+                    customer TEXT COLLATE "C",
+                    readAt TEXT COLLATE "C" NOT NULL
+                );
+                """),
     ]
 
     /// SQLite's migrations: each step under the name it has always had in GRDB's table.

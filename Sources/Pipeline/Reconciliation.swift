@@ -17,12 +17,16 @@ public struct ReconciliationSettings: Sendable {
     /// How far each later run looks back before the previous one's end (Apple may record a
     /// failed delivery late); a notification is re-delivered once all the same.
     public var overlap: Duration
+    /// How long after its credit a purchase's history is still read: Apple may refund it.
+    public var openWindow: Duration
 
     /// Creates settings.
     public init(
         interval: Duration = Setting.reconcileInterval.defaultDuration, horizon: Duration = .seconds(86_400),
-        firstLookback: Duration = .seconds(7 * 86_400), overlap: Duration = .seconds(300)
+        firstLookback: Duration = .seconds(7 * 86_400), overlap: Duration = .seconds(300),
+        openWindow: Duration = .seconds(90 * 86_400)
     ) {
+        self.openWindow = openWindow
         self.interval = interval
         self.horizon = horizon
         self.firstLookback = firstLookback
@@ -38,6 +42,11 @@ public struct ReconciliationReport: Sendable, Encodable {
     public var notificationsApplied = 0
     /// Those of them that changed something (each audited).
     public var corrections: [ReconciliationChange] = []
+    /// Customers whose transaction history was read (one per customer: a history read covers
+    /// every transaction it lists).
+    public var historiesRead = 0
+    /// Transactions those histories listed as new or changed since the last read.
+    public var transactionsChanged = 0
     /// Notifications Apple lists as not delivered since the last run.
     public var failedNotificationsFound = 0
     /// Those of them queued again (the rest were applied or re-delivered before).
@@ -87,6 +96,7 @@ public final class Reconciliation: Sendable {
     public func run(now: Date = Date()) async -> ReconciliationReport {
         var report = ReconciliationReport()
         await reconcileSubscriptions(now: now, into: &report)
+        await reconcileHistories(now: now, into: &report)
         await redeliverFailedNotifications(now: now, into: &report)
         Counter(label: MetricNames.reconciliationRuns, dimensions: [("result", report.errors.isEmpty ? "ok" : "failed")])
             .increment()
@@ -162,7 +172,72 @@ public final class Reconciliation: Sendable {
         }
     }
 
-    /// (b) Re-delivers what Get Notification History (onlyFailures) lists since the last run,
+    /// (b) Reads, for every customer with a subscription or a purchase with an open question
+    /// (held, or credited within `openWindow`, while Apple may refund it), what changed in
+    /// their purchases since the revision kept from the last read (Transaction History v2),
+    /// and applies each change as the notification Apple sends for it: a purchase or renewal
+    /// nobody told us of, a refund, a reversed refund. A deployment that missed every
+    /// notification for a while converges in one run; the next reads only what changed since.
+    private func reconcileHistories(now: Date, into report: inout ReconciliationReport) async {
+        let anchors: [HistoryAnchor]
+        do {
+            anchors = try await store.historyAnchors(openSince: now.addingTimeInterval(-Self.seconds(settings.openWindow)))
+        } catch {
+            report.errors.append("cannot read the customers to reconcile: \(error)")
+            return
+        }
+        // A history lists every transaction of its customer: an anchor it listed, or one of a
+        // customer read already, is read already.
+        var covered = Set<String>()
+        var customersRead = Set<String>()
+        for anchor in anchors where !covered.contains(anchor.transactionId) {
+            if let customer = anchor.customer, customersRead.contains(customer) { continue }
+            do {
+                let changes = try await reader.changes(
+                    of: anchor.transactionId, since: anchor.revision,
+                    in: ServerAPIEnvironment(rawValue: anchor.environment.rawValue) ?? .production)
+                report.historiesRead += 1
+                report.transactionsChanged += changes.transactions.count
+                for (transaction, signed) in changes.transactions {
+                    covered.insert(transaction.originalTransactionId)
+                    var notification = SubscriptionStatusReader.notification(history: transaction, refundStands: false)
+                    if transaction.revocationDate == nil, let purchase = notification.purchase {
+                        if try await store.revocationStands(of: purchase, policy: policy) {
+                            notification = SubscriptionStatusReader.notification(history: transaction, refundStands: true)
+                        } else if try await store.knowsPurchase(transaction.transactionId) {
+                            // Known, and nothing Apple says of it is news: no notification to apply.
+                            continue
+                        }
+                    }
+                    guard let change = try await store.applyReconciliation(notification, signedTransaction: signed, policy: policy)
+                    else { continue }
+                    report.notificationsApplied += 1
+                    guard change.corrected else { continue }
+                    report.corrections.append(change)
+                    Counter(label: MetricNames.reconciliationCorrections).increment()
+                    logger.notice(
+                        "purchase corrected from Apple's transaction history",
+                        metadata: [
+                            "iap.transaction.id": "\(change.transactionId)", "iap.notification.type": "\(change.notificationType)",
+                            "iap.outcome": "\(change.outcome)",
+                        ])
+                }
+                let customer = changes.transactions.lazy.compactMap(\.transaction.appTransactionId).first ?? anchor.customer
+                if let customer { customersRead.insert(customer) }
+                if let revision = changes.revision {
+                    try await store.recordHistoryRevision(
+                        anchor, revision: revision, customer: customer,
+                        also: Set(changes.transactions.map(\.transaction.originalTransactionId)))
+                }
+            } catch {
+                logger.warning(
+                    "transaction history not reconciled", metadata: ["iap.transaction.id": "\(anchor.transactionId)", "error": "\(error)"])
+                report.errors.append("history of \(anchor.transactionId): \(error)")
+            }
+        }
+    }
+
+    /// (c) Re-delivers what Get Notification History (onlyFailures) lists since the last run,
     /// through the notification path (a submission and its message to the verify queue).
     private func redeliverFailedNotifications(now: Date, into report: inout ReconciliationReport) async {
         let start: Date

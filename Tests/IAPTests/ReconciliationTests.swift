@@ -2,6 +2,8 @@ import AppStore
 import AsyncHTTPClient
 import FakeAppStore
 import Foundation
+import Hummingbird
+import ServiceLifecycle
 import IAPCore
 import OrderStore
 import Pipeline
@@ -21,7 +23,9 @@ extension BrokerTests {
         }
 
         /// The reconciliation the order service runs, against the harness's store and fake App Store.
-        static func reconciliation(_ pipeline: PipelineHarness) async throws -> Reconciliation {
+        static func reconciliation(
+            _ pipeline: PipelineHarness, settings: ReconciliationSettings = .init()
+        ) async throws -> Reconciliation {
             let root = try await HTTP.get(pipeline.fakeURL + "/fake/root-certificate")
             let verifier = SignedDataVerifier(
                 settings: .init(
@@ -34,7 +38,7 @@ extension BrokerTests {
                         settings: ServerAPIKey.settings(fakeURL: pipeline.fakeURL), httpClient: .shared, logger: TestBroker.logger),
                     verifier: verifier),
                 policy: CreditPolicy(catalog: PipelineHarness.testCatalog, eventsExchange: pipeline.names.events),
-                verifyQueue: pipeline.names.verify, logger: TestBroker.logger)
+                verifyQueue: pipeline.names.verify, settings: settings, logger: TestBroker.logger)
         }
 
         /// Apple's notifications stop reaching the intake (the fake records them as failed).
@@ -132,8 +136,96 @@ extension BrokerTests {
             #expect(again.errors.isEmpty, "\(again.errors)")
             #expect(again.failedNotificationsFound == 1 && again.notificationsRedelivered == 0)
             try await Task.sleep(for: .seconds(2))
-            #expect(try await pipeline.store.notifications(ofTransaction: purchase.transactionId).map(\.type) == ["REFUND"])
+            // Two records of the refund: what the run read in the customer's transaction history
+            // (it revoked the grant), and Apple's own notification, redelivered once (it found the
+            // grant revoked already).
+            let applied = try await pipeline.store.notifications(ofTransaction: purchase.transactionId)
+            #expect(applied.map(\.type) == ["REFUND", "REFUND"], "\(applied)")
+            #expect(applied.filter { $0.outcome == "revoked" }.count == 1, "\(applied)")
             #expect(try await pipeline.store.grants(ofTransaction: purchase.transactionId).map(\.state) == ["revoked"])
+        }
+    
+        /// Every notification lost for a run of purchases, renewals, refunds and a reversed
+        /// refund (lost on our side: Apple's notification history does not list them as failed),
+        /// and one reconciliation reads each customer's history since its revision and brings
+        /// every grant to what the notifications would have made; the next run reads only what
+        /// changed since.
+        @Test(arguments: TestStore.backends)
+        func oneRunByRevisionBringsEveryGrantWhereTheLostNotificationsWould(_ backend: Backend) async throws {
+            let pipeline = try await PipelineHarness.start(name: "reconcile-revision", on: backend)
+            Teardown.add { await pipeline.stop() }
+            struct Mint: Encodable {
+                var bundleId = PipelineHarness.bundleId
+                var productId: String
+                var type: String
+                var deviceId: String
+                var appAccountToken: String? = nil
+            }
+            func mint(_ product: String, _ type: String, device: String, token: String? = nil) async throws -> [String: Any] {
+                let answer = try await HTTP.post(
+                    pipeline.fakeURL + "/fake/purchases",
+                    json: Mint(productId: product, type: type, deviceId: device, appAccountToken: token))
+                #expect(answer.status == 201, "\(answer.text)")
+                return answer.json
+            }
+            func uploadCredited(_ minted: [String: Any], by user: String) async throws -> String {
+                guard let signed = minted["signedTransaction"] as? String, let transactionId = minted["transactionId"] as? String
+                else { throw HarnessError("the fake minted no transaction: \(minted)") }
+                let id = try await pipeline.upload(["userId": user, "signedTransaction": signed])
+                #expect(try await pipeline.waitForState(id)["state"] as? String == "credited")
+                return transactionId
+            }
+            let run = UUID().uuidString.prefix(8)
+            let sub = try await mint("com.example.vip.month", "auto_renewable", device: "ana-\(run)")
+            let firstPeriod = try await uploadCredited(sub, by: "ana")
+            let coins = try await uploadCredited(try await mint("com.example.coins.60", "consumable", device: "ben-\(run)"), by: "ben")
+            let premium = try await uploadCredited(
+                try await mint("com.example.premium", "non_consumable", device: "cat-\(run)"), by: "cat")
+            let reversed = try await uploadCredited(try await mint("com.example.coins.60", "consumable", device: "dan-\(run)"), by: "dan")
+            // dan's refund arrives; everything after it is lost.
+            _ = try await HTTP.post(pipeline.fakeURL + "/fake/purchases/\(reversed)/refund", json: [String: String]())
+            #expect(try await eventually { try await pipeline.grantState(of: reversed, user: "dan") == "revoked" })
+            let sink = Router(context: BasicRequestContext.self)
+            sink.post("/lost") { _, _ in HTTPResponse.Status.ok }
+            let lost = try await LoopbackServer.start(sink, name: "lost-notifications")
+            Teardown.add { await lost.group.triggerGracefulShutdown() }
+            #expect(try await HTTP.post(pipeline.fakeURL + "/fake/config", json: ["notificationURL": lost.base + "/lost"]).status == 204)
+
+            let original = try #require(sub["originalTransactionId"] as? String)
+            var renewals: [String] = []
+            for _ in 0..<2 {
+                let renewal = try await HTTP.post(pipeline.fakeURL + "/fake/subscriptions/\(original)/renew", json: [String: String]())
+                renewals.append(try #require(renewal.json["transactionId"] as? String, "\(renewal.text)"))
+            }
+            let order = try await HTTP.post(pipeline.intakeURL + "/v1/orders", json: ["userId": "ben", "productId": "com.example.coins.120"])
+            let orderId = try #require(order.json["orderId"] as? String)
+            let paid = try #require(
+                try await mint("com.example.coins.120", "consumable", device: "ben-\(run)", token: orderId)["transactionId"] as? String)
+            _ = try await HTTP.post(pipeline.fakeURL + "/fake/purchases/\(premium)/refund", json: [String: String]())
+            _ = try await HTTP.post(
+                pipeline.fakeURL + "/fake/purchases/\(reversed)/notify", json: ["notificationType": "REFUND_REVERSED"])
+            #expect(try await pipeline.grantState(of: premium, user: "cat") == "active", "a notification got through")
+
+            // Only the history pass can know: the notification window starts now.
+            let reconciliation = try await Self.reconciliation(pipeline, settings: .init(firstLookback: .zero))
+            let report = await reconciliation.run()
+            #expect(report.errors.isEmpty, "\(report.errors)")
+            #expect(report.historiesRead == 4, "one read per customer: \(report.historiesRead)")
+            for (user, transactionId, state) in [
+                ("ana", firstPeriod, "active"), ("ana", renewals[0], "active"), ("ana", renewals[1], "active"),
+                ("ben", coins, "active"), ("ben", paid, "active"), ("cat", premium, "revoked"), ("dan", reversed, "active"),
+            ] {
+                #expect(try await pipeline.grantState(of: transactionId, user: user) == state, "\(user) \(transactionId)")
+            }
+            #expect(try await pipeline.store.order(orderId)?.state == "paid")
+
+            // The next run reads only what changed since: nothing, then one refund.
+            let quiet = await reconciliation.run()
+            #expect(quiet.transactionsChanged == 0 && quiet.notificationsApplied == 0, "\(quiet)")
+            _ = try await HTTP.post(pipeline.fakeURL + "/fake/purchases/\(coins)/refund", json: [String: String]())
+            let later = await reconciliation.run()
+            #expect(later.transactionsChanged == 1, "\(later.transactionsChanged) changed")
+            #expect(try await pipeline.grantState(of: coins, user: "ben") == "revoked")
         }
     }
 }

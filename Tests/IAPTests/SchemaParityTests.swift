@@ -84,7 +84,12 @@ struct SchemaParityTests {
                 continue
             }
             var cursor = index + 5
-            while cursor < characters.count, characters[cursor] != "(" { cursor += 1 }
+            // A column named check… (checkedAt) is no CHECK: the word goes on, or no ( follows.
+            while cursor < characters.count, characters[cursor] == " " { cursor += 1 }
+            guard cursor < characters.count, characters[cursor] == "(" else {
+                index += 5
+                continue
+            }
             let start = cursor
             var depth = 0
             repeat {
