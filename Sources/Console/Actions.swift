@@ -22,6 +22,8 @@ enum ConsoleAction: String, CaseIterable, Sendable {
     case redrive
     /// A note about a customer.
     case note
+    /// Binds a subscription to a customer (Apple's Set App Account Token).
+    case bind
 
     /// The name of its CSRF token in the templates (`session.csrf.<formKey>`).
     var formKey: String {
@@ -141,6 +143,29 @@ extension Console {
                 Outcome(
                     kind: "success",
                     text: "Transaction \(transactionId) of order \(orderId) was queued for verification for \(userId) (upload \(request.submissionId.uuidString)); it is credited once Apple confirms it."),
+                Self.userPath(userId)
+            )
+        case .bind:
+            let original = try required(form, "originalTransactionId")
+            let userId = try required(form, "userId")
+            guard let client = deps.appStore else {
+                throw ActionRefused(text: "Purchases cannot be bound: the App Store Server API key is not configured.")
+            }
+            do {
+                _ = try await store.bindPurchase(original, to: userId, actor: actor, reason: reason, policy: policy) { token, environment in
+                    try await client.setAppAccountToken(
+                        token, originalTransactionId: original, in: environment == .sandbox ? .sandbox : .production)
+                }
+            } catch let error as ServerAPIError {
+                throw ActionRefused(
+                    text: error.kind == .invalid || error.kind == .notFound
+                        ? "Apple refused to bind subscription \(original): \(error.description). Nothing was changed."
+                        : "Apple could not be asked now (\(error.description)): nothing was changed. Try again shortly.")
+            }
+            return (
+                Outcome(
+                    kind: "success",
+                    text: "Subscription \(original) is bound to \(userId): its renewals and refunds follow them from now on."),
                 Self.userPath(userId)
             )
         case .revoke:

@@ -168,6 +168,7 @@ extension Console {
         }
         context["subscriptions"] = customer.subscriptions.map {
             [
+                "key": ConsoleSessions.randomToken(),
                 "originalTransactionId": $0.originalTransactionId, "productId": $0.productId, "state": $0.state,
                 "expires": $0.expiresDate.map(Self.when) ?? "—", "autoRenew": $0.autoRenew.map { $0 ? "on" : "off" } ?? "—",
                 "environment": $0.environment,

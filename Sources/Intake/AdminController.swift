@@ -1,3 +1,4 @@
+import AppStore
 import Crypto
 import Foundation
 import Hummingbird
@@ -103,6 +104,28 @@ struct AdminController: Sendable {
             }
             return try JSONResponse.make(SubmissionStatusBody(status, finishMode: settings.finishTransactions))
         }
+        router.post("/v1/admin/subscriptions/{originalTransactionId}/bind") { request, context in
+            // Customer service binds a subscription to a user: Apple's Set App Account Token
+            // names an order of theirs, and its renewals and refunds follow them from now on.
+            try authorize(request, context)
+            let original = try context.pathParameter("originalTransactionId")
+            let fields = try await fields(of: request)
+            let userId = try fields.requiredID("userId")
+            let actor = try Self.actor(fields)
+            let reason = try fields.requiredString("reason", maxLength: 1000)
+            guard let client = settings.appStore else {
+                throw APIError(.appleUnavailable, "the App Store Server API key is not configured")
+            }
+            let order = try await mapped(notFound: .purchaseNotFound) {
+                try await Self.askingApple {
+                    try await store.bindPurchase(original, to: userId, actor: actor, reason: reason, policy: policy) { token, environment in
+                        try await client.setAppAccountToken(
+                            token, originalTransactionId: original, in: environment == .sandbox ? .sandbox : .production)
+                    }
+                }
+            }
+            return try JSONResponse.make(["originalTransactionId": original, "userId": userId, "appAccountToken": order.orderId])
+        }
         router.get("/v1/admin/consumption-requests") { request, context in
             try authorize(request, context)
             let limit = try Self.limit(request)
@@ -184,6 +207,18 @@ struct AdminController: Sendable {
 
     /// The store's errors as API answers: what the store lacks is answered with the route's
     /// own code (an unknown transaction is `purchase_not_found` on every route).
+    /// Apple's refusal of a call as `apple_refused`, its absence as `apple_unavailable`.
+    private static func askingApple<T>(_ body: () async throws -> T) async throws -> T {
+        do {
+            return try await body()
+        } catch let error as ServerAPIError {
+            switch error.kind {
+            case .invalid, .notFound: throw APIError(.appleRefused, "Apple refused: \(error.description)")
+            case .transient, .unauthorized: throw APIError(.appleUnavailable, "Apple could not be asked: \(error.description)")
+            }
+        }
+    }
+
     private func mapped<T>(notFound: APIErrorCode, _ body: () async throws -> T) async throws -> T {
         do {
             return try await body()

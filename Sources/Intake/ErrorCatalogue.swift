@@ -58,6 +58,8 @@ public enum APIErrorCode: String, CaseIterable, Sendable {
     case adminDisabled = "admin_disabled"
     case notificationsUnavailable = "notifications_unavailable"
     case notificationsBusy = "notifications_busy"
+    case appleRefused = "apple_refused"
+    case appleUnavailable = "apple_unavailable"
 
     /// The HTTP status every answer with this code has.
     public var status: HTTPResponse.Status {
@@ -75,11 +77,12 @@ public enum APIErrorCode: String, CaseIterable, Sendable {
         case .notFound, .submissionNotFound, .orderNotFound, .purchaseNotFound, .userNotFound: .notFound
         case .methodNotAllowed: .methodNotAllowed
         case .requestTimeout: .requestTimeout
-        case .conflict: .conflict
+        case .conflict, .appleRefused: .conflict
         case .bodyTooLarge: .contentTooLarge
         case .rateLimited: .tooManyRequests
         case .internalError: .internalServerError
-        case .overloaded, .storeUnavailable, .adminDisabled, .notificationsUnavailable, .notificationsBusy: .serviceUnavailable
+        case .overloaded, .storeUnavailable, .adminDisabled, .notificationsUnavailable, .notificationsBusy, .appleUnavailable:
+            .serviceUnavailable
         }
     }
 
@@ -134,6 +137,8 @@ public enum APIErrorCode: String, CaseIterable, Sendable {
         case .storeUnavailable: "the store could not be written or read (disk full, file locked); nothing was accepted"
         case .adminDisabled: "the admin routes are off: `\(Setting.adminToken.variable)` is not set"
         case .notificationsUnavailable: "this intake cannot check App Store notification signatures now"
+        case .appleRefused: "Apple refused the change (Set App Account Token: not an original transaction id, a Family Sharing or an assigned purchase); nothing was changed"
+        case .appleUnavailable: "Apple could not be asked now, or the App Store Server API key is not configured; nothing was changed"
         case .notificationsBusy: "more verified App Store notifications than `\(Setting.notificationRate.variable)` (\(Setting.notificationRate.defaultText)/s for the whole deployment) allows; Apple retries after `Retry-After`"
         }
     }

@@ -38,6 +38,9 @@ public struct IntakeSettings: Sendable {
     /// app to finish; with `server` or `both` what customer service settles is queued to be
     /// finished at Apple as the finisher's credits are.
     public var finishTransactions: FinishMode = .app
+    /// The App Store Server API, for the admin routes that ask Apple (binding a purchase); nil
+    /// answers them `apple_unavailable`.
+    public var appStore: AppStoreServerAPIClient?
     /// Checks each App Store notification's signature, chain, bundle id, environment and app
     /// id before anything is stored; nil answers every notification 503 (Apple retries).
     public var notificationVerifier: SignedDataVerifier?

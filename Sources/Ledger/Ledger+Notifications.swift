@@ -488,6 +488,30 @@ extension Planner {
         return .grant(transactionId: id)
     }
 
+    /// Binds a subscription to `userId` by hand (its token at Apple now names their order
+    /// `orderId`): the subscription is theirs from now on, so its next renewals, restores and
+    /// refunds follow them; the periods credited before stay with whom they were credited to.
+    /// Refused for a chain that is no subscription of this store. Audited.
+    mutating func bindByHand(
+        _ originalTransactionId: String, to userId: String, orderId: String, actor: String, reason: String
+    ) -> LedgerOutcome {
+        guard var subscription = facts.subscription, subscription.originalTransactionId == originalTransactionId else {
+            return .refused(.notFound, "no subscription \(originalTransactionId) in this store")
+        }
+        let from = subscription.userId
+        if let from, sameUser(from, userId) {
+            return .refused(.conflict, "subscription \(originalTransactionId) is \(userId)'s already")
+        }
+        subscription.userId = userId
+        subscription.ownedSince = now
+        subscription.updatedAt = now
+        emit(.putSubscription(subscription))
+        audit(
+            actor: actor, action: "purchase_bound", subject: "subscription:\(originalTransactionId)", reason: reason,
+            details: ["from": from ?? "", "to": userId, "appAccountToken": orderId])
+        return .bound(originalTransactionId: originalTransactionId)
+    }
+
     /// Takes a grant back by hand (refund, fraud): its order refunded, `grant.revoked`. Audited.
     mutating func revokeByHand(_ transactionId: String, actor: String, reason: String, tag: String) -> LedgerOutcome {
         guard let grant = facts.grant(ofTransaction: transactionId) else {

@@ -29,6 +29,8 @@ public enum Ledger {
                 originalTransactionId: recorded?.originalTransactionId)
         case .manualRevoke(let transactionId, _, _, _):
             return LedgerQuery(transactionId: transactionId)
+        case .bind(let originalTransactionId, _, _, _, _):
+            return LedgerQuery(originalTransactionId: originalTransactionId)
         }
     }
 
@@ -61,6 +63,8 @@ public enum Ledger {
             outcome = planner.grantByHand(grant)
         case .manualRevoke(let transactionId, let actor, let reason, let tag):
             outcome = planner.revokeByHand(transactionId, actor: actor, reason: reason, tag: tag)
+        case .bind(let originalTransactionId, let userId, let orderId, let actor, let reason):
+            outcome = planner.bindByHand(originalTransactionId, to: userId, orderId: orderId, actor: actor, reason: reason)
         }
         if case .refused = outcome { return LedgerPlan(changes: [], outcome: outcome, revoked: 0) }
         return LedgerPlan(changes: planner.changes, outcome: outcome, revoked: planner.revoked)

@@ -12,6 +12,9 @@ public enum LedgerEvent: Sendable, Equatable {
     case manualGrant(ManualGrant)
     /// Customer service takes a grant back.
     case manualRevoke(transactionId: String, actor: String, reason: String, eventTag: String)
+    /// Customer service binds a subscription to a user (Apple's Set App Account Token names
+    /// an order of theirs): from now on its renewals and refunds follow that user.
+    case bind(originalTransactionId: String, userId: String, orderId: String, actor: String, reason: String)
 
     /// The upload a purchase came in.
     public struct Upload: Sendable, Equatable {
@@ -139,6 +142,8 @@ public enum LedgerOutcome: Sendable, Equatable {
     case notification(NotificationOutcome)
     /// For an action by hand: the grant it wrote or took back.
     case grant(transactionId: String)
+    /// For a binding by hand: the subscription now the user's.
+    case bound(originalTransactionId: String)
     /// An action by hand that cannot be done as asked; nothing changes.
     case refused(Refusal, String)
 

@@ -184,8 +184,68 @@ extension OrderStore {
             throw OrderStoreError(.notFound, message)
         case .refused(.conflict, let message):
             throw OrderStoreError(.conflict, message)
-        case .transaction, .notification:
+        case .transaction, .notification, .bound:
             preconditionFailure("the ledger answered an action by hand with \(plan.outcome)")
+        }
+    }
+
+    /// Binds the subscription `originalTransactionId` to `userId`, whose order `orderId` is the
+    /// token Apple now holds for it (Set App Account Token): its next renewals, restores and
+    /// refunds follow them. Audited (`purchase_bound`).
+    public func bindSubscription(
+        _ originalTransactionId: String, to userId: String, orderId: String, actor: String, reason: String,
+        policy: CreditPolicy, now: Date = Date()
+    ) async throws(OrderStoreError) {
+        do {
+            try await database.write { db in
+                let event = LedgerEvent.bind(
+                    originalTransactionId: originalTransactionId, userId: userId, orderId: orderId, actor: actor, reason: reason)
+                let plan = try await Self.applyLedger(event, policy: policy, now: now, in: db)
+                switch plan.outcome {
+                case .refused(.notFound, let message): throw OrderStoreError(.notFound, message)
+                case .refused(.conflict, let message): throw OrderStoreError(.conflict, message)
+                default: break
+                }
+            }
+        } catch let error as OrderStoreError {
+            throw error
+        } catch {
+            throw OrderStoreError(.unavailable, "\(error)")
+        }
+    }
+
+    /// Customer service binds the subscription `originalTransactionId` to `userId`: a new order
+    /// of theirs for its product, whose id `setToken` gives Apple as the purchase's
+    /// `appAccountToken` (Set App Account Token), then the binding in the ledger
+    /// (`bindSubscription`). Nothing is bound when Apple refuses (its error is thrown as it
+    /// came); asking again after a failure in between binds it.
+    public func bindPurchase(
+        _ originalTransactionId: String, to userId: String, actor: String, reason: String, policy: CreditPolicy,
+        setToken: (UUID, AppStoreEnvironment) async throws -> Void
+    ) async throws -> Order {
+        guard let subscription = try await subscription(originalTransactionId) else {
+            throw OrderStoreError(.notFound, "no subscription \(originalTransactionId) in this store")
+        }
+        if let owner = subscription.userId, sameUser(owner, userId) {
+            throw OrderStoreError(.conflict, "subscription \(originalTransactionId) is \(userId)'s already")
+        }
+        let order = try await createOrder(userId: userId, productId: subscription.productId)
+        guard let token = UUID(uuidString: order.orderId) else {
+            throw OrderStoreError(.unavailable, "order \(order.orderId) is no UUID")
+        }
+        try await setToken(token, AppStoreEnvironment(rawValue: subscription.environment) ?? .production)
+        try await bindSubscription(originalTransactionId, to: userId, orderId: order.orderId, actor: actor, reason: reason, policy: policy)
+        return order
+    }
+
+    /// The subscription of `originalTransactionId`: its product, environment and owner; nil when
+    /// the store has none.
+    public func subscription(_ originalTransactionId: String) async throws -> (productId: String, environment: String, userId: String?)? {
+        try await database.read { db in
+            try await db.row(
+                sql: "SELECT productId, environment, userId FROM subscription WHERE originalTransactionId = ?",
+                arguments: [originalTransactionId]
+            ).map { ($0["productId"], $0["environment"], $0["userId"]) }
         }
     }
 }

@@ -318,6 +318,7 @@ public struct Pipeline: Sendable {
         let store = try shared.require(shared.store, "the order store", for: .intake)
         var intake = settings.intake
         intake.finishTransactions = settings.storeKit.finishTransactions
+        if !intake.adminTokens.isEmpty { intake.appStore = try shared.serverAPI(settings, logger: logger) }
         if settings.inlineVerification { intake.inlineVerifier = try shared.appStoreVerifier(settings, for: .intake, logger: logger) }
         if intake.notificationVerifier == nil { intake.notificationVerifier = shared.signedData }
         if intake.bundleIds.isEmpty { intake.bundleIds = settings.verifyReceipt.bundleIds }

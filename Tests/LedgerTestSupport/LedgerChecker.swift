@@ -681,6 +681,7 @@ struct CheckerRun {
             return "\(n.notificationType) \(n.notificationUUID) signed \(Int(n.signedDate!.timeIntervalSince1970) % 100_000) \(n.purchase.map(purchase) ?? "")"
         case .manualGrant(let grant): return "grant by hand \(grant.transactionId ?? grant.goodwillId) to \(grant.userId)"
         case .manualRevoke(let id, _, _, _): return "revoke by hand \(id)"
+        case .bind(let original, let userId, _, _, _): return "bind by hand \(original) to \(userId)"
         }
     }
 
