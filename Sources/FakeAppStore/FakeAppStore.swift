@@ -20,6 +20,7 @@ import X509
 /// - `POST /fake/purchases` `{"bundleId", "productId", "environment"?: "Production"|"Sandbox",
 ///   "type"?: "consumable"|"non_consumable"|"auto_renewable"|"non_renewing", "quantity"?,
 ///   "deviceId"?, "appAccountToken"? (a UUID), "applicationUsername"?, "expiresInSeconds"?,
+///   "inAppOwnershipType"? (`ASSIGNED`: a multiseat seat, auto-renewable only, `quantity` seats),
 ///   "familyShared"? (non-consumables and subscriptions only), "receiptIncludesPurchase"?
 ///   (default true; false answers the device's receipt from before the purchase)}` → 201
 ///   `{"transactionId", "originalTransactionId", "webOrderLineItemId"? (subscriptions),
@@ -80,7 +81,8 @@ import X509
 ///   `.../refund` `{"revocationType"?, "revocationPercentage"?}` (body optional) does the same
 ///   and sends REFUND (`"notificationType"` in the answer): REFUND_FULL by default;
 ///   REFUND_PRORATED with `revocationPercentage` (milli-units of 100 %) refunds a share and may
-///   follow another prorated refund; FAMILY_REVOKE ends a family member's access and sends
+///   follow another prorated refund; ASSIGNMENT_REVOKE (an `ASSIGNED` seat only, which nothing
+///   else takes back) ends an assigned seat and sends REVOKE, no money moving; FAMILY_REVOKE ends a family member's access and sends
 ///   REVOKE. The signed transaction then carries `revocationType` and `revocationPercentage`.
 /// - `POST /fake/purchases/{transactionId}/notify` `{"notificationType", "subtype"?,
 ///   "consumptionRequestReason"?}` → `{"transactionId", "notificationType"}`: sends any
@@ -181,7 +183,7 @@ public struct FakeAppStore: Sendable {
             let ask = try await Self.body(of: request, or: RefundRequest())
             let type = ask.revocationType ?? "REFUND_FULL"
             switch type {
-            case "REFUND_FULL", "FAMILY_REVOKE":
+            case "REFUND_FULL", "FAMILY_REVOKE", "ASSIGNMENT_REVOKE":
                 guard ask.revocationPercentage == nil else {
                     throw HTTPError(.badRequest, message: "revocationPercentage goes with REFUND_PRORATED only")
                 }
@@ -190,14 +192,25 @@ public struct FakeAppStore: Sendable {
                     throw HTTPError(.badRequest, message: "REFUND_PRORATED needs revocationPercentage in 1...100000 (milli-units of 100 %)")
                 }
             default:
-                throw HTTPError(.badRequest, message: "revocationType is REFUND_FULL, REFUND_PRORATED or FAMILY_REVOKE")
+                throw HTTPError(
+                    .badRequest, message: "revocationType is REFUND_FULL, REFUND_PRORATED, FAMILY_REVOKE or ASSIGNMENT_REVOKE")
+            }
+            // The purchaser takes an assigned seat back (multiseat): only an assigned one.
+            if let known = try ledger.purchase(transactionId: id),
+                (type == "ASSIGNMENT_REVOKE") != (known.inAppOwnershipType == "ASSIGNED")
+            {
+                throw HTTPError(
+                    .conflict,
+                    message: type == "ASSIGNMENT_REVOKE"
+                        ? "ASSIGNMENT_REVOKE takes back an assigned seat; \(id) is not one"
+                        : "an assigned seat is taken back with ASSIGNMENT_REVOKE, never refunded")
             }
             guard let refund = try ledger.cancel(transactionId: id, type: type, percentage: ask.revocationPercentage),
                 let purchase = try ledger.purchase(transactionId: id)
             else {
                 throw HTTPError(.notFound, message: "no purchase \(id)")
             }
-            let notificationType = type == "FAMILY_REVOKE" ? "REVOKE" : "REFUND"
+            let notificationType = ["FAMILY_REVOKE", "ASSIGNMENT_REVOKE"].contains(type) ? "REVOKE" : "REFUND"
             try await notify(notificationType, subtype: nil, purchase: purchase)
             return try json(
                 RefundAnswer(
@@ -619,7 +632,7 @@ public struct FakeAppStore: Sendable {
     }
 
     private struct RefundRequest: Decodable {
-        /// REFUND_FULL (default), REFUND_PRORATED or FAMILY_REVOKE.
+        /// REFUND_FULL (default), REFUND_PRORATED, FAMILY_REVOKE or ASSIGNMENT_REVOKE.
         var revocationType: String?
         /// For REFUND_PRORATED: the share refunded, in milli-units of 100 % (1 of 3 units: 33333).
         var revocationPercentage: Int?
@@ -674,6 +687,10 @@ public struct FakeAppStore: Sendable {
         /// A family member's access to this purchase (`FAMILY_SHARED`); Apple shares only
         /// non-consumables and auto-renewable subscriptions.
         var familyShared: Bool?
+        /// `PURCHASED` (default), `FAMILY_SHARED` (as `familyShared`) or `ASSIGNED`: a seat of
+        /// a multiseat subscription an organization assigned (auto-renewable only; `quantity` is
+        /// the purchase's seats).
+        var inAppOwnershipType: String?
         /// False: the receipt answered is the device's from before this purchase (stale).
         var receiptIncludesPurchase: Bool?
     }
@@ -701,9 +718,16 @@ public struct FakeAppStore: Sendable {
         guard ["consumable", "non_consumable", "auto_renewable", "non_renewing"].contains(type) else {
             throw HTTPError(.badRequest, message: "type must be consumable, non_consumable, auto_renewable or non_renewing")
         }
-        let familyShared = mint.familyShared ?? false
+        let ownership = mint.inAppOwnershipType ?? (mint.familyShared == true ? "FAMILY_SHARED" : "PURCHASED")
+        guard ["PURCHASED", "FAMILY_SHARED", "ASSIGNED"].contains(ownership) else {
+            throw HTTPError(.badRequest, message: "inAppOwnershipType is PURCHASED, FAMILY_SHARED or ASSIGNED")
+        }
+        let familyShared = ownership == "FAMILY_SHARED"
         guard !familyShared || type == "non_consumable" || type == "auto_renewable" else {
             throw HTTPError(.badRequest, message: "familyShared is only for non_consumable and auto_renewable purchases")
+        }
+        guard ownership != "ASSIGNED" || type == "auto_renewable" else {
+            throw HTTPError(.badRequest, message: "ASSIGNED (a multiseat seat) is only for auto_renewable purchases")
         }
         if let token = mint.appAccountToken, UUID(uuidString: token) == nil {
             throw HTTPError(.badRequest, message: "appAccountToken must be a UUID")
@@ -715,6 +739,7 @@ public struct FakeAppStore: Sendable {
                 ?? mint.applicationUsername.flatMap { UUID(uuidString: $0) != nil ? $0 : nil },
             deviceId: mint.deviceId,
             expiresIn: mint.expiresInSeconds.map(TimeInterval.init), familyShared: familyShared,
+            assigned: ownership == "ASSIGNED",
             receiptIncludesPurchase: mint.receiptIncludesPurchase ?? true)
         let result = try ledger.mint(order, encode: encodeReceipt)
         if type != "auto_renewable", ledger.sendsOneTimeCharge {

@@ -66,6 +66,9 @@ final class FakeLedger: Sendable {
         var expiresIn: TimeInterval?
         /// Shared by a family member (`FAMILY_SHARED`); only non-consumables and subscriptions.
         var familyShared = false
+        /// A seat an organization assigned (multiseat, `ASSIGNED`); only auto-renewable
+        /// subscriptions, `quantity` the purchase's seats.
+        var assigned = false
         /// Whether the receipt answered with the purchase already holds it. False gives the
         /// device's receipt as it was before (Apple tells the app about a purchase before its
         /// receipt is refreshed); `refreshReceipt` gives the one that holds it.
@@ -250,7 +253,7 @@ final class FakeLedger: Sendable {
                 webOrderLineItemId: subscription ? Self.lineItemId(transactionId) : nil,
                 cancellationDate: nil, environment: order.environment, bundleId: order.bundleId,
                 applicationUsername: order.applicationUsername, deviceId: order.deviceId ?? UUID().uuidString,
-                inAppOwnershipType: order.familyShared ? "FAMILY_SHARED" : "PURCHASED")
+                inAppOwnershipType: order.assigned ? "ASSIGNED" : order.familyShared ? "FAMILY_SHARED" : "PURCHASED")
             try Self.insert(purchase, db)
             if subscription, let expires = purchase.expiresDate {
                 try Self.save(SubscriptionState(periodSeconds: expires.timeIntervalSince(now)), of: transactionId, db)

@@ -465,6 +465,7 @@ struct FakeStoreKit: Sendable {
                         status: .badRequest, errorCode: 4_000_187,
                         errorMessage: "Invalid request. The transaction ID provided is not an original transaction ID.")
                 }
+                try Self.refuseAssigned(purchase)
                 guard purchase.inAppOwnershipType != "FAMILY_SHARED" else {
                     throw APIError(
                         status: .badRequest, errorCode: 4_000_185,
@@ -482,11 +483,21 @@ struct FakeStoreKit: Sendable {
                 guard let fields = (try? JSONSerialization.jsonObject(with: Data(body.readableBytesView))) as? [String: Any] else {
                     throw APIError(status: .badRequest, errorCode: 4_000_000, errorMessage: "Invalid request.")
                 }
+                try Self.refuseAssigned(purchase)
                 try Self.checkConsumption(fields)
                 ledger.recordConsumption(transactionId: purchase.transactionId, body: fields)
                 return [String: String]()
             }
         }
+    }
+
+    /// Apple's 4000227: an assigned seat (multiseat) takes neither consumption answers nor Set
+    /// App Account Token.
+    static func refuseAssigned(_ purchase: FakeLedger.Purchase) throws {
+        guard purchase.inAppOwnershipType == "ASSIGNED" else { return }
+        throw APIError(
+            status: .badRequest, errorCode: 4_000_227,
+            errorMessage: "Invalid request. Assigned transactions aren't supported by this endpoint.")
     }
 
     /// Send Consumption Information v2's body as Apple checks it: `customerConsented` true

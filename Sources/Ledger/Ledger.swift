@@ -276,7 +276,9 @@ extension Planner {
         }
         var heldReason: ReasonCode?
         let product = product(purchase.productId)
-        let unpaidOrder = order.map { pays($0, purchase) } ?? false
+        // An assigned seat (multiseat) is access an organization paid for: its token proves
+        // whose it is, but it pays no order of ours.
+        let unpaidOrder = purchase.ownershipType != "ASSIGNED" && (order.map { pays($0, purchase) } ?? false)
         if policy.catalog != nil && product == nil {
             heldReason = .unknownProduct
         } else if let order, unpaidOrder, order.productId != purchase.productId {
@@ -313,7 +315,8 @@ extension Planner {
             transactionId: purchase.transactionId, originalTransactionId: purchase.originalTransactionId, creditKey: key,
             userId: owner, productId: purchase.productId, orderId: boundOrder, quantity: max(quantity - refundedUnits, 1),
             grant: product?.grant(quantity: max(quantity - refundedUnits, 1)) ?? [:], environment: purchase.environment,
-            source: "apple", expiresAt: autoRenewable ? (ends?.own ?? purchase.expiresDate) : nil, periodStart: purchase.purchaseDate)
+            source: "apple", expiresAt: autoRenewable ? (ends?.own ?? purchase.expiresDate) : nil, periodStart: purchase.purchaseDate,
+            ownership: purchase.ownershipType)
         if autoRenewable || (product == nil && purchase.expiresDate != nil) {
             recordSubscription(of: purchase, owner: owner)
         }
@@ -505,9 +508,18 @@ extension Planner {
     mutating func grant(
         transactionId: String, originalTransactionId: String, creditKey: CreditKey, userId: String, productId: String,
         orderId: String?, quantity: Int, grant: [String: Catalog.GrantValue], environment: AppStoreEnvironment,
-        source: String, expiresAt: Date?, periodStart: Date? = nil
+        source: String, expiresAt: Date?, periodStart: Date? = nil, ownership: String? = nil
     ) {
         let grantJSON = Ledger.grantJSON(grant)
+        var fields: [String: EventField] = [
+            "transactionId": .string(transactionId), "originalTransactionId": .string(originalTransactionId),
+            "userId": .string(userId), "productId": .string(productId), "orderId": orderId.map(EventField.string) ?? .null,
+            "quantity": .int(quantity), "grant": .json(grantJSON), "environment": .string(environment.rawValue),
+            "source": .string(source), "grantedAt": .string(nowText),
+        ]
+        // Access an organization paid for (multiseat) or a family member shares: not a payment
+        // of this user's, which the app's revenue must not count.
+        if let ownership, ownership != "PURCHASED" { fields["ownership"] = .string(ownership) }
         emit(
             .grant(
                 .init(
@@ -516,14 +528,7 @@ extension Planner {
                     isActive: true, grantedAt: now, revokedAt: nil, revokedBy: nil, creditKey: creditKey,
                     originalTransactionId: originalTransactionId, expiresAt: expiresAt, gracePeriodExpiresAt: nil,
                     periodStart: periodStart)))
-        publish(
-            "grant.created",
-            [
-                "transactionId": .string(transactionId), "originalTransactionId": .string(originalTransactionId),
-                "userId": .string(userId), "productId": .string(productId), "orderId": orderId.map(EventField.string) ?? .null,
-                "quantity": .int(quantity), "grant": .json(grantJSON), "environment": .string(environment.rawValue),
-                "source": .string(source), "grantedAt": .string(nowText),
-            ], id: "grant.created:\(transactionId)")
+        publish("grant.created", fields, id: "grant.created:\(transactionId)")
     }
 
     /// Records an auto-renewable subscription credited through any route: its owner (the

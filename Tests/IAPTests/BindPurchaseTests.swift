@@ -46,3 +46,55 @@ extension BrokerTests {
         }
     }
 }
+
+extension BrokerTests {
+    /// Multiseat subscriptions (App Store Server API 1.22): a seat an organization assigned is
+    /// access for the user its token proves, not a payment: it pays no order, and Apple's
+    /// ASSIGNMENT_REVOKE takes it back with no order refunded.
+    @Suite("Multiseat: an assigned seat")
+    struct AssignedSeatTests {
+        struct SeatMint: Encodable {
+            var bundleId = PipelineHarness.bundleId
+            var productId = "com.example.vip.month"
+            var type = "auto_renewable"
+            var inAppOwnershipType = "ASSIGNED"
+            var quantity = 5
+            var appAccountToken: String
+        }
+
+        @Test(arguments: TestStore.backends)
+        func anAssignedSeatIsGrantedAndRevokedByAssignmentRevokeWithNoOrderRefunded(_ backend: Backend) async throws {
+            let pipeline = try await PipelineHarness.start(name: "multiseat", on: backend)
+            Teardown.add { await pipeline.stop() }
+            let created = try await HTTP.post(pipeline.intakeURL + "/v1/orders", json: ["userId": "sam", "productId": "com.example.vip.month"])
+            let orderId = try #require(created.json["orderId"] as? String)
+            let minted = try await HTTP.post(pipeline.fakeURL + "/fake/purchases", json: SeatMint(appAccountToken: orderId))
+            #expect(minted.status == 201, "\(minted.text)")
+            let seat = try #require(minted.json["transactionId"] as? String)
+            let signed = try #require(minted.json["signedTransaction"] as? String)
+            #expect(jwsPayload(signed)?["inAppOwnershipType"] as? String == "ASSIGNED")
+            let id = try await pipeline.upload(["userId": "sam", "signedTransaction": signed])
+            #expect(try await pipeline.waitForState(id)["state"] as? String == "credited")
+            let grants = try await pipeline.store.grants(ofTransaction: seat)
+            #expect(grants.map(\.userId) == ["sam"] && grants.first?.quantity == 5, "the seats are kept: \(grants)")
+            #expect(try await pipeline.store.order(orderId)?.state == "created", "an assigned seat pays no order")
+
+            // Only an assigned seat is taken back with ASSIGNMENT_REVOKE; it is never refunded.
+            let refund = try await HTTP.post(pipeline.fakeURL + "/fake/purchases/\(seat)/refund", json: [String: String]())
+            #expect(refund.status == 409, "\(refund.text)")
+            let revoke = try await HTTP.post(
+                pipeline.fakeURL + "/fake/purchases/\(seat)/refund", json: ["revocationType": "ASSIGNMENT_REVOKE"])
+            #expect(revoke.status == 200 && revoke.json["notificationType"] as? String == "REVOKE", "\(revoke.text)")
+            let revoked = try await eventually(timeout: .seconds(30)) {
+                try await pipeline.grantState(of: seat, user: "sam") == "revoked"
+            }
+            #expect(revoked)
+            #expect(try await pipeline.store.order(orderId)?.state == "created", "nothing was refunded")
+
+            // Apple refuses Set App Account Token for an assigned seat (4000227): nothing is bound.
+            let bind = try await pipeline.admin(
+                .POST, "/v1/admin/subscriptions/\(seat)/bind", ["userId": "tom", "reason": "moved by the organization"])
+            #expect(bind.status == 409 && bind.errorCode == "apple_refused" && bind.text.contains("4000227"), "\(bind.text)")
+        }
+    }
+}

@@ -576,6 +576,30 @@ def main():
 
     run("send_consumption_information", send_consumption_information)
 
+    def multiseat_raw_fields():
+        # API 1.22's multiseat shapes, which the library does not know yet: an assigned seat
+        # and its ASSIGNMENT_REVOKE decode through the raw fields, without error.
+        seat = fake.mint(bundle, "com.example.vip.month", "auto_renewable", inAppOwnershipType="ASSIGNED", quantity=5)
+        decoded = verifier.verify_and_decode_signed_transaction(seat["signedTransaction"])
+        expect(decoded.rawInAppOwnershipType == "ASSIGNED" and decoded.inAppOwnershipType is None,
+               f"an assigned seat reads {decoded.rawInAppOwnershipType} / {decoded.inAppOwnershipType}")
+        expect(decoded.quantity == 5, f"seats: {decoded.quantity}")
+        fake.post(f"/fake/purchases/{seat['transactionId']}/refund", {"revocationType": "ASSIGNMENT_REVOKE"}, status=200)
+        revoked = verifier.verify_and_decode_signed_transaction(
+            production.get_transaction_info(seat["transactionId"]).signedTransactionInfo)
+        expect(revoked.rawRevocationType == "ASSIGNMENT_REVOKE" and revoked.revocationDate is not None,
+               f"revoked seat: {revoked.rawRevocationType}, {revoked.revocationDate}")
+        try:
+            production.set_app_account_token(seat["originalTransactionId"],
+                                             UpdateAppAccountTokenRequest(appAccountToken="5a0b1c2d-3e4f-4a5b-8c6d-7e8f9a0b1c2d"))
+        except APIException as error:
+            expect(error.http_status_code == 400 and error.raw_api_error == 4000227,
+                   f"an assigned seat's token: HTTP {error.http_status_code}, {error.raw_api_error}")
+            return {"ownership": decoded.rawInAppOwnershipType, "revocation": revoked.rawRevocationType}
+        raise CheckFailed("an assigned seat took an app account token")
+
+    run("multiseat through raw fields", multiseat_raw_fields)
+
 
 if __name__ == "__main__":
     main()
