@@ -76,7 +76,7 @@ let package = Package(
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "JWTKit", package: "jwt-kit"),
             ],
-            resources: [.copy("Resources/AppleRootCA-G3.der")],
+            resources: [.copy("Resources/AppleRootCA-G3.der"), .copy("Resources/AppleIncRootCertificate.der")],
             swiftSettings: strictSettings
         ),
         .target(

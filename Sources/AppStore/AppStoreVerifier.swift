@@ -20,13 +20,18 @@ public final class AppStoreVerifier: ReceiptVerifying {
     private let legacy: (any ReceiptVerifying)?
     private let confirmWithAPI: Bool
     private let receiptsThroughServerAPI: Bool
+    private let receiptSignature: ReceiptSignature?
+    private let localReceipts: Bool
 
     /// Creates a verifier. Without `serverAPI`, transaction-id uploads and confirmations are
     /// impossible (refused with a clear reason); without `legacy`, receipts need the Server API.
     public init(
         signed: SignedDataVerifier, serverAPI: AppStoreServerAPIClient?, legacy: (any ReceiptVerifying)?,
-        confirmWithAPI: Bool = false, receiptsThroughServerAPI: Bool = true
+        confirmWithAPI: Bool = false, receiptsThroughServerAPI: Bool = true, receiptSignature: ReceiptSignature? = nil,
+        localReceipts: Bool = false
     ) {
+        self.receiptSignature = receiptSignature
+        self.localReceipts = localReceipts
         self.receiptsThroughServerAPI = receiptsThroughServerAPI
         self.signed = signed
         self.serverAPI = serverAPI
@@ -38,7 +43,28 @@ public final class AppStoreVerifier: ReceiptVerifying {
         if let payload = request.signedPayload { return await notification(payload) }
         if let jws = request.signedTransaction { return await signedTransaction(jws) }
         if !request.receiptData.isEmpty {
-            if let serverAPI, receiptsThroughServerAPI || legacy == nil { return await receipt(request.receiptData, serverAPI) }
+            // Every route checks the receipt's signature first: a provably wrong one goes no
+            // further. Where the signature is the proof (offline, and the Server API route, which
+            // only looks its ids up), a chain that ends in no trusted root goes to a person;
+            // Apple's `verifyReceipt` vouches for a receipt itself, so it decides those.
+            var signed: ReceiptSignature.Verdict?
+            if let receiptSignature {
+                guard let bytes = Data(base64Encoded: request.receiptData) else {
+                    return .rejected(.invalidReceipt, message: "the receipt is not base64")
+                }
+                let verdict = await receiptSignature.check([UInt8](bytes))
+                if verdict.result == "invalid" {
+                    return .rejected(.receiptSignatureInvalid, message: "the receipt's signature: \(verdict.reason ?? "invalid")")
+                }
+                if verdict.result == "untrusted", localReceipts || receiptsThroughServerAPI {
+                    return .needsReview(.receiptUntrustedChain, message: verdict.reason ?? "no trusted root")
+                }
+                signed = verdict
+            }
+            if localReceipts { return offline(request.receiptData, signed: signed) }
+            if let serverAPI, receiptsThroughServerAPI || legacy == nil {
+                return await receipt(request.receiptData, serverAPI, signatureChecked: signed?.isValid == true)
+            }
             if let legacy { return await legacy.verify(request) }
             return .needsReview(.notConfigured, message: "no way to verify receipts is configured")
         }
@@ -79,9 +105,39 @@ public final class AppStoreVerifier: ReceiptVerifying {
         }
     }
 
+    /// `IAP_RECEIPTS_VIA=local`: a receipt whose signature was checked is its own proof, read
+    /// with no call to Apple (which may be unreachable): every purchase it lists is the
+    /// uploader's as Apple signed it. The receipt names no environment: production.
+    private func offline(_ base64: String, signed: ReceiptSignature.Verdict?) -> VerificationOutcome {
+        guard signed?.isValid == true else {
+            return .needsReview(.notConfigured, message: "receipts verified offline need their signature checked")
+        }
+        let receipt: AppReceipt
+        do {
+            receipt = try AppReceiptParser.parse(base64: base64)
+        } catch {
+            return .needsReview(.receiptUnreadable, message: "the receipt cannot be read: \(error.code)")
+        }
+        guard self.signed.settings.bundleIds.contains(receipt.bundleId) else {
+            return .rejected(.bundleIdMismatch, message: "the receipt belongs to \(receipt.bundleId)")
+        }
+        let purchases = receipt.inApp.map { item in
+            var purchase = VerifiedPurchase(
+                transactionId: item.transactionId, originalTransactionId: item.originalTransactionId ?? item.transactionId,
+                productId: item.productId, quantity: item.quantity ?? 1, purchaseDate: item.purchaseDate,
+                environment: .production, cancellationDate: item.cancellationDate, expiresDate: item.expiresDate,
+                webOrderLineItemId: item.webOrderLineItemId.map(String.init))
+            purchase.originalPurchaseDate = item.originalPurchaseDate
+            purchase.evidence = .signedUpload
+            purchase.inUploadedReceipt = true
+            return purchase
+        }
+        return .verified(VerifiedReceipt(bundleId: receipt.bundleId, environment: .production, purchases: purchases))
+    }
+
     /// The receipt's transactions, read locally, then the customer's whole history from one of them.
     @inline(never)  // its own frame, allocated only on its route
-    private func receipt(_ base64: String, _ serverAPI: AppStoreServerAPIClient) async -> VerificationOutcome {
+    private func receipt(_ base64: String, _ serverAPI: AppStoreServerAPIClient, signatureChecked: Bool) async -> VerificationOutcome {
         let receipt: AppReceipt
         do {
             receipt = try AppReceiptParser.parse(base64: base64)
@@ -114,10 +170,13 @@ public final class AppStoreVerifier: ReceiptVerifying {
                 return .needsReview(
                     .appleHistoryEmpty, message: "Apple has no history for transaction \(anchor.transactionId)")
             }
-            // The receipt's signature is not checked on this route: what it lists is looked up,
-            // and proves nobody's ownership. `inUploadedReceipt` still says which it held.
+            // What a receipt whose signature checked lists is the uploader's proof, as a signed
+            // transaction is; without that check what it lists is looked up, and proves nobody's
+            // ownership. `inUploadedReceipt` says which it held.
             let listed = Set(receipt.inApp.map(\.transactionId))
-            return Self.verified(payloads, evidence: { _ in .lookup }) { listed.contains($0.transactionId) }
+            return Self.verified(payloads, evidence: { signatureChecked && listed.contains($0.transactionId) ? .signedUpload : .lookup }) {
+                listed.contains($0.transactionId)
+            }
         }
     }
 

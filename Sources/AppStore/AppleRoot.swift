@@ -26,6 +26,29 @@ public enum AppleRoot {
     public static func g3() throws -> Certificate {
         try Certificate(derEncoded: try g3DER())
     }
+
+    /// SHA-256 of Apple Inc. Root (CN=Apple Root CA, RSA 2048), the root legacy app receipts
+    /// chain to, as Apple publishes it.
+    public static let incFingerprint = "b0b1730ecbc7ff4505142c49f1295e6eda6bcaed7e2c68c5be91b5a11001f024"
+
+    /// Apple Inc. Root as a certificate, shipped with the package and checked by its fingerprint.
+    public static func inc() throws -> Certificate {
+        guard let url = Bundle.module.url(forResource: "AppleIncRootCertificate", withExtension: "der") else {
+            throw AppleRootError("AppleIncRootCertificate.der is missing from the package's resources")
+        }
+        let der = try [UInt8](Data(contentsOf: url))
+        let fingerprint = SHA256.hash(data: der).map { String(format: "%02x", $0) }.joined()
+        guard fingerprint == incFingerprint else {
+            throw AppleRootError("AppleIncRootCertificate.der has SHA-256 \(fingerprint), not Apple's \(incFingerprint)")
+        }
+        return try Certificate(derEncoded: der)
+    }
+
+    /// The roots an app receipt's chain may end in: Apple Inc. Root (receipts' chain since
+    /// 2011, SHA-1 and SHA-256 intermediates) and Apple Root CA - G3.
+    public static func receiptRoots() throws -> [Certificate] {
+        [try inc(), try g3()]
+    }
 }
 
 /// The shipped root is missing or not Apple's.

@@ -250,7 +250,7 @@ extension Setting {
     public static let receiptsVia = Setting(
         "IAP_RECEIPTS_VIA", fallback: "verify-receipt",
         defaultNote: "server-api holds receipt purchases without an appAccountToken as owner_unknown",
-        "How app receipts are verified: server-api (transaction ids read locally, then looked up) or verify-receipt.")
+        "How app receipts are proven (every route checks the receipt's PKCS#7 signature first): local (the signature alone, offline, with no call to Apple), server-api (transaction ids read locally, then looked up) or verify-receipt.")
     public static let reconcileInterval = Setting(
         "IAP_RECONCILE_INTERVAL", fallback: "24h",
         "How often the order service asks Apple about subscriptions due to renew, in billing retry or in a grace period, and re-delivers the notifications Apple could not send (needs \(Setting.appStoreKeyPath.variable)): e.g. 24h, 30m, 90s; 0 turns it off.")

@@ -197,6 +197,14 @@ public struct ReasonCode: RawRepresentable, Codable, Sendable, Hashable, CustomS
     /// Our own reader could not read the receipt on the App Store Server API route: a person
     /// looks (never a rejection: Apple did not say the receipt is invalid).
     public static let receiptUnreadable = ReasonCode("receipt_unreadable")
+    /// The receipt's PKCS#7 signature provably does not cover its content (a byte changed,
+    /// another key's signature): rejected, but our own check, not Apple's word, so the app is
+    /// not told to finish.
+    public static let receiptSignatureInvalid = ReasonCode("receipt_signature_invalid")
+    /// The receipt is soundly signed by a chain that ends in no trusted root (re-signed with
+    /// another key, Xcode's StoreKit testing certificate) on a route where its signature is
+    /// the proof: a person looks.
+    public static let receiptUntrustedChain = ReasonCode("receipt_untrusted_chain")
 
     /// Rejections after which the app may finish its transactions: Apple said the receipt or
     /// transaction is invalid, unknown or refunded, it is not real money, it is credited (to

@@ -109,6 +109,8 @@ public struct StoreKitSettings: Sendable {
     /// then Get Transaction History) instead of `verifyReceipt`. What it finds is a lookup,
     /// not a proof of ownership (see docs/ledger.md).
     public var receiptsThroughServerAPI: Bool
+    /// `IAP_RECEIPTS_VIA=local`: receipts are proven by their signature alone, offline.
+    public var localReceipts = false
     /// Who finishes a settled transaction at Apple; `server` and `both` need `serverAPI`.
     public var finishTransactions: FinishMode = .app
     /// How Apple's refund requests are answered (with `serverAPI`; without it none is).
@@ -202,7 +204,11 @@ private struct SharedDependencies {
             serverAPI: try serverAPI(settings, logger: logger),
             legacy: VerifyReceiptClient(settings: settings.verifyReceipt, httpClient: client, logger: logger),
             confirmWithAPI: settings.storeKit.confirmWithAPI,
-            receiptsThroughServerAPI: settings.storeKit.receiptsThroughServerAPI)
+            receiptsThroughServerAPI: settings.storeKit.receiptsThroughServerAPI,
+            // The roots receipts must chain to: the configured ones (the fake's, in tests and
+            // the dev stack), else Apple's receipt roots, shipped.
+            receiptSignature: ReceiptSignature(roots: try settings.storeKit.trustedRoots ?? AppleRoot.receiptRoots()),
+            localReceipts: settings.storeKit.localReceipts)
     }
 }
 

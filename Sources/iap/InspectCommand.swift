@@ -15,16 +15,27 @@ struct InspectCommand: AsyncParsableCommand {
 struct InspectReceiptCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "receipt",
-        abstract: "Print an app receipt's fields as JSON. The signature is not checked.",
+        abstract: "Print an app receipt's fields as JSON; with --verify, check its signature offline.",
         discussion: """
             Reads base64 text or raw DER/BER. Exits 0 with the receipt as JSON on standard output, \
-            or 1 with 'error: <code>: <message>' on standard error.
+            or 1 with 'error: <code>: <message>' on standard error. Without --verify the signature is not checked.
+            With --verify it prints the verdict instead: the signer's chain (subjects and dates), the digest \
+            algorithm, the time the chain was judged at (the receipt's creation date), the bundle id and the \
+            transaction ids; it exits 0 only when the signature covers the content and the chain ends in a \
+            trusted root (Apple Inc. Root and Apple Root CA - G3, shipped, unless --root names others).
             """)
 
     @Argument(help: "A receipt file, or - for standard input.")
     var file: String
 
+    @Flag(name: .long, help: "Check the PKCS#7 signature and chain offline and print the verdict.")
+    var verify = false
+
+    @Option(name: .long, help: "A trusted root certificate (DER or PEM) for --verify; repeat for several.")
+    var root: [String] = []
+
     func run() async throws {
+        if verify { return try await runVerify() }
         let limit = AppReceiptParser.Limits.standard.maxInputBytes
         let receipt: AppReceipt
         do {
@@ -40,6 +51,42 @@ struct InspectReceiptCommand: AsyncParsableCommand {
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
         encoder.dateEncodingStrategy = .iso8601
         print(String(decoding: try encoder.encode(receipt), as: UTF8.self))
+    }
+
+    private func runVerify() async throws {
+        let limit = AppReceiptParser.Limits.standard.maxInputBytes
+        let bytes: [UInt8]
+        do {
+            let input = try readInput(file, upTo: limit * 2 + 1)
+            bytes = try Self.der(input)
+        } catch let error as AppReceiptError {
+            throw fail(error.code.rawValue, error.message)
+        } catch let error as InputError {
+            throw fail(error.code, error.message)
+        }
+        let checker: ReceiptSignature
+        do {
+            checker = root.isEmpty ? try ReceiptSignature() : ReceiptSignature(roots: try root.map(certificate(atPath:)))
+        } catch {
+            throw fail("bad_root", "\(error)")
+        }
+        let verdict = await checker.check(bytes)
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
+        encoder.dateEncodingStrategy = .iso8601
+        print(String(decoding: try encoder.encode(verdict), as: UTF8.self))
+        if !verdict.isValid { throw ExitCode.failure }
+    }
+
+    /// The receipt's bytes: raw DER/BER as they are, base64 text decoded.
+    static func der(_ input: [UInt8]) throws(AppReceiptError) -> [UInt8] {
+        if input.count >= 2, input[0] == 0x30, input[1] >= 0x80 { return input }
+        guard let text = String(validating: input, as: UTF8.self),
+            let data = Data(base64Encoded: text.filter { !$0.isWhitespace })
+        else {
+            throw AppReceiptError(.notBase64, "the input is neither a DER/BER receipt nor base64 text")
+        }
+        return [UInt8](data)
     }
 
     /// Raw DER/BER starts with a SEQUENCE tag and a length byte that no base64 text has.

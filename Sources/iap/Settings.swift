@@ -694,7 +694,12 @@ struct StoreKitOptions: ParsableArguments {
             }
             settings.receiptsThroughServerAPI = true
         case "verify-receipt": settings.receiptsThroughServerAPI = false
-        case let other?: throw ValidationError("\(Setting.receiptsVia.variable) must be server-api or verify-receipt, got '\(other)'")
+        case "local":
+            // The receipt's signature is the proof, checked offline; Apple is not asked.
+            settings.receiptsThroughServerAPI = false
+            settings.localReceipts = true
+        case let other?:
+            throw ValidationError("\(Setting.receiptsVia.variable) must be local, server-api or verify-receipt, got '\(other)'")
         }
         let modes = FinishMode.allCases.map(\.rawValue).joined(separator: ", ")
         switch reader.optionalString(finishTransactions, .finishTransactions) {

@@ -68,6 +68,7 @@ final class PipelineHarness: Sendable {
         circuitBreaker: CircuitBreaker.Settings = .init(), sweeper: SweeperSettings = .init(),
         alerts: AlertSettings = .init(), withOps: Bool = false, authentication: UserAuthentication = .off,
         limits: IntakeLimits = .unlimited, separateAdmin: Bool = false, receiptsThroughServerAPI: Bool = false,
+        localReceipts: Bool = false,
         confirmWithAPI: Bool = false, restorePolicy: RestorePolicy = .keep, finishTransactions: FinishMode = .app,
         consumption: ConsumptionAnswer.Settings = .init(), oneTimeCharge: Bool = false,
         onCluster: Bool = false,
@@ -138,6 +139,7 @@ final class PipelineHarness: Sendable {
             serverAPI: ServerAPIKey.settings(fakeURL: fakeURL), confirmWithAPI: confirmWithAPI,
             receiptsThroughServerAPI: receiptsThroughServerAPI)
         settings.storeKit.finishTransactions = finishTransactions
+        settings.storeKit.localReceipts = localReceipts
         settings.storeKit.consumption = consumption
 
         let pipeline = try await Pipeline(roles: roles, settings: settings, logger: logger, onListening: report)
