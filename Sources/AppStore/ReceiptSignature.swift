@@ -85,7 +85,9 @@ public final class ReceiptSignature: Sendable {
         let at = receipt.creationDate ?? Date()
         let key = Self.cacheKey(certificates, at: at)
         let known = validated.contains(key)
-        let result = await CMS.isValidAttachedSignature(signatureBytes: bytes, trustRoots: known ? CertificateStore(certificates) : store) {
+        // A known chain: its signer alone is trusted, so no chain is built again.
+        let trusted = known ? CertificateStore(signer.map { [$0] } ?? certificates) : store
+        let result = await CMS.isValidAttachedSignature(signatureBytes: bytes, trustRoots: trusted) {
             if known {
                 // The chain validated before at this time: only the signature is checked now.
                 AnyPolicy()
