@@ -263,6 +263,13 @@ public final class AppStoreVerifier: ReceiptVerifying {
         purchase.revocationPercentage = payload.revocationPercentage
         purchase.transactionReason = payload.transactionReason
         purchase.originalPurchaseDate = payload.originalPurchaseDate.map(Date.init(appleMilliseconds:))
+        let terms = PurchaseTerms(
+            price: payload.price, currency: payload.currency, offerType: payload.offerType,
+            offerIdentifier: payload.offerIdentifier, offerDiscountType: payload.offerDiscountType,
+            offerPeriod: payload.offerPeriod, billingPlanType: payload.billingPlanType,
+            appTransactionId: payload.appTransactionId)
+        purchase.terms = terms.isEmpty ? nil : terms
+        purchase.previousOriginalTransactionId = payload.previousOriginalTransactionId
         return purchase
     }
 

@@ -50,6 +50,23 @@ public struct JWSTransactionDecodedPayload: SignedAppStorePayload, Codable, Equa
     public var offerType: Int?
     public var offerIdentifier: String?
     public var appTransactionId: String?
+    /// FREE_TRIAL, PAY_AS_YOU_GO, PAY_UP_FRONT, ONE_TIME (kept as Apple spells it).
+    public var offerDiscountType: String?
+    public var offerPeriod: String?
+    /// BILLED_UPFRONT or MONTHLY (kept as Apple spells it).
+    public var billingPlanType: String?
+    /// A commitment plan's progress (API 1.21).
+    public var commitmentInfo: CommitmentInfo?
+    /// The chain a migrated subscription continues (2025).
+    public var previousOriginalTransactionId: String?
+
+    /// A commitment plan's progress: which billing period this is of how many, and until when.
+    public struct CommitmentInfo: Codable, Equatable, Sendable {
+        public var billingPeriodNumber: Int?
+        public var totalBillingPeriods: Int?
+        public var commitmentExpiresDate: Int64?
+        public var commitmentPrice: Int64?
+    }
 
     /// Creates a payload (the fake App Store signs these).
     public init(

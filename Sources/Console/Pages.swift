@@ -164,6 +164,7 @@ extension Console {
             ]
             if let revokedBy = entry.revokedBy, !revokedBy.isEmpty { fields["revokedBy"] = revokedBy }
             fields["atApple"] = Self.finishText(entry.finish)
+            fields["paid"] = Self.termsText(entry.terms)
             return fields
         }
         context["subscriptions"] = customer.subscriptions.map {
@@ -302,6 +303,25 @@ extension Console {
             "acceptedAt": when(submission.acceptedAt), "updatedAt": when(submission.updatedAt),
             "alertedAt": submission.alertedAt.map(when) ?? "", "finishable": submission.finishable,
         ]
+    }
+
+    /// What a purchase cost and under which offer, in a few words: `0.99 USD, offer code SPRING`.
+    static func termsText(_ terms: PurchaseTerms?) -> String {
+        guard let terms else { return "—" }
+        var parts: [String] = []
+        if let price = terms.price {
+            let amount = String(format: "%.2f", Double(price) / 1000)
+            parts.append(terms.currency.map { "\(amount) \($0)" } ?? amount)
+        }
+        if let type = terms.offerType {
+            let names = [1: "introductory offer", 2: "promotional offer", 3: "offer code", 4: "win-back offer"]
+            var offer = names[type] ?? "offer \(type)"
+            if let id = terms.offerIdentifier { offer += " \(id)" }
+            if let discount = terms.offerDiscountType { offer += " (\(discount)\(terms.offerPeriod.map { ", \($0)" } ?? ""))" }
+            parts.append(offer)
+        }
+        if let plan = terms.billingPlanType { parts.append("billed \(plan)") }
+        return parts.isEmpty ? "—" : parts.joined(separator: ", ")
     }
 
     /// What was answered to a refund request, in a few words.

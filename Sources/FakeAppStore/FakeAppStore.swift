@@ -21,6 +21,9 @@ import X509
 ///   "type"?: "consumable"|"non_consumable"|"auto_renewable"|"non_renewing", "quantity"?,
 ///   "deviceId"?, "appAccountToken"? (a UUID), "applicationUsername"?, "expiresInSeconds"?,
 ///   "inAppOwnershipType"? (`ASSIGNED`: a multiseat seat, auto-renewable only, `quantity` seats),
+///   "price"? (milli-units, default 990), "currency"? (default USD), "offerType"?, "offerIdentifier"?,
+///   "offerDiscountType"?, "offerPeriod"?, "billingPlanType"? (as the signed transactions say),
+///   "previousOriginalTransactionId"? (a migrated subscription: the chain it continues),
 ///   "familyShared"? (non-consumables and subscriptions only), "receiptIncludesPurchase"?
 ///   (default true; false answers the device's receipt from before the purchase)}` → 201
 ///   `{"transactionId", "originalTransactionId", "webOrderLineItemId"? (subscriptions),
@@ -691,6 +694,20 @@ public struct FakeAppStore: Sendable {
         /// a multiseat subscription an organization assigned (auto-renewable only; `quantity` is
         /// the purchase's seats).
         var inAppOwnershipType: String?
+        /// The price in milli-units (default 990) and its currency (default USD), and an offer:
+        /// `offerType` (1 introductory, 2 promotional, 3 offer code, 4 win-back),
+        /// `offerIdentifier`, `offerDiscountType`, `offerPeriod`, and `billingPlanType`; as the
+        /// signed transactions then say (renewals are at the list price).
+        var price: Int64?
+        var currency: String?
+        var offerType: Int?
+        var offerIdentifier: String?
+        var offerDiscountType: String?
+        var offerPeriod: String?
+        var billingPlanType: String?
+        /// A migrated subscription (auto-renewable only): the chain it continues, which must be
+        /// an auto-renewable chain of the fake's.
+        var previousOriginalTransactionId: String?
         /// False: the receipt answered is the device's from before this purchase (stale).
         var receiptIncludesPurchase: Bool?
     }
@@ -729,6 +746,13 @@ public struct FakeAppStore: Sendable {
         guard ownership != "ASSIGNED" || type == "auto_renewable" else {
             throw HTTPError(.badRequest, message: "ASSIGNED (a multiseat seat) is only for auto_renewable purchases")
         }
+        if let previous = mint.previousOriginalTransactionId {
+            guard type == "auto_renewable", let chain = try ledger.purchase(transactionId: previous), chain.type == "auto_renewable",
+                chain.originalTransactionId == previous
+            else {
+                throw HTTPError(.badRequest, message: "previousOriginalTransactionId names an auto-renewable chain, for an auto_renewable purchase")
+            }
+        }
         if let token = mint.appAccountToken, UUID(uuidString: token) == nil {
             throw HTTPError(.badRequest, message: "appAccountToken must be a UUID")
         }
@@ -740,6 +764,7 @@ public struct FakeAppStore: Sendable {
             deviceId: mint.deviceId,
             expiresIn: mint.expiresInSeconds.map(TimeInterval.init), familyShared: familyShared,
             assigned: ownership == "ASSIGNED",
+            terms: try Self.terms(of: mint),
             receiptIncludesPurchase: mint.receiptIncludesPurchase ?? true)
         let result = try ledger.mint(order, encode: encodeReceipt)
         if type != "auto_renewable", ledger.sendsOneTimeCharge {
@@ -748,6 +773,23 @@ public struct FakeAppStore: Sendable {
             try await notify("ONE_TIME_CHARGE", subtype: nil, purchase: result.0)
         }
         return try minted(result)
+    }
+
+    /// A mint's price and offer as the ledger keeps them (JSON), nil when it names none.
+    private static func terms(of mint: MintRequest) throws -> String? {
+        let terms = FakeLedger.Terms(
+            price: mint.price, currency: mint.currency, offerType: mint.offerType, offerIdentifier: mint.offerIdentifier,
+            offerDiscountType: mint.offerDiscountType, offerPeriod: mint.offerPeriod, billingPlanType: mint.billingPlanType,
+            previousOriginalTransactionId: mint.previousOriginalTransactionId)
+        if let price = mint.price, price < 0 { throw HTTPError(.badRequest, message: "price is in milli-units, 0 or more") }
+        if let type = mint.offerType, !(1...4).contains(type) {
+            throw HTTPError(.badRequest, message: "offerType is 1 (introductory), 2 (promotional), 3 (offer code) or 4 (win-back)")
+        }
+        let named = [mint.price.map { _ in 1 }, mint.currency.map { _ in 1 }, mint.offerType, mint.offerIdentifier.map { _ in 1 },
+            mint.offerDiscountType.map { _ in 1 }, mint.offerPeriod.map { _ in 1 }, mint.billingPlanType.map { _ in 1 },
+            mint.previousOriginalTransactionId.map { _ in 1 }]
+        guard named.contains(where: { $0 != nil }) else { return nil }
+        return String(decoding: try JSONEncoder().encode(terms), as: UTF8.self)
     }
 
     /// `POST /fake/devices/{deviceId}/receipt`: the device's refreshed receipt.

@@ -253,6 +253,8 @@ extension FakeLedger {
         period.isUpgraded = false
         period.finishedDate = nil
         period.receiptTransactionId = nil
+        // An offer is the first period's; later periods are at the list price.
+        period.terms = nil
         if let refusal = try shape(chain, &state, &period, now) { return .failure(.conflict(refusal)) }
         try insert(period, db)
         try save(state, of: originalTransactionId, db)

@@ -43,6 +43,22 @@ final class FakeLedger: Sendable {
         /// Get Transaction History sorts by (Apple sorts by the date a transaction last
         /// changed), and what a `revision` counts from.
         var modifiedSeq: Int64 = 0
+        /// What the customer paid and under which offer, as the purchase was minted (JSON of
+        /// `FakeLedger.Terms`); nil: the product's list price, no offer.
+        var terms: String? = nil
+    }
+
+    /// A purchase's price and offer, as `POST /fake/purchases` takes them.
+    struct Terms: Codable, Sendable {
+        var price: Int64?
+        var currency: String?
+        var offerType: Int?
+        var offerIdentifier: String?
+        var offerDiscountType: String?
+        var offerPeriod: String?
+        var billingPlanType: String?
+        /// The chain a migrated subscription continues (its first period only).
+        var previousOriginalTransactionId: String?
     }
 
     /// What a receipt held when it was issued.
@@ -69,6 +85,8 @@ final class FakeLedger: Sendable {
         /// A seat an organization assigned (multiseat, `ASSIGNED`); only auto-renewable
         /// subscriptions, `quantity` the purchase's seats.
         var assigned = false
+        /// Its price and offer (JSON of `Terms`); nil: list price, no offer.
+        var terms: String? = nil
         /// Whether the receipt answered with the purchase already holds it. False gives the
         /// device's receipt as it was before (Apple tells the app about a purchase before its
         /// receipt is refreshed); `refreshReceipt` gives the one that holds it.
@@ -236,6 +254,9 @@ final class FakeLedger: Sendable {
                     END;
                     """)
         }
+        migrator.registerMigration("v8: price and offer of a purchase") { db in
+            try db.execute(sql: "ALTER TABLE purchase ADD COLUMN terms TEXT")
+        }
         return migrator
     }
 
@@ -253,7 +274,8 @@ final class FakeLedger: Sendable {
                 webOrderLineItemId: subscription ? Self.lineItemId(transactionId) : nil,
                 cancellationDate: nil, environment: order.environment, bundleId: order.bundleId,
                 applicationUsername: order.applicationUsername, deviceId: order.deviceId ?? UUID().uuidString,
-                inAppOwnershipType: order.assigned ? "ASSIGNED" : order.familyShared ? "FAMILY_SHARED" : "PURCHASED")
+                inAppOwnershipType: order.assigned ? "ASSIGNED" : order.familyShared ? "FAMILY_SHARED" : "PURCHASED",
+                terms: order.terms)
             try Self.insert(purchase, db)
             if subscription, let expires = purchase.expiresDate {
                 try Self.save(SubscriptionState(periodSeconds: expires.timeIntervalSince(now)), of: transactionId, db)
@@ -352,15 +374,15 @@ final class FakeLedger: Sendable {
                     transactionId, originalTransactionId, productId, type, quantity, purchaseDate,
                     originalPurchaseDate, expiresDate, webOrderLineItemId, cancellationDate, environment, bundleId,
                     applicationUsername, deviceId, inAppOwnershipType, transactionReason, isUpgraded, finishedDate,
-                    receiptTransactionId
-                ) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                    receiptTransactionId, terms
+                ) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                 """,
             arguments: [
                 purchase.transactionId, purchase.originalTransactionId, purchase.productId, purchase.type,
                 purchase.quantity, purchase.purchaseDate, purchase.originalPurchaseDate, purchase.expiresDate,
                 purchase.webOrderLineItemId, purchase.cancellationDate, purchase.environment, purchase.bundleId,
                 purchase.applicationUsername, purchase.deviceId, purchase.inAppOwnershipType, purchase.transactionReason,
-                purchase.isUpgraded, purchase.finishedDate, purchase.receiptTransactionId,
+                purchase.isUpgraded, purchase.finishedDate, purchase.receiptTransactionId, purchase.terms,
             ])
     }
 
@@ -742,6 +764,6 @@ extension FakeLedger.Purchase {
             inAppOwnershipType: row["inAppOwnershipType"], transactionReason: row["transactionReason"],
             revocationType: row["revocationType"], revocationPercentage: row["revocationPercentage"],
             isUpgraded: row["isUpgraded"], finishedDate: row["finishedDate"],
-            receiptTransactionId: row["receiptTransactionId"], modifiedSeq: row["modifiedSeq"] ?? 0)
+            receiptTransactionId: row["receiptTransactionId"], modifiedSeq: row["modifiedSeq"] ?? 0, terms: row["terms"])
     }
 }

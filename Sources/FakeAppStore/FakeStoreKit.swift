@@ -56,8 +56,14 @@ struct FakeStoreKit: Sendable {
         var appTransactionId: String
         var storefront = "USA"
         var storefrontId = "143441"
-        var price = 990
+        var price: Int64 = 990
         var currency = "USD"
+        var offerType: Int? = nil
+        var offerIdentifier: String? = nil
+        var offerDiscountType: String? = nil
+        var offerPeriod: String? = nil
+        var billingPlanType: String? = nil
+        var previousOriginalTransactionId: String? = nil
     }
 
     /// Apple's `JWSRenewalInfoDecodedPayload`.
@@ -159,8 +165,7 @@ struct FakeStoreKit: Sendable {
 
     func signedTransaction(_ purchase: FakeLedger.Purchase) throws -> String {
         let now = FakeAppStore.milliseconds(Date())
-        return try authority.signJWS(
-            Transaction(
+        var transaction = Transaction(
                 transactionId: purchase.transactionId, originalTransactionId: purchase.originalTransactionId,
                 webOrderLineItemId: purchase.webOrderLineItemId, bundleId: purchase.bundleId, productId: purchase.productId,
                 subscriptionGroupIdentifier: purchase.type == "auto_renewable" ? Self.subscriptionGroup : nil,
@@ -174,7 +179,18 @@ struct FakeStoreKit: Sendable {
                 revocationType: purchase.cancellationDate == nil ? nil : purchase.revocationType ?? "REFUND_FULL",
                 revocationPercentage: purchase.cancellationDate == nil ? nil : purchase.revocationPercentage,
                 environment: purchase.environment, transactionReason: purchase.transactionReason,
-                isUpgraded: purchase.isUpgraded ? true : nil, appTransactionId: Self.appTransactionId(of: purchase)))
+                isUpgraded: purchase.isUpgraded ? true : nil, appTransactionId: Self.appTransactionId(of: purchase))
+        if let text = purchase.terms, let terms = try? JSONDecoder().decode(FakeLedger.Terms.self, from: Data(text.utf8)) {
+            if let price = terms.price { transaction.price = price }
+            if let currency = terms.currency { transaction.currency = currency }
+            transaction.offerType = terms.offerType
+            transaction.offerIdentifier = terms.offerIdentifier
+            transaction.offerDiscountType = terms.offerDiscountType
+            transaction.offerPeriod = terms.offerPeriod
+            transaction.billingPlanType = terms.billingPlanType
+            transaction.previousOriginalTransactionId = terms.previousOriginalTransactionId
+        }
+        return try authority.signJWS(transaction)
     }
 
     /// The app transaction id of `purchase`'s customer (API 1.15): Apple keeps one per Apple

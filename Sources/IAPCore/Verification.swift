@@ -51,6 +51,12 @@ public struct VerifiedPurchase: Codable, Sendable, Equatable {
     /// What the upload proves about who made this purchase; nil in results of earlier
     /// versions, read as `inUploadedReceipt` says (see `ownershipEvidence`).
     public var evidence: OwnershipEvidence?
+    /// The chain this subscription continues (Apple's `previousOriginalTransactionId`): a
+    /// migrated subscription starts a new original transaction; its owner is the old chain's.
+    public var previousOriginalTransactionId: String?
+    /// What Apple's signed transaction says the customer paid and under which offer; nil where
+    /// Apple's answer does not say (`verifyReceipt`, receipts read offline).
+    public var terms: PurchaseTerms?
 
     /// What the upload proves: `evidence`, else a lookup when the receipt did not hold it,
     /// else Apple's signed word about the upload itself.
@@ -92,6 +98,45 @@ public enum OwnershipEvidence: String, Codable, Sendable, Hashable, CaseIterable
     /// made it: credited only on another proof (an `appAccountToken` naming the uploader's
     /// order, the same purchase already theirs, the subscription it renews theirs).
     case lookup
+}
+
+/// What a purchase cost and under which offer, as Apple's signed transaction says (App Store
+/// Server API up to 1.21). Values Apple adds later are kept as Apple spells them.
+public struct PurchaseTerms: Codable, Sendable, Equatable {
+    /// The price in milli-units of `currency` (990 is 0.99).
+    public var price: Int64?
+    /// ISO 4217.
+    public var currency: String?
+    /// 1 introductory, 2 promotional, 3 offer code, 4 win-back.
+    public var offerType: Int?
+    public var offerIdentifier: String?
+    /// FREE_TRIAL, PAY_AS_YOU_GO, PAY_UP_FRONT, ONE_TIME.
+    public var offerDiscountType: String?
+    /// ISO 8601 duration of the offer (`P1M`).
+    public var offerPeriod: String?
+    /// BILLED_UPFRONT or MONTHLY (a commitment billed monthly).
+    public var billingPlanType: String?
+    /// The customer's download of the app (one per customer and app).
+    public var appTransactionId: String?
+
+    /// Creates terms.
+    public init(
+        price: Int64? = nil, currency: String? = nil, offerType: Int? = nil, offerIdentifier: String? = nil,
+        offerDiscountType: String? = nil, offerPeriod: String? = nil, billingPlanType: String? = nil,
+        appTransactionId: String? = nil
+    ) {
+        self.price = price
+        self.currency = currency
+        self.offerType = offerType
+        self.offerIdentifier = offerIdentifier
+        self.offerDiscountType = offerDiscountType
+        self.offerPeriod = offerPeriod
+        self.billingPlanType = billingPlanType
+        self.appTransactionId = appTransactionId
+    }
+
+    /// Whether it says anything at all.
+    public var isEmpty: Bool { self == PurchaseTerms() }
 }
 
 /// A receipt that Apple confirmed as genuine, with every purchase it holds.

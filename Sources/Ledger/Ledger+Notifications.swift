@@ -230,6 +230,8 @@ extension Planner {
         }
         if let owner = facts.subscription?.userId { return owner }
         if let user = facts.chainCreditedUser { return user }
+        // A migrated subscription's first period: its old chain's owner.
+        if let continued = facts.previousChainOwner { return continued }
         if purchase.appAccountToken != nil, let order = facts.tokenOrder { return order.userId }
         return nil
     }

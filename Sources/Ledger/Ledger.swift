@@ -15,9 +15,11 @@ public enum Ledger {
             return query(forUploadOf: purchase, orderId: upload.orderId, policy: policy)
         case .notification(let notification, _):
             guard let purchase = notification.purchase else { return LedgerQuery() }
-            return LedgerQuery(
+            var query = LedgerQuery(
                 transactionId: purchase.transactionId, creditKey: policy.creditKey(of: purchase),
                 originalTransactionId: purchase.originalTransactionId, tokenOrderId: purchase.appAccountToken)
+            query.previousOriginalTransactionId = purchase.previousOriginalTransactionId
+            return query
         case .manualGrant(let grant):
             if grant.transactionId == nil, let apple = grant.appleTransactionId {
                 // Goodwill for an Apple purchase not uploaded yet: bound to the key it will have.
@@ -42,11 +44,13 @@ public enum Ledger {
         let key = policy.creditKey(of: purchase)
         var billingPeriod = false
         if case .billingPeriod = key { billingPeriod = true }
-        return LedgerQuery(
+        var query = LedgerQuery(
             transactionId: purchase.transactionId, creditKey: key,
             originalTransactionId: purchase.originalTransactionId, tokenOrderId: purchase.appAccountToken,
             uploadOrderId: orderId,
             readsSubscription: billingPeriod || type == .autoRenewable || (type == nil && purchase.expiresDate != nil))
+        query.previousOriginalTransactionId = purchase.previousOriginalTransactionId
+        return query
     }
 
     /// The plan for `event` on `facts`: what to write, in order, and what it amounts to.
@@ -247,6 +251,12 @@ extension Planner {
                 break
             }
         }
+        if subscriptionOwner == nil, facts.subscription?.originalTransactionId != purchase.originalTransactionId,
+            let continued = facts.previousChainOwner
+        {
+            // A migrated subscription: the new chain continues its old chain, and its owner's.
+            subscriptionOwner = continued
+        }
         let ownership = Ownership.Facts(
             uploader: upload.userId, evidence: evidence, tokenOrderOwner: order?.userId, subscriptionOwner: subscriptionOwner,
             newPurchaseInChain: purchase.isNewPurchaseInChain)
@@ -316,7 +326,7 @@ extension Planner {
             userId: owner, productId: purchase.productId, orderId: boundOrder, quantity: max(quantity - refundedUnits, 1),
             grant: product?.grant(quantity: max(quantity - refundedUnits, 1)) ?? [:], environment: purchase.environment,
             source: "apple", expiresAt: autoRenewable ? (ends?.own ?? purchase.expiresDate) : nil, periodStart: purchase.purchaseDate,
-            ownership: purchase.ownershipType)
+            ownership: purchase.ownershipType, terms: purchase.terms)
         if autoRenewable || (product == nil && purchase.expiresDate != nil) {
             recordSubscription(of: purchase, owner: owner)
         }
@@ -508,7 +518,7 @@ extension Planner {
     mutating func grant(
         transactionId: String, originalTransactionId: String, creditKey: CreditKey, userId: String, productId: String,
         orderId: String?, quantity: Int, grant: [String: Catalog.GrantValue], environment: AppStoreEnvironment,
-        source: String, expiresAt: Date?, periodStart: Date? = nil, ownership: String? = nil
+        source: String, expiresAt: Date?, periodStart: Date? = nil, ownership: String? = nil, terms: PurchaseTerms? = nil
     ) {
         let grantJSON = Ledger.grantJSON(grant)
         var fields: [String: EventField] = [
@@ -520,6 +530,17 @@ extension Planner {
         // Access an organization paid for (multiseat) or a family member shares: not a payment
         // of this user's, which the app's revenue must not count.
         if let ownership, ownership != "PURCHASED" { fields["ownership"] = .string(ownership) }
+        if let terms {
+            // What the customer paid and under which offer, for the app's revenue: as Apple signed it.
+            if let price = terms.price { fields["price"] = .int(Int(price)) }
+            if let currency = terms.currency { fields["currency"] = .string(currency) }
+            if let offerType = terms.offerType { fields["offerType"] = .int(offerType) }
+            if let offer = terms.offerIdentifier { fields["offerIdentifier"] = .string(offer) }
+            if let discount = terms.offerDiscountType { fields["offerDiscountType"] = .string(discount) }
+            if let period = terms.offerPeriod { fields["offerPeriod"] = .string(period) }
+            if let plan = terms.billingPlanType { fields["billingPlanType"] = .string(plan) }
+            emit(.recordTerms(transactionId: transactionId, terms))
+        }
         emit(
             .grant(
                 .init(

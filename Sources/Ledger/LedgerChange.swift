@@ -1,5 +1,5 @@
 public import Foundation
-import IAPCore
+public import IAPCore
 
 /// One typed change of a plan: the shell writes each as it is, in order, in the transaction
 /// that read the facts.
@@ -39,6 +39,8 @@ public enum LedgerChange: Sendable, Equatable {
     case putSubscription(LedgerFacts.Subscription)
     /// Apple asked for consumption information about a transaction.
     case recordConsumptionRequest(ConsumptionRequest)
+    /// What a credited transaction cost and under which offer, as Apple signed it (kept once).
+    case recordTerms(transactionId: String, PurchaseTerms)
     /// An entry of the append-only audit log.
     case audit(Audit)
     /// A message for the app's own services (`grant.created`, …), queued in the outbox.

@@ -115,6 +115,8 @@ public struct LedgerQuery: Sendable, Equatable {
     public var tokenOrderId: String?
     /// The order the upload names (compared in lower case).
     public var uploadOrderId: String?
+    /// The chain a migrated subscription continues: its owner is read.
+    public var previousOriginalTransactionId: String? = nil
     /// Whether the subscription of `originalTransactionId` and its chain's grants are read
     /// (not for a one-time purchase of an upload: one statement less on the common path, and
     /// only its credit key's grants).

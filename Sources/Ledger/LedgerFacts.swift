@@ -20,6 +20,8 @@ public struct LedgerFacts: Sendable, Equatable {
     public var blocked: [Purchase]
     /// Whoever a purchase of the transaction or its chain was credited to (not held).
     public var chainCreditedUser: String?
+    /// The owner of the chain a migrated subscription continues (`previousOriginalTransactionId`).
+    public var previousChainOwner: String?
     /// The order the purchase's `appAccountToken` names.
     public var tokenOrder: Order?
     /// The order the upload names (the client's word).
@@ -341,7 +343,7 @@ extension LedgerFacts {
             revocation = row
         case .putSubscription(let row):
             subscription = row
-        case .recordConsumptionRequest, .audit, .publish:
+        case .recordConsumptionRequest, .recordTerms, .audit, .publish:
             break
         }
     }

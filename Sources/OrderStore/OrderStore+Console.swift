@@ -82,6 +82,8 @@ public struct ConsoleGrant: Sendable, Equatable {
     public var revokedBy: String?
     /// Where its transaction's finish at Apple stands; nil when the server does not finish it.
     public var finish: AppleFinishState? = nil
+    /// What its transaction cost and under which offer, when Apple's answer said.
+    public var terms: PurchaseTerms? = nil
 }
 
 /// Everything the console's customer page shows.
@@ -177,6 +179,27 @@ extension OrderStore {
 
     /// What the store knows of each of these Apple transactions: its purchase (owner, held
     /// reason), keyed by transaction id; unknown ones are absent.
+    /// What `transactionIds` cost and under which offer, by transaction id (absent: not said).
+    static func terms(of transactionIds: [String], in db: any SQLConnection) async throws -> [String: PurchaseTerms] {
+        guard !transactionIds.isEmpty else { return [:] }
+        var found: [String: PurchaseTerms] = [:]
+        for row in try await db.rows(
+            sql: "SELECT * FROM purchase_terms WHERE transactionId IN (\(sqlMarks(transactionIds.count)))",
+            arguments: SQLArguments(transactionIds))
+        {
+            found[row["transactionId"]] = PurchaseTerms(
+                price: row["price"], currency: row["currency"], offerType: row["offerType"], offerIdentifier: row["offerIdentifier"],
+                offerDiscountType: row["offerDiscountType"], offerPeriod: row["offerPeriod"], billingPlanType: row["billingPlanType"],
+                appTransactionId: row["appTransactionId"])
+        }
+        return found
+    }
+
+    /// What `transactionIds` cost and under which offer, by transaction id.
+    public func purchaseTerms(_ transactionIds: [String]) async throws -> [String: PurchaseTerms] {
+        try await database.read { db in try await Self.terms(of: transactionIds, in: db) }
+    }
+
     public func consolePurchases(_ transactionIds: [String]) async throws -> [String: ConsolePurchase] {
         guard !transactionIds.isEmpty else { return [:] }
         return try await database.read { db in
@@ -199,6 +222,8 @@ extension OrderStore {
             ).map { ConsoleGrant(grant: Grant(row: $0), revokedAt: $0["revokedAt"], revokedBy: $0["revokedBy"]) }
             let finishes = try await Self.finishStates(of: grants.map(\.grant.transactionId), in: db)
             for index in grants.indices { grants[index].finish = finishes[grants[index].grant.transactionId] }
+            let terms = try await Self.terms(of: grants.map(\.grant.transactionId), in: db)
+            for index in grants.indices { grants[index].terms = terms[grants[index].grant.transactionId] }
             let purchases = try await db.rows(sql: "SELECT * FROM purchase WHERE userId = ? ORDER BY creditedAt LIMIT ?", arguments: [userId, limit]
             ).map(ConsolePurchase.init(row:))
             let subscriptions = try await db.rows(sql: "SELECT * FROM subscription WHERE userId = ? ORDER BY updatedAt DESC LIMIT ?", arguments: [userId, limit]

@@ -56,6 +56,7 @@ extension OrderStore {
         ("consumption_report", "transactionId"),
         ("consumption_consent", "userId"),
         ("history_revision", "anchor"),
+        ("purchase_terms", "transactionId"),
     ]
 
     /// Copies this SQLite store's whole ledger into `target`, a PostgreSQL store that holds

@@ -59,6 +59,7 @@ extension OrderStore {
         private var chainCreditedUser: Int?
         private var tokenOrder: Int?
         private var uploadOrder: Int?
+        private var previousChain: Int?
         /// The upload names the order its token names: one read for both.
         private var uploadOrderIsTokenOrder = false
 
@@ -129,6 +130,9 @@ extension OrderStore {
             if let token = query.tokenOrderId {
                 tokenOrder = add(OrderStore.orderQuery, [token])
             }
+            if let previous = query.previousOriginalTransactionId {
+                previousChain = add("SELECT userId FROM subscription WHERE originalTransactionId = ?", [previous])
+            }
             if let named = query.uploadOrderId {
                 if named.lowercased() == query.tokenOrderId?.lowercased() {
                     uploadOrderIsTokenOrder = true
@@ -154,6 +158,7 @@ extension OrderStore {
             if let blocked { facts.blocked = sets[blocked].map(OrderStore.purchaseFact) }
             if let chainCreditedUser { facts.chainCreditedUser = sets[chainCreditedUser].first.flatMap { $0["userId"] } }
             facts.tokenOrder = tokenOrder.flatMap { sets[$0].first }.map(OrderStore.orderFact)
+            facts.previousChainOwner = previousChain.flatMap { sets[$0].first }.flatMap { $0["userId"] as String? }
             facts.uploadOrder =
                 uploadOrderIsTokenOrder ? facts.tokenOrder : uploadOrder.flatMap { sets[$0].first }.map(OrderStore.orderFact)
             return facts
@@ -331,6 +336,19 @@ extension OrderStore {
                     row.autoRenew, row.gracePeriodExpiresDate, row.lastTransactionId, row.updatedAt, row.stateDate,
                     row.ownedSince,
                 ])]
+        case .recordTerms(let transactionId, let terms):
+            return [
+                SQLStatement(
+                    """
+                    INSERT INTO purchase_terms (transactionId, price, currency, offerType, offerIdentifier, offerDiscountType,
+                        offerPeriod, billingPlanType, appTransactionId)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (transactionId) DO NOTHING
+                    """,
+                    [
+                        transactionId, terms.price, terms.currency, terms.offerType, terms.offerIdentifier, terms.offerDiscountType,
+                        terms.offerPeriod, terms.billingPlanType, terms.appTransactionId,
+                    ])
+            ]
         case .recordConsumptionRequest(let request):
             return [SQLStatement("""
                     INSERT INTO consumption_request (notificationUUID, transactionId, userId, reason, environment, receivedAt,

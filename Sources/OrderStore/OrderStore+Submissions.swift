@@ -263,6 +263,7 @@ extension OrderStore {
         for purchase in purchases {
             keys.insert("transaction:" + purchase.transactionId)
             keys.insert("chain:" + purchase.originalTransactionId)
+            if let previous = purchase.previousOriginalTransactionId { keys.insert("chain:" + previous) }
             keys.insert("credit:" + policy.creditKey(of: purchase))
             if let token = purchase.appAccountToken { keys.insert("order:" + token.lowercased()) }
         }

@@ -825,6 +825,42 @@ enum SchemaHistory {
                     readAt TEXT COLLATE "C" NOT NULL
                 );
                 """),
+        SchemaStep(
+            version: 19, name: "what each credited purchase cost",
+            sqlite: """
+                -- What a credited transaction cost and under which offer, as Apple's signed
+                -- transaction says (price in milli-units), and the customer's app download;
+                -- written once with its credit, for the console and the app's revenue.
+                CREATE TABLE purchase_terms (
+                    transactionId TEXT PRIMARY KEY NOT NULL,
+                    price INTEGER,
+                    currency TEXT,
+                    offerType INTEGER,
+                    offerIdentifier TEXT,
+                    offerDiscountType TEXT,
+                    offerPeriod TEXT,
+                    billingPlanType TEXT,
+                    appTransactionId TEXT
+                );
+                CREATE INDEX purchase_terms_customer ON purchase_terms(appTransactionId);
+                """,
+            // What a credited transaction cost and under which offer, as Apple's signed transaction
+            // says (price in milli-units), and the customer's app download; written once with its
+            // credit, for the console and the app's revenue.
+            postgres: """
+                CREATE TABLE purchase_terms (
+                    transactionId TEXT COLLATE "C" PRIMARY KEY NOT NULL,
+                    price BIGINT,
+                    currency TEXT COLLATE "C",
+                    offerType BIGINT,
+                    offerIdentifier TEXT COLLATE "C",
+                    offerDiscountType TEXT COLLATE "C",
+                    offerPeriod TEXT COLLATE "C",
+                    billingPlanType TEXT COLLATE "C",
+                    appTransactionId TEXT COLLATE "C"
+                );
+                CREATE INDEX purchase_terms_customer ON purchase_terms(appTransactionId);
+                """),
     ]
 
     /// SQLite's migrations: each step under the name it has always had in GRDB's table.

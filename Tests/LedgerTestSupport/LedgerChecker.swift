@@ -182,7 +182,7 @@ struct MemoryLedger {
             revocations[row.creditKey] = row
         case .putSubscription(let row):
             subscriptions[row.originalTransactionId] = row
-        case .recordConsumptionRequest:
+        case .recordConsumptionRequest, .recordTerms:
             break
         case .audit:
             audits += 1

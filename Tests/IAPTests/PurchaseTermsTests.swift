@@ -1,0 +1,91 @@
+import Foundation
+import IAPCore
+import Messaging
+import NIOConcurrencyHelpers
+import OrderStore
+import Testing
+
+extension BrokerTests {
+    /// What a purchase cost and under which offer (Apple's `price` in milli-units, `currency`,
+    /// `offerType`, `offerDiscountType`, `offerPeriod`, `billingPlanType`): decoded, kept, and
+    /// carried in `grant.created` for the app's revenue, through the real pipeline.
+    @Suite("What a purchase cost travels with its grant")
+    struct PurchaseTermsTests {
+        struct OfferMint: Encodable {
+            var bundleId = PipelineHarness.bundleId
+            var productId = "com.example.vip.month"
+            var type = "auto_renewable"
+            var price: Int64 = 4_990
+            var currency = "EUR"
+            var offerType = 1
+            var offerIdentifier = "first-week"
+            var offerDiscountType = "FREE_TRIAL"
+            var offerPeriod = "P1W"
+            var billingPlanType = "MONTHLY"
+        }
+
+        @Test(arguments: TestStore.backends)
+        func priceAndOfferAreKeptAndCarriedInGrantCreated(_ backend: Backend) async throws {
+            let pipeline = try await PipelineHarness.start(name: "terms", on: backend)
+            Teardown.add { await pipeline.stop() }
+            let (listener, queue) = try TestBroker.eventListener(pipeline.names, name: "revenue", routingKey: "grant.created")
+            #expect(await listener.waitUntilConnected(timeout: .seconds(15)))
+            let received = NIOLockedValueBox([Data]())
+            let consumer = listener.consume(queue: queue, prefetch: 10)
+            let listening = Task {
+                for await delivery in consumer {
+                    received.withLockedValue { $0.append(Data(delivery.body)) }
+                    try? await delivery.ack()
+                }
+            }
+            let minted = try await HTTP.post(pipeline.fakeURL + "/fake/purchases", json: OfferMint())
+            #expect(minted.status == 201, "\(minted.text)")
+            let transactionId = try #require(minted.json["transactionId"] as? String)
+            let id = try await pipeline.upload(
+                ["userId": "ana", "signedTransaction": try #require(minted.json["signedTransaction"] as? String)])
+            #expect(try await pipeline.waitForState(id)["state"] as? String == "credited")
+            #expect(try await eventually { received.withLockedValue { $0.count } >= 1 })
+            let body = try #require(received.withLockedValue { $0.first })
+            let event = try #require((try JSONSerialization.jsonObject(with: body)) as? [String: Any])
+            #expect(event["price"] as? Int == 4_990 && event["currency"] as? String == "EUR", "\(event)")
+            #expect(event["offerType"] as? Int == 1 && event["offerIdentifier"] as? String == "first-week", "\(event)")
+            #expect(event["offerDiscountType"] as? String == "FREE_TRIAL" && event["offerPeriod"] as? String == "P1W", "\(event)")
+            #expect(event["billingPlanType"] as? String == "MONTHLY", "\(event)")
+            let kept = try #require(try await pipeline.store.purchaseTerms([transactionId])[transactionId])
+            #expect(kept.price == 4_990 && kept.offerDiscountType == "FREE_TRIAL" && kept.appTransactionId != nil)
+            await consumer.cancel()
+            listening.cancel()
+            await listener.close()
+        }
+    }
+}
+
+extension BrokerTests.PurchaseTermsTests {
+    struct MigratedMint: Encodable {
+        var bundleId = PipelineHarness.bundleId
+        var productId = "com.example.vip.year"
+        var type = "auto_renewable"
+        var previousOriginalTransactionId: String
+    }
+
+    /// A migrated subscription starts a new original transaction that names the chain it
+    /// continues (`previousOriginalTransactionId`): it is its old chain's owner's, whoever uploads it.
+    @Test(arguments: TestStore.backends)
+    func aMigratedSubscriptionContinuesItsOldChainsOwner(_ backend: Backend) async throws {
+        let pipeline = try await PipelineHarness.start(name: "migrated", on: backend)
+        Teardown.add { await pipeline.stop() }
+        let old = try await pipeline.mintStoreKit2(productId: "com.example.vip.month", type: "auto_renewable")
+        let first = try await pipeline.upload(["userId": "ana", "signedTransaction": try #require(old.signedTransaction)])
+        #expect(try await pipeline.waitForState(first)["state"] as? String == "credited")
+        let minted = try await HTTP.post(
+            pipeline.fakeURL + "/fake/purchases", json: MigratedMint(previousOriginalTransactionId: old.originalTransactionId))
+        #expect(minted.status == 201, "\(minted.text)")
+        let migrated = try #require(minted.json["transactionId"] as? String)
+        let signed = try #require(minted.json["signedTransaction"] as? String)
+        #expect(jwsPayload(signed)?["previousOriginalTransactionId"] as? String == old.originalTransactionId)
+        // Another account uploads it first: the period is the old chain's owner's.
+        let stranger = try await pipeline.waitForState(try await pipeline.upload(["userId": "sam", "signedTransaction": signed]))
+        #expect(try await pipeline.grantState(of: migrated, user: "ana") == "active", "\(stranger)")
+        #expect(try await pipeline.grantState(of: migrated, user: "sam") == nil)
+    }
+}
