@@ -11,13 +11,18 @@ public enum AppleRoot {
 
     /// The DER bytes of Apple Root CA - G3.
     public static func g3DER() throws -> [UInt8] {
-        guard let url = Bundle.module.url(forResource: "AppleRootCA-G3", withExtension: "der") else {
-            throw AppleRootError("AppleRootCA-G3.der is missing from the package's resources")
+        try shipped("AppleRootCA-G3", fingerprint: g3Fingerprint)
+    }
+
+    /// A root shipped with the package, `name`.der, checked against Apple's SHA-256 `fingerprint`.
+    static func shipped(_ name: String, fingerprint expected: String) throws -> [UInt8] {
+        guard let url = Bundle.module.url(forResource: name, withExtension: "der") else {
+            throw AppleRootError("\(name).der is missing from the package's resources")
         }
         let der = try [UInt8](Data(contentsOf: url))
         let fingerprint = SHA256.hash(data: der).map { String(format: "%02x", $0) }.joined()
-        guard fingerprint == g3Fingerprint else {
-            throw AppleRootError("AppleRootCA-G3.der has SHA-256 \(fingerprint), not Apple's \(g3Fingerprint)")
+        guard fingerprint == expected else {
+            throw AppleRootError("\(name).der has SHA-256 \(fingerprint), not Apple's \(expected)")
         }
         return der
     }
@@ -33,15 +38,7 @@ public enum AppleRoot {
 
     /// Apple Inc. Root as a certificate, shipped with the package and checked by its fingerprint.
     public static func inc() throws -> Certificate {
-        guard let url = Bundle.module.url(forResource: "AppleIncRootCertificate", withExtension: "der") else {
-            throw AppleRootError("AppleIncRootCertificate.der is missing from the package's resources")
-        }
-        let der = try [UInt8](Data(contentsOf: url))
-        let fingerprint = SHA256.hash(data: der).map { String(format: "%02x", $0) }.joined()
-        guard fingerprint == incFingerprint else {
-            throw AppleRootError("AppleIncRootCertificate.der has SHA-256 \(fingerprint), not Apple's \(incFingerprint)")
-        }
-        return try Certificate(derEncoded: der)
+        try Certificate(derEncoded: try shipped("AppleIncRootCertificate", fingerprint: incFingerprint))
     }
 
     /// The roots an app receipt's chain may end in: Apple Inc. Root (receipts' chain since

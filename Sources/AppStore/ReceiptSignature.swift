@@ -1,3 +1,4 @@
+import Crypto
 public import Foundation
 import NIOConcurrencyHelpers
 import SwiftASN1
@@ -44,7 +45,17 @@ public final class ReceiptSignature: Sendable {
 
     private let roots: [Certificate]
     private let store: CertificateStore
-    private let validated = NIOLockedDictionary()
+    /// Chains that validated, by the SHA-256 of the certificates' bytes as the receipt carries
+    /// them: the signer's key, the window every certificate of the chain is valid in, and the
+    /// chain as the verdict lists it.
+    private let validated = NIOLockedValueBox([SHA256Digest: KnownChain]())
+
+    private struct KnownChain: Sendable {
+        var signerKey: Certificate.PublicKey
+        var validFrom: Date
+        var validUntil: Date
+        var chain: [CertificateSummary]
+    }
 
     /// Checks against `roots`.
     public init(roots: [Certificate]) {
@@ -70,7 +81,19 @@ public final class ReceiptSignature: Sendable {
         verdict.bundleId = receipt.bundleId
         verdict.transactionIds = receipt.inApp.map(\.transactionId)
         verdict.judgedAt = receipt.creationDate
-        verdict.digestAlgorithm = Self.digestAlgorithm(bytes)
+        let at = receipt.creationDate ?? Date()
+        let parts = SignedParts(bytes)
+        verdict.digestAlgorithm = parts.map { Self.digestName($0.digestAlgorithm) }
+        let chainKey = parts.map { SHA256.hash(data: $0.certificates) }
+        if let parts, let chainKey, let known = validated.withLockedValue({ $0[chainKey] }),
+            known.validFrom <= at, at <= known.validUntil, parts.isSigned(by: known.signerKey)
+        {
+            // A chain that validated, valid at this receipt's time too: its signer's one
+            // signature over this content is all that is left to check.
+            verdict.chain = known.chain
+            verdict.result = "valid"
+            return verdict
+        }
         let certificates: [Certificate]
         let signer: Certificate?
         do {
@@ -81,24 +104,20 @@ public final class ReceiptSignature: Sendable {
             verdict.reason = "the signed data cannot be read: \(error)"
             return verdict
         }
-        verdict.chain = Self.ordered(certificates, from: signer).map(Self.summary)
-        let at = receipt.creationDate ?? Date()
-        let key = Self.cacheKey(certificates, at: at)
-        let known = validated.contains(key)
-        // A known chain: its signer alone is trusted, so no chain is built again.
-        let trusted = known ? CertificateStore(signer.map { [$0] } ?? certificates) : store
-        let result = await CMS.isValidAttachedSignature(signatureBytes: bytes, trustRoots: trusted) {
-            if known {
-                // The chain validated before at this time: only the signature is checked now.
-                AnyPolicy()
-            } else {
-                RFC5280Policy(fixedExpiryValidationTime: at)
-            }
+        let chain = Self.ordered(certificates, from: signer)
+        verdict.chain = chain.map(Self.summary)
+        let result = await CMS.isValidAttachedSignature(signatureBytes: bytes, trustRoots: store) {
+            RFC5280Policy(fixedExpiryValidationTime: at)
         }
         switch result {
         case .success:
-            if !known { validated.insert(key) }
             verdict.result = "valid"
+            if let chainKey, let signer {
+                let known = KnownChain(
+                    signerKey: signer.publicKey, validFrom: chain.map(\.notValidBefore).max() ?? at,
+                    validUntil: chain.map(\.notValidAfter).min() ?? at, chain: verdict.chain)
+                validated.withLockedValue { $0[chainKey] = known }
+            }
         case .failure(.invalidCMSBlock(let block)):
             verdict.reason = block.reason
         case .failure(.unableToValidateSigner(let failure)):
@@ -129,53 +148,120 @@ public final class ReceiptSignature: Sendable {
             signatureAlgorithm: certificate.signatureAlgorithm.description)
     }
 
-    private static func cacheKey(_ certificates: [Certificate], at: Date) -> String {
-        // Judged at another time, a chain is judged again unless every certificate was valid then too.
-        let window = certificates.map { "\($0.notValidBefore.timeIntervalSince1970)-\($0.notValidAfter.timeIntervalSince1970)" }
-        let inside = certificates.allSatisfy { $0.notValidBefore <= at && at <= $0.notValidAfter }
-        return certificates.map { "\($0.serialNumber)/\($0.issuer)" }.joined(separator: "|") + "|" + window.joined(separator: ",")
-            + (inside ? "" : "@\(at.timeIntervalSince1970)")
-    }
-
-    /// The `digestAlgorithms` the SignedData declares, read from its DER: ContentInfo
-    /// SEQUENCE { contentType, [0] { SignedData SEQUENCE { version, digestAlgorithms SET … } } }.
-    static func digestAlgorithm(_ bytes: [UInt8]) -> String? {
-        func children(_ node: ASN1Node) -> [ASN1Node] {
-            guard case .constructed(let nodes) = node.content else { return [] }
-            return Array(nodes)
-        }
-        guard let root = try? BER.parse(bytes) else { return nil }
-        let info = children(root)
-        guard info.count > 1, let signedData = children(info[1]).first else { return nil }
-        let fields = children(signedData)
-        guard fields.count > 1, let identifier = children(fields[1]).first, let oidNode = children(identifier).first,
-            let oid = try? ASN1ObjectIdentifier(derEncoded: oidNode)
-        else { return nil }
+    /// The name of a digest algorithm: `SHA-1`, `SHA-256`, …, or its OID.
+    static func digestName(_ oid: ASN1ObjectIdentifier) -> String {
         switch oid.description {
-        case "1.3.14.3.2.26": return "SHA-1"
-        case "2.16.840.1.101.3.4.2.1": return "SHA-256"
-        case "2.16.840.1.101.3.4.2.2": return "SHA-384"
-        case "2.16.840.1.101.3.4.2.3": return "SHA-512"
-        default: return oid.description
+        case "1.3.14.3.2.26": "SHA-1"
+        case "2.16.840.1.101.3.4.2.1": "SHA-256"
+        case "2.16.840.1.101.3.4.2.2": "SHA-384"
+        case "2.16.840.1.101.3.4.2.3": "SHA-512"
+        default: oid.description
         }
     }
 
     private static func iso(_ date: Date) -> String { ISO8601DateFormatter().string(from: date) }
 }
 
-/// A policy that accepts any chain: for a chain validated before, the signature alone is checked.
-struct AnyPolicy: VerifierPolicy {
-    // The critical extensions a receipt chain carries were checked when it validated.
-    let verifyingCriticalExtensions: [ASN1ObjectIdentifier] = [
-        .X509ExtensionID.basicConstraints, .X509ExtensionID.keyUsage, .X509ExtensionID.extendedKeyUsage,
-        .X509ExtensionID.nameConstraints, .X509ExtensionID.subjectAlternativeName,
-    ]
-    func chainMeetsPolicyRequirements(chain: UnverifiedCertificateChain) async -> PolicyEvaluationResult { .meetsPolicy }
-}
+/// The parts of a PKCS#7 SignedData a signature check needs, read once with SwiftASN1: the
+/// signed content, the certificates as the receipt carries them, and the one signer's digest
+/// algorithm, signed attributes, signature algorithm and signature.
+struct SignedParts {
+    var content: [UInt8]
+    var certificates: [UInt8]
+    var digestAlgorithm: ASN1ObjectIdentifier
+    /// The signed attributes as they are signed (a DER SET), nil when the content is signed itself.
+    var signedAttributes: [UInt8]?
+    var messageDigest: [UInt8]?
+    var signatureAlgorithm: ASN1ObjectIdentifier
+    var signature: [UInt8]
 
-/// A set of strings behind a lock.
-final class NIOLockedDictionary: Sendable {
-    private let box = NIOLockedValueBox(Set<String>())
-    func contains(_ key: String) -> Bool { box.withLockedValue { $0.contains(key) } }
-    func insert(_ key: String) { _ = box.withLockedValue { $0.insert(key) } }
+    init?(_ bytes: [UInt8]) {
+        func children(_ node: ASN1Node) -> [ASN1Node] {
+            guard case .constructed(let nodes) = node.content else { return [] }
+            return Array(nodes)
+        }
+        func octets(_ node: ASN1Node) -> [UInt8] {
+            switch node.content {
+            case .primitive(let bytes): return Array(bytes)
+            case .constructed(let parts): return parts.flatMap { octets($0) }  // BER's chunked OCTET STRING
+            }
+        }
+        func oid(_ node: ASN1Node?) -> ASN1ObjectIdentifier? {
+            node.flatMap { try? ASN1ObjectIdentifier(derEncoded: $0) }
+        }
+        guard let root = try? BER.parse(bytes), let explicit = children(root).dropFirst().first,
+            let signedData = children(explicit).first
+        else { return nil }
+        let fields = children(signedData)
+        guard fields.count >= 4, let encap = fields.first(where: { $0.identifier == .sequence }),
+            let wrapped = children(encap).dropFirst().first, let content = children(wrapped).first,
+            let certificates = fields.first(where: { $0.identifier == ASN1Identifier(tagWithNumber: 0, tagClass: .contextSpecific) }),
+            let signerInfos = fields.last, let signer = children(signerInfos).first
+        else { return nil }
+        self.content = octets(content)
+        self.certificates = Array(certificates.encodedBytes)
+        let info = children(signer)
+        guard info.count >= 5, let digest = oid(children(info[2]).first) else { return nil }
+        digestAlgorithm = digest
+        var rest = Array(info.dropFirst(3))
+        if let attributes = rest.first, attributes.identifier == ASN1Identifier(tagWithNumber: 0, tagClass: .contextSpecific) {
+            var signed = Array(attributes.encodedBytes)
+            signed[0] = 0x31  // signed as a SET OF, not as the [0] it is carried in
+            signedAttributes = signed
+            for attribute in children(attributes) {
+                let parts = children(attribute)
+                if oid(parts.first)?.description == "1.2.840.113549.1.9.4", let values = parts.dropFirst().first,
+                    let value = children(values).first
+                {
+                    messageDigest = octets(value)
+                }
+            }
+            rest.removeFirst()
+        }
+        guard rest.count >= 2, let algorithm = oid(children(rest[0]).first), case .primitive(let signature) = rest[1].content
+        else { return nil }
+        signatureAlgorithm = algorithm
+        self.signature = Array(signature)
+    }
+
+    /// Whether `key` signed this content: the content's digest is the one the signed attributes
+    /// carry, and the signature over them (or over the content) is `key`'s.
+    func isSigned(by key: Certificate.PublicKey) -> Bool {
+        guard let algorithm = signature(for: digestAlgorithm) else { return false }
+        if let signedAttributes {
+            guard let messageDigest, digest(content) == messageDigest else { return false }
+            return key.isValidSignature(signature, for: signedAttributes, signatureAlgorithm: algorithm)
+        }
+        return key.isValidSignature(signature, for: content, signatureAlgorithm: algorithm)
+    }
+
+    private func digest(_ bytes: [UInt8]) -> [UInt8]? {
+        switch digestAlgorithm.description {
+        case "1.3.14.3.2.26": Array(Insecure.SHA1.hash(data: bytes))
+        case "2.16.840.1.101.3.4.2.1": Array(SHA256.hash(data: bytes))
+        case "2.16.840.1.101.3.4.2.2": Array(SHA384.hash(data: bytes))
+        case "2.16.840.1.101.3.4.2.3": Array(SHA512.hash(data: bytes))
+        default: nil
+        }
+    }
+
+    /// The signature algorithm the signer used, by its OID, or by the digest for a bare
+    /// `rsaEncryption` (older receipts) or `ecPublicKey`.
+    private func signature(for digest: ASN1ObjectIdentifier) -> Certificate.SignatureAlgorithm? {
+        let digestName = ReceiptSignature.digestName(digest)
+        switch signatureAlgorithm.description {
+        case "1.2.840.10045.4.3.2": return .ecdsaWithSHA256
+        case "1.2.840.10045.4.3.3": return .ecdsaWithSHA384
+        case "1.2.840.10045.4.3.4": return .ecdsaWithSHA512
+        case "1.2.840.113549.1.1.5": return .sha1WithRSAEncryption
+        case "1.2.840.113549.1.1.11": return .sha256WithRSAEncryption
+        case "1.2.840.113549.1.1.12": return .sha384WithRSAEncryption
+        case "1.2.840.113549.1.1.13": return .sha512WithRSAEncryption
+        case "1.2.840.113549.1.1.1":
+            return ["SHA-1": .sha1WithRSAEncryption, "SHA-256": .sha256WithRSAEncryption, "SHA-384": .sha384WithRSAEncryption][digestName]
+        case "1.2.840.10045.2.1":
+            return ["SHA-256": .ecdsaWithSHA256, "SHA-384": .ecdsaWithSHA384][digestName]
+        default: return nil
+        }
+    }
 }

@@ -227,27 +227,7 @@ public final class AppStoreServerAPIClient: Sendable {
     }
 
     /// What Send Consumption Information tells Apple about a refund request.
-    public struct ConsumptionInformation: Encodable, Sendable {
-        public var customerConsented: Bool
-        /// DELIVERED, UNDELIVERED_QUALITY_ISSUE, UNDELIVERED_WRONG_ITEM, UNDELIVERED_SERVER_OUTAGE, UNDELIVERED_OTHER.
-        public var deliveryStatus: String
-        public var sampleContentProvided: Bool
-        /// Consumed share in milliunits (100000 is all of it), when known.
-        public var consumptionPercentage: Int?
-        /// DECLINE, GRANT_FULL or GRANT_PRORATED, when the app has a preference.
-        public var refundPreference: String?
-
-        public init(
-            customerConsented: Bool, deliveryStatus: String, sampleContentProvided: Bool, consumptionPercentage: Int?,
-            refundPreference: String?
-        ) {
-            self.customerConsented = customerConsented
-            self.deliveryStatus = deliveryStatus
-            self.sampleContentProvided = sampleContentProvided
-            self.consumptionPercentage = consumptionPercentage
-            self.refundPreference = refundPreference
-        }
-    }
+    public typealias ConsumptionInformation = IAPCore.ConsumptionInformation
 
     /// Send Consumption Information (v2), in answer to a CONSUMPTION_REQUEST notification.
     public func sendConsumptionInformation(

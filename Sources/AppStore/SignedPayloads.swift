@@ -125,6 +125,8 @@ public struct AppTransactionDecodedPayload: SignedAppStorePayload, Codable, Equa
     public var originalPurchaseDate: Int64?
     public var receiptCreationDate: Int64?
     public var signedDate: Int64?
+    /// Where the app was downloaded from (API 1.22; kept as Apple spells it).
+    public var storeType: String?
 
     /// Creates one (the fake App Store signs these).
     public init(

@@ -154,6 +154,8 @@ extension Console {
             fields["inCatalog"] = products.contains(purchase.productId)
             return fields
         }
+        context["appTransactionIds"] = customer.appTransactionIds
+        context["hasAppTransactionIds"] = !customer.appTransactionIds.isEmpty
         context["grants"] = customer.grants.map { entry -> [String: Any] in
             let grant = entry.grant
             var fields: [String: Any] = [

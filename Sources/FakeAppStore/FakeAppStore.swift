@@ -674,7 +674,22 @@ public struct FakeAppStore: Sendable {
             to: notificationURL.withLockedValue { $0 })
     }
 
+    /// `POST /fake/purchases`' body: its fields, and the price and offer (`FakeLedger.Terms`)
+    /// read from the same object.
+    @dynamicMemberLookup
     private struct MintRequest: Decodable {
+        var fields: MintFields
+        var terms: FakeLedger.Terms
+
+        init(from decoder: any Decoder) throws {
+            fields = try MintFields(from: decoder)
+            terms = try FakeLedger.Terms(from: decoder)
+        }
+
+        subscript<Value>(dynamicMember path: KeyPath<MintFields, Value>) -> Value { fields[keyPath: path] }
+    }
+
+    private struct MintFields: Decodable {
         var bundleId: String
         var productId: String
         var environment: String?
@@ -694,20 +709,6 @@ public struct FakeAppStore: Sendable {
         /// a multiseat subscription an organization assigned (auto-renewable only; `quantity` is
         /// the purchase's seats).
         var inAppOwnershipType: String?
-        /// The price in milli-units (default 990) and its currency (default USD), and an offer:
-        /// `offerType` (1 introductory, 2 promotional, 3 offer code, 4 win-back),
-        /// `offerIdentifier`, `offerDiscountType`, `offerPeriod`, and `billingPlanType`; as the
-        /// signed transactions then say (renewals are at the list price).
-        var price: Int64?
-        var currency: String?
-        var offerType: Int?
-        var offerIdentifier: String?
-        var offerDiscountType: String?
-        var offerPeriod: String?
-        var billingPlanType: String?
-        /// A migrated subscription (auto-renewable only): the chain it continues, which must be
-        /// an auto-renewable chain of the fake's.
-        var previousOriginalTransactionId: String?
         /// False: the receipt answered is the device's from before this purchase (stale).
         var receiptIncludesPurchase: Bool?
     }
@@ -746,7 +747,7 @@ public struct FakeAppStore: Sendable {
         guard ownership != "ASSIGNED" || type == "auto_renewable" else {
             throw HTTPError(.badRequest, message: "ASSIGNED (a multiseat seat) is only for auto_renewable purchases")
         }
-        if let previous = mint.previousOriginalTransactionId {
+        if let previous = mint.terms.previousOriginalTransactionId {
             guard type == "auto_renewable", let chain = try ledger.purchase(transactionId: previous), chain.type == "auto_renewable",
                 chain.originalTransactionId == previous
             else {
@@ -777,19 +778,14 @@ public struct FakeAppStore: Sendable {
 
     /// A mint's price and offer as the ledger keeps them (JSON), nil when it names none.
     private static func terms(of mint: MintRequest) throws -> String? {
-        let terms = FakeLedger.Terms(
-            price: mint.price, currency: mint.currency, offerType: mint.offerType, offerIdentifier: mint.offerIdentifier,
-            offerDiscountType: mint.offerDiscountType, offerPeriod: mint.offerPeriod, billingPlanType: mint.billingPlanType,
-            previousOriginalTransactionId: mint.previousOriginalTransactionId)
-        if let price = mint.price, price < 0 { throw HTTPError(.badRequest, message: "price is in milli-units, 0 or more") }
-        if let type = mint.offerType, !(1...4).contains(type) {
+        let terms = mint.terms
+        if let price = terms.price, price < 0 { throw HTTPError(.badRequest, message: "price is in milli-units, 0 or more") }
+        if let type = terms.offerType, !(1...4).contains(type) {
             throw HTTPError(.badRequest, message: "offerType is 1 (introductory), 2 (promotional), 3 (offer code) or 4 (win-back)")
         }
-        let named = [mint.price.map { _ in 1 }, mint.currency.map { _ in 1 }, mint.offerType, mint.offerIdentifier.map { _ in 1 },
-            mint.offerDiscountType.map { _ in 1 }, mint.offerPeriod.map { _ in 1 }, mint.billingPlanType.map { _ in 1 },
-            mint.previousOriginalTransactionId.map { _ in 1 }]
-        guard named.contains(where: { $0 != nil }) else { return nil }
-        return String(decoding: try JSONEncoder().encode(terms), as: UTF8.self)
+        let encoded = try JSONEncoder().encode(terms)
+        // Nothing named: the list price, no offer.
+        return encoded == Data("{}".utf8) ? nil : String(decoding: encoded, as: UTF8.self)
     }
 
     /// `POST /fake/devices/{deviceId}/receipt`: the device's refreshed receipt.

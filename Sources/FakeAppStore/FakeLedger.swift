@@ -48,7 +48,12 @@ final class FakeLedger: Sendable {
         var terms: String? = nil
     }
 
-    /// A purchase's price and offer, as `POST /fake/purchases` takes them.
+    /// A purchase's price and offer, as `POST /fake/purchases` takes them: the price in
+    /// milli-units (default 990) and its currency (default USD); an offer (`offerType` 1
+    /// introductory, 2 promotional, 3 offer code, 4 win-back, `offerIdentifier`,
+    /// `offerDiscountType`, `offerPeriod`) and `billingPlanType`, as the signed transactions then
+    /// say (renewals are at the list price); and for a migrated subscription the auto-renewable
+    /// chain it continues.
     struct Terms: Codable, Sendable {
         var price: Int64?
         var currency: String?

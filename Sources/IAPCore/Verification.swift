@@ -139,6 +139,30 @@ public struct PurchaseTerms: Codable, Sendable, Equatable {
     public var isEmpty: Bool { self == PurchaseTerms() }
 }
 
+/// What Send Consumption Information (v2) tells Apple about a refund request.
+public struct ConsumptionInformation: Codable, Sendable, Equatable {
+    public var customerConsented: Bool
+    /// DELIVERED, UNDELIVERED_QUALITY_ISSUE, UNDELIVERED_WRONG_ITEM, UNDELIVERED_SERVER_OUTAGE, UNDELIVERED_OTHER.
+    public var deliveryStatus: String
+    public var sampleContentProvided: Bool
+    /// Consumed share in milliunits (100000 is all of it), when known.
+    public var consumptionPercentage: Int?
+    /// DECLINE, GRANT_FULL or GRANT_PRORATED, when the app has a preference.
+    public var refundPreference: String?
+
+    /// Creates the information.
+    public init(
+        customerConsented: Bool, deliveryStatus: String, sampleContentProvided: Bool, consumptionPercentage: Int?,
+        refundPreference: String?
+    ) {
+        self.customerConsented = customerConsented
+        self.deliveryStatus = deliveryStatus
+        self.sampleContentProvided = sampleContentProvided
+        self.consumptionPercentage = consumptionPercentage
+        self.refundPreference = refundPreference
+    }
+}
+
 /// A receipt that Apple confirmed as genuine, with every purchase it holds.
 public struct VerifiedReceipt: Codable, Sendable, Equatable {
     /// The app the receipt belongs to, as Apple says.

@@ -126,6 +126,29 @@ struct AdminController: Sendable {
             }
             return try JSONResponse.make(["originalTransactionId": original, "userId": userId, "appAccountToken": order.orderId])
         }
+        router.get("/v1/admin/app-transactions/{transactionId}") { request, context in
+            // Get App Transaction Info for customer service: whose download of the app a
+            // transaction (or an appTransactionId) belongs to, as Apple signs it, verified.
+            try authorize(request, context)
+            let id = try context.pathParameter("transactionId")
+            guard let client = settings.appStore, let verifier = settings.notificationVerifier else {
+                throw APIError(.appleUnavailable, "the App Store Server API key is not configured")
+            }
+            let signed = try await Self.askingApple { () async throws -> String in
+                do {
+                    return try await client.appTransactionInfo(id, in: .production)
+                } catch let error as ServerAPIError where error.kind == .notFound {
+                    return try await client.appTransactionInfo(id, in: .sandbox)
+                }
+            }
+            let app: AppTransactionDecodedPayload
+            do {
+                app = try await verifier.verifyAppTransaction(signed)
+            } catch {
+                throw APIError(.appleUnavailable, "Apple's answer did not verify: \(error)")
+            }
+            return try JSONResponse.make(app)
+        }
         router.get("/v1/admin/consumption-requests") { request, context in
             try authorize(request, context)
             let limit = try Self.limit(request)
@@ -213,7 +236,8 @@ struct AdminController: Sendable {
             return try await body()
         } catch let error as ServerAPIError {
             switch error.kind {
-            case .invalid, .notFound: throw APIError(.appleRefused, "Apple refused: \(error.description)")
+            case .notFound: throw APIError(.purchaseNotFound, "Apple knows no such transaction: \(error.description)")
+            case .invalid: throw APIError(.appleRefused, "Apple refused: \(error.description)")
             case .transient, .unauthorized: throw APIError(.appleUnavailable, "Apple could not be asked: \(error.description)")
             }
         }

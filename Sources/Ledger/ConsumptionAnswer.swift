@@ -1,3 +1,5 @@
+public import IAPCore
+
 /// What the order service tells Apple about a refund request (`CONSUMPTION_REQUEST`), with Send
 /// Consumption Information v2, decided from the ledger's facts alone.
 ///
@@ -57,25 +59,7 @@ public enum ConsumptionAnswer {
     }
 
     /// The body of Send Consumption Information v2.
-    public struct Body: Sendable, Equatable, Codable {
-        public var customerConsented: Bool
-        public var deliveryStatus: String
-        public var sampleContentProvided: Bool
-        public var consumptionPercentage: Int?
-        public var refundPreference: String?
-
-        /// Creates a body.
-        public init(
-            customerConsented: Bool, deliveryStatus: String, sampleContentProvided: Bool, consumptionPercentage: Int?,
-            refundPreference: String?
-        ) {
-            self.customerConsented = customerConsented
-            self.deliveryStatus = deliveryStatus
-            self.sampleContentProvided = sampleContentProvided
-            self.consumptionPercentage = consumptionPercentage
-            self.refundPreference = refundPreference
-        }
-    }
+    public typealias Body = ConsumptionInformation
 
     /// Send `Body`, or send nothing and say why.
     public enum Decision: Sendable, Equatable {

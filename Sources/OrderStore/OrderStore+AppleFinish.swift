@@ -64,25 +64,39 @@ extension OrderStore {
     public func claimDueFinishes(
         limit: Int, worker: String, lease: TimeInterval = 60, now: Date = Date()
     ) async throws -> [AppleFinish] {
-        let lock = database.dialect == .postgres ? " FOR UPDATE SKIP LOCKED" : ""
+        try await claimDue(
+            from: "apple_finish", key: "transactionId", columns: "transactionId, environment, attempts",
+            queued: "state = 'queued'", limit: limit, worker: worker, lease: lease, now: now
+        ).map { row in
+            AppleFinish(
+                transactionId: row["transactionId"],
+                environment: AppStoreEnvironment(rawValue: row["environment"]) ?? .production, attempts: row["attempts"])
+        }
+    }
+
+    /// The rows of `table` that are `queued` and due, at most `limit`, oldest due first, claimed
+    /// for `worker` until `lease` has passed (by `key`): what the workers that call Apple take
+    /// from their queues. On PostgreSQL a row another worker holds is skipped (`FOR UPDATE SKIP
+    /// LOCKED`); a worker that died lets its claims lapse.
+    func claimDue(
+        from table: String, key: String, columns: String, queued: String, limit: Int, worker: String, lease: TimeInterval,
+        now: Date
+    ) async throws -> [SQLRow] {
+        let lock = database.dialect == .postgres ? " FOR UPDATE OF \(table) SKIP LOCKED" : ""
         return try await database.writeLocked { db in
             let rows = try await db.rows(
                 sql: """
-                    SELECT transactionId, environment, attempts FROM apple_finish
-                    WHERE state = 'queued' AND dueAt <= ? AND (claimedUntil IS NULL OR claimedUntil < ? OR claimedBy = ?)
+                    SELECT \(columns) FROM \(table)
+                    WHERE \(queued) AND dueAt <= ? AND (claimedUntil IS NULL OR claimedUntil < ? OR claimedBy = ?)
                     ORDER BY dueAt LIMIT ?\(lock)
                     """,
                 arguments: [now, now, worker, limit])
             guard !rows.isEmpty else { return [] }
-            let ids = rows.map { $0["transactionId"] as String }
+            let ids = rows.map { $0[key] as String }
             try await db.execute(
-                sql: "UPDATE apple_finish SET claimedBy = ?, claimedUntil = ? WHERE transactionId IN (\(sqlMarks(ids.count)))",
+                sql: "UPDATE \(table) SET claimedBy = ?, claimedUntil = ? WHERE \(key) IN (\(sqlMarks(ids.count)))",
                 arguments: SQLArguments(values: [worker.sqlValue, now.addingTimeInterval(lease).sqlValue] + ids.map(\.sqlValue)))
-            return rows.map { row in
-                AppleFinish(
-                    transactionId: row["transactionId"],
-                    environment: AppStoreEnvironment(rawValue: row["environment"]) ?? .production, attempts: row["attempts"])
-            }
+            return rows
         }
     }
 

@@ -102,6 +102,8 @@ public struct ConsoleCustomer: Sendable {
     public var submissions: [ConsoleSubmission]
     /// Everything that happened, oldest first.
     public var timeline: [ConsoleEvent]
+    /// Apple's ids of the customers (downloads of the app) their credited purchases came from.
+    public var appTransactionIds: [String] = []
 
     /// Whether the store knows anything of this user.
     public var isEmpty: Bool {
@@ -353,9 +355,17 @@ extension OrderStore {
             }
             // Stable: events of the same instant keep the order they were gathered in.
             let ordered = timeline.enumerated().sorted { ($0.element.at, $0.offset) < ($1.element.at, $1.offset) }.map(\.element)
-            return ConsoleCustomer(
+            var customer = ConsoleCustomer(
                 userId: userId, grants: grants, purchases: purchases, subscriptions: subscriptions, orders: orders,
                 submissions: submissions, timeline: ordered)
+            customer.appTransactionIds = try await db.rows(
+                sql: """
+                    SELECT DISTINCT purchase_terms.appTransactionId AS id FROM purchase_terms
+                    JOIN purchase ON purchase.transactionId = purchase_terms.transactionId
+                    WHERE purchase.userId = ? AND purchase_terms.appTransactionId IS NOT NULL ORDER BY 1
+                    """, arguments: [userId]
+            ).map { $0["id"] as String }
+            return customer
         }
     }
 

@@ -71,41 +71,28 @@ extension OrderStore {
     public func claimDueConsumptionRequests(
         limit: Int, worker: String, lease: TimeInterval = 60, now: Date = Date()
     ) async throws -> [DueConsumptionRequest] {
-        let lock = database.dialect == .postgres ? " FOR UPDATE OF consumption_request SKIP LOCKED" : ""
-        return try await database.writeLocked { db in
-            let rows = try await db.rows(
-                sql: """
-                    SELECT consumption_request.*,
-                        EXISTS (SELECT 1 FROM grants WHERE grants.transactionId = consumption_request.transactionId) AS delivered,
-                        (SELECT consumptionPercentage FROM consumption_report
-                            WHERE consumption_report.transactionId = consumption_request.transactionId) AS used,
-                        (SELECT consented FROM consumption_consent WHERE consumption_consent.userId = coalesce(
-                            (SELECT userId FROM purchase WHERE purchase.transactionId = consumption_request.transactionId),
-                            consumption_request.userId)) AS consented
-                    FROM consumption_request
-                    WHERE answer = 'queued' AND dueAt <= ? AND (claimedUntil IS NULL OR claimedUntil < ? OR claimedBy = ?)
-                    ORDER BY dueAt LIMIT ?\(lock)
-                    """,
-                arguments: [now, now, worker, limit])
-            guard !rows.isEmpty else { return [] }
-            let ids = rows.map { $0["notificationUUID"] as String }
-            try await db.execute(
-                sql: """
-                    UPDATE consumption_request SET claimedBy = ?, claimedUntil = ?
-                    WHERE notificationUUID IN (\(sqlMarks(ids.count)))
-                    """,
-                arguments: SQLArguments(values: [worker.sqlValue, now.addingTimeInterval(lease).sqlValue] + ids.map(\.sqlValue)))
-            return rows.map { row in
-                DueConsumptionRequest(
-                    notificationUUID: row["notificationUUID"], transactionId: row["transactionId"],
-                    environment: AppStoreEnvironment(rawValue: row["environment"]) ?? .production,
-                    deadline: (row["deadline"] as Date?) ?? (row["receivedAt"] as Date).addingTimeInterval(
-                        LedgerChange.ConsumptionRequest.answerWindow),
-                    attempts: row["attempts"],
-                    facts: ConsumptionAnswer.Facts(
-                        ownershipType: row["ownershipType"], delivered: row["delivered"], consumptionPercentage: row["used"],
-                        userConsented: row["consented"]))
-            }
+        let rows = try await claimDue(
+            from: "consumption_request", key: "notificationUUID",
+            columns: """
+                consumption_request.*,
+                    EXISTS (SELECT 1 FROM grants WHERE grants.transactionId = consumption_request.transactionId) AS delivered,
+                    (SELECT consumptionPercentage FROM consumption_report
+                        WHERE consumption_report.transactionId = consumption_request.transactionId) AS used,
+                    (SELECT consented FROM consumption_consent WHERE consumption_consent.userId = coalesce(
+                        (SELECT userId FROM purchase WHERE purchase.transactionId = consumption_request.transactionId),
+                        consumption_request.userId)) AS consented
+                """,
+            queued: "answer = 'queued'", limit: limit, worker: worker, lease: lease, now: now)
+        return rows.map { row in
+            DueConsumptionRequest(
+                notificationUUID: row["notificationUUID"], transactionId: row["transactionId"],
+                environment: AppStoreEnvironment(rawValue: row["environment"]) ?? .production,
+                deadline: (row["deadline"] as Date?) ?? (row["receivedAt"] as Date).addingTimeInterval(
+                    LedgerChange.ConsumptionRequest.answerWindow),
+                attempts: row["attempts"],
+                facts: ConsumptionAnswer.Facts(
+                    ownershipType: row["ownershipType"], delivered: row["delivered"], consumptionPercentage: row["used"],
+                    userConsented: row["consented"]))
         }
     }
 

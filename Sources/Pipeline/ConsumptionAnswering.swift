@@ -98,12 +98,7 @@ public final class ConsumptionAnswering: Service, Sendable {
         guard now < request.deadline else { return .expired("Apple's deadline passed before the answer was sent") }
         do {
             try await client.sendConsumptionInformation(
-                request.transactionId,
-                .init(
-                    customerConsented: body.customerConsented, deliveryStatus: body.deliveryStatus,
-                    sampleContentProvided: body.sampleContentProvided, consumptionPercentage: body.consumptionPercentage,
-                    refundPreference: body.refundPreference),
-                in: request.environment == .sandbox ? .sandbox : .production)
+                request.transactionId, body, in: request.environment == .sandbox ? .sandbox : .production)
             return .sent(body: Self.json(body))
         } catch {
             switch error.kind {

@@ -143,20 +143,9 @@ public final class Reconciliation: Sendable {
                     originalTransactionId: subscription.originalTransactionId, transactionId: subscription.lastTransactionId,
                     in: ServerAPIEnvironment(rawValue: subscription.environment.rawValue) ?? .production)
                 for finding in findings {
-                    guard
-                        let change = try await store.applyReconciliation(
-                            finding.notification, signedTransaction: finding.signedTransaction, policy: policy)
-                    else { continue }
-                    report.notificationsApplied += 1
-                    guard change.corrected else { continue }
-                    report.corrections.append(change)
-                    Counter(label: MetricNames.reconciliationCorrections).increment()
-                    logger.notice(
-                        "subscription corrected from Apple's answer",
-                        metadata: [
-                            "iap.subscription.id": "\(change.originalTransactionId)", "iap.transaction.id": "\(change.transactionId)",
-                            "iap.notification.type": "\(change.notificationType)", "iap.outcome": "\(change.outcome)",
-                        ])
+                    try await apply(
+                        finding.notification, signedTransaction: finding.signedTransaction, into: &report,
+                        saying: "subscription corrected from Apple's answer")
                 }
             } catch {
                 logger.warning(
@@ -209,18 +198,9 @@ public final class Reconciliation: Sendable {
                             continue
                         }
                     }
-                    guard let change = try await store.applyReconciliation(notification, signedTransaction: signed, policy: policy)
-                    else { continue }
-                    report.notificationsApplied += 1
-                    guard change.corrected else { continue }
-                    report.corrections.append(change)
-                    Counter(label: MetricNames.reconciliationCorrections).increment()
-                    logger.notice(
-                        "purchase corrected from Apple's transaction history",
-                        metadata: [
-                            "iap.transaction.id": "\(change.transactionId)", "iap.notification.type": "\(change.notificationType)",
-                            "iap.outcome": "\(change.outcome)",
-                        ])
+                    try await apply(
+                        notification, signedTransaction: signed, into: &report,
+                        saying: "purchase corrected from Apple's transaction history")
                 }
                 let customer = changes.transactions.lazy.compactMap(\.transaction.appTransactionId).first ?? anchor.customer
                 if let customer { customersRead.insert(customer) }
@@ -291,6 +271,26 @@ public final class Reconciliation: Sendable {
                 report.errors.append("cannot record the run: \(error)")
             }
         }
+    }
+
+    /// Applies a notification built from Apple's answer through the notification path, and
+    /// counts, logs and reports what it changed.
+    private func apply(
+        _ notification: AppStoreNotification, signedTransaction: String, into report: inout ReconciliationReport,
+        saying message: Logger.Message
+    ) async throws {
+        guard let change = try await store.applyReconciliation(notification, signedTransaction: signedTransaction, policy: policy)
+        else { return }
+        report.notificationsApplied += 1
+        guard change.corrected else { return }
+        report.corrections.append(change)
+        Counter(label: MetricNames.reconciliationCorrections).increment()
+        logger.notice(
+            message,
+            metadata: [
+                "iap.subscription.id": "\(change.originalTransactionId)", "iap.transaction.id": "\(change.transactionId)",
+                "iap.notification.type": "\(change.notificationType)", "iap.outcome": "\(change.outcome)",
+            ])
     }
 
     static func seconds(_ duration: Duration) -> TimeInterval {

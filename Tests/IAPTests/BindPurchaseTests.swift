@@ -98,3 +98,20 @@ extension BrokerTests {
         }
     }
 }
+
+extension BrokerTests.BindPurchaseTests {
+    /// Customer service asks Apple whose download of the app a transaction belongs to (Get App
+    /// Transaction Info), verified; an id Apple does not know is 404.
+    @Test func customerServiceReadsTheCustomersAppTransaction() async throws {
+        let pipeline = try await PipelineHarness.start(name: "app-transaction")
+        Teardown.add { await pipeline.stop() }
+        let bought = try await pipeline.mintStoreKit2()
+        let signed = try #require(bought.signedTransaction)
+        let expected = try #require(jwsPayload(signed)?["appTransactionId"] as? String)
+        let answer = try await pipeline.admin(.GET, "/v1/admin/app-transactions/\(bought.transactionId)")
+        #expect(answer.status == 200, "\(answer.text)")
+        #expect(answer.json["appTransactionId"] as? String == expected && answer.json["bundleId"] as? String == PipelineHarness.bundleId)
+        let unknown = try await pipeline.admin(.GET, "/v1/admin/app-transactions/2000000000000001")
+        #expect(unknown.status == 404 && unknown.errorCode == "purchase_not_found", "\(unknown.text)")
+    }
+}

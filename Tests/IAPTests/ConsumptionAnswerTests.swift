@@ -1,3 +1,4 @@
+import IAPCore
 import Ledger
 import Testing
 

@@ -2,6 +2,7 @@
 import AsyncHTTPClient
 import Crypto
 import Foundation
+import IAPCore
 import NIOHTTP1
 import Testing
 
