@@ -56,7 +56,9 @@ public final class AppStoreVerifier: ReceiptVerifying {
                 if verdict.result == "invalid" {
                     return .rejected(.receiptSignatureInvalid, message: "the receipt's signature: \(verdict.reason ?? "invalid")")
                 }
-                if verdict.result == "untrusted", localReceipts || receiptsThroughServerAPI {
+                if verdict.result != "valid", localReceipts || receiptsThroughServerAPI {
+                    // Not proven either way (an untrusted chain, or signed data this reader
+                    // cannot check): a person looks, never a rejection.
                     return .needsReview(.receiptUntrustedChain, message: verdict.reason ?? "no trusted root")
                 }
                 signed = verdict

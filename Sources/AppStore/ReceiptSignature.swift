@@ -27,7 +27,10 @@ public final class ReceiptSignature: Sendable {
 
     /// What the check found.
     public struct Verdict: Sendable, Encodable {
-        /// `valid`, `invalid` or `untrusted`.
+        /// `valid`; `invalid` (the signature provably does not cover the content); `untrusted`
+        /// (a sound signature by a chain that ends in no trusted root); or `unchecked` (the
+        /// signed data could not be checked here: a structure or an algorithm this reader does
+        /// not take, which proves nothing either way).
         public var result: String
         /// Why, when it is not valid.
         public var reason: String?
@@ -75,7 +78,8 @@ public final class ReceiptSignature: Sendable {
         do {
             receipt = try AppReceiptParser.parse(bytes)
         } catch {
-            verdict.reason = "not an app receipt: \(error.code.rawValue)"
+            verdict.result = "unchecked"
+            verdict.reason = "not read as an app receipt here: \(error.code.rawValue)"
             return verdict
         }
         verdict.bundleId = receipt.bundleId
@@ -101,7 +105,8 @@ public final class ReceiptSignature: Sendable {
             certificates = signature.certificates
             signer = try signature.signers.first?.certificate
         } catch {
-            verdict.reason = "the signed data cannot be read: \(error)"
+            verdict.result = "unchecked"
+            verdict.reason = "the signed data cannot be read here: \(error)"
             return verdict
         }
         let chain = Self.ordered(certificates, from: signer)
@@ -119,6 +124,10 @@ public final class ReceiptSignature: Sendable {
                 validated.withLockedValue { $0[chainKey] = known }
             }
         case .failure(.invalidCMSBlock(let block)):
+            // Only a digest that differs and a signature that does not verify prove the receipt
+            // wrong; anything else this reader could not check.
+            let provablyWrong = ["Message digest mismatch", "Invalid signature from signing certificate"]
+            if !provablyWrong.contains(where: { block.reason.hasPrefix($0) }) { verdict.result = "unchecked" }
             verdict.reason = block.reason
         case .failure(.unableToValidateSigner(let failure)):
             verdict.result = "untrusted"

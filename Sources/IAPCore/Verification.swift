@@ -271,8 +271,8 @@ public struct ReasonCode: RawRepresentable, Codable, Sendable, Hashable, CustomS
     /// not told to finish.
     public static let receiptSignatureInvalid = ReasonCode("receipt_signature_invalid")
     /// The receipt is soundly signed by a chain that ends in no trusted root (re-signed with
-    /// another key, Xcode's StoreKit testing certificate) on a route where its signature is
-    /// the proof: a person looks.
+    /// another key, Xcode's StoreKit testing certificate), or its signed data cannot be checked
+    /// here, on a route where its signature is the proof: a person looks.
     public static let receiptUntrustedChain = ReasonCode("receipt_untrusted_chain")
 
     /// Rejections after which the app may finish its transactions: Apple said the receipt or

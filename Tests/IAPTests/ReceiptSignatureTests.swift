@@ -52,6 +52,16 @@ struct ReceiptSignatureTests {
         #expect(await signature.check(receipt).isValid, "the genuine one still passes after the cache saw forgeries")
     }
 
+    @Test func whatThisReaderCannotCheckProvesNothingEitherWay() async throws {
+        // Cut short, or not a receipt at all: unchecked, never "invalid" (which would reject a
+        // purchase on our reader's word); the routes send such a receipt to Apple or to a person.
+        let signature = ReceiptSignature(roots: [authority.root])
+        for bytes in [Array(receipt.prefix(receipt.count / 2)), [0x30, 0x03, 0x02, 0x01, 0x00]] {
+            let verdict = await signature.check(bytes)
+            #expect(verdict.result == "unchecked", "\(verdict.result) \(verdict.reason ?? "")")
+        }
+    }
+
     @Test func aReceiptReSignedByAnotherKeyOrAgainstAppleIsNotTrusted() async throws {
         let stranger = try FakeCertificateAuthority.generate(name: "Not Apple")
         let resigned = try ReceiptMinter(authority: stranger).mint(AppReceiptTests.payload)
