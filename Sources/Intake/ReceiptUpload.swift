@@ -17,6 +17,8 @@ struct ReceiptUpload: Equatable {
     /// The base64 receipt, or empty.
     var receiptData: String
     var signedTransaction: String?
+    /// StoreKit 2's `AppTransaction.shared.jwsRepresentation`: the customer's download of the app.
+    var signedAppTransaction: String?
 
     static let maxIdLength = 256
     /// StoreKit 2 JWS are a few KB (three certificates and the payload).
@@ -68,6 +70,9 @@ struct ReceiptUpload: Equatable {
             try Self.checkJWSShape(signed)
         }
         self.signedTransaction = signed
+        let app = try body.string("signedAppTransaction", maxLength: Self.maxJWSLength)
+        if let app { try Self.checkJWSShape(app, field: "signedAppTransaction") }
+        self.signedAppTransaction = app
         guard let receipt else {
             self.receiptData = ""
             return

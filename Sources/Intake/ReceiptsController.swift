@@ -49,11 +49,27 @@ struct ReceiptsController: Sendable {
         try await enqueue(verifyRequest)
         context.logger.debug(
             "upload accepted", metadata: ["iap.submission.id": "\(verifyRequest.submissionId)"])
+        if let app = upload.signedAppTransaction { await recordAppTransaction(app, of: upload.userId, context: context) }
         var response = try JSONResponse.make(
             Accepted(submissionId: verifyRequest.submissionId.uuidString, state: SubmissionState.pending.rawValue),
             status: .accepted)
         response.headers[.location] = "/v1/receipts/\(verifyRequest.submissionId.uuidString)"
         return response
+    }
+
+    /// The customer's download of the app the upload carried, verified like any signed data
+    /// (Apple's chain, the bundle id, the environment), recorded for the user. The upload is
+    /// accepted already: an app transaction that does not verify is logged, never a refusal of
+    /// the purchase it came with.
+    private func recordAppTransaction(_ jws: String, of userId: String, context: IntakeContext) async {
+        guard let verifier = settings.notificationVerifier else { return }
+        do {
+            let app = try await verifier.verifyAppTransaction(jws)
+            guard let id = app.appTransactionId else { return }
+            try await store.recordAppTransaction(id, userId: userId, environment: app.receiptType ?? "Production")
+        } catch {
+            context.logger.warning("an uploaded app transaction was not recorded", metadata: ["error": "\(error)"])
+        }
     }
 
     /// The synchronous baseline: store, ask Apple, apply, answer 200 with the final status.

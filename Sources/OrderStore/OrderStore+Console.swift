@@ -197,6 +197,22 @@ extension OrderStore {
         return found
     }
 
+    /// Records that `userId` uploaded the customer's download of the app `appTransactionId`
+    /// (verified); once per user and download.
+    public func recordAppTransaction(_ appTransactionId: String, userId: String, environment: String, now: Date = Date())
+        async throws
+    {
+        try await database.write(keys: ["app:" + userId]) { db in
+            try await db.executeLater([
+                SQLStatement(
+                    """
+                    INSERT INTO user_app_transaction (userId, appTransactionId, environment, recordedAt) VALUES (?, ?, ?, ?)
+                    ON CONFLICT (userId, appTransactionId) DO NOTHING
+                    """, [userId, appTransactionId, environment, now])
+            ])
+        }
+    }
+
     /// What `transactionIds` cost and under which offer, by transaction id.
     public func purchaseTerms(_ transactionIds: [String]) async throws -> [String: PurchaseTerms] {
         try await database.read { db in try await Self.terms(of: transactionIds, in: db) }
@@ -360,10 +376,11 @@ extension OrderStore {
                 submissions: submissions, timeline: ordered)
             customer.appTransactionIds = try await db.rows(
                 sql: """
-                    SELECT DISTINCT purchase_terms.appTransactionId AS id FROM purchase_terms
+                    SELECT purchase_terms.appTransactionId AS id FROM purchase_terms
                     JOIN purchase ON purchase.transactionId = purchase_terms.transactionId
-                    WHERE purchase.userId = ? AND purchase_terms.appTransactionId IS NOT NULL ORDER BY 1
-                    """, arguments: [userId]
+                    WHERE purchase.userId = ? AND purchase_terms.appTransactionId IS NOT NULL
+                    UNION SELECT appTransactionId FROM user_app_transaction WHERE userId = ? ORDER BY 1
+                    """, arguments: [userId, userId]
             ).map { $0["id"] as String }
             return customer
         }

@@ -57,6 +57,7 @@ extension OrderStore {
         ("consumption_consent", "userId"),
         ("history_revision", "anchor"),
         ("purchase_terms", "transactionId"),
+        ("user_app_transaction", "userId, appTransactionId"),
     ]
 
     /// Copies this SQLite store's whole ledger into `target`, a PostgreSQL store that holds

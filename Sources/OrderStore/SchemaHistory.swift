@@ -861,6 +861,30 @@ enum SchemaHistory {
                 );
                 CREATE INDEX purchase_terms_customer ON purchase_terms(appTransactionId);
                 """),
+        SchemaStep(
+            version: 20, name: "the app downloads a user uploaded",
+            sqlite: """
+                -- The customer's download of the app (Apple's appTransactionId) an upload carried,
+                -- verified, by user: who the user is at Apple, for customer service.
+                CREATE TABLE user_app_transaction (
+                    userId TEXT NOT NULL,
+                    appTransactionId TEXT NOT NULL,
+                    environment TEXT NOT NULL,
+                    recordedAt DATETIME NOT NULL,
+                    PRIMARY KEY (userId, appTransactionId)
+                );
+                """,
+            // The customer's download of the app (Apple's appTransactionId) an upload carried,
+            // verified, by user: who the user is at Apple, for customer service.
+            postgres: """
+                CREATE TABLE user_app_transaction (
+                    userId TEXT COLLATE "C" NOT NULL,
+                    appTransactionId TEXT COLLATE "C" NOT NULL,
+                    environment TEXT COLLATE "C" NOT NULL,
+                    recordedAt TEXT COLLATE "C" NOT NULL,
+                    PRIMARY KEY (userId, appTransactionId)
+                );
+                """),
     ]
 
     /// SQLite's migrations: each step under the name it has always had in GRDB's table.

@@ -1,3 +1,6 @@
+import AppStore
+import AsyncHTTPClient
+import FakeAppStore
 import Foundation
 import NIOHTTP1
 import IAPCore
@@ -113,5 +116,39 @@ extension BrokerTests.BindPurchaseTests {
         #expect(answer.json["appTransactionId"] as? String == expected && answer.json["bundleId"] as? String == PipelineHarness.bundleId)
         let unknown = try await pipeline.admin(.GET, "/v1/admin/app-transactions/2000000000000001")
         #expect(unknown.status == 404 && unknown.errorCode == "purchase_not_found", "\(unknown.text)")
+    }
+}
+
+extension BrokerTests.BindPurchaseTests {
+    /// An upload may carry the customer's signed `AppTransaction`: verified at the intake and
+    /// recorded for the user; one that does not verify is dropped, never the purchase with it.
+    @Test func anUploadedAppTransactionIsRecordedForTheUser() async throws {
+        let pipeline = try await PipelineHarness.start(name: "uploaded-app-transaction")
+        Teardown.add { await pipeline.stop() }
+        let bought = try await pipeline.mintStoreKit2()
+        let client = try AppStoreServerAPIClient(
+            settings: ServerAPIKey.settings(fakeURL: pipeline.fakeURL), httpClient: .shared, logger: TestBroker.logger)
+        let app = try await client.appTransactionInfo(bought.transactionId, in: .production)
+        let expected = try #require(jwsPayload(app)?["appTransactionId"] as? String)
+        let signed = try #require(bought.signedTransaction)
+
+        let malformed = try await HTTP.post(
+            pipeline.intakeURL + "/v1/receipts", json: ["userId": "ana", "signedTransaction": signed, "signedAppTransaction": "x"])
+        #expect(malformed.status == 400 && malformed.errorCode == "jws_malformed", "\(malformed.text)")
+        // Signed by someone else: the purchase is still taken, the app transaction is not.
+        let forged = try FakeCertificateAuthority.generate().signJWS(
+            AppTransactionDecodedPayload(
+                appTransactionId: "700000000000000001", bundleId: PipelineHarness.bundleId, appAppleId: nil,
+                receiptType: "Production", originalPurchaseDate: nil, signedDate: nil))
+        let first = try await pipeline.upload(["userId": "ana", "signedTransaction": signed, "signedAppTransaction": forged])
+        #expect(try await pipeline.waitForState(first)["state"] as? String == "credited")
+        // Ana's credited purchase names her download; the forged one is nowhere.
+        #expect(try await pipeline.store.consoleCustomer("ana").appTransactionIds == [expected])
+
+        // Bo's upload proves no purchase (a bare id), but the download it carries is recorded for bo.
+        let second = try await pipeline.upload(["userId": "bo", "transactionId": bought.transactionId, "signedAppTransaction": app])
+        _ = try await pipeline.waitForState(second)
+        #expect(try await pipeline.grants(of: "bo").isEmpty)
+        #expect(try await pipeline.store.consoleCustomer("bo").appTransactionIds == [expected])
     }
 }

@@ -3,7 +3,7 @@
 - Auth: the user token on the app's routes, the admin token on /v1/admin/..., nothing on the
   public ones (each operation's `security` in docs/openapi.yaml says which).
 - Positive cases are made meaningful where JSON Schema cannot say what the server needs:
-  `receiptData` becomes a real receipt and `signedTransaction` a real signed transaction
+  `receiptData` becomes a real receipt, `signedTransaction` (and `signedAppTransaction`) a real signed transaction
   (minted by the script at the fake App Store), `signedPayload` a notification the fake signed,
   `productId` a product of the live catalog, the user the token's subject, and an admin
   action's `actor` plain ASCII when it is not (an actor mixing scripts, which a random string
@@ -79,6 +79,9 @@ def before_call(context, case, kwargs):
                 body["receiptData"] = RECEIPT
             if "signedTransaction" in body:
                 body["signedTransaction"] = SIGNED_TRANSACTION
+            if "signedAppTransaction" in body:
+                # A compact JWS the fake signed: the intake checks its shape before it takes the upload.
+                body["signedAppTransaction"] = SIGNED_TRANSACTION
         if path == "/v1/notifications/appstore" and body is not None:
             body["signedPayload"] = SIGNED_NOTIFICATION
         if path in ("/v1/orders", "/v1/admin/grants") and body is not None and PRODUCTS:
