@@ -10,11 +10,13 @@ import SwiftASN1
 /// receipt's creation date (a receipt outlives its signing leaf: every genuine receipt fails
 /// a check at "now").
 ///
-/// A signature that provably does not cover the content (a byte changed, another key's
-/// signature over Apple's certificates) is `invalid`; a sound signature by a chain that ends in
-/// no trusted root (re-signed with another key and its own chain, Xcode's StoreKit testing
-/// certificate) is `untrusted`. Chains that validated are kept, by the certificates and the
-/// time judged at, so a receipt of a known chain costs one signature check.
+/// A signature that provably does not cover the content (its digest differs, the signature does
+/// not verify) is `invalid`; a sound signature by a chain that ends in no trusted root
+/// (re-signed with another key and its own chain, Xcode's StoreKit testing certificate) is
+/// `untrusted`; signed data this reader cannot check (a structure or an algorithm it does not
+/// take) is `unchecked`, which proves nothing either way. Chains that validated are kept by the
+/// SHA-256 of the certificates' bytes, with the signer's key and the window every certificate
+/// is valid in: a receipt of a known chain made inside that window costs one signature check.
 public final class ReceiptSignature: Sendable {
     /// One certificate of the signer's chain, as `iap inspect receipt --verify` prints it.
     public struct CertificateSummary: Sendable, Encodable, Equatable {
