@@ -5,6 +5,10 @@ public import Foundation
 /// - Important: Reading a receipt does not verify its signature: use it to find transaction
 ///   ids and to turn junk away early, never to credit anything. Only Apple's answer credits.
 public struct AppReceipt: Sendable, Equatable, Codable {
+    /// Where the receipt was issued (attribute 0), as Apple spells it: `Production`,
+    /// `ProductionSandbox` (the VPP variants `ProductionVPP`, `ProductionVPPSandbox`), or
+    /// `Xcode` for StoreKit testing in Xcode; nil when the receipt names none.
+    public var receiptType: String?
     /// The app's bundle identifier (attribute 2).
     public var bundleId: String
     /// The app version that the receipt was issued to (attribute 3).
@@ -61,9 +65,10 @@ public struct AppReceipt: Sendable, Equatable, Codable {
 
     /// Creates a receipt.
     public init(
-        bundleId: String, appVersion: String?, originalAppVersion: String?, creationDate: Date?,
+        receiptType: String? = nil, bundleId: String, appVersion: String?, originalAppVersion: String?, creationDate: Date?,
         opaqueValueByteCount: Int, sha1HashByteCount: Int, inApp: [InAppPurchase]
     ) {
+        self.receiptType = receiptType
         self.bundleId = bundleId
         self.appVersion = appVersion
         self.originalAppVersion = originalAppVersion
@@ -72,4 +77,10 @@ public struct AppReceipt: Sendable, Equatable, Codable {
         self.sha1HashByteCount = sha1HashByteCount
         self.inApp = inApp
     }
+
+    /// Whether Xcode's StoreKit testing issued the receipt: nobody paid for what it lists.
+    public var isXcode: Bool { receiptType == "Xcode" }
+
+    /// Whether the receipt was issued in the sandbox (TestFlight, App Review, sandbox testers).
+    public var isSandbox: Bool { receiptType?.hasSuffix("Sandbox") == true }
 }

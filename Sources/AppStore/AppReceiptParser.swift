@@ -195,7 +195,7 @@ public enum AppReceiptParser {
 
     /// Receipt attribute types this parser reads; all others are skipped.
     enum ReceiptField: Int64 {
-        case bundleId = 2, appVersion = 3, opaqueValue = 4, sha1Hash = 5, creationDate = 12
+        case receiptType = 0, bundleId = 2, appVersion = 3, opaqueValue = 4, sha1Hash = 5, creationDate = 12
         case inAppPurchase = 17, originalAppVersion = 19
     }
 
@@ -212,6 +212,7 @@ public enum AppReceiptParser {
         let (reader, set, setDepth) = try attributeSet(payload, depth: depth, budget: budget, limits: limits) {
             AppReceiptError(.notAReceipt, "the signed content is not a receipt payload (\($0))")
         }
+        var receiptType: String?
         var bundleId: String?
         var appVersion: String?
         var originalAppVersion: String?
@@ -239,6 +240,7 @@ public enum AppReceiptParser {
                 type: attribute.type, bytes: try reader.stringContent(of: attribute.value, depth: setDepth + 2),
                 depth: setDepth + 3, budget: budget, limits: limits)
             switch field {
+            case .receiptType: receiptType = try value.string()
             case .bundleId: bundleId = try value.string()
             case .appVersion: appVersion = try value.string()
             case .originalAppVersion: originalAppVersion = try value.string()
@@ -252,7 +254,7 @@ public enum AppReceiptParser {
             throw AppReceiptError(.notAReceipt, "the receipt payload has no bundle id")
         }
         return AppReceipt(
-            bundleId: bundleId, appVersion: appVersion, originalAppVersion: originalAppVersion,
+            receiptType: receiptType, bundleId: bundleId, appVersion: appVersion, originalAppVersion: originalAppVersion,
             creationDate: creationDate, opaqueValueByteCount: opaqueCount ?? 0, sha1HashByteCount: hashCount ?? 0,
             inApp: purchases)
     }

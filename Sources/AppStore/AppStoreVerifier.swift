@@ -22,14 +22,16 @@ public final class AppStoreVerifier: ReceiptVerifying {
     private let receiptsThroughServerAPI: Bool
     private let receiptSignature: ReceiptSignature?
     private let localReceipts: Bool
+    private let xcodeReceipts: ReceiptSignature?
 
     /// Creates a verifier. Without `serverAPI`, transaction-id uploads and confirmations are
     /// impossible (refused with a clear reason); without `legacy`, receipts need the Server API.
     public init(
         signed: SignedDataVerifier, serverAPI: AppStoreServerAPIClient?, legacy: (any ReceiptVerifying)?,
         confirmWithAPI: Bool = false, receiptsThroughServerAPI: Bool = true, receiptSignature: ReceiptSignature? = nil,
-        localReceipts: Bool = false
+        localReceipts: Bool = false, xcodeReceipts: ReceiptSignature? = nil
     ) {
+        self.xcodeReceipts = xcodeReceipts
         self.receiptSignature = receiptSignature
         self.localReceipts = localReceipts
         self.receiptsThroughServerAPI = receiptsThroughServerAPI
@@ -49,10 +51,16 @@ public final class AppStoreVerifier: ReceiptVerifying {
             // Apple's `verifyReceipt` vouches for a receipt itself, so it decides those.
             var signed: ReceiptSignature.Verdict?
             if let receiptSignature {
-                guard let bytes = Data(base64Encoded: request.receiptData) else {
+                guard let data = Data(base64Encoded: request.receiptData) else {
                     return .rejected(.invalidReceipt, message: "the receipt is not base64")
                 }
-                let verdict = await receiptSignature.check([UInt8](bytes))
+                let bytes = [UInt8](data)
+                let verdict = await receiptSignature.check(bytes)
+                // Apple never signs a receipt of Xcode's StoreKit testing: only one Apple did
+                // not sign may be one, and nobody paid for what it lists.
+                if !verdict.isValid, let receipt = try? AppReceiptParser.parse(bytes), receipt.isXcode {
+                    return await xcode(receipt, bytes: bytes, base64: request.receiptData)
+                }
                 if verdict.result == "invalid" {
                     return .rejected(.receiptSignatureInvalid, message: "the receipt's signature: \(verdict.reason ?? "invalid")")
                 }
@@ -107,19 +115,40 @@ public final class AppStoreVerifier: ReceiptVerifying {
         }
     }
 
+    /// A receipt of Xcode's StoreKit testing: refused unless `IAP_ENVIRONMENT=xcode`, where one
+    /// signed by the configured Xcode certificate is read like an offline receipt, its
+    /// purchases credited as sandbox ones (not real money).
+    private func xcode(_ receipt: AppReceipt, bytes: [UInt8], base64: String) async -> VerificationOutcome {
+        guard let xcodeReceipts else {
+            return .rejected(
+                .xcodeReceipt, message: "Xcode's StoreKit testing issued this receipt: refused outside IAP_ENVIRONMENT=xcode")
+        }
+        let verdict = await xcodeReceipts.check(bytes)
+        switch verdict.result {
+        case "valid": return offline(base64, signed: verdict, receipt: receipt)
+        case "invalid":
+            return .rejected(.receiptSignatureInvalid, message: "the Xcode receipt's signature: \(verdict.reason ?? "invalid")")
+        default:
+            return .needsReview(
+                .receiptUntrustedChain, message: "the Xcode receipt: \(verdict.reason ?? "not signed by the Xcode certificate")")
+        }
+    }
+
     /// `IAP_RECEIPTS_VIA=local`: a receipt whose signature was checked is its own proof, read
     /// with no call to Apple (which may be unreachable): every purchase it lists is the
-    /// uploader's as Apple signed it. The receipt names no environment: production.
-    private func offline(_ base64: String, signed: ReceiptSignature.Verdict?) -> VerificationOutcome {
+    /// uploader's as Apple signed it, in the environment the receipt names (attribute 0:
+    /// `ProductionSandbox` is the sandbox; a receipt that names none is production's).
+    private func offline(_ base64: String, signed: ReceiptSignature.Verdict?, receipt read: AppReceipt? = nil) -> VerificationOutcome {
         guard signed?.isValid == true else {
             return .needsReview(.notConfigured, message: "receipts verified offline need their signature checked")
         }
         let receipt: AppReceipt
-        do {
-            receipt = try AppReceiptParser.parse(base64: base64)
+        do throws(AppReceiptError) {
+            if let read { receipt = read } else { receipt = try AppReceiptParser.parse(base64: base64) }
         } catch {
             return .needsReview(.receiptUnreadable, message: "the receipt cannot be read: \(error.code)")
         }
+        let environment: AppStoreEnvironment = receipt.isSandbox || receipt.isXcode ? .sandbox : .production
         guard self.signed.settings.bundleIds.contains(receipt.bundleId) else {
             return .rejected(.bundleIdMismatch, message: "the receipt belongs to \(receipt.bundleId)")
         }
@@ -127,14 +156,14 @@ public final class AppStoreVerifier: ReceiptVerifying {
             var purchase = VerifiedPurchase(
                 transactionId: item.transactionId, originalTransactionId: item.originalTransactionId ?? item.transactionId,
                 productId: item.productId, quantity: item.quantity ?? 1, purchaseDate: item.purchaseDate,
-                environment: .production, cancellationDate: item.cancellationDate, expiresDate: item.expiresDate,
+                environment: environment, cancellationDate: item.cancellationDate, expiresDate: item.expiresDate,
                 webOrderLineItemId: item.webOrderLineItemId.map(String.init))
             purchase.originalPurchaseDate = item.originalPurchaseDate
             purchase.evidence = .signedUpload
             purchase.inUploadedReceipt = true
             return purchase
         }
-        return .verified(VerifiedReceipt(bundleId: receipt.bundleId, environment: .production, purchases: purchases))
+        return .verified(VerifiedReceipt(bundleId: receipt.bundleId, environment: environment, purchases: purchases))
     }
 
     /// The receipt's transactions, read locally, then the customer's whole history from one of them.

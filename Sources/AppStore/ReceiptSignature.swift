@@ -2,7 +2,7 @@ import Crypto
 public import Foundation
 import NIOConcurrencyHelpers
 import SwiftASN1
-@_spi(CMS) @_spi(FixedExpiryValidationTime) public import X509
+@_spi(FixedExpiryValidationTime) public import X509
 
 /// Checks an app receipt's PKCS#7 signature offline, before anything it says counts as proof:
 /// the signed content's digest and the signature over it, and the signer's chain up to one of
@@ -17,6 +17,13 @@ import SwiftASN1
 /// take) is `unchecked`, which proves nothing either way. Chains that validated are kept by the
 /// SHA-256 of the certificates' bytes, with the signer's key and the window every certificate
 /// is valid in: a receipt of a known chain made inside that window costs one signature check.
+///
+/// The SignedData is read here (SwiftASN1), not by a CMS library, because real receipts are not
+/// what a strict one takes: the App Store lists the certificates leaf first (out of DER's SET OF
+/// order) and names its signature `rsaEncryption` with the digest apart, SHA-1 until 2023;
+/// Xcode writes BER. A receipt that is not DER is re-encoded as DER first
+/// (`SignedDataEnvelope`); nothing signed changes. The signer is the certificate whose key made
+/// the signature, and its chain is validated with swift-certificates' RFC 5280 policy.
 public final class ReceiptSignature: Sendable {
     /// One certificate of the signer's chain, as `iap inspect receipt --verify` prints it.
     public struct CertificateSummary: Sendable, Encodable, Equatable {
@@ -88,11 +95,17 @@ public final class ReceiptSignature: Sendable {
         verdict.transactionIds = receipt.inApp.map(\.transactionId)
         verdict.judgedAt = receipt.creationDate
         let at = receipt.creationDate ?? Date()
-        let parts = SignedParts(bytes)
-        verdict.digestAlgorithm = parts.map { Self.digestName($0.digestAlgorithm) }
-        let chainKey = parts.map { SHA256.hash(data: $0.certificates) }
-        if let parts, let chainKey, let known = validated.withLockedValue({ $0[chainKey] }),
-            known.validFrom <= at, at <= known.validUntil, parts.isSigned(by: known.signerKey)
+        // As sent, else re-encoded as DER (the App Store lists its certificates out of DER's
+        // order, Xcode writes BER): nothing signed changes.
+        guard let parts = SignedParts(bytes) ?? SignedDataEnvelope.canonical(bytes).flatMap(SignedParts.init) else {
+            verdict.result = "unchecked"
+            verdict.reason = "the signed data cannot be read here"
+            return verdict
+        }
+        verdict.digestAlgorithm = Self.digestName(parts.digestAlgorithm)
+        let chainKey = SHA256.hash(data: parts.certificates)
+        if let known = validated.withLockedValue({ $0[chainKey] }), known.validFrom <= at, at <= known.validUntil,
+            parts.isSigned(by: known.signerKey)
         {
             // A chain that validated, valid at this receipt's time too: its signer's one
             // signature over this content is all that is left to check.
@@ -100,41 +113,54 @@ public final class ReceiptSignature: Sendable {
             verdict.result = "valid"
             return verdict
         }
+        guard parts.isCheckable else {
+            verdict.result = "unchecked"
+            verdict.reason = "the digest (\(parts.digestAlgorithm)) or signature (\(parts.signatureAlgorithm)) algorithm is not one this reader takes"
+            return verdict
+        }
+        guard parts.contentMatchesSignedDigest else {
+            verdict.reason = "the content's digest differs from the one the signer signed"
+            return verdict
+        }
         let certificates: [Certificate]
-        let signer: Certificate?
         do {
-            let signature = try CMSSignature(berEncoded: ArraySlice(bytes))
-            certificates = signature.certificates
-            signer = try signature.signers.first?.certificate
+            certificates = try parts.certificateList.map { try Certificate(derEncoded: $0) }
         } catch {
             verdict.result = "unchecked"
-            verdict.reason = "the signed data cannot be read here: \(error)"
+            verdict.reason = "a certificate cannot be read here: \(error)"
+            return verdict
+        }
+        // The signer is the certificate whose key made the signature; when the receipt carries
+        // certificates and none did, the signature is not what it claims.
+        guard let signer = certificates.first(where: { parts.isSigned(by: $0.publicKey) }) else {
+            if certificates.isEmpty {
+                verdict.result = "unchecked"
+                verdict.reason = "the signed data carries no certificate"
+            } else {
+                verdict.reason = "the signature was made by none of the certificates the receipt carries"
+            }
             return verdict
         }
         let chain = Self.ordered(certificates, from: signer)
         verdict.chain = chain.map(Self.summary)
-        let result = await CMS.isValidAttachedSignature(signatureBytes: bytes, trustRoots: store) {
+        var verifier = Verifier(rootCertificates: store) {
             RFC5280Policy(fixedExpiryValidationTime: at)
+            SignerKeyUsagePolicy()
         }
-        switch result {
-        case .success:
+        switch await verifier.validate(leaf: signer, intermediates: CertificateStore(certificates)) {
+        case .validCertificate(let trusted):
             verdict.result = "valid"
-            if let chainKey, let signer {
-                let known = KnownChain(
-                    signerKey: signer.publicKey, validFrom: chain.map(\.notValidBefore).max() ?? at,
-                    validUntil: chain.map(\.notValidAfter).min() ?? at, chain: verdict.chain)
-                validated.withLockedValue { $0[chainKey] = known }
-            }
-        case .failure(.invalidCMSBlock(let block)):
-            // Only a digest that differs and a signature that does not verify prove the receipt
-            // wrong; anything else this reader could not check.
-            let provablyWrong = ["Message digest mismatch", "Invalid signature from signing certificate"]
-            if !provablyWrong.contains(where: { block.reason.hasPrefix($0) }) { verdict.result = "unchecked" }
-            verdict.reason = block.reason
-        case .failure(.unableToValidateSigner(let failure)):
+            let known = KnownChain(
+                signerKey: signer.publicKey, validFrom: trusted.map(\.notValidBefore).max() ?? at,
+                validUntil: trusted.map(\.notValidAfter).min() ?? at, chain: verdict.chain)
+            validated.withLockedValue { $0[chainKey] = known }
+        case .couldNotValidate(let failures):
             verdict.result = "untrusted"
-            verdict.reason = "the signer's chain ends in no trusted root at \(Self.iso(at)): "
-                + failure.policyFailures.map { "\($0.policyFailureReason)" }.joined(separator: "; ")
+            verdict.reason =
+                failures.isEmpty
+                ? "the signer's certificate has a critical extension no check here takes"
+                : "the signer's chain ends in no trusted root at \(Self.iso(at)): "
+                    + failures.map { "\($0.policyFailureReason)" }.joined(separator: "; ")
         }
         return verdict
     }
@@ -185,6 +211,8 @@ struct SignedParts {
     var messageDigest: [UInt8]?
     var signatureAlgorithm: ASN1ObjectIdentifier
     var signature: [UInt8]
+    /// Each certificate the receipt carries, as it carries it.
+    var certificateList: [ArraySlice<UInt8>]
 
     init?(_ bytes: [UInt8]) {
         func children(_ node: ASN1Node) -> [ASN1Node] {
@@ -211,6 +239,7 @@ struct SignedParts {
         else { return nil }
         self.content = octets(content)
         self.certificates = Array(certificates.encodedBytes)
+        certificateList = children(certificates).map(\.encodedBytes)
         let info = children(signer)
         guard info.count >= 5, let digest = oid(children(info[2]).first) else { return nil }
         digestAlgorithm = digest
@@ -233,6 +262,16 @@ struct SignedParts {
         else { return nil }
         signatureAlgorithm = algorithm
         self.signature = Array(signature)
+    }
+
+    /// Whether this reader takes the digest and signature algorithms.
+    var isCheckable: Bool { digest([]) != nil && signature(for: digestAlgorithm) != nil }
+
+    /// Whether the content's digest is the one the signed attributes carry (true when the
+    /// content is signed itself: its signature covers it).
+    var contentMatchesSignedDigest: Bool {
+        guard signedAttributes != nil else { return true }
+        return messageDigest != nil && digest(content) == messageDigest
     }
 
     /// Whether `key` signed this content: the content's digest is the one the signed attributes
@@ -274,5 +313,24 @@ struct SignedParts {
             return ["SHA-256": .ecdsaWithSHA256, "SHA-384": .ecdsaWithSHA384][digestName]
         default: return nil
         }
+    }
+}
+
+/// The signer's extended key usage, where a certificate marks it critical (Xcode's StoreKit
+/// testing certificate does, for code signing): receipts are signed code-signing style, so the
+/// leaf must allow code signing or any use.
+struct SignerKeyUsagePolicy: VerifierPolicy {
+    let verifyingCriticalExtensions: [ASN1ObjectIdentifier] = [.X509ExtensionID.extendedKeyUsage]
+
+    func chainMeetsPolicyRequirements(chain: UnverifiedCertificateChain) async -> PolicyEvaluationResult {
+        let found: ExtendedKeyUsage?
+        do {
+            found = try chain.leaf.extensions.extendedKeyUsage
+        } catch {
+            return .failsToMeetPolicy(reason: "the signer's extended key usage cannot be read")
+        }
+        guard let usage = found else { return .meetsPolicy }
+        if usage.contains(.codeSigning) || usage.contains(.any) { return .meetsPolicy }
+        return .failsToMeetPolicy(reason: "the signer's extended key usage allows no code signing")
     }
 }

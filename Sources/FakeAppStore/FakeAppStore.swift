@@ -800,6 +800,7 @@ public struct FakeAppStore: Sendable {
     private func encodeReceipt(_ receipt: FakeLedger.Receipt) throws -> [UInt8] {
         try minter.mint(
             ReceiptPayload(
+                receiptType: receipt.environment == "Sandbox" ? "ProductionSandbox" : "Production",
                 bundleId: receipt.bundleId, creationDate: receipt.createdAt,
                 inApp: receipt.purchases.map { purchase in
                     InAppPurchasePayload(

@@ -3,8 +3,9 @@ import SwiftASN1
 
 extension ReceiptPayload {
     /// The payload as Apple encodes it: a DER SET of `ReceiptAttribute`s.
-    func derEncoded() throws -> [UInt8] {
+    public func derEncoded() throws -> [UInt8] {
         var attributes = [
+            try ReceiptAttribute(type: 0, value: ASN1UTF8String(receiptType)),
             try ReceiptAttribute(type: 2, value: ASN1UTF8String(bundleId)),
             try ReceiptAttribute(type: 3, value: ASN1UTF8String(appVersion)),
             ReceiptAttribute(type: 4, rawValue: opaqueValue),

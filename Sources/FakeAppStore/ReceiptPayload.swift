@@ -4,6 +4,9 @@ public import Foundation
 ///
 /// Dates are written in whole seconds (RFC 3339, `2026-11-23T01:02:03Z`): fractions are dropped.
 public struct ReceiptPayload: Sendable, Equatable {
+    /// Where the receipt was issued (attribute 0): `Production`, `ProductionSandbox`, or
+    /// `Xcode` for StoreKit testing in Xcode.
+    public var receiptType: String
     /// The app's bundle identifier (attribute 2).
     public var bundleId: String
     /// The app version the receipt is issued to (attribute 3).
@@ -21,10 +24,11 @@ public struct ReceiptPayload: Sendable, Equatable {
 
     /// Creates a payload; the opaque value and hash default to random bytes of Apple's sizes.
     public init(
-        bundleId: String, appVersion: String = "1", originalAppVersion: String = "1.0",
+        receiptType: String = "Production", bundleId: String, appVersion: String = "1", originalAppVersion: String = "1.0",
         opaqueValue: [UInt8] = ReceiptPayload.randomBytes(8), sha1Hash: [UInt8] = ReceiptPayload.randomBytes(20),
         creationDate: Date = Date(), inApp: [InAppPurchasePayload] = []
     ) {
+        self.receiptType = receiptType
         self.bundleId = bundleId
         self.appVersion = appVersion
         self.originalAppVersion = originalAppVersion

@@ -190,6 +190,9 @@ extension Setting {
     public static let fakeNotificationURL = Setting(
         "IAP_FAKE_NOTIFICATION_URL",
         "Where the fake sends App Store Server Notifications.")
+    public static let environment = Setting(
+        "IAP_ENVIRONMENT", fallback: "production",
+        "production, or xcode for local development with StoreKit testing in Xcode: receipts Xcode issued are then credited as sandbox purchases when signed by the certificate in \(Setting.xcodeCertificate.variable). Xcode's receipts are refused in production.")
     public static let finishTransactions = Setting(
         "IAP_FINISH_TRANSACTIONS", fallback: nil, defaultNote: "both with the App Store Server API key, else app",
         "Who finishes a credited transaction at Apple: server (the order service calls Finish Transaction after the commit that settled it; answers never tell the app to finish), app (the app, on the status answer's advice) or both.")
@@ -287,6 +290,9 @@ extension Setting {
     public static let trustedRoots = Setting(
         "IAP_TRUSTED_ROOTS", fallback: nil, defaultNote: "Apple Root CA - G3, shipped",
         "Comma-separated root certificate files (DER or PEM) that signed data and notifications must chain to; for tests only.")
+    public static let xcodeCertificate = Setting(
+        "IAP_XCODE_CERTIFICATE", fallback: nil,
+        "The certificate Xcode signs its StoreKit testing receipts with (DER or PEM; Xcode: Editor > Save Public Certificate, with the StoreKit configuration file open); needed by IAP_ENVIRONMENT=xcode.")
     public static let verifierConcurrency = Setting(
         "IAP_VERIFIER_CONCURRENCY", fallback: "64",
         "Verifications in flight per process.")

@@ -274,6 +274,10 @@ public struct ReasonCode: RawRepresentable, Codable, Sendable, Hashable, CustomS
     /// another key, Xcode's StoreKit testing certificate), or its signed data cannot be checked
     /// here, on a route where its signature is the proof: a person looks.
     public static let receiptUntrustedChain = ReasonCode("receipt_untrusted_chain")
+    /// The receipt is one of Xcode's StoreKit testing (its type says `Xcode`, and Apple did not
+    /// sign it): nobody paid for it. Rejected outside `IAP_ENVIRONMENT=xcode`; our own check, so
+    /// the app is not told to finish.
+    public static let xcodeReceipt = ReasonCode("xcode_receipt")
 
     /// Rejections after which the app may finish its transactions: Apple said the receipt or
     /// transaction is invalid, unknown or refunded, it is not real money, it is credited (to

@@ -111,6 +111,9 @@ public struct StoreKitSettings: Sendable {
     public var receiptsThroughServerAPI: Bool
     /// `IAP_RECEIPTS_VIA=local`: receipts are proven by their signature alone, offline.
     public var localReceipts = false
+    /// `IAP_ENVIRONMENT=xcode`: the certificate Xcode's StoreKit testing signs its receipts
+    /// with; nil (production): Xcode's receipts are refused.
+    public var xcodeCertificate: Certificate?
     /// Who finishes a settled transaction at Apple; `server` and `both` need `serverAPI`.
     public var finishTransactions: FinishMode = .app
     /// How Apple's refund requests are answered (with `serverAPI`; without it none is).
@@ -208,7 +211,8 @@ private struct SharedDependencies {
             // The roots receipts must chain to: the configured ones (the fake's, in tests and
             // the dev stack), else Apple's receipt roots, shipped.
             receiptSignature: ReceiptSignature(roots: try settings.storeKit.trustedRoots ?? AppleRoot.receiptRoots()),
-            localReceipts: settings.storeKit.localReceipts)
+            localReceipts: settings.storeKit.localReceipts,
+            xcodeReceipts: settings.storeKit.xcodeCertificate.map { ReceiptSignature(roots: [$0]) })
     }
 }
 

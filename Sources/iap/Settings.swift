@@ -637,6 +637,12 @@ struct StoreKitOptions: ParsableArguments {
     @Option(name: .long, help: ArgumentHelp(Setting.trustedRoots.help))
     var trustedRoots: String?
 
+    @Option(name: .long, help: ArgumentHelp(Setting.environment.help))
+    var environment: String?
+
+    @Option(name: .long, help: ArgumentHelp(Setting.xcodeCertificate.help))
+    var xcodeCertificate: String?
+
     @Option(name: .long, help: ArgumentHelp(Setting.finishTransactions.help))
     var finishTransactions: String?
 
@@ -700,6 +706,23 @@ struct StoreKitOptions: ParsableArguments {
             settings.localReceipts = true
         case let other?:
             throw ValidationError("\(Setting.receiptsVia.variable) must be local, server-api or verify-receipt, got '\(other)'")
+        }
+        switch reader.string(environment, .environment) {
+        case "production":
+            guard reader.optionalString(xcodeCertificate, .xcodeCertificate) == nil else {
+                throw ValidationError("\(Setting.xcodeCertificate.variable) is for \(Setting.environment.variable)=xcode only")
+            }
+        case "xcode":
+            guard let path = reader.optionalString(xcodeCertificate, .xcodeCertificate) else {
+                throw ValidationError("\(Setting.environment.variable)=xcode needs Xcode's certificate in \(Setting.xcodeCertificate.variable)")
+            }
+            do {
+                settings.xcodeCertificate = try certificate(atPath: path)
+            } catch {
+                throw ValidationError("\(Setting.xcodeCertificate.variable): \(path) is not a readable certificate: \(error)")
+            }
+        case let other:
+            throw ValidationError("\(Setting.environment.variable) must be production or xcode, got '\(other)'")
         }
         let modes = FinishMode.allCases.map(\.rawValue).joined(separator: ", ")
         switch reader.optionalString(finishTransactions, .finishTransactions) {

@@ -53,7 +53,7 @@ struct AppReceiptTests {
 
     /// What `payload` must read back as.
     static let expected = AppReceipt(
-        bundleId: bundleId, appVersion: "2.3", originalAppVersion: "1.0", creationDate: date("2026-11-23T01:02:03Z"),
+        receiptType: "Production", bundleId: bundleId, appVersion: "2.3", originalAppVersion: "1.0", creationDate: date("2026-11-23T01:02:03Z"),
         opaqueValueByteCount: 8, sha1HashByteCount: 20,
         inApp: [
             .init(

@@ -57,6 +57,21 @@ struct CommandLineTests {
         #expect(refused.output.contains("error:"))
     }
 
+    @Test func inspectReceiptVerifyPassesGenuineReceiptsAndFailsOthers() async throws {
+        let folder = ReceiptSignatureTests.fixtures
+        for (name, digest, _) in ReceiptSignatureTests.genuine {
+            let run = try await iap(["inspect", "receipt", folder.appendingPathComponent(name).path, "--verify"])
+            #expect(run.status == 0, "\(name): \(run.output)")
+            #expect(run.output.contains("\"digestAlgorithm\" : \"\(digest)\""), "\(name): \(run.output)")
+        }
+        let xcode = folder.appendingPathComponent("xcode-2023.der").path
+        let untrusted = try await iap(["inspect", "receipt", xcode, "--verify"])
+        #expect(untrusted.status == 1 && untrusted.output.contains("\"untrusted\""), "\(untrusted.output)")
+        let root = folder.appendingPathComponent("xcode-storekit-testing.der").path
+        let valid = try await iap(["inspect", "receipt", xcode, "--verify", "--root", root])
+        #expect(valid.status == 0, "\(valid.output)")
+    }
+
     @Test func badSettingStopsStartUpNamingTheVariable() async throws {
         let run = try await iap(["verifier", "--bundle-ids", "com.example.demo", "--concurrency", "0"])
         #expect(run.status != 0)
@@ -67,6 +82,11 @@ struct CommandLineTests {
         let encoding = try await iap(["verifier", "--bundle-ids", "com.example.demo"], environment: ["IAP_MESSAGE_ENCODING": "gzip"])
         #expect(encoding.status != 0)
         #expect(encoding.output.contains("IAP_MESSAGE_ENCODING must be deflate or identity, got 'gzip'"), "\(encoding.output)")
+        let xcode = try await iap(["verifier", "--bundle-ids", "com.example.demo"], environment: ["IAP_ENVIRONMENT": "xcode"])
+        #expect(xcode.status != 0)
+        #expect(xcode.output.contains("IAP_ENVIRONMENT=xcode needs Xcode's certificate in IAP_XCODE_CERTIFICATE"), "\(xcode.output)")
+        let staging = try await iap(["verifier", "--bundle-ids", "com.example.demo"], environment: ["IAP_ENVIRONMENT": "staging"])
+        #expect(staging.output.contains("IAP_ENVIRONMENT must be production or xcode, got 'staging'"), "\(staging.output)")
     }
 
     @Test func theIntakeRefusesToStartWithoutAKeyForUserTokens() async throws {

@@ -1,9 +1,12 @@
 import AppStore
+import Crypto
 import FakeAppStore
 import Foundation
 import IAPCore
 import OrderStore
+import SwiftASN1
 import Testing
+@_spi(CMS) import X509
 
 extension BrokerTests {
     /// Every receipt route checks the receipt's PKCS#7 signature before anything it says
@@ -16,9 +19,13 @@ extension BrokerTests {
             var description: String { rawValue }
         }
 
-        static func start(_ route: Route, name: String, on backend: Backend = .sqlite) async throws -> PipelineHarness {
+        static func start(
+            _ route: Route, name: String, xcodeCertificate: Certificate? = nil, otherApps: Set<String> = [],
+            on backend: Backend = .sqlite
+        ) async throws -> PipelineHarness {
             try await PipelineHarness.start(
-                name: name, receiptsThroughServerAPI: route == .serverAPI, localReceipts: route == .local, on: backend)
+                name: name, receiptsThroughServerAPI: route == .serverAPI, localReceipts: route == .local,
+                xcodeCertificate: xcodeCertificate, otherApps: otherApps, on: backend)
         }
 
         /// The minted receipt with one byte of its signed content changed, and the same content
@@ -79,8 +86,89 @@ extension BrokerTests {
             let id = try await pipeline.upload(userId: "ana", receiptData: purchase.receiptData, transactionId: purchase.transactionId)
             #expect(try await pipeline.waitForState(id)["state"] as? String == "credited")
             #expect(try await pipeline.grantState(of: purchase.transactionId, user: "ana") == "active")
+            #expect(try await pipeline.store.grants(ofTransaction: purchase.transactionId).first?.environment == "Production")
+            // A sandbox receipt says so (its type, `ProductionSandbox`): a sandbox purchase.
+            let sandbox = try await pipeline.mint(environment: "Sandbox")
+            let tester = try await pipeline.upload(userId: "tester", receiptData: sandbox.receiptData)
+            #expect(try await pipeline.waitForState(tester)["state"] as? String == "credited")
+            #expect(try await pipeline.store.grants(ofTransaction: sandbox.transactionId).first?.environment == "Sandbox")
             let after = try await HTTP.get(pipeline.fakeURL + "/fake/stats").json
             #expect(after["verifyReceiptCalls"] as? Int == before["verifyReceiptCalls"] as? Int, "Apple was asked")
+        }
+    
+        /// A team's Xcode: a self-signed certificate marked for code signing (as Xcode's is) and
+        /// a receipt of one purchase it signs, `Xcode` as its type.
+        struct Xcode {
+            let certificate: Certificate
+            let key: Certificate.PrivateKey
+
+            init() throws {
+                let key = Certificate.PrivateKey(P256.Signing.PrivateKey())
+                let name = try DistinguishedName { CommonName("StoreKit Testing in Xcode") }
+                certificate = try Certificate(
+                    version: .v3, serialNumber: .init(), publicKey: key.publicKey,
+                    notValidBefore: Date(timeIntervalSinceNow: -86_400), notValidAfter: Date(timeIntervalSinceNow: 86_400 * 365),
+                    issuer: name, subject: name, signatureAlgorithm: .ecdsaWithSHA256,
+                    extensions: try Certificate.Extensions {
+                        Critical(BasicConstraints.isCertificateAuthority(maxPathLength: nil))
+                        Critical(KeyUsage(digitalSignature: true, keyCertSign: true))
+                        Critical(try ExtendedKeyUsage([.codeSigning]))
+                    },
+                    issuerPrivateKey: key)
+                self.key = key
+            }
+
+            func receipt(transactionId: String) throws -> String {
+                let payload = ReceiptPayload(
+                    receiptType: "Xcode", bundleId: PipelineHarness.bundleId, creationDate: Date(),
+                    inApp: [
+                        InAppPurchasePayload(
+                            productId: "com.example.coins.60", transactionId: transactionId, purchaseDate: Date())
+                    ])
+                let signed = try CMS.sign(
+                    try payload.derEncoded(), signatureAlgorithm: .ecdsaWithSHA256, certificate: certificate,
+                    privateKey: key, signingTime: Date(), detached: false)
+                return Data(signed).base64EncodedString()
+            }
+        }
+
+        @Test(arguments: Route.allCases)
+        func xcodesReceiptsAreRefusedInProductionOnEveryRoute(_ route: Route) async throws {
+            // Xcode's own receipts (BER, its StoreKit certificate), of the apps they name, and one
+            // signed as a team's Xcode does.
+            let genuine = try ["xcode-2020.der", "xcode-2023.der"].map { try ReceiptSignatureTests.fixture($0) }
+            let apps = try Set(genuine.map { try AppReceiptParser.parse($0).bundleId })
+            let pipeline = try await Self.start(route, name: "xcode-\(route)", otherApps: apps)
+            Teardown.add { await pipeline.stop() }
+            let before = try await HTTP.get(pipeline.fakeURL + "/fake/stats").json
+            let receipts = genuine.map { Data($0).base64EncodedString() } + [try Xcode().receipt(transactionId: "0")]
+            for receipt in receipts {
+                let id = try await pipeline.upload(userId: "dev", receiptData: receipt)
+                let status = try await pipeline.waitForState(id)
+                #expect(status["state"] as? String == "rejected", "\(route): \(status)")
+                #expect(status["reason"] as? String == "xcode_receipt", "\(route): \(status)")
+                // Our own check, not Apple's word: the app is not told to finish.
+                #expect(status["finishTransaction"] as? Bool == false, "\(route): \(status)")
+            }
+            let after = try await HTTP.get(pipeline.fakeURL + "/fake/stats").json
+            #expect(after["verifyReceiptCalls"] as? Int == before["verifyReceiptCalls"] as? Int, "Apple was asked")
+        }
+
+        @Test func withIAPEnvironmentXcodeAReceiptSignedByXcodesCertificateIsCreditedAsSandbox() async throws {
+            let xcode = try Xcode()
+            let pipeline = try await Self.start(.verifyReceipt, name: "xcode-on", xcodeCertificate: xcode.certificate)
+            Teardown.add { await pipeline.stop() }
+            let transactionId = "9\(Int.random(in: 100_000_000...999_999_999))"
+            let id = try await pipeline.upload(userId: "dev", receiptData: try xcode.receipt(transactionId: transactionId))
+            let status = try await pipeline.waitForState(id)
+            #expect(status["state"] as? String == "credited", "\(status)")
+            #expect(try await pipeline.grantState(of: transactionId, user: "dev") == "active")
+            let grant = try #require(try await pipeline.store.grants(ofTransaction: transactionId).first)
+            #expect(grant.environment == "Sandbox", "an Xcode purchase is no real money")
+            // Another machine's Xcode: its certificate is not the one configured.
+            let other = try await pipeline.upload(userId: "dev", receiptData: try Xcode().receipt(transactionId: "0"))
+            let held = try await pipeline.waitForState(other)
+            #expect(held["state"] as? String == "needs_review" && held["reason"] as? String == "receipt_untrusted_chain", "\(held)")
         }
     }
 }

@@ -1,6 +1,7 @@
 import AppStore
 import FakeAppStore
 import Foundation
+import SwiftASN1
 import Testing
 import X509
 
@@ -74,5 +75,68 @@ struct ReceiptSignatureTests {
         let expired = try FakeCertificateAuthority.generate(leafNotAfter: Date(timeIntervalSinceNow: -86_400 * 400))
         let late = try ReceiptMinter(authority: expired).mint(AppReceiptTests.payload)
         #expect(await ReceiptSignature(roots: [expired.root]).check(late).result == "untrusted")
+    }
+}
+
+/// Receipts the App Store really signed, and Xcode's, as published by open-source receipt
+/// readers (`Fixtures/receipts`, its README says where each comes from): the shapes our own
+/// fake does not make (certificates out of DER's order, `rsaEncryption`, SHA-1 chains, BER).
+extension ReceiptSignatureTests {
+    static let fixtures = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("Fixtures/receipts")
+
+    static func fixture(_ name: String) throws -> [UInt8] {
+        [UInt8](try Data(contentsOf: fixtures.appendingPathComponent(name)))
+    }
+
+    /// Each genuine receipt with its digest algorithm and its type (attribute 0).
+    static let genuine: [(String, String, String)] = [
+        ("production-2015-sha1.der", "SHA-1", "Production"),
+        ("sandbox-2020-sha1.der", "SHA-1", "ProductionSandbox"),
+        ("sandbox-2023-sha1-g7.der", "SHA-1", "ProductionSandbox"),
+        ("production-2024-sha256.der", "SHA-256", "Production"),
+        ("sandbox-2025-sha256.der", "SHA-256", "ProductionSandbox"),
+    ]
+
+    /// The same bytes with one byte of the bundle id changed.
+    static func altered(_ bytes: [UInt8], bundleId: String) throws -> [UInt8] {
+        let id = Array(bundleId.utf8)
+        let at = try #require((0..<(bytes.count - id.count)).first { Array(bytes[$0..<($0 + id.count)]) == id })
+        var altered = bytes
+        altered[at + 1] ^= 0x01
+        return altered
+    }
+
+    @Test(arguments: genuine)
+    func aGenuineReceiptIsValidUpToAppleIncRootAtItsCreationDate(_ name: String, _ digest: String, _ type: String) async throws {
+        let bytes = try Self.fixture(name)
+        let receipt = try AppReceiptParser.parse(bytes)
+        #expect(receipt.receiptType == type)
+        let checker = try ReceiptSignature()
+        let verdict = await checker.check(bytes)
+        #expect(verdict.result == "valid", "\(name): \(verdict.reason ?? "")")
+        #expect(verdict.digestAlgorithm == digest)
+        #expect(verdict.judgedAt == receipt.creationDate)
+        #expect(verdict.chain.count == 3)
+        #expect(verdict.chain.last?.subject.contains("CN=Apple Root CA,") == true, "\(verdict.chain.map(\.subject))")
+        // Known now: the signer's key alone checks the next one, and still catches a change.
+        #expect(await checker.check(bytes).isValid)
+        let altered = try Self.altered(bytes, bundleId: receipt.bundleId)
+        #expect(await checker.check(altered).result == "invalid", "\(name)")
+        #expect(await (try ReceiptSignature()).check(altered).result == "invalid", "\(name), the whole way")
+        // Apple Root CA - G3 did not sign the receipt chain.
+        #expect(await ReceiptSignature(roots: [try AppleRoot.g3()]).check(bytes).result == "untrusted")
+    }
+
+    @Test(arguments: ["xcode-2020.der", "xcode-2023.der"])
+    func xcodesReceiptIsSignedByXcodesCertificateAndByNoAppleRoot(_ name: String) async throws {
+        let bytes = try Self.fixture(name)
+        let receipt = try AppReceiptParser.parse(bytes)
+        #expect(receipt.isXcode && !receipt.isSandbox)
+        let apple = await (try ReceiptSignature()).check(bytes)
+        #expect(apple.result == "untrusted", "\(apple.reason ?? "")")
+        let xcode = ReceiptSignature(roots: [try Certificate(derEncoded: try Self.fixture("xcode-storekit-testing.der"))])
+        let verdict = await xcode.check(bytes)
+        #expect(verdict.result == "valid", "\(verdict.reason ?? "")")
+        #expect(await xcode.check(try Self.altered(bytes, bundleId: receipt.bundleId)).result == "invalid")
     }
 }

@@ -68,7 +68,7 @@ final class PipelineHarness: Sendable {
         circuitBreaker: CircuitBreaker.Settings = .init(), sweeper: SweeperSettings = .init(),
         alerts: AlertSettings = .init(), withOps: Bool = false, authentication: UserAuthentication = .off,
         limits: IntakeLimits = .unlimited, separateAdmin: Bool = false, receiptsThroughServerAPI: Bool = false,
-        localReceipts: Bool = false,
+        localReceipts: Bool = false, xcodeCertificate: Certificate? = nil, otherApps: Set<String> = [],
         confirmWithAPI: Bool = false, restorePolicy: RestorePolicy = .keep, finishTransactions: FinishMode = .app,
         consumption: ConsumptionAnswer.Settings = .init(), oneTimeCharge: Bool = false,
         onCluster: Bool = false,
@@ -99,7 +99,8 @@ final class PipelineHarness: Sendable {
             verifier: VerifierSettings(
                 names: names, concurrency: verifierConcurrency, retrySchedule: RetrySchedule(delaysSeconds: retryDelays),
                 sandboxPolicy: sandboxPolicy, circuitBreaker: circuitBreaker),
-            verifyReceipt: VerifyReceiptClient.Settings(endpoints: .apple, bundleIds: [bundleId], timeout: appleTimeout),
+            verifyReceipt: VerifyReceiptClient.Settings(
+                endpoints: .apple, bundleIds: otherApps.union([bundleId]), timeout: appleTimeout),
             finisher: FinisherSettings(
                 names: names, alerts: alerts, catalog: testCatalog, sandboxPolicy: sandboxPolicy, restorePolicy: restorePolicy),
             ops: withOps ? OpsSettings(host: "127.0.0.1", port: 0) : nil)
@@ -140,6 +141,7 @@ final class PipelineHarness: Sendable {
             receiptsThroughServerAPI: receiptsThroughServerAPI)
         settings.storeKit.finishTransactions = finishTransactions
         settings.storeKit.localReceipts = localReceipts
+        settings.storeKit.xcodeCertificate = xcodeCertificate
         settings.storeKit.consumption = consumption
 
         let pipeline = try await Pipeline(roles: roles, settings: settings, logger: logger, onListening: report)
