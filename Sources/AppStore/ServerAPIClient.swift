@@ -85,17 +85,18 @@ public final class AppStoreServerAPIClient: Sendable {
     /// Apple's limits per app, in requests per second (production; the sandbox gets 10 %).
     enum Endpoint: String {
         case transactionInfo, history, subscriptionStatuses, notificationHistory, consumption, finish, appAccountToken
-        case appTransactionInfo
+        case appTransactionInfo, customerGroups, groupMembers
         case orderLookup, refundHistory
         case testNotification
 
-        /// Finish Transaction (API 1.20), Set App Account Token (1.16) and Get App Transaction
-        /// Info (1.17) are paced as the other per-transaction calls: Apple answers a faster
-        /// caller 429, which holds the endpoint off until its `Retry-After`.
+        /// Finish Transaction (API 1.20), Set App Account Token (1.16), Get App Transaction Info
+        /// (1.17), Get Customer Groups and Get Group Members (1.22) are paced as the other
+        /// per-transaction calls: Apple answers a faster caller 429, which holds the endpoint
+        /// off until its `Retry-After`.
         var productionRate: Double {
             switch self {
             case .transactionInfo, .history, .subscriptionStatuses, .notificationHistory, .consumption, .finish,
-                .appAccountToken, .appTransactionInfo:
+                .appAccountToken, .appTransactionInfo, .customerGroups, .groupMembers:
                 50
             case .orderLookup, .refundHistory: 10
             case .testNotification: 1
@@ -259,6 +260,101 @@ public final class AppStoreServerAPIClient: Sendable {
         return answer.signedAppTransactionInfo
     }
 
+    /// A group a customer belongs to (Get Customer Groups, API 1.22): an organization that
+    /// assigns seats of a multiseat subscription, or a group of consumers.
+    public struct CustomerGroup: Codable, Sendable, Equatable {
+        /// Apple's id of the group.
+        public var groupId: String
+        /// `ORGANIZATION` or `CONSUMER`, as Apple spells it (a new value is kept as sent).
+        public var groupType: String
+        /// The customer's role per product (`ADMIN`, `NONE`); organizations only.
+        public var roles: [Role]?
+
+        /// The customer's role for one product of the group.
+        public struct Role: Codable, Sendable, Equatable {
+            public var productId: String
+            public var role: String
+        }
+    }
+
+    /// Get Customer Groups (API 1.22): the groups the customer of `anyTransactionId` (a
+    /// transaction, original transaction or app transaction id) is in now; empty when none.
+    public func customerGroups(_ anyTransactionId: String, in environment: ServerAPIEnvironment) async throws(ServerAPIError)
+        -> [CustomerGroup]
+    {
+        struct Answer: Decodable { var groups: [CustomerGroup]? }
+        let answer: Answer = try await call(
+            .GET, "/groups/v1/currentGroups/\(try Self.pathId(anyTransactionId))", environment, endpoint: .customerGroups)
+        return answer.groups ?? []
+    }
+
+    /// One page of a group's members (Get Group Members, API 1.22).
+    public struct GroupMembersPage: Codable, Sendable, Equatable {
+        /// Each member, as Apple's id of their download of the app.
+        public var members: [Member]
+        /// Hand it back for the next page; only when `hasMore`.
+        public var paginationToken: String?
+        public var hasMore: Bool
+
+        /// One member of the group.
+        public struct Member: Codable, Sendable, Equatable {
+            public var appTransactionId: String
+        }
+    }
+
+    /// Get Group Members (API 1.22): one page of `groupId`'s members, at most `limit` (1 to 100)
+    /// of them. Apple answers 4040022 (not found) for a group it does not know.
+    public func groupMembers(
+        _ groupId: String, paginationToken: String? = nil, limit: Int? = nil, in environment: ServerAPIEnvironment
+    ) async throws(ServerAPIError) -> GroupMembersPage {
+        try await call(
+            .GET, "/groups/v1/group/\(try Self.pathId(groupId))"
+                + Self.query(["paginationToken": paginationToken, "limit": limit.map(String.init)]),
+            environment, endpoint: .groupMembers)
+    }
+
+    /// A group one of a user's customers is in: Apple's answer, where it was asked, with which id.
+    public struct FoundGroup: Sendable {
+        public var group: CustomerGroup
+        public var environment: ServerAPIEnvironment
+        public var askedWith: String
+    }
+
+    /// The groups `customers` (each an id Apple takes for a customer, in its environment) are in
+    /// now, each listed once; a customer Apple does not list is in none.
+    public func groups(ofCustomers customers: [(id: String, environment: ServerAPIEnvironment)]) async throws(ServerAPIError)
+        -> [FoundGroup]
+    {
+        var found: [FoundGroup] = []
+        for customer in customers {
+            let groups: [CustomerGroup]
+            do {
+                groups = try await customerGroups(customer.id, in: customer.environment)
+            } catch where error.kind == .notFound {
+                continue
+            }
+            for group in groups
+            where !found.contains(where: { $0.group.groupId == group.groupId && $0.environment == customer.environment }) {
+                found.append(FoundGroup(group: group, environment: customer.environment, askedWith: customer.id))
+            }
+        }
+        return found
+    }
+
+    /// Get Group Members in the first of `environments` that knows the group; nil when none does.
+    public func groupMembers(
+        _ groupId: String, paginationToken: String?, limit: Int?, inFirstOf environments: [ServerAPIEnvironment]
+    ) async throws(ServerAPIError) -> (page: GroupMembersPage, environment: ServerAPIEnvironment)? {
+        for environment in environments {
+            do {
+                return (try await groupMembers(groupId, paginationToken: paginationToken, limit: limit, in: environment), environment)
+            } catch where error.kind == .notFound {
+                continue
+            }
+        }
+        return nil
+    }
+
     /// Set App Account Token (API 1.16): binds the purchase `originalTransactionId` names to
     /// `token` (a purchase made outside the app, or one bound to the wrong account); its
     /// transactions, and the renewals to come, carry that `appAccountToken`. Apple refuses a
@@ -372,11 +468,14 @@ public final class AppStoreServerAPIClient: Sendable {
             error.kind = .unauthorized
         case (_, 4_040_002?), (_, 4_040_004?), (_, 4_040_006?), (_, 5_000_001?):
             error.kind = .transient
-        case (_, 4_040_010?), (_, 4_040_005?), (_, 4_040_019?):
+        case (_, 4_040_010?), (_, 4_040_005?), (_, 4_040_019?), (_, 4_040_022?):
             error.kind = .notFound
         case (500..<600, _):
             error.kind = .transient
         default:
+            // Every other answer is Apple's word for good (`invalid`): among them 4000227 (an
+            // assigned seat refuses consumption answers and Set App Account Token) and 4030028
+            // (no renewal-date extension for an assigned subscription).
             break
         }
         if error.kind == .unauthorized {

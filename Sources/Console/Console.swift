@@ -183,6 +183,21 @@ public final class Console: Sendable {
                 return await self.customer(userId, session: session)
             }
         }
+        router.get("/admin/users/{userId}/groups") { request, context in
+            let userId = context.parameters.get("userId").map { $0.removingPercentEncoding ?? $0 } ?? ""
+            return await self.reading(request) { session in
+                if let refusal = self.refusal(ofId: userId, named: "user ID", session: session) { return refusal }
+                return await self.customerGroups(userId, session: session)
+            }
+        }
+        router.get("/admin/groups/{groupId}") { request, context in
+            let groupId = context.parameters.get("groupId") ?? ""
+            let query = request.uri.queryParameters
+            return await self.reading(request) { session in
+                await self.groupMembers(
+                    groupId, environment: query.get("environment"), paginationToken: query.get("page"), session: session)
+            }
+        }
         router.get("/admin/apple-orders/{orderId}") { request, context in
             let orderId = context.parameters.get("orderId").map { $0.removingPercentEncoding ?? $0 } ?? ""
             return await self.reading(request) { session in

@@ -154,6 +154,7 @@ extension Console {
             fields["inCatalog"] = products.contains(purchase.productId)
             return fields
         }
+        context["groupsHref"] = deps.appStore == nil ? nil : Self.userPath(userId) + "/groups"
         context["appTransactionIds"] = customer.appTransactionIds
         context["hasAppTransactionIds"] = !customer.appTransactionIds.isEmpty
         context["grants"] = customer.grants.map { entry -> [String: Any] in
@@ -247,6 +248,90 @@ extension Console {
             context["problem"] = "The App Store Server API key is not configured: order ids cannot be looked up."
         }
         return page("apple_order", title: "Apple order \(orderId)", session: session, context)
+    }
+
+    // MARK: - Multiseat groups
+
+    /// The groups each of the user's Apple customers is in now (Get Customer Groups).
+    func customerGroups(_ userId: String, session: ConsoleSession) async -> Response {
+        var context: [String: Any] = ["userId": userId, "userHref": Self.userPath(userId)]
+        guard let client = deps.appStore else {
+            context["problem"] = "The App Store Server API key is not configured: groups cannot be asked of Apple."
+            return page("customer_groups", title: "Groups of \(userId)", session: session, context)
+        }
+        do {
+            let customers = try await deps.store.appleCustomerIds(ofUser: userId).prefix(10).map {
+                (id: $0.id, environment: $0.environment == .sandbox ? ServerAPIEnvironment.sandbox : .production)
+            }
+            let found = try await client.groups(ofCustomers: customers)
+            context["asked"] = customers.count
+            context["hasGroups"] = !found.isEmpty
+            context["groups"] = found.map { entry -> [String: Any] in
+                [
+                    "groupId": entry.group.groupId, "groupType": entry.group.groupType,
+                    "environment": entry.environment.rawValue, "askedWith": entry.askedWith,
+                    "href": "/admin/groups/\(entry.group.groupId)?environment=\(entry.environment.rawValue)",
+                    "roles": (entry.group.roles ?? []).map { ["productId": $0.productId, "role": $0.role] },
+                ]
+            }
+        } catch let error as ServerAPIError {
+            context["problem"] = "Apple could not answer: \(error.description). Nothing was changed; try again shortly."
+        } catch {
+            return message(
+                status: .serviceUnavailable, title: "Order store unavailable",
+                text: "The order store could not be read: \(error).", session: session)
+        }
+        return page("customer_groups", title: "Groups of \(userId)", session: session, context)
+    }
+
+    /// One page of a group's members (Get Group Members), each with the users known for it.
+    func groupMembers(_ groupId: String, environment: String?, paginationToken: String?, session: ConsoleSession) async -> Response {
+        guard !groupId.isEmpty, groupId.count <= 20, groupId.allSatisfy({ $0.isASCII && $0.isNumber }) else {
+            return message(status: .badRequest, title: "Not a valid group ID", text: "A group ID is Apple's number.", session: session)
+        }
+        var environments: [ServerAPIEnvironment] = [.production, .sandbox]
+        if let environment {
+            guard let chosen = ServerAPIEnvironment(rawValue: environment) else {
+                return message(status: .badRequest, title: "Not an environment", text: "Production or Sandbox.", session: session)
+            }
+            environments = [chosen]
+        }
+        if let paginationToken, paginationToken.count > 1000 || !paginationToken.unicodeScalars.allSatisfy({ (0x21...0x7E).contains($0.value) }) {
+            return message(status: .badRequest, title: "Not a page of this group", text: "Start from the group's first page.", session: session)
+        }
+        var context: [String: Any] = ["groupId": groupId]
+        guard let client = deps.appStore else {
+            context["problem"] = "The App Store Server API key is not configured: groups cannot be asked of Apple."
+            return page("group_members", title: "Group \(groupId)", session: session, context)
+        }
+        do {
+            if let (page, environment) = try await client.groupMembers(
+                groupId, paginationToken: paginationToken, limit: 50, inFirstOf: environments)
+            {
+                let users = try await deps.store.users(ofAppTransactions: page.members.map(\.appTransactionId))
+                context["environment"] = environment.rawValue
+                context["hasMembers"] = !page.members.isEmpty
+                context["members"] = page.members.map { member -> [String: Any] in
+                    let known = users[member.appTransactionId] ?? []
+                    return [
+                        "appTransactionId": member.appTransactionId, "unknown": known.isEmpty,
+                        "users": known.map { ["userId": $0, "href": Self.userPath($0)] },
+                    ]
+                }
+                if page.hasMore, let next = page.paginationToken {
+                    context["next"] = "/admin/groups/\(groupId)?environment=\(environment.rawValue)&page=\(Self.pathComponent(next))"
+                }
+            } else {
+                context["problem"] = "Apple knows no group \(groupId) in \(environments.map(\.rawValue).joined(separator: " or "))."
+            }
+        } catch let error as ServerAPIError {
+            context["problem"] = "Apple could not answer: \(error.description). Try again shortly."
+        } catch {
+            return message(
+                status: .serviceUnavailable, title: "Order store unavailable",
+                text: "The order store could not be read: \(error).", session: session)
+        }
+        return page("group_members", title: "Group \(groupId)", session: session, context)
     }
 
     /// Look Up Order ID, production first, then the sandbox; each transaction checked.

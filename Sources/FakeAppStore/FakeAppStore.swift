@@ -21,6 +21,9 @@ import X509
 ///   "type"?: "consumable"|"non_consumable"|"auto_renewable"|"non_renewing", "quantity"?,
 ///   "deviceId"?, "appAccountToken"? (a UUID), "applicationUsername"?, "expiresInSeconds"?,
 ///   "inAppOwnershipType"? (`ASSIGNED`: a multiseat seat, auto-renewable only, `quantity` seats),
+///   "groupId"? (the group the purchase's account joins: its `ADMIN` for a purchase, a member for
+///   an assigned seat, which joins Apple's sandbox placeholder group `900000000000000000` unless
+///   named),
 ///   "price"? (milli-units, default 990), "currency"? (default USD), "offerType"?, "offerIdentifier"?,
 ///   "offerDiscountType"?, "offerPeriod"?, "billingPlanType"? (as the signed transactions say),
 ///   "previousOriginalTransactionId"? (a migrated subscription: the chain it continues),
@@ -109,7 +112,9 @@ import X509
 ///   Look Up Order ID, Get All Subscription Statuses, Get
 ///   Notification History, Request a Test Notification, Send Consumption Information, Finish
 ///   Transaction (the state `/fake/purchases/{transactionId}/finish` sets), Set App Account Token,
-///   Get App Transaction Info (every signed transaction names its customer's `appTransactionId`).
+///   Get App Transaction Info (every signed transaction names its customer's `appTransactionId`);
+///   and under `/groups` (`/sandbox/groups`) Get Customer Groups and Get Group Members (API
+///   1.22: every group is an `ORGANIZATION`; an `ASSIGNMENT_REVOKE` takes the seat's holder out).
 public struct FakeAppStore: Sendable {
     let ledger: FakeLedger
     let minter: ReceiptMinter
@@ -119,6 +124,8 @@ public struct FakeAppStore: Sendable {
 
     /// The fake's App Store app id, in its notifications and Server API answers.
     public static let defaultAppAppleId: Int64 = 1_234_567_890
+    /// The group Apple's sandbox answers for assigned seats (Get Customer Groups).
+    public static let sandboxGroupId = "900000000000000000"
 
     /// Creates a fake that remembers what it minted, and its signing identity, in the SQLite
     /// file at `databasePath` (in memory when nil). With `apiKey` it serves the App Store
@@ -711,6 +718,10 @@ public struct FakeAppStore: Sendable {
         var inAppOwnershipType: String?
         /// False: the receipt answered is the device's from before this purchase (stale).
         var receiptIncludesPurchase: Bool?
+        /// The group (Apple's numeric id) the purchase puts its account in: the organization
+        /// that bought seats (its `ADMIN`) or the one that assigned this seat (a member with no
+        /// role). An `ASSIGNED` seat names none: Apple's sandbox placeholder group.
+        var groupId: String?
     }
 
     private struct MintResponse: Encodable {
@@ -757,6 +768,9 @@ public struct FakeAppStore: Sendable {
         if let token = mint.appAccountToken, UUID(uuidString: token) == nil {
             throw HTTPError(.badRequest, message: "appAccountToken must be a UUID")
         }
+        if let groupId = mint.groupId, groupId.isEmpty || groupId.count > 20 || !groupId.allSatisfy(\.isASCII) || !groupId.allSatisfy(\.isNumber) {
+            throw HTTPError(.badRequest, message: "groupId is Apple's numeric group id")
+        }
         let order = FakeLedger.Order(
             bundleId: mint.bundleId, productId: mint.productId, environment: environment, type: type,
             quantity: mint.quantity ?? 1,
@@ -766,6 +780,8 @@ public struct FakeAppStore: Sendable {
             expiresIn: mint.expiresInSeconds.map(TimeInterval.init), familyShared: familyShared,
             assigned: ownership == "ASSIGNED",
             terms: try Self.terms(of: mint),
+            // An assigned seat is always some group's: Apple's sandbox placeholder unless named.
+            groupId: mint.groupId ?? (ownership == "ASSIGNED" ? FakeAppStore.sandboxGroupId : nil),
             receiptIncludesPurchase: mint.receiptIncludesPurchase ?? true)
         let result = try ledger.mint(order, encode: encodeReceipt)
         if type != "auto_renewable", ledger.sendsOneTimeCharge {

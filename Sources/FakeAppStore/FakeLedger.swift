@@ -92,6 +92,9 @@ final class FakeLedger: Sendable {
         var assigned = false
         /// Its price and offer (JSON of `Terms`); nil: list price, no offer.
         var terms: String? = nil
+        /// The group it puts its account in (Get Customer Groups): the organization's `ADMIN`
+        /// for a purchase, a member with no role (`NONE`) for an assigned seat.
+        var groupId: String? = nil
         /// Whether the receipt answered with the purchase already holds it. False gives the
         /// device's receipt as it was before (Apple tells the app about a purchase before its
         /// receipt is refreshed); `refreshReceipt` gives the one that holds it.
@@ -262,6 +265,23 @@ final class FakeLedger: Sendable {
         migrator.registerMigration("v8: price and offer of a purchase") { db in
             try db.execute(sql: "ALTER TABLE purchase ADD COLUMN terms TEXT")
         }
+        migrator.registerMigration("v9: groups of multiseat subscriptions") { db in
+            // Each row: an account (device) of the app in a group, with its role for a product.
+            try db.execute(
+                sql: """
+                    CREATE TABLE group_member (
+                        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                        groupId TEXT NOT NULL,
+                        bundleId TEXT NOT NULL,
+                        environment TEXT NOT NULL,
+                        deviceId TEXT NOT NULL,
+                        productId TEXT NOT NULL,
+                        role TEXT NOT NULL,
+                        UNIQUE (groupId, bundleId, environment, deviceId, productId)
+                    );
+                    CREATE INDEX group_member_device ON group_member(deviceId, bundleId, environment);
+                    """)
+        }
         return migrator
     }
 
@@ -282,6 +302,15 @@ final class FakeLedger: Sendable {
                 inAppOwnershipType: order.assigned ? "ASSIGNED" : order.familyShared ? "FAMILY_SHARED" : "PURCHASED",
                 terms: order.terms)
             try Self.insert(purchase, db)
+            if let groupId = order.groupId {
+                try db.execute(
+                    sql: """
+                        INSERT INTO group_member (groupId, bundleId, environment, deviceId, productId, role)
+                        VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO UPDATE SET role = excluded.role
+                        """,
+                    arguments: [groupId, purchase.bundleId, purchase.environment, purchase.deviceId, purchase.productId,
+                        order.assigned ? "NONE" : "ADMIN"])
+            }
             if subscription, let expires = purchase.expiresDate {
                 try Self.save(SubscriptionState(periodSeconds: expires.timeIntervalSince(now)), of: transactionId, db)
             }
@@ -524,8 +553,58 @@ final class FakeLedger: Sendable {
                 arguments: [Date(), type, type == "REFUND_PRORATED" ? percentage : nil, set.argument, type])
             let revoked = try String.fetchAll(
                 db, sql: "SELECT transactionId FROM purchase WHERE \(set.sql) ORDER BY rowid", arguments: [set.argument])
+            if type == "ASSIGNMENT_REVOKE" {
+                // The organization took the seat back: its holder leaves the group for that product.
+                try db.execute(
+                    sql: "DELETE FROM group_member WHERE bundleId = ? AND environment = ? AND deviceId = ? AND productId = ? AND role = 'NONE'",
+                    arguments: [purchase.bundleId, purchase.environment, purchase.deviceId, purchase.productId])
+            }
             guard let date = try Self.purchase(transactionId, db)?.cancellationDate else { return nil }
             return (date, revoked)
+        }
+    }
+
+    /// A group an account is in, with its role per product.
+    struct Membership: Sendable, Equatable {
+        var groupId: String
+        var roles: [(productId: String, role: String)]
+
+        static func == (lhs: Membership, rhs: Membership) -> Bool {
+            lhs.groupId == rhs.groupId && lhs.roles.elementsEqual(rhs.roles) { $0 == $1 }
+        }
+    }
+
+    /// The groups the account (device) `deviceId` of `bundleId` is in, in the order it joined them.
+    func groups(bundleId: String, environment: String, deviceId: String) throws -> [Membership] {
+        try database.read { db in
+            var groups: [Membership] = []
+            for row in try Row.fetchAll(
+                db, sql: "SELECT * FROM group_member WHERE bundleId = ? AND environment = ? AND deviceId = ? ORDER BY seq",
+                arguments: [bundleId, environment, deviceId])
+            {
+                let groupId: String = row["groupId"]
+                let role = (productId: row["productId"] as String, role: row["role"] as String)
+                if let at = groups.firstIndex(where: { $0.groupId == groupId }) {
+                    groups[at].roles.append(role)
+                } else {
+                    groups.append(Membership(groupId: groupId, roles: [role]))
+                }
+            }
+            return groups
+        }
+    }
+
+    /// The accounts (devices) in `groupId`, in the order they joined; empty for a group the
+    /// app does not have in `environment`.
+    func members(of groupId: String, bundleId: String, environment: String) throws -> [String] {
+        try database.read { db in
+            try String.fetchAll(
+                db,
+                sql: """
+                    SELECT deviceId FROM group_member WHERE groupId = ? AND bundleId = ? AND environment = ?
+                    GROUP BY deviceId ORDER BY min(seq)
+                    """,
+                arguments: [groupId, bundleId, environment])
         }
     }
 

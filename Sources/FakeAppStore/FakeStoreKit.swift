@@ -197,7 +197,12 @@ struct FakeStoreKit: Sendable {
     /// account and app; the fake's accounts are its devices, so one per device, app and
     /// environment, the same every time it is asked.
     static func appTransactionId(of purchase: FakeLedger.Purchase) -> String {
-        let digest = SHA256.hash(data: Data("\(purchase.bundleId)|\(purchase.environment)|\(purchase.deviceId)".utf8))
+        appTransactionId(bundleId: purchase.bundleId, environment: purchase.environment, deviceId: purchase.deviceId)
+    }
+
+    /// The app transaction id of the account (device) `deviceId` of `bundleId` in `environment`.
+    static func appTransactionId(bundleId: String, environment: String, deviceId: String) -> String {
+        let digest = SHA256.hash(data: Data("\(bundleId)|\(environment)|\(deviceId)".utf8))
         let value = digest.prefix(8).reduce(UInt64(0)) { $0 << 8 | UInt64($1) } % 100_000_000_000_000_000
         return String(700_000_000_000_000_000 + value)
     }
@@ -454,6 +459,63 @@ struct FakeStoreKit: Sendable {
                 return ["signedAppTransactionInfo": try signedAppTransaction(of: owner)]
             }
         }
+        router.get("\(prefix)/groups/v1/currentGroups/{anyTransactionId}") { request, context in
+            // Get Customer Groups (API 1.22): the groups of the customer any of whose ids
+            // (transaction, original transaction, app transaction) is named.
+            try await answer(request) { bundleId in
+                let id = try context.parameters.require("anyTransactionId")
+                guard !id.isEmpty, id.allSatisfy(\.isNumber) else {
+                    throw APIError(status: .badRequest, errorCode: 4_000_006, errorMessage: "Invalid transaction id.")
+                }
+                let owner = try ledger.purchase(transactionId: id).flatMap { $0.bundleId == bundleId && $0.environment == environment ? $0 : nil }
+                    ?? ledger.purchases(bundleId: bundleId, environment: environment).first { Self.appTransactionId(of: $0) == id }
+                guard let owner else { throw Self.transactionNotFound }
+                let groups = try ledger.groups(bundleId: bundleId, environment: environment, deviceId: owner.deviceId)
+                return CustomerGroupsAnswer(
+                    groups: groups.map { group in
+                        .init(
+                            groupId: group.groupId, groupType: "ORGANIZATION",
+                            roles: group.roles.map { .init(productId: $0.productId, role: $0.role) })
+                    })
+            }
+        }
+        router.get("\(prefix)/groups/v1/group/{groupId}") { request, context in
+            // Get Group Members (API 1.22): a page of the group's members, by their customers'
+            // appTransactionId; the token is where the next page starts.
+            try await answer(request) { bundleId in
+                let groupId = try context.parameters.require("groupId")
+                guard !groupId.isEmpty, groupId.count <= 20, groupId.allSatisfy(\.isNumber) else {
+                    throw APIError(status: .badRequest, errorCode: 4_000_225, errorMessage: "Invalid request. The group ID is invalid.")
+                }
+                let query = request.uri.queryParameters
+                var limit = 100
+                if let raw = query.get("limit") {
+                    guard let value = Int(raw), (1...100).contains(value) else {
+                        throw APIError(status: .badRequest, errorCode: 4_000_004, errorMessage: "Invalid request limit.")
+                    }
+                    limit = value
+                }
+                var start = 0
+                if let token = query.get("paginationToken") {
+                    guard let data = Data(base64Encoded: token), let text = String(data: data, encoding: .utf8),
+                        text.hasPrefix("\(groupId):"), let offset = Int(text.dropFirst(groupId.count + 1)), offset > 0
+                    else {
+                        throw APIError(status: .badRequest, errorCode: 4_000_014, errorMessage: "Invalid pagination token.")
+                    }
+                    start = offset
+                }
+                let devices = try ledger.members(of: groupId, bundleId: bundleId, environment: environment)
+                guard !devices.isEmpty else {
+                    throw APIError(status: .notFound, errorCode: 4_040_022, errorMessage: "Group not found.")
+                }
+                let page = devices.dropFirst(start).prefix(limit)
+                let end = start + page.count
+                return GroupMembersAnswer(
+                    members: page.map { .init(appTransactionId: Self.appTransactionId(bundleId: bundleId, environment: environment, deviceId: $0)) },
+                    paginationToken: end < devices.count ? Data("\(groupId):\(end)".utf8).base64EncodedString() : nil,
+                    hasMore: end < devices.count)
+            }
+        }
         router.post("\(prefix)/inApps/v1/transactions/{transactionId}/finish") { request, context in
             // Finish Transaction: the same state the app's finishTransaction sets (the fake's
             // /fake/purchases/{id}/finish); a finished consumable leaves later receipts.
@@ -691,6 +753,28 @@ struct FakeStoreKit: Sendable {
         guard let data = Data(base64Encoded: token), let text = String(data: data, encoding: .utf8), text.hasPrefix("rev:")
         else { return nil }
         return Int64(text.dropFirst(4))
+    }
+
+    /// Get Customer Groups' answer.
+    private struct CustomerGroupsAnswer: Encodable {
+        struct Group: Encodable {
+            var groupId: String
+            var groupType: String
+            var roles: [Role]?
+        }
+        struct Role: Encodable {
+            var productId: String
+            var role: String
+        }
+        var groups: [Group]
+    }
+
+    /// Get Group Members' answer.
+    private struct GroupMembersAnswer: Encodable {
+        struct Member: Encodable { var appTransactionId: String }
+        var members: [Member]
+        var paginationToken: String?
+        var hasMore: Bool
     }
 
     private func found(_ transactionId: String, _ bundleId: String, _ environment: String) throws -> FakeLedger.Purchase {

@@ -149,6 +149,62 @@ struct AdminController: Sendable {
             }
             return try JSONResponse.make(app)
         }
+        router.get("/v1/admin/users/{userId}/groups") { request, context in
+            // Get Customer Groups for customer service: the groups (multiseat organizations)
+            // each of the user's Apple customers is in now, asked of Apple with each customer's
+            // id (at most ten customers).
+            try authorize(request, context)
+            let userId = try context.pathParameter("userId")
+            guard let client = settings.appStore else {
+                throw APIError(.appleUnavailable, "the App Store Server API key is not configured")
+            }
+            let customers = try await store.appleCustomerIds(ofUser: userId).prefix(10).map {
+                (id: $0.id, environment: $0.environment == .sandbox ? ServerAPIEnvironment.sandbox : .production)
+            }
+            let groups = try await Self.askingApple { try await client.groups(ofCustomers: customers) }.map(CustomerGroupBody.init)
+            return try JSONResponse.make(CustomerGroupsBody(userId: userId, customersAsked: customers.count, groups: groups))
+        }
+        router.get("/v1/admin/groups/{groupId}/members") { request, context in
+            // Get Group Members for customer service: one page of the group's members, each with
+            // the users it is known for here.
+            try authorize(request, context)
+            let groupId = try context.pathParameter("groupId")
+            guard !groupId.isEmpty, groupId.count <= 20, groupId.allSatisfy({ $0.isASCII && $0.isNumber }) else {
+                throw APIError.invalidField("groupId", "must be Apple's numeric group id")
+            }
+            let query = request.uri.queryParameters
+            var limit: Int?
+            if let raw = query.get("limit") {
+                guard let value = Int(raw), (1...100).contains(value) else { throw APIError.invalidField("limit", "must be 1 to 100") }
+                limit = value
+            }
+            let token = query.get("paginationToken")
+            if let token, token.isEmpty || token.count > 1000 || !token.unicodeScalars.allSatisfy({ (0x21...0x7E).contains($0.value) }) {
+                throw APIError.invalidField("paginationToken", "must be the token of the page before, as Apple gave it")
+            }
+            var environments: [ServerAPIEnvironment] = [.production, .sandbox]
+            if let raw = query.get("environment") {
+                guard let environment = ServerAPIEnvironment(rawValue: raw) else {
+                    throw APIError.invalidField("environment", "must be Production or Sandbox")
+                }
+                environments = [environment]
+            }
+            guard let client = settings.appStore else {
+                throw APIError(.appleUnavailable, "the App Store Server API key is not configured")
+            }
+            let found = try await Self.askingApple {
+                try await client.groupMembers(groupId, paginationToken: token, limit: limit, inFirstOf: environments)
+            }
+            if let (page, environment) = found {
+                let users = try await store.users(ofAppTransactions: page.members.map(\.appTransactionId))
+                return try JSONResponse.make(
+                    GroupMembersBody(
+                        groupId: groupId, environment: environment.rawValue,
+                        members: page.members.map { .init(appTransactionId: $0.appTransactionId, userIds: users[$0.appTransactionId] ?? []) },
+                        paginationToken: page.paginationToken, hasMore: page.hasMore))
+            }
+            throw APIError(.groupNotFound, "Apple knows no group \(groupId) in \(environments.map(\.rawValue).joined(separator: " or "))")
+        }
         router.get("/v1/admin/consumption-requests") { request, context in
             try authorize(request, context)
             let limit = try Self.limit(request)
@@ -254,6 +310,45 @@ struct AdminController: Sendable {
             }
         }
     }
+}
+
+/// A group of one of the user's Apple customers (`GET /v1/admin/users/{userId}/groups`).
+struct CustomerGroupBody: Encodable {
+    var groupId: String
+    var groupType: String
+    var roles: [AppStoreServerAPIClient.CustomerGroup.Role]
+    var environment: String
+    /// The customer's id Apple was asked with.
+    var askedWith: String
+
+    init(_ found: AppStoreServerAPIClient.FoundGroup) {
+        groupId = found.group.groupId
+        groupType = found.group.groupType
+        roles = found.group.roles ?? []
+        environment = found.environment.rawValue
+        askedWith = found.askedWith
+    }
+}
+
+struct CustomerGroupsBody: Encodable {
+    var userId: String
+    /// How many of the user's Apple customers were asked.
+    var customersAsked: Int
+    var groups: [CustomerGroupBody]
+}
+
+/// One page of a group's members (`GET /v1/admin/groups/{groupId}/members`).
+struct GroupMembersBody: Encodable {
+    struct Member: Encodable {
+        var appTransactionId: String
+        /// The users this customer is known for here.
+        var userIds: [String]
+    }
+    var groupId: String
+    var environment: String
+    var members: [Member]
+    var paginationToken: String?
+    var hasMore: Bool
 }
 
 struct PurchaseBody: Encodable {

@@ -45,6 +45,7 @@ public enum APIErrorCode: String, CaseIterable, Sendable {
     case orderNotFound = "order_not_found"
     case purchaseNotFound = "purchase_not_found"
     case userNotFound = "user_not_found"
+    case groupNotFound = "group_not_found"
     // Other 4xx.
     case methodNotAllowed = "method_not_allowed"
     case requestTimeout = "request_timeout"
@@ -74,7 +75,7 @@ public enum APIErrorCode: String, CaseIterable, Sendable {
             .jwsMissingAppleExtension, .jwsCertificateExpired, .jwsUntrustedChain, .jwsInvalidSignature, .bundleIdMismatch,
             .environmentMismatch, .appAppleIdMismatch:
             .forbidden
-        case .notFound, .submissionNotFound, .orderNotFound, .purchaseNotFound, .userNotFound: .notFound
+        case .notFound, .submissionNotFound, .orderNotFound, .purchaseNotFound, .userNotFound, .groupNotFound: .notFound
         case .methodNotAllowed: .methodNotAllowed
         case .requestTimeout: .requestTimeout
         case .conflict, .appleRefused: .conflict
@@ -126,6 +127,7 @@ public enum APIErrorCode: String, CaseIterable, Sendable {
         case .submissionNotFound: "no such upload, or another user's"
         case .orderNotFound: "no such order, or another user's"
         case .purchaseNotFound: "no purchase with this transaction id in the store"
+        case .groupNotFound: "Apple knows no group with this id in that environment (Get Group Members)"
         case .userNotFound: "another user's grants, subscriptions or entitlements"
         case .methodNotAllowed: "the path does not serve this method (`Allow` lists those it does)"
         case .requestTimeout: "the body took longer than `\(Setting.bodyTimeoutSeconds.variable)` (\(Setting.bodyTimeoutSeconds.defaultText)) to arrive"

@@ -24,11 +24,15 @@ public struct IntakeContext: RequestContext, RemoteAddressRequestContext {
 extension IntakeContext {
     /// A path parameter, percent-decoded: the router hands it over as the client encoded it,
     /// and an id such as `aña` or `a b` arrives as `a%C3%B1a` or `a%20b`. An id no user, order
-    /// or purchase can have (`IdentifierText`) is refused with 400 `invalid_field`.
+    /// or purchase can have (`IdentifierText`, longer than 256 characters) is refused with 400
+    /// `invalid_field`.
     func pathParameter(_ name: String) throws -> String {
         let raw = try parameters.require(name)
         let value = raw.removingPercentEncoding ?? raw
         if let problem = IdentifierText.problem(value) { throw APIError.invalidField(name, problem) }
+        guard value.utf8.count <= 256 || value.unicodeScalars.count <= 256 else {
+            throw APIError.invalidField(name, "is longer than 256 characters")
+        }
         return value
     }
 }

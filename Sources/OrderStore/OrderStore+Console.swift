@@ -197,6 +197,59 @@ extension OrderStore {
         return found
     }
 
+    /// The ids Apple's customer look-ups (Get Customer Groups) take for `userId`: each of their
+    /// customers' `appTransactionId` known here, with its environment; and, for an environment
+    /// none is known in (purchases proven by receipts name none), their latest purchase's
+    /// transaction id, which Apple takes for its customer as well.
+    public func appleCustomerIds(ofUser userId: String) async throws -> [(id: String, environment: AppStoreEnvironment)] {
+        try await database.read { db in
+            var found: [(id: String, environment: AppStoreEnvironment)] = []
+            for row in try await db.rows(
+                sql: """
+                    SELECT purchase_terms.appTransactionId AS id, purchase.environment AS environment FROM purchase_terms
+                    JOIN purchase ON purchase.transactionId = purchase_terms.transactionId
+                    WHERE purchase.userId = ? AND purchase_terms.appTransactionId IS NOT NULL
+                    UNION SELECT appTransactionId, environment FROM user_app_transaction WHERE userId = ? ORDER BY 1
+                    """, arguments: [userId, userId])
+            {
+                if let environment = AppStoreEnvironment(rawValue: row["environment"]) { found.append((row["id"], environment)) }
+            }
+            for row in try await db.rows(
+                sql: """
+                    SELECT transactionId, environment FROM purchase WHERE userId = ?
+                    ORDER BY creditedAt DESC, transactionId DESC
+                    """, arguments: [userId])
+            {
+                guard let environment = AppStoreEnvironment(rawValue: row["environment"]),
+                    !found.contains(where: { $0.environment == environment })
+                else { continue }
+                found.append((row["transactionId"], environment))
+            }
+            return found
+        }
+    }
+
+    /// The users each of `appTransactionIds` (Apple's customers) is known for here: whose
+    /// credited purchases named it, or who uploaded it.
+    public func users(ofAppTransactions appTransactionIds: [String]) async throws -> [String: [String]] {
+        guard !appTransactionIds.isEmpty else { return [:] }
+        let marks = sqlMarks(appTransactionIds.count)
+        return try await database.read { db in
+            var users: [String: Set<String>] = [:]
+            for row in try await db.rows(
+                sql: """
+                    SELECT purchase_terms.appTransactionId AS id, purchase.userId AS userId FROM purchase_terms
+                    JOIN purchase ON purchase.transactionId = purchase_terms.transactionId
+                    WHERE purchase_terms.appTransactionId IN (\(marks))
+                    UNION SELECT appTransactionId, userId FROM user_app_transaction WHERE appTransactionId IN (\(marks))
+                    """, arguments: SQLArguments(appTransactionIds + appTransactionIds))
+            {
+                users[row["id"], default: []].insert(row["userId"])
+            }
+            return users.mapValues { $0.sorted() }
+        }
+    }
+
     /// Records that `userId` uploaded the customer's download of the app `appTransactionId`
     /// (verified); once per user and download.
     public func recordAppTransaction(_ appTransactionId: String, userId: String, environment: String, now: Date = Date())

@@ -37,7 +37,7 @@ extension BrokerTests {
             #expect(text.contains("\"check\": \"request_test_notification\", \"ok\": true"), "\(text)")
             for check in [
                 "finish_transaction", "set_app_account_token", "get_app_transaction_info", "get_transaction_history with revision",
-                "send_consumption_information", "multiseat through raw fields",
+                "send_consumption_information", "multiseat through raw fields", "multiseat groups with the library's token",
             ] {
                 let passed = text.split(separator: "\n").contains {
                     $0.contains("\"check\": \"\(check)\"") && $0.contains("\"ok\": true")

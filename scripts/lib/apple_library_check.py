@@ -21,6 +21,7 @@ import urllib.error
 import urllib.request
 
 import attr
+import requests
 
 from appstoreserverlibrary.api_client import APIError, APIException, AppStoreServerAPIClient, GetTransactionHistoryVersion
 from appstoreserverlibrary.models.ConsumptionRequest import ConsumptionRequest
@@ -599,6 +600,51 @@ def main():
         raise CheckFailed("an assigned seat took an app account token")
 
     run("multiseat through raw fields", multiseat_raw_fields)
+
+    def multiseat_groups():
+        # Get Customer Groups and Get Group Members (API 1.22), which the library has no method
+        # for yet: asked with the library's own token and headers, its errors read by its own
+        # parser (APIException with Apple's error code).
+        group = "987650000000000001"
+        organizer = fake.mint(bundle, "com.example.vip.month", "auto_renewable", environment="Sandbox", quantity=2,
+                              groupId=group)
+        seat = fake.mint(bundle, "com.example.vip.month", "auto_renewable", environment="Sandbox",
+                         inAppOwnershipType="ASSIGNED", quantity=2, groupId=group)
+
+        def get(path, params=None):
+            response = requests.get(sandbox._get_full_url(path), params=params or {}, headers=sandbox._get_headers(), timeout=30)
+            if response.status_code != 200:
+                sandbox._parse_response(response.status_code, response.headers, response.json, None)
+            return response.json()
+
+        groups = get(f"/groups/v1/currentGroups/{seat['transactionId']}")["groups"]
+        expect(groups == [{"groupId": group, "groupType": "ORGANIZATION",
+                           "roles": [{"productId": "com.example.vip.month", "role": "NONE"}]}], f"the seat's groups: {groups}")
+        admin = get(f"/groups/v1/currentGroups/{organizer['originalTransactionId']}")["groups"]
+        expect(admin[0]["roles"][0]["role"] == "ADMIN", f"the purchaser's groups: {admin}")
+        first = get(f"/groups/v1/group/{group}", {"limit": "1"})
+        expect(first["hasMore"] is True and len(first["members"]) == 1 and first.get("paginationToken"), f"page one: {first}")
+        rest = get(f"/groups/v1/group/{group}", {"limit": "1", "paginationToken": first["paginationToken"]})
+        expect(rest["hasMore"] is False and "paginationToken" not in rest, f"page two: {rest}")
+        members = [m["appTransactionId"] for m in first["members"] + rest["members"]]
+        seat_customer = verifier_sandbox_app(seat)
+        expect(seat_customer in members and len(set(members)) == 2, f"members {members}, the seat's customer {seat_customer}")
+        for path, params, code in [(f"/groups/v1/group/1{group[1:]}", {}, 4040022),
+                                   (f"/groups/v1/group/{group}", {"limit": "101"}, 4000004),
+                                   (f"/groups/v1/group/{group}", {"paginationToken": "not-a-token"}, 4000014),
+                                   ("/groups/v1/currentGroups/2999999999999999", {}, 4040010)]:
+            try:
+                get(path, params)
+            except APIException as error:
+                expect(error.raw_api_error == code, f"{path} {params}: {error.raw_api_error}, not {code}")
+                continue
+            raise CheckFailed(f"{path} {params} answered 200")
+        return {"groups": len(groups), "members": len(members)}
+
+    def verifier_sandbox_app(purchase):
+        return sandbox_verifier.verify_and_decode_signed_transaction(purchase["signedTransaction"]).appTransactionId
+
+    run("multiseat groups with the library's token", multiseat_groups)
 
 
 if __name__ == "__main__":
