@@ -134,7 +134,7 @@ extension BrokerTests {
     struct OneTimeChargeTests {
         @Test(arguments: TestStore.backends)
         func aOneTimeChargeWithAnOrdersTokenCreditsThatOrdersUser(_ backend: Backend) async throws {
-            let pipeline = try await PipelineHarness.start(name: "one-time-charge", oneTimeCharge: true, on: backend)
+            let pipeline = try await PipelineHarness.start(name: "one-time-charge", on: backend)
             Teardown.add { await pipeline.stop() }
             let created = try await HTTP.post(
                 pipeline.intakeURL + "/v1/orders", json: ["userId": "olga", "productId": "com.example.premium"])

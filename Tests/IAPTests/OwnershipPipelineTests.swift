@@ -23,7 +23,8 @@ extension BrokerTests {
             #expect(credited["state"] as? String == "credited" && credited["finishTransaction"] as? Bool == true, "\(credited)")
 
             // 300 coins for an order of ana's, bought on the same device; the receipt the app
-            // has then does not hold them yet.
+            // has then does not hold them yet, and Apple's ONE_TIME_CHARGE about them is late.
+            #expect(try await HTTP.post(pipeline.fakeURL + "/fake/notifications/hold", json: [String: String]()).status == 204)
             let orderId = try await pipeline.createOrder(userId: "ana", productId: "com.example.coins.300")
             let minted = try await HTTP.post(
                 pipeline.fakeURL + "/fake/purchases",
@@ -61,6 +62,15 @@ extension BrokerTests {
             #expect(refreshed["state"] as? String == "credited" && refreshed["finishTransaction"] as? Bool == true, "\(refreshed)")
             #expect(try await pipeline.order(orderId)["state"] as? String == "paid")
             #expect(try await pipeline.grantState(of: second.transactionId, user: "ana") == "active")
+
+            // The late ONE_TIME_CHARGE finds the order paid: nothing more.
+            let released = try await HTTP.post(pipeline.fakeURL + "/fake/notifications/release", json: [String: String]())
+            #expect(released.status == 200 && (released.json["released"] as? [Any])?.count == 1, "\(released.text)")
+            #expect(
+                try await eventually(timeout: .seconds(20)) {
+                    try await pipeline.store.notifications(ofTransaction: second.transactionId).map(\.type) == ["ONE_TIME_CHARGE"]
+                })
+            #expect(try await pipeline.store.grants(ofTransaction: second.transactionId).count == 1)
         }
 
         /// A transaction id is a lookup: naming another customer's purchase credits nothing, and

@@ -139,8 +139,9 @@ extension BrokerTests {
             // Two records of the refund: what the run read in the customer's transaction history
             // (it revoked the grant), and Apple's own notification, redelivered once (it found the
             // grant revoked already).
+            // (Its ONE_TIME_CHARGE, delivered when it was bought, came first.)
             let applied = try await pipeline.store.notifications(ofTransaction: purchase.transactionId)
-            #expect(applied.map(\.type) == ["REFUND", "REFUND"], "\(applied)")
+            #expect(applied.map(\.type) == ["ONE_TIME_CHARGE", "REFUND", "REFUND"], "\(applied)")
             #expect(applied.filter { $0.outcome == "revoked" }.count == 1, "\(applied)")
             #expect(try await pipeline.store.grants(ofTransaction: purchase.transactionId).map(\.state) == ["revoked"])
         }

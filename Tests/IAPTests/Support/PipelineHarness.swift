@@ -70,7 +70,7 @@ final class PipelineHarness: Sendable {
         limits: IntakeLimits = .unlimited, separateAdmin: Bool = false, receiptsThroughServerAPI: Bool = false,
         localReceipts: Bool = false, xcodeCertificate: Certificate? = nil, otherApps: Set<String> = [],
         confirmWithAPI: Bool = false, restorePolicy: RestorePolicy = .keep, finishTransactions: FinishMode = .app,
-        consumption: ConsumptionAnswer.Settings = .init(), oneTimeCharge: Bool = false,
+        consumption: ConsumptionAnswer.Settings = .init(), oneTimeCharge: Bool = true,
         onCluster: Bool = false,
         sharing shared: PipelineHarness? = nil, store chosenStore: StoreLocation? = nil, on backend: Backend = .sqlite
     ) async throws -> PipelineHarness {
@@ -172,8 +172,8 @@ final class PipelineHarness: Sendable {
             _ = try await HTTP.post(fakeURL + "/fake/config", json: ["notificationURL": url])
         }
         if shared == nil {
-            // Apple's ONE_TIME_CHARGE for each one-time purchase, only where a test asks for it:
-            // the suites written before it count and order the notifications they send.
+            // Apple's ONE_TIME_CHARGE for each one-time purchase, as Apple sends it (off only where
+            // a test counts what uploads alone produce).
             _ = try await HTTP.post(fakeURL + "/fake/config", json: ["oneTimeCharge": oneTimeCharge])
         }
         let store: OrderStore
