@@ -121,7 +121,7 @@ public final class AppStoreVerifier: ReceiptVerifying {
     private func xcode(_ receipt: AppReceipt, bytes: [UInt8], base64: String) async -> VerificationOutcome {
         guard let xcodeReceipts else {
             return .rejected(
-                .xcodeReceipt, message: "Xcode's StoreKit testing issued this receipt: refused outside IAP_ENVIRONMENT=xcode")
+                .xcodeReceipt, message: "Xcode's StoreKit testing issued this receipt: refused outside \(Setting.environment.variable)=xcode")
         }
         let verdict = await xcodeReceipts.check(bytes)
         switch verdict.result {
@@ -298,7 +298,8 @@ public final class AppStoreVerifier: ReceiptVerifying {
             price: payload.price, currency: payload.currency, offerType: payload.offerType,
             offerIdentifier: payload.offerIdentifier, offerDiscountType: payload.offerDiscountType,
             offerPeriod: payload.offerPeriod, billingPlanType: payload.billingPlanType,
-            appTransactionId: payload.appTransactionId)
+            appTransactionId: payload.appTransactionId,
+            ownershipType: payload.inAppOwnershipType == "PURCHASED" ? nil : payload.inAppOwnershipType)
         purchase.terms = terms.isEmpty ? nil : terms
         purchase.previousOriginalTransactionId = payload.previousOriginalTransactionId
         return purchase

@@ -302,6 +302,16 @@ public final class AppStoreServerAPIClient: Sendable {
         }
     }
 
+    /// Whether `text` can be Apple's group id: digits, at most 20 of them.
+    public static func isGroupId(_ text: String) -> Bool {
+        !text.isEmpty && text.count <= 20 && text.allSatisfy { $0.isASCII && $0.isNumber }
+    }
+
+    /// Whether `text` can be a page token Apple gave: 1 to 1,000 printable ASCII characters.
+    public static func isPaginationToken(_ text: String) -> Bool {
+        !text.isEmpty && text.count <= 1000 && text.unicodeScalars.allSatisfy { (0x21...0x7E).contains($0.value) }
+    }
+
     /// Get Group Members (API 1.22): one page of `groupId`'s members, at most `limit` (1 to 100)
     /// of them. Apple answers 4040022 (not found) for a group it does not know.
     public func groupMembers(

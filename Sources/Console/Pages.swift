@@ -138,9 +138,7 @@ extension Console {
         do {
             customer = try await deps.store.consoleCustomer(userId)
         } catch {
-            return message(
-                status: .serviceUnavailable, title: "Order store unavailable",
-                text: "The order store could not be read: \(error). Try again shortly.", session: session)
+            return storeUnavailable(error, session: session)
         }
         let back = Self.userPath(userId)
         let products = (deps.catalog?.products ?? []).map(\.productId)
@@ -218,9 +216,7 @@ extension Console {
             do {
                 known = try await deps.store.consolePurchases(transactions.map(\.transactionId))
             } catch {
-                return message(
-                    status: .serviceUnavailable, title: "Order store unavailable",
-                    text: "The order store could not be read: \(error).", session: session)
+                return storeUnavailable(error, session: session)
             }
             context["environment"] = environment
             context["hasTransactions"] = !transactions.isEmpty
@@ -250,6 +246,13 @@ extension Console {
         return page("apple_order", title: "Apple order \(orderId)", session: session, context)
     }
 
+    /// The page for an order store that could not be read: 503, nothing changed.
+    func storeUnavailable(_ error: any Error, session: ConsoleSession) -> Response {
+        message(
+            status: .serviceUnavailable, title: "Order store unavailable",
+            text: "The order store could not be read: \(error). Try again shortly.", session: session)
+    }
+
     // MARK: - Multiseat groups
 
     /// The groups each of the user's Apple customers is in now (Get Customer Groups).
@@ -277,16 +280,14 @@ extension Console {
         } catch let error as ServerAPIError {
             context["problem"] = "Apple could not answer: \(error.description). Nothing was changed; try again shortly."
         } catch {
-            return message(
-                status: .serviceUnavailable, title: "Order store unavailable",
-                text: "The order store could not be read: \(error).", session: session)
+            return storeUnavailable(error, session: session)
         }
         return page("customer_groups", title: "Groups of \(userId)", session: session, context)
     }
 
     /// One page of a group's members (Get Group Members), each with the users known for it.
     func groupMembers(_ groupId: String, environment: String?, paginationToken: String?, session: ConsoleSession) async -> Response {
-        guard !groupId.isEmpty, groupId.count <= 20, groupId.allSatisfy({ $0.isASCII && $0.isNumber }) else {
+        guard AppStoreServerAPIClient.isGroupId(groupId) else {
             return message(status: .badRequest, title: "Not a valid group ID", text: "A group ID is Apple's number.", session: session)
         }
         var environments: [ServerAPIEnvironment] = [.production, .sandbox]
@@ -296,7 +297,7 @@ extension Console {
             }
             environments = [chosen]
         }
-        if let paginationToken, paginationToken.count > 1000 || !paginationToken.unicodeScalars.allSatisfy({ (0x21...0x7E).contains($0.value) }) {
+        if let paginationToken, !AppStoreServerAPIClient.isPaginationToken(paginationToken) {
             return message(status: .badRequest, title: "Not a page of this group", text: "Start from the group's first page.", session: session)
         }
         var context: [String: Any] = ["groupId": groupId]
@@ -327,9 +328,7 @@ extension Console {
         } catch let error as ServerAPIError {
             context["problem"] = "Apple could not answer: \(error.description). Try again shortly."
         } catch {
-            return message(
-                status: .serviceUnavailable, title: "Order store unavailable",
-                text: "The order store could not be read: \(error).", session: session)
+            return storeUnavailable(error, session: session)
         }
         return page("group_members", title: "Group \(groupId)", session: session, context)
     }
@@ -408,6 +407,12 @@ extension Console {
             parts.append(offer)
         }
         if let plan = terms.billingPlanType { parts.append("billed \(plan)") }
+        switch terms.ownershipType {
+        case nil: break
+        case "ASSIGNED": parts.append("an assigned seat (multiseat): access, not a payment")
+        case "FAMILY_SHARED": parts.append("family shared: access, not a payment")
+        case let other?: parts.append("ownership \(other)")
+        }
         return parts.isEmpty ? "—" : parts.joined(separator: ", ")
     }
 

@@ -446,12 +446,7 @@ struct FakeStoreKit: Sendable {
             // Get App Transaction Info: any transaction id of the customer, or the customer's
             // appTransactionId.
             try await answer(request) { bundleId in
-                let id = try context.parameters.require("transactionId")
-                guard !id.isEmpty, id.allSatisfy(\.isNumber) else {
-                    throw APIError(status: .badRequest, errorCode: 4_000_006, errorMessage: "Invalid transaction id.")
-                }
-                let owner = try ledger.purchase(transactionId: id).flatMap { $0.bundleId == bundleId && $0.environment == environment ? $0 : nil }
-                    ?? ledger.purchases(bundleId: bundleId, environment: environment).first { Self.appTransactionId(of: $0) == id }
+                let owner = try customer(try context.parameters.require("transactionId"), bundleId, environment)
                 guard let owner else {
                     throw APIError(
                         status: .notFound, errorCode: 4_040_019, errorMessage: "No app transaction exists for the customer.")
@@ -463,13 +458,9 @@ struct FakeStoreKit: Sendable {
             // Get Customer Groups (API 1.22): the groups of the customer any of whose ids
             // (transaction, original transaction, app transaction) is named.
             try await answer(request) { bundleId in
-                let id = try context.parameters.require("anyTransactionId")
-                guard !id.isEmpty, id.allSatisfy(\.isNumber) else {
-                    throw APIError(status: .badRequest, errorCode: 4_000_006, errorMessage: "Invalid transaction id.")
+                guard let owner = try customer(try context.parameters.require("anyTransactionId"), bundleId, environment) else {
+                    throw Self.transactionNotFound
                 }
-                let owner = try ledger.purchase(transactionId: id).flatMap { $0.bundleId == bundleId && $0.environment == environment ? $0 : nil }
-                    ?? ledger.purchases(bundleId: bundleId, environment: environment).first { Self.appTransactionId(of: $0) == id }
-                guard let owner else { throw Self.transactionNotFound }
                 let groups = try ledger.groups(bundleId: bundleId, environment: environment, deviceId: owner.deviceId)
                 return CustomerGroupsAnswer(
                     groups: groups.map { group in
@@ -775,6 +766,17 @@ struct FakeStoreKit: Sendable {
         var members: [Member]
         var paginationToken: String?
         var hasMore: Bool
+    }
+
+    /// A purchase of the customer `id` names (a transaction or original transaction id of
+    /// theirs, or their `appTransactionId`), nil when the app has no such customer here; 400
+    /// 4000006 for an id that is not a number.
+    private func customer(_ id: String, _ bundleId: String, _ environment: String) throws -> FakeLedger.Purchase? {
+        guard !id.isEmpty, id.allSatisfy(\.isNumber) else {
+            throw APIError(status: .badRequest, errorCode: 4_000_006, errorMessage: "Invalid transaction id.")
+        }
+        return try ledger.purchase(transactionId: id).flatMap { $0.bundleId == bundleId && $0.environment == environment ? $0 : nil }
+            ?? ledger.purchases(bundleId: bundleId, environment: environment).first { Self.appTransactionId(of: $0) == id }
     }
 
     private func found(_ transactionId: String, _ bundleId: String, _ environment: String) throws -> FakeLedger.Purchase {

@@ -118,13 +118,17 @@ public struct PurchaseTerms: Codable, Sendable, Equatable {
     public var billingPlanType: String?
     /// The customer's download of the app (one per customer and app).
     public var appTransactionId: String?
+    /// Apple's `inAppOwnershipType` when it is not `PURCHASED`: `FAMILY_SHARED`, `ASSIGNED` (a
+    /// multiseat seat), or a value Apple adds, as spelled.
+    public var ownershipType: String?
 
     /// Creates terms.
     public init(
         price: Int64? = nil, currency: String? = nil, offerType: Int? = nil, offerIdentifier: String? = nil,
         offerDiscountType: String? = nil, offerPeriod: String? = nil, billingPlanType: String? = nil,
-        appTransactionId: String? = nil
+        appTransactionId: String? = nil, ownershipType: String? = nil
     ) {
+        self.ownershipType = ownershipType
         self.price = price
         self.currency = currency
         self.offerType = offerType

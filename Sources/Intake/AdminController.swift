@@ -169,7 +169,7 @@ struct AdminController: Sendable {
             // the users it is known for here.
             try authorize(request, context)
             let groupId = try context.pathParameter("groupId")
-            guard !groupId.isEmpty, groupId.count <= 20, groupId.allSatisfy({ $0.isASCII && $0.isNumber }) else {
+            guard AppStoreServerAPIClient.isGroupId(groupId) else {
                 throw APIError.invalidField("groupId", "must be Apple's numeric group id")
             }
             let query = request.uri.queryParameters
@@ -179,7 +179,7 @@ struct AdminController: Sendable {
                 limit = value
             }
             let token = query.get("paginationToken")
-            if let token, token.isEmpty || token.count > 1000 || !token.unicodeScalars.allSatisfy({ (0x21...0x7E).contains($0.value) }) {
+            if let token, !AppStoreServerAPIClient.isPaginationToken(token) {
                 throw APIError.invalidField("paginationToken", "must be the token of the page before, as Apple gave it")
             }
             var environments: [ServerAPIEnvironment] = [.production, .sandbox]

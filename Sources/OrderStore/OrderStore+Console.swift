@@ -192,7 +192,7 @@ extension OrderStore {
             found[row["transactionId"]] = PurchaseTerms(
                 price: row["price"], currency: row["currency"], offerType: row["offerType"], offerIdentifier: row["offerIdentifier"],
                 offerDiscountType: row["offerDiscountType"], offerPeriod: row["offerPeriod"], billingPlanType: row["billingPlanType"],
-                appTransactionId: row["appTransactionId"])
+                appTransactionId: row["appTransactionId"], ownershipType: row["ownershipType"])
         }
         return found
     }

@@ -341,12 +341,12 @@ extension OrderStore {
                 SQLStatement(
                     """
                     INSERT INTO purchase_terms (transactionId, price, currency, offerType, offerIdentifier, offerDiscountType,
-                        offerPeriod, billingPlanType, appTransactionId)
-                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (transactionId) DO NOTHING
+                        offerPeriod, billingPlanType, appTransactionId, ownershipType)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (transactionId) DO NOTHING
                     """,
                     [
                         transactionId, terms.price, terms.currency, terms.offerType, terms.offerIdentifier, terms.offerDiscountType,
-                        terms.offerPeriod, terms.billingPlanType, terms.appTransactionId,
+                        terms.offerPeriod, terms.billingPlanType, terms.appTransactionId, terms.ownershipType,
                     ])
             ]
         case .recordConsumptionRequest(let request):

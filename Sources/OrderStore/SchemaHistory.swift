@@ -885,6 +885,18 @@ enum SchemaHistory {
                     PRIMARY KEY (userId, appTransactionId)
                 );
                 """),
+        SchemaStep(
+            version: 21, name: "whose access a credit is",
+            sqlite: """
+                -- Apple's inAppOwnershipType of a credited transaction when it is no purchase of
+                -- the customer's own (FAMILY_SHARED, ASSIGNED: a multiseat seat), for the console.
+                ALTER TABLE purchase_terms ADD COLUMN ownershipType TEXT;
+                """,
+            // Apple's inAppOwnershipType of a credited transaction when it is no purchase of the
+            // customer's own (FAMILY_SHARED, ASSIGNED: a multiseat seat), for the console.
+            postgres: """
+                ALTER TABLE purchase_terms ADD COLUMN ownershipType TEXT COLLATE "C";
+                """),
     ]
 
     /// SQLite's migrations: each step under the name it has always had in GRDB's table.

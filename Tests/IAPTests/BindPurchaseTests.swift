@@ -81,6 +81,9 @@ extension BrokerTests {
             let grants = try await pipeline.store.grants(ofTransaction: seat)
             #expect(grants.map(\.userId) == ["sam"] && grants.first?.quantity == 5, "the seats are kept: \(grants)")
             #expect(try await pipeline.store.order(orderId)?.state == "created", "an assigned seat pays no order")
+            // Kept with the credit for the console: access, not a payment.
+            let customer = try await pipeline.store.consoleCustomer("sam")
+            #expect(customer.grants.first { $0.grant.transactionId == seat }?.terms?.ownershipType == "ASSIGNED", "\(customer.grants)")
 
             // Only an assigned seat is taken back with ASSIGNMENT_REVOKE; it is never refunded.
             let refund = try await HTTP.post(pipeline.fakeURL + "/fake/purchases/\(seat)/refund", json: [String: String]())
