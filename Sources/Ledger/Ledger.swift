@@ -286,9 +286,8 @@ extension Planner {
         }
         var heldReason: ReasonCode?
         let product = product(purchase.productId)
-        // An assigned seat (multiseat) is access an organization paid for: its token proves
-        // whose it is, but it pays no order of ours.
-        let unpaidOrder = purchase.ownershipType != "ASSIGNED" && (order.map { pays($0, purchase) } ?? false)
+        // An assigned seat's token proves whose it is, but it pays no order (`pays`).
+        let unpaidOrder = order.map { pays($0, purchase) } ?? false
         if policy.catalog != nil && product == nil {
             heldReason = .unknownProduct
         } else if let order, unpaidOrder, order.productId != purchase.productId {
@@ -395,7 +394,9 @@ extension Planner {
     /// crossgrade), and only an order for its product: Apple keeps the chain's
     /// `originalTransactionId` for those, so the order placed for them is paid by them.
     func pays(_ order: LedgerFacts.Order, _ purchase: VerifiedPurchase) -> Bool {
-        guard order.state == "created" else { return false }
+        // An assigned seat (multiseat) is access an organization paid for: it pays no order of
+        // ours, whichever way it arrives.
+        guard order.state == "created", purchase.ownershipType != "ASSIGNED" else { return false }
         let laterPeriod = product(purchase.productId)?.type == .autoRenewable && purchase.transactionId != purchase.originalTransactionId
         guard laterPeriod else { return true }
         return purchase.isNewPurchaseInChain && order.productId == purchase.productId

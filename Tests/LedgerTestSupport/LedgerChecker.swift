@@ -269,6 +269,9 @@ struct AppleTransaction {
     var isRestore = false
     /// Whether receipts hold it under its own id (a StoreKit 1 restore's may never be).
     var inReceipt = true
+    /// A seat of a multiseat subscription an organization paid for and assigned (`ASSIGNED`):
+    /// access, not a payment: it pays no order, and only `ASSIGNMENT_REVOKE` takes it back.
+    var assigned = false
 
     var isSubscription: Bool { period != nil }
 
@@ -277,7 +280,7 @@ struct AppleTransaction {
         var purchase = VerifiedPurchase(
             transactionId: id, originalTransactionId: original, productId: product, quantity: quantity,
             purchaseDate: purchased, environment: .production, cancellationDate: revokedAt, expiresDate: expires,
-            appAccountToken: token, webOrderLineItemId: period, ownershipType: "PURCHASED",
+            appAccountToken: token, webOrderLineItemId: period, ownershipType: assigned ? "ASSIGNED" : "PURCHASED",
             isUpgraded: upgraded ? true : nil, signedDate: signed)
         purchase.revocationType = revokedAt == nil ? nil : revocationType
         purchase.revocationPercentage = revokedAt == nil ? nil : percentage
@@ -420,8 +423,9 @@ struct ReferenceLedger {
             if period { subscriptionOwner[transaction.original] = claimant }
             return
         }
-        // An order is paid by the purchase it was placed for (a subscription's first period).
-        let pays = !(period && transaction.id != transaction.original)
+        // An order is paid by the purchase it was placed for (a subscription's first period); an
+        // assigned seat is access, and pays none.
+        let pays = !(period && transaction.id != transaction.original) && !transaction.assigned
         let mismatch = tokenOrder.map { pays && !$0.paid && $0.product != transaction.product } ?? false
         if standing(key) == .all {
             // Stopped: remembered for the one who proved it, credited if Apple reverses the refund
@@ -728,7 +732,11 @@ struct CheckerRun {
                 token: token, order: order, period: subscription ? nextId("w") : nil, purchased: clock,
                 expires: subscription ? clock + 30 * 86_400 : nil, signed: clock, reason: "PURCHASE", originalPurchased: clock,
                 device: user)
-            transactions.append(transaction)
+            var bought = transaction
+            // A third of the subscriptions (by the quantity drawn, which a subscription does not
+            // use, so the sequences kept draw as before) are seats an organization assigned.
+            bought.assigned = subscription && quantity == 3
+            transactions.append(bought)
             if subscription {
                 subscriptions.append([transactions.count - 1])
                 notify("SUBSCRIBED", subtype: "INITIAL_BUY", about: transactions.count - 1, status: 1)
@@ -840,6 +848,10 @@ struct CheckerRun {
             transaction.revokedAt = clock
             transaction.signed = clock
             switch kind {
+            case _ where transaction.assigned:
+                // The organization took the seat back; Apple refunds a seat nothing.
+                transaction.revocationType = "ASSIGNMENT_REVOKE"
+                transaction.percentage = nil
             case 0:
                 transaction.revocationType = "REFUND_FULL"
                 transaction.percentage = nil
@@ -856,9 +868,11 @@ struct CheckerRun {
                 sameRevocation(as: index)
                 if allowedUnits(identity(transaction))?.contains(0) ?? true { tookBack.insert(identity(transaction)) }
             }
-            notify(kind == 2 ? "REVOKE" : "REFUND", about: index, status: transaction.isSubscription ? 5 : nil)
+            notify(kind == 2 || transaction.assigned ? "REVOKE" : "REFUND", about: index, status: transaction.isSubscription ? 5 : nil)
         case .reverse(let pick):
-            let refunded = transactions.indices.filter { transactions[$0].revokedAt != nil && transactions[$0].revocationType != "FAMILY_REVOKE" }
+            let refunded = transactions.indices.filter {
+                transactions[$0].revokedAt != nil && !["FAMILY_REVOKE", "ASSIGNMENT_REVOKE"].contains(transactions[$0].revocationType)
+            }
             guard !refunded.isEmpty else { return }
             let index = refunded[pick % refunded.count]
             transactions[index].revokedAt = nil
@@ -1093,6 +1107,11 @@ struct CheckerRun {
     /// After every step: what users hold is what the reference says, and the store's rules hold.
     func check() throws {
         try checkWhoHolds()
+        for order in ledger.orders.values where order.state == "paid" {
+            if let paidBy = order.transactionId, transactions.contains(where: { $0.id == paidBy && $0.assigned }) {
+                throw fail("order \(order.id) is paid by \(paidBy), an assigned seat (access, not a payment)")
+            }
+        }
         if truth { return }
         let actual = ledger.holdings
         let expected = reference.holdings
