@@ -202,6 +202,10 @@ private struct SharedDependencies {
     /// What asks Apple: for the verifier role, and for the inline baseline of the benchmarks.
     func appStoreVerifier(_ settings: PipelineSettings, for role: Role, logger: Logger) throws -> AppStoreVerifier {
         let client = try require(httpClient, "an HTTP client", for: role)
+        if settings.storeKit.xcodeCertificate != nil {
+            logger.warning(
+                "\(Setting.environment.variable)=xcode: receipts of Xcode's StoreKit testing are credited (as sandbox purchases); never on a deployment that serves real customers")
+        }
         return AppStoreVerifier(
             signed: try require(signedData, "a signed-data verifier", for: role),
             serverAPI: try serverAPI(settings, logger: logger),
