@@ -57,22 +57,41 @@ public final class ReceiptSignature: Sendable {
 
     private let roots: [Certificate]
     private let store: CertificateStore
-    /// Chains that validated, by the SHA-256 of the certificates' bytes as the receipt carries
-    /// them: the signer's key, the window every certificate of the chain is valid in, and the
-    /// chain as the verdict lists it.
+    /// Xcode's certificate, when this checks Xcode's receipts: the signer must be it.
+    private let pinned: Certificate?
+    /// Signers whose chains validated, by the SHA-256 of the signer certificate's bytes: its
+    /// key, its issuer and serial number (the signature must name them), the window every
+    /// certificate of its chain is valid in, and the chain as the verdict lists it. At most
+    /// `knownChainLimit` of them: the App Store has a handful of receipt signers at a time.
     private let validated = NIOLockedValueBox([SHA256Digest: KnownChain]())
+    private static let knownChainLimit = 64
 
     private struct KnownChain: Sendable {
         var signerKey: Certificate.PublicKey
+        var issuer: DistinguishedName
+        var serial: ArraySlice<UInt8>
         var validFrom: Date
         var validUntil: Date
         var chain: [CertificateSummary]
     }
 
-    /// Checks against `roots`.
+    /// Checks App Store receipts against `roots`: the signer must be a receipt-signing
+    /// certificate (Apple's marker, OID 1.2.840.113635.100.6.11.1) issued under intermediates
+    /// that carry Apple's intermediate marker (1.2.840.113635.100.6.2.1), up to one of `roots`.
+    /// Apple's other certificates under the same intermediates (every developer's code-signing
+    /// certificate) sign no receipt.
     public init(roots: [Certificate]) {
         self.roots = roots
         self.store = CertificateStore(roots)
+        self.pinned = nil
+    }
+
+    /// Checks receipts of Xcode's StoreKit testing: signed by `xcodeCertificate` itself (Xcode
+    /// signs with one self-signed certificate, marked for code signing), at their creation date.
+    public init(xcodeCertificate: Certificate) {
+        self.roots = [xcodeCertificate]
+        self.store = CertificateStore([xcodeCertificate])
+        self.pinned = xcodeCertificate
     }
 
     /// Checks against Apple's receipt roots, shipped with the package.
@@ -95,19 +114,18 @@ public final class ReceiptSignature: Sendable {
         verdict.transactionIds = receipt.inApp.map(\.transactionId)
         verdict.judgedAt = receipt.creationDate
         let at = receipt.creationDate ?? Date()
-        // As sent, else re-encoded as DER (the App Store lists its certificates out of DER's
-        // order, Xcode writes BER): nothing signed changes.
-        guard let parts = SignedParts(bytes) ?? SignedDataEnvelope.canonical(bytes).flatMap(SignedParts.init) else {
+        // Read with SwiftASN1's BER reader: the App Store lists its certificates leaf first (out
+        // of DER's SET OF order) and Xcode writes BER, which a strict CMS reader refuses.
+        guard let parts = SignedParts(bytes) else {
             verdict.result = "unchecked"
             verdict.reason = "the signed data cannot be read here"
             return verdict
         }
         verdict.digestAlgorithm = Self.digestName(parts.digestAlgorithm)
-        let chainKey = SHA256.hash(data: parts.certificates)
-        if let known = validated.withLockedValue({ $0[chainKey] }), known.validFrom <= at, at <= known.validUntil,
+        if let known = knownSigner(of: parts), known.validFrom <= at, at <= known.validUntil, parts.contentMatchesSignedDigest,
             parts.isSigned(by: known.signerKey)
         {
-            // A chain that validated, valid at this receipt's time too: its signer's one
+            // A signer whose chain validated, valid at this receipt's time too: its one
             // signature over this content is all that is left to check.
             verdict.chain = known.chain
             verdict.result = "valid"
@@ -118,10 +136,6 @@ public final class ReceiptSignature: Sendable {
             verdict.reason = "the digest (\(parts.digestAlgorithm)) or signature (\(parts.signatureAlgorithm)) algorithm is not one this reader takes"
             return verdict
         }
-        guard parts.contentMatchesSignedDigest else {
-            verdict.reason = "the content's digest differs from the one the signer signed"
-            return verdict
-        }
         let certificates: [Certificate]
         do {
             certificates = try parts.certificateList.map { try Certificate(derEncoded: $0) }
@@ -130,39 +144,87 @@ public final class ReceiptSignature: Sendable {
             verdict.reason = "a certificate cannot be read here: \(error)"
             return verdict
         }
-        // The signer is the certificate whose key made the signature; when the receipt carries
-        // certificates and none did, the signature is not what it claims.
-        guard let signer = certificates.first(where: { parts.isSigned(by: $0.publicKey) }) else {
-            if certificates.isEmpty {
-                verdict.result = "unchecked"
-                verdict.reason = "the signed data carries no certificate"
-            } else {
-                verdict.reason = "the signature was made by none of the certificates the receipt carries"
-            }
+        // The signer is the certificate the signature names (issuer and serial number, or key
+        // identifier); one it names and does not carry cannot be checked here.
+        guard let signer = certificates.first(where: parts.names) else {
+            verdict.result = "unchecked"
+            verdict.reason = "the certificate the signature names is not among those the receipt carries"
             return verdict
         }
         let chain = Self.ordered(certificates, from: signer)
         verdict.chain = chain.map(Self.summary)
+        guard parts.signedAttributes == nil || parts.messageDigest != nil else {
+            verdict.result = "unchecked"
+            verdict.reason = "the signed attributes carry no message digest"
+            return verdict
+        }
+        // Only now is a wrong verdict proof: the content's digest differs from the one signed,
+        // or the named signer's key did not make the signature (over signed attributes carried
+        // in DER, as they are signed).
+        guard parts.contentMatchesSignedDigest else {
+            verdict.reason = "the content's digest differs from the one the signer signed"
+            return verdict
+        }
+        guard parts.isSigned(by: signer.publicKey) else {
+            if let attributes = parts.signedAttributes, (try? DER.parse(attributes)) == nil {
+                verdict.result = "unchecked"
+                verdict.reason = "the signed attributes are not carried in DER, as they are signed"
+            } else {
+                verdict.reason = "the signature does not verify with the key of the certificate it names"
+            }
+            return verdict
+        }
+        if let pinned {
+            guard signer == pinned, pinned.notValidBefore <= at, at <= pinned.notValidAfter else {
+                verdict.result = "untrusted"
+                verdict.reason = signer == pinned
+                    ? "Xcode's certificate was not valid at \(Self.iso(at))" : "not signed by the Xcode certificate configured"
+                return verdict
+            }
+            verdict.result = "valid"
+            return verdict
+        }
         var verifier = Verifier(rootCertificates: store) {
             RFC5280Policy(fixedExpiryValidationTime: at)
-            SignerKeyUsagePolicy()
+            AppleReceiptChainPolicy()
         }
         switch await verifier.validate(leaf: signer, intermediates: CertificateStore(certificates)) {
         case .validCertificate(let trusted):
             verdict.result = "valid"
-            let known = KnownChain(
-                signerKey: signer.publicKey, validFrom: trusted.map(\.notValidBefore).max() ?? at,
-                validUntil: trusted.map(\.notValidAfter).min() ?? at, chain: verdict.chain)
-            validated.withLockedValue { $0[chainKey] = known }
+            remember(signer, chain: Array(trusted), summaries: verdict.chain, bytes: parts.certificateList, at: at)
         case .couldNotValidate(let failures):
             verdict.result = "untrusted"
             verdict.reason =
                 failures.isEmpty
-                ? "the signer's certificate has a critical extension no check here takes"
-                : "the signer's chain ends in no trusted root at \(Self.iso(at)): "
+                ? "the signer's certificate has a critical extension no check here takes (no receipt signer's has)"
+                : "the signer's chain ends in no trusted receipt chain at \(Self.iso(at)): "
                     + failures.map { "\($0.policyFailureReason)" }.joined(separator: "; ")
         }
         return verdict
+    }
+
+    /// The known signer among the certificates `parts` carries, if the signature names it.
+    private func knownSigner(of parts: SignedParts) -> KnownChain? {
+        guard pinned == nil else { return nil }
+        for raw in parts.certificateList.prefix(8) {
+            if let known = validated.withLockedValue({ $0[SHA256.hash(data: raw)] }), parts.names(issuer: known.issuer, serial: known.serial) {
+                return known
+            }
+        }
+        return nil
+    }
+
+    /// Keeps a signer whose chain validated (a bounded number of them).
+    private func remember(_ signer: Certificate, chain: [Certificate], summaries: [CertificateSummary], bytes: [ArraySlice<UInt8>], at: Date) {
+        guard let raw = bytes.first(where: { (try? Certificate(derEncoded: $0)) == signer }) else { return }
+        let known = KnownChain(
+            signerKey: signer.publicKey, issuer: signer.issuer, serial: signer.serialNumber.bytes,
+            validFrom: chain.map(\.notValidBefore).max() ?? at, validUntil: chain.map(\.notValidAfter).min() ?? at,
+            chain: summaries)
+        validated.withLockedValue { known_ in
+            if known_.count >= Self.knownChainLimit { known_.removeAll() }
+            known_[SHA256.hash(data: raw)] = known
+        }
     }
 
     /// The certificates from the signer up, each followed by its issuer; the rest after.
@@ -213,6 +275,10 @@ struct SignedParts {
     var signature: [UInt8]
     /// Each certificate the receipt carries, as it carries it.
     var certificateList: [ArraySlice<UInt8>]
+    /// Whom the signature names as its signer: an issuer and serial number, or a key identifier.
+    var signerIssuer: ArraySlice<UInt8>?
+    var signerSerial: ArraySlice<UInt8>?
+    var signerKeyIdentifier: ArraySlice<UInt8>?
 
     init?(_ bytes: [UInt8]) {
         func children(_ node: ASN1Node) -> [ASN1Node] {
@@ -242,6 +308,17 @@ struct SignedParts {
         certificateList = children(certificates).map(\.encodedBytes)
         let info = children(signer)
         guard info.count >= 5, let digest = oid(children(info[2]).first) else { return nil }
+        let sid = info[1]
+        if sid.identifier == .sequence {
+            let parts = children(sid)
+            guard parts.count == 2, case .primitive(let serial) = parts[1].content else { return nil }
+            signerIssuer = parts[0].encodedBytes
+            signerSerial = serial
+        } else if case .primitive(let identifier) = sid.content {
+            signerKeyIdentifier = identifier  // [0] IMPLICIT SubjectKeyIdentifier
+        } else {
+            return nil
+        }
         digestAlgorithm = digest
         var rest = Array(info.dropFirst(3))
         if let attributes = rest.first, attributes.identifier == ASN1Identifier(tagWithNumber: 0, tagClass: .contextSpecific) {
@@ -264,14 +341,31 @@ struct SignedParts {
         self.signature = Array(signature)
     }
 
+    /// Whether the signature names `certificate` as its signer.
+    func names(_ certificate: Certificate) -> Bool {
+        if let identifier = signerKeyIdentifier {
+            return (try? certificate.extensions.subjectKeyIdentifier)??.keyIdentifier.elementsEqual(identifier) == true
+        }
+        guard let issuerBytes = signerIssuer, let issuer = try? DistinguishedName(derEncoded: DER.parse(issuerBytes)) else { return false }
+        return names(issuer: issuer, serial: certificate.serialNumber.bytes) && certificate.issuer == issuer
+    }
+
+    /// Whether the signature names the certificate of `issuer` and `serial`.
+    func names(issuer: DistinguishedName, serial: ArraySlice<UInt8>) -> Bool {
+        guard let signerSerial, let issuerBytes = signerIssuer, let named = try? DistinguishedName(derEncoded: DER.parse(issuerBytes)),
+            named == issuer
+        else { return false }
+        return signerSerial.drop { $0 == 0 }.elementsEqual(serial.drop { $0 == 0 })
+    }
+
     /// Whether this reader takes the digest and signature algorithms.
     var isCheckable: Bool { digest([]) != nil && signature(for: digestAlgorithm) != nil }
 
     /// Whether the content's digest is the one the signed attributes carry (true when the
-    /// content is signed itself: its signature covers it).
+    /// content is signed itself, or no digest is carried: the signature decides then).
     var contentMatchesSignedDigest: Bool {
-        guard signedAttributes != nil else { return true }
-        return messageDigest != nil && digest(content) == messageDigest
+        guard signedAttributes != nil, let messageDigest else { return true }
+        return digest(content) == messageDigest
     }
 
     /// Whether `key` signed this content: the content's digest is the one the signed attributes
@@ -316,21 +410,25 @@ struct SignedParts {
     }
 }
 
-/// The signer's extended key usage, where a certificate marks it critical (Xcode's StoreKit
-/// testing certificate does, for code signing): receipts are signed code-signing style, so the
-/// leaf must allow code signing or any use.
-struct SignerKeyUsagePolicy: VerifierPolicy {
-    let verifyingCriticalExtensions: [ASN1ObjectIdentifier] = [.X509ExtensionID.extendedKeyUsage]
+/// Apple's receipt chain: the signer carries Apple's receipt-signing marker (OID
+/// 1.2.840.113635.100.6.11.1) and every certificate between it and the root Apple's
+/// intermediate marker (1.2.840.113635.100.6.2.1), as every App Store receipt's chain since 2008
+/// does. The same intermediates issue every developer's code-signing certificate, which signs
+/// no receipt.
+struct AppleReceiptChainPolicy: VerifierPolicy {
+    static let receiptSigningMarker: ASN1ObjectIdentifier = [1, 2, 840, 113_635, 100, 6, 11, 1]
+    static let intermediateMarker: ASN1ObjectIdentifier = [1, 2, 840, 113_635, 100, 6, 2, 1]
+
+    let verifyingCriticalExtensions: [ASN1ObjectIdentifier] = []
 
     func chainMeetsPolicyRequirements(chain: UnverifiedCertificateChain) async -> PolicyEvaluationResult {
-        let found: ExtendedKeyUsage?
-        do {
-            found = try chain.leaf.extensions.extendedKeyUsage
-        } catch {
-            return .failsToMeetPolicy(reason: "the signer's extended key usage cannot be read")
+        let certificates = Array(chain)
+        guard certificates.count >= 2, certificates[0].extensions[oid: Self.receiptSigningMarker] != nil else {
+            return .failsToMeetPolicy(reason: "the signer is no App Store receipt-signing certificate (no marker 1.2.840.113635.100.6.11.1)")
         }
-        guard let usage = found else { return .meetsPolicy }
-        if usage.contains(.codeSigning) || usage.contains(.any) { return .meetsPolicy }
-        return .failsToMeetPolicy(reason: "the signer's extended key usage allows no code signing")
+        for intermediate in certificates.dropFirst().dropLast() where intermediate.extensions[oid: Self.intermediateMarker] == nil {
+            return .failsToMeetPolicy(reason: "\(intermediate.subject) is no Apple intermediate (no marker 1.2.840.113635.100.6.2.1)")
+        }
+        return .meetsPolicy
     }
 }

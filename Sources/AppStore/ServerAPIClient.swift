@@ -352,13 +352,17 @@ public final class AppStoreServerAPIClient: Sendable {
     }
 
     /// Get Group Members in the first of `environments` that knows the group; nil when none does.
+    /// A page token is the environment's that gave it: where Apple refuses it (4000014) and
+    /// another environment is left, that one is asked.
     public func groupMembers(
         _ groupId: String, paginationToken: String?, limit: Int?, inFirstOf environments: [ServerAPIEnvironment]
     ) async throws(ServerAPIError) -> (page: GroupMembersPage, environment: ServerAPIEnvironment)? {
-        for environment in environments {
+        for (index, environment) in environments.enumerated() {
             do {
                 return (try await groupMembers(groupId, paginationToken: paginationToken, limit: limit, in: environment), environment)
             } catch where error.kind == .notFound {
+                continue
+            } catch where paginationToken != nil && error.errorCode == 4_000_014 && index < environments.count - 1 {
                 continue
             }
         }

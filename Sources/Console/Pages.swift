@@ -273,7 +273,7 @@ extension Console {
                 [
                     "groupId": entry.group.groupId, "groupType": entry.group.groupType,
                     "environment": entry.environment.rawValue, "askedWith": entry.askedWith,
-                    "href": "/admin/groups/\(entry.group.groupId)?environment=\(entry.environment.rawValue)",
+                    "href": "/admin/groups/\(Self.pathComponent(entry.group.groupId))?environment=\(entry.environment.rawValue)",
                     "roles": (entry.group.roles ?? []).map { ["productId": $0.productId, "role": $0.role] },
                 ]
             }

@@ -216,7 +216,7 @@ private struct SharedDependencies {
             // the dev stack), else Apple's receipt roots, shipped.
             receiptSignature: ReceiptSignature(roots: try settings.storeKit.trustedRoots ?? AppleRoot.receiptRoots()),
             localReceipts: settings.storeKit.localReceipts,
-            xcodeReceipts: settings.storeKit.xcodeCertificate.map { ReceiptSignature(roots: [$0]) })
+            xcodeReceipts: settings.storeKit.xcodeCertificate.map { ReceiptSignature(xcodeCertificate: $0) })
     }
 }
 

@@ -22,7 +22,7 @@ struct InspectReceiptCommand: AsyncParsableCommand {
             With --verify it prints the verdict instead: the signer's chain (subjects and dates), the digest \
             algorithm, the time the chain was judged at (the receipt's creation date), the bundle id and the \
             transaction ids; it exits 0 only when the signature covers the content and the chain ends in a \
-            trusted root (Apple Inc. Root and Apple Root CA - G3, shipped, unless --root names others).
+            trusted root (Apple Inc. Root and Apple Root CA - G3, shipped, unless --root names others) through             Apple's receipt-signing chain. With --xcode CERT, a receipt of Xcode's StoreKit testing is checked against             the certificate Xcode signs with instead.
             """)
 
     @Argument(help: "A receipt file, or - for standard input.")
@@ -33,6 +33,9 @@ struct InspectReceiptCommand: AsyncParsableCommand {
 
     @Option(name: .long, help: "A trusted root certificate (DER or PEM) for --verify; repeat for several.")
     var root: [String] = []
+
+    @Option(name: .long, help: "For --verify: the certificate Xcode signs its StoreKit testing receipts with (DER or PEM).")
+    var xcode: String?
 
     func run() async throws {
         if verify { return try await runVerify() }
@@ -66,7 +69,11 @@ struct InspectReceiptCommand: AsyncParsableCommand {
         }
         let checker: ReceiptSignature
         do {
-            checker = root.isEmpty ? try ReceiptSignature() : ReceiptSignature(roots: try root.map(certificate(atPath:)))
+            if let xcode {
+                checker = ReceiptSignature(xcodeCertificate: try certificate(atPath: xcode))
+            } else {
+                checker = root.isEmpty ? try ReceiptSignature() : ReceiptSignature(roots: try root.map(certificate(atPath:)))
+            }
         } catch {
             throw fail("bad_root", "\(error)")
         }

@@ -68,7 +68,7 @@ struct CommandLineTests {
         let untrusted = try await iap(["inspect", "receipt", xcode, "--verify"])
         #expect(untrusted.status == 1 && untrusted.output.contains("\"untrusted\""), "\(untrusted.output)")
         let root = folder.appendingPathComponent("xcode-storekit-testing.der").path
-        let valid = try await iap(["inspect", "receipt", xcode, "--verify", "--root", root])
+        let valid = try await iap(["inspect", "receipt", xcode, "--verify", "--xcode", root])
         #expect(valid.status == 0, "\(valid.output)")
     }
 

@@ -1063,8 +1063,9 @@ extension BrokerTests {
                     pipeline.fakeURL + "/fake/purchases/\(purchase.transactionId)/refund", json: [String: String]())
                 #expect(refund.status == 200, "\(refund.text)")
                 // A one-time purchase's ONE_TIME_CHARGE came first.
+                let told = product.kind == .autoRenewable ? ["REFUND"] : ["ONE_TIME_CHARGE", "REFUND"]
                 let applied = try await eventually {
-                    try await pipeline.store.notifications(ofTransaction: purchase.transactionId).map(\.type).last == "REFUND"
+                    try await pipeline.store.notifications(ofTransaction: purchase.transactionId).map(\.type) == told
                 }
                 #expect(applied, "the REFUND of \(product.id) was not applied")
 

@@ -63,6 +63,31 @@ struct ReceiptSignatureTests {
         }
     }
 
+    /// The intermediates that issue receipt-signing certificates issue every developer's
+    /// code-signing certificate too: only a leaf with Apple's receipt-signing marker, under
+    /// intermediates with Apple's intermediate marker, signs a receipt.
+    @Test func aCertificateOfTheRightChainThatIsNoReceiptSignerIsNotTrusted() async throws {
+        for (leafMarker, intermediateMarker) in [(false, true), (true, false)] {
+            let authority = try FakeCertificateAuthority.generate(leafMarker: leafMarker, intermediateMarker: intermediateMarker)
+            let forged = try ReceiptMinter(authority: authority).mint(AppReceiptTests.payload)
+            let verdict = await ReceiptSignature(roots: [authority.root]).check(forged)
+            #expect(verdict.result == "untrusted", "leaf marker \(leafMarker), intermediate marker \(intermediateMarker): \(verdict.result) \(verdict.reason ?? "")")
+        }
+    }
+
+    /// A known signer is checked by its key alone only inside the window its chain is valid
+    /// in: a receipt made after its leaf expired is judged the whole way, and not trusted.
+    @Test func aKnownSignerIsTrustedOnlyInsideItsChainsWindow() async throws {
+        let authority = try FakeCertificateAuthority.generate(leafNotAfter: Date(timeIntervalSinceNow: 86_400))
+        let checker = ReceiptSignature(roots: [authority.root])
+        var payload = AppReceiptTests.payload
+        payload.creationDate = Date()
+        #expect(await checker.check(try ReceiptMinter(authority: authority).mint(payload)).isValid)
+        payload.creationDate = Date(timeIntervalSinceNow: 3 * 86_400)
+        let late = await checker.check(try ReceiptMinter(authority: authority).mint(payload))
+        #expect(late.result == "untrusted", "\(late.result) \(late.reason ?? "")")
+    }
+
     @Test func aReceiptReSignedByAnotherKeyOrAgainstAppleIsNotTrusted() async throws {
         let stranger = try FakeCertificateAuthority.generate(name: "Not Apple")
         let resigned = try ReceiptMinter(authority: stranger).mint(AppReceiptTests.payload)
@@ -134,7 +159,7 @@ extension ReceiptSignatureTests {
         #expect(receipt.isXcode && !receipt.isSandbox)
         let apple = await (try ReceiptSignature()).check(bytes)
         #expect(apple.result == "untrusted", "\(apple.reason ?? "")")
-        let xcode = ReceiptSignature(roots: [try Certificate(derEncoded: try Self.fixture("xcode-storekit-testing.der"))])
+        let xcode = ReceiptSignature(xcodeCertificate: try Certificate(derEncoded: try Self.fixture("xcode-storekit-testing.der")))
         let verdict = await xcode.check(bytes)
         #expect(verdict.result == "valid", "\(verdict.reason ?? "")")
         #expect(await xcode.check(try Self.altered(bytes, bundleId: receipt.bundleId)).result == "invalid")
