@@ -90,6 +90,19 @@ extension BrokerTests {
                 #expect(membersPage.contains("href=\"/admin/users/\(user)\""), "\(user): \(membersPage)")
             }
             #expect(try await console("/admin/groups/123456789").contains("Apple knows no group 123456789"))
+            // A group larger than one page (50): the console links to the next members.
+            let large = "7\(Int.random(in: 10_000_000...99_999_999))000000000"
+            for seat in 0..<51 {
+                let minted = try await HTTP.post(
+                    pipeline.fakeURL + "/fake/purchases",
+                    json: Mint(inAppOwnershipType: "ASSIGNED", quantity: 51, deviceId: "seat-\(seat)-\(large)", groupId: large))
+                #expect(minted.status == 201, "\(minted.text)")
+            }
+            let firstPage = try await console("/admin/groups/\(large)?environment=Sandbox")
+            let link = try #require(firstPage.range(of: "id=\"next-page\" href=\"").map { firstPage[$0.upperBound...].prefix { $0 != "\"" } })
+            let secondPage = try await console(String(link).replacingOccurrences(of: "&amp;", with: "&"))
+            #expect(secondPage.components(separatedBy: "<tr id=\"member-").count - 1 == 1, "\(secondPage)")
+            #expect(!secondPage.contains("id=\"next-page\""))
 
             // The organization takes ben's seat back: his access ends, and he leaves the group.
             let revoke = try await HTTP.post(
