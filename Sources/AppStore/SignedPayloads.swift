@@ -197,11 +197,23 @@ public struct ResponseBodyV2DecodedPayload: SignedAppStorePayload, Codable, Equa
         }
     }
 
+    /// A token the app made for a purchase outside the App Store (`EXTERNAL_PURCHASE_TOKEN`).
+    /// Its environment is in its id: a sandbox token's starts with `SANDBOX`.
+    public struct ExternalPurchaseToken: Codable, Equatable, Sendable {
+        public var externalPurchaseId: String?
+        public var tokenCreationDate: Int64?
+        public var appAppleId: Int64?
+        public var bundleId: String?
+        /// What kind of token, as Apple spells it (`CORE_TECHNOLOGY`, …).
+        public var tokenType: String?
+    }
+
     public var notificationType: String
     public var subtype: String?
     public var notificationUUID: String
     public var data: NotificationData?
     public var summary: Summary?
+    public var externalPurchaseToken: ExternalPurchaseToken?
     public var appData: AppData?
     public var version: String?
     public var signedDate: Int64?
@@ -220,8 +232,8 @@ public struct ResponseBodyV2DecodedPayload: SignedAppStorePayload, Codable, Equa
         self.signedDate = signedDate
     }
 
-    /// The app's bundle id, environment and App Store id, from the first of `data`, `summary`
-    /// and `appData` the notification has (as Apple's library reads them): nothing from a
+    /// The app's bundle id, environment and App Store id, from the first of `data`, `summary`,
+    /// `externalPurchaseToken` and `appData` the notification has (as Apple's library reads them): nothing from a
     /// later one when an earlier one is there without it.
     var bundleId: String? { identity.bundleId }
     var environment: String? { identity.environment }
@@ -230,6 +242,10 @@ public struct ResponseBodyV2DecodedPayload: SignedAppStorePayload, Codable, Equa
     private var identity: (bundleId: String?, environment: String?, appAppleId: Int64?) {
         if let data { return (data.bundleId, data.environment, data.appAppleId) }
         if let summary { return (summary.bundleId, summary.environment, summary.appAppleId) }
+        if let token = externalPurchaseToken {
+            let sandbox = token.externalPurchaseId?.hasPrefix("SANDBOX") == true
+            return (token.bundleId, sandbox ? "Sandbox" : "Production", token.appAppleId)
+        }
         if let appData { return (appData.bundleId, appData.environment, appData.appAppleId) }
         return (nil, nil, nil)
     }

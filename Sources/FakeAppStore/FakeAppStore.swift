@@ -106,6 +106,8 @@ import X509
 /// - `POST /verifyReceipt`, `POST /sandbox/verifyReceipt`: Apple's `verifyReceipt`; like
 ///   Apple's, its `in_app` leaves out consumables and non-consumables refunded in full or
 ///   revoked, and keeps refunded subscription periods with their `cancellation_date`.
+/// - `POST /fake/external-purchase-tokens` `{"bundleId", "environment"?, "tokenType"?}` → sends
+///   `EXTERNAL_PURCHASE_TOKEN` (`UNREPORTED`), about a purchase made outside the App Store.
 /// - With an API key, the App Store Server API under `/inApps` (production) and
 ///   `/sandbox/inApps`: Get Transaction Info, Get Transaction History (v1 and v2 alike, with
 ///   Apple's filters), Get Refund History v2,
@@ -424,6 +426,25 @@ public struct FakeAppStore: Sendable {
                 "appTransactionId": notification.appTransactionId,
             ])
         }
+        router.post("/fake/external-purchase-tokens") { request, context in
+            // A purchase made outside the App Store whose token the app never reported:
+            // EXTERNAL_PURCHASE_TOKEN (UNREPORTED), about no App Store purchase.
+            // {"bundleId", "environment"?, "tokenType"? (e.g. CORE_TECHNOLOGY)}.
+            let ask = try await request.decode(as: ExternalTokenRequest.self, context: context)
+            let environment = ask.environment ?? "Production"
+            guard ["Production", "Sandbox"].contains(environment) else {
+                throw HTTPError(.badRequest, message: "environment must be Production or Sandbox")
+            }
+            let notification = try storeKit.signedExternalPurchaseToken(
+                bundleId: ask.bundleId, environment: environment, tokenType: ask.tokenType)
+            await storeKit.send(
+                notification.payload, type: "EXTERNAL_PURCHASE_TOKEN", transactionId: nil, environment: environment,
+                to: notificationURL.withLockedValue { $0 })
+            return try json([
+                "notificationType": "EXTERNAL_PURCHASE_TOKEN", "notificationUUID": notification.uuid,
+                "externalPurchaseId": notification.externalPurchaseId, "signedPayload": notification.payload,
+            ])
+        }
         router.get("/fake/consumption/{transactionId}") { request, context in
             // The last body received; with ?all=true every one, oldest first, as a JSON array.
             let id = try context.parameters.require("transactionId")
@@ -653,6 +674,12 @@ public struct FakeAppStore: Sendable {
         var request = request
         let body = try await request.collectBody(upTo: 64 * 1024)
         return body.readableBytes == 0 ? empty : try JSONDecoder().decode(Body.self, from: Data(body.readableBytesView))
+    }
+
+    private struct ExternalTokenRequest: Decodable {
+        var bundleId: String
+        var environment: String?
+        var tokenType: String?
     }
 
     private struct RescindConsentRequest: Decodable {

@@ -135,6 +135,44 @@ struct FakeStoreKit: Sendable {
         var signedDate: Int64
     }
 
+    /// Apple's `ResponseBodyV2DecodedPayload` about an external purchase token
+    /// (`EXTERNAL_PURCHASE_TOKEN`): `externalPurchaseToken` in place of `data`.
+    struct ExternalPurchaseNotification: Encodable {
+        struct Token: Encodable {
+            var externalPurchaseId: String
+            var tokenCreationDate: Int64
+            var appAppleId: Int64
+            var bundleId: String
+            var tokenType: String?
+        }
+
+        var notificationType = "EXTERNAL_PURCHASE_TOKEN"
+        var subtype = "UNREPORTED"
+        var notificationUUID: String
+        var externalPurchaseToken: Token
+        var version = "2.0"
+        var signedDate: Int64
+    }
+
+    /// A signed `EXTERNAL_PURCHASE_TOKEN` for `bundleId`: a token the app made for a purchase
+    /// outside the App Store and never reported (Apple's `UNREPORTED`). Its environment is in
+    /// its id, as Apple's: a sandbox token's starts with `SANDBOX`.
+    func signedExternalPurchaseToken(bundleId: String, environment: String, tokenType: String?) throws
+        -> (payload: String, uuid: String, externalPurchaseId: String)
+    {
+        let now = FakeAppStore.milliseconds(Date())
+        let id = (environment == "Sandbox" ? "SANDBOX_" : "") + UUID().uuidString.lowercased()
+        let uuid = UUID().uuidString.lowercased()
+        let payload = try authority.signJWS(
+            ExternalPurchaseNotification(
+                notificationUUID: uuid,
+                externalPurchaseToken: .init(
+                    externalPurchaseId: id, tokenCreationDate: now - 60_000, appAppleId: appAppleId, bundleId: bundleId,
+                    tokenType: tokenType),
+                signedDate: now))
+        return (payload, uuid, id)
+    }
+
     /// A signed `RESCIND_CONSENT` for `bundleId`: the customer's signed `AppTransaction` in
     /// its `appData`; also its `notificationUUID` and the `appTransactionId`.
     func signedConsentRescinded(bundleId: String, environment: String) throws -> (payload: String, uuid: String, appTransactionId: String) {

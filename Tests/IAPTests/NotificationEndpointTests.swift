@@ -247,6 +247,40 @@ extension BrokerTests {
             #expect(entries.contains { $0.action == "consent_rescinded" && $0.actor == "apple" && $0.subject == "app:\(PipelineHarness.bundleId)" })
         }
 
+        /// Apple's EXTERNAL_PURCHASE_TOKEN (a purchase made outside the App Store, its token
+        /// never reported) is about no App Store purchase: verified by the token's app and the
+        /// environment its id says, recorded, and nothing is credited; another app's is refused.
+        @Test func anExternalPurchaseTokenIsRecordedAndCreditsNothing() async throws {
+            let pipeline = try await PipelineHarness.start(name: "external-token")
+            Teardown.add { await pipeline.stop() }
+            let before = try await pipeline.store.testRows("SELECT id FROM grants")
+            for environment in ["Production", "Sandbox"] {
+                let sent = try await HTTP.post(
+                    pipeline.fakeURL + "/fake/external-purchase-tokens",
+                    json: ["bundleId": PipelineHarness.bundleId, "environment": environment, "tokenType": "CORE_TECHNOLOGY"])
+                #expect(sent.status == 200, "\(sent.text)")
+                let uuid = try #require(sent.json["notificationUUID"] as? String)
+                var rows: [SQLRow] = []
+                let recorded = try await eventually(timeout: .seconds(20)) {
+                    rows = try await pipeline.store.testRows(
+                        "SELECT notificationType, subtype, environment, outcome FROM notification WHERE notificationUUID = ?", [uuid])
+                    return !rows.isEmpty
+                }
+                #expect(recorded, "\(environment): the token was not recorded")
+                #expect(rows.first?["notificationType"] as String? == "EXTERNAL_PURCHASE_TOKEN")
+                #expect(rows.first?["subtype"] as String? == "UNREPORTED")
+                #expect(rows.first?["environment"] as String? == environment)
+                #expect(rows.first?["outcome"] as String? == "recorded")
+            }
+            #expect(try await pipeline.store.testRows("SELECT id FROM grants").count == before.count)
+            // Signed by the App Store for another app: refused at the door.
+            let other = try await HTTP.post(
+                pipeline.fakeURL + "/fake/external-purchase-tokens", json: ["bundleId": "com.example.someone-else"])
+            let payload = try #require(other.json["signedPayload"] as? String)
+            let refused = try await HTTP.post(pipeline.intakeURL + "/v1/notifications/appstore", json: ["signedPayload": payload])
+            #expect(refused.status == 403 && refused.errorCode == "bundle_id_mismatch", "\(refused.text)")
+        }
+
         @Test func anOversizedNotificationGets413AndABurstOfForgeriesGets429WhileTheServiceKeepsServing() async throws {
             let pipeline = try await PipelineHarness.start(
                 name: "notifylimits", roles: [.intake],

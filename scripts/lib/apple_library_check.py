@@ -646,6 +646,24 @@ def main():
 
     run("multiseat groups with the library's token", multiseat_groups)
 
+    def external_purchase_token():
+        # EXTERNAL_PURCHASE_TOKEN: externalPurchaseToken in place of data; the library takes the
+        # environment from the token's id (SANDBOX…) and checks it against its own.
+        found = {}
+        for environment, checker in [("Production", verifier), ("Sandbox", sandbox_verifier)]:
+            sent = fake.post("/fake/external-purchase-tokens",
+                             {"bundleId": bundle, "environment": environment, "tokenType": "CORE_TECHNOLOGY"}, status=200)
+            decoded = checker.verify_and_decode_notification(sent["signedPayload"])
+            token = decoded.externalPurchaseToken
+            expect(decoded.rawNotificationType == "EXTERNAL_PURCHASE_TOKEN" and decoded.rawSubtype == "UNREPORTED",
+                   f"{environment}: {decoded.rawNotificationType} {decoded.rawSubtype}")
+            expect(token is not None and token.externalPurchaseId == sent["externalPurchaseId"] and token.bundleId == bundle,
+                   f"{environment}: {token}")
+            found[environment] = token.externalPurchaseId
+        return found
+
+    run("external purchase token", external_purchase_token)
+
 
 if __name__ == "__main__":
     main()
