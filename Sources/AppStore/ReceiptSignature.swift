@@ -11,19 +11,20 @@ import SwiftASN1
 /// a check at "now").
 ///
 /// A signature that provably does not cover the content (its digest differs, the signature does
-/// not verify) is `invalid`; a sound signature by a chain that ends in no trusted root
-/// (re-signed with another key and its own chain, Xcode's StoreKit testing certificate) is
-/// `untrusted`; signed data this reader cannot check (a structure or an algorithm it does not
-/// take) is `unchecked`, which proves nothing either way. Chains that validated are kept by the
-/// SHA-256 of the certificates' bytes, with the signer's key and the window every certificate
-/// is valid in: a receipt of a known chain made inside that window costs one signature check.
+/// not verify with the key of the certificate it names) is `invalid`; a sound signature by a
+/// certificate that is no App Store receipt signer, or by a chain that ends in no trusted root
+/// (re-signed with another key, a developer's code-signing certificate, Xcode's StoreKit testing
+/// certificate), is `untrusted`; signed data this reader cannot check (a structure or an
+/// algorithm it does not take, a signer it does not carry) is `unchecked`, which proves nothing
+/// either way. Signers whose chains validated are kept by their own bytes (at most 64), with
+/// their key and the window every certificate of their chain is valid in: a receipt of a known
+/// signer made inside that window costs one signature check.
 ///
-/// The SignedData is read here (SwiftASN1), not by a CMS library, because real receipts are not
-/// what a strict one takes: the App Store lists the certificates leaf first (out of DER's SET OF
-/// order) and names its signature `rsaEncryption` with the digest apart, SHA-1 until 2023;
-/// Xcode writes BER. A receipt that is not DER is re-encoded as DER first
-/// (`SignedDataEnvelope`); nothing signed changes. The signer is the certificate whose key made
-/// the signature, and its chain is validated with swift-certificates' RFC 5280 policy.
+/// The SignedData is read here (SwiftASN1's BER reader), not by a CMS library, because real
+/// receipts are not what a strict one takes: the App Store lists the certificates leaf first
+/// (out of DER's SET OF order) and names its signature `rsaEncryption` with the digest apart,
+/// SHA-1 until 2023; Xcode writes BER. The signer's chain is validated with swift-certificates'
+/// RFC 5280 policy and Apple's receipt-chain markers (`AppleReceiptChainPolicy`).
 public final class ReceiptSignature: Sendable {
     /// One certificate of the signer's chain, as `iap inspect receipt --verify` prints it.
     public struct CertificateSummary: Sendable, Encodable, Equatable {
