@@ -22,7 +22,9 @@ struct InspectReceiptCommand: AsyncParsableCommand {
             With --verify it prints the verdict instead: the signer's chain (subjects and dates), the digest \
             algorithm, the time the chain was judged at (the receipt's creation date), the bundle id and the \
             transaction ids; it exits 0 only when the signature covers the content and the chain ends in a \
-            trusted root (Apple Inc. Root and Apple Root CA - G3, shipped, unless --root names others) through             Apple's receipt-signing chain. With --xcode CERT, a receipt of Xcode's StoreKit testing is checked against             the certificate Xcode signs with instead.
+            trusted root (Apple Inc. Root and Apple Root CA - G3, shipped, unless --root names others) through \
+            Apple's receipt-signing chain. With --xcode CERT, a receipt of Xcode's StoreKit testing is \
+            checked against the certificate Xcode signs with instead.
             """)
 
     @Argument(help: "A receipt file, or - for standard input.")
