@@ -283,26 +283,30 @@ private struct HeldWriter {
 
     let groupCommit: GroupCommit
     let released = NIOLockedValueBox(false)
+    /// Set once the holder's body runs: its transaction has begun and taken its lock, so none of
+    /// the holder's statements is still to be sent when a test starts counting.
+    let running = NIOLockedValueBox(false)
     let holder: Task<Void, any Error>
 
     init(_ groupCommit: GroupCommit) async throws {
         self.groupCommit = groupCommit
         let released = released
-        let begun = groupCommit.batches
+        let running = running
         // Waits without blocking a thread: on PostgreSQL the body runs on an event loop the
         // store shares with every other transaction in the process.
         holder = Task {
             try await groupCommit.write { _ in
+                running.withLockedValue { $0 = true }
                 let deadline = ContinuousClock.now + Self.limit
                 while !released.withLockedValue({ $0 }), ContinuousClock.now < deadline {
                     try await Task.sleep(for: .milliseconds(2))
                 }
             }
         }
-        // The holder is being committed once it has left the queue.
+        // A batch that has begun may not have sent its BEGIN and lock yet: wait for the body.
         let deadline = ContinuousClock.now + Self.limit
-        while groupCommit.batches == begun || groupCommit.waiting > 0 {
-            guard ContinuousClock.now < deadline else { throw HeldWriterTimeout(what: "the holder was never committed") }
+        while !running.withLockedValue({ $0 }) || groupCommit.waiting > 0 {
+            guard ContinuousClock.now < deadline else { throw HeldWriterTimeout(what: "the holder never began") }
             try await Task.sleep(for: .milliseconds(2))
         }
     }
