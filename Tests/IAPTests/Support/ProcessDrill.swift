@@ -161,7 +161,12 @@ final class ProcessDrill: Sendable {
         let ok = try await eventually(timeout: timeout, interval: .milliseconds(100)) {
             (try? await HTTP.get(url + "/healthz").status) == 200
         }
-        guard ok else { throw HarnessError("\(url) did not become healthy") }
+        guard ok else {
+            // Every process's last lines: which one failed to start, and why, is in one of them.
+            let roles = children.withLockedValue { $0.keys.sorted() }
+            let tails = roles.map { "--- \($0).log\n\(logTail($0))" }.joined(separator: "\n")
+            throw HarnessError("\(url) did not become healthy within \(timeout)\n\(tails)")
+        }
     }
 
     // MARK: - Load
