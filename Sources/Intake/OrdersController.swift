@@ -1,11 +1,12 @@
 import Foundation
 import Hummingbird
+import Logging
 import IAPCore
 import OrderStore
 
 /// `GET /v1/products`, `POST /v1/orders`, `GET /v1/orders/{orderId}`, `GET /v1/users/{userId}/grants`,
 /// `GET /v1/users/{userId}/subscriptions`, `GET /v1/users/{userId}/entitlements`,
-/// `POST /v1/users/{userId}/consumption`.
+/// `POST /v1/users/{userId}/consumption`, `POST /v1/users/{userId}/finished`.
 ///
 /// The user is the token's subject; with authentication off, the one the request names
 /// (`?userId=`, the path, or the body's `userId`). A user reads only their own orders, grants,
@@ -80,6 +81,30 @@ struct OrdersController: Sendable {
                 try await store.reportConsumption(report)
             } catch is ConsumptionReportError {
                 throw APIError(.purchaseNotFound, "no purchase of this user has this transaction id")
+            }
+            return Response(status: .noContent)
+        }
+        router.post("/v1/users/{userId}/finished") { request, context in
+            // The app called StoreKit's finish() for a transaction: Apple does not tell the
+            // server, so the app does, and the server no longer calls Finish Transaction for it.
+            let userId = try context.pathParameter("userId")
+            guard context.userId.map({ sameUser($0, userId) }) ?? true else {
+                throw APIError(.userNotFound, "no such user")
+            }
+            let body = try await IntakeBody.collect(request, limit: 16 * 1024, timeout: settings.limits.bodyTimeout)
+            let transactionId = try JSONFields(body).requiredID("transactionId")
+            let report: AppFinishReport
+            do {
+                report = try await store.reportAppFinish(userId: userId, transactionId: transactionId)
+            } catch is AppFinishReportError {
+                throw APIError(.purchaseNotFound, "no purchase of this user has this transaction id")
+            }
+            if case .recordedWhileHeld(let reason) = report {
+                // Finish is final: a finished consumable leaves every later receipt. The app
+                // finished what was not credited; customer service settles it from the console.
+                context.logger.error(
+                    "the app finished a transaction that is held, not credited",
+                    metadata: ["iap.transaction.id": "\(transactionId)", "iap.user.id": "\(userId)", "iap.reason": "\(reason)"])
             }
             return Response(status: .noContent)
         }

@@ -25,7 +25,8 @@ public struct AppleFinishState: Sendable, Equatable {
     public var state: String
     /// When Apple confirmed it.
     public var finishedAt: Date?
-    /// Who finished it: `server` (Apple confirmed the order service's call).
+    /// Who finished it: `server` (Apple confirmed the order service's call) or `app` (the app
+    /// reported it called `finish()`).
     public var finishedBy: String?
     /// Calls made so far.
     public var attempts: Int
@@ -34,6 +35,20 @@ public struct AppleFinishState: Sendable, Equatable {
     /// Apple's last refusal or failure.
     public var lastError: String?
 }
+
+/// What the store made of the app's report that it finished a transaction.
+public enum AppFinishReport: Sendable, Equatable {
+    /// Recorded as finished by the app.
+    case recorded
+    /// Finished before (by the server or an earlier report): kept as it was.
+    case alreadyFinished(by: String?)
+    /// Recorded, but the purchase is held (`heldReason`): the app finished a transaction that
+    /// was not credited, which customer service has to settle by hand.
+    case recordedWhileHeld(reason: String)
+}
+
+/// The app reported finishing a transaction that is no purchase of the user's.
+public struct AppFinishReportError: Error, Equatable, Sendable {}
 
 /// What one Finish Transaction call came to.
 public enum AppleFinishOutcome: Sendable, Equatable {
@@ -127,6 +142,41 @@ extension OrderStore {
                 """, [at, error, transactionId])
         }
         try await database.writeLocked { db in try await db.executeBatch([statement]) }
+    }
+
+    /// Records that `userId`'s app finished `transactionId` (StoreKit's `finish()`): a queued
+    /// server finish is no longer called, and the status answer and the console say `app`. A
+    /// transaction finished before keeps who finished it first. Only a purchase recorded for
+    /// `userId` is taken (`AppFinishReportError` otherwise): a transaction id is a lookup, and a
+    /// stranger's report is answered as an unknown id.
+    public func reportAppFinish(userId: String, transactionId: String, now: Date = Date()) async throws -> AppFinishReport {
+        try await database.write { db in
+            guard
+                let purchase = try await db.row(
+                    sql: "SELECT userId, environment, heldReason FROM purchase WHERE transactionId = ?", arguments: [transactionId]),
+                sameUser(purchase["userId"], userId)
+            else { throw AppFinishReportError() }
+            if let finished = try await db.row(
+                sql: "SELECT finishedBy FROM apple_finish WHERE transactionId = ? AND state = 'finished'", arguments: [transactionId])
+            {
+                return .alreadyFinished(by: finished["finishedBy"])
+            }
+            let heldReason: String? = purchase["heldReason"]
+            try await db.executeLater([
+                SQLStatement(
+                    """
+                    INSERT INTO apple_finish (transactionId, environment, state, queuedAt, dueAt, attempts, finishedAt, finishedBy)
+                    VALUES (?, ?, 'finished', ?, ?, 0, ?, 'app')
+                    ON CONFLICT (transactionId) DO UPDATE SET state = 'finished', finishedAt = excluded.finishedAt,
+                        finishedBy = 'app', lastError = NULL, claimedBy = NULL, claimedUntil = NULL
+                    """, [transactionId, purchase["environment"] as String, now, now, now]),
+                Self.auditStatement(
+                    actor: userId, action: "transaction_finished_by_app", subject: "transaction:\(transactionId)",
+                    reason: heldReason.map { "reported by the app while held (\($0))" } ?? "reported by the app", details: [:],
+                    now: now),
+            ])
+            return heldReason.map { .recordedWhileHeld(reason: $0) } ?? .recorded
+        }
     }
 
     /// Where the finishes of `transactionIds` stand, by transaction id (absent: never queued).

@@ -21,10 +21,10 @@ public struct SubmissionStatus: Sendable, Equatable {
         /// Who granted it when that was not Apple's answer to this upload: a customer service
         /// operator, or `apple` (a reversed refund); nil otherwise.
         public var grantedBy: String? = nil
-        /// `server` once Apple confirmed the order service's Finish Transaction call; nil
-        /// before, and when the app finishes (Apple does not tell the server).
+        /// `server` once Apple confirmed the order service's Finish Transaction call, `app`
+        /// once the app reported it finished it (`POST /v1/users/{userId}/finished`); nil before.
         public var finishedBy: String? = nil
-        /// When Apple confirmed it.
+        /// When Apple confirmed it, or the app reported it.
         public var finishedAt: Date? = nil
 
         /// Whether the app may finish this transaction: it is settled (see `FinishAdvice`).

@@ -53,6 +53,58 @@ extension BrokerTests {
             #expect(states[paid.transactionId]?.finishedBy == "server" && states[looked.transactionId] == nil)
         }
 
+        /// The app says it finished (`POST /v1/users/{userId}/finished`): recorded as the app's,
+        /// and the server's finish still queued for it is never called; a stranger's report,
+        /// like an unknown id's, is `purchase_not_found`; a held purchase's is recorded.
+        @Test(arguments: TestStore.backends)
+        func anAppsReportedFinishIsRecordedAndTheServerNoLongerCallsForIt(_ backend: Backend) async throws {
+            let pipeline = try await PipelineHarness.start(name: "app-finish", finishTransactions: .both, on: backend)
+            Teardown.add { await pipeline.stop() }
+            let paid = try await pipeline.mintStoreKit2(productId: "com.example.coins.60")
+            // Apple fails the server's Finish Transaction calls for it: the finish stays queued.
+            try await pipeline.injectFault(.init(httpStatus: 503, count: 0, transactionId: paid.transactionId))
+            let credited = try await pipeline.upload(["userId": "ana", "signedTransaction": try #require(paid.signedTransaction)])
+            #expect(try await pipeline.waitForState(credited)["state"] as? String == "credited")
+            let tried = try await eventually(timeout: .seconds(20)) {
+                (try await pipeline.store.finishStates(of: [paid.transactionId])[paid.transactionId]?.attempts ?? 0) >= 1
+            }
+            #expect(tried, "the server never tried to finish it")
+
+            func report(_ userId: String, _ body: [String: String]) async throws -> HTTP.Answer {
+                try await HTTP.post(pipeline.intakeURL + "/v1/users/\(userId)/finished", json: body)
+            }
+            let stranger = try await report("mallory", ["transactionId": paid.transactionId])
+            let unknown = try await report("ana", ["transactionId": "2999999999999999"])
+            #expect(stranger.status == 404 && stranger.errorCode == "purchase_not_found", "\(stranger.text)")
+            #expect(unknown.status == 404 && unknown.errorCode == "purchase_not_found", "\(unknown.text)")
+            #expect(try await report("ana", [:]).errorCode == "missing_field")
+            #expect(try await pipeline.store.finishStates(of: [paid.transactionId])[paid.transactionId]?.state == "queued")
+
+            let reported = try await report("ana", ["transactionId": paid.transactionId])
+            #expect(reported.status == 204, "\(reported.text)")
+            #expect(try await report("ana", ["transactionId": paid.transactionId]).status == 204)
+            let state = try await pipeline.store.finishStates(of: [paid.transactionId])[paid.transactionId]
+            #expect(state?.state == "finished" && state?.finishedBy == "app" && state?.finishedAt != nil, "\(String(describing: state))")
+            let transaction = (try await pipeline.status(credited)["transactions"] as? [[String: Any]])?.first
+            #expect(transaction?["finishedBy"] as? String == "app", "\(String(describing: transaction))")
+
+            // Apple answers again; the server's queued call is gone, so Apple is never asked.
+            #expect(try await HTTP.send(pipeline.fakeURL + "/fake/faults", method: .DELETE, body: nil).status == 204)
+            let calls = try await FakeFinishRecord.of(paid.transactionId, at: pipeline.fakeURL).serverFinishCalls
+            try await Task.sleep(for: .seconds(5))
+            let after = try await FakeFinishRecord.of(paid.transactionId, at: pipeline.fakeURL)
+            #expect(after.serverFinishCalls == calls && after.finishedDateMs == nil, "\(after)")
+
+            // A purchase held for customer service (a product the catalog lacks): the report is
+            // recorded, and the server never finishes it itself.
+            let mystery = try await pipeline.mintStoreKit2(productId: "com.example.mystery")
+            let held = try await pipeline.upload(["userId": "nina", "signedTransaction": try #require(mystery.signedTransaction)])
+            #expect(try await pipeline.waitForState(held)["state"] as? String == "needs_review")
+            #expect(try await report("nina", ["transactionId": mystery.transactionId]).status == 204)
+            #expect(try await pipeline.store.finishStates(of: [mystery.transactionId])[mystery.transactionId]?.finishedBy == "app")
+            #expect(try await FakeFinishRecord.of(mystery.transactionId, at: pipeline.fakeURL).serverFinishCalls == 0)
+        }
+
         @Test func withServerTheAnswersNeverTellTheAppToFinish() async throws {
             let pipeline = try await PipelineHarness.start(name: "server-only-finish", finishTransactions: .server)
             Teardown.add { await pipeline.stop() }
