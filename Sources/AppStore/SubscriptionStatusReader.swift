@@ -89,12 +89,14 @@ public struct SubscriptionStatusReader: Sendable {
             gracePeriodExpiresDate: renewal?.gracePeriodExpiresDate.map(Date.init(appleMilliseconds:)))
     }
 
-    /// The REFUND Apple sends for a refunded transaction, `reconcile:<originalTransactionId>:<transactionId>:refund`.
+    /// The REFUND Apple sends for a refunded transaction, `reconcile:<originalTransactionId>:<transactionId>:refund`,
+    /// dated when Apple refunded it (not when Apple answered the read).
     public static func refund(_ transaction: JWSTransactionDecodedPayload) -> AppStoreNotification {
         AppStoreNotification(
             notificationUUID: "reconcile:\(transaction.originalTransactionId):\(transaction.transactionId):refund",
             notificationType: "REFUND", subtype: nil, environment: transaction.environment == "Sandbox" ? .sandbox : .production,
-            bundleId: transaction.bundleId, signedDate: transaction.signedDate.map(Date.init(appleMilliseconds:)),
+            bundleId: transaction.bundleId,
+            signedDate: (transaction.revocationDate ?? transaction.signedDate).map(Date.init(appleMilliseconds:)),
             purchase: AppStoreVerifier.purchase(transaction))
     }
 }
@@ -139,22 +141,32 @@ extension SubscriptionStatusReader {
     /// ONE_TIME_CHARGE for any other purchase (credited to the user its token's order names, or
     /// kept for its buyer's upload). Its `notificationUUID` names the transaction and what
     /// Apple's answer says of it, so the same answer applies once however often it is read.
+    ///
+    /// Its date is when the change happened, as Apple's own notification would be signed: the
+    /// revocation's date, or the period's purchase date. A history transaction's `signedDate`
+    /// is when Apple answered the read, later than everything recorded, and would let an old
+    /// period found late replace the subscription's newer state. Only a reversed refund, which
+    /// Apple dates nowhere, takes the read's date.
     public static func notification(history transaction: JWSTransactionDecodedPayload, refundStands: Bool) -> AppStoreNotification {
         let type: String
         var stamp = ""
+        var happened = transaction.purchaseDate
         if let revoked = transaction.revocationDate {
-            type = transaction.revocationType == "FAMILY_REVOKE" ? "REVOKE" : "REFUND"
+            // A family member's access or an assigned seat taken back is Apple's REVOKE: no refund.
+            type = ["FAMILY_REVOKE", "ASSIGNMENT_REVOKE"].contains(transaction.revocationType) ? "REVOKE" : "REFUND"
             stamp = ":\(revoked)"
+            happened = revoked
         } else if refundStands {
             type = "REFUND_REVERSED"
             stamp = ":\(transaction.signedDate ?? 0)"
+            happened = transaction.signedDate
         } else {
             type = transaction.type == "Auto-Renewable Subscription" ? "DID_RENEW" : "ONE_TIME_CHARGE"
         }
         return AppStoreNotification(
             notificationUUID: "reconcile:\(transaction.originalTransactionId):\(transaction.transactionId):\(type)\(stamp)",
             notificationType: type, subtype: nil, environment: transaction.environment == "Sandbox" ? .sandbox : .production,
-            bundleId: transaction.bundleId, signedDate: transaction.signedDate.map(Date.init(appleMilliseconds:)),
+            bundleId: transaction.bundleId, signedDate: (happened ?? transaction.signedDate).map(Date.init(appleMilliseconds:)),
             purchase: AppStoreVerifier.purchase(transaction))
     }
 }

@@ -99,7 +99,7 @@ struct OrdersController: Sendable {
             } catch is AppFinishReportError {
                 throw APIError(.purchaseNotFound, "no purchase of this user has this transaction id")
             }
-            if case .recordedWhileHeld(let reason) = report {
+            if case .heldWhenFinished(let reason, _) = report {
                 // Finish is final: a finished consumable leaves every later receipt. The app
                 // finished what was not credited; customer service settles it from the console.
                 context.logger.error(

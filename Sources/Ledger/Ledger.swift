@@ -571,9 +571,10 @@ extension Planner {
     }
 
     /// The subscription with `state` recorded, when Apple signed it no earlier than the one
-    /// recorded; its owner stays whoever was credited first. Ties in `stateDate` are settled
-    /// by the later period end, then the transaction id, then the state, so every order
-    /// service and every arrival order come to the same row.
+    /// recorded (between two periods of one product in force, when it is the later period);
+    /// its owner stays whoever was credited first. Ties in `stateDate` are settled by the
+    /// later period end, then the transaction id, then the state, so every order service and
+    /// every arrival order come to the same row.
     mutating func updateSubscription(
         _ purchase: VerifiedPurchase, owner: String?, environment: String, state: String, autoRenew: Bool?,
         grace: GraceUpdate, stateDate: Date
@@ -591,7 +592,16 @@ extension Planner {
             let recorded = (
                 row.stateDate ?? .distantPast, row.expiresDate ?? .distantPast, row.lastTransactionId, Self.stateRank(row.state)
             )
-            if row.stateDate == nil || !(incoming < recorded) {
+            // Between two periods of the same product in force, the later period is the newer
+            // state whenever each was signed: an older period is often read late (found by a
+            // history read, or its transaction signed anew and uploaded now), with a signature
+            // newer than the state it would replace. It is credited, and the subscription stays
+            // as the later period left it, in either arrival order.
+            let inForce = Self.stateRank(state) == 0 && purchase.productId == row.productId
+            let incomingEnd = purchase.expiresDate ?? .distantFuture, recordedEnd = row.expiresDate ?? .distantPast
+            let olderPeriod = inForce && incomingEnd < recordedEnd
+            let newerPeriod = inForce && Self.stateRank(row.state) == 0 && incomingEnd > recordedEnd
+            if row.stateDate == nil || newerPeriod || (!(incoming < recorded) && !olderPeriod) {
                 row.productId = purchase.productId
                 row.environment = environment
                 row.state = state

@@ -1,5 +1,6 @@
 public import Foundation
 public import IAPCore
+import Ledger
 
 /// A transaction the order service is to finish at Apple (Finish Transaction), queued in the
 /// commit that settled it: a crash after that commit cannot skip it, and the row keeps it once.
@@ -42,9 +43,10 @@ public enum AppFinishReport: Sendable, Equatable {
     case recorded
     /// Finished before (by the server or an earlier report): kept as it was.
     case alreadyFinished(by: String?)
-    /// Recorded, but the purchase is held (`heldReason`): the app finished a transaction that
-    /// was not credited, which customer service has to settle by hand.
-    case recordedWhileHeld(reason: String)
+    /// The app finished a transaction that is held (`reason`), not credited, which customer
+    /// service has to settle by hand; `recorded` when it is a purchase recorded for the user
+    /// (marked finished by the app), false when the user's upload carried it but proved no owner.
+    case heldWhenFinished(reason: String, recorded: Bool)
 }
 
 /// The app reported finishing a transaction that is no purchase of the user's.
@@ -70,6 +72,21 @@ extension OrderStore {
             VALUES (?, ?, 'queued', ?, ?, 0) ON CONFLICT (transactionId) DO NOTHING
             """,
             [transactionId, environment, now, now])
+    }
+
+    /// The statement that queues `transactionId` to be finished at Apple only if it is a
+    /// purchase Apple verified here (a row in `purchase`): for a grant by hand, which may name
+    /// an Apple transaction id nobody checked (goodwill for a purchase that has not reached us,
+    /// on the customer's word). Finishing such an id could finish another customer's consumable,
+    /// which then leaves their receipts for good; a held purchase granted by hand was verified.
+    static func queueAppleFinishOfVerifiedPurchase(_ transactionId: String, environment: String, now: Date) -> SQLStatement {
+        SQLStatement(
+            """
+            INSERT INTO apple_finish (transactionId, environment, state, queuedAt, dueAt, attempts)
+            SELECT ?, ?, 'queued', ?, ?, 0 WHERE EXISTS (SELECT 1 FROM purchase WHERE transactionId = ?)
+            ON CONFLICT (transactionId) DO NOTHING
+            """,
+            [transactionId, environment, now, now, transactionId])
     }
 
     /// The queued finishes that are due, at most `limit`, oldest due first, claimed for
@@ -147,35 +164,57 @@ extension OrderStore {
     /// Records that `userId`'s app finished `transactionId` (StoreKit's `finish()`): a queued
     /// server finish is no longer called, and the status answer and the console say `app`. A
     /// transaction finished before keeps who finished it first. Only a purchase recorded for
-    /// `userId` is taken (`AppFinishReportError` otherwise): a transaction id is a lookup, and a
-    /// stranger's report is answered as an unknown id.
+    /// `userId` is marked; a transaction id is a lookup, so anyone else's, or an unknown one, is
+    /// `AppFinishReportError`. A held transaction the user's own upload carried, recorded for
+    /// nobody (the upload proved no owner), is audited and reported, and marks nothing.
     public func reportAppFinish(userId: String, transactionId: String, now: Date = Date()) async throws -> AppFinishReport {
         try await database.write { db in
             guard
                 let purchase = try await db.row(
-                    sql: "SELECT userId, environment, heldReason FROM purchase WHERE transactionId = ?", arguments: [transactionId]),
-                sameUser(purchase["userId"], userId)
-            else { throw AppFinishReportError() }
+                    sql: "SELECT userId, environment, heldReason FROM purchase WHERE transactionId = ?", arguments: [transactionId])
+            else {
+                let carried = try await db.row(
+                    sql: """
+                        SELECT submission_transaction.submissionId AS submissionId, submission_transaction.reason AS reason
+                        FROM submission_transaction JOIN submission ON submission.id = submission_transaction.submissionId
+                        WHERE submission_transaction.transactionId = ? AND submission.userId = ?
+                            AND submission_transaction.state = 'held'
+                        LIMIT 1
+                        """, arguments: [transactionId, userId])
+                guard let carried else { throw AppFinishReportError() }
+                let reason: String = carried["reason"] ?? "held"
+                try await db.executeLater([
+                    Self.auditStatement(
+                        actor: userId, action: "transaction_finished_by_app", subject: "submission:\(carried["submissionId"] as String)",
+                        reason: "reported by the app while held (\(reason))", details: ["transactionId": transactionId], now: now)
+                ])
+                return .heldWhenFinished(reason: reason, recorded: false)
+            }
+            guard sameUser(purchase["userId"], userId) else { throw AppFinishReportError() }
             if let finished = try await db.row(
                 sql: "SELECT finishedBy FROM apple_finish WHERE transactionId = ? AND state = 'finished'", arguments: [transactionId])
             {
                 return .alreadyFinished(by: finished["finishedBy"])
             }
-            let heldReason: String? = purchase["heldReason"]
+            // Refunded before its upload: Apple said the purchase itself is void, so finishing it
+            // loses nothing and is what the answer advised.
+            let heldReason = (purchase["heldReason"] as String?).flatMap { $0 == ReasonCode.stoppedByRefund.rawValue ? nil : $0 }
             try await db.executeLater([
+                // A server finish Apple confirmed meanwhile stays the server's.
                 SQLStatement(
                     """
                     INSERT INTO apple_finish (transactionId, environment, state, queuedAt, dueAt, attempts, finishedAt, finishedBy)
                     VALUES (?, ?, 'finished', ?, ?, 0, ?, 'app')
                     ON CONFLICT (transactionId) DO UPDATE SET state = 'finished', finishedAt = excluded.finishedAt,
                         finishedBy = 'app', lastError = NULL, claimedBy = NULL, claimedUntil = NULL
+                    WHERE apple_finish.state <> 'finished'
                     """, [transactionId, purchase["environment"] as String, now, now, now]),
                 Self.auditStatement(
                     actor: userId, action: "transaction_finished_by_app", subject: "transaction:\(transactionId)",
                     reason: heldReason.map { "reported by the app while held (\($0))" } ?? "reported by the app", details: [:],
                     now: now),
             ])
-            return heldReason.map { .recordedWhileHeld(reason: $0) } ?? .recorded
+            return heldReason.map { .heldWhenFinished(reason: $0, recorded: true) } ?? .recorded
         }
     }
 

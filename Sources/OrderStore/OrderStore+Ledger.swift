@@ -260,8 +260,15 @@ extension OrderStore {
         case .grant(let grant):
             let key = grant.creditKey?.stored ?? grant.transactionId
             // A credit settles its transaction: finished at Apple after this commit, when the
-            // server finishes.
-            let finish = policy.finishAtApple ? [queueAppleFinish(grant.transactionId, environment: grant.environment, now: now)] : []
+            // server finishes. A grant by hand only when Apple verified its purchase.
+            let finish: [SQLStatement]
+            if !policy.finishAtApple {
+                finish = []
+            } else if grant.source == "manual" {
+                finish = [queueAppleFinishOfVerifiedPurchase(grant.transactionId, environment: grant.environment, now: now)]
+            } else {
+                finish = [queueAppleFinish(grant.transactionId, environment: grant.environment, now: now)]
+            }
             return [
                 SQLStatement(
                     """

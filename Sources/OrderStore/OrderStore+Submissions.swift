@@ -394,6 +394,14 @@ extension OrderStore {
                         closing.append(
                             Self.queueAppleFinish(purchase.transactionId, environment: purchase.environment.rawValue, now: now))
                     }
+                    // A named StoreKit 1 transaction the receipt lacks, settled by the purchase
+                    // it stands for (a restore of what the user holds) or refunded by Apple: the
+                    // answer lets the app finish it, so the server finishes it too.
+                    if let named, !listed.contains(where: { $0.0.transactionId == named }),
+                        verdict.reason == .originalTransactionSettled || verdict.reason == .purchaseRevoked
+                    {
+                        closing.append(Self.queueAppleFinish(named, environment: receipt.environment.rawValue, now: now))
+                    }
                 }
                 let replayed = outcomes.filter { $0.state == .replayedFromOtherUser }.count
                 counts.replayed = replayed

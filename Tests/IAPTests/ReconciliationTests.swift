@@ -50,6 +50,39 @@ extension BrokerTests {
             try await store.auditLog(limit: 1000).filter { $0.actor == "reconciliation" }
         }
 
+        /// A period whose notification was lost, found by the history pass after a later period
+        /// arrived, is credited, and is dated when Apple renewed it (its purchase date), not when
+        /// Apple answered the read: the subscription keeps the later period's expiry and state.
+        @Test(arguments: TestStore.backends)
+        func aPeriodFoundLateIsCreditedAndNeverReplacesTheSubscriptionsNewerState(_ backend: Backend) async throws {
+            let pipeline = try await PipelineHarness.start(name: "reconcile-late-period", on: backend)
+            Teardown.add { await pipeline.stop() }
+            let minted = try await HTTP.post(pipeline.fakeURL + "/fake/purchases", json: SubscriptionMint())
+            let signed = try #require(minted.json["signedTransaction"] as? String, "\(minted.text)")
+            let original = try #require(minted.json["originalTransactionId"] as? String)
+            let id = try await pipeline.upload(["userId": "ana", "signedTransaction": signed])
+            #expect(try await pipeline.waitForState(id)["state"] as? String == "credited")
+            func renew() async throws -> String {
+                let renewal = try await HTTP.post(pipeline.fakeURL + "/fake/subscriptions/\(original)/renew", json: [String: String]())
+                return try #require(renewal.json["transactionId"] as? String, "\(renewal.text)")
+            }
+            try await Self.stopNotifications(pipeline)
+            let lost = try await renew()
+            let intake = pipeline.intakeURL + "/v1/notifications/appstore"
+            #expect(try await HTTP.post(pipeline.fakeURL + "/fake/config", json: ["notificationURL": intake]).status == 204)
+            let delivered = try await renew()
+            #expect(try await eventually { try await pipeline.grantState(of: delivered, user: "ana") == "active" })
+            let before = try #require(try await pipeline.store.subscriptions(ofUser: "ana").first)
+            #expect(try await pipeline.grantState(of: lost, user: "ana") == nil)
+
+            // The notification window starts now: only the history pass finds the lost period.
+            let report = await (try await Self.reconciliation(pipeline, settings: .init(firstLookback: .zero))).run()
+            #expect(report.errors.isEmpty, "\(report.errors)")
+            #expect(try await pipeline.grantState(of: lost, user: "ana") == "active")
+            let after = try #require(try await pipeline.store.subscriptions(ofUser: "ana").first)
+            #expect(after.state == "active" && after.expiresDate == before.expiresDate, "before \(before), after \(after)")
+        }
+
         @Test func aMissedRenewalIsCreditedAndAMissedRefundRevokedOnce() async throws {
             let pipeline = try await PipelineHarness.start(name: "reconcilesub")
             Teardown.add { await pipeline.stop() }
@@ -257,6 +290,20 @@ struct ReconciliationNotificationTests {
             #expect(notification.gracePeriodExpiresDate == Date(appleMilliseconds: 1_700_000_200_000))
         }
         #expect(SubscriptionStatusReader.notification(status: 9, transaction: transaction, renewal: renewal) == nil)
+
+        // What Transaction History shows is dated when it happened: the read's date is later
+        // than everything recorded. A seat or a family member's access taken back is a REVOKE.
+        let renewed = SubscriptionStatusReader.notification(history: transaction, refundStands: false)
+        #expect(renewed.notificationType == "DID_RENEW" && renewed.signedDate == Date(appleMilliseconds: 1_700_000_000_000))
+        var revoked = transaction
+        revoked.revocationDate = 1_700_000_050_000
+        for (revocationType, type) in [("REFUND_FULL", "REFUND"), ("FAMILY_REVOKE", "REVOKE"), ("ASSIGNMENT_REVOKE", "REVOKE")] {
+            revoked.revocationType = revocationType
+            let notification = SubscriptionStatusReader.notification(history: revoked, refundStands: false)
+            #expect(notification.notificationType == type, "\(revocationType)")
+            #expect(notification.signedDate == Date(appleMilliseconds: 1_700_000_050_000))
+        }
+        #expect(SubscriptionStatusReader.refund(revoked).signedDate == Date(appleMilliseconds: 1_700_000_050_000))
         #expect(SubscriptionStatusReader.refund(transaction).notificationUUID == "reconcile:2000000000000007:2000000000000042:refund")
     }
 

@@ -103,6 +103,71 @@ extension BrokerTests {
             #expect(try await report("nina", ["transactionId": mystery.transactionId]).status == 204)
             #expect(try await pipeline.store.finishStates(of: [mystery.transactionId])[mystery.transactionId]?.finishedBy == "app")
             #expect(try await FakeFinishRecord.of(mystery.transactionId, at: pipeline.fakeURL).serverFinishCalls == 0)
+            #expect(
+                try await pipeline.store.reportAppFinish(userId: "nina", transactionId: mystery.transactionId)
+                    == .alreadyFinished(by: "app"))
+
+            // Refunded before its upload: Apple voided it, the answer says finish, and the app's
+            // report of that is no held purchase finished.
+            let refunded = try await pipeline.mintStoreKit2(productId: "com.example.coins.60")
+            let refund = try await HTTP.post(pipeline.fakeURL + "/fake/purchases/\(refunded.transactionId)/refund", json: [String: String]())
+            #expect(refund.status == 200, "\(refund.text)")
+            let late = try await pipeline.upload(["userId": "ana", "signedTransaction": try #require(refunded.signedTransaction)])
+            let lateState = try await pipeline.waitForState(late)
+            #expect(lateState["finishTransaction"] as? Bool == true, "\(lateState)")
+            #expect(try await pipeline.store.reportAppFinish(userId: "ana", transactionId: refunded.transactionId) == .recorded)
+
+            // Held with no owner recorded (a bare id proves nobody): nothing to mark, but the
+            // report of the user's own upload is taken and told to customer service.
+            let looked = try await pipeline.mintStoreKit2(productId: "com.example.coins.60")
+            let lookup = try await pipeline.upload(["userId": "olaf", "transactionId": looked.transactionId])
+            #expect(try await pipeline.waitForState(lookup)["state"] as? String == "needs_review")
+            #expect(try await report("olaf", ["transactionId": looked.transactionId]).status == 204)
+            #expect(
+                try await pipeline.store.reportAppFinish(userId: "olaf", transactionId: looked.transactionId)
+                    == .heldWhenFinished(reason: "owner_unknown", recorded: false))
+            #expect(try await pipeline.store.finishStates(of: [looked.transactionId]).isEmpty)
+            #expect(try await report("mallory", ["transactionId": looked.transactionId]).errorCode == "purchase_not_found")
+        }
+
+        /// A grant by hand is finished at Apple only when Apple verified its purchase (a held
+        /// one): goodwill naming an Apple transaction id rests on the customer's word, and that
+        /// id may be another customer's consumable, which a finish would take from their
+        /// receipts for good; goodwill under our own id is nothing Apple knows.
+        @Test(arguments: TestStore.backends)
+        func aGrantByHandIsFinishedAtAppleOnlyWhenAppleVerifiedItsPurchase(_ backend: Backend) async throws {
+            let pipeline = try await PipelineHarness.start(name: "manual-finish", finishTransactions: .both, on: backend)
+            Teardown.add { await pipeline.stop() }
+            // Bea's purchase, not uploaded yet; Mallory writes that it is hers.
+            let beas = try await pipeline.mintStoreKit2(productId: "com.example.coins.60")
+            let named = try await pipeline.admin(
+                .POST, "/v1/admin/grants",
+                ["userId": "mallory", "productId": "com.example.coins.60", "appleTransactionId": beas.transactionId,
+                 "reason": "says she paid"])
+            #expect(named.status == 201, "\(named.text)")
+            let goodwill = try await pipeline.admin(
+                .POST, "/v1/admin/grants", ["userId": "mallory", "productId": "com.example.coins.60", "reason": "sorry"])
+            #expect(goodwill.status == 201, "\(goodwill.text)")
+            let goodwillId = try #require(goodwill.json["transactionId"] as? String, "\(goodwill.text)")
+            // A held purchase (a product the catalog lacks), granted to its uploader by hand.
+            let mystery = try await pipeline.mintStoreKit2(productId: "com.example.mystery")
+            let held = try await pipeline.upload(["userId": "nina", "signedTransaction": try #require(mystery.signedTransaction)])
+            #expect(try await pipeline.waitForState(held)["state"] as? String == "needs_review")
+            let granted = try await pipeline.admin(
+                .POST, "/v1/admin/grants",
+                ["userId": "nina", "productId": "com.example.coins.60", "transactionId": mystery.transactionId,
+                 "reason": "sold under an old product id"])
+            #expect(granted.status == 201, "\(granted.text)")
+
+            let finished = try await eventually(timeout: .seconds(20)) {
+                try await FakeFinishRecord.of(mystery.transactionId, at: pipeline.fakeURL).finishedDateMs != nil
+            }
+            #expect(finished, "the held purchase granted by hand was not finished at Apple")
+            try await Task.sleep(for: .seconds(2))
+            #expect(try await FakeFinishRecord.of(beas.transactionId, at: pipeline.fakeURL) == .init(serverFinishCalls: 0))
+            let states = try await pipeline.store.finishStates(of: [beas.transactionId, goodwillId, mystery.transactionId])
+            #expect(states[beas.transactionId] == nil && states[goodwillId] == nil, "\(states)")
+            #expect(states[mystery.transactionId]?.finishedBy == "server", "\(states)")
         }
 
         @Test func withServerTheAnswersNeverTellTheAppToFinish() async throws {

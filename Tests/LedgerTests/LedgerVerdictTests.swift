@@ -366,6 +366,43 @@ struct LedgerVerdictTests {
         #expect(due == ["j-unknown-end", "e-retry", "f-grace", "d-ended", "c-soon", "b-unowned"])
     }
 
+    /// Two periods of one product in force: the later period is the subscription's state in
+    /// either arrival order, however late the earlier one was signed (a history read, or an old
+    /// transaction signed anew, carries the time it was read).
+    @Test func theLaterPeriodInForceIsTheSubscriptionsStateInEitherOrder() {
+        func renewal(_ id: String, ends: Date, signed: Date, type: String = "DID_RENEW") -> AppStoreNotification {
+            var purchase = period(id, reason: "RENEWAL")
+            purchase.expiresDate = ends
+            return AppStoreNotification(
+                notificationUUID: "n-\(id)", notificationType: type, subtype: nil, environment: .production,
+                bundleId: "app", signedDate: signed, purchase: purchase)
+        }
+        func row(_ id: String, ends: Date, signed: Date) -> LedgerFacts.Subscription {
+            var row = subscription(owner: "ana")
+            (row.state, row.expiresDate, row.lastTransactionId, row.stateDate) = ("active", ends, id, signed)
+            return row
+        }
+        func recorded(_ planned: LedgerPlan) -> LedgerFacts.Subscription? {
+            planned.changes.compactMap { if case .putSubscription(let row) = $0 { row } else { nil } }.last
+        }
+        let (earlierEnd, laterEnd) = (Self.t0 + 30 * 86_400, Self.t0 + 60 * 86_400)
+        let (early, late) = (Self.t0 + 20 * 86_400, Self.t0 + 45 * 86_400)
+        // The later period recorded first (signed early); the earlier one read late.
+        let kept = recorded(plan(
+            .notification(renewal("t2", ends: earlierEnd, signed: late), submissionId: "s1"),
+            LedgerFacts(subscription: row("t3", ends: laterEnd, signed: early))))
+        #expect(kept?.expiresDate == laterEnd && kept?.lastTransactionId == "t3", "\(String(describing: kept))")
+        // The earlier period recorded first (read late); the later one signed early.
+        let replaced = recorded(plan(
+            .notification(renewal("t3", ends: laterEnd, signed: early), submissionId: "s1"),
+            LedgerFacts(subscription: row("t2", ends: earlierEnd, signed: late))))
+        #expect(replaced?.expiresDate == laterEnd && replaced?.lastTransactionId == "t3", "\(String(describing: replaced))")
+        // A state Apple gives (here: expired) is still ranked by when Apple signed it.
+        let expired = renewal("t2", ends: earlierEnd, signed: late, type: "EXPIRED")
+        let ended = recorded(plan(.notification(expired, submissionId: "s1"), LedgerFacts(subscription: row("t3", ends: laterEnd, signed: early))))
+        #expect(ended?.state == "expired", "\(String(describing: ended))")
+    }
+
     @Test func theGraceEndingLeavesBillingRetryNotTheEnd() {
         let notification = AppStoreNotification(
             notificationUUID: "n2", notificationType: "GRACE_PERIOD_EXPIRED", subtype: nil, environment: .production,
