@@ -307,7 +307,7 @@ extension BrokerTests {
         /// still asks for a refreshed receipt. A consumable never: one the receipt lacks is a
         /// purchase not in it yet, and finishing it would lose it.
         @Test func aStoreKit1RestoreTheReceiptDoesNotHoldIsSettledByItsOriginal() async throws {
-            let pipeline = try await PipelineHarness.start(name: "sk1-restore")
+            let pipeline = try await PipelineHarness.start(name: "sk1-restore", finishTransactions: .both)
             Teardown.add { await pipeline.stop() }
             let premium = try await mint(pipeline, Mint(productId: "com.example.premium", type: "non_consumable", deviceId: "ria-phone"))
             #expect(try await upload(pipeline, ["userId": "ria", "receiptData": premium.receiptData])["state"] as? String == "credited")
@@ -319,6 +319,7 @@ extension BrokerTests {
 
             let alone = try await upload(pipeline, ["userId": "ria", "receiptData": restored.receiptData, "transactionId": restored.transactionId])
             #expect(alone["reason"] as? String == "transaction_not_in_receipt" && alone["finishTransaction"] as? Bool == false, "\(alone)")
+            #expect(try await pipeline.store.finishStates(of: [restored.transactionId]).isEmpty)
             let named = try await upload(
                 pipeline,
                 [
@@ -328,6 +329,11 @@ extension BrokerTests {
             #expect(named["state"] as? String == "credited", "\(named)")
             #expect(named["reason"] as? String == "original_transaction_settled", "\(named)")
             #expect(named["finishTransaction"] as? Bool == true, "\(named)")
+            // The answer lets the app finish the restore; the server finishes it too.
+            let finished = try await eventually(timeout: .seconds(20)) {
+                try await FakeFinishRecord.of(restored.transactionId, at: pipeline.fakeURL).finishedDateMs != nil
+            }
+            #expect(finished, "the settled restore was not finished at Apple")
             // Another product named with the same original: not what the receipt holds.
             let wrongProduct = try await upload(
                 pipeline,
