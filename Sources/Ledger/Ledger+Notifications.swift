@@ -223,9 +223,14 @@ extension Planner {
     func owner(of purchase: VerifiedPurchase, key: CreditKey) -> String? {
         if let grant = facts.activeGrant(of: key) { return grant.userId }
         if case .billingPeriod = key, facts.subscription?.originalTransactionId == purchase.originalTransactionId {
-            // The owner of its stretch of the chain; else its token's order's, or nobody yet.
-            if case .owner(let owner) = stretchOwner(of: purchase) { return owner }
+            // The owner of its stretch of the chain; else its token's order's, or, for a
+            // migrated chain nobody owns yet, its old chain's owner; or nobody yet.
+            let stretch = stretchOwner(of: purchase)
+            if case .owner(let owner) = stretch { return owner }
             if purchase.appAccountToken != nil, let order = facts.tokenOrder { return order.userId }
+            if case .unclaimed = stretch, facts.subscription?.userId == nil, let continued = facts.previousChainOwner {
+                return continued
+            }
             return nil
         }
         if let owner = facts.subscription?.userId { return owner }

@@ -251,10 +251,13 @@ extension Planner {
                 break
             }
         }
-        if subscriptionOwner == nil, facts.subscription?.originalTransactionId != purchase.originalTransactionId,
+        if subscriptionOwner == nil, stretchOwner(of: purchase) != .awaitsBuyer,
+            facts.subscription?.originalTransactionId != purchase.originalTransactionId || facts.subscription?.userId == nil,
             let continued = facts.previousChainOwner
         {
-            // A migrated subscription: the new chain continues its old chain, and its owner's.
+            // A migrated subscription: the new chain continues its old chain, and its owner's,
+            // also when Apple told of the new chain (a renewal preference, an expiry) before
+            // anything of it was credited, which left its row with no owner.
             subscriptionOwner = continued
         }
         let ownership = Ownership.Facts(

@@ -87,5 +87,30 @@ extension BrokerTests.PurchaseTermsTests {
         let stranger = try await pipeline.waitForState(try await pipeline.upload(["userId": "sam", "signedTransaction": signed]))
         #expect(try await pipeline.grantState(of: migrated, user: "ana") == "active", "\(stranger)")
         #expect(try await pipeline.grantState(of: migrated, user: "sam") == nil)
+
+        // Apple tells of the new chain (a renewal preference) before its first period is
+        // uploaded: the row that leaves has no owner, and the period still goes to the old
+        // chain's owner, whoever uploads it.
+        let bens = try await pipeline.mintStoreKit2(productId: "com.example.vip.month", type: "auto_renewable")
+        let his = try await pipeline.upload(["userId": "ben", "signedTransaction": try #require(bens.signedTransaction)])
+        #expect(try await pipeline.waitForState(his)["state"] as? String == "credited")
+        #expect(try await HTTP.post(pipeline.fakeURL + "/fake/notifications/hold", json: [String: String]()).status == 204)
+        let moved = try await HTTP.post(
+            pipeline.fakeURL + "/fake/purchases", json: MigratedMint(previousOriginalTransactionId: bens.originalTransactionId))
+        let movedId = try #require(moved.json["transactionId"] as? String, "\(moved.text)")
+        let preference = try await HTTP.post(
+            pipeline.fakeURL + "/fake/purchases/\(movedId)/notify",
+            json: ["notificationType": "DID_CHANGE_RENEWAL_STATUS", "subtype": "AUTO_RENEW_DISABLED"])
+        #expect(preference.status == 200, "\(preference.text)")
+        let released = try await HTTP.post(pipeline.fakeURL + "/fake/notifications/release", json: [String: String]())
+        #expect(released.status == 200, "\(released.text)")
+        #expect(
+            try await eventually(timeout: .seconds(20)) {
+                try await pipeline.store.notifications(ofTransaction: movedId).map(\.type) == ["DID_CHANGE_RENEWAL_STATUS"]
+            })
+        let movedSigned = try #require(moved.json["signedTransaction"] as? String)
+        let other = try await pipeline.waitForState(try await pipeline.upload(["userId": "sam", "signedTransaction": movedSigned]))
+        #expect(try await pipeline.grantState(of: movedId, user: "ben") == "active", "\(other)")
+        #expect(try await pipeline.grantState(of: movedId, user: "sam") == nil)
     }
 }
