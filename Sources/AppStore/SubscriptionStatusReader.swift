@@ -89,11 +89,14 @@ public struct SubscriptionStatusReader: Sendable {
             gracePeriodExpiresDate: renewal?.gracePeriodExpiresDate.map(Date.init(appleMilliseconds:)))
     }
 
-    /// The REFUND Apple sends for a refunded transaction, `reconcile:<originalTransactionId>:<transactionId>:refund`,
-    /// dated when Apple refunded it (not when Apple answered the read).
+    /// The REFUND Apple sends for a refunded transaction,
+    /// `reconcile:<originalTransactionId>:<transactionId>:refund:<revocationDate>` (a refund
+    /// after a reversed one is another refund), dated when Apple refunded it (not when Apple
+    /// answered the read).
     public static func refund(_ transaction: JWSTransactionDecodedPayload) -> AppStoreNotification {
         AppStoreNotification(
-            notificationUUID: "reconcile:\(transaction.originalTransactionId):\(transaction.transactionId):refund",
+            notificationUUID:
+                "reconcile:\(transaction.originalTransactionId):\(transaction.transactionId):refund:\(transaction.revocationDate ?? 0)",
             notificationType: "REFUND", subtype: nil, environment: transaction.environment == "Sandbox" ? .sandbox : .production,
             bundleId: transaction.bundleId,
             signedDate: (transaction.revocationDate ?? transaction.signedDate).map(Date.init(appleMilliseconds:)),

@@ -150,7 +150,10 @@ struct ReconcileCommand: AsyncParsableCommand {
                 client: try AppStoreServerAPIClient(settings: serverAPI, httpClient: .shared, logger: logger), verifier: verifier),
             policy: CreditPolicy(
                 catalog: try catalog.load(), eventsExchange: names.events, sandbox: try VerifierOptions.sandboxPolicy(),
-                restore: try VerifierOptions.restorePolicy()),
+                restore: try VerifierOptions.restorePolicy(),
+                // What it credits is queued to be finished at Apple as the order service's run
+                // would; the order service's worker makes the calls.
+                finishAtApple: settings.finishTransactions.serverFinishes),
             verifyQueue: names.verify, logger: logger)
         let report = await reconciliation.run()
         let encoder = JSONEncoder()

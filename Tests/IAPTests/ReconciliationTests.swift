@@ -304,7 +304,11 @@ struct ReconciliationNotificationTests {
             #expect(notification.signedDate == Date(appleMilliseconds: 1_700_000_050_000))
         }
         #expect(SubscriptionStatusReader.refund(revoked).signedDate == Date(appleMilliseconds: 1_700_000_050_000))
-        #expect(SubscriptionStatusReader.refund(transaction).notificationUUID == "reconcile:2000000000000007:2000000000000042:refund")
+        // A refund after a reversed one is another refund: its own notification.
+        #expect(
+            SubscriptionStatusReader.refund(revoked).notificationUUID
+                == "reconcile:2000000000000007:2000000000000042:refund:1700000050000")
+        #expect(SubscriptionStatusReader.refund(transaction).notificationUUID == "reconcile:2000000000000007:2000000000000042:refund:0")
     }
 
     @Test func aSubscriptionInBillingRetryIsCorrectedOnceAndAudited() async throws {
