@@ -179,7 +179,7 @@ extension Console {
             if let status = try await store.status(of: id), status.finishable {
                 return (Outcome(kind: "info", text: "Already done: upload \(id.uuidString) is finishable already."), back)
             }
-            try await store.markFinishable(id, actor: actor, reason: reason)
+            try await store.markFinishable(id, actor: actor, reason: reason, finishAtApple: deps.finishAtApple)
             return (Outcome(kind: "success", text: "Upload \(id.uuidString) is finishable: the app may finish its transactions."), back)
         case .reverify:
             guard let id = UUID(uuidString: try required(form, "submissionId")) else {

@@ -97,7 +97,8 @@ struct AdminController: Sendable {
             let fields = try await fields(of: request)
             try await mapped(notFound: .submissionNotFound) {
                 try await store.markFinishable(
-                    id, actor: try Self.actor(fields), reason: try fields.requiredString("reason", maxLength: 1000))
+                    id, actor: try Self.actor(fields), reason: try fields.requiredString("reason", maxLength: 1000),
+                    finishAtApple: settings.finishTransactions.serverFinishes)
             }
             guard let status = try await store.status(of: id) else {
                 throw APIError(.submissionNotFound, "no such submission")

@@ -142,13 +142,23 @@ extension OrderStore {
     }
 
     /// Lets the app finish a stuck submission's transactions (customer service settled it). Audited.
-    public func markFinishable(_ id: SubmissionID, actor: String, reason: String, now: Date = Date())
+    /// With `finishAtApple` (the server finishes) the transaction the upload named, which the
+    /// answer now lets the app finish, is queued to be finished at Apple too, in the
+    /// environment that verified the upload (production when none did).
+    public func markFinishable(_ id: SubmissionID, actor: String, reason: String, finishAtApple: Bool = false, now: Date = Date())
         async throws(OrderStoreError)
     {
         do {
             try await database.write { db in
                 try await db.execute(sql: "UPDATE submission SET finishable = 1, updatedAt = ? WHERE id = ?", arguments: [now, id.uuidString])
                 guard db.changesCount > 0 else { throw OrderStoreError(.notFound, "no submission \(id)") }
+                if finishAtApple,
+                    let row = try await db.row(sql: "SELECT transactionId, environment FROM submission WHERE id = ?", arguments: [id.uuidString]),
+                    let named = row["transactionId"] as String?
+                {
+                    let environment = (row["environment"] as String?) ?? AppStoreEnvironment.production.rawValue
+                    try await db.executeLater([Self.queueAppleFinish(named, environment: environment, now: now)])
+                }
                 try await Self.audit(
                     actor: actor, action: "submission_finishable", subject: "submission:\(id.uuidString)", reason: reason,
                     details: [:], now: now, in: db)

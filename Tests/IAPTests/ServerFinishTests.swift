@@ -112,6 +112,8 @@ extension BrokerTests {
             let refunded = try await pipeline.mintStoreKit2(productId: "com.example.coins.60")
             let refund = try await HTTP.post(pipeline.fakeURL + "/fake/purchases/\(refunded.transactionId)/refund", json: [String: String]())
             #expect(refund.status == 200, "\(refund.text)")
+            // Apple fails the server's finish of it, which stays queued for the app's report.
+            try await pipeline.injectFault(.init(httpStatus: 503, count: 0, transactionId: refunded.transactionId))
             let late = try await pipeline.upload(["userId": "ana", "signedTransaction": try #require(refunded.signedTransaction)])
             let lateState = try await pipeline.waitForState(late)
             #expect(lateState["finishTransaction"] as? Bool == true, "\(lateState)")
@@ -185,6 +187,22 @@ extension BrokerTests {
             #expect(status["finishTransaction"] as? Bool == false)
             #expect((status["transactions"] as? [[String: Any]])?.first?["finishTransaction"] as? Bool == false)
             #expect(try await FakeFinishRecord.of(paid.transactionId, at: pipeline.fakeURL).serverFinishCalls == 1)
+
+            // Customer service settles a stuck upload: the app is never told to finish, so the
+            // server finishes the transaction it names.
+            let looked = try await pipeline.mintStoreKit2(productId: "com.example.coins.120")
+            let stuck = try await pipeline.upload(["userId": "mallory", "transactionId": looked.transactionId])
+            #expect(try await pipeline.waitForState(stuck)["state"] as? String == "needs_review")
+            try await Task.sleep(for: .seconds(1))
+            #expect(try await FakeFinishRecord.of(looked.transactionId, at: pipeline.fakeURL).serverFinishCalls == 0)
+            let marked = try await pipeline.admin(
+                .POST, "/v1/admin/submissions/\(stuck)/finishable", ["reason": "ticket 81: settled by hand"])
+            #expect(marked.status == 200, "\(marked.text)")
+            #expect(marked.json["finishTransaction"] as? Bool == false, "\(marked.text)")
+            let settled = try await eventually(timeout: .seconds(20)) {
+                try await FakeFinishRecord.of(looked.transactionId, at: pipeline.fakeURL).finishedDateMs != nil
+            }
+            #expect(settled, "the upload customer service settled was not finished at Apple")
         }
     }
 }
