@@ -253,7 +253,8 @@ struct SubmissionStatusBody: Encodable {
         var grantedBy: String?
         /// Whether the app may finish this transaction (it is settled, and the app finishes).
         var finishTransaction: Bool
-        /// `server` once Apple confirmed the order service's Finish Transaction call.
+        /// `server` once Apple confirmed the order service's Finish Transaction call, `app` once
+        /// the app reported it finished it; whoever finished first.
         var finishedBy: String?
         var finishedAt: Date?
     }
