@@ -264,6 +264,10 @@ public struct ReasonCode: RawRepresentable, Codable, Sendable, Hashable, CustomS
     /// the app): held until its buyer's upload (a signed transaction, a receipt holding it) or an
     /// order's token proves it; the periods after it wait with it.
     public static let buyerUnknown = ReasonCode("buyer_unknown")
+    /// Customer service granted this Apple transaction by hand to another user, on that user's
+    /// word (goodwill naming its id, before any upload), and this upload proves it was bought
+    /// by its uploader: held for customer service, never finished as another user's.
+    public static let grantedByHandToAnotherUser = ReasonCode("granted_by_hand_to_another_user")
     /// Apple's transaction history for the receipt's transaction is empty: a person looks
     /// (never a rejection: Apple did not say the receipt is invalid).
     public static let appleHistoryEmpty = ReasonCode("apple_history_empty")

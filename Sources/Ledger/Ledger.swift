@@ -187,6 +187,21 @@ extension Planner {
                 }
                 return (.alreadyCredited, nil)
             }
+            // A consumable granted by hand to another user on their word (goodwill naming this
+            // Apple id, with no purchase of it verified here), and this upload is its buyer's
+            // proof: the word and the proof disagree, so a person decides. Never a replay the
+            // app may finish: a finished consumable leaves its buyer's receipts for good. (What
+            // stays in receipts follows the restore policy below, as any other user's would.)
+            if active.source == "manual", facts.purchase == nil, evidence != .lookup, key.isPerTransaction {
+                audit(
+                    actor: "system", action: "purchase_held", subject: "transaction:\(purchase.transactionId)",
+                    reason: ReasonCode.grantedByHandToAnotherUser.rawValue,
+                    details: [
+                        "uploader": upload.userId, "grantedTo": owner, "productId": purchase.productId,
+                        "submissionId": upload.submissionId,
+                    ])
+                return (.held, .grantedByHandToAnotherUser)
+            }
             // The very transaction another user was credited with: a replay. Consumables are
             // keyed per transaction, so for them this is always the case.
             if exact.map({ !sameUser($0.userId, upload.userId) }) ?? false || active.transactionId == purchase.transactionId

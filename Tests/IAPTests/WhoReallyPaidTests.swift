@@ -383,6 +383,23 @@ extension BrokerTests {
             let state = (answer["transactions"] as? [[String: Any]])?.first?["state"] as? String
             #expect(state == "already_credited", "\(answer)")
             #expect(try await balance(pipeline, of: "gil") == 300)
+
+            // Mallory writes that Bea's purchase is hers, and gets it by hand; Bea's own upload
+            // proves she bought it: held for a person, never a replay her app may finish.
+            let beas = try await mint(pipeline, Mint(productId: Self.coins, deviceId: "bea-phone"))
+            let claimed = try await pipeline.admin(
+                .POST, "/v1/admin/grants",
+                ["userId": "mallory", "productId": Self.coins, "appleTransactionId": beas.transactionId, "reason": "says she paid"])
+            #expect(claimed.status == 201, "\(claimed.text)")
+            let proof = try await upload(
+                pipeline, ["userId": "bea", "receiptData": beas.receiptData, "transactionId": beas.transactionId])
+            #expect(
+                proof["state"] as? String == "needs_review" && proof["reason"] as? String == "granted_by_hand_to_another_user"
+                    && proof["finishTransaction"] as? Bool == false, "\(proof)")
+            let held = (proof["transactions"] as? [[String: Any]])?.first
+            #expect(held?["state"] as? String == "held" && held?["finishTransaction"] as? Bool == false, "\(proof)")
+            #expect(try await balance(pipeline, of: "bea") == 0)
+            #expect(try await balance(pipeline, of: "mallory") == 300)
         }
 
         /// Lesser: `/subscriptions` never says `active` past the period's end and grace, when

@@ -267,6 +267,14 @@ struct LedgerVerdictTests {
         // The purchase's later upload finds it.
         let facts = LedgerFacts(grants: grant.map { [$0] } ?? [])
         #expect(plan(.upload(coins("t7", at: Self.t0), upload("gil", transaction: "t7")), facts).outcome == .transaction(.alreadyCredited, nil))
+        // Another user's upload that proves the purchase theirs: word against proof, held for
+        // a person (never a replay the app may finish); a bare id of it proves nothing.
+        #expect(
+            plan(.upload(coins("t7", at: Self.t0), upload("bea", transaction: "t7")), facts).outcome
+                == .transaction(.held, .grantedByHandToAnotherUser))
+        var looked = coins("t7", at: Self.t0)
+        looked.evidence = .lookup
+        #expect(plan(.upload(looked, upload("bea", transaction: "t7")), facts).outcome == .transaction(.replayedFromOtherUser, nil))
     }
 
     @Test func nothingIsInForcePastItsPeriodAndGrace() {
