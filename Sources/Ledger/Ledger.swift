@@ -188,11 +188,13 @@ extension Planner {
                 return (.alreadyCredited, nil)
             }
             // A consumable granted by hand to another user on their word (goodwill naming this
-            // Apple id, with no purchase of it verified here), and this upload is its buyer's
-            // proof: the word and the proof disagree, so a person decides. Never a replay the
-            // app may finish: a finished consumable leaves its buyer's receipts for good. (What
-            // stays in receipts follows the restore policy below, as any other user's would.)
-            if active.source == "manual", facts.purchase == nil, evidence != .lookup, key.isPerTransaction {
+            // Apple id, with no purchase of it verified here): nobody proved it theirs yet. An
+            // upload that proves it the uploader's sets word against proof, so a person decides;
+            // a bare id proves nobody's, and is held as any purchase nobody owns is. Never a
+            // replay the app may finish: a finished consumable leaves its buyer's receipts for
+            // good. (What stays in receipts follows the restore policy below.)
+            if active.source == "manual", facts.purchase == nil, key.isPerTransaction {
+                guard evidence != .lookup else { return (.held, .ownerUnknown) }
                 audit(
                     actor: "system", action: "purchase_held", subject: "transaction:\(purchase.transactionId)",
                     reason: ReasonCode.grantedByHandToAnotherUser.rawValue,
@@ -575,7 +577,11 @@ extension Planner {
     /// first one credited), product, expiry and state, unless a state Apple signed later is
     /// recorded.
     mutating func recordSubscription(of purchase: VerifiedPurchase, owner: String) {
-        let stateDate = purchase.signedDate ?? purchase.purchaseDate ?? now
+        // When the period's state began: its purchase date, or when Apple signed it if that is
+        // earlier. A transaction's signature may be much later than its period (signed anew on
+        // the device, or read from Apple's history) and must not outrank what Apple said since.
+        let dates = [purchase.purchaseDate, purchase.signedDate].compactMap { $0 }
+        let stateDate = dates.min() ?? now
         let state = (purchase.expiresDate ?? .distantFuture) > now ? "active" : "expired"
         updateSubscription(
             purchase, owner: owner, environment: purchase.environment.rawValue, state: state, autoRenew: nil,

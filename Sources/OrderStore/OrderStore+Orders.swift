@@ -142,9 +142,10 @@ extension OrderStore {
     }
 
     /// Lets the app finish a stuck submission's transactions (customer service settled it). Audited.
-    /// With `finishAtApple` (the server finishes) the transaction the upload named, which the
-    /// answer now lets the app finish, is queued to be finished at Apple too, in the
-    /// environment that verified the upload (production when none did).
+    /// With `finishAtApple` (the server finishes) what the upload named or carried, which the
+    /// answer now lets the app finish, is queued to be finished at Apple too, but only what is
+    /// a purchase recorded for the uploader: an id the upload merely named is a lookup, and the
+    /// server's call, unlike the app's `finish()`, reaches any transaction of the app.
     public func markFinishable(_ id: SubmissionID, actor: String, reason: String, finishAtApple: Bool = false, now: Date = Date())
         async throws(OrderStoreError)
     {
@@ -152,12 +153,18 @@ extension OrderStore {
             try await database.write { db in
                 try await db.execute(sql: "UPDATE submission SET finishable = 1, updatedAt = ? WHERE id = ?", arguments: [now, id.uuidString])
                 guard db.changesCount > 0 else { throw OrderStoreError(.notFound, "no submission \(id)") }
-                if finishAtApple,
-                    let row = try await db.row(sql: "SELECT transactionId, environment FROM submission WHERE id = ?", arguments: [id.uuidString]),
-                    let named = row["transactionId"] as String?
-                {
-                    let environment = (row["environment"] as String?) ?? AppStoreEnvironment.production.rawValue
-                    try await db.executeLater([Self.queueAppleFinish(named, environment: environment, now: now)])
+                if finishAtApple {
+                    // What the upload named or carried, where it is the uploader's purchase.
+                    let own = try await db.rows(
+                        sql: """
+                            SELECT purchase.transactionId AS transactionId, purchase.environment AS environment
+                            FROM submission JOIN purchase ON purchase.userId = submission.userId
+                            WHERE submission.id = ? AND (purchase.transactionId = submission.transactionId
+                                OR purchase.transactionId IN (
+                                    SELECT transactionId FROM submission_transaction WHERE submissionId = submission.id))
+                            """, arguments: [id.uuidString])
+                    try await db.executeLater(
+                        own.map { Self.queueAppleFinish($0["transactionId"], environment: $0["environment"], now: now) })
                 }
                 try await Self.audit(
                     actor: actor, action: "submission_finishable", subject: "submission:\(id.uuidString)", reason: reason,

@@ -394,12 +394,11 @@ extension OrderStore {
                         closing.append(
                             Self.queueAppleFinish(purchase.transactionId, environment: purchase.environment.rawValue, now: now))
                     }
-                    // A named StoreKit 1 transaction the receipt lacks, settled by the purchase
-                    // it stands for (a restore of what the user holds) or refunded by Apple: the
-                    // answer lets the app finish it, so the server finishes it too.
-                    if let named, !listed.contains(where: { $0.0.transactionId == named }),
-                        verdict.reason == .originalTransactionSettled || verdict.reason == .purchaseRevoked
-                    {
+                    // A named transaction the receipt lacks that Apple refunded: the answer lets
+                    // the app finish it, so the server finishes it too. (A StoreKit 1 restore the
+                    // receipt lacks is settled by the original the upload names, which proves
+                    // nothing of the id itself: only the app's own `finish()` may end it.)
+                    if let named, !listed.contains(where: { $0.0.transactionId == named }), verdict.reason == .purchaseRevoked {
                         closing.append(Self.queueAppleFinish(named, environment: receipt.environment.rawValue, now: now))
                     }
                 }
