@@ -68,6 +68,7 @@ struct AdminController: Sendable {
                 throw APIError(
                     .conflict, "name a held purchase (transactionId) or an Apple purchase not uploaded yet (appleTransactionId), not both")
             }
+            if let apple { try await checkWithApple(apple, productId: productId, userId: userId) }
             let granted = try await mapped(notFound: .purchaseNotFound) {
                 try await store.grantManually(
                     userId: userId, productId: productId, quantity: quantity, grant: grant,
@@ -288,6 +289,46 @@ struct AdminController: Sendable {
     /// The store's errors as API answers: what the store lacks is answered with the route's
     /// own code (an unknown transaction is `purchase_not_found` on every route).
     /// Apple's refusal of a call as `apple_refused`, its absence as `apple_unavailable`.
+    /// Goodwill naming an Apple transaction rests on the customer's word; with the Server API
+    /// key, Apple's own word on the id is asked first (Get Transaction Info, production, then
+    /// the sandbox): an id Apple does not have (a typo) is `purchase_not_found`; another
+    /// product, a refunded purchase, or one whose `appAccountToken` names another user's order
+    /// is a `conflict`. None of this proves the purchase the customer's (a transaction id is a
+    /// lookup): the buyer's own upload later still wins a person's review.
+    private func checkWithApple(_ transactionId: String, productId: String, userId: String) async throws {
+        guard let client = settings.appStore, let verifier = settings.notificationVerifier else { return }
+        let signed: String
+        do {
+            signed = try await Self.askingApple { () async throws -> String in
+                do {
+                    return try await client.transactionInfo(transactionId, in: .production)
+                } catch let error as ServerAPIError where error.kind == .notFound {
+                    return try await client.transactionInfo(transactionId, in: .sandbox)
+                }
+            }
+        } catch let error as APIError where error.code == .appleRefused {
+            // Apple refuses an id that cannot be one of its transactions: no such purchase.
+            throw APIError(.purchaseNotFound, error.message)
+        }
+        let transaction: JWSTransactionDecodedPayload
+        do {
+            transaction = try await verifier.verifyTransaction(signed)
+        } catch {
+            throw APIError(.appleUnavailable, "Apple's answer did not verify: \(error)")
+        }
+        guard transaction.productId == productId else {
+            throw APIError(.conflict, "Apple's transaction \(transactionId) bought \(transaction.productId), not \(productId)")
+        }
+        guard transaction.revocationDate == nil else {
+            throw APIError(.conflict, "Apple refunded or revoked transaction \(transactionId)")
+        }
+        if let token = transaction.appAccountToken, let order = try await store.order(token.lowercased()),
+            !sameUser(order.userId, userId)
+        {
+            throw APIError(.conflict, "Apple's transaction \(transactionId) was bought for another user's order")
+        }
+    }
+
     private static func askingApple<T>(_ body: () async throws -> T) async throws -> T {
         do {
             return try await body()

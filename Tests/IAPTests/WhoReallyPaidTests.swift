@@ -384,6 +384,23 @@ extension BrokerTests {
             #expect(state == "already_credited", "\(answer)")
             #expect(try await balance(pipeline, of: "gil") == 300)
 
+            // Apple's word on the id comes first: one Apple does not have (a typo), another
+            // product, or a purchase made for another user's order is refused.
+            func goodwill(_ id: String, product: String = Self.coins) async throws -> HTTP.Answer {
+                try await pipeline.admin(
+                    .POST, "/v1/admin/grants",
+                    ["userId": "mallory", "productId": product, "appleTransactionId": id, "reason": "says she paid"])
+            }
+            let typo = try await goodwill("2999999999999999")
+            #expect(typo.status == 404 && typo.errorCode == "purchase_not_found", "\(typo.text)")
+            let kims = try await mint(pipeline, Mint(productId: Self.coins, deviceId: "kim-phone"))
+            let product = try await goodwill(kims.transactionId, product: "com.example.coins.60")
+            #expect(product.status == 409 && product.text.contains("bought \(Self.coins)"), "\(product.text)")
+            let verasOrder = try await pipeline.createOrder(userId: "vera", productId: Self.coins)
+            let veras = try await pipeline.mint(productId: Self.coins, token: ("appAccountToken", verasOrder))
+            let forVera = try await goodwill(veras.transactionId)
+            #expect(forVera.status == 409 && forVera.errorCode == "conflict", "\(forVera.text)")
+
             // Mallory writes that Bea's purchase is hers, and gets it by hand; Bea's own upload
             // proves she bought it: held for a person, never a replay her app may finish.
             let beas = try await mint(pipeline, Mint(productId: Self.coins, deviceId: "bea-phone"))
