@@ -112,9 +112,13 @@ struct ReconcileCommand: AsyncParsableCommand {
         discussion: """
             Asks Get Refund History and Get All Subscription Statuses about every subscription in the order store \
             that is due to renew (active and ending within a day, or ended), in billing retry or in a grace period, \
-            and applies what Apple says as the notification Apple would have sent (each once); then re-delivers \
+            and applies what Apple says as the notification Apple would have sent (each once); reads what changed in \
+            each customer's Transaction History since the revision kept from the last read, and applies it the same way; \
+            then re-delivers \
             the notifications Apple could not send since the last run (Get Notification History, onlyFailures) \
-            through the notification path. Every change is audited (actor reconciliation). Needs the App Store \
+            through the notification path. Every change is audited (actor reconciliation). When the server finishes \
+            (\(Setting.finishTransactions.variable) server or both), what it credits is queued to be finished at Apple, \
+            as the order service's run does; the order service makes the calls. Needs the App Store \
             Server API key (\(Setting.appStoreKeyPath.variable), \(Setting.appStoreKeyId.variable), \(Setting.appStoreIssuerId.variable)), one bundle id \
             (\(Setting.bundleIds.variable)), the catalog and the order store the order service uses; the order service's relay \
             publishes what this queues. Prints one JSON object; exits 1 when part of it failed.
