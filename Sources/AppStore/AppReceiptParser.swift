@@ -1,4 +1,5 @@
 import Foundation
+import IAPCore
 
 /// Reads Apple's app receipts locally: the PKCS#7 container, then the ASN.1 receipt payload.
 ///
@@ -422,7 +423,10 @@ public enum AppReceiptParser {
 /// A strict reader of the RFC 3339 dates in receipts: `2023-10-19T01:18:54Z`, with optional
 /// fractional seconds and a `Z`, `±hh:mm` or `±hhmm` offset.
 enum RFC3339Date {
-    /// The date `text` names, or `nil` when it is not a valid RFC 3339 date-time.
+    /// The date `text` names, or `nil` when it is not a valid RFC 3339 date-time within
+    /// 1970…9999 once its offset is applied (`DateText.acceptedMilliseconds`): a self-made
+    /// receipt dated `9999-12-31T23:59:59-23:59` (the year 10000) is refused here, before any
+    /// certificate check turns the date into a time that cannot hold it.
     static func parse(_ text: [UInt8]) -> Date? {
         var position = 0
         func digits(_ count: Int) -> Int? {
@@ -477,7 +481,8 @@ enum RFC3339Date {
         else { return nil }
         let days = daysSinceEpoch(year: year, month: month, day: day)
         let seconds = days * 86_400 + hour * 3600 + minute * 60 + second - offsetSeconds
-        return Date(timeIntervalSince1970: Double(seconds) + fraction)
+        let date = Date(timeIntervalSince1970: Double(seconds) + fraction)
+        return DateText.accepts(date) ? date : nil
     }
 
     /// Days in `month` (1–12) of `year`, leap years included.

@@ -155,7 +155,7 @@ public final class AppStoreVerifier: ReceiptVerifying {
         let purchases = receipt.inApp.map { item in
             var purchase = VerifiedPurchase(
                 transactionId: item.transactionId, originalTransactionId: item.originalTransactionId ?? item.transactionId,
-                productId: item.productId, quantity: item.quantity ?? 1, purchaseDate: item.purchaseDate,
+                productId: item.productId, quantity: min(max(item.quantity ?? 1, 1), VerifiedPurchase.maxQuantity), purchaseDate: item.purchaseDate,
                 environment: environment, cancellationDate: item.cancellationDate, expiresDate: item.expiresDate,
                 webOrderLineItemId: item.webOrderLineItemId.map(String.init))
             purchase.originalPurchaseDate = item.originalPurchaseDate
@@ -282,7 +282,7 @@ public final class AppStoreVerifier: ReceiptVerifying {
     static func purchase(_ payload: JWSTransactionDecodedPayload) -> VerifiedPurchase {
         var purchase = VerifiedPurchase(
             transactionId: payload.transactionId, originalTransactionId: payload.originalTransactionId,
-            productId: payload.productId, quantity: payload.quantity ?? 1,
+            productId: payload.productId, quantity: min(max(payload.quantity ?? 1, 1), VerifiedPurchase.maxQuantity),
             purchaseDate: payload.purchaseDate.map(Date.init(appleMilliseconds:)),
             environment: payload.environment == "Sandbox" ? .sandbox : .production,
             cancellationDate: payload.revocationDate.map(Date.init(appleMilliseconds:)),
@@ -291,7 +291,7 @@ public final class AppStoreVerifier: ReceiptVerifying {
             ownershipType: payload.inAppOwnershipType, isUpgraded: payload.isUpgraded,
             signedDate: payload.signedDate.map(Date.init(appleMilliseconds:)))
         purchase.revocationType = payload.revocationType
-        purchase.revocationPercentage = payload.revocationPercentage
+        purchase.revocationPercentage = payload.revocationPercentage.map { min(max($0, 0), 100_000) }
         purchase.transactionReason = payload.transactionReason
         purchase.originalPurchaseDate = payload.originalPurchaseDate.map(Date.init(appleMilliseconds:))
         let terms = PurchaseTerms(

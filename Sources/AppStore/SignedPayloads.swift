@@ -1,13 +1,22 @@
 public import Foundation
+import IAPCore
 
 /// Apple's dates in signed payloads: milliseconds since 1970.
 extension Date {
+    /// The date of Apple's milliseconds, taken as the nearest date within
+    /// `DateText.acceptedMilliseconds` (1970…9999) when outside it: whatever a payload says,
+    /// no date read from it traps a conversion or is unreadable once stored.
     public init(appleMilliseconds: Int64) {
-        self.init(timeIntervalSince1970: Double(appleMilliseconds) / 1000)
+        let bounded = min(max(appleMilliseconds, DateText.acceptedMilliseconds.lowerBound), DateText.acceptedMilliseconds.upperBound)
+        self.init(timeIntervalSince1970: Double(bounded) / 1000)
     }
 
-    /// This date as Apple writes it: milliseconds since 1970.
-    public var appleMilliseconds: Int64 { Int64((timeIntervalSince1970 * 1000).rounded()) }
+    /// This date as Apple writes it: milliseconds since 1970 (saturating outside 1970…9999).
+    public var appleMilliseconds: Int64 {
+        let raw = timeIntervalSince1970 * 1000
+        guard !raw.isNaN else { return 0 }
+        return Int64(min(max(raw, 0), Double(DateText.acceptedMilliseconds.upperBound)).rounded())
+    }
 }
 
 /// Anything Apple signs carries the date it was signed and its environment.

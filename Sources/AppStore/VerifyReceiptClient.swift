@@ -144,7 +144,7 @@ public struct VerifyReceiptClient: ReceiptVerifying {
                     transactionId: transactionId,
                     originalTransactionId: item.originalTransactionId?.value ?? transactionId,
                     productId: productId,
-                    quantity: item.quantity.flatMap { Int($0.value) } ?? 1,
+                    quantity: item.quantity.flatMap { Int($0.value) }.map { min(max($0, 1), VerifiedPurchase.maxQuantity) } ?? 1,
                     purchaseDate: Self.date(item.purchaseDateMs), environment: environment,
                     cancellationDate: Self.date(item.cancellationDateMs), expiresDate: Self.date(item.expiresDateMs),
                     appAccountToken: item.appAccountToken?.value.lowercased(),
@@ -160,9 +160,10 @@ public struct VerifyReceiptClient: ReceiptVerifying {
             .record(duration: ContinuousClock.now - started)
     }
 
-    /// Apple's dates in milliseconds since 1970, sent as strings.
+    /// Apple's dates in milliseconds since 1970, sent as strings: whole numbers within
+    /// `DateText.acceptedMilliseconds`, else no date (never `nan`, `inf` or `1e300`).
     private static func date(_ milliseconds: LenientString?) -> Date? {
-        milliseconds.flatMap { Double($0.value) }.map { Date(timeIntervalSince1970: $0 / 1000) }
+        milliseconds.flatMap { Int64($0.value) }.flatMap { DateText.date(milliseconds: $0) }
     }
 
     private func call(_ environment: AppStoreEnvironment, receiptData: String) async

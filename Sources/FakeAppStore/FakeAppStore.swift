@@ -118,6 +118,8 @@ import X509
 ///   and under `/groups` (`/sandbox/groups`) Get Customer Groups and Get Group Members (API
 ///   1.22: every group is an `ORGANIZATION`; an `ASSIGNMENT_REVOKE` takes the seat's holder out).
 public struct FakeAppStore: Sendable {
+    /// The longest period or grace period a request may ask for: ten years, in seconds.
+    static let maxLengthSeconds = 10 * 366 * 86_400
     let ledger: FakeLedger
     let minter: ReceiptMinter
     let storeKit: FakeStoreKit
@@ -292,8 +294,8 @@ public struct FakeAppStore: Sendable {
             // SUBSCRIBED (RESUBSCRIBE) about the new period.
             let id = try context.parameters.require("originalTransactionId")
             let ask = try await Self.body(of: request, or: ResubscribeRequest())
-            if let seconds = ask.expiresInSeconds, seconds <= 0 {
-                throw HTTPError(.badRequest, message: "expiresInSeconds must be positive")
+            if let seconds = ask.expiresInSeconds, seconds <= 0 || seconds > Self.maxLengthSeconds {
+                throw HTTPError(.badRequest, message: "expiresInSeconds must be from 1 to \(Self.maxLengthSeconds)")
             }
             if ask.productId?.isEmpty == true { throw HTTPError(.badRequest, message: "productId must not be empty") }
             let token = try Self.accountToken(ask.appAccountToken)
@@ -309,8 +311,8 @@ public struct FakeAppStore: Sendable {
             // Apple cannot charge the renewal: DID_FAIL_TO_RENEW, GRACE_PERIOD when there is one.
             let id = try context.parameters.require("originalTransactionId")
             let ask = try await Self.body(of: request, or: FailRenewalRequest())
-            if let seconds = ask.gracePeriodSeconds, seconds <= 0 {
-                throw HTTPError(.badRequest, message: "gracePeriodSeconds must be positive")
+            if let seconds = ask.gracePeriodSeconds, seconds <= 0 || seconds > Self.maxLengthSeconds {
+                throw HTTPError(.badRequest, message: "gracePeriodSeconds must be from 1 to \(Self.maxLengthSeconds)")
             }
             let (latest, state) = try refused(
                 try ledger.failRenewal(originalTransactionId: id, gracePeriod: ask.gracePeriodSeconds.map(TimeInterval.init)), id: id)
@@ -338,8 +340,8 @@ public struct FakeAppStore: Sendable {
             let id = try context.parameters.require("originalTransactionId")
             let ask = try await request.decode(as: UpgradeRequest.self, context: context)
             guard !ask.productId.isEmpty else { throw HTTPError(.badRequest, message: "productId must not be empty") }
-            if let seconds = ask.expiresInSeconds, seconds <= 0 {
-                throw HTTPError(.badRequest, message: "expiresInSeconds must be positive")
+            if let seconds = ask.expiresInSeconds, seconds <= 0 || seconds > Self.maxLengthSeconds {
+                throw HTTPError(.badRequest, message: "expiresInSeconds must be from 1 to \(Self.maxLengthSeconds)")
             }
             let upgrade = try refused(
                 try ledger.upgrade(
@@ -460,7 +462,19 @@ public struct FakeAppStore: Sendable {
     /// Faults, latency and counters the tests set and read.
     private func addFaultsRoutes(to router: Router<BasicRequestContext>) {
         router.post("/fake/faults") { request, context in
-            ledger.addFault(try await request.decode(as: FakeLedger.Fault.self, context: context))
+            let fault = try await request.decode(as: FakeLedger.Fault.self, context: context)
+            // Numbers from outside are bounded before they are used: a status code HTTP can send,
+            // a count and a delay that cannot overflow.
+            if let status = fault.httpStatus, !(100...599).contains(status) {
+                throw HTTPError(.badRequest, message: "httpStatus must be from 100 to 599")
+            }
+            if let count = fault.count, count < 0 || count > 1_000_000 {
+                throw HTTPError(.badRequest, message: "count must be from 0 to 1000000")
+            }
+            if let delay = fault.delayMs, delay < 0 || delay > 600_000 {
+                throw HTTPError(.badRequest, message: "delayMs must be from 0 to 600000")
+            }
+            ledger.addFault(fault)
             return HTTPResponse.Status.noContent
         }
         router.delete("/fake/faults") { _, _ in
@@ -794,6 +808,12 @@ public struct FakeAppStore: Sendable {
         }
         if let token = mint.appAccountToken, UUID(uuidString: token) == nil {
             throw HTTPError(.badRequest, message: "appAccountToken must be a UUID")
+        }
+        if let seconds = mint.expiresInSeconds, seconds <= 0 || seconds > Self.maxLengthSeconds {
+            throw HTTPError(.badRequest, message: "expiresInSeconds must be from 1 to \(Self.maxLengthSeconds)")
+        }
+        if let quantity = mint.quantity, !(1...10_000).contains(quantity) {
+            throw HTTPError(.badRequest, message: "quantity must be from 1 to 10000 (units, or a multiseat plan's seats)")
         }
         if let groupId = mint.groupId, groupId.isEmpty || groupId.count > 20 || !groupId.allSatisfy(\.isASCII) || !groupId.allSatisfy(\.isNumber) {
             throw HTTPError(.badRequest, message: "groupId is Apple's numeric group id")

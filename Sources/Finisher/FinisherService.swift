@@ -129,7 +129,7 @@ public final class FinisherService: Service, Sendable {
         let result: VerifyResult
         do {
             // Deflated or not (`content-encoding`), as the verifier published it.
-            result = try codec.decode(VerifyResult.self, from: try delivery.decodedBody())
+            result = try codec.decodeResult(from: try delivery.decodedBody())
         } catch {
             logger.error(
                 "undecodable result sent to the dead-letter queue",

@@ -52,7 +52,11 @@ public struct Catalog: Sendable, Equatable, Codable {
         /// What `quantity` units grant: numbers multiplied, names as they are.
         public func grant(quantity: Int) -> [String: GrantValue] {
             grant.mapValues { value in
-                if case .number(let number) = value { return .number(number * max(1, quantity)) }
+                // Saturating: a catalog number times a bounded quantity never traps.
+                if case .number(let number) = value {
+                    let (product, overflow) = number.multipliedReportingOverflow(by: max(1, quantity))
+                    return .number(overflow ? (number < 0 ? Int.min : Int.max) : product)
+                }
                 return value
             }
         }

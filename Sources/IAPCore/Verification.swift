@@ -2,6 +2,9 @@ public import Foundation
 
 /// One purchase that Apple confirmed, as the verifier read it from Apple's answer.
 public struct VerifiedPurchase: Codable, Sendable, Equatable {
+    /// The most units one purchase may carry (Apple's receipts hold a 32-bit quantity): a
+    /// quantity from outside is bounded to 1…this where it is decoded.
+    public static let maxQuantity = Int(Int32.max)
     /// Apple's id of this transaction; the unit of crediting.
     public var transactionId: String
     /// The first transaction of a subscription chain (equal to `transactionId` for most purchases).

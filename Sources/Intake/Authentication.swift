@@ -116,6 +116,9 @@ public struct UserTokenVerifier: Sendable {
                 throw .init(.algorithmRefused, "alg \(algorithm) is not the algorithm of key \(named.prefix(40).debugDescription)")
             }
         }
+        // Every NumericDate is read and bounded before any arithmetic or conversion touches it:
+        // a token may say `"exp": 1e300`, and no claim from outside may trap the process.
+        let dates = try Self.numericDates(of: token)
         let claims: UserClaims
         do {
             claims = try await keys.verify(token, as: UserClaims.self)
@@ -132,20 +135,19 @@ public struct UserTokenVerifier: Sendable {
         } catch {
             throw .init(.signatureInvalid, "\(type(of: error))")
         }
-        guard claims.exp.value.addingTimeInterval(leeway) > now else {
-            throw .init(.expired, "exp \(Int(claims.exp.value.timeIntervalSince1970)) is past")
+        guard let expires = dates.exp else { throw .init(.malformed, "exp is missing") }
+        guard expires + leeway > now.timeIntervalSince1970 else {
+            throw .init(.expired, "exp \(Int64(expires)) is past")
         }
-        // `iat` is optional, but when present it is a NumericDate (JWTKit's decoding is lenient about its type).
-        let issuedAt = try Self.issuedAt(of: token)
-        if let issuedAt, issuedAt.addingTimeInterval(-leeway) > now {
-            throw .init(.notYetValid, "iat \(Int(issuedAt.timeIntervalSince1970)) is ahead")
+        if let issuedAt = dates.iat, issuedAt - leeway > now.timeIntervalSince1970 {
+            throw .init(.notYetValid, "iat \(Int64(issuedAt)) is ahead")
         }
-        let lifetime = claims.exp.value.timeIntervalSince(issuedAt ?? now)
+        let lifetime = expires - (dates.iat ?? now.timeIntervalSince1970)
         guard lifetime <= maxLifetime + leeway else {
-            throw .init(.malformed, "lives \(Int(lifetime)) s, longer than \(Setting.authMaxLifetime.variable) (\(Int(maxLifetime)) s)")
+            throw .init(.malformed, "lives \(Int64(lifetime)) s, longer than \(Setting.authMaxLifetime.variable) (\(Int64(maxLifetime)) s)")
         }
-        if let notBefore = claims.nbf?.value, notBefore.addingTimeInterval(-leeway) > now {
-            throw .init(.notYetValid, "nbf \(Int(notBefore.timeIntervalSince1970)) is ahead")
+        if let notBefore = dates.nbf, notBefore - leeway > now.timeIntervalSince1970 {
+            throw .init(.notYetValid, "nbf \(Int64(notBefore)) is ahead")
         }
         if let audience, !(claims.aud?.value.contains(audience) ?? false) {
             throw .init(.audienceMismatch, "aud lacks the configured audience")
@@ -172,22 +174,33 @@ public struct UserTokenVerifier: Sendable {
         return (algorithm, object["kid"] as? String, object["crit"] != nil)
     }
 
-    /// The payload's `iat`, nil when it has none; refused when it is not a number (`"x"`, `true`).
-    private static func issuedAt(of token: String) throws(AuthenticationFailure) -> Date? {
-        struct IssuedAt: Decodable {
+    /// The latest NumericDate a token may carry: the last second of the year 9999.
+    static let latestNumericDate: Double = 253_402_300_799
+
+    /// The payload's `exp`, `iat` and `nbf` in seconds since 1970, each nil when absent. Each
+    /// present one must be a finite number in 0...``latestNumericDate`` (RFC 7519 §2), else the
+    /// token is malformed: every value returned converts to an integer and subtracts safely.
+    static func numericDates(of token: String) throws(AuthenticationFailure) -> (exp: Double?, iat: Double?, nbf: Double?) {
+        struct Dates: Decodable {
+            var exp: Double?
             var iat: Double?
+            var nbf: Double?
         }
         let parts = token.split(separator: ".", omittingEmptySubsequences: false)
         guard parts.count == 3, let payload = Base64URL.decode(parts[1].utf8) else {
             throw .init(.malformed, "no readable payload")
         }
-        // JSONDecoder takes no string or boolean for a Double.
-        guard let decoded = try? JSONDecoder().decode(IssuedAt.self, from: Data(payload)) else {
-            throw .init(.malformed, "iat is not a number")
+        // JSONDecoder takes no string or boolean for a Double, and no number beyond a Double's range.
+        guard let decoded = try? JSONDecoder().decode(Dates.self, from: Data(payload)) else {
+            throw .init(.malformed, "exp, iat or nbf is not a number")
         }
-        guard let seconds = decoded.iat else { return nil }
-        guard seconds.isFinite else { throw .init(.malformed, "iat is not a number") }
-        return Date(timeIntervalSince1970: seconds)
+        for (name, value) in [("exp", decoded.exp), ("iat", decoded.iat), ("nbf", decoded.nbf)] {
+            guard let value else { continue }
+            guard value.isFinite, value >= 0, value <= latestNumericDate else {
+                throw .init(.malformed, "\(name) is not a NumericDate between 1970 and 9999")
+            }
+        }
+        return (decoded.exp, decoded.iat, decoded.nbf)
     }
 
     /// Each key of a JWKS document by `kid`, with the algorithm its type signs with.
@@ -279,9 +292,15 @@ struct UserAuthMiddleware: RouterMiddleware {
 
     let authentication: UserAuthentication
     private let userLimit: RateLimiter?
+    /// The per-address limit, charged here for a token that is refused (a verified one is
+    /// charged to its user alone; see ``AdmissionMiddleware``).
+    private let addressLimit: RateLimiter?
+    private let limits: IntakeLimits
 
-    init(authentication: UserAuthentication, limit: RateLimit?, store: OrderStore) {
+    init(authentication: UserAuthentication, limit: RateLimit?, addressLimit: RateLimiter?, limits: IntakeLimits, store: OrderStore) {
         self.authentication = authentication
+        self.addressLimit = addressLimit
+        self.limits = limits
         userLimit = limit.map { RateLimiter($0, scope: "user", store: store) }
     }
 
@@ -304,6 +323,11 @@ struct UserAuthMiddleware: RouterMiddleware {
                 context.logger.info(
                     "user token refused",
                     metadata: ["iap.error.code": "\(error.code.rawValue)", "iap.error.cause": "\(error.detail)"])
+                if let addressLimit,
+                    let wait = await addressLimit.take(limits.clientAddress(of: request, peer: context.remoteAddress), logger: context.logger)
+                {
+                    throw APIError.rateLimited(retryAfter: wait)
+                }
                 throw APIError.unauthenticated(error)
             }
             try await admit(userId, context: context)

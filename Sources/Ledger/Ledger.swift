@@ -90,7 +90,9 @@ public enum Ledger {
     /// How many of `quantity` units a prorated refund of `percentage` (Apple's milli-units of
     /// 100 %, 100,000 for all) took back: rounded to the nearest unit, at least one.
     public static func refundedUnits(of quantity: Int, percentage: Int) -> Int {
-        let units = (Int64(quantity) * Int64(percentage) + 50_000) / 100_000
+        // Apple's share is 0…100,000; anything else from outside is taken as its nearest bound.
+        let share = Int64(min(max(percentage, 0), 100_000))
+        let units = (Int64(min(max(quantity, 0), VerifiedPurchase.maxQuantity)) * share + 50_000) / 100_000
         return Int(min(max(units, 1), Int64(quantity)))
     }
 }

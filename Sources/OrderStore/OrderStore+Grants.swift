@@ -71,7 +71,10 @@ extension OrderStore {
             guard type == .consumable || (catalog == nil && grant.expiresAt == nil) else { continue }
             guard let values = try? JSONDecoder().decode([String: Catalog.GrantValue].self, from: Data(grant.grantJSON.utf8))
             else { continue }
-            for case let (name, .number(amount)) in values { balances[name, default: 0] += amount }
+            for case let (name, .number(amount)) in values {
+                let (sum, overflow) = balances[name, default: 0].addingReportingOverflow(amount)
+                balances[name] = overflow ? (amount < 0 ? Int.min : Int.max) : sum
+            }
         }
         return Entitlements(grants: grants, subscriptions: subscriptions, balances: balances)
     }

@@ -136,10 +136,11 @@ enum AppleCallQueue {
     }
 
     /// When to call again after `attempts` failed calls: 2 s after the first, doubling, at most
-    /// an hour, and never before Apple's `Retry-After`.
+    /// an hour, and never before Apple's `Retry-After`, which is believed up to a day ahead (a
+    /// header saying the year 9999 leaves no call undue for ever).
     static func nextAttempt(after error: ServerAPIError, attempts: Int, now: Date) -> Date {
         var at = now.addingTimeInterval(min(3600, 2 * pow(2, Double(min(max(attempts - 1, 0), 12)))))
-        if let retryAfter = error.retryAfter, retryAfter > at { at = retryAfter }
+        if let retryAfter = error.retryAfter, retryAfter > at { at = min(retryAfter, now.addingTimeInterval(86_400)) }
         return at
     }
 }

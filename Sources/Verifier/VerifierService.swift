@@ -171,7 +171,7 @@ public final class VerifierService: Service, Sendable {
     private func decodeRequest(_ delivery: AMQPDelivery) -> Result<VerifyRequest, UndecodableRequest> {
         do {
             // Deflated or not (`content-encoding`), as the relay published it.
-            return .success(try codec.decode(VerifyRequest.self, from: try delivery.decodedBody()))
+            return .success(try codec.decodeRequest(from: try delivery.decodedBody()))
         } catch {
             logger.error(
                 "undecodable verify message sent to the dead-letter queue",

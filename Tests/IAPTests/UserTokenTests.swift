@@ -140,6 +140,28 @@ struct UserTokenTests {
         #expect(try await strict.userId(from: Self.signed(header: header, payload: ["sub": "ana", "iat": now, "exp": now + 300])) == "ana")
     }
 
+    /// Every NumericDate claim at ±1e19, ±1e20 and ±1e300 (and the valid claims beside it), in a
+    /// token the key verifies: refused as malformed, never a trap, and the verifier keeps serving.
+    @Test func outOfRangeNumericDatesAreRefusedNeverTrapped() async throws {
+        let verifier = try await UserTokenVerifier(key: .hs256(secret: TestTokens.secret))
+        let now = Int(Date().timeIntervalSince1970)
+        let header: [String: Any] = ["alg": "HS256", "typ": "JWT"]
+        let valid: [String: Any] = ["sub": "ana", "iat": now, "nbf": now, "exp": now + 3600]
+        for claim in ["exp", "iat", "nbf"] {
+            for value in [1e19, -1e19, 1e20, -1e20, 1e300, -1e300, -1.0] {
+                var payload = valid
+                payload[claim] = value
+                #expect(await failure(verifier, try Self.signed(header: header, payload: payload)) == .malformed, "\(claim) \(value)")
+                // Without iat, `exp - now` is the lifetime: the same bound holds.
+                payload["iat"] = nil
+                if claim != "iat" {
+                    #expect(await failure(verifier, try Self.signed(header: header, payload: payload)) == .malformed, "\(claim) \(value), no iat")
+                }
+            }
+        }
+        #expect(try await verifier.userId(from: Self.signed(header: header, payload: valid)) == "ana")
+    }
+
     @Test func shortSecretsAndUnusableKeysAreRefused() async throws {
         await #expect(throws: UserTokenVerifierError.self) { try await UserTokenVerifier(key: .hs256(secret: "too-short")) }
         await #expect(throws: UserTokenVerifierError.self) { try await UserTokenVerifier(key: .publicKey("not a key")) }
