@@ -20,9 +20,9 @@ public struct ConsoleSettings: Sendable {
     public var insecureCookies: Bool
     /// How long a sign-in lasts.
     public var sessionLifetime: Duration
-    /// The header a trusted reverse proxy sets to the client's address (the intake's
-    /// `IAP_CLIENT_IP_HEADER`); nil uses the TCP peer. Failed sign-ins are counted per address.
-    public var clientAddressHeader: String?
+    /// Where a client's address comes from (the intake's `IAP_CLIENT_IP_HEADER`, believed from
+    /// `IAP_TRUSTED_PROXIES` only). Failed sign-ins are counted per address.
+    public var clientAddresses: ClientAddressPolicy
     /// Time allowed to receive a form body (the intake's `IAP_BODY_TIMEOUT_SECONDS`).
     public var bodyTimeout: Duration
     /// Signed-in people's form posts handled at once; more get 503 at once. The console's own
@@ -43,7 +43,7 @@ public struct ConsoleSettings: Sendable {
     /// Creates settings.
     public init(
         operatorTokens: [String] = [], viewerTokens: [String] = [], insecureCookies: Bool = false,
-        sessionLifetime: Duration = .seconds(8 * 3600), clientAddressHeader: String? = nil,
+        sessionLifetime: Duration = .seconds(8 * 3600), clientAddresses: ClientAddressPolicy = .peer,
         bodyTimeout: Duration = Setting.bodyTimeoutSeconds.defaultSeconds, maxInFlight: Int = 64, maxInFlightPerSession: Int = 4,
         maxSignInsInFlight: Int = 16, signInBodyTimeout: Duration = .seconds(3),
         failedSignIns: Int? = Setting.adminFailedAttempts.defaultInt
@@ -52,7 +52,7 @@ public struct ConsoleSettings: Sendable {
         self.maxInFlightPerSession = maxInFlightPerSession
         self.maxSignInsInFlight = maxSignInsInFlight
         self.signInBodyTimeout = signInBodyTimeout
-        self.clientAddressHeader = clientAddressHeader
+        self.clientAddresses = clientAddresses
         self.bodyTimeout = bodyTimeout
         self.maxInFlight = maxInFlight
         self.operatorTokens = operatorTokens
@@ -398,15 +398,10 @@ public final class Console: Sendable {
         return Response(status: .seeOther, headers: headers)
     }
 
-    /// The client's address, as the intake takes it: the last value of the trusted proxy's
-    /// header when one is configured, else the TCP peer.
+    /// The client's address, as the intake takes it (see ``ClientAddressPolicy``).
     func address(of request: Request, _ context: some RemoteAddressRequestContext) -> String {
-        if let header = settings.clientAddressHeader, let name = HTTPField.Name(header),
-            let value = request.headers[name]?.split(separator: ",").last
-        {
-            return value.trimmingCharacters(in: .whitespaces)
-        }
-        return context.remoteAddress?.ipAddress ?? "unknown"
+        let header = settings.clientAddresses.header.flatMap { HTTPField.Name($0) }.flatMap { request.headers[$0] }
+        return settings.clientAddresses.clientAddress(peer: context.remoteAddress?.ipAddress, headerValue: header)
     }
 
     /// A place among the form posts in progress for `session` (the console's cap and the

@@ -153,7 +153,10 @@ extension Setting {
         "JSON file of the products sold and what each grants; required (iap dev uses a demo catalog).")
     public static let clientIPHeader = Setting(
         "IAP_CLIENT_IP_HEADER",
-        "Header a trusted reverse proxy sets to the client's address, e.g. X-Real-IP; unset uses the TCP peer.")
+        "Header a trusted reverse proxy sets to the client's address, e.g. X-Real-IP, believed only from the peers IAP_TRUSTED_PROXIES names (required with it); unset uses the TCP peer.")
+    public static let trustedProxies = Setting(
+        "IAP_TRUSTED_PROXIES",
+        "Comma-separated addresses or CIDR blocks (10.0.0.5, 172.30.0.0/24, fd00::/8) of the reverse proxies whose IAP_CLIENT_IP_HEADER is believed; a request from any other peer is counted under its own address.")
     public static let confirmWithAPI = Setting(
         "IAP_CONFIRM_WITH_API", fallback: "false",
         "Confirm locally verified signed transactions with Get Transaction Info: true or false.")

@@ -83,14 +83,21 @@ public func makeIntakeRouter(settings: IntakeSettings, store: OrderStore) -> Rou
     let routes = RouteTable()
     router.add(middleware: RefusalCostMiddleware(limits: settings.limits, store: store))
     router.add(middleware: APIErrorMiddleware(routes: routes))
-    router.add(middleware: AdmissionMiddleware(limits: settings.limits, store: store))
+    let addressLimit = settings.limits.perAddress.map { RateLimiter($0, scope: "address", store: store) }
+    let usersChargedToThemselves: Bool
+    if case .jwt = settings.authentication { usersChargedToThemselves = true } else { usersChargedToThemselves = false }
+    router.add(
+        middleware: AdmissionMiddleware(
+            limits: settings.limits, addressLimit: addressLimit, usersChargedToThemselves: usersChargedToThemselves))
     router.get("/healthz") { _, _ in
         try JSONResponse.make(["status": "ok"])
     }
     let orders = OrdersController(store: store, settings: settings)
     orders.addPublicRoutes(to: router)
     let users = router.group().add(
-        middleware: UserAuthMiddleware(authentication: settings.authentication, limit: settings.limits.perUser, store: store))
+        middleware: UserAuthMiddleware(
+            authentication: settings.authentication, limit: settings.limits.perUser, addressLimit: addressLimit,
+            limits: settings.limits, store: store))
     let receipts = ReceiptsController(store: store, settings: settings)
     receipts.addRoutes(to: users)
     receipts.addNotificationRoute(to: router)

@@ -29,10 +29,10 @@ public struct IntakeLimits: Sendable {
     public var perAddress: RateLimit?
     /// Requests handled at once; more get 503 `overloaded` at once instead of queueing.
     public var maxInFlight: Int
-    /// A header set by a trusted reverse proxy that names the client's address
-    /// (e.g. `X-Real-IP`); nil uses the TCP peer. Never set it without such a proxy:
-    /// clients could then pick their own address.
-    public var clientAddressHeader: String?
+    /// Where a client's address comes from: the TCP peer, or the header a trusted reverse
+    /// proxy sets (`IAP_CLIENT_IP_HEADER`), believed only from the proxies the operator names
+    /// (`IAP_TRUSTED_PROXIES`).
+    public var clientAddresses: ClientAddressPolicy
     /// Time allowed to receive a request body.
     public var bodyTimeout: Duration
     /// App Store notifications whose signature verified, for the whole deployment (Apple sends
@@ -40,8 +40,9 @@ public struct IntakeLimits: Sendable {
     /// `Retry-After` (Apple retries), never 429. Nil is unlimited.
     public var notifications: RateLimit?
     /// App Store notifications refused (unreadable, or failing the signature and chain checks)
-    /// per client address: an address past it gets 429 at once, before its body is read, so
-    /// forgeries spend their sender's budget and never Apple's. Nil is unlimited.
+    /// per client address: charged once the refusal is known, never before the body is read;
+    /// past it, a refusal is answered 429 with `Retry-After` instead. A notification that
+    /// verifies is never refused for it, whoever shares its address. Nil is unlimited.
     public var notificationFailuresPerAddress: RateLimit?
     /// Requests refused for what they carried (400, 408, 413) per client address, on the
     /// app's routes, Apple's notifications and the admin routes: past it, such a refusal is
@@ -59,7 +60,7 @@ public struct IntakeLimits: Sendable {
     public init(
         perUser: RateLimit? = RateLimit(perSecond: Setting.rateLimitPerUser.defaultInt),
         perAddress: RateLimit? = RateLimit(perSecond: Setting.rateLimitPerIP.defaultInt),
-        maxInFlight: Int = Setting.maxInFlightRequests.defaultInt, clientAddressHeader: String? = nil,
+        maxInFlight: Int = Setting.maxInFlightRequests.defaultInt, clientAddresses: ClientAddressPolicy = .peer,
         bodyTimeout: Duration = Setting.bodyTimeoutSeconds.defaultSeconds,
         notifications: RateLimit? = RateLimit(perSecond: Setting.notificationRate.defaultInt),
         notificationFailuresPerAddress: RateLimit? = RateLimit(perSecond: 5, burst: 20),
@@ -73,7 +74,7 @@ public struct IntakeLimits: Sendable {
         self.perUser = perUser
         self.perAddress = perAddress
         self.maxInFlight = maxInFlight
-        self.clientAddressHeader = clientAddressHeader
+        self.clientAddresses = clientAddresses
         self.bodyTimeout = bodyTimeout
     }
 
@@ -81,15 +82,10 @@ public struct IntakeLimits: Sendable {
     public static let unlimited = IntakeLimits(
         perUser: nil, perAddress: nil, notifications: nil, notificationFailuresPerAddress: nil, refusalsPerAddress: nil)
 
-    /// The client's address: the last value of `clientAddressHeader` when set (the one the
-    /// trusted proxy appended), else the TCP peer.
+    /// The client's address (see ``ClientAddressPolicy``): canonical address text, never text
+    /// the client chose.
     public func clientAddress(of request: Request, peer: SocketAddress?) -> String {
-        if let header = clientAddressHeader, let name = HTTPField.Name(header),
-            let value = request.headers[name]?.split(separator: ",").last
-        {
-            return value.trimmingCharacters(in: .whitespaces)
-        }
-        return peer?.ipAddress ?? "unknown"
+        clientAddresses.clientAddress(of: request, peer: peer)
     }
 }
 
@@ -127,17 +123,6 @@ final class TokenBuckets: Sendable {
     /// seconds to wait.
     func peek(_ key: String) -> Int? {
         update(key, taking: false)
-    }
-
-    /// Gives back a token taken for `key` (the request it was reserved for cost its sender
-    /// nothing after all); never above the burst.
-    func giveBack(_ key: String) {
-        let bytes = Array(key.utf8)
-        buckets.withLockedValue { buckets in
-            guard var bucket = buckets[bytes] else { return }
-            bucket.tokens = min(burst, bucket.tokens + 1)
-            buckets[bytes] = bucket
-        }
     }
 
     private func update(_ key: String, taking: Bool) -> Int? {
@@ -268,17 +253,39 @@ struct RefusalCostMiddleware: RouterMiddleware {
 
 /// Bounds the requests handled at once and applies the per-address rate limit to every
 /// route but `/healthz`, Apple's notifications (a bucket of their own) and the console's
-/// pages (a cap of their own).
+/// pages (a cap of their own). With user tokens, a request on the app-user routes that carries
+/// a bearer token is charged to its user instead (``UserAuthMiddleware``), and to its address
+/// only when the token is refused: many users behind one carrier's address are never refused
+/// for a stranger's token-less requests from that address.
 struct AdmissionMiddleware: RouterMiddleware {
     typealias Context = IntakeContext
 
     let limits: IntakeLimits
     private let inFlight = NIOLockedValueBox(0)
     private let addressLimit: RateLimiter?
+    private let usersChargedToThemselves: Bool
 
-    init(limits: IntakeLimits, store: OrderStore) {
+    init(limits: IntakeLimits, addressLimit: RateLimiter?, usersChargedToThemselves: Bool) {
         self.limits = limits
-        addressLimit = limits.perAddress.map { RateLimiter($0, scope: "address", store: store) }
+        self.addressLimit = addressLimit
+        self.usersChargedToThemselves = usersChargedToThemselves
+    }
+
+    /// The app-user routes (behind ``UserAuthMiddleware``).
+    static func isUserRoute(_ path: String) -> Bool {
+        path == "/v1/receipts" || path.hasPrefix("/v1/receipts/") || path == "/v1/orders" || path.hasPrefix("/v1/orders/")
+            || path.hasPrefix("/v1/users/")
+    }
+
+    /// Whether the address is charged for `request` here, before anything is read of it.
+    private func chargesAddress(_ request: Request) -> Bool {
+        let path = request.uri.path
+        guard path != "/v1/notifications/appstore" else { return false }
+        guard usersChargedToThemselves, Self.isUserRoute(path),
+            let authorization = request.headers[.authorization], authorization.count > 7,
+            authorization.prefix(7).lowercased() == "bearer "
+        else { return true }
+        return false
     }
 
     func handle(
@@ -286,7 +293,7 @@ struct AdmissionMiddleware: RouterMiddleware {
     ) async throws -> Response {
         if request.uri.path == "/healthz" { return try await next(request, context) }
         // Apple sends notifications from few addresses, in bursts, and retries only in production.
-        if let addressLimit, request.uri.path != "/v1/notifications/appstore",
+        if let addressLimit, chargesAddress(request),
             let wait = await addressLimit.take(limits.clientAddress(of: request, peer: context.remoteAddress), logger: context.logger)
         {
             throw APIError.rateLimited(retryAfter: wait)
@@ -315,5 +322,12 @@ struct AdmissionMiddleware: RouterMiddleware {
         }
         defer { inFlight.withLockedValue { $0 -= 1 } }
         return try await next(request, context)
+    }
+}
+
+extension ClientAddressPolicy {
+    /// The client's address of `request`, received from `peer`.
+    func clientAddress(of request: Request, peer: SocketAddress?) -> String {
+        clientAddress(peer: peer?.ipAddress, headerValue: header.flatMap { HTTPField.Name($0) }.flatMap { request.headers[$0] })
     }
 }

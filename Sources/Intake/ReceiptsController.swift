@@ -101,13 +101,13 @@ struct ReceiptsController: Sendable {
     /// Answers 200 only once the notification is durable, so Apple's own retries cover any
     /// downtime of ours; a fault of ours (store unavailable) stays 503, never 4xx.
     ///
-    /// Nobody spends Apple's budget but Apple: the signature is checked first (the validated
-    /// chain is cached, so this is one ECDSA verification). Each notification reserves a token
-    /// of its sender's address (`notificationFailuresPerAddress`) before its body is read, so
-    /// bodies held back mid-way count too, and an address with none left is answered 429 at
-    /// once. The token is given back when the notification verifies, and when the refusal cost
-    /// nothing to find (no body, not JSON, no `signedPayload`, not shaped as a JWS): only a
-    /// failed signature check, a body too large, too slow or unreadable keeps it. Only verified
+    /// Nobody spends Apple's budget but Apple, and no notification that verifies is refused for
+    /// what others sent: nothing is taken before the body is read (a limiter in front of the
+    /// body could not tell Apple's notification from a stranger's junk on a shared address).
+    /// The bounded body is read, its signature checked (the validated chain is cached, so this
+    /// is one ECDSA verification), and only a refusal is charged: each one takes a token of its
+    /// sender's address (`notificationFailuresPerAddress`), and past it the refusal is answered
+    /// 429 with `Retry-After` instead, telling the sender to back off. Only verified
     /// notifications take from the deployment's notification budget (`notifications`), and
     /// one over it is answered 503 with `Retry-After`, which Apple retries, and raises an
     /// alert (an error log line and `iap_notifications_refused_total{reason="notifications_busy"}`).
@@ -122,34 +122,22 @@ struct ReceiptsController: Sendable {
         let limits = settings.limits
         router.post("/v1/notifications/appstore") { request, context in
             let address = limits.clientAddress(of: request, peer: context.remoteAddress)
-            // Reserved before the body is read: a body held back mid-way holds its token.
-            if let wait = failures?.take(address) {
-                context.logger.info("App Store notification refused", metadata: ["iap.error.code": "rate_limited"])
-                throw APIError.rateLimited(retryAfter: wait)
+            // Charged once the refusal is known, never before: past the address's budget, a
+            // refusal becomes 429 (a fault of ours, 5xx, is never the sender's).
+            func charged(_ error: APIError) -> APIError {
+                guard error.status.code < 500 else { return error }
+                Counter(label: MetricNames.notificationsRefused, dimensions: [("reason", error.code.rawValue)]).increment()
+                guard let wait = failures?.take(address) else { return error }
+                return APIError.rateLimited(retryAfter: wait)
             }
+            let notification: ResponseBodyV2DecodedPayload
             let payload: String
             do {
                 payload = try await signedPayload(of: request, context: context)
-            } catch let error as APIError {
-                // No body, not JSON, no `signedPayload`: refused at no cost to us, so at none to
-                // an address Apple may share with the sender.
-                if Self.freeRefusals.contains(error.code) { failures?.giveBack(address) }
-                Counter(label: MetricNames.notificationsRefused, dimensions: [("reason", error.code.rawValue)]).increment()
-                throw error
-            }
-            let notification: ResponseBodyV2DecodedPayload
-            do {
                 notification = try await checkSignature(of: payload, context: context)
             } catch let error as APIError {
-                // Only what the sender could have got right counts against it; a fault of ours does not.
-                if error.status.code < 500 {
-                    Counter(label: MetricNames.notificationsRefused, dimensions: [("reason", error.code.rawValue)]).increment()
-                } else {
-                    failures?.giveBack(address)
-                }
-                throw error
+                throw charged(error)
             }
-            failures?.giveBack(address)
             // Applied already (Apple's retry of one we answered, or a replay of a captured one):
             // answered as the first time, stored again never, and no budget spent on it. One
             // still on its way through the pipeline is stored again; the finisher applies a
@@ -188,10 +176,6 @@ struct ReceiptsController: Sendable {
             return try JSONResponse.make(["notificationId": verifyRequest.submissionId.uuidString])
         }
     }
-
-    /// Refusals of a notification body that cost nothing to find: the token reserved for it is
-    /// given back.
-    static let freeRefusals: Set<APIErrorCode> = [.invalidJSON, .missingField, .invalidField, .jwsMalformed]
 
     /// The notification's `signedPayload`, in the shape of a JWS, from a body of at most
     /// `maxNotificationBytes`.

@@ -341,7 +341,7 @@ public struct Pipeline: Sendable {
                 settings: ConsoleSettings(
                     operatorTokens: intake.adminTokens, viewerTokens: settings.console.viewerTokens,
                     insecureCookies: settings.console.insecureCookies, sessionLifetime: settings.console.sessionLifetime,
-                    clientAddressHeader: intake.limits.clientAddressHeader, bodyTimeout: intake.limits.bodyTimeout,
+                    clientAddresses: intake.limits.clientAddresses, bodyTimeout: intake.limits.bodyTimeout,
                     maxInFlight: settings.console.maxInFlight, maxInFlightPerSession: settings.console.maxInFlightPerSession,
                     maxSignInsInFlight: settings.console.maxSignInsInFlight,
                     signInBodyTimeout: min(settings.console.signInBodyTimeout, intake.limits.bodyTimeout),

@@ -125,9 +125,10 @@ private func apply(
     }
 }
 
-/// Whether `host` is a loopback address: only this machine reaches a listener there.
+/// Whether `host` is a loopback address (parsed, never a prefix of the text): only this
+/// machine reaches a listener there.
 private func isLoopback(_ host: String) -> Bool {
-    ["localhost", "::1", "[::1]"].contains(host.lowercased()) || host.hasPrefix("127.")
+    NetworkAddress.isLoopbackHost(host)
 }
 
 /// `IAP_AUTH=off` lets every request name its user: it is for a laptop, so a process refuses

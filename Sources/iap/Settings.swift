@@ -309,6 +309,9 @@ struct HTTPOptions: ParsableArguments {
     @Option(name: .long, help: ArgumentHelp(Setting.clientIPHeader.help))
     var clientIPHeader: String?
 
+    @Option(name: .long, help: ArgumentHelp(Setting.trustedProxies.help))
+    var trustedProxies: String?
+
     @Option(name: .long, help: ArgumentHelp(Setting.maxInFlightRequests.help))
     var maxInFlightRequests: Int?
 
@@ -375,7 +378,7 @@ struct HTTPOptions: ParsableArguments {
                 perUser: perUser == 0 ? nil : RateLimit(perSecond: perUser),
                 perAddress: perAddress == 0 ? nil : RateLimit(perSecond: perAddress),
                 maxInFlight: try reader.int(maxInFlightRequests, .maxInFlightRequests, in: 1...1_000_000),
-                clientAddressHeader: reader.optionalString(clientIPHeader, .clientIPHeader),
+                clientAddresses: try clientAddresses(reader),
                 bodyTimeout: .seconds(try reader.int(bodyTimeoutSeconds, .bodyTimeoutSeconds, in: 1...3600)),
                 notifications: notifications == 0 ? nil : RateLimit(perSecond: notifications),
                 refusalsPerAddress: refusals == 0 ? nil : RateLimit(perSecond: refusals),
@@ -383,6 +386,30 @@ struct HTTPOptions: ParsableArguments {
             adminListener: adminPort.map { (reader.string(adminHost, .adminHost), $0) },
             maxNotificationBytes: try reader.int(
                 notificationMaxBytes, .notificationMaxBytes, in: 1024...(1 << 20)))
+    }
+
+    /// `IAP_CLIENT_IP_HEADER` and `IAP_TRUSTED_PROXIES`: a header needs the proxies it is
+    /// believed from, and every proxy must be an address or CIDR block.
+    func clientAddresses(_ reader: SettingReader) throws -> ClientAddressPolicy {
+        let header = reader.optionalString(clientIPHeader, .clientIPHeader)
+        let texts = (reader.optionalString(trustedProxies, .trustedProxies) ?? "").split(separator: ",")
+            .map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+        let proxies = try texts.map { text in
+            guard let block = NetworkBlock(text) else {
+                throw ValidationError("\(Setting.trustedProxies.variable) must list addresses or CIDR blocks, got '\(text)'")
+            }
+            return block
+        }
+        if let header {
+            guard !header.isEmpty, header.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "-" || $0 == "_") }) else {
+                throw ValidationError("\(Setting.clientIPHeader.variable) must be a header name, got '\(header)'")
+            }
+            guard !proxies.isEmpty else {
+                throw ValidationError(
+                    "\(Setting.clientIPHeader.variable) is set but \(Setting.trustedProxies.variable) is not: name the reverse proxies whose header is believed (any other sender could pick its own address)")
+            }
+        }
+        return ClientAddressPolicy(header: header, trustedProxies: header == nil ? [] : proxies)
     }
 
     /// `IAP_AUTH_MAX_LIFETIME`: whole seconds, or a number with `s`, `m`, `h` or `d`; one second to a year.

@@ -81,7 +81,7 @@ struct HostileInputEdgeTests {
     /// past the per-address burst on the app's routes too; 1,000 of each, no 5xx.
     @Test func unknownTransferCodingsFromOneAddressReach429WithinTheirBurst() async throws {
         let limits = IntakeLimits(
-            perUser: nil, perAddress: RateLimit(perSecond: 1, burst: 50), clientAddressHeader: "X-Real-IP",
+            perUser: nil, perAddress: RateLimit(perSecond: 1, burst: 50), clientAddresses: EdgeHarness.behindLocalProxy,
             notifications: nil, notificationFailuresPerAddress: RateLimit(perSecond: 1, burst: 20))
         try await EdgeHarness.with(limits: limits) { edge in
             for (path, burst) in [("/v1/notifications/appstore", 20), ("/v1/receipts", 50)] {
@@ -116,7 +116,7 @@ struct HostileInputEdgeTests {
     /// notification, the admin's grant.
     @Test func everyRefusedClassFromOneAddressReaches429WithinTheRefusalBudget() async throws {
         let limits = IntakeLimits(
-            perUser: nil, perAddress: nil, clientAddressHeader: "X-Real-IP", notifications: nil,
+            perUser: nil, perAddress: nil, clientAddresses: EdgeHarness.behindLocalProxy, notifications: nil,
             notificationFailuresPerAddress: nil, refusalsPerAddress: RateLimit(perSecond: 1, burst: 20))
         try await EdgeHarness.with(limits: limits, separateAdmin: true) { edge in
             let adminURL = try #require(edge.adminURL)

@@ -327,7 +327,7 @@ extension BrokerTests {
             let pipeline = try await PipelineHarness.start(
                 name: "notifystarve",
                 limits: IntakeLimits(
-                    perUser: nil, perAddress: nil, clientAddressHeader: "X-Real-IP",
+                    perUser: nil, perAddress: nil, clientAddresses: EdgeHarness.behindLocalProxy,
                     notifications: RateLimit(perSecond: 2, burst: 4),
                     notificationFailuresPerAddress: RateLimit(perSecond: 2, burst: 4)))
             Teardown.add { await pipeline.stop() }

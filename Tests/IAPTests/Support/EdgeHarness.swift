@@ -27,6 +27,8 @@ final class EdgeHarness: Sendable {
     private let task: Task<Void, any Error>
 
     static let adminToken = PipelineHarness.adminToken
+    /// `X-Real-IP` believed from this machine, the tests' stand-in for a reverse proxy.
+    static let behindLocalProxy = ClientAddressPolicy(header: "X-Real-IP", trustedProxies: [NetworkBlock("127.0.0.0/8")!])
 
     static func start(
         limits: IntakeLimits = .unlimited, authentication: UserAuthentication = .off, adminTokens: [String] = [adminToken],
@@ -48,7 +50,7 @@ final class EdgeHarness: Sendable {
         settings.bundleIds = [PipelineHarness.bundleId]
         if var consoleSettings = console, !adminTokens.isEmpty {
             consoleSettings.operatorTokens = adminTokens
-            consoleSettings.clientAddressHeader = limits.clientAddressHeader
+            consoleSettings.clientAddresses = limits.clientAddresses
             let console = try Console(
                 settings: consoleSettings,
                 dependencies: ConsoleDependencies(
