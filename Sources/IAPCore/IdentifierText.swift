@@ -61,6 +61,10 @@ public enum IdentifierText {
     /// Apple's name, or its letters come from more than one script (Latin with Cyrillic or Greek
     /// letters is how a lookalike is spelled).
     public static func actorProblem(_ name: String) -> String? {
+        // What an app user does is signed `user:<id>`: no person's name may look like that.
+        if skeleton(name).hasPrefix(skeleton("user")) && name.contains(":") {
+            return "starts like an app user's entry (user:…), which staff names never do"
+        }
         if isReservedActor(name) {
             return "looks like one of the services' or Apple's names (\(reservedActors.sorted().joined(separator: ", ")), Apple Inc., …)"
         }
@@ -69,21 +73,37 @@ public enum IdentifierText {
         return nil
     }
 
-    /// A confusable skeleton in the spirit of Unicode's UTS #39, from a small built-in table: the
-    /// compatibility form (full-width letters become ASCII), lower case, marks, spaces,
-    /// punctuation and symbols dropped, the letters of other scripts that look like Latin ones
-    /// (Cyrillic `а`, Greek `ο`, …) mapped to those, `0` to `o`, `m` to `rn`, and `l`, `1` and
-    /// `I` (lower-cased: `i`) to one letter, `i`.
-    /// Two names with one skeleton look alike; the table covers the lookalikes of the names
-    /// reserved here, not every script.
+    /// A confusable skeleton after Unicode's UTS #39, whatever the script, and blind to case:
+    /// two names with one skeleton look alike. The compatibility form (full-width `ａ` is `a`);
+    /// then, until nothing changes, the canonical decomposition, each character replaced by its
+    /// prototype (`lookalikes`, else `ConfusableTable`: Unicode's confusables.txt, where Cyrillic
+    /// `а` and Cherokee `Ꭺ` are `a`, `1` and `I` are `l`, `0` is `O`, `m` is `rn`, and the letters
+    /// it leaves out, `ⱥ` and small capital `ᴀ`), and lower case; last, marks, spaces,
+    /// punctuation and symbols dropped.
     public static func skeleton(_ text: String) -> String {
+        var folded = text.precomposedStringWithCompatibilityMapping
+        // A prototype may be upper case, and its lower case have a prototype of its own
+        // (`Ꭺ`, `A`, `a`; `M`, `m`, `rn`): three rounds reach the end for every character.
+        for _ in 0..<8 {
+            var mapped = String.UnicodeScalarView()
+            for scalar in folded.decomposedStringWithCanonicalMapping.unicodeScalars {
+                let value = scalar.value
+                if let prototype = lookalikes[scalar] ?? ConfusableTable.prototypes[value] ?? ConfusableTable.letterBases[value] {
+                    mapped.append(contentsOf: prototype.unicodeScalars)
+                } else {
+                    mapped.append(scalar)
+                }
+            }
+            let next = String(mapped).decomposedStringWithCanonicalMapping.lowercased()
+            if next.unicodeScalars.elementsEqual(folded.unicodeScalars) { break }
+            folded = next
+        }
         var skeleton = String.UnicodeScalarView()
-        let folded = text.precomposedStringWithCompatibilityMapping.lowercased()
         for scalar in folded.decomposedStringWithCanonicalMapping.unicodeScalars {
             switch scalar.properties.generalCategory {
             case .uppercaseLetter, .lowercaseLetter, .titlecaseLetter, .modifierLetter, .otherLetter, .decimalNumber,
                 .letterNumber, .otherNumber:
-                skeleton.append(contentsOf: (lookalikes[scalar] ?? String(scalar)).unicodeScalars)
+                skeleton.append(scalar)
             default:
                 continue
             }
@@ -91,19 +111,13 @@ public enum IdentifierText {
         return String(skeleton)
     }
 
-    /// Letters that look like Latin ones, and what they look like.
+    /// The project's own prototypes, looked up before confusables.txt's: lower-case `i` is `l`,
+    /// as `I` is there (its prototypes keep case); `ʍ` and `ĸ`, what it makes of small capitals
+    /// `ᴍ` and `ᴋ` and of Cyrillic `м` and `к`, are `m` and `k`, as other small capitals are
+    /// their letters; Greek `ε`, `β` and `χ` are `e`, `b` and `x`, as they were here before
+    /// (there: `ꞓ`, `ß` and itself).
     private static let lookalikes: [Unicode.Scalar: String] = [
-        // Cyrillic
-        "\u{0430}": "a", "\u{0435}": "e", "\u{043E}": "o", "\u{0440}": "p", "\u{0441}": "c", "\u{0443}": "y",
-        "\u{0445}": "x", "\u{0456}": "i", "\u{0458}": "j", "\u{0455}": "s", "\u{0501}": "d", "\u{04CF}": "i",
-        "\u{04BB}": "h", "\u{051B}": "q", "\u{051D}": "w", "\u{043A}": "k", "\u{0432}": "b", "\u{043D}": "h",
-        "\u{0442}": "t", "\u{043C}": "rn", "\u{0457}": "i",
-        // Greek
-        "\u{03B1}": "a", "\u{03BF}": "o", "\u{03C1}": "p", "\u{03BD}": "v", "\u{03B9}": "i", "\u{03BA}": "k",
-        "\u{03C4}": "t", "\u{03C5}": "u", "\u{03C7}": "x", "\u{03B5}": "e", "\u{03B2}": "b", "\u{03B7}": "n",
-        // Latin letters that pass for others
-        "\u{0131}": "i", "\u{0261}": "g", "\u{0251}": "a", "\u{1D00}": "a", "\u{0269}": "i", "\u{026A}": "i",
-        "m": "rn", "0": "o", "1": "i", "l": "i", "|": "i",
+        "i": "l", "\u{028D}": "m", "\u{0138}": "k", "\u{03B5}": "e", "\u{03B2}": "b", "\u{03C7}": "x",
     ]
 
     /// The scripts of the letters of `text` (after its compatibility form), from a small table of

@@ -153,6 +153,40 @@ struct UnicodeTrickTests {
         }
     }
 
+    /// Lookalikes of a reserved actor, most in one script, which the mixed-script rule lets
+    /// through: the confusable skeleton (UTS #39's table, whatever the script) refuses them;
+    /// plain names in any script are taken.
+    @Test func reservedActorsLookalikesInAnyScriptAreRefused() {
+        let lookalikes = [
+            "\u{13AA}\u{13E2}\u{13E2}\u{13DE}\u{13AC}",  // Cherokee ᎪᏢᏢᏞᎬ
+            "\u{1D00}\u{1D18}\u{1D18}\u{29F}\u{1D07}",  // Latin small capitals ᴀᴘᴘʟᴇ
+            "\u{2C65}pple",  // ⱥ, a with stroke
+            "\u{13DA}\u{13BD}\u{13DA}\u{13A2}\u{13AC}\u{13B7}",  // Cherokee ᏚᎽᏚᎢᎬᎷ
+            "\u{A4E2}\u{A4EC}\u{A4E2}\u{A4D4}\u{A4F0}\u{A4DF}",  // Lisu ꓢꓬꓢꓔꓰꓟ
+            "\u{455}\u{443}\u{455}\u{442}\u{435}\u{43C}",  // Cyrillic ѕуѕтем
+            "\u{455}\u{442}\u{43E}\u{433}\u{435}\u{43A}\u{456}\u{442}",  // Cyrillic ѕтогекіт
+            "\u{1D04}\u{1D0F}\u{274}\u{A731}\u{1D0F}\u{29F}\u{1D07}",  // Latin small capitals ᴄᴏɴꜱᴏʟᴇ
+            "\u{399}\u{39D}\u{3A4}\u{391}\u{39A}\u{395}",  // Greek ΙΝΤΑΚΕ
+            "\u{3B1}\u{3C1}\u{3C1}\u{3B9}\u{3B5}",  // Greek αρριε
+            "APPLE", "app1e", "appIe", "c0ns0le", "Apple Inc.", "\u{FF41}\u{FF50}\u{FF50}\u{FF4C}\u{FF45}",
+        ]
+        for name in lookalikes {
+            #expect(IdentifierText.isReservedActor(name), "\(name.unicodeScalars.map { String($0.value, radix: 16) })")
+            #expect(IdentifierText.actorProblem(name) != nil, "\(name)")
+        }
+        #expect(IdentifierText.skeleton("\u{13AA}\u{13E2}\u{13E2}\u{13DE}\u{13AC}") == IdentifierText.skeleton("apple"))
+        // An app user's entries are signed `user:<id>` (a user named `apple` never signs as Apple):
+        // no staff name may look like one.
+        for name in ["user:bob", "USER:apple", "\u{1D1C}ser:ann"] { #expect(IdentifierText.actorProblem(name) != nil, "\(name)") }
+        for name in [
+            "anna", "bob", "support-team", "\u{674E}\u{96F7}", "m\u{FC}ller", "\u{41C}\u{430}\u{440}\u{438}\u{44F}",
+            "\u{3A3}\u{3BF}\u{3C6}\u{3AF}\u{3B1}", "apples", "systems", "Samantha Appleton", "admin",
+        ] {
+            #expect(!IdentifierText.isReservedActor(name), "\(name)")
+            #expect(IdentifierText.actorProblem(name) == nil, "\(name)")
+        }
+    }
+
     @Test func canonicallyEquivalentKeysHaveBucketsOfTheirOwn() {
         let buckets = TokenBuckets(RateLimit(perSecond: 1, burst: 1))
         for (nfc, other) in UnicodeTricks.equivalentPairs {
