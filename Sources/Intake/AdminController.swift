@@ -216,8 +216,13 @@ struct AdminController: Sendable {
         router.get("/v1/admin/audit") { request, context in
             try authorize(request, context)
             let limit = try Self.limit(request)
-            let entries = try await store.auditLog(limit: limit).map(AuditBody.init)
-            return try JSONResponse.make(["entries": entries])
+            let before = try request.uri.queryParameters.get("before").map { raw throws(APIError) in
+                guard let id = Int64(raw), id > 0 else { throw APIError.invalidField("before", "must be an entry's id (a whole number above 0)") }
+                return id
+            }
+            let entries = try await store.auditLog(limit: limit, before: before).map(AuditBody.init)
+            // The next page: the entries older than the last one shown.
+            return try JSONResponse.make(AuditPage(entries: entries, nextBefore: entries.count == limit ? entries.last?.id : nil))
         }
     }
 
@@ -453,6 +458,7 @@ struct ConsumptionRequestBody: Encodable {
 }
 
 struct AuditBody: Encodable {
+    var id: Int64
     var at: Date
     var actor: String
     var action: String
@@ -461,6 +467,7 @@ struct AuditBody: Encodable {
     var details: String?
 
     init(_ entry: AuditEntry) {
+        id = entry.id
         at = entry.at
         actor = entry.actor
         action = entry.action
@@ -468,6 +475,12 @@ struct AuditBody: Encodable {
         reason = entry.reason
         details = entry.details
     }
+}
+
+/// A page of the audit log, newest first, and where the next (older) page begins.
+struct AuditPage: Encodable {
+    var entries: [AuditBody]
+    var nextBefore: Int64?
 }
 
 extension Optional {

@@ -182,11 +182,21 @@ extension OrderStore {
                         LIMIT 1
                         """, arguments: [transactionId, userId])
                 guard let carried else { throw AppFinishReportError() }
+                // Reported once is enough: the same report again writes nothing (a user cannot
+                // grow the audit log by repeating it).
+                if try await db.row(
+                    sql: """
+                        SELECT 1 FROM audit_log WHERE subject = ? AND action = 'transaction_finished_by_app' AND actor = ? LIMIT 1
+                        """, arguments: ["transaction:\(transactionId)", "user:\(userId)"]) != nil
+                {
+                    return .alreadyFinished(by: "app")
+                }
                 let reason: String = carried["reason"] ?? "held"
                 try await db.executeLater([
                     Self.auditStatement(
-                        actor: userId, action: "transaction_finished_by_app", subject: "submission:\(carried["submissionId"] as String)",
-                        reason: "reported by the app while held (\(reason))", details: ["transactionId": transactionId], now: now)
+                        actor: "user:\(userId)", action: "transaction_finished_by_app", subject: "transaction:\(transactionId)",
+                        reason: "reported by the app while held (\(reason))",
+                        details: ["submissionId": carried["submissionId"] as String], now: now)
                 ])
                 return .heldWhenFinished(reason: reason, recorded: false)
             }
@@ -210,7 +220,7 @@ extension OrderStore {
                     WHERE apple_finish.state <> 'finished'
                     """, [transactionId, purchase["environment"] as String, now, now, now]),
                 Self.auditStatement(
-                    actor: userId, action: "transaction_finished_by_app", subject: "transaction:\(transactionId)",
+                    actor: "user:\(userId)", action: "transaction_finished_by_app", subject: "transaction:\(transactionId)",
                     reason: heldReason.map { "reported by the app while held (\($0))" } ?? "reported by the app", details: [:],
                     now: now),
             ])

@@ -162,17 +162,40 @@ extension OrderStore {
                 }
             }
             if let consented {
-                try await db.executeLater([
-                    SQLStatement(
-                        """
-                        INSERT INTO consumption_consent (userId, consented, updatedAt) VALUES (?, ?, ?)
-                        ON CONFLICT (userId) DO UPDATE SET consented = excluded.consented, updatedAt = excluded.updatedAt
-                        """, [userId, consented, now]),
-                    Self.auditStatement(
-                        actor: userId, action: consented ? "consumption_consent_given" : "consumption_consent_withdrawn",
-                        subject: "user:\(userId)", reason: "reported by the app", details: [:], now: now),
-                ])
+                try await Self.recordConsent(consented, of: userId, in: db, now: now)
             }
         }
+    }
+
+    /// The shortest time between two audit rows of one user's consent: a user flipping it in a
+    /// loop changes the state each time but writes at most one audit row an hour.
+    static let consentAuditInterval: TimeInterval = 3600
+
+    /// A consent report is state, not a log: the same answer again writes nothing; a change
+    /// updates the user's row and is audited unless the user's last consent audit row is less
+    /// than ``consentAuditInterval`` old (what the user can make the store keep stays bounded).
+    private static func recordConsent(_ consented: Bool, of userId: String, in db: any SQLConnection, now: Date) async throws {
+        let current = try await db.row(sql: "SELECT consented FROM consumption_consent WHERE userId = ?", arguments: [userId])
+        if let current, (current["consented"] as Bool) == consented { return }
+        var statements = [
+            SQLStatement(
+                """
+                INSERT INTO consumption_consent (userId, consented, updatedAt) VALUES (?, ?, ?)
+                ON CONFLICT (userId) DO UPDATE SET consented = excluded.consented, updatedAt = excluded.updatedAt
+                """, [userId, consented, now])
+        ]
+        let lastAudit = try await db.row(
+            sql: """
+                SELECT at FROM audit_log WHERE subject = ? AND action IN ('consumption_consent_given', 'consumption_consent_withdrawn')
+                ORDER BY id DESC LIMIT 1
+                """, arguments: ["user:\(userId)"])
+        let lastAt: Date? = lastAudit?["at"]
+        if lastAt.map({ now.timeIntervalSince($0) >= consentAuditInterval || now < $0 }) ?? true {
+            statements.append(
+                auditStatement(
+                    actor: "user:\(userId)", action: consented ? "consumption_consent_given" : "consumption_consent_withdrawn",
+                    subject: "user:\(userId)", reason: "reported by the app", details: [:], now: now))
+        }
+        try await db.executeLater(statements)
     }
 }

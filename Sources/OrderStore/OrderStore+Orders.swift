@@ -22,6 +22,8 @@ public struct Order: Sendable, Equatable {
 
 /// One line of the append-only audit log.
 public struct AuditEntry: Sendable, Equatable {
+    /// The entry's place in the log: later entries have larger ids.
+    public var id: Int64
     /// When.
     public var at: Date
     /// Who (an admin's name, or `system`).
@@ -178,11 +180,13 @@ extension OrderStore {
     }
 
     /// The newest audit entries first.
-    public func auditLog(limit: Int) async throws -> [AuditEntry] {
+    public func auditLog(limit: Int, before: Int64? = nil) async throws -> [AuditEntry] {
         try await database.read { db in
-            try await db.rows(sql: "SELECT * FROM audit_log ORDER BY id DESC LIMIT ?", arguments: [limit]).map {
+            try await db.rows(
+                sql: "SELECT * FROM audit_log WHERE id < ? ORDER BY id DESC LIMIT ?", arguments: [before ?? Int64.max, limit]
+            ).map {
                 AuditEntry(
-                    at: $0["at"], actor: $0["actor"], action: $0["action"], subject: $0["subject"], reason: $0["reason"],
+                    id: $0["id"], at: $0["at"], actor: $0["actor"], action: $0["action"], subject: $0["subject"], reason: $0["reason"],
                     details: $0["details"])
             }
         }

@@ -323,6 +323,26 @@ struct OrderStoreTests {
         #expect(try await store.auditLog(limit: 10).first?.reason == "settled")
     }
 
+    /// A consent report is state: 1,000 reports by one user, the same answer or flipping, leave
+    /// one consent row and at most one audit row an hour; the state is always the last answer.
+    @Test(arguments: TestStore.backends) func consentReportsAreStateAndAuditedAtMostHourly(_ backend: Backend) async throws {
+        let store = try await makeStore(backend)
+        let start = Date(timeIntervalSince1970: 1_800_000_000)
+        for index in 0..<1_000 {
+            let report = ConsumptionReport(userId: "flo", transactionId: nil, consumptionPercentage: nil, customerConsented: index % 3 != 0)
+            try await store.reportConsumption(report, now: start.addingTimeInterval(Double(index)))
+        }
+        let consentRows = try await store.database.read { db in try await db.rows(sql: "SELECT consented FROM consumption_consent") }
+        #expect(consentRows.count == 1 && (consentRows.first?["consented"] as Bool?) == false)
+        #expect(try await store.auditLog(limit: 100).count == 1)
+        // An hour on, the next change is audited again; the same answer again is not.
+        try await store.reportConsumption(
+            .init(userId: "flo", transactionId: nil, consumptionPercentage: nil, customerConsented: true), now: start.addingTimeInterval(4_000))
+        try await store.reportConsumption(
+            .init(userId: "flo", transactionId: nil, consumptionPercentage: nil, customerConsented: true), now: start.addingTimeInterval(9_000))
+        #expect(try await store.auditLog(limit: 100).map(\.action) == ["consumption_consent_given", "consumption_consent_withdrawn"])
+    }
+
     /// SQLite only: on PostgreSQL the server's roles and passwords guard the data.
     @Test func theFileAndItsLogAreReadableByTheirOwnerOnly() async throws {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-store-\(UUID().uuidString)")

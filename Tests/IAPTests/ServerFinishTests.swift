@@ -125,9 +125,15 @@ extension BrokerTests {
             let lookup = try await pipeline.upload(["userId": "olaf", "transactionId": looked.transactionId])
             #expect(try await pipeline.waitForState(lookup)["state"] as? String == "needs_review")
             #expect(try await report("olaf", ["transactionId": looked.transactionId]).status == 204)
+            // Told once: the same report again, however often, writes no second audit row.
+            for _ in 0..<5 { #expect(try await report("olaf", ["transactionId": looked.transactionId]).status == 204) }
             #expect(
                 try await pipeline.store.reportAppFinish(userId: "olaf", transactionId: looked.transactionId)
-                    == .heldWhenFinished(reason: "owner_unknown", recorded: false))
+                    == .alreadyFinished(by: "app"))
+            #expect(
+                try await pipeline.store.auditLog(limit: 1000).filter {
+                    $0.action == "transaction_finished_by_app" && $0.subject == "transaction:\(looked.transactionId)"
+                }.count == 1)
             #expect(try await pipeline.store.finishStates(of: [looked.transactionId]).isEmpty)
             #expect(try await report("mallory", ["transactionId": looked.transactionId]).errorCode == "purchase_not_found")
         }
