@@ -1,5 +1,4 @@
 import Foundation
-import IAPCore
 
 /// Reads Apple's app receipts locally: the PKCS#7 container, then the ASN.1 receipt payload.
 ///
@@ -481,8 +480,9 @@ enum RFC3339Date {
         else { return nil }
         let days = daysSinceEpoch(year: year, month: month, day: day)
         let seconds = days * 86_400 + hour * 3600 + minute * 60 + second - offsetSeconds
-        let date = Date(timeIntervalSince1970: Double(seconds) + fraction)
-        return DateText.accepts(date) ? date : nil
+        // The range `DateText.acceptedMilliseconds` holds (the parser builds alone, for fuzzing).
+        guard seconds >= 0, Double(seconds) + fraction < 253_402_300_800 else { return nil }
+        return Date(timeIntervalSince1970: Double(seconds) + fraction)
     }
 
     /// Days in `month` (1–12) of `year`, leap years included.
