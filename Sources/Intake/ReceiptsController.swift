@@ -36,13 +36,24 @@ struct ReceiptsController: Sendable {
 
     private func accept(_ request: Request, context: IntakeContext) async throws -> Response {
         let body = try await IntakeBody.collect(request, limit: settings.maxBodyBytes, timeout: settings.limits.bodyTimeout)
-        let upload = try await ReceiptUpload(json: body, context: context, bundleIds: settings.bundleIds)
+        let upload = try await ReceiptUpload(
+            json: body, context: context, bundleIds: settings.bundleIds, receiptRoots: settings.receiptRoots)
         var verifyRequest = VerifyRequest(
             submissionId: UUID(), userId: upload.userId, receiptData: upload.receiptData,
             transactionId: upload.transactionId, orderId: upload.orderId, attempt: 1, acceptedAt: Date())
         verifyRequest.signedTransaction = upload.signedTransaction
         verifyRequest.originalTransactionId = upload.originalTransactionId
         verifyRequest.productId = upload.productId
+        // The owner's same upload, credited within the hour: answered with that submission
+        // (whose status follows every later event), not stored again nor sent to Apple again.
+        // A store that cannot say is no reason to refuse: the upload is taken as a new one.
+        if let earlier = try? await store.creditedUpload(repeatedBy: verifyRequest, now: verifyRequest.acceptedAt) {
+            context.logger.debug("upload repeats one credited", metadata: ["iap.submission.id": "\(earlier)"])
+            var response = try JSONResponse.make(
+                Accepted(submissionId: earlier.uuidString, state: SubmissionState.credited.rawValue), status: .accepted)
+            response.headers[.location] = "/v1/receipts/\(earlier.uuidString)"
+            return response
+        }
         if let verifier = settings.inlineVerifier {
             return try await verifyInline(verifyRequest, with: verifier)
         }

@@ -72,16 +72,20 @@ public final class SubmissionSweeper: Service, Sendable {
         }
     }
 
-    /// Deletes rejected submissions older than the retention period; returns how many.
+    /// Deletes rejected submissions, and the audit entries about no money, older than the
+    /// retention period; returns how many submissions.
     @discardableResult
     public func purgeExpired(now: Date = Date()) async -> Int {
         guard let retention = settings.retention else { return 0 }
         do {
-            let count = try await store.purgeRejected(olderThan: now.addingTimeInterval(-Self.seconds(retention)), now: now)
+            let cutoff = now.addingTimeInterval(-Self.seconds(retention))
+            let count = try await store.purgeRejected(olderThan: cutoff, now: now)
             if count > 0 {
                 purged.increment(by: count)
                 logger.info("rejected submissions purged", metadata: ["iap.count": "\(count)"])
             }
+            let entries = try await store.purgeAuditEntries(olderThan: cutoff)
+            if entries > 0 { logger.info("audit entries about no money purged", metadata: ["iap.count": "\(entries)"]) }
             return count
         } catch {
             logger.error("retention purge failed", metadata: ["error": "\(error)"])

@@ -49,4 +49,34 @@ extension OrderStore {
         }
         return purged
     }
+
+    /// The audit entries that are about no money: consent reports, replays refused, purges,
+    /// sign-outs. They may be deleted once older than the retention period (the schema's trigger
+    /// refuses to delete any other entry); everything about money stays for ever.
+    public static let auditActionsKeptForRetention = [
+        "consumption_consent_given", "consumption_consent_withdrawn", "replay_refused", "retention_purge", "logout",
+    ]
+
+    /// Deletes the audit entries of ``auditActionsKeptForRetention`` older than `olderThan`;
+    /// returns how many. No entry about money is ever touched.
+    public func purgeAuditEntries(olderThan cutoff: Date) async throws -> Int {
+        var purged = 0
+        while true {
+            let deleted = try await database.write { db in
+                guard try await db.takeExclusive("retention") else { return 0 }
+                let actions = Self.auditActionsKeptForRetention
+                let ids: [Int64] = try await db.rows(
+                    sql: """
+                        SELECT id FROM audit_log WHERE at < ? AND action IN (\(sqlMarks(actions.count)))
+                        ORDER BY id LIMIT ?
+                        """, arguments: SQLArguments(values: [cutoff.sqlValue] + actions.map(\.sqlValue) + [Self.retentionBatchSize.sqlValue])
+                ).map { $0["id"] }
+                guard !ids.isEmpty else { return 0 }
+                return try await db.execute(sql: "DELETE FROM audit_log WHERE id IN (\(sqlMarks(ids.count)))", arguments: SQLArguments(ids))
+            }
+            purged += deleted
+            if deleted < Self.retentionBatchSize { break }
+        }
+        return purged
+    }
 }

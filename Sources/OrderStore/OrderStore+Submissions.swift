@@ -111,13 +111,13 @@ extension OrderStore {
         SQLStatement(
             """
             INSERT INTO submission (id, userId, orderId, transactionId, originalTransactionId, productId,
-                receiptData, signedTransaction, signedPayload, state, acceptedAt, updatedAt)
-            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?)
+                receiptData, signedTransaction, signedPayload, state, acceptedAt, updatedAt, uploadDigest)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?)
             """,
             [
                 request.submissionId.uuidString, request.userId, request.orderId, request.transactionId,
                 request.originalTransactionId, request.productId, receiptData, request.signedTransaction, request.signedPayload, request.acceptedAt,
-                request.acceptedAt,
+                request.acceptedAt, uploadDigest(of: request),
             ])
     }
 
@@ -394,13 +394,10 @@ extension OrderStore {
                         closing.append(
                             Self.queueAppleFinish(purchase.transactionId, environment: purchase.environment.rawValue, now: now))
                     }
-                    // A named transaction the receipt lacks that Apple refunded: the answer lets
-                    // the app finish it, so the server finishes it too. (A StoreKit 1 restore the
-                    // receipt lacks is settled by the original the upload names, which proves
-                    // nothing of the id itself: only the app's own `finish()` may end it.)
-                    if let named, !listed.contains(where: { $0.0.transactionId == named }), verdict.reason == .purchaseRevoked {
-                        closing.append(Self.queueAppleFinish(named, environment: receipt.environment.rawValue, now: now))
-                    }
+                    // Never an id the upload only named (a transaction the receipt lacks, refunded
+                    // or a StoreKit 1 restore): a transaction id is a lookup, and Apple's Finish
+                    // Transaction reaches any customer's; only the app's own `finish()`, which
+                    // reaches its own device's alone, may end it.
                 }
                 let replayed = outcomes.filter { $0.state == .replayedFromOtherUser }.count
                 counts.replayed = replayed

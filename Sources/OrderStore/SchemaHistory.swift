@@ -897,6 +897,38 @@ enum SchemaHistory {
             postgres: """
                 ALTER TABLE purchase_terms ADD COLUMN ownershipType TEXT COLLATE "C";
                 """),
+        SchemaStep(
+            version: 22, name: "what a user can make the store keep",
+            sqlite: """
+                -- What an upload named and carried, hashed: the same upload repeated by its owner
+                -- shortly after one was credited is answered with that one, never stored again.
+                ALTER TABLE submission ADD COLUMN uploadDigest TEXT;
+                CREATE INDEX submission_upload ON submission(userId, uploadDigest);
+                -- Audit entries about no money (consent reports, replays refused, purges, sign-outs)
+                -- may be deleted once past the retention period; every other entry stays for ever.
+                DROP TRIGGER audit_log_no_delete;
+                CREATE TRIGGER audit_log_no_delete BEFORE DELETE ON audit_log
+                    WHEN OLD.action NOT IN ('consumption_consent_given', 'consumption_consent_withdrawn', 'replay_refused',
+                        'retention_purge', 'logout')
+                    BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+                """,
+            // What an upload named and carried, hashed: the same upload repeated by its owner shortly
+            // after one was credited is answered with that one, never stored again. Audit entries
+            // about no money may be deleted once past the retention period; every other entry stays.
+            postgres: """
+                ALTER TABLE submission ADD COLUMN uploadDigest TEXT COLLATE "C";
+                CREATE INDEX submission_upload ON submission(userId, uploadDigest);
+                CREATE OR REPLACE FUNCTION audit_log_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+                    BEGIN
+                        IF TG_OP = 'DELETE' AND OLD.action IN ('consumption_consent_given', 'consumption_consent_withdrawn',
+                            'replay_refused', 'retention_purge', 'logout')
+                        THEN
+                            RETURN OLD;
+                        END IF;
+                        RAISE EXCEPTION 'the audit log is append-only';
+                    END;
+                $$;
+                """),
     ]
 
     /// SQLite's migrations: each step under the name it has always had in GRDB's table.

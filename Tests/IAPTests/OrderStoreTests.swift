@@ -343,6 +343,26 @@ struct OrderStoreTests {
         #expect(try await store.auditLog(limit: 100).map(\.action) == ["consumption_consent_given", "consumption_consent_withdrawn"])
     }
 
+    /// Audit entries about no money (consent reports) go once past the retention period; an
+    /// entry about money stays whatever its age, and the schema itself refuses to delete one.
+    @Test(arguments: TestStore.backends) func auditEntriesAboutNoMoneyAloneArePurged(_ backend: Backend) async throws {
+        let store = try await makeStore(backend)
+        let old = Date(timeIntervalSince1970: 1_700_000_000)
+        for (index, consented) in [true, false, true].enumerated() {
+            try await store.reportConsumption(
+                .init(userId: "flo", transactionId: nil, consumptionPercentage: nil, customerConsented: consented),
+                now: old.addingTimeInterval(Double(index) * 7200))
+        }
+        let request = try await accept(store, user: "u1")
+        try await store.markFinishable(request.submissionId, actor: "ann", reason: "settled")
+        #expect(try await store.auditLog(limit: 10).count == 4)
+        #expect(try await store.purgeAuditEntries(olderThan: Date().addingTimeInterval(60)) == 3)
+        #expect(try await store.auditLog(limit: 10).map(\.action) == ["submission_finishable"])
+        await #expect(throws: SQLError.self) {
+            try await store.database.write { db in try await db.execute(sql: "DELETE FROM audit_log") }
+        }
+    }
+
     /// SQLite only: on PostgreSQL the server's roles and passwords guard the data.
     @Test func theFileAndItsLogAreReadableByTheirOwnerOnly() async throws {
         let folder = FileManager.default.temporaryDirectory.appendingPathComponent("iap-store-\(UUID().uuidString)")

@@ -1,0 +1,43 @@
+public import Foundation
+import Crypto
+public import IAPCore
+
+extension OrderStore {
+    /// How long an upload credited before answers the same upload again by its owner: within
+    /// it, the repeat is neither stored nor verified again (Apple is not asked again). A renewal
+    /// that comes meanwhile reaches the ledger by Apple's notification and reconciliation.
+    public static let reuploadWindow: TimeInterval = 3600
+
+    /// A digest of everything an upload names and carries (user, order, transaction ids, product,
+    /// receipt, signed transaction): two uploads with one digest ask the same question. Nil for
+    /// a notification.
+    static func uploadDigest(of request: VerifyRequest) -> String? {
+        guard request.signedPayload == nil else { return nil }
+        var hash = SHA256()
+        for field in [
+            request.userId, request.orderId ?? "", request.transactionId ?? "", request.originalTransactionId ?? "",
+            request.productId ?? "", request.receiptData, request.signedTransaction ?? "",
+        ] {
+            // Each field with its length first: no two different uploads run together the same.
+            hash.update(data: Data("\(field.utf8.count):".utf8))
+            hash.update(data: Data(field.utf8))
+        }
+        return hash.finalize().map { String(format: "%02x", $0) }.joined()
+    }
+
+    /// The submission `request` repeats, when its owner's same upload was accepted within
+    /// ``reuploadWindow`` before `now` and is credited: the repeat is answered with it (its status
+    /// follows every later event), and nothing is stored or verified again. Nil otherwise.
+    public func creditedUpload(repeatedBy request: VerifyRequest, now: Date) async throws -> SubmissionID? {
+        guard let digest = Self.uploadDigest(of: request) else { return nil }
+        return try await database.read { db in
+            try await db.cachedRow(
+                sql: """
+                    SELECT id FROM submission
+                    WHERE userId = ? AND uploadDigest = ? AND state = 'credited' AND acceptedAt >= ?
+                    ORDER BY acceptedAt DESC LIMIT 1
+                    """, arguments: [request.userId, digest, now.addingTimeInterval(-Self.reuploadWindow)]
+            ).flatMap { UUID(uuidString: $0["id"]) }
+        }
+    }
+}
