@@ -66,6 +66,10 @@ public final class ReceiptSignature: Sendable {
     /// `knownChainLimit` of them: the App Store has a handful of receipt signers at a time.
     private let validated = NIOLockedValueBox([SHA256Digest: KnownChain]())
     private static let knownChainLimit = 64
+    /// What ``leadsToNoTrustedRoot(_:)`` found, by the SHA-256 of the certificates a receipt
+    /// carries: a shell sent again costs a hash. At most `rootlessLimit` entries.
+    private let rootless = NIOLockedValueBox([SHA256Digest: Bool]())
+    private static let rootlessLimit = 1024
 
     private struct KnownChain: Sendable {
         var signerKey: Certificate.PublicKey
@@ -202,6 +206,25 @@ public final class ReceiptSignature: Sendable {
                     + failures.map { "\($0.policyFailureReason)" }.joined(separator: "; ")
         }
         return verdict
+    }
+
+    /// Whether the certificates `bytes` carries can never lead to one of the trusted roots, at
+    /// any time: none of them is a trusted root, and none names one as its issuer (a self-signed
+    /// shell, a chain of someone else's). Decided on the certificates' names alone, cached by
+    /// their bytes; what cannot be read here, or names a root (judged in full by ``check(_:)``),
+    /// is false. For the door: such a receipt is refused before it is stored.
+    public func leadsToNoTrustedRoot(_ bytes: [UInt8]) -> Bool {
+        guard let parts = SignedParts(bytes), !parts.certificateList.isEmpty else { return false }
+        let key = SHA256.hash(data: parts.certificates)
+        if let known = rootless.withLockedValue({ $0[key] }) { return known }
+        guard let certificates = try? parts.certificateList.map({ try Certificate(derEncoded: $0) }) else { return false }
+        let rootNames = Set(roots.map(\.subject))
+        let leads = certificates.contains { certificate in roots.contains(certificate) || rootNames.contains(certificate.issuer) }
+        rootless.withLockedValue { entries in
+            if entries.count >= Self.rootlessLimit { entries.removeAll() }
+            entries[key] = !leads
+        }
+        return !leads
     }
 
     /// The known signer among the certificates `parts` carries, if the signature names it.

@@ -14,6 +14,7 @@ public enum APIErrorCode: String, CaseIterable, Sendable {
     case receiptEmpty = "receipt_empty"
     case receiptMalformed = "receipt_malformed"
     case receiptOtherApp = "receipt_other_app"
+    case receiptUntrusted = "receipt_untrusted"
     case jwsMalformed = "jws_malformed"
     case unknownProduct = "unknown_product"
     case badRequest = "bad_request"
@@ -65,7 +66,7 @@ public enum APIErrorCode: String, CaseIterable, Sendable {
     /// The HTTP status every answer with this code has.
     public var status: HTTPResponse.Status {
         switch self {
-        case .invalidJSON, .missingField, .invalidField, .receiptNotBase64, .receiptEmpty, .receiptMalformed, .receiptOtherApp, .jwsMalformed,
+        case .invalidJSON, .missingField, .invalidField, .receiptNotBase64, .receiptEmpty, .receiptMalformed, .receiptOtherApp, .receiptUntrusted, .jwsMalformed,
             .unknownProduct, .badRequest:
             .badRequest
         case .unauthenticated, .tokenExpired, .tokenNotYetValid, .tokenSignatureInvalid, .tokenMalformed,
@@ -99,6 +100,7 @@ public enum APIErrorCode: String, CaseIterable, Sendable {
         case .receiptNotBase64: "`receiptData` is not base64"
         case .receiptEmpty: "`receiptData` decodes to nothing"
         case .receiptMalformed: "`receiptData` is not an app receipt: not a PKCS#7 container, one without Apple's certificates and signer, or its signed content is no receipt payload (or is padded with filler attributes)"
+        case .receiptUntrusted: "`receiptData` is signed by certificates that lead to no trusted root at any time (a self-signed shell, someone else's chain): no App Store receipt is"
         case .receiptOtherApp: "`receiptData` is an app receipt of another app: its bundle id is not one of `\(Setting.bundleIds.variable)`"
         case .jwsMalformed: "a `signedTransaction` or `signedPayload` is not a readable compact JWS"
         case .unknownProduct: "the product is not in the catalog"

@@ -49,6 +49,11 @@ public struct IntakeSettings: Sendable {
     /// The app's bundle ids (`IAP_BUNDLE_IDS`): an uploaded receipt that names another app is
     /// refused before it is stored (400 `receipt_other_app`); empty checks nothing.
     public var bundleIds: Set<String> = []
+    /// The roots an uploaded receipt's certificates must be able to lead to (the verifiers'
+    /// own): a receipt whose certificates lead to none of them at any time is refused before it
+    /// is stored (400 `receipt_untrusted`); receipts of Xcode's StoreKit testing are left to the
+    /// verifier. Nil checks nothing.
+    public var receiptRoots: ReceiptSignature?
     /// More routes served where the admin routes are (beside the app's routes, or on the
     /// admin listener): customer service's console pages, added by the process that runs it.
     public var adminPages: (@Sendable (Router<IntakeContext>) -> Void)?

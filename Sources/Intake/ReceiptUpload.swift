@@ -30,7 +30,9 @@ struct ReceiptUpload: Equatable {
     /// Reads and checks a body; every fault is an `APIError` with its own code. A body's
     /// `userId` that differs from the request's established user is refused; a receipt of an
     /// app not in `bundleIds` (when it is not empty) too.
-    init(json data: Data, context: IntakeContext, bundleIds: Set<String> = []) async throws(APIError) {
+    init(
+        json data: Data, context: IntakeContext, bundleIds: Set<String> = [], receiptRoots: ReceiptSignature? = nil
+    ) async throws(APIError) {
         let object: Any
         do {
             object = try JSONSerialization.jsonObject(with: data, options: [.fragmentsAllowed])
@@ -89,7 +91,7 @@ struct ReceiptUpload: Equatable {
         guard bytes.count <= Self.maxReceiptBytes else {
             throw .invalidField("receiptData", "decodes to more than \(Self.maxReceiptBytes) bytes, more than any app receipt")
         }
-        try Self.checkShape(bytes, bundleIds: bundleIds)
+        try Self.checkShape(bytes, bundleIds: bundleIds, receiptRoots: receiptRoots)
         self.receiptData = compact
     }
 
@@ -129,8 +131,10 @@ struct ReceiptUpload: Equatable {
     /// carrying filler), and a receipt that names another app's bundle id (`bundleIds`, when
     /// set). Every receipt Apple issues passes: a field the local parse reads more strictly than
     /// Apple does (`invalidField`) goes on to Apple, which has the last word. Nothing here is
-    /// trusted to credit: the signature is not checked, so it can only turn junk away.
-    private static func checkShape(_ bytes: [UInt8], bundleIds: Set<String>) throws(APIError) {
+    /// trusted to credit: the signature is not checked, so it can only turn junk away, and so
+    /// can the look at the certificates' names (`receiptRoots`): a receipt whose certificates can
+    /// never lead to a trusted root is no App Store receipt, whatever Apple would say.
+    private static func checkShape(_ bytes: [UInt8], bundleIds: Set<String>, receiptRoots: ReceiptSignature?) throws(APIError) {
         let receipt: AppReceipt
         do {
             // Apple's receipts carry certificates and a signer: a shell without them, or padded
@@ -142,6 +146,9 @@ struct ReceiptUpload: Equatable {
         }
         if !bundleIds.isEmpty, !bundleIds.contains(receipt.bundleId) {
             throw APIError(.receiptOtherApp, "'receiptData' is a receipt of another app, not of \(bundleIds.sorted().joined(separator: ", "))")
+        }
+        if let receiptRoots, !receipt.isXcode, receiptRoots.leadsToNoTrustedRoot(bytes) {
+            throw APIError(.receiptUntrusted, "'receiptData' is signed by certificates that lead to no trusted root")
         }
     }
 }

@@ -336,6 +336,11 @@ public struct Pipeline: Sendable {
         if settings.inlineVerification { intake.inlineVerifier = try shared.appStoreVerifier(settings, for: .intake, logger: logger) }
         if intake.notificationVerifier == nil { intake.notificationVerifier = shared.signedData }
         if intake.bundleIds.isEmpty { intake.bundleIds = settings.verifyReceipt.bundleIds }
+        // The roots the verifiers check receipts against: a receipt whose certificates lead to
+        // none of them is refused at the door, before it is stored or queued.
+        if intake.receiptRoots == nil {
+            intake.receiptRoots = ReceiptSignature(roots: try settings.storeKit.trustedRoots ?? AppleRoot.receiptRoots())
+        }
         if !intake.adminTokens.isEmpty {
             let console = try Console(
                 settings: ConsoleSettings(

@@ -185,6 +185,29 @@ struct EdgeSecurityTests {
         }
     }
 
+    /// A user token the key verifies, with any NumericDate claim at ±1e20 or ±1e300, is refused
+    /// 401 `token_malformed` over real HTTP, and the intake keeps serving: the next good token
+    /// is answered.
+    @Test func outOfRangeTokenDatesAreRefusedAndTheIntakeKeepsServing() async throws {
+        let verifier = try await UserTokenVerifier(key: .hs256(secret: TestTokens.secret))
+        try await EdgeHarness.with(authentication: .jwt(verifier)) { edge in
+            let url = edge.intakeURL + "/v1/users/ana/entitlements"
+            let now = Int(Date().timeIntervalSince1970)
+            let header: [String: Any] = ["alg": "HS256", "typ": "JWT"]
+            for claim in ["exp", "iat", "nbf"] {
+                for value in [1e20, -1e20, 1e300, -1e300] {
+                    var payload: [String: Any] = ["sub": "ana", "iat": now, "exp": now + 600]
+                    payload[claim] = value
+                    let token = try UserTokenTests.signed(header: header, payload: payload)
+                    let answer = try await HTTP.send(url, method: .GET, body: nil, headers: ["Authorization": "Bearer \(token)"])
+                    #expect(answer.status == 401 && answer.errorCode == "token_malformed", "\(claim) \(value): \(answer.text)")
+                }
+            }
+            let good = try UserTokenTests.signed(header: header, payload: ["sub": "ana", "iat": now, "exp": now + 600])
+            #expect(try await HTTP.send(url, method: .GET, body: nil, headers: ["Authorization": "Bearer \(good)"]).status == 200)
+        }
+    }
+
     /// Loopback is decided on the parsed address, never on a prefix of the host's text.
     @Test func loopbackIsAnAddressNotAPrefix() {
         for host in ["127.0.0.1", "127.8.9.10", "::1", "[::1]", "localhost", "LOCALHOST", "::ffff:127.0.0.1"] {
@@ -348,7 +371,9 @@ extension BrokerTests {
             var padded = AppReceiptTests.payload
             padded.bundleId = PipelineHarness.bundleId
             padded.opaqueValue = [UInt8](repeating: 7, count: 200 * 1024)
-            let receipt = try ReceiptMinter(authority: try FakeCertificateAuthority.generate(name: "Not Apple")).mint(padded)
+            // Certificates named as the trusted ones but of another key: past the door's look at
+            // names, refused by the full signature check and by Apple.
+            let receipt = try ReceiptMinter(authority: try FakeCertificateAuthority.generate()).mint(padded)
             let id = try await pipeline.upload(userId: "mallory", receiptData: Data(receipt).base64EncodedString())
             let state = try await pipeline.waitForState(id)
             #expect(state["state"] as? String == "rejected", "\(state)")

@@ -52,7 +52,13 @@ extension BrokerTests {
             Teardown.add { await pipeline.stop() }
             let purchase = try await pipeline.mint()
             let (altered, resigned) = try Self.forgeries(of: purchase)
-            for (forged, what) in [(altered, "altered"), (resigned, "re-signed")] {
+            // Re-signed by someone else's chain, which leads to no trusted root at any time: no
+            // App Store receipt, refused at the door before it is stored (on every route).
+            let refused = try await HTTP.post(
+                pipeline.intakeURL + "/v1/receipts",
+                json: ["userId": "mallory", "receiptData": resigned, "transactionId": purchase.transactionId])
+            #expect(refused.status == 400 && refused.errorCode == "receipt_untrusted", "\(route): \(refused.text)")
+            for (forged, what) in [(altered, "altered")] {
                 let id = try await pipeline.upload(userId: "mallory", receiptData: forged, transactionId: purchase.transactionId)
                 let status = try await pipeline.waitForState(id)
                 #expect(status["state"] as? String != "credited", "\(route), \(what): \(status)")
