@@ -5,6 +5,7 @@ import GRDB
 import Hummingbird
 import IAPCore
 import Intake
+import Logging
 import Messaging
 import NIOConcurrencyHelpers
 import NIOFoundationCompat
@@ -379,6 +380,103 @@ extension BrokerTests {
             #expect(statuses.values.reduce(0, +) > 100, "the flood was too thin to mean anything: \(statuses)")
         }
 
+        /// The flood drill, from Apple's own address (every request from one client, no proxy):
+        /// 2,000 forged, junk and transfer-coded notifications as fast as 16 connections send
+        /// them, with the production defaults' limits, and 20 genuine REFUNDs interleaved. Every
+        /// genuine one is answered 200 on its first delivery (Apple may never retry a refused
+        /// one) and applied; nothing is answered 5xx; nothing is logged at error. The flood must
+        /// have landed: its own refusals reached 429.
+        @Test func twoThousandJunkNotificationsNeverKeepTwentyGenuineOnesOut() async throws {
+            let errorLines = NIOLockedValueBox([String]())
+            let pipeline = try await PipelineHarness.start(
+                name: "notifydrill", limits: IntakeLimits(perUser: nil),
+                logger: Logger(label: "iap.tests.drill") { _ in ErrorRecorder(lines: errorLines) })
+            Teardown.add { await pipeline.stop() }
+            let url = pipeline.intakeURL + "/v1/notifications/appstore"
+            // Twenty credited purchases, and Apple's REFUND of each, caught on its way.
+            let caught = NIOLockedValueBox([Data]())
+            let router = Router()
+            router.post("/notifications") { request, _ -> Response in
+                let body = Data(buffer: try await request.body.collect(upTo: 1 << 20))
+                caught.withLockedValue { $0.append(body) }
+                return Response(status: .ok)
+            }
+            let catcher = try await LoopbackServer.start(router, name: "the notification catcher")
+            Teardown.add { await catcher.group.triggerGracefulShutdown() }
+            var purchases: [PipelineHarness.Purchase] = []
+            for index in 0..<20 {
+                let purchase = try await pipeline.mint(deviceId: "drill-\(index)")
+                let id = try await pipeline.upload(userId: "user-\(index)", receiptData: purchase.receiptData, transactionId: purchase.transactionId)
+                #expect(try await pipeline.waitForState(id)["state"] as? String == "credited")
+                purchases.append(purchase)
+            }
+            #expect(try await HTTP.post(pipeline.fakeURL + "/fake/config", json: ["notificationURL": catcher.base + "/notifications"]).status == 204)
+            for purchase in purchases {
+                #expect(try await HTTP.post(pipeline.fakeURL + "/fake/purchases/\(purchase.transactionId)/refund", json: [String: String]()).status == 200)
+            }
+            let genuine = caught.withLockedValue { $0 }
+            try #require(genuine.count == 20, "caught \(genuine.count) of Apple's REFUNDs")
+
+            let forged = try JSONEncoder().encode(["signedPayload": try ForgedNotification.make(signer: try FakeCertificateAuthority.generate(name: "Not Apple"))])
+            let port = EdgeHarness.port(pipeline.intakeURL)
+            let statuses = NIOLockedValueBox([Int: Int]())
+            let genuineStatuses = NIOLockedValueBox([Int]())
+            let next = NIOLockedValueBox(0)
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for _ in 0..<16 {
+                    group.addTask {
+                        while true {
+                            let index = next.withLockedValue { value in defer { value += 1 }; return value }
+                            guard index < 2_020 else { return }
+                            if index % 101 == 50 {
+                                let answer = try await HTTP.post(url, raw: genuine[index / 101])
+                                genuineStatuses.withLockedValue { $0.append(answer.status) }
+                                continue
+                            }
+                            let status: Int
+                            switch index % 4 {
+                            case 0: status = try await HTTP.send(url, method: .POST, body: forged).status
+                            case 1: status = try await HTTP.send(url, method: .POST, body: nil).status
+                            case 2: status = try await HTTP.send(url, method: .POST, body: Data("{\"signedPayload\": \"eyJ.x.y\"}".utf8)).status
+                            default:
+                                let client = try RawHTTPClient(port: port)
+                                try client.send(
+                                    "POST /v1/notifications/appstore HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                                        + "Transfer-Encoding: gzip\r\n\r\n{}")
+                                let reply = try await client.receiveOffThePool(timeout: 10)
+                                status = reply.split(separator: " ", maxSplits: 2).dropFirst().first.flatMap { Int($0) } ?? 0
+                            }
+                            statuses.withLockedValue { $0[status, default: 0] += 1 }
+                        }
+                    }
+                }
+                try await group.waitForAll()
+            }
+            let flood = statuses.withLockedValue { $0 }
+            #expect(genuineStatuses.withLockedValue { $0 } == Array(repeating: 200, count: 20), "\(genuineStatuses.withLockedValue { $0 })")
+            #expect(flood.values.reduce(0, +) == 2_000, "\(flood)")
+            #expect(Set(flood.keys).isSubset(of: [400, 403, 429]) && flood[429, default: 0] > 0, "\(flood)")
+            var revoked = 0
+            for (index, purchase) in purchases.enumerated()
+            where try await pipeline.grantState(of: purchase.transactionId, user: "user-\(index)") == "revoked" {
+                revoked += 1
+            }
+            if revoked < 20 {
+                _ = try await eventually(timeout: .seconds(30)) {
+                    var count = 0
+                    for (index, purchase) in purchases.enumerated()
+                    where try await pipeline.grantState(of: purchase.transactionId, user: "user-\(index)") == "revoked" {
+                        count += 1
+                    }
+                    revoked = count
+                    return count == 20
+                }
+            }
+            #expect(revoked == 20, "\(revoked) of the 20 genuine REFUNDs applied")
+            #expect(errorLines.withLockedValue { $0 }.isEmpty, "\(errorLines.withLockedValue { $0 })")
+            print("notification flood drill: 2,000 junk \(flood), 20 genuine all 200 and applied")
+        }
+
         /// Verified notifications over the deployment's budget are Apple's: 503 with
         /// `Retry-After` (Apple retries), never 429, and the forged ones beside them are still
         /// told apart (403).
@@ -433,21 +531,7 @@ extension BrokerTests {
             let large = try ForgedNotification.make(signer: stranger, padding: 152 * 1024)
             let small = try ForgedNotification.make(signer: stranger, padding: 40 * 1024)
             try #require(small.utf8.count < 65_536 - 64, "the small ones must pass the body limit")
-            func storeBytes() async throws -> Int {
-                if pipeline.store.dialect == .postgres {
-                    // The tables' sizes on disk, as the server counts them.
-                    return try await pipeline.store.testValue(
-                        """
-                        SELECT sum(pg_total_relation_size(c.oid))::BIGINT FROM pg_class c
-                        JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'public' AND c.relkind = 'r'
-                        """) ?? -1
-                }
-                return ["", "-wal"].reduce(0) { total, suffix in
-                    let attributes = try? FileManager.default.attributesOfItem(atPath: pipeline.databasePath + suffix)
-                    return total + ((attributes?[.size] as? Int) ?? 0)
-                }
-            }
-            let before = try await storeBytes()
+            let before = try await pipeline.storeBytes()
             let started = ContinuousClock.now
             let statuses = try await withThrowingTaskGroup(of: Int.self) { group in
                 var statuses: [Int: Int] = [:]
@@ -461,7 +545,7 @@ extension BrokerTests {
                 return statuses
             }
             let elapsed = ContinuousClock.now - started
-            let grown = try await storeBytes() - before
+            let grown = try await pipeline.storeBytes() - before
             print("forged notifications: 400 (\(large.utf8.count / 1024) KB and \(small.utf8.count / 1024) KB) in \(elapsed): \(statuses); the store grew by \(grown) bytes")
             #expect(statuses == [413: 200, 403: 200], "\(statuses)")
             #expect(grown == 0, "the store grew by \(grown) bytes")

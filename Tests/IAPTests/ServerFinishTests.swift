@@ -218,6 +218,26 @@ extension BrokerTests {
             #expect(settled, "the upload customer service settled was not finished at Apple")
             try await Task.sleep(for: .seconds(2))
             #expect(try await FakeFinishRecord.of(looked.transactionId, at: pipeline.fakeURL) == .init(serverFinishCalls: 0))
+
+            // Another customer's transaction that Apple refunded, which a user only names beside
+            // a receipt of her own: the answer may call it settled, but the server never
+            // finishes an id the upload only named.
+            let beas = try await pipeline.mint(deviceId: "bea-phone")
+            let refund = try await HTTP.post(pipeline.fakeURL + "/fake/purchases/\(beas.transactionId)/refund", json: [String: String]())
+            #expect(refund.status == 200, "\(refund.text)")
+            #expect(
+                try await eventually(timeout: .seconds(20)) {
+                    try await pipeline.store.notifications(ofTransaction: beas.transactionId).map(\.type).contains("REFUND")
+                })
+            let mallorys = try await pipeline.mint(deviceId: "mallory-phone")
+            let probe = try await pipeline.upload(userId: "mallory", receiptData: mallorys.receiptData, transactionId: beas.transactionId)
+            _ = try await pipeline.waitForState(probe)
+            // The verdict that once queued the named id's finish (the status answer then follows
+            // the purchase the receipt carried).
+            let verdict = try await pipeline.store.testRows("SELECT reason FROM submission WHERE id = ?", [probe]).first
+            #expect((verdict?["reason"] as String?) == "purchase_revoked", "\(String(describing: verdict))")
+            try await Task.sleep(for: .seconds(2))
+            #expect(try await FakeFinishRecord.of(beas.transactionId, at: pipeline.fakeURL) == .init(serverFinishCalls: 0))
         }
     }
 }
