@@ -48,13 +48,19 @@ public enum ConsumptionAnswer {
         public var consumptionPercentage: Int?
         /// Whether the purchase's user consented (`per-user`); nil when the app said nothing.
         public var userConsented: Bool?
+        /// The product's type, as the catalog said when Apple asked; nil when it was not known.
+        public var productType: Catalog.ProductType?
 
         /// Creates facts.
-        public init(ownershipType: String?, delivered: Bool, consumptionPercentage: Int?, userConsented: Bool?) {
+        public init(
+            ownershipType: String?, delivered: Bool, consumptionPercentage: Int?, userConsented: Bool?,
+            productType: Catalog.ProductType? = nil
+        ) {
             self.ownershipType = ownershipType
             self.delivered = delivered
             self.consumptionPercentage = consumptionPercentage
             self.userConsented = userConsented
+            self.productType = productType
         }
     }
 
@@ -80,12 +86,18 @@ public enum ConsumptionAnswer {
         case .perUser where facts.userConsented != true: return .skip(reason: noConsent)
         case .all, .perUser: break
         }
-        // Not credited to anyone: nothing of it was delivered, so nothing of it was used.
-        let used = facts.delivered ? facts.consumptionPercentage.map { min(max($0, 0), 100_000) } : 0
+        // Not credited to anyone: nothing of it was delivered, so nothing of it was used. Apple
+        // takes no share for an auto-renewable subscription (it refuses one).
+        let used: Int? =
+            facts.productType == .autoRenewable
+            ? nil : facts.delivered ? facts.consumptionPercentage.map { min(max($0, 0), 100_000) } : 0
+        // A prorated refund needs the share: without one, no preference is said rather than a
+        // share made up (Apple decides with the rest of the facts).
+        let preference = settings.refundPreference == "GRANT_PRORATED" && used == nil ? nil : settings.refundPreference
         return .send(
             Body(
                 customerConsented: true, deliveryStatus: facts.delivered ? "DELIVERED" : "UNDELIVERED_OTHER",
                 sampleContentProvided: settings.sampleContentProvided, consumptionPercentage: used,
-                refundPreference: settings.refundPreference))
+                refundPreference: preference))
     }
 }

@@ -180,7 +180,8 @@ extension Planner {
                         reason: notification.consumptionRequestReason, environment: notification.environment.rawValue,
                         receivedAt: now, ownershipType: purchase.ownershipType,
                         deadline: (notification.signedDate ?? now).addingTimeInterval(
-                            LedgerChange.ConsumptionRequest.answerWindow))))
+                            LedgerChange.ConsumptionRequest.answerWindow),
+                        creditKey: key.stored, productType: product(purchase.productId)?.type.rawValue)))
             return .recorded
         case .refundDeclined:
             // A case closed: nothing changes; Apple may still refund later.

@@ -95,6 +95,12 @@ public enum LedgerChange: Sendable, Equatable {
         public var ownershipType: String?
         /// When Apple stops waiting for the answer: 12 hours after it signed the request.
         public var deadline: Date
+        /// What the purchase asked about is credited once by (`CreditKey.stored`): whether it was
+        /// delivered is read by it, not by the transaction Apple names (a non-consumable or a
+        /// period is held through whichever transaction of it was credited first).
+        public var creditKey: String?
+        /// The product's type as the catalog says (`Catalog.ProductType`'s raw value).
+        public var productType: String?
 
         /// Apple's time to answer a consumption request.
         public static let answerWindow: TimeInterval = 12 * 3600
@@ -102,8 +108,11 @@ public enum LedgerChange: Sendable, Equatable {
         /// Creates a request.
         public init(
             notificationUUID: String, transactionId: String, userId: String?, reason: String?, environment: String,
-            receivedAt: Date, ownershipType: String? = nil, deadline: Date? = nil
+            receivedAt: Date, ownershipType: String? = nil, deadline: Date? = nil, creditKey: String? = nil,
+            productType: String? = nil
         ) {
+            self.creditKey = creditKey
+            self.productType = productType
             self.ownershipType = ownershipType
             self.deadline = deadline ?? receivedAt.addingTimeInterval(Self.answerWindow)
             self.notificationUUID = notificationUUID

@@ -75,11 +75,19 @@ extension OrderStore {
             from: "consumption_request", key: "notificationUUID",
             columns: """
                 consumption_request.*,
-                    EXISTS (SELECT 1 FROM grants WHERE grants.transactionId = consumption_request.transactionId) AS delivered,
-                    (SELECT consumptionPercentage FROM consumption_report
-                        WHERE consumption_report.transactionId = consumption_request.transactionId) AS used,
+                    EXISTS (
+                        SELECT 1 FROM grants WHERE grants.transactionId = consumption_request.transactionId
+                            OR grants.creditKey = consumption_request.creditKey
+                    ) AS delivered,
+                    (SELECT max(consumptionPercentage) FROM consumption_report
+                        WHERE consumption_report.transactionId = consumption_request.transactionId
+                            OR consumption_report.transactionId IN (
+                                SELECT transactionId FROM purchase WHERE purchase.creditKey = consumption_request.creditKey)
+                    ) AS used,
                     (SELECT consented FROM consumption_consent WHERE consumption_consent.userId = coalesce(
                         (SELECT userId FROM purchase WHERE purchase.transactionId = consumption_request.transactionId),
+                        (SELECT userId FROM grants WHERE grants.creditKey = consumption_request.creditKey
+                            ORDER BY grants.id LIMIT 1),
                         consumption_request.userId)) AS consented
                 """,
             queued: "answer = 'queued'", limit: limit, worker: worker, lease: lease, now: now)
@@ -92,7 +100,7 @@ extension OrderStore {
                 attempts: row["attempts"],
                 facts: ConsumptionAnswer.Facts(
                     ownershipType: row["ownershipType"], delivered: row["delivered"], consumptionPercentage: row["used"],
-                    userConsented: row["consented"]))
+                    userConsented: row["consented"], productType: (row["productType"] as String?).flatMap(Catalog.ProductType.init)))
         }
     }
 
@@ -139,13 +147,21 @@ extension OrderStore {
 
     /// The app's report about one of `userId`'s purchases: the share of it used (milli-units,
     /// 100000 is all of it), and the user's consent to tell Apple when they ask for a refund.
-    /// A transaction that is not the user's is refused as unknown.
+    /// A transaction that is not the user's is refused as unknown. A share never goes down: use
+    /// only grows, so a later, smaller report (a buyer who asked Apple for a refund) leaves the
+    /// highest share reported.
     public func reportConsumption(_ report: ConsumptionReport, now: Date = Date()) async throws {
         let userId = report.userId, transactionId = report.transactionId
         let consumptionPercentage = report.consumptionPercentage, consented = report.customerConsented
         try await database.write { db in
             if let transactionId {
-                let owner = try await db.row(sql: "SELECT userId FROM purchase WHERE transactionId = ?", arguments: [transactionId])
+                // The purchase of that id, or the one credited through another transaction of it
+                // (a restore of a non-consumable names the original the app may report by).
+                let owner = try await db.row(
+                    sql: """
+                        SELECT userId FROM purchase WHERE transactionId = ? OR originalTransactionId = ?
+                        ORDER BY CASE WHEN transactionId = ? THEN 0 ELSE 1 END LIMIT 1
+                        """, arguments: [transactionId, transactionId, transactionId])
                 guard let owner, sameUser(owner["userId"], userId) else {
                     throw ConsumptionReportError(kind: .transactionNotFound)
                 }
@@ -155,7 +171,9 @@ extension OrderStore {
                             """
                             INSERT INTO consumption_report (transactionId, userId, consumptionPercentage, reportedAt)
                             VALUES (?, ?, ?, ?)
-                            ON CONFLICT (transactionId) DO UPDATE SET consumptionPercentage = excluded.consumptionPercentage,
+                            ON CONFLICT (transactionId) DO UPDATE SET consumptionPercentage = CASE
+                                    WHEN excluded.consumptionPercentage > consumption_report.consumptionPercentage
+                                    THEN excluded.consumptionPercentage ELSE consumption_report.consumptionPercentage END,
                                 reportedAt = excluded.reportedAt
                             """, [transactionId, userId, consumptionPercentage, now])
                     ])

@@ -359,12 +359,13 @@ extension OrderStore {
         case .recordConsumptionRequest(let request):
             return [SQLStatement("""
                     INSERT INTO consumption_request (notificationUUID, transactionId, userId, reason, environment, receivedAt,
-                        ownershipType, deadline, answer, dueAt, attempts)
-                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'queued', ?, 0) ON CONFLICT DO NOTHING
+                        ownershipType, deadline, answer, dueAt, attempts, creditKey, productType)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'queued', ?, 0, ?, ?) ON CONFLICT DO NOTHING
                     """,
                 [
                     request.notificationUUID, request.transactionId, request.userId, request.reason, request.environment,
-                    request.receivedAt, request.ownershipType, request.deadline, request.receivedAt,
+                    request.receivedAt, request.ownershipType, request.deadline, request.receivedAt, request.creditKey,
+                    request.productType,
                 ])]
         case .audit(let entry):
             return [

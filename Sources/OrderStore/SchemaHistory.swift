@@ -904,6 +904,11 @@ enum SchemaHistory {
                 -- shortly after one was credited is answered with that one, never stored again.
                 ALTER TABLE submission ADD COLUMN uploadDigest TEXT;
                 CREATE INDEX submission_upload ON submission(userId, uploadDigest);
+                -- What a refund request's purchase is credited once by, and its product's type:
+                -- whether it was delivered is read by its key, and Apple takes no share of an
+                -- auto-renewable subscription.
+                ALTER TABLE consumption_request ADD COLUMN creditKey TEXT;
+                ALTER TABLE consumption_request ADD COLUMN productType TEXT;
                 -- Audit entries about no money (consent reports, replays refused, purges, sign-outs)
                 -- may be deleted once past the retention period; every other entry stays for ever.
                 DROP TRIGGER audit_log_no_delete;
@@ -913,11 +918,14 @@ enum SchemaHistory {
                     BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
                 """,
             // What an upload named and carried, hashed: the same upload repeated by its owner shortly
-            // after one was credited is answered with that one, never stored again. Audit entries
-            // about no money may be deleted once past the retention period; every other entry stays.
+            // after one was credited is answered with that one, never stored again. A refund
+            // request's credit key and product type. Audit entries about no money may be deleted
+            // once past the retention period; every other entry stays.
             postgres: """
                 ALTER TABLE submission ADD COLUMN uploadDigest TEXT COLLATE "C";
                 CREATE INDEX submission_upload ON submission(userId, uploadDigest);
+                ALTER TABLE consumption_request ADD COLUMN creditKey TEXT COLLATE "C";
+                ALTER TABLE consumption_request ADD COLUMN productType TEXT COLLATE "C";
                 CREATE OR REPLACE FUNCTION audit_log_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
                     BEGIN
                         IF TG_OP = 'DELETE' AND OLD.action IN ('consumption_consent_given', 'consumption_consent_withdrawn',

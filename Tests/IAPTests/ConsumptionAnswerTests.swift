@@ -55,4 +55,25 @@ struct ConsumptionAnswerTests {
         }
         #expect(missing.deliveryStatus == "UNDELIVERED_OTHER" && missing.consumptionPercentage == 0)
     }
+
+    /// Apple takes no share of an auto-renewable subscription, and a prorated refund only with a
+    /// share: without one, no preference is said rather than a share made up.
+    @Test func aSubscriptionHasNoShareAndAProratedPreferenceNeedsOne() {
+        let prorated = ConsumptionAnswer.Settings(consent: .all, refundPreference: "GRANT_PRORATED")
+        var period = spent
+        period.productType = .autoRenewable
+        #expect(
+            ConsumptionAnswer.decide(period, settings: prorated)
+                == .send(.init(customerConsented: true, deliveryStatus: "DELIVERED", sampleContentProvided: false, consumptionPercentage: nil, refundPreference: nil)))
+        period.delivered = false
+        guard case .send(let undelivered) = ConsumptionAnswer.decide(period, settings: prorated) else { return }
+        #expect(undelivered.consumptionPercentage == nil && undelivered.deliveryStatus == "UNDELIVERED_OTHER")
+        var consumable = spent
+        consumable.productType = .consumable
+        guard case .send(let spentBody) = ConsumptionAnswer.decide(consumable, settings: prorated) else { return }
+        #expect(spentBody.consumptionPercentage == 100_000 && spentBody.refundPreference == "GRANT_PRORATED")
+        consumable.consumptionPercentage = nil
+        guard case .send(let unknown) = ConsumptionAnswer.decide(consumable, settings: prorated) else { return }
+        #expect(unknown.consumptionPercentage == nil && unknown.refundPreference == nil)
+    }
 }

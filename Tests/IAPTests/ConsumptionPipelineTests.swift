@@ -78,6 +78,66 @@ extension BrokerTests {
 }
 
 extension BrokerTests.ConsumptionPipelineTests {
+    /// What the answer says is checked against the ledger, by what the purchase is credited
+    /// once by: a non-consumable the user holds through a restore (credited under another
+    /// transaction of its original) is delivered, and the app may report its share by the
+    /// original; a share never goes down (a buyer who asked Apple for a refund cannot take back
+    /// what the app reported used); an auto-renewable subscription's answer carries no share
+    /// (Apple refuses one), and a prorated refund preference is said only with a share.
+    @Test(arguments: TestStore.backends)
+    func theAnswerFollowsTheCreditKeyAndAShareNeverGoesDown(_ backend: Backend) async throws {
+        let pipeline = try await PipelineHarness.start(
+            name: "consumption-keys", consumption: .init(consent: .all, refundPreference: "GRANT_PRORATED"), on: backend)
+        Teardown.add { await pipeline.stop() }
+        func ask(_ transactionId: String) async throws -> [String: Any] {
+            let asked = try await HTTP.post(
+                pipeline.fakeURL + "/fake/purchases/\(transactionId)/notify",
+                json: ["notificationType": "CONSUMPTION_REQUEST", "consumptionRequestReason": "OTHER"])
+            #expect(asked.status == 200, "\(asked.text)")
+            let answered = try await eventually(timeout: .seconds(30)) {
+                try await HTTP.get(pipeline.fakeURL + "/fake/consumption/\(transactionId)").status == 200
+            }
+            #expect(answered, "Apple never heard about the refund request of \(transactionId)")
+            return try await HTTP.get(pipeline.fakeURL + "/fake/consumption/\(transactionId)").json
+        }
+        // A non-consumable bought on one device, credited through its restore on another.
+        let premium = try await pipeline.mintStoreKit2(productId: "com.example.premium", type: "non_consumable")
+        let restore = try await HTTP.post(pipeline.fakeURL + "/fake/purchases/\(premium.transactionId)/restore", json: ["deviceId": "ipad-2"])
+        #expect(restore.status == 201, "\(restore.text)")
+        let restored = try JSONDecoder().decode(PipelineHarness.Purchase.self, from: restore.body)
+        #expect(restored.transactionId != premium.transactionId)
+        let credited = try await pipeline.upload(["userId": "ida", "signedTransaction": try #require(restored.signedTransaction)])
+        #expect(try await pipeline.waitForState(credited)["state"] as? String == "credited")
+        // The app reports by the original, which only the restore's row names.
+        let byOriginal = try await HTTP.post(
+            pipeline.intakeURL + "/v1/users/ida/consumption",
+            json: RouteReport(transactionId: premium.transactionId, consumptionPercentage: 40_000))
+        #expect(byOriginal.status == 204, "\(byOriginal.text)")
+        let premiumAnswer = try await ask(premium.transactionId)
+        #expect(premiumAnswer["deliveryStatus"] as? String == "DELIVERED", "\(premiumAnswer)")
+        #expect(premiumAnswer["consumptionPercentage"] as? Int == 40_000 && premiumAnswer["refundPreference"] as? String == "GRANT_PRORATED")
+
+        // A consumable spent in full, then "nothing used" once its buyer asked for a refund.
+        let coins = try await pipeline.mintStoreKit2()
+        let bought = try await pipeline.upload(["userId": "ida", "signedTransaction": try #require(coins.signedTransaction)])
+        #expect(try await pipeline.waitForState(bought)["state"] as? String == "credited")
+        for share in [100_000, 0] {
+            let report = try await HTTP.post(
+                pipeline.intakeURL + "/v1/users/ida/consumption", json: RouteReport(transactionId: coins.transactionId, consumptionPercentage: share))
+            #expect(report.status == 204, "\(report.text)")
+        }
+        let coinsAnswer = try await ask(coins.transactionId)
+        #expect(coinsAnswer["consumptionPercentage"] as? Int == 100_000, "\(coinsAnswer)")
+
+        // A subscription: no share, so no prorated preference either.
+        let month = try await pipeline.mintStoreKit2(productId: "com.example.vip.month", type: "auto_renewable")
+        let subscribed = try await pipeline.upload(["userId": "ida", "signedTransaction": try #require(month.signedTransaction)])
+        #expect(try await pipeline.waitForState(subscribed)["state"] as? String == "credited")
+        let monthAnswer = try await ask(month.transactionId)
+        #expect(monthAnswer["deliveryStatus"] as? String == "DELIVERED", "\(monthAnswer)")
+        #expect(monthAnswer["consumptionPercentage"] == nil && monthAnswer["refundPreference"] == nil, "\(monthAnswer)")
+    }
+
     /// The app's services may publish the same reports to `<prefix>.consumption`: recorded as
     /// the route records them; a wrong one, or one for another user's purchase, goes to the
     /// dead letters with the reason and the queue keeps flowing.

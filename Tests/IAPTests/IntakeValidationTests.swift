@@ -91,6 +91,24 @@ struct IntakeValidationTests {
                 #expect(answer.status == 400 && answer.errorCode == "invalid_field", "limit=\(limit): \(answer.text)")
             }
             #expect(try await admin("/v1/admin/audit?limit=1000").status == 200)
+            for before in ["0", "-1", "abc", "9223372036854775808", "1e3"] {
+                let answer = try await admin("/v1/admin/audit?before=\(before)")
+                #expect(answer.status == 400 && answer.errorCode == "invalid_field", "before=\(before): \(answer.text)")
+            }
+            // The log pages: however many entries users made, staff can walk back to every one.
+            for index in 0..<5 {
+                try await edge.store.reportConsumption(
+                    .init(userId: "pager-\(index)", transactionId: nil, consumptionPercentage: nil, customerConsented: true))
+            }
+            var seen: [Int64] = []
+            var next: String? = "/v1/admin/audit?limit=2"
+            while let path = next {
+                let page = try await admin(path)
+                let entries = page.json["entries"] as? [[String: Any]] ?? []
+                seen += entries.compactMap { ($0["id"] as? NSNumber)?.int64Value }
+                next = (page.json["nextBefore"] as? NSNumber).map { "/v1/admin/audit?limit=2&before=\($0.int64Value)" }
+            }
+            #expect(seen.count == 5 && seen == seen.sorted(by: >) && Set(seen).count == 5, "\(seen)")
             let boolean = try await HTTP.send(
                 edge.intakeURL + "/v1/admin/grants", method: .POST,
                 body: Data(#"{"userId": "u1", "productId": "com.example.coins.60", "quantity": true, "reason": "goodwill"}"#.utf8),
