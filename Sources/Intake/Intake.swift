@@ -52,7 +52,8 @@ public struct IntakeSettings: Sendable {
     /// The roots an uploaded receipt's certificates must be able to lead to (the verifiers'
     /// own): a receipt whose certificates lead to none of them at any time is refused before it
     /// is stored (400 `receipt_untrusted`); receipts of Xcode's StoreKit testing are left to the
-    /// verifier. Nil checks nothing.
+    /// verifier. Nil checks nothing (set by the pipeline unless Apple's roots are the default
+    /// and `verifyReceipt` points at a stand-in for Apple).
     public var receiptRoots: ReceiptSignature?
     /// More routes served where the admin routes are (beside the app's routes, or on the
     /// admin listener): customer service's console pages, added by the process that runs it.

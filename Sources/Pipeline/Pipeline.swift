@@ -337,8 +337,10 @@ public struct Pipeline: Sendable {
         if intake.notificationVerifier == nil { intake.notificationVerifier = shared.signedData }
         if intake.bundleIds.isEmpty { intake.bundleIds = settings.verifyReceipt.bundleIds }
         // The roots the verifiers check receipts against: a receipt whose certificates lead to
-        // none of them is refused at the door, before it is stored or queued.
-        if intake.receiptRoots == nil {
+        // none of them is refused at the door, before it is stored or queued. Where they are
+        // Apple's by default and `verifyReceipt` is not Apple's (a stand-in such as the fake App
+        // Store, which signs under roots of its own), that stand-in is left to decide.
+        if intake.receiptRoots == nil, settings.storeKit.trustedRoots != nil || settings.verifyReceipt.endpoints == .apple {
             intake.receiptRoots = ReceiptSignature(roots: try settings.storeKit.trustedRoots ?? AppleRoot.receiptRoots())
         }
         if !intake.adminTokens.isEmpty {

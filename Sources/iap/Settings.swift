@@ -798,9 +798,16 @@ struct NotificationOptions: ParsableArguments {
     @Option(name: .long, help: ArgumentHelp(Setting.trustedRoots.help))
     var trustedRoots: String?
 
-    /// Sets the bundle ids, roots and app id the intake checks each notification against.
+    /// Sets the bundle ids, roots and app id the intake checks each notification against, and
+    /// where `verifyReceipt` is (from the environment only, as the verifier reads it): the
+    /// intake refuses at its door a receipt whose certificates cannot lead to Apple's roots only
+    /// where `verifyReceipt` is Apple's own or the roots are named.
     func apply(to settings: inout PipelineSettings) throws {
         settings.verifyReceipt.bundleIds = try readBundleIds(bundleIds, default: nil, purpose: "notifications")
+        let reader = SettingReader()
+        settings.verifyReceipt.endpoints = VerifyReceiptEndpoints(
+            production: reader.string(nil, .appStoreVerifyURL, default: VerifyReceiptEndpoints.apple.production),
+            sandbox: reader.string(nil, .appStoreSandboxVerifyURL, default: VerifyReceiptEndpoints.apple.sandbox))
         if let roots = try readTrustedRoots(trustedRoots) { settings.storeKit.trustedRoots = roots }
         if let appAppleId = try readOptionalInt64(appAppleId, .appAppleId) { settings.storeKit.appAppleId = appAppleId }
     }

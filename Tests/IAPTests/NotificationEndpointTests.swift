@@ -380,6 +380,22 @@ extension BrokerTests {
             #expect(statuses.values.reduce(0, +) > 100, "the flood was too thin to mean anything: \(statuses)")
         }
 
+        /// Points the fake App Store's notifications at a catcher of their own: what it sends,
+        /// kept for the test to deliver when it chooses.
+        static func catchNotifications(of pipeline: PipelineHarness) async throws -> NIOLockedValueBox<[Data]> {
+            let caught = NIOLockedValueBox([Data]())
+            let router = Router()
+            router.post("/notifications") { request, _ -> Response in
+                let body = Data(buffer: try await request.body.collect(upTo: 1 << 20))
+                caught.withLockedValue { $0.append(body) }
+                return Response(status: .ok)
+            }
+            let catcher = try await LoopbackServer.start(router, name: "the notification catcher")
+            Teardown.add { await catcher.group.triggerGracefulShutdown() }
+            #expect(try await HTTP.post(pipeline.fakeURL + "/fake/config", json: ["notificationURL": catcher.base + "/notifications"]).status == 204)
+            return caught
+        }
+
         /// The flood drill, from Apple's own address (every request from one client, no proxy):
         /// 2,000 forged, junk and transfer-coded notifications as fast as 16 connections send
         /// them, with the production defaults' limits, and 20 genuine REFUNDs interleaved. Every
@@ -394,15 +410,6 @@ extension BrokerTests {
             Teardown.add { await pipeline.stop() }
             let url = pipeline.intakeURL + "/v1/notifications/appstore"
             // Twenty credited purchases, and Apple's REFUND of each, caught on its way.
-            let caught = NIOLockedValueBox([Data]())
-            let router = Router()
-            router.post("/notifications") { request, _ -> Response in
-                let body = Data(buffer: try await request.body.collect(upTo: 1 << 20))
-                caught.withLockedValue { $0.append(body) }
-                return Response(status: .ok)
-            }
-            let catcher = try await LoopbackServer.start(router, name: "the notification catcher")
-            Teardown.add { await catcher.group.triggerGracefulShutdown() }
             var purchases: [PipelineHarness.Purchase] = []
             for index in 0..<20 {
                 let purchase = try await pipeline.mint(deviceId: "drill-\(index)")
@@ -410,7 +417,7 @@ extension BrokerTests {
                 #expect(try await pipeline.waitForState(id)["state"] as? String == "credited")
                 purchases.append(purchase)
             }
-            #expect(try await HTTP.post(pipeline.fakeURL + "/fake/config", json: ["notificationURL": catcher.base + "/notifications"]).status == 204)
+            let caught = try await Self.catchNotifications(of: pipeline)
             for purchase in purchases {
                 #expect(try await HTTP.post(pipeline.fakeURL + "/fake/purchases/\(purchase.transactionId)/refund", json: [String: String]()).status == 200)
             }
@@ -489,16 +496,7 @@ extension BrokerTests {
             Teardown.add { await pipeline.stop() }
             let url = pipeline.intakeURL + "/v1/notifications/appstore"
             // The fake's genuine REFUND, caught on its way to the intake.
-            let caught = NIOLockedValueBox([Data]())
-            let router = Router()
-            router.post("/notifications") { request, _ -> Response in
-                let body = Data(buffer: try await request.body.collect(upTo: 1 << 20))
-                caught.withLockedValue { $0.append(body) }
-                return Response(status: .ok)
-            }
-            let catcher = try await LoopbackServer.start(router, name: "the notification catcher")
-            Teardown.add { await catcher.group.triggerGracefulShutdown() }
-            #expect(try await HTTP.post(pipeline.fakeURL + "/fake/config", json: ["notificationURL": catcher.base + "/notifications"]).status == 204)
+            let caught = try await Self.catchNotifications(of: pipeline)
             let purchase = try await pipeline.mint()
             #expect(try await HTTP.post(pipeline.fakeURL + "/fake/purchases/\(purchase.transactionId)/refund", json: [String: String]()).status == 200)
             let genuine = try #require(caught.withLockedValue { $0.first })
