@@ -9,7 +9,7 @@ extension OrderStore {
     /// their per-transaction rows; returns how many were deleted. A submission that a purchase
     /// row or an applied notification names is kept, as is everything not `rejected`. One
     /// audit entry (actor `system`, action `retention_purge`) records each purge that deleted
-    /// something; the audit log itself is never purged.
+    /// something; the audit log's own entries go by `purgeAuditEntries(olderThan:)`.
     public func purgeRejected(olderThan cutoff: Date, now: Date) async throws -> Int {
         var purged = 0
         while true {

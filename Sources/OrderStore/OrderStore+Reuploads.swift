@@ -26,8 +26,12 @@ extension OrderStore {
     }
 
     /// The submission `request` repeats, when its owner's same upload was accepted within
-    /// ``reuploadWindow`` before `now` and is credited: the repeat is answered with it (its status
-    /// follows every later event), and nothing is stored or verified again. Nil otherwise.
+    /// ``reuploadWindow`` before `now`, is credited, lists no period of an auto-renewable
+    /// subscription, and everything it lists is still in force for this user (the ledger would
+    /// answer the repeat the same way): the repeat is answered with it (its status follows every
+    /// later event), and nothing is stored or verified again. Nil otherwise: a purchase refunded,
+    /// moved to another user or held since is asked again as a new upload, and so is a receipt
+    /// with a subscription, to which Apple's answer grows with every renewal.
     public func creditedUpload(repeatedBy request: VerifyRequest, now: Date) async throws -> SubmissionID? {
         guard let digest = Self.uploadDigest(of: request) else { return nil }
         return try await database.read { db in
@@ -35,6 +39,16 @@ extension OrderStore {
                 sql: """
                     SELECT id FROM submission
                     WHERE userId = ? AND uploadDigest = ? AND state = 'credited' AND acceptedAt >= ?
+                        AND EXISTS (SELECT 1 FROM submission_transaction WHERE submissionId = submission.id)
+                        AND NOT EXISTS (
+                            SELECT 1 FROM submission_transaction
+                            WHERE submissionId = submission.id AND creditKey LIKE 'wol:%')
+                        AND NOT EXISTS (
+                            SELECT 1 FROM submission_transaction
+                            WHERE submission_transaction.submissionId = submission.id
+                                AND NOT EXISTS (
+                                    SELECT 1 FROM grants WHERE grants.creditKey = submission_transaction.creditKey
+                                        AND grants.userId = submission.userId AND grants.state = 'active'))
                     ORDER BY acceptedAt DESC LIMIT 1
                     """, arguments: [request.userId, digest, now.addingTimeInterval(-Self.reuploadWindow)]
             ).flatMap { UUID(uuidString: $0["id"]) }

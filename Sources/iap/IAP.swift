@@ -30,6 +30,9 @@ enum HelpText {
         iap dev defaults to 1), last 8 hours and live in memory: a restart signs everyone out.
         App users send Authorization: Bearer <JWT> from the app's login backend (sub is the user id): \
         \(Setting.authHS256Secret.variable) (or \(Setting.authHS256Secret.fileVariable)), at least 32 bytes, or --auth-public-key-path.
+        An uploaded receipt whose certificates can lead to no trusted root is refused before it is stored (400 receipt_untrusted): \
+        the roots are \(Setting.trustedRoots.variable), else Apple's where \(Setting.appStoreVerifyURL.variable) and \
+        \(Setting.appStoreSandboxVerifyURL.variable) (read from the environment, as the verifiers read them) are Apple's own.
         """
     static let broker = """
         The broker URL, amqp://user:password@host:port/vhost, comes from \(Setting.amqpURL.variable) or from the file named by \

@@ -67,7 +67,8 @@ struct UntrustedNumberTests {
     /// trap further on.
     @Test func messagesWithNumbersOutOfBoundsAreUndecodable() throws {
         let codec = MessageCodec()
-        let request = VerifyRequest(submissionId: UUID(), userId: "u1", receiptData: "AAAA", acceptedAt: Date())
+        // Whole seconds: milliseconds travel as a Double, and a date read back is compared exactly.
+        let request = VerifyRequest(submissionId: UUID(), userId: "u1", receiptData: "AAAA", acceptedAt: Date(timeIntervalSince1970: 1_800_000_000))
         let good = try codec.encode(request)
         #expect(try codec.decodeRequest(from: good) == request)
         func replacing(_ bytes: [UInt8], _ key: String, with value: String) throws -> [UInt8] {
