@@ -86,7 +86,21 @@ enum TestStore {
         in folder: URL, name: String = "orders", on backend: Backend = .sqlite,
         statementObserver: (@Sendable (String) -> Void)? = nil
     ) async throws -> OrderStore {
-        try await OrderStore(location: location(in: folder, name: name, on: backend), statementObserver: statementObserver)
+        let location = try await location(in: folder, name: name, on: backend)
+        // The shared test server may be slow to hand out a first connection while fifty suites
+        // start at once: a store that could not connect is opened again (its schema is
+        // migrated on open, so nothing is half done), a few times, before the test fails.
+        var last = OrderStoreError(.unavailable, "the store was not opened")
+        for _ in 0..<3 {
+            do {
+                return try await OrderStore(location: location, statementObserver: statementObserver)
+            } catch {
+                guard error.code == .unavailable else { throw error }
+                last = error
+                try await Task.sleep(for: .seconds(1))
+            }
+        }
+        throw last
     }
 
     /// The environment that points an `iap` process at `location`.
