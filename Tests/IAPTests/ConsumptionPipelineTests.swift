@@ -90,15 +90,9 @@ extension BrokerTests.ConsumptionPipelineTests {
             name: "consumption-keys", consumption: .init(consent: .all, refundPreference: "GRANT_PRORATED"), on: backend)
         Teardown.add { await pipeline.stop() }
         func ask(_ transactionId: String) async throws -> [String: Any] {
-            let asked = try await HTTP.post(
-                pipeline.fakeURL + "/fake/purchases/\(transactionId)/notify",
-                json: ["notificationType": "CONSUMPTION_REQUEST", "consumptionRequestReason": "OTHER"])
-            #expect(asked.status == 200, "\(asked.text)")
-            let answered = try await eventually(timeout: .seconds(30)) {
-                try await HTTP.get(pipeline.fakeURL + "/fake/consumption/\(transactionId)").status == 200
-            }
-            #expect(answered, "Apple never heard about the refund request of \(transactionId)")
-            return try await HTTP.get(pipeline.fakeURL + "/fake/consumption/\(transactionId)").json
+            let answer = try await pipeline.askForRefund(transactionId)
+            #expect(answer != nil, "Apple never heard about the refund request of \(transactionId)")
+            return answer ?? [:]
         }
         // A non-consumable bought on one device, credited through its restore on another.
         let premium = try await pipeline.mintStoreKit2(productId: "com.example.premium", type: "non_consumable")
@@ -167,14 +161,7 @@ extension BrokerTests.ConsumptionPipelineTests {
         #expect(reasons.contains { $0.contains("unreadable consumption report") }, "\(reasons)")
 
         // Apple asks: answered with what the queue said.
-        _ = try await HTTP.post(
-            pipeline.fakeURL + "/fake/purchases/\(purchase.transactionId)/notify",
-            json: ["notificationType": "CONSUMPTION_REQUEST", "consumptionRequestReason": "OTHER"])
-        let answered = try await eventually(timeout: .seconds(30)) {
-            try await HTTP.get(pipeline.fakeURL + "/fake/consumption/\(purchase.transactionId)").status == 200
-        }
-        #expect(answered)
-        let sent = try await HTTP.get(pipeline.fakeURL + "/fake/consumption/\(purchase.transactionId)").json
+        let sent = try #require(try await pipeline.askForRefund(purchase.transactionId), "Apple never heard the answer")
         #expect(sent["consumptionPercentage"] as? Int == 25_000 && sent["deliveryStatus"] as? String == "DELIVERED")
         await connection.close()
     }
@@ -221,5 +208,21 @@ extension BrokerTests {
             #expect(try await pipeline.waitForState(upload)["state"] as? String == "credited")
             #expect(try await pipeline.grantState(of: anonymous.transactionId, user: "pat") == "active")
         }
+    }
+}
+
+extension PipelineHarness {
+    /// Apple asks about a refund of `transactionId` (the fake sends CONSUMPTION_REQUEST) and
+    /// the answer the order service sent it, once one arrived within 30 s; nil when none did.
+    func askForRefund(_ transactionId: String, reason: String = "OTHER") async throws -> [String: Any]? {
+        let asked = try await HTTP.post(
+            fakeURL + "/fake/purchases/\(transactionId)/notify",
+            json: ["notificationType": "CONSUMPTION_REQUEST", "consumptionRequestReason": reason])
+        #expect(asked.status == 200, "\(asked.text)")
+        let answered = try await eventually(timeout: .seconds(30)) {
+            try await HTTP.get(self.fakeURL + "/fake/consumption/\(transactionId)").status == 200
+        }
+        guard answered else { return nil }
+        return try await HTTP.get(fakeURL + "/fake/consumption/\(transactionId)").json
     }
 }
