@@ -171,6 +171,17 @@ extension OrderStore {
         }
     }
 
+    /// Gives back the lease on `name` taken until `until`, as of `at` (when it was taken): the
+    /// next run may start as soon as it falls due, however close to the lease's end that is. A
+    /// lease another service took since is left alone.
+    public func releaseLease(_ name: String, takenUntil until: Date, at: Date) async throws {
+        try await database.write { db in
+            try await db.execute(
+                sql: "UPDATE reconciliation_run SET lastRunAt = ? WHERE task = ? AND lastRunAt = ?",
+                arguments: [at, "lease:" + name, until])
+        }
+    }
+
     /// Records that `task` ran to its end at `date`.
     public func recordReconciliation(_ task: ReconciliationTask, at date: Date) async throws {
         try await database.write { db in

@@ -113,13 +113,22 @@ public final class Reconciliation: Sendable {
     }
 
     /// Runs once now if no other order service sharing the store is running one (a lease held
-    /// for `lease`); nil when another one is.
+    /// for at most `lease`, given back when the run ends); nil when another one is.
     public func runIfNoOtherIs(lease: Duration, now: Date = Date()) async throws -> ReconciliationReport? {
-        guard try await store.takeLease("reconciliation", until: now.addingTimeInterval(Self.seconds(lease)), now: now) else {
+        let until = now.addingTimeInterval(Self.seconds(lease))
+        guard try await store.takeLease("reconciliation", until: until, now: now) else {
             logger.info("reconciliation skipped: another order service is running it")
             return nil
         }
-        return await run(now: now)
+        let report = await run(now: now)
+        // The next run falls due an interval after this one began, which is where a lease of
+        // one interval ends: held to its end, it would turn that run away.
+        do {
+            try await store.releaseLease("reconciliation", takenUntil: until, at: now)
+        } catch {
+            logger.warning("reconciliation lease not given back; it ends by itself", metadata: ["error": "\(error)"])
+        }
+        return report
     }
 
     /// When the last run ended, nil if none did.

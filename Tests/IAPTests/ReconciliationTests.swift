@@ -50,6 +50,26 @@ extension BrokerTests {
             try await store.auditLog(limit: 1000).filter { $0.actor == "reconciliation" }
         }
 
+        /// Scheduled every hour or less, each run falls due where the lease of the run before
+        /// ends (an interval after it began): the lease is given back when a run ends, so no run
+        /// is turned away as if another service held it; a lease still held turns one away.
+        @Test(arguments: TestStore.backends)
+        func aRunDueWhereTheLastRunsLeaseEndsIsNotSkipped(_ backend: Backend) async throws {
+            let pipeline = try await PipelineHarness.start(name: "reconcile-lease", on: backend)
+            Teardown.add { await pipeline.stop() }
+            let reconciliation = try await Self.reconciliation(pipeline)
+            let start = Date()
+            for round in 0..<3 {
+                let due = start.addingTimeInterval(Double(round) * 60)
+                let report = try await reconciliation.runIfNoOtherIs(lease: .seconds(60), now: due)
+                #expect(report != nil, "the run due at +\(round * 60) s was skipped")
+            }
+            // Another service holding the lease still keeps a run out.
+            let later = start.addingTimeInterval(600)
+            #expect(try await pipeline.store.takeLease("reconciliation", until: later.addingTimeInterval(60), now: later))
+            #expect(try await reconciliation.runIfNoOtherIs(lease: .seconds(60), now: later.addingTimeInterval(1)) == nil)
+        }
+
         /// A period whose notification was lost, found by the history pass after a later period
         /// arrived, is credited, and is dated when Apple renewed it (its purchase date), not when
         /// Apple answered the read: the subscription keeps the later period's expiry and state.
