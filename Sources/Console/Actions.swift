@@ -121,10 +121,10 @@ extension Console {
             let transactionId = try required(form, "transactionId")
             let userId = try required(form, "userId")
             // The form's word is not enough: Apple must list this transaction under this order now.
-            guard case .found(let transactions, _) = await lookUpOrder(orderId) else {
+            guard case .found(let transactions, let signed, _) = await lookUpOrder(orderId) else {
                 throw ActionRefused(text: "Apple could not confirm order \(orderId) now: nothing was changed. Try again shortly.")
             }
-            guard transactions.contains(where: { $0.transactionId == transactionId }) else {
+            guard let listed = transactions.firstIndex(where: { $0.transactionId == transactionId }), listed < signed.count else {
                 throw ActionRefused(text: "Apple does not list transaction \(transactionId) under order \(orderId): nothing was changed.")
             }
             if let known = try await store.consolePurchases([transactionId])[transactionId] {
@@ -134,9 +134,14 @@ extension Console {
                 }
                 return (try await grantHeld(transactionId, userId: userId, productId: nil, reason: reason, actor: actor), Self.userPath(userId))
             }
-            // Never uploaded: verified through the pipeline like the app's own upload of it.
-            let request = VerifyRequest(
+            // Never uploaded: the transaction as Apple signed it for the customer's order id (which
+            // only the buyer's e-mailed receipt carries; the operator confirmed whose it is) is
+            // verified through the pipeline like the app's own upload of its signed transaction,
+            // so the ledger's rules (tokens, subscription owners, refunds) decide, and a person's
+            // confirmation is never a bare id that proves nothing.
+            var request = VerifyRequest(
                 submissionId: UUID(), userId: userId, receiptData: "", transactionId: transactionId, acceptedAt: Date())
+            request.signedTransaction = signed[listed]
             let message = OutboxMessage.verify(request, routingKey: deps.names.verify, priority: VerifyPriority.firstAttempt)
             try await store.acceptForCustomer(request, message: message, actor: actor, reason: reason)
             return (

@@ -9,7 +9,8 @@ import OrderStore
 
 /// What Apple's Look Up Order ID said.
 enum AppleLookup {
-    case found([JWSTransactionDecodedPayload], environment: String)
+    /// Apple's transactions for the order, decoded and verified, with each as Apple signed it.
+    case found([JWSTransactionDecodedPayload], signed: [String], environment: String)
     case notFound
     case unavailable(String)
     case notConfigured
@@ -28,7 +29,7 @@ extension Console {
                 var hits = try await deps.store.consoleSearch(query)
                 if hits.isEmpty, Self.looksLikeAppleOrderId(query) {
                     switch await lookUpOrder(query) {
-                    case .found(let transactions, _):
+                    case .found(let transactions, _, _):
                         let known = try await deps.store.consolePurchases(transactions.map(\.transactionId))
                         let owners = Set(known.values.map(\.userId))
                         if owners.count == 1, known.count == transactions.count, let owner = owners.first {
@@ -211,7 +212,7 @@ extension Console {
     func appleOrder(_ orderId: String, session: ConsoleSession) async -> Response {
         var context: [String: Any] = ["orderId": orderId, "back": "/admin/apple-orders/" + Self.pathComponent(orderId)]
         switch await lookUpOrder(orderId) {
-        case .found(let transactions, let environment):
+        case .found(let transactions, _, let environment):
             let known: [String: ConsolePurchase]
             do {
                 known = try await deps.store.consolePurchases(transactions.map(\.transactionId))
@@ -348,7 +349,7 @@ extension Console {
                         return .unavailable("Apple's answer failed our checks (\(error.code))")
                     }
                 }
-                return .found(transactions, environment: environment.rawValue)
+                return .found(transactions, signed: answer.signedTransactions, environment: environment.rawValue)
             } catch {
                 switch error.kind {
                 case .notFound, .unauthorized: continue
