@@ -238,6 +238,11 @@ public struct ReasonCode: RawRepresentable, Codable, Sendable, Hashable, CustomS
     /// it says nothing of the purchase the app holds, so the top-level advice is not to finish;
     /// each transaction's own advice says what is settled.
     public static let orderUnknown = ReasonCode("order_unknown")
+    /// The upload names an order alone, and more than one purchase or order of its product
+    /// could be the one it was placed for: the server never pays an order on a guess. The app
+    /// uploads again naming the transaction it holds for the order (`transactionId` with
+    /// `orderId`); never finishes on this answer.
+    public static let nameTheTransaction = ReasonCode("name_the_transaction")
     /// Apple reported an internal error it will not recover from for this receipt.
     public static let appleUnresolvable = ReasonCode("apple_unresolvable")
     /// A sandbox purchase, refused by the deployment's sandbox policy.

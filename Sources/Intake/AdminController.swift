@@ -48,15 +48,6 @@ struct AdminController: Sendable {
             guard let productId = try fields.id("productId") ?? held?.productId else {
                 throw APIError.missingField("productId")
             }
-            let quantity = try fields.int("quantity") ?? held?.quantity ?? 1
-            guard (1...10_000).contains(quantity) else { throw APIError.invalidField("quantity", "must be 1 to 10000") }
-            var grant: [String: Catalog.GrantValue] = [:]
-            if let catalog = settings.catalog {
-                guard let product = catalog.product(productId) else {
-                    throw APIError(.unknownProduct, "no product \(productId) in the catalog")
-                }
-                grant = product.grant(quantity: quantity)
-            }
             // Goodwill for an Apple purchase the customer wrote about before the app uploaded it:
             // bound to it, so that its upload is not a second credit.
             let apple = try fields.string("appleTransactionId", maxLength: 32)
@@ -68,11 +59,27 @@ struct AdminController: Sendable {
                 throw APIError(
                     .conflict, "name a held purchase (transactionId) or an Apple purchase not uploaded yet (appleTransactionId), not both")
             }
-            if let apple { try await checkWithApple(apple, productId: productId, userId: userId) }
+            // Apple's word, when it can be asked: the purchase's quantity, its original
+            // transaction (what a restore's id stands for) and environment bind the goodwill.
+            let said = try await apple.asyncFlatMap { try await checkWithApple($0, productId: productId, userId: userId) }
+            let asked = try fields.int("quantity")
+            if let said, let asked, asked != said.quantity {
+                throw APIError(.conflict, "Apple's transaction \(apple ?? "") bought \(said.quantity), not \(asked): its upload would credit nothing more")
+            }
+            let quantity = said?.quantity ?? asked ?? held?.quantity ?? 1
+            guard (1...10_000).contains(quantity) else { throw APIError.invalidField("quantity", "must be 1 to 10000") }
+            var grant: [String: Catalog.GrantValue] = [:]
+            if let catalog = settings.catalog {
+                guard let product = catalog.product(productId) else {
+                    throw APIError(.unknownProduct, "no product \(productId) in the catalog")
+                }
+                grant = product.grant(quantity: quantity)
+            }
             let granted = try await mapped(notFound: .purchaseNotFound) {
                 try await store.grantManually(
                     userId: userId, productId: productId, quantity: quantity, grant: grant,
-                    transactionId: named, appleTransactionId: apple, actor: try Self.actor(fields),
+                    transactionId: named, appleTransactionId: apple,
+                    appleSaid: said.map { ($0.originalTransactionId, $0.environment) }, actor: try Self.actor(fields),
                     reason: try fields.requiredString("reason", maxLength: 1000), policy: policy)
             }
             Counter(label: MetricNames.grants).increment()
@@ -300,8 +307,18 @@ struct AdminController: Sendable {
     /// product, a refunded purchase, or one whose `appAccountToken` names another user's order
     /// is a `conflict`. None of this proves the purchase the customer's (a transaction id is a
     /// lookup): the buyer's own upload later still wins a person's review.
-    private func checkWithApple(_ transactionId: String, productId: String, userId: String) async throws {
-        guard let client = settings.appStore, let verifier = settings.notificationVerifier else { return }
+    /// What Apple's signed answer says of a transaction a goodwill grant names.
+    struct AppleSaid {
+        var quantity: Int
+        var originalTransactionId: String
+        var environment: AppStoreEnvironment
+    }
+
+    /// Asks Apple about the transaction a goodwill grant names (when the App Store Server API
+    /// key is configured; nil otherwise) and refuses what cannot be this user's purchase of
+    /// `productId`: another product, refunded, bought for another user's order.
+    private func checkWithApple(_ transactionId: String, productId: String, userId: String) async throws -> AppleSaid? {
+        guard let client = settings.appStore, let verifier = settings.notificationVerifier else { return nil }
         let signed: String
         do {
             signed = try await Self.askingApple { () async throws -> String in
@@ -332,6 +349,10 @@ struct AdminController: Sendable {
         {
             throw APIError(.conflict, "Apple's transaction \(transactionId) was bought for another user's order")
         }
+        return AppleSaid(
+            quantity: min(max(transaction.quantity ?? 1, 1), VerifiedPurchase.maxQuantity),
+            originalTransactionId: transaction.originalTransactionId,
+            environment: transaction.environment == "Sandbox" ? .sandbox : .production)
     }
 
     private static func askingApple<T>(_ body: () async throws -> T) async throws -> T {

@@ -168,8 +168,40 @@ extension FinishAdvice {
     /// `original_transaction_settled` when it is the uploader's, else the reason it is not.
     public static func verdict(
         userId: String, transactionId: String?, orderId: String?, outcomes: [PurchaseOutcome],
-        namedRevocations: [LedgerFacts.Revocation], namedOrder: LedgerFacts.Order?, namedOriginal: NamedOriginal? = nil
+        namedRevocations: [LedgerFacts.Revocation], namedOrder: LedgerFacts.Order?, namedOriginal: NamedOriginal? = nil,
+        naming: NamingOutcome = .nothing
     ) -> UploadVerdict {
+        // What the upload names comes first: a purchase held elsewhere in the receipt is
+        // listed with its own advice, and never keeps the app from what its named transaction
+        // or order already says.
+        if let named = transactionId, !outcomes.contains(where: { $0.transactionId == named }),
+            case .fromLedger(let state) = naming
+        {
+            // The ledger is the memory, not the receipt: a finished consumable leaves every
+            // later receipt, and the ledger credited it to this user before.
+            if state == .revoked {
+                return UploadVerdict(
+                    state: .rejected, reason: .purchaseRevoked,
+                    message: "transaction \(named) was credited to this user and taken back since")
+            }
+            if state == .replayedFromOtherUser {
+                return UploadVerdict(
+                    state: .rejected, reason: .replayedFromOtherUser,
+                    message: "transaction \(named) is not in this receipt; it is credited to another user of the app")
+            }
+            return UploadVerdict(
+                state: .credited, message: "transaction \(named) is not in this receipt; it was credited to this user before")
+        }
+        if transactionId == nil, let orderId, let order = namedOrder, IAPCore.sameUser(order.userId, userId) {
+            if order.state == "created", naming == .orderAmbiguous {
+                // Which of them the app holds only the app knows: it names it.
+                return UploadVerdict(
+                    state: .rejected, reason: .nameTheTransaction,
+                    message: "more than one purchase or order of \(order.productId) could be order \(orderId)'s: "
+                        + "upload again naming the transaction the app holds for it")
+            }
+            if order.state == "paid", case .orderPaid = naming { return UploadVerdict(state: .credited) }
+        }
         if let held = outcomes.first(where: { $0.state == .held }) {
             let reason = held.reason ?? .ownerUnknown
             return UploadVerdict(
@@ -215,6 +247,8 @@ extension FinishAdvice {
                     state: .rejected, reason: .transactionNotInReceipt,
                     message: "no purchase in this receipt pays order \(orderId) yet: refresh the receipt and upload it again")
             }
+            // Paid by the purchase made for it, credited to the uploader: what the app holds.
+            if order.state == "paid" { return UploadVerdict(state: .credited) }
         }
         let settledForUploader = outcomes.contains { [.credited, .alreadyCredited, .superseded].contains($0.state) }
         guard !outcomes.isEmpty, !settledForUploader else { return UploadVerdict(state: .credited) }

@@ -261,7 +261,8 @@ extension Planner {
                     bundleId: bundleId, purchaseDate: purchase.purchaseDate, userId: "", orderId: nil,
                     submissionId: submissionId, appAccountToken: purchase.appAccountToken,
                     heldReason: awaitsBuyer ? .buyerUnknown : .ownerUnknown, creditedAt: now, creditKey: key,
-                    webOrderLineItemId: purchase.webOrderLineItemId, expiresDate: purchase.expiresDate),
+                    webOrderLineItemId: purchase.webOrderLineItemId, expiresDate: purchase.expiresDate,
+                    ownershipType: purchase.ownershipType),
                 ifAbsent: true))
         return true
     }
@@ -409,7 +410,8 @@ extension Planner {
                 return .refused(.conflict, "purchase \(transactionId) is recorded: grant it as a held purchase, or it is credited already")
             }
             id = transactionId
-            original = transactionId
+            original = request.applePurchase.originalTransactionId
+            environment = request.applePurchase.environment
             creditKey = policy.creditKey(of: request.applePurchase)
             if let revocation = facts.revocation, revocation.creditKey == creditKey, revocation.standsFully {
                 return .refused(.conflict, "Apple refunded or revoked purchase \(transactionId)")

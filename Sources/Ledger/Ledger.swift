@@ -33,6 +33,11 @@ public enum Ledger {
             return LedgerQuery(transactionId: transactionId)
         case .bind(let originalTransactionId, _, _, _, _):
             return LedgerQuery(originalTransactionId: originalTransactionId)
+        case .naming(let naming):
+            var query = LedgerQuery(
+                transactionId: naming.missingTransactionId, uploadOrderId: naming.orderId, readsSubscription: false)
+            query.readsOrderCandidates = naming.missingTransactionId == nil && naming.orderId != nil
+            return query
         }
     }
 
@@ -69,9 +74,18 @@ public enum Ledger {
             outcome = planner.revokeByHand(transactionId, actor: actor, reason: reason, tag: tag)
         case .bind(let originalTransactionId, let userId, let orderId, let actor, let reason):
             outcome = planner.bindByHand(originalTransactionId, to: userId, orderId: orderId, actor: actor, reason: reason)
+        case .naming(let naming):
+            outcome = .naming(planner.plan(naming))
         }
         if case .refused = outcome { return LedgerPlan(changes: [], outcome: outcome, revoked: 0) }
         return LedgerPlan(changes: planner.changes, outcome: outcome, revoked: planner.revoked)
+    }
+
+    /// Whether Apple's `ownershipType` says someone else paid: a seat an organization assigned
+    /// (`ASSIGNED`) or a family member's shared access (`FAMILY_SHARED`). Such access pays no
+    /// order.
+    public static func accessPaidByOthers(_ ownershipType: String?) -> Bool {
+        ownershipType == "ASSIGNED" || ownershipType == "FAMILY_SHARED"
     }
 
     /// Actor names that stand for the ledger's own doings; a person's name never takes them.
@@ -138,6 +152,8 @@ extension Planner {
     /// be granted as is. Says what became of it.
     mutating func credit(_ purchase: VerifiedPurchase, upload: LedgerEvent.Upload) -> (TransactionCreditState, ReasonCode?) {
         if purchase.isUpgraded == true { return (.superseded, nil) }
+        var purchase = purchase
+        if purchase.transactionReason == nil, boughtAnew(purchase) { purchase.transactionReason = "PURCHASE" }
         let key = policy.creditKey(of: purchase)
         let evidence = purchase.ownershipEvidence
         let quantity = max(purchase.quantity, 1)
@@ -322,7 +338,8 @@ extension Planner {
             bundleId: upload.bundleId, purchaseDate: purchase.purchaseDate, userId: owner, orderId: boundOrder,
             submissionId: upload.submissionId, appAccountToken: purchase.appAccountToken,
             heldReason: heldReason, creditedAt: now, creditKey: key,
-            webOrderLineItemId: purchase.webOrderLineItemId, expiresDate: purchase.expiresDate)
+            webOrderLineItemId: purchase.webOrderLineItemId, expiresDate: purchase.expiresDate,
+            ownershipType: purchase.ownershipType)
         emit(claiming ? .claimPurchase(row) : .recordPurchase(row, ifAbsent: false))
         if let heldReason {
             if product?.type == .autoRenewable {
@@ -381,16 +398,27 @@ extension Planner {
         return (.credited, nil)
     }
 
-    /// The uploader's own unpaid order that the upload names and `purchase` may pay: named
-    /// together with this very transaction (an explicit binding, checked like a token), or named
-    /// alone (a receipt may also hold earlier purchases, made for something else: only one of
-    /// the order's product bought at or after the order was placed pays it).
+    /// Whether a later period of a chain whose answer says nothing of why it was bought
+    /// (`verifyReceipt` has no `transactionReason`) is a new purchase, from what the ledger
+    /// remembers of Apple's signed word: it recorded the period awaiting its buyer, or as the
+    /// purchase that began its owner's stretch of the chain. (Dates alone cannot tell: a period
+    /// bought after the chain ended may be a renewal Apple recovered from its billing retry.)
+    func boughtAnew(_ purchase: VerifiedPurchase) -> Bool {
+        guard purchase.transactionId != purchase.originalTransactionId, let bought = purchase.purchaseDate,
+            let row = facts.purchase, row.transactionId == purchase.transactionId
+        else { return false }
+        return row.awaitsBuyer
+            || (facts.subscription?.originalTransactionId == purchase.originalTransactionId
+                && facts.subscription?.ownedSince == bought && facts.subscription?.userId != nil)
+    }
+
+    /// The uploader's own unpaid order that the upload names together with this very
+    /// transaction: an explicit binding, checked like a token. An order named alone is paid
+    /// after the upload's purchases are credited, only by the one purchase that can be its
+    /// (`LedgerEvent.Naming`): a receipt may hold purchases made for other orders.
     func namedOrder(for purchase: VerifiedPurchase, upload: LedgerEvent.Upload) -> LedgerFacts.Order? {
-        guard upload.orderId != nil, let named = facts.uploadOrder, named.state == "created", sameUser(named.userId, upload.userId)
-        else { return nil }
-        if upload.transactionId == purchase.transactionId { return named }
-        guard upload.transactionId == nil, let purchased = purchase.purchaseDate, named.productId == purchase.productId,
-            named.createdAt <= purchased
+        guard upload.orderId != nil, let named = facts.uploadOrder, named.state == "created", sameUser(named.userId, upload.userId),
+            upload.transactionId == purchase.transactionId
         else { return nil }
         return named
     }
@@ -416,9 +444,9 @@ extension Planner {
     /// crossgrade), and only an order for its product: Apple keeps the chain's
     /// `originalTransactionId` for those, so the order placed for them is paid by them.
     func pays(_ order: LedgerFacts.Order, _ purchase: VerifiedPurchase) -> Bool {
-        // An assigned seat (multiseat) is access an organization paid for: it pays no order of
-        // ours, whichever way it arrives.
-        guard order.state == "created", purchase.ownershipType != "ASSIGNED" else { return false }
+        // Access someone else paid for pays no order of ours, whichever way it arrives: an
+        // assigned seat (multiseat, an organization paid) or a family member's shared access.
+        guard order.state == "created", !Ledger.accessPaidByOthers(purchase.ownershipType) else { return false }
         let laterPeriod = product(purchase.productId)?.type == .autoRenewable && purchase.transactionId != purchase.originalTransactionId
         guard laterPeriod else { return true }
         return purchase.isNewPurchaseInChain && order.productId == purchase.productId
@@ -823,7 +851,8 @@ extension Planner {
             bundleId: upload.bundleId, purchaseDate: purchase.purchaseDate, userId: tokenOwner ?? upload.userId, orderId: nil,
             submissionId: upload.submissionId, appAccountToken: purchase.appAccountToken,
             heldReason: mismatch ? .productMismatch : .stoppedByRefund, creditedAt: now, creditKey: key,
-            webOrderLineItemId: purchase.webOrderLineItemId, expiresDate: mismatch ? purchase.expiresDate : nil)
+            webOrderLineItemId: purchase.webOrderLineItemId, expiresDate: mismatch ? purchase.expiresDate : nil,
+            ownershipType: purchase.ownershipType)
         emit(unowned ? .claimPurchase(row) : .recordPurchase(row, ifAbsent: true))
         if case .billingPeriod = key {
             // Proven, though refunded: the subscription is theirs, as it would be had the period

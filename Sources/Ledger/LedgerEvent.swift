@@ -15,6 +15,8 @@ public enum LedgerEvent: Sendable, Equatable {
     /// Customer service binds a subscription to a user (Apple's Set App Account Token names
     /// an order of theirs): from now on its renewals and refunds follow that user.
     case bind(originalTransactionId: String, userId: String, orderId: String, actor: String, reason: String)
+    /// What an upload named that its purchases did not settle, after they were credited.
+    case naming(Naming)
 
     /// The upload a purchase came in.
     public struct Upload: Sendable, Equatable {
@@ -69,13 +71,19 @@ public enum LedgerEvent: Sendable, Equatable {
             self.reason = reason
         }
 
+        /// What Apple's signed answer said of `appleTransactionId`, when it was asked: its
+        /// original transaction (a restore's is the purchase it restores) and environment.
+        public var appleOriginalTransactionId: String?
+        public var appleEnvironment: AppStoreEnvironment?
+
         /// The Apple purchase a goodwill grant bound to an Apple transaction stands for: its
-        /// product, bought as the first transaction of its chain.
+        /// product, of the original transaction and environment Apple said (when asked; else
+        /// bought as the first transaction of its chain, in production).
         public var applePurchase: VerifiedPurchase {
             let id = appleTransactionId ?? transactionId ?? goodwillId
             return VerifiedPurchase(
-                transactionId: id, originalTransactionId: id, productId: productId, quantity: quantity, purchaseDate: nil,
-                environment: .production)
+                transactionId: id, originalTransactionId: appleOriginalTransactionId ?? id, productId: productId,
+                quantity: quantity, purchaseDate: nil, environment: appleEnvironment ?? .production)
         }
     }
 }
@@ -117,6 +125,9 @@ public struct LedgerQuery: Sendable, Equatable {
     public var uploadOrderId: String?
     /// The chain a migrated subscription continues: its owner is read.
     public var previousOriginalTransactionId: String? = nil
+    /// Whether the user's open orders of `uploadOrderId`'s product, and their purchases since
+    /// it was created, are read (`LedgerFacts.openOrders`, `orderCandidates`).
+    public var readsOrderCandidates = false
     /// Whether the subscription of `originalTransactionId` and its chain's grants are read
     /// (not for a one-time purchase of an upload: one statement less on the common path, and
     /// only its credit key's grants).
@@ -146,6 +157,8 @@ public enum LedgerOutcome: Sendable, Equatable {
     case grant(transactionId: String)
     /// For a binding by hand: the subscription now the user's.
     case bound(originalTransactionId: String)
+    /// For an upload's naming: what it came to.
+    case naming(NamingOutcome)
     /// An action by hand that cannot be done as asked; nothing changes.
     case refused(Refusal, String)
 

@@ -31,13 +31,22 @@ public struct LedgerFacts: Sendable, Equatable {
     public var unownedPeriods: [Purchase]
     /// Apple's revocations of those periods' credit keys.
     public var unownedRevocations: [Revocation]
+    /// For an upload naming an order alone (`LedgerEvent.Naming`): the user's open orders of
+    /// its product, oldest first.
+    public var openOrders: [Order] = []
+    /// For the same: the user's purchases of the order's product bought since it was created
+    /// (less `LedgerPolicy.clockSkewAllowed`), oldest first, each with whether it is granted.
+    public var orderCandidates: [OrderCandidate] = []
 
     /// Creates facts; everything absent unless given.
     public init(
         purchase: Purchase? = nil, grants: [Grant] = [], revocation: Revocation? = nil, subscription: Subscription? = nil,
         blocked: [Purchase] = [], chainCreditedUser: String? = nil, tokenOrder: Order? = nil, uploadOrder: Order? = nil,
-        unownedPeriods: [Purchase] = [], unownedRevocations: [Revocation] = []
+        unownedPeriods: [Purchase] = [], unownedRevocations: [Revocation] = [], openOrders: [Order] = [],
+        orderCandidates: [OrderCandidate] = []
     ) {
+        self.openOrders = openOrders
+        self.orderCandidates = orderCandidates
         self.unownedPeriods = unownedPeriods
         self.unownedRevocations = unownedRevocations
         self.purchase = purchase
@@ -79,14 +88,18 @@ public struct LedgerFacts: Sendable, Equatable {
         public var creditKey: CreditKey?
         public var webOrderLineItemId: String?
         public var expiresDate: Date?
+        /// Apple's `ownershipType` (`FAMILY_SHARED`, `ASSIGNED`: access someone else paid for);
+        /// nil where Apple's answer did not say (and in rows written before it was kept).
+        public var ownershipType: String?
 
         /// Creates a purchase row.
         public init(
             transactionId: String, originalTransactionId: String, productId: String, quantity: Int,
             environment: AppStoreEnvironment, bundleId: String, purchaseDate: Date?, userId: String, orderId: String?,
             submissionId: String, appAccountToken: String?, heldReason: ReasonCode?, creditedAt: Date, creditKey: CreditKey?,
-            webOrderLineItemId: String?, expiresDate: Date?
+            webOrderLineItemId: String?, expiresDate: Date?, ownershipType: String? = nil
         ) {
+            self.ownershipType = ownershipType
             self.transactionId = transactionId
             self.originalTransactionId = originalTransactionId
             self.productId = productId
@@ -253,6 +266,34 @@ public struct LedgerFacts: Sendable, Equatable {
         }
     }
 
+    /// A purchase of the user's that may be what an order was placed for.
+    public struct OrderCandidate: Sendable, Equatable {
+        public var transactionId: String
+        public var originalTransactionId: String
+        public var productId: String
+        public var purchaseDate: Date?
+        /// The order it pays already, if any.
+        public var orderId: String?
+        /// Credited to the user and in force (not held, not taken back).
+        public var granted: Bool
+        /// Apple's `ownershipType` (`ASSIGNED` for a seat an organization assigned).
+        public var ownershipType: String?
+
+        /// Creates a candidate.
+        public init(
+            transactionId: String, originalTransactionId: String, productId: String, purchaseDate: Date?, orderId: String?,
+            granted: Bool, ownershipType: String?
+        ) {
+            self.transactionId = transactionId
+            self.originalTransactionId = originalTransactionId
+            self.productId = productId
+            self.purchaseDate = purchaseDate
+            self.orderId = orderId
+            self.granted = granted
+            self.ownershipType = ownershipType
+        }
+    }
+
     /// One of our orders (table `orders`).
     public struct Order: Sendable, Equatable {
         public var id: String
@@ -331,9 +372,13 @@ extension LedgerFacts {
                 self[keyPath: path]?.state = "paid"
                 self[keyPath: path]?.transactionId = transactionId
             }
+            openOrders.removeAll { $0.id == orderId }
         case .attachOrder(let orderId, let transactionId):
             if purchase?.transactionId == transactionId { purchase?.orderId = orderId }
             updateGrant(transactionId) { $0.orderId = orderId }
+            for index in orderCandidates.indices where orderCandidates[index].transactionId == transactionId {
+                orderCandidates[index].orderId = orderId
+            }
         case .setOrderState(let orderId, let transactionId, let state, _):
             for path in [\LedgerFacts.tokenOrder, \LedgerFacts.uploadOrder]
             where self[keyPath: path]?.id == orderId && self[keyPath: path]?.transactionId == transactionId {

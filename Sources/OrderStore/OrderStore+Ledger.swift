@@ -60,6 +60,8 @@ extension OrderStore {
         private var tokenOrder: Int?
         private var uploadOrder: Int?
         private var previousChain: Int?
+        private var openOrders: Int?
+        private var orderCandidates: Int?
         /// The upload names the order its token names: one read for both.
         private var uploadOrderIsTokenOrder = false
 
@@ -133,6 +135,33 @@ extension OrderStore {
             if let previous = query.previousOriginalTransactionId {
                 previousChain = add("SELECT userId FROM subscription WHERE originalTransactionId = ?", [previous])
             }
+            if query.readsOrderCandidates, let named = query.uploadOrderId {
+                // The uploader's open orders of the named order's product, and their purchases
+                // of it that pay no order yet and carry no token (a token names the order a
+                // purchase was made for), newest first: those bought since the order was
+                // placed are the newest (`Ledger.orderPurchase` keeps them), and a few are
+                // enough to tell one from several.
+                openOrders = add(
+                    """
+                    SELECT orders.* FROM orders JOIN orders AS named ON named.id = lower(?)
+                    WHERE orders.userId = named.userId AND orders.productId = named.productId AND orders.state = 'created'
+                    ORDER BY orders.createdAt, orders.id LIMIT 16
+                    """,
+                    [named])
+                orderCandidates = add(
+                    """
+                    SELECT purchase.transactionId, purchase.originalTransactionId, purchase.productId, purchase.purchaseDate,
+                        purchase.orderId, purchase.ownershipType,
+                        EXISTS (SELECT 1 FROM grants WHERE grants.transactionId = purchase.transactionId
+                            AND grants.userId = purchase.userId AND grants.state = 'active') AS granted
+                    FROM purchase JOIN orders AS named ON named.id = lower(?)
+                    WHERE purchase.userId = named.userId AND purchase.productId = named.productId
+                        AND purchase.orderId IS NULL AND purchase.heldReason IS NULL AND purchase.purchaseDate IS NOT NULL
+                        AND purchase.appAccountToken IS NULL
+                    ORDER BY purchase.purchaseDate DESC, purchase.transactionId LIMIT 16
+                    """,
+                    [named])
+            }
             if let named = query.uploadOrderId {
                 if named.lowercased() == query.tokenOrderId?.lowercased() {
                     uploadOrderIsTokenOrder = true
@@ -161,6 +190,15 @@ extension OrderStore {
             facts.previousChainOwner = previousChain.flatMap { sets[$0].first }.flatMap { $0["userId"] as String? }
             facts.uploadOrder =
                 uploadOrderIsTokenOrder ? facts.tokenOrder : uploadOrder.flatMap { sets[$0].first }.map(OrderStore.orderFact)
+            if let openOrders { facts.openOrders = sets[openOrders].map(OrderStore.orderFact) }
+            if let orderCandidates {
+                facts.orderCandidates = sets[orderCandidates].map { row in
+                    LedgerFacts.OrderCandidate(
+                        transactionId: row["transactionId"], originalTransactionId: row["originalTransactionId"],
+                        productId: row["productId"], purchaseDate: row["purchaseDate"], orderId: row["orderId"],
+                        granted: row["granted"], ownershipType: row["ownershipType"])
+                }
+            }
             return facts
         }
     }
@@ -185,7 +223,7 @@ extension OrderStore {
             purchaseDate: row["purchaseDate"], userId: row["userId"], orderId: row["orderId"],
             submissionId: row["submissionId"], appAccountToken: row["appAccountToken"], heldReason: row["heldReason"],
             creditedAt: row["creditedAt"], creditKey: row["creditKey"], webOrderLineItemId: row["webOrderLineItemId"],
-            expiresDate: row["expiresDate"])
+            expiresDate: row["expiresDate"], ownershipType: row["ownershipType"])
     }
 
     static func revocationFact(_ row: SQLRow) -> LedgerFacts.Revocation {
@@ -228,14 +266,14 @@ extension OrderStore {
                     """
                     INSERT INTO purchase (transactionId, originalTransactionId, productId, quantity, environment, bundleId,
                         purchaseDate, userId, orderId, submissionId, appAccountToken, heldReason, creditedAt, creditKey,
-                        webOrderLineItemId, expiresDate)
-                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                        webOrderLineItemId, expiresDate, ownershipType)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                     ON CONFLICT (transactionId) DO NOTHING
                     """,
                     [
                         row.transactionId, row.originalTransactionId, row.productId, row.quantity, row.environment.rawValue,
                         row.bundleId, row.purchaseDate, row.userId, row.orderId, row.submissionId, row.appAccountToken,
-                        row.heldReason, row.creditedAt, row.creditKey, row.webOrderLineItemId, row.expiresDate,
+                        row.heldReason, row.creditedAt, row.creditKey, row.webOrderLineItemId, row.expiresDate, row.ownershipType,
                     ],
                     requiresChange: ifAbsent
                         ? nil : SQLError(.serializationFailure, "purchase \(transactionId) was recorded by another writer"))
@@ -248,12 +286,12 @@ extension OrderStore {
                 SQLStatement(
                     """
                     UPDATE purchase SET userId = ?, orderId = ?, submissionId = ?, appAccountToken = ?, heldReason = ?,
-                        creditedAt = ?, creditKey = ?, quantity = ?, purchaseDate = ?, expiresDate = ?
+                        creditedAt = ?, creditKey = ?, quantity = ?, purchaseDate = ?, expiresDate = ?, ownershipType = ?
                     WHERE transactionId = ? AND heldReason IN ('owner_unknown', 'buyer_unknown')
                     """,
                     [
                         row.userId, row.orderId, row.submissionId, row.appAccountToken, row.heldReason, row.creditedAt,
-                        row.creditKey, row.quantity, row.purchaseDate, row.expiresDate, row.transactionId,
+                        row.creditKey, row.quantity, row.purchaseDate, row.expiresDate, row.ownershipType, row.transactionId,
                     ],
                     requiresChange: SQLError(.serializationFailure, "purchase \(transactionId) was claimed by another writer"))
             ]

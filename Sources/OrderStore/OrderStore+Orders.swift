@@ -105,18 +105,22 @@ extension OrderStore {
 
     /// Grants by hand. With `transactionId` of a held purchase, grants that purchase to its
     /// owner; with `appleTransactionId` of an Apple purchase not uploaded yet, goodwill bound to
-    /// what that purchase credits (its later upload is `already_credited`); with neither, a
+    /// what that purchase credits (its later upload is `already_credited`), keyed by the
+    /// original transaction and environment Apple said (`appleSaid`) when it was asked; with neither, a
     /// goodwill grant under a new `manual-…` id. Audited.
     public func grantManually(
         userId: String, productId: String, quantity: Int, grant: [String: Catalog.GrantValue], transactionId: String?,
-        appleTransactionId: String? = nil, actor: String, reason: String, policy: CreditPolicy, now: Date = Date()
+        appleTransactionId: String? = nil, appleSaid: (originalTransactionId: String, environment: AppStoreEnvironment)? = nil,
+        actor: String, reason: String, policy: CreditPolicy, now: Date = Date()
     ) async throws(OrderStoreError) -> Grant {
         do {
             return try await database.write { db throws -> Grant in
-                let request = LedgerEvent.ManualGrant(
+                var request = LedgerEvent.ManualGrant(
                     userId: userId, productId: productId, quantity: quantity, grant: grant, transactionId: transactionId,
                     goodwillId: "manual-\(UUID().uuidString.lowercased())", actor: actor, reason: reason,
                     appleTransactionId: appleTransactionId)
+                request.appleOriginalTransactionId = appleSaid?.originalTransactionId
+                request.appleEnvironment = appleSaid?.environment
                 return try await Self.grantByLedger(.manualGrant(request), policy: policy, now: now, in: db)
             }
         } catch let error as OrderStoreError {
@@ -205,7 +209,7 @@ extension OrderStore {
             throw OrderStoreError(.notFound, message)
         case .refused(.conflict, let message):
             throw OrderStoreError(.conflict, message)
-        case .transaction, .notification, .bound:
+        case .transaction, .notification, .bound, .naming:
             preconditionFailure("the ledger answered an action by hand with \(plan.outcome)")
         }
     }

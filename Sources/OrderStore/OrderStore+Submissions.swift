@@ -279,7 +279,11 @@ extension OrderStore {
             // (one round trip on PostgreSQL): what crediting it reads follows from the result.
             var reads = [
                 SQLStatement(
-                    "SELECT userId, state, attempts, transactionId, originalTransactionId, productId FROM submission WHERE id = ?",
+                    """
+                    SELECT userId, state, attempts, transactionId, originalTransactionId, productId,
+                        signedTransaction IS NOT NULL AS signed
+                    FROM submission WHERE id = ?
+                    """,
                     [id])
             ]
             var firstRead: FactsRead?
@@ -336,7 +340,10 @@ extension OrderStore {
                 var seen = Set<String>()
                 var outcomes: [FinishAdvice.PurchaseOutcome] = []
                 var listed: [(VerifiedPurchase, TransactionCreditState, ReasonCode?)] = []
-                let named: String? = row["transactionId"]
+                // What the upload names: the transaction it named, or the one signed transaction it
+                // carried (what the app holds, as surely as a named one).
+                let signed: Bool = row["signed"]
+                let named: String? = row["transactionId"] ?? (signed ? receipt.purchases.first?.transactionId : nil)
                 let upload = Upload(
                     userId: userId, submissionId: id, orderId: result.orderId, transactionId: named,
                     bundleId: receipt.bundleId)
@@ -356,6 +363,22 @@ extension OrderStore {
                     listed.append((purchase, state, reason))
                     if state == .credited { counts.credited += 1 }
                 }
+                // What the upload named that its purchases did not settle: an order named alone,
+                // or a named transaction the receipt lacks (the ledger may hold it).
+                let missing = named.flatMap { named in outcomes.contains { $0.transactionId == named } ? nil : named }
+                var naming = LedgerEvent.Naming(
+                    userId: userId, submissionId: id, orderId: named == nil || missing != nil ? result.orderId : nil,
+                    missingTransactionId: missing)
+                naming.inUpload = Set(receipt.purchases.map(\.transactionId))
+                naming.tokenNamesOrder = result.orderId.map { order in
+                    receipt.purchases.contains { $0.appAccountToken?.lowercased() == order.lowercased() }
+                } ?? false
+                var namedOutcome = NamingOutcome.nothing
+                if naming.isNeeded, case .naming(let outcome) = try await Self.applyLedger(
+                    .naming(naming), policy: policy, now: now, in: db
+                ).outcome {
+                    namedOutcome = outcome
+                }
                 // The verdict is the core's; the shell reads what it asks for, as the plans left it.
                 let query = FinishAdvice.verdictQuery(transactionId: named, orderId: result.orderId, outcomes: outcomes)
                 var namedRevocations: [LedgerFacts.Revocation] = []
@@ -368,7 +391,8 @@ extension OrderStore {
                     namedOrder: namedOrder,
                     namedOriginal: (row["originalTransactionId"] as String?).map {
                         FinishAdvice.NamedOriginal(originalTransactionId: $0, productId: row["productId"])
-                    })
+                    },
+                    naming: namedOutcome)
                 // What the upload became, queued with the plans' writes: when the verdict read
                 // nothing, all of them go as the unit's one write (one round trip on PostgreSQL).
                 var closing: [SQLStatement] = []

@@ -937,6 +937,20 @@ enum SchemaHistory {
                     END;
                 $$;
                 """),
+        SchemaStep(
+            version: 23, name: "which purchase can pay an order named alone",
+            sqlite: """
+                -- A user's open orders of a product: an upload naming an order alone pays it only
+                -- when no other open order could be paid by the same purchase.
+                CREATE INDEX orders_open ON orders(userId, productId) WHERE state = 'created';
+                -- Apple's ownershipType of each purchase: access someone else paid for (a family
+                -- member's sharing, an assigned seat) pays no order.
+                ALTER TABLE purchase ADD COLUMN ownershipType TEXT;
+                """,
+            postgres: """
+                CREATE INDEX orders_open ON orders(userId, productId) WHERE state = 'created';
+                ALTER TABLE purchase ADD COLUMN ownershipType TEXT COLLATE "C";
+                """),
     ]
 
     /// SQLite's migrations: each step under the name it has always had in GRDB's table.

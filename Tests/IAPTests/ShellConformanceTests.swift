@@ -37,7 +37,7 @@ struct ShellConformanceTests {
         switch event {
         case .upload(_, let upload): (upload.submissionId, upload.userId)
         case .notification(_, let submissionId): (submissionId, "apple")
-        case .manualGrant, .manualRevoke, .bind: nil
+        case .manualGrant, .manualRevoke, .bind, .naming: nil
         }
     }
 

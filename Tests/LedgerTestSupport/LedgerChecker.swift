@@ -85,6 +85,28 @@ struct MemoryLedger {
         }
         if let token = query.tokenOrderId { facts.tokenOrder = orders[token.lowercased()] }
         if let named = query.uploadOrderId { facts.uploadOrder = orders[named.lowercased()] }
+        if query.readsOrderCandidates, let named = query.uploadOrderId, let order = orders[named.lowercased()] {
+            facts.openOrders = orders.values
+                .filter { $0.userId == order.userId && $0.productId == order.productId && $0.state == "created" }
+                .sorted { ($0.createdAt, $0.id) < ($1.createdAt, $1.id) }
+                .prefix(16).map { $0 }
+            facts.orderCandidates = purchases.values
+                .filter {
+                    $0.userId == order.userId && $0.productId == order.productId && $0.orderId == nil && $0.heldReason == nil
+                        && $0.purchaseDate != nil && $0.appAccountToken == nil
+                }
+                .sorted { ($1.purchaseDate!, $0.transactionId) < ($0.purchaseDate!, $1.transactionId) }
+                .prefix(16)
+                .map { purchase in
+                    LedgerFacts.OrderCandidate(
+                        transactionId: purchase.transactionId, originalTransactionId: purchase.originalTransactionId,
+                        productId: purchase.productId, purchaseDate: purchase.purchaseDate, orderId: nil,
+                        granted: grants.contains {
+                            $0.transactionId == purchase.transactionId && $0.userId == purchase.userId && $0.isActive
+                        },
+                        ownershipType: purchase.ownershipType)
+                }
+        }
         return facts
     }
 
@@ -165,7 +187,7 @@ struct MemoryLedger {
             }
             // Who really paid: only the purchase made for an order pays it, never one bought before it.
             if let order = orders[orderId], let purchase = purchases[transactionId], purchase.appAccountToken != orderId,
-                let bought = purchase.purchaseDate, bought < order.createdAt
+                let bought = purchase.purchaseDate, bought < order.createdAt - LedgerPolicy.clockSkewAllowed
             {
                 throw Refused(description: "order \(orderId) paid by \(transactionId), bought before the order was placed")
             }
@@ -517,6 +539,13 @@ enum CheckerStep: Equatable, CustomStringConvertible {
     /// ID after it lapsed (a resubscription, maybe by another account of the app): `token` 0
     /// none, 1 the buyer's order, 2 an order placed without a token (StoreKit 1).
     case resubscribe(subscription: Int, user: Int, token: Int)
+    /// Ground truth only: user `user` taps buy `count` times: as many orders of coins are
+    /// placed (StoreKit 1, no token) before any of their purchases, which are then made in the
+    /// order `shuffle` draws.
+    case doubleTap(user: Int, count: Int, shuffle: Int)
+    /// Ground truth only: the server finishes at Apple a consumable it credited
+    /// (`IAP_FINISH_TRANSACTIONS=both`): it leaves every later receipt of its device.
+    case serverFinish(transaction: Int)
 
     var description: String {
         switch self {
@@ -539,6 +568,8 @@ enum CheckerStep: Equatable, CustomStringConvertible {
         case .goodwill(let u): "goodwill(u\(u))"
         case .restoreMissing(let t, let s): "restoreMissing(#\(t), stranger \(s))"
         case .resubscribe(let s, let u, let t): "resubscribe(sub \(s), u\(u), token \(t))"
+        case .doubleTap(let u, let c, let o): "doubleTap(u\(u), ×\(c), order \(o))"
+        case .serverFinish(let t): "serverFinish(#\(t))"
         }
     }
 
@@ -554,6 +585,8 @@ enum CheckerStep: Equatable, CustomStringConvertible {
                 let extra = random.below(100)
                 if extra < 5 { return .restoreMissing(transaction: a, stranger: random.pick([0, 0, 1])) }
                 if extra < 10 { return .resubscribe(subscription: a, user: random.below(4), token: random.pick([0, 0, 1, 2])) }
+                if extra < 16 { return .doubleTap(user: random.below(4), count: random.within(2...3), shuffle: random.below(6)) }
+                if extra < 22 { return .serverFinish(transaction: a) }
             }
             switch n {
             case 0..<16: return .buy(user: random.below(4), product: random.below(4), quantity: random.within(1...3), token: random.pick([0, 0, 1, 1, 2, 3]))
@@ -610,6 +643,9 @@ struct CheckerRun {
     var provers: [String: Set<String>] = [:]
     /// Transactions the app finished, as its answers told it.
     var finished: Set<String> = []
+    /// Consumables the server finished at Apple: they leave every later receipt, but the app
+    /// still holds each until it finishes it.
+    var serverFinished: Set<String> = []
     /// What customer service granted or took back by hand, by identity: a person decided.
     var byHand: Set<String> = []
     /// Each order's user, as the app placed it.
@@ -685,6 +721,7 @@ struct CheckerRun {
             return "\(n.notificationType) \(n.notificationUUID) signed \(Int(n.signedDate!.timeIntervalSince1970) % 100_000) \(n.purchase.map(purchase) ?? "")"
         case .manualGrant(let grant): return "grant by hand \(grant.transactionId ?? grant.goodwillId) to \(grant.userId)"
         case .manualRevoke(let id, _, _, _): return "revoke by hand \(id)"
+        case .naming(let naming): return "naming order \(naming.orderId ?? "-") transaction \(naming.missingTransactionId ?? "-")"
         case .bind(let original, let userId, _, _, _): return "bind by hand \(original) to \(userId)"
         }
     }
@@ -972,6 +1009,10 @@ struct CheckerRun {
             try restoreMissing(pick, stranger: stranger)
         case .resubscribe(let pick, let user, let token):
             try resubscribe(pick, by: user, token: token)
+        case .doubleTap(let user, let count, let shuffle):
+            doubleTap(by: user, count: count, shuffle: shuffle)
+        case .serverFinish(let pick):
+            serverFinish(pick)
         }
     }
 
@@ -982,6 +1023,7 @@ struct CheckerRun {
             for device in 0..<4 where transactions.contains(where: { $0.device == device }) {
                 try appUpload(receiptOf: device, by: Self.user(device), naming: .nothing)
             }
+            try settleHeldOrders()
             return
         }
         for buyer in 0..<4 {
@@ -1107,6 +1149,7 @@ struct CheckerRun {
     /// After every step: what users hold is what the reference says, and the store's rules hold.
     func check() throws {
         try checkWhoHolds()
+        if truth { try checkOrdersPaidByTheirOwnPurchases() }
         for order in ledger.orders.values where order.state == "paid" {
             if let paidBy = order.transactionId, transactions.contains(where: { $0.id == paidBy && $0.assigned }) {
                 throw fail("order \(order.id) is paid by \(paidBy), an assigned seat (access, not a payment)")

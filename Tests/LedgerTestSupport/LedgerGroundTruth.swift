@@ -25,6 +25,8 @@ extension CheckerRun {
         case transaction(String, original: FinishAdvice.NamedOriginal?)
         /// The order it bought for.
         case order(String)
+        /// The transaction it holds, and the order it bought it for.
+        case transactionForOrder(String, order: String)
         /// Nothing: a receipt on its own.
         case nothing
     }
@@ -173,7 +175,9 @@ extension CheckerRun {
         transactions.indices.filter { index in
             let transaction = transactions[index]
             guard transaction.device == device, index < (upTo ?? transactions.count), transaction.inReceipt else { return false }
-            if transaction.product == CheckerCatalog.coins, finished.contains(transaction.id) { return false }
+            if transaction.product == CheckerCatalog.coins, finished.contains(transaction.id) || serverFinished.contains(transaction.id) {
+                return false
+            }
             if transaction.revokedAt != nil, !transaction.isSubscription {
                 let prorated = transaction.product == CheckerCatalog.coins && transaction.revocationType == "REFUND_PRORATED"
                 return prorated
@@ -200,6 +204,7 @@ extension CheckerRun {
                 switch pick % 4 {
                 case 0: .nothing
                 case 1: transaction.order.map { .order($0) } ?? .transaction(transaction.id, original: nil)
+                case 2: transaction.order.map { .transactionForOrder(transaction.id, order: $0) } ?? .transaction(transaction.id, original: nil)
                 default: .transaction(transaction.id, original: nil)
                 }
             try submit(receipt(of: transaction.device, upTo: stale ? index : nil), by: uploader, evidence: .signedUpload, naming: naming, holding: transaction.id, receipt: true)
@@ -213,16 +218,18 @@ extension CheckerRun {
 
     /// One upload through the core, its verdict as the shell asks for it, and what the app
     /// finishes on it. A receipt's cancellations carry no revocation type (`verifyReceipt`).
+    @discardableResult
     mutating func submit(
         _ indexes: [Int], by uploader: String, evidence: OwnershipEvidence, naming: AppNaming, holding: String? = nil,
         receipt: Bool = false, onDevice: Bool = true
-    ) throws {
+    ) throws -> UploadVerdict {
         let submission = nextId("s-")
         var named: String?
         var orderId: String?
         var original: FinishAdvice.NamedOriginal?
         switch naming {
         case .transaction(let id, let standsFor): (named, original) = (id, standsFor)
+        case .transactionForOrder(let id, let order): (named, orderId) = (id, order)
         case .order(let id): orderId = id
         case .nothing: break
         }
@@ -244,16 +251,25 @@ extension CheckerRun {
                     staysInReceipts: policy.staysInReceipts(transaction.product)))
             if evidence == .signedUpload { provers[transaction.id, default: []].insert(uploader) }
         }
+        // What the upload named that its purchases did not settle, as the shell plans it.
+        let missing = named.flatMap { named in outcomes.contains { $0.transactionId == named } ? nil : named }
+        var namingEvent = LedgerEvent.Naming(
+            userId: uploader, submissionId: submission, orderId: named == nil || missing != nil ? orderId : nil,
+            missingTransactionId: missing)
+        namingEvent.inUpload = Set(indexes.map { transactions[$0].id })
+        namingEvent.tokenNamesOrder = orderId.map { order in indexes.contains { transactions[$0].token == order } } ?? false
+        var namingOutcome = NamingOutcome.nothing
+        if namingEvent.isNeeded, case .naming(let outcome) = try apply(.naming(namingEvent)).outcome { namingOutcome = outcome }
         let query = FinishAdvice.verdictQuery(transactionId: named, orderId: orderId, outcomes: outcomes)
         let verdict = FinishAdvice.verdict(
             userId: uploader, transactionId: named, orderId: orderId, outcomes: outcomes,
             namedRevocations: query.revocationsOf.map(ledger.revocations(of:)) ?? [], namedOrder: query.order.flatMap { ledger.orders[$0] },
-            namedOriginal: original)
+            namedOriginal: original, naming: namingOutcome)
         if tracing { log.append("    verdict \(verdict.state) \(verdict.reason?.rawValue ?? "")") }
         let told = "\(verdict.state) \(verdict.reason?.rawValue ?? "")"
-        guard onDevice else { return }
+        guard onDevice else { return verdict }
         switch naming {
-        case .transaction(let id, _):
+        case .transaction(let id, _), .transactionForOrder(let id, _):
             if FinishAdvice.mayFinishUpload(state: verdict.state, reason: verdict.reason, named: .transaction, settledByHand: false) {
                 try appFinishes(id, told: told)
             }
@@ -265,6 +281,98 @@ extension CheckerRun {
             // Each transaction's own advice.
             for outcome in outcomes where FinishAdvice.mayFinish(outcome.state) {
                 try appFinishes(outcome.transactionId, told: "\(outcome.state)")
+            }
+        }
+        return verdict
+    }
+
+    /// Ground truth: user `user` taps buy `count` times. The app places an order of coins for
+    /// each tap (StoreKit 1, no token) before any purchase is made; the purchases follow in the
+    /// order `shuffle` draws, each made for its own order.
+    mutating func doubleTap(by user: Int, count: Int, shuffle: Int) {
+        var orders: [String] = []
+        for _ in 0..<count {
+            let id = nextId("order-")
+            ledger.place(.init(
+                id: id, userId: Self.user(user), productId: CheckerCatalog.coins, state: "created", transactionId: nil,
+                createdAt: clock - 30))
+            orderUser[id] = Self.user(user)
+            orders.append(id)
+        }
+        let permutations = [[0, 1, 2], [0, 2, 1], [1, 0, 2], [1, 2, 0], [2, 0, 1], [2, 1, 0]]
+        for (offset, which) in permutations[shuffle % permutations.count].filter({ $0 < count }).enumerated() {
+            let id = nextId("t")
+            let bought = clock + Double(offset)
+            transactions.append(
+                AppleTransaction(
+                    id: id, original: id, product: CheckerCatalog.coins, quantity: 1, buyer: user, token: nil,
+                    order: orders[which], period: nil, purchased: bought, expires: nil, signed: bought, reason: "PURCHASE",
+                    originalPurchased: bought, device: user))
+        }
+    }
+
+    /// Ground truth: the server finishes at Apple a consumable it credited: it leaves every
+    /// later receipt of its device, while the app still holds it until it finishes it too.
+    mutating func serverFinish(_ pick: Int) {
+        let credited = transactions.indices.filter { index in
+            let transaction = transactions[index]
+            return transaction.product == CheckerCatalog.coins && !serverFinished.contains(transaction.id)
+                && ledger.grants.contains { $0.transactionId == transaction.id && $0.isActive }
+        }
+        guard !credited.isEmpty else { return }
+        serverFinished.insert(transactions[credited[pick % credited.count]].id)
+    }
+
+    /// Every app still holding a purchase it made for an order does what each answer says, with
+    /// its refreshed receipt: it names the order; asked to name the transaction, or told the
+    /// receipt does not pay the order, it names the transaction with the order. No answer may
+    /// be a dead end: within three rounds the app may finish, or a person decides. Then the
+    /// order is paid by that purchase whenever it is credited to the order's user.
+    mutating func settleHeldOrders() throws {
+        for index in transactions.indices {
+            let transaction = transactions[index]
+            guard let order = transaction.order, transaction.token == nil, !transaction.isRestore, !transaction.assigned,
+                !finished.contains(transaction.id), let user = orderUser[order]
+            else { continue }
+            var naming = AppNaming.order(order)
+            var told: [String] = []
+            var settled = false
+            var finishable = false
+            for _ in 0..<3 where !settled {
+                let verdict = try submit(
+                    receipt(of: transaction.device), by: user, evidence: .signedUpload, naming: naming, holding: transaction.id,
+                    receipt: true)
+                told.append("\(verdict.state) \(verdict.reason?.rawValue ?? "")")
+                var named = FinishAdvice.Named.transaction
+                if case .order = naming { named = .order }
+                finishable = FinishAdvice.mayFinishUpload(state: verdict.state, reason: verdict.reason, named: named, settledByHand: false)
+                if finishable || verdict.state == .needsReview {
+                    settled = true
+                } else if verdict.reason == .nameTheTransaction || verdict.reason == .transactionNotInReceipt {
+                    naming = .transactionForOrder(transaction.id, order: order)
+                }
+            }
+            guard settled else {
+                throw fail(
+                    "a dead end: the app holding \(transaction.id) for order \(order) was told \(told.joined(separator: ", then ")) while doing what each answer said"
+                )
+            }
+            // Told to finish, the app is done with it: the order is paid by it if it is the user's.
+            let credited = ledger.grants.contains { $0.transactionId == transaction.id && $0.isActive && $0.userId == user }
+            if finishable, credited, ledger.orders[order]?.transactionId != transaction.id {
+                throw fail(
+                    "order \(order) is \(ledger.orders[order]?.state ?? "unknown") by \(ledger.orders[order]?.transactionId ?? "nothing"), though \(transaction.id), bought for it, is credited to \(user)"
+                )
+            }
+        }
+    }
+
+    /// Invariant: no order is paid by a purchase made for another order.
+    func checkOrdersPaidByTheirOwnPurchases() throws {
+        for order in ledger.orders.values where order.state != "created" {
+            guard let paidBy = order.transactionId, let transaction = transaction(paidBy) else { continue }
+            if let madeFor = transaction.order, madeFor != order.id {
+                throw fail("order \(order.id) is paid by \(paidBy), which was bought for order \(madeFor)")
             }
         }
     }

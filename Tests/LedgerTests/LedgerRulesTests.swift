@@ -114,6 +114,50 @@ struct LedgerRulesTests {
         #expect(!FinishAdvice.mayFinishUpload(state: .needsReview, reason: .ownerUnknown, named: .transaction, settledByHand: false))
     }
 
+    /// Every answer has a way out: each reason the code can give (every `ReasonCode("…")` in
+    /// the sources, the verifier's JWS reasons among them) has its row in docs/ledger.md's
+    /// table of what the app does next, and a row that says "finishes" only for a reason the
+    /// app may finish on.
+    @Test func everyReasonHasAWayOut() throws {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent()
+        let page = try String(contentsOf: root.appendingPathComponent("docs/ledger.md"), encoding: .utf8)
+        let section = try #require(page.components(separatedBy: "## Every answer has a way out").dropFirst().first)
+        let table = section.components(separatedBy: "\n## ").first ?? section
+        var documented: [String: String] = [:]
+        for line in table.split(separator: "\n") where line.hasPrefix("| `") {
+            let cells = line.split(separator: "|").map { $0.trimmingCharacters(in: .whitespaces) }
+            for (index, part) in cells[0].split(separator: "`", omittingEmptySubsequences: false).enumerated() where index % 2 == 1 {
+                documented[String(part)] = cells[1]
+            }
+        }
+        var given: Set<String> = []
+        let sources = root.appendingPathComponent("Sources")
+        let files = FileManager.default.enumerator(at: sources, includingPropertiesForKeys: nil)
+        while let file = files?.nextObject() as? URL {
+            guard file.pathExtension == "swift", !file.path.contains("/FakeAppStore/") else { continue }
+            let text = try String(contentsOf: file, encoding: .utf8)
+            for piece in text.components(separatedBy: "ReasonCode(\"").dropFirst() {
+                let code = piece.prefix { $0.isLowercase || $0 == "_" || $0.isNumber }
+                if !code.isEmpty, piece.dropFirst(code.count).hasPrefix("\")") { given.insert(String(code)) }
+            }
+        }
+        // The JWS verifier's reasons are its error codes (`SignedDataError`).
+        given.formUnion([
+            "jws_untrusted_chain", "jws_certificate_expired", "jws_invalid_certificate", "environment_mismatch",
+            "app_apple_id_mismatch",
+        ])
+        #expect(given.count > 30, "the sources' reasons were not found: \(given.sorted())")
+        for reason in given.sorted() where reason != "some_new_reason" {
+            #expect(documented[reason] != nil, "\(reason) has no way out in docs/ledger.md")
+        }
+        for (reason, action) in documented where action.hasPrefix("finishes the transaction") {
+            #expect(
+                FinishAdvice.mayFinishUpload(state: .rejected, reason: ReasonCode(reason), named: .transaction, settledByHand: false)
+                    || reason == "original_transaction_settled", "\(reason) says finish but is not finishable")
+        }
+    }
+
     /// docs/ledger.md's two finish tables say what the code does, row by row.
     @Test func theLedgerPagesFinishTablesMatchTheCode() throws {
         let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()

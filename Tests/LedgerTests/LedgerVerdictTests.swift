@@ -41,30 +41,124 @@ struct LedgerVerdictTests {
         plan.changes.compactMap { if case .bindOrder(let id, _, _) = $0 { id } else { nil } }
     }
 
-    @Test func anOrderIsPaidOnlyByAPurchaseBoughtAtOrAfterIt() {
-        let o2 = order("o2", at: Self.t0)
-        // Bought a second before the order: made for something else, never pays it (the
-        // window that let a purchase up to 300 s older pay an order is gone).
-        let earlier = plan(.upload(coins("t1", at: Self.t0 - 1), upload("olga", order: "o2")), LedgerFacts(uploadOrder: o2))
-        #expect(earlier.outcome == .transaction(.credited, nil))
-        #expect(boundOrders(earlier).isEmpty)
-        let later = plan(.upload(coins("t2", at: Self.t0 + 1), upload("olga", order: "o2")), LedgerFacts(uploadOrder: o2))
-        #expect(boundOrders(later) == ["o2"])
-        // Named together with the transaction: an explicit binding, whatever the dates.
-        let named = plan(.upload(coins("t1", at: Self.t0 - 1), upload("olga", order: "o2", transaction: "t1")), LedgerFacts(uploadOrder: o2))
-        #expect(boundOrders(named) == ["o2"])
-        // Someone else's order: never.
-        let other = plan(.upload(coins("t3", at: Self.t0 + 1), upload("mallory", order: "o2")), LedgerFacts(uploadOrder: o2))
-        #expect(boundOrders(other).isEmpty)
+    func candidate(
+        _ id: String, at date: Date, product: String = "coins", original: String? = nil, granted: Bool = true,
+        ownership: String? = "PURCHASED"
+    ) -> LedgerFacts.OrderCandidate {
+        LedgerFacts.OrderCandidate(
+            transactionId: id, originalTransactionId: original ?? id, productId: product, purchaseDate: date, orderId: nil,
+            granted: granted, ownershipType: ownership)
     }
 
-    @Test func aPurchaseCreditedWithoutItsOrderPaysItWhenAnUploadNamesIt() {
+    func naming(_ user: String = "olga", order: String?, missing: String? = nil) -> LedgerEvent {
+        .naming(.init(userId: user, submissionId: "s", orderId: order, missingTransactionId: missing))
+    }
+
+    /// Crediting a purchase never pays an order named alone: which purchase the app holds for it
+    /// is decided once every purchase of the upload is in the ledger (`LedgerEvent.Naming`).
+    /// Named together with the transaction, the binding is explicit, whatever the dates.
+    @Test func creditingPaysAnOrderOnlyWhenTheUploadNamesTheTransactionWithIt() {
+        let o2 = order("o2", at: Self.t0)
+        let alone = plan(.upload(coins("t2", at: Self.t0 + 1), upload("olga", order: "o2")), LedgerFacts(uploadOrder: o2))
+        #expect(alone.outcome == .transaction(.credited, nil))
+        #expect(boundOrders(alone).isEmpty)
+        let named = plan(.upload(coins("t1", at: Self.t0 - 1), upload("olga", order: "o2", transaction: "t1")), LedgerFacts(uploadOrder: o2))
+        #expect(boundOrders(named) == ["o2"])
+        let other = plan(.upload(coins("t3", at: Self.t0 + 1), upload("mallory", order: "o2", transaction: "t3")), LedgerFacts(uploadOrder: o2))
+        #expect(boundOrders(other).isEmpty)
+        // Access someone else paid for (a family member's sharing, an assigned seat) is
+        // credited, but pays no order of the one who holds it.
+        for ownership in ["FAMILY_SHARED", "ASSIGNED"] {
+            var shared = coins("t4", at: Self.t0 + 1)
+            shared.ownershipType = ownership
+            let access = plan(.upload(shared, upload("olga", order: "o2", transaction: "t4")), LedgerFacts(uploadOrder: o2))
+            #expect(access.outcome == .transaction(.credited, nil))
+            #expect(boundOrders(access).isEmpty, "\(ownership)")
+        }
+    }
+
+    /// An order named alone is paid only by the one purchase that can be its: of its product,
+    /// bought since it was placed (our clock may run `clockSkewAllowed` ahead of Apple's), no
+    /// other order's, and no other open order of the user could be paid by it. Anything else
+    /// is for the app to say (`name_the_transaction`), never a guess.
+    @Test func anOrderNamedAloneIsPaidOnlyWhenOnePurchaseCanBeItsAndNoOtherOrderCouldTakeIt() {
+        let o2 = order("o2", at: Self.t0)
+        func decide(
+            _ candidates: [LedgerFacts.OrderCandidate], open: [LedgerFacts.Order] = [], inUpload: Set<String> = ["t1", "t2"]
+        ) -> LedgerPlan {
+            var event = LedgerEvent.Naming(userId: "olga", submissionId: "s", orderId: "o2", missingTransactionId: nil)
+            event.inUpload = inUpload
+            return plan(.naming(event), LedgerFacts(uploadOrder: o2, openOrders: [o2] + open, orderCandidates: candidates))
+        }
+        let one = decide([candidate("t2", at: Self.t0 + 1)])
+        #expect(one.outcome == .naming(.orderPaid(transactionId: "t2")))
+        #expect(boundOrders(one) == ["o2"] && one.changes.contains(.attachOrder(orderId: "o2", transactionId: "t2")))
+        // Bought before the order was placed, beyond what our clock may run ahead: another's.
+        #expect(decide([candidate("t1", at: Self.t0 - LedgerPolicy.clockSkewAllowed - 1)]).outcome == .naming(.orderUnpaid))
+        #expect(decide([candidate("t1", at: Self.t0 - LedgerPolicy.clockSkewAllowed + 1)]).outcome == .naming(.orderPaid(transactionId: "t1")))
+        #expect(decide([candidate("t1", at: Self.t0 + 1, product: "year")]).outcome == .naming(.orderUnpaid))
+        // Two purchases, or another open order placed before the one purchase: ambiguous.
+        let ambiguous: [LedgerPlan] = [
+            decide([candidate("t2", at: Self.t0 + 2), candidate("t1", at: Self.t0 + 1)]),
+            decide([candidate("t2", at: Self.t0 + 2)], open: [order("o1", at: Self.t0 - 5)]),
+            decide([candidate("t2", at: Self.t0 + 2)], open: [order("o3", at: Self.t0 + 1)]),
+            // It cannot pay orders at all: a seat, a purchase taken back. The app names it.
+            decide([candidate("t2", at: Self.t0 + 2, ownership: "ASSIGNED")]),
+            decide([candidate("t2", at: Self.t0 + 2, granted: false)]),
+        ]
+        for plan in ambiguous {
+            #expect(plan.outcome == .naming(.orderAmbiguous), "\(plan.outcome)")
+            #expect(boundOrders(plan).isEmpty && plan.changes.isEmpty)
+        }
+        // The one purchase, credited from another upload and not in this one: the app names it.
+        #expect(decide([candidate("t2", at: Self.t0 + 2)], inUpload: ["t1"]).outcome == .naming(.orderAmbiguous))
+        // An open order placed after the purchase cannot be what it was made for.
+        #expect(decide([candidate("t2", at: Self.t0 + 2)], open: [order("o3", at: Self.t0 + 3_600)]).outcome
+            == .naming(.orderPaid(transactionId: "t2")))
+        // A renewal never pays an order; the subscription's first period does.
+        let month = LedgerFacts.Order(id: "o2", userId: "olga", productId: "month", state: "created", transactionId: nil, createdAt: Self.t0)
+        let renewal = plan(naming(order: "o2"), LedgerFacts(uploadOrder: month, openOrders: [month], orderCandidates: [
+            candidate("t5", at: Self.t0 + 1, product: "month", original: "t4")
+        ]))
+        #expect(renewal.outcome == .naming(.orderAmbiguous))
+        // Someone else's order, or one paid already: nothing changes.
+        let theirs = plan(naming("mallory", order: "o2"), LedgerFacts(uploadOrder: o2, openOrders: [o2], orderCandidates: [candidate("t2", at: Self.t0 + 1)]))
+        #expect(theirs.outcome == .naming(.nothing) && theirs.changes.isEmpty)
+    }
+
+    /// The ledger is the memory, not the receipt: a named transaction the receipt lacks (the
+    /// server finished the consumable, so it left every later receipt) that the ledger holds
+    /// credited to the uploader settles the upload, and pays the order named with it.
+    @Test func aNamedTransactionTheReceiptLacksIsAnsweredFromTheLedger() {
+        let o1 = order("o1", at: Self.t0 - 10)
+        let row = LedgerFacts.Purchase(
+            transactionId: "t1", originalTransactionId: "t1", productId: "coins", quantity: 1, environment: .production,
+            bundleId: "app", purchaseDate: Self.t0, userId: "olga", orderId: nil, submissionId: "s0", appAccountToken: nil,
+            heldReason: nil, creditedAt: Self.t0, creditKey: .transaction("t1"), webOrderLineItemId: nil, expiresDate: nil)
+        var grant = LedgerFacts.Grant(
+            id: 1, transactionId: "t1", userId: "olga", productId: "coins", orderId: nil, quantity: 1, grantJSON: "{}",
+            environment: "Production", source: "apple", isActive: true, grantedAt: Self.t0, revokedAt: nil, revokedBy: nil,
+            creditKey: .transaction("t1"), originalTransactionId: "t1", expiresAt: nil, gracePeriodExpiresAt: nil)
+        let held = plan(naming(order: "o1", missing: "t1"), LedgerFacts(purchase: row, grants: [grant], uploadOrder: o1))
+        #expect(held.outcome == .naming(.fromLedger(.alreadyCredited)))
+        #expect(boundOrders(held) == ["o1"] && held.changes.contains(.attachOrder(orderId: "o1", transactionId: "t1")))
+        // Named by another account of the app (the same Apple ID's other user): credited to
+        // olga, so settled for the app that holds it, and nothing changes.
+        let other = plan(naming("mallory", order: "o1", missing: "t1"), LedgerFacts(purchase: row, grants: [grant], uploadOrder: o1))
+        #expect(other.outcome == .naming(.fromLedger(.replayedFromOtherUser)) && other.changes.isEmpty)
+        grant.isActive = false
+        let taken = plan(naming(order: "o1", missing: "t1"), LedgerFacts(purchase: row, grants: [grant], uploadOrder: o1))
+        #expect(taken.outcome == .naming(.fromLedger(.revoked)) && boundOrders(taken).isEmpty)
+    }
+
+    @Test func aPurchaseCreditedWithoutItsOrderPaysItWhenAnUploadNamesItWithIt() {
         let o1 = order("o1", at: Self.t0 - 10)
         let grant = LedgerFacts.Grant(
             id: 1, transactionId: "t1", userId: "olga", productId: "coins", orderId: nil, quantity: 1, grantJSON: "{}",
             environment: "Production", source: "apple", isActive: true, grantedAt: Self.t0, revokedAt: nil, revokedBy: nil,
             creditKey: .transaction("t1"), originalTransactionId: "t1", expiresAt: nil, gracePeriodExpiresAt: nil)
-        let retry = plan(.upload(coins("t1", at: Self.t0), upload("olga", order: "o1")), LedgerFacts(grants: [grant], uploadOrder: o1))
+        let retry = plan(
+            .upload(coins("t1", at: Self.t0), upload("olga", order: "o1", transaction: "t1")), LedgerFacts(grants: [grant], uploadOrder: o1))
         #expect(retry.outcome == .transaction(.alreadyCredited, nil))
         #expect(boundOrders(retry) == ["o1"])
         #expect(retry.changes.contains(.attachOrder(orderId: "o1", transactionId: "t1")))
@@ -81,6 +175,21 @@ struct LedgerVerdictTests {
             userId: "olga", transactionId: nil, orderId: "o2", outcomes: credited, namedRevocations: [],
             namedOrder: order("o2", at: Self.t0, state: "paid"))
         #expect(paid == UploadVerdict(state: .credited))
+        let ambiguous = FinishAdvice.verdict(
+            userId: "olga", transactionId: nil, orderId: "o2", outcomes: credited, namedRevocations: [],
+            namedOrder: order("o2", at: Self.t0), naming: .orderAmbiguous)
+        #expect(ambiguous.state == .rejected && ambiguous.reason == .nameTheTransaction)
+        #expect(!FinishAdvice.mayFinishUpload(state: ambiguous.state, reason: ambiguous.reason, named: .order, settledByHand: false))
+        // A named transaction the receipt lacks, credited to the uploader before: settled.
+        let fromLedger = FinishAdvice.verdict(
+            userId: "olga", transactionId: "t9", orderId: nil, outcomes: credited, namedRevocations: [], namedOrder: nil,
+            naming: .fromLedger(.alreadyCredited))
+        #expect(fromLedger.state == .credited)
+        #expect(FinishAdvice.mayFinishUpload(state: fromLedger.state, reason: fromLedger.reason, named: .transaction, settledByHand: false))
+        let takenBack = FinishAdvice.verdict(
+            userId: "olga", transactionId: "t9", orderId: nil, outcomes: [], namedRevocations: [], namedOrder: nil,
+            naming: .fromLedger(.revoked))
+        #expect(takenBack.reason == .purchaseRevoked)
         #expect(FinishAdvice.verdictQuery(transactionId: nil, orderId: "o2", outcomes: credited).order == "o2")
         #expect(FinishAdvice.verdictQuery(transactionId: "t9", orderId: "o2", outcomes: credited).revocationsOf == "t9")
     }
@@ -187,18 +296,27 @@ struct LedgerVerdictTests {
         restore.purchaseDate = restore.originalPurchaseDate
         #expect(!restore.isNewPurchaseInChain)
         #expect(plan(.upload(restore, upload("ben")), facts).outcome == .transaction(.ownedByOtherUser, nil))
-        // Without Apple's word (verifyReceipt), a later period follows the owner.
+        // Without Apple's word (verifyReceipt), a later period follows the owner, unless the
+        // ledger recorded Apple's word that it is a new purchase awaiting its buyer.
         let unsaid = plan(.upload(period("t5", reason: nil), upload("ben")), facts)
         #expect(unsaid.outcome == .transaction(.ownedByOtherUser, nil))
+        var awaiting = facts
+        awaiting.purchase = LedgerFacts.Purchase(
+            transactionId: "t5", originalTransactionId: "t1", productId: "month", quantity: 1, environment: .production,
+            bundleId: "app", purchaseDate: period("t5", reason: nil).purchaseDate, userId: "", orderId: nil, submissionId: "n",
+            appAccountToken: nil, heldReason: .buyerUnknown, creditedAt: Self.t0, creditKey: nil, webOrderLineItemId: nil,
+            expiresDate: nil)
+        #expect(plan(.upload(period("t5", reason: nil), upload("ben")), awaiting).outcome == .transaction(.credited, nil))
     }
 
     @Test func anOrderPlacedForAnUpgradeOrResubscriptionIsPaidByIt() {
         let yearOrder = order("o9", user: "ana", product: "year", at: Self.t0)
         let facts = LedgerFacts(subscription: subscription(owner: "ana"), uploadOrder: yearOrder)
-        let upgrade = plan(.upload(period("t5", product: "year", reason: "PURCHASE"), upload("ana", order: "o9")), facts)
+        // The signed transaction uploaded with the order: what the app holds for it.
+        let upgrade = plan(.upload(period("t5", product: "year", reason: "PURCHASE"), upload("ana", order: "o9", transaction: "t5")), facts)
         #expect(boundOrders(upgrade) == ["o9"])
         // A renewal pays nothing, even of the order's product after the order.
-        let renewal = plan(.upload(period("t6", product: "year", reason: "RENEWAL"), upload("ana", order: "o9")), facts)
+        let renewal = plan(.upload(period("t6", product: "year", reason: "RENEWAL"), upload("ana", order: "o9", transaction: "t6")), facts)
         #expect(boundOrders(renewal).isEmpty)
     }
 
