@@ -369,15 +369,15 @@ extension OrderStore {
                 var naming = LedgerEvent.Naming(
                     userId: userId, submissionId: id, orderId: named == nil || missing != nil ? result.orderId : nil,
                     missingTransactionId: missing)
-                naming.inUpload = Set(receipt.purchases.map(\.transactionId))
-                naming.tokenNamesOrder = result.orderId.map { order in
-                    receipt.purchases.contains { $0.appAccountToken?.lowercased() == order.lowercased() }
-                } ?? false
                 var namedOutcome = NamingOutcome.nothing
-                if naming.isNeeded, case .naming(let outcome) = try await Self.applyLedger(
-                    .naming(naming), policy: policy, now: now, in: db
-                ).outcome {
-                    namedOutcome = outcome
+                if naming.isNeeded {
+                    naming.inUpload = Set(receipt.purchases.map(\.transactionId))
+                    naming.tokenNamesOrder = result.orderId.map { order in
+                        receipt.purchases.contains { $0.appAccountToken?.lowercased() == order.lowercased() }
+                    } ?? false
+                    if case .naming(let outcome) = try await Self.applyLedger(.naming(naming), policy: policy, now: now, in: db).outcome {
+                        namedOutcome = outcome
+                    }
                 }
                 // The verdict is the core's; the shell reads what it asks for, as the plans left it.
                 let query = FinishAdvice.verdictQuery(transactionId: named, orderId: result.orderId, outcomes: outcomes)
