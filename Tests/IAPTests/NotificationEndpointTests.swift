@@ -118,9 +118,12 @@ extension BrokerTests {
             let pipeline = try await PipelineHarness.start(name: "notifyreplay")
             Teardown.add { await pipeline.stop() }
             let purchase = try await creditedThenRefunded(pipeline, user: "nina")
+            // Both of Apple's notifications applied (the purchase's ONE_TIME_CHARGE, then its
+            // REFUND): counted before, one could still be on its way and be stored after.
             #expect(
                 try await eventually(timeout: .seconds(20)) {
-                    try await pipeline.store.notifications(ofTransaction: purchase.transactionId).count == 1
+                    try await pipeline.store.notifications(ofTransaction: purchase.transactionId).map(\.type)
+                        == ["ONE_TIME_CHARGE", "REFUND"]
                 })
             let stored = try await storedSubmissions(pipeline)
             // Apple's retry of it and a third party's replay: the same bytes, answered 200 each
