@@ -162,12 +162,6 @@ extension Planner {
     /// its grant and the order are bound (`order.paid`).
     mutating func pay(_ orderId: String, by candidate: LedgerFacts.OrderCandidate, owner: String) {
         emit(.attachOrder(orderId: orderId, transactionId: candidate.transactionId))
-        emit(.bindOrder(orderId: orderId, transactionId: candidate.transactionId, at: now))
-        publish(
-            "order.paid",
-            [
-                "orderId": .string(orderId), "userId": .string(owner), "productId": .string(candidate.productId),
-                "transactionId": .string(candidate.transactionId), "paidAt": .string(nowText),
-            ], id: "order.paid:\(orderId)")
+        payOrder(orderId, transactionId: candidate.transactionId, productId: candidate.productId, owner: owner)
     }
 }

@@ -425,12 +425,17 @@ extension Planner {
 
     /// The order is paid by `purchase`, credited to `owner`: `order.paid` for the app's services.
     mutating func payOrder(_ orderId: String, by purchase: VerifiedPurchase, owner: String) {
-        emit(.bindOrder(orderId: orderId, transactionId: purchase.transactionId, at: now))
+        payOrder(orderId, transactionId: purchase.transactionId, productId: purchase.productId, owner: owner)
+    }
+
+    /// The order is paid by transaction `transactionId` of `productId`, credited to `owner`.
+    mutating func payOrder(_ orderId: String, transactionId: String, productId: String, owner: String) {
+        emit(.bindOrder(orderId: orderId, transactionId: transactionId, at: now))
         publish(
             "order.paid",
             [
-                "orderId": .string(orderId), "userId": .string(owner), "productId": .string(purchase.productId),
-                "transactionId": .string(purchase.transactionId), "paidAt": .string(nowText),
+                "orderId": .string(orderId), "userId": .string(owner), "productId": .string(productId),
+                "transactionId": .string(transactionId), "paidAt": .string(nowText),
             ], id: "order.paid:\(orderId)")
     }
 
