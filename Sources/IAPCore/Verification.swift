@@ -238,17 +238,31 @@ public struct ReasonCode: RawRepresentable, Codable, Sendable, Hashable, CustomS
     /// it says nothing of the purchase the app holds, so the top-level advice is not to finish;
     /// each transaction's own advice says what is settled.
     public static let orderUnknown = ReasonCode("order_unknown")
-    /// The upload names an order alone, and more than one purchase or order of its product
-    /// could be the one it was placed for: the server never pays an order on a guess. The app
-    /// uploads again naming the transaction it holds for the order (`transactionId` with
-    /// `orderId`); never finishes on this answer.
+    /// The upload names an order alone, with no purchase of it carrying the order's token:
+    /// which transaction the app holds for it only the app knows. `rejected` when more than one
+    /// purchase or order of its product could be the one it was placed for (the server never
+    /// pays an order on a guess); `credited` when the one purchase that can be its paid it, but
+    /// the app is still not told to finish on a match of dates. Either way the app uploads again
+    /// naming the transaction it holds for the order (`transactionId` with `orderId`); never
+    /// finishes on this answer.
     public static let nameTheTransaction = ReasonCode("name_the_transaction")
     /// Apple reported an internal error it will not recover from for this receipt.
     public static let appleUnresolvable = ReasonCode("apple_unresolvable")
     /// A sandbox purchase, refused by the deployment's sandbox policy.
     public static let sandboxNotAllowed = ReasonCode("sandbox_not_allowed")
-    /// Apple knows no such transaction, in production or in the sandbox.
+    /// Apple knows no such transaction, in production or in the sandbox. Written by earlier
+    /// versions for a bare id; a bare id is now answered `proof_required` whatever Apple knows.
     public static let transactionNotFound = ReasonCode("transaction_not_found")
+    /// A bare transaction id that proves nothing: no purchase of it is, or becomes, the
+    /// uploader's. Answered alike whatever the id is (unknown to Apple, a purchase nobody
+    /// uploaded yet, someone else's, a refunded one), with nothing listed, so that a lookup
+    /// tells a stranger nothing and opens no case for customer service. Never finishable: the
+    /// app may hold that very purchase, unproven. It uploads the signed transaction (StoreKit 2)
+    /// or the receipt that holds it, whose answer settles it.
+    public static let proofRequired = ReasonCode("proof_required")
+    /// The message of every `proof_required` answer, the same whatever the id is.
+    public static let proofRequiredMessage =
+        "a transaction id alone proves nothing: upload the signed transaction or the receipt that holds it"
     /// The upload needs a way of verifying that this deployment has not configured.
     public static let notConfigured = ReasonCode("not_configured")
     /// The App Store Server API refused our token: our key, issuer or bundle id is wrong.

@@ -50,7 +50,9 @@ public enum FinishAdvice {
         if settledByHand { return true }
         if named == .nothing { return false }
         switch state {
-        case .credited: return true
+        // Credited, but the upload named an order alone whose purchase carries no token: the
+        // app names the transaction it holds before it is told to finish it.
+        case .credited: return reason != .nameTheTransaction
         case .rejected: return reason.map(ReasonCode.finishableRejections.contains) ?? false
         case .pending, .retrying, .needsReview: return false
         }
@@ -192,15 +194,41 @@ extension FinishAdvice {
             return UploadVerdict(
                 state: .credited, message: "transaction \(named) is not in this receipt; it was credited to this user before")
         }
-        if transactionId == nil, let orderId, let order = namedOrder, IAPCore.sameUser(order.userId, userId) {
-            if order.state == "created", naming == .orderAmbiguous {
-                // Which of them the app holds only the app knows: it names it.
+        if transactionId == nil, let orderId, let order = namedOrder, IAPCore.sameUser(order.userId, userId),
+            naming != .orderTokenInUpload
+        {
+            // An order named alone, and no purchase of the upload carries its token: which
+            // transaction the app holds for it only the app knows, so no answer about it is
+            // finishable (never on a match of dates, nor on what other purchases came to). The
+            // app names the transaction it holds to be told to finish.
+            switch order.state {
+            case "created" where naming == .orderAmbiguous:
                 return UploadVerdict(
                     state: .rejected, reason: .nameTheTransaction,
                     message: "more than one purchase or order of \(order.productId) could be order \(orderId)'s: "
                         + "upload again naming the transaction the app holds for it")
+            case "created":
+                break  // no purchase pays it yet: held for review, or a receipt older than its purchase (below)
+            case "paid":
+                // Paid by the purchase made for it (the one that can be its, or one named or
+                // carrying its token before).
+                return UploadVerdict(
+                    state: .credited, reason: .nameTheTransaction,
+                    message: "order \(orderId) is paid by transaction \(order.transactionId ?? "?"): "
+                        + "upload again naming the transaction the app holds with the order to be told to finish it")
+            default:
+                return UploadVerdict(
+                    state: .rejected, reason: .nameTheTransaction,
+                    message: "order \(orderId) is \(order.state): upload again naming the transaction the app holds for it")
             }
-            if order.state == "paid", case .orderPaid = naming { return UploadVerdict(state: .credited) }
+        }
+        let settledForUploader = outcomes.contains { [.credited, .alreadyCredited, .superseded].contains($0.state) }
+        if !outcomes.isEmpty, outcomes.allSatisfy(\.lookup), !settledForUploader {
+            // A bare id that is not the uploader's: someone else's, refunded, unknown or a
+            // purchase nobody proved yet read alike, so that a lookup tells a stranger nothing
+            // about the id and opens no case. Never finishable: the app may hold it unproven.
+            return UploadVerdict(
+                state: .rejected, reason: .proofRequired, message: ReasonCode.proofRequiredMessage, listsTransactions: false)
         }
         if let held = outcomes.first(where: { $0.state == .held }) {
             let reason = held.reason ?? .ownerUnknown
@@ -250,15 +278,7 @@ extension FinishAdvice {
             // Paid by the purchase made for it, credited to the uploader: what the app holds.
             if order.state == "paid" { return UploadVerdict(state: .credited) }
         }
-        let settledForUploader = outcomes.contains { [.credited, .alreadyCredited, .superseded].contains($0.state) }
         guard !outcomes.isEmpty, !settledForUploader else { return UploadVerdict(state: .credited) }
-        if outcomes.allSatisfy(\.lookup) {
-            // A bare id that is not the uploader's: someone else's, refunded or unknown read
-            // alike, so that a lookup tells a stranger nothing about the id.
-            return UploadVerdict(
-                state: .rejected, reason: .transactionNotFound, message: "no purchase of this user has this transaction id",
-                listsTransactions: false)
-        }
         // Nothing in it is (or was) credited to the uploader: say the strongest why.
         if outcomes.contains(where: { $0.state == .replayedFromOtherUser }) {
             return UploadVerdict(

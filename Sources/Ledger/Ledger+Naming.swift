@@ -37,6 +37,10 @@ extension LedgerEvent {
 public enum NamingOutcome: Sendable, Equatable {
     /// Nothing to say beyond the purchases' own outcomes.
     case nothing
+    /// A purchase of the upload carries the order named alone's token: that purchase is the
+    /// order's, and its own outcome answers (the only case in which an order named alone may be
+    /// finished on at the top).
+    case orderTokenInUpload
     /// The order named alone is paid (by this upload or before) by the one purchase that can be
     /// its.
     case orderPaid(transactionId: String)
@@ -118,7 +122,7 @@ extension Planner {
         }
         // A purchase of the upload carries the order's token: that purchase is the order's, and
         // its own outcome (paid, held for a person) is the answer.
-        if naming.tokenNamesOrder { return .nothing }
+        if naming.tokenNamesOrder { return .orderTokenInUpload }
         guard order.state == "created" else {
             return order.transactionId.map { .orderPaid(transactionId: $0) } ?? .nothing
         }

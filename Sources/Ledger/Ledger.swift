@@ -303,7 +303,10 @@ extension Planner {
         switch Ownership.decide(ownership, restore: policy.restore) {
         case .held(let reason):
             // Recorded nowhere but in the upload's answer: a lookup that proves nothing must not
-            // make the purchase look like the uploader's to a later upload by its owner.
+            // make the purchase look like the uploader's to a later upload by its owner. Nor is a
+            // bare id's audited: it is answered `proof_required` like any id (`FinishAdvice`), and
+            // a stranger's probes must leave nothing to tell ids apart by, nor rows to keep.
+            if evidence == .lookup, upload.transactionId == purchase.transactionId { return (.held, reason) }
             audit(
                 actor: "system", action: "purchase_held", subject: "transaction:\(purchase.transactionId)",
                 reason: reason.rawValue,

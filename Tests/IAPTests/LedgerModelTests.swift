@@ -250,13 +250,13 @@ struct LedgerModel {
         let exact = Dictionary(uniqueKeysWithValues: states.filter { perKey[$0.key] == 1 }.map { ($0.id, $0.state) })
         let all = Set(states.map(\.state))
         // A bare id that is not the uploader's tells nothing: answered alike, nothing listed.
-        let provesNothing =
-            lookup && !all.isEmpty && !all.contains("held") && all.isDisjoint(with: ["credited", "already_credited"])
+        // A purchase nobody owns yet reads alike too, and opens no case.
+        let provesNothing = lookup && !all.isEmpty && all.isDisjoint(with: ["credited", "already_credited"])
         let outcome: (String, String?) =
             if all.isEmpty { ("credited", nil) }  // a receipt that holds nothing: nothing to settle
+            else if provesNothing { ("rejected", "proof_required") }
             else if all.contains("held") { ("needs_review", "owner_unknown") }
             else if !all.isDisjoint(with: ["credited", "already_credited"]) { ("credited", nil) }
-            else if provesNothing { ("rejected", "transaction_not_found") }
             else if all.contains("replayed_from_other_user") { ("rejected", "replayed_from_other_user") }
             else if all.contains("owned_by_other_user") { ("rejected", "owned_by_other_user") }
             else { ("rejected", "purchase_revoked") }
@@ -1085,13 +1085,14 @@ extension BrokerTests {
                 }
                 let status = try await pipeline.waitForState(try await pipeline.upload(body))
                 // A lookup (a bare id) proves nothing and tells nothing: answered as an unknown id,
-                // nothing listed; settled either way. A receipt proves what it holds (Apple's
-                // answer, or its signature checked on the Server API route).
+                // nothing listed, not finishable (the app uploads its proof, which settles it). A
+                // receipt proves what it holds (Apple's answer, or its signature checked on the
+                // Server API route).
                 let lookup = route == .transactionId
                 #expect(
                     status["state"] as? String == "rejected"
-                        && status["reason"] as? String == (lookup ? "transaction_not_found" : "purchase_revoked")
-                        && status["finishTransaction"] as? Bool == true,
+                        && status["reason"] as? String == (lookup ? "proof_required" : "purchase_revoked")
+                        && status["finishTransaction"] as? Bool == !lookup,
                     "\(product.id): \(status)")
                 let states = (status["transactions"] as? [[String: Any]] ?? []).map { $0["state"] as? String }
                 let leftOut = lookup || route == .receiptThroughVerifyReceipt && ["consumable", "non_consumable"].contains(product.kind.rawValue)
@@ -1135,7 +1136,7 @@ extension BrokerTests {
             }
             let replay = try await pipeline.waitForState(try await pipeline.upload(["userId": "quentin", "transactionId": purchase.transactionId]))
             // A bare id proves nothing and tells nothing of whose the purchase is.
-            #expect(replay["reason"] as? String == "transaction_not_found", "\(replay)")
+            #expect(replay["reason"] as? String == "proof_required", "\(replay)")
             #expect((replay["transactions"] as? [Any] ?? []).isEmpty, "\(replay)")
 
             let olga = try await pipeline.grants(of: "olga").filter { $0["state"] as? String == "active" }

@@ -38,6 +38,8 @@ struct LedgerSemanticsTests {
         case firstTransaction
         case transaction(String)
         case order(String)
+        /// A transaction named with the order it was bought for.
+        case transactionForOrder(String, order: String)
         /// Nothing: a receipt on its own.
         case nothing
     }
@@ -54,6 +56,9 @@ struct LedgerSemanticsTests {
         case .firstTransaction: transactionId = purchases.first?.transactionId
         case .transaction(let id): transactionId = id
         case .order(let id): orderId = id
+        case .transactionForOrder(let id, let order):
+            transactionId = id
+            orderId = order
         case .nothing: break
         }
         let request = VerifyRequest(
@@ -244,10 +249,11 @@ struct LedgerSemanticsTests {
         // A bare transaction id (or an unsigned receipt): Apple answers for any transaction of the app.
         var looked = purchase("v1", product: "com.example.coins.300")
         looked.evidence = .lookup
+        // Nobody owns it yet: answered as an unknown id would be (nothing listed, no case for
+        // customer service), never finishable (the app may hold it, unproven).
         let claimed = try await upload([looked], by: "mallory", to: store)
-        #expect(claimed.transactions.map(\.state) == [.held] && claimed.transactions.first?.reason == .ownerUnknown)
-        #expect(claimed.state == .needsReview && claimed.reason == .ownerUnknown && !claimed.finishTransaction)
-        #expect(claimed.transactions.allSatisfy { !$0.finishTransaction })
+        #expect(claimed.transactions.isEmpty && claimed.state == .rejected && claimed.reason == .proofRequired, "\(claimed)")
+        #expect(!claimed.finishTransaction)
         #expect(try await active(store, "mallory").isEmpty)
         #expect(try await store.purchase("v1") == nil, "a lookup records nothing as the uploader's")
         // The victim's own signed upload is credited to them, and finishable.
@@ -258,7 +264,8 @@ struct LedgerSemanticsTests {
         // and tells nothing: answered as an unknown id, with no transactions listed.
         #expect(try await upload([looked], by: "victor", to: store).transactions.map(\.state) == [.alreadyCredited])
         let strangers = try await upload([looked], by: "mallory", to: store)
-        #expect(strangers.transactions.isEmpty && strangers.state == .rejected && strangers.reason == .transactionNotFound)
+        #expect(strangers.transactions.isEmpty && strangers.state == .rejected && strangers.reason == .proofRequired)
+        #expect(!strangers.finishTransaction)
         // A token naming the uploader's order is a proof: credited on a lookup.
         let order = try await store.createOrder(userId: "mallory", productId: "com.example.coins.60")
         var tokened = purchase("v2", product: "com.example.coins.60", token: order.orderId)
@@ -287,7 +294,7 @@ struct LedgerSemanticsTests {
         third.evidence = .lookup
         // The stranger's lookup proves nothing and tells nothing (nothing listed).
         let looked = try await upload([third], by: "ben", to: store)
-        #expect(looked.transactions.isEmpty && looked.reason == .transactionNotFound, "\(looked)")
+        #expect(looked.transactions.isEmpty && looked.reason == .proofRequired, "\(looked)")
         #expect(try await active(store, "ana") == ["s1", "s2", "s3"])
     }
 
@@ -331,11 +338,14 @@ struct LedgerSemanticsTests {
         let stale = try await upload([earlier], by: "ana", to: store, naming: .order(order.orderId))
         #expect(stale.state == .rejected && stale.reason == .transactionNotInReceipt && !stale.finishTransaction)
         #expect(try await store.order(order.orderId)?.state == "created")
-        // The refreshed receipt holds the new purchase: bound, credited, finishable.
-        let refreshed = try await upload(
-            [earlier, purchase("c2", product: "com.example.coins.300")], by: "ana", to: store, naming: .order(order.orderId))
-        #expect(refreshed.state == .credited && refreshed.finishTransaction, "\(refreshed)")
+        // The refreshed receipt holds the new purchase: it pays the order, but the order was
+        // named alone, so the app names the transaction it holds before it is told to finish.
+        let fresh = purchase("c2", product: "com.example.coins.300")
+        let refreshed = try await upload([earlier, fresh], by: "ana", to: store, naming: .order(order.orderId))
+        #expect(refreshed.state == .credited && refreshed.reason == .nameTheTransaction && !refreshed.finishTransaction, "\(refreshed)")
         #expect(try await store.order(order.orderId)?.state == "paid")
+        let named = try await upload([earlier, fresh], by: "ana", to: store, naming: .transactionForOrder("c2", order: order.orderId))
+        #expect(named.state == .credited && named.finishTransaction, "\(named)")
     }
 
     @Test(arguments: TestStore.backends) func aReversalThatArrivesBeforeItsRefundIsRemembered(_ backend: Backend) async throws {
@@ -437,6 +447,8 @@ struct LedgerSemanticsTests {
         }
         #expect(try await rejected(.invalidReceipt))
         #expect(try await rejected(.transactionNotFound))
+        // A bare id that proves nothing: the app may hold that very purchase, unproven.
+        #expect(try await !rejected(.proofRequired))
         #expect(try await rejected(ReasonCode("jws_invalid_signature")))
         // Our own settings (trusted roots, bundle ids, app id) could cause these: held, not finished.
         #expect(try await !rejected(ReasonCode("jws_untrusted_chain")))
@@ -635,10 +647,10 @@ struct LedgerSemanticsTests {
         #expect(replay.transactions.map(\.state) == [.replayedFromOtherUser])
         #expect(try await queued() == ["c1", "c2"])
         #expect(try await store.testRows("SELECT * FROM apple_finish").count == 2)
-        // A lookup that proves nothing is held, and never finished at Apple.
+        // A lookup that proves nothing is answered alike (nothing listed), and never finished at Apple.
         var looked = purchase("v1", product: "com.example.coins.300")
         looked.evidence = .lookup
-        #expect(try await upload([looked], by: "mallory", to: store, policy: finishing).transactions.map(\.state) == [.held])
+        #expect(try await upload([looked], by: "mallory", to: store, policy: finishing).reason == .proofRequired)
         // A restore (a new transaction id of a credited non-consumable) is settled as the
         // purchase it restores: finished too.
         try await upload([purchase("p1", product: "com.example.premium")], by: "ana", to: store, policy: finishing)

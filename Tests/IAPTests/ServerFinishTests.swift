@@ -28,9 +28,9 @@ extension BrokerTests {
             Teardown.add { await pipeline.stop() }
             let paid = try await pipeline.mintStoreKit2()
             let looked = try await pipeline.mintStoreKit2(productId: "com.example.coins.120")
-            // A bare transaction id proves no ownership: held for customer service.
+            // A bare transaction id proves no ownership: answered `proof_required`, never finished.
             let held = try await pipeline.upload(["userId": "mallory", "transactionId": looked.transactionId])
-            #expect(try await pipeline.waitForState(held)["state"] as? String == "needs_review")
+            #expect(try await pipeline.waitForState(held)["reason"] as? String == "proof_required")
             let credited = try await pipeline.upload(["userId": "ana", "signedTransaction": try #require(paid.signedTransaction)])
             #expect(try await pipeline.waitForState(credited)["state"] as? String == "credited")
 
@@ -119,23 +119,20 @@ extension BrokerTests {
             #expect(lateState["finishTransaction"] as? Bool == true, "\(lateState)")
             #expect(try await pipeline.store.reportAppFinish(userId: "ana", transactionId: refunded.transactionId) == .recorded)
 
-            // Held with no owner recorded (a bare id proves nobody): nothing to mark, but the
-            // report of the user's own upload is taken and told to customer service.
+            // A bare id proves nobody's purchase, and its upload records nothing: the report of
+            // it is answered as any stranger's is, so that reporting a finish cannot tell a
+            // genuine id from an unknown one either. Nothing is written, however often.
             let looked = try await pipeline.mintStoreKit2(productId: "com.example.coins.60")
             let lookup = try await pipeline.upload(["userId": "olaf", "transactionId": looked.transactionId])
-            #expect(try await pipeline.waitForState(lookup)["state"] as? String == "needs_review")
-            #expect(try await report("olaf", ["transactionId": looked.transactionId]).status == 204)
-            // Told once: the same report again, however often, writes no second audit row.
-            for _ in 0..<5 { #expect(try await report("olaf", ["transactionId": looked.transactionId]).status == 204) }
-            #expect(
-                try await pipeline.store.reportAppFinish(userId: "olaf", transactionId: looked.transactionId)
-                    == .alreadyFinished(by: "app"))
-            #expect(
-                try await pipeline.store.auditLog(limit: 1000).filter {
-                    $0.action == "transaction_finished_by_app" && $0.subject == "transaction:\(looked.transactionId)"
-                }.count == 1)
-            #expect(try await pipeline.store.finishStates(of: [looked.transactionId]).isEmpty)
+            #expect(try await pipeline.waitForState(lookup)["reason"] as? String == "proof_required")
+            for _ in 0..<3 {
+                #expect(try await report("olaf", ["transactionId": looked.transactionId]).errorCode == "purchase_not_found")
+            }
             #expect(try await report("mallory", ["transactionId": looked.transactionId]).errorCode == "purchase_not_found")
+            #expect(try await report("olaf", ["transactionId": "2000000999999999"]).errorCode == "purchase_not_found")
+            #expect(
+                try await pipeline.store.auditLog(limit: 1000).filter { $0.subject == "transaction:\(looked.transactionId)" }.isEmpty)
+            #expect(try await pipeline.store.finishStates(of: [looked.transactionId]).isEmpty)
         }
 
         /// A grant by hand is finished at Apple only when Apple verified its purchase (a held
@@ -209,7 +206,7 @@ extension BrokerTests {
             #expect(try await pipeline.waitForState(own)["state"] as? String == "needs_review")
             let looked = try await pipeline.mintStoreKit2(productId: "com.example.coins.120")
             let named = try await pipeline.upload(["userId": "mallory", "transactionId": looked.transactionId])
-            #expect(try await pipeline.waitForState(named)["state"] as? String == "needs_review")
+            #expect(try await pipeline.waitForState(named)["reason"] as? String == "proof_required")
             try await settle(own)
             try await settle(named)
             let settled = try await eventually(timeout: .seconds(20)) {

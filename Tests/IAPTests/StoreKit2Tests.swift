@@ -79,7 +79,7 @@ extension BrokerTests {
             let second = try await pipeline.waitForState(try await pipeline.upload(["userId": "tom", "transactionId": sandbox.transactionId]))
             #expect(second["state"] as? String == "credited" && second["environment"] as? String == "Sandbox", "\(second)")
             let unknown = try await pipeline.waitForState(try await pipeline.upload(["userId": "tom", "transactionId": "2000000000000042"]))
-            #expect(unknown["state"] as? String == "rejected" && unknown["reason"] as? String == "transaction_not_found", "\(unknown)")
+            #expect(unknown["state"] as? String == "rejected" && unknown["reason"] as? String == "proof_required", "\(unknown)")
             #expect(try await pipeline.grants(of: "tom").count == 2)
 
             // Apple down (503) is transient, never a rejection.

@@ -173,8 +173,18 @@ struct LedgerVerdictTests {
         #expect(!FinishAdvice.mayFinishUpload(state: unpaid.state, reason: unpaid.reason, named: .order, settledByHand: false))
         let paid = FinishAdvice.verdict(
             userId: "olga", transactionId: nil, orderId: "o2", outcomes: credited, namedRevocations: [],
-            namedOrder: order("o2", at: Self.t0, state: "paid"))
+            namedOrder: order("o2", at: Self.t0, state: "paid"), naming: .orderTokenInUpload)
         #expect(paid == UploadVerdict(state: .credited))
+        // Paid, but no purchase of the upload carries the order's token: what the app holds only
+        // the app knows, so it names it before it is told to finish (the order's state alone is
+        // no proof), whatever the order's state.
+        for state in ["paid", "refunded", "cancelled"] {
+            let guessed = FinishAdvice.verdict(
+                userId: "olga", transactionId: nil, orderId: "o2", outcomes: credited, namedRevocations: [],
+                namedOrder: order("o2", at: Self.t0, state: state), naming: .orderPaid(transactionId: "t1"))
+            #expect(guessed.reason == .nameTheTransaction, "\(state): \(guessed)")
+            #expect(!FinishAdvice.mayFinishUpload(state: guessed.state, reason: guessed.reason, named: .order, settledByHand: false))
+        }
         let ambiguous = FinishAdvice.verdict(
             userId: "olga", transactionId: nil, orderId: "o2", outcomes: credited, namedRevocations: [],
             namedOrder: order("o2", at: Self.t0), naming: .orderAmbiguous)
@@ -210,12 +220,18 @@ struct LedgerVerdictTests {
     }
 
     @Test func aLookupThatProvesNothingAnswersAlike() {
-        for state in [TransactionCreditState.replayedFromOtherUser, .revoked, .ownedByOtherUser] {
+        // Also a purchase nobody proved yet (held): a probe of a genuine id must not read
+        // otherwise than an unknown one, nor open a case for customer service.
+        let held = [(TransactionCreditState.held, ReasonCode.ownerUnknown), (.held, .buyerUnknown), (.held, .grantedByHandToAnotherUser)]
+        for (state, reason) in [(TransactionCreditState.replayedFromOtherUser, nil), (.revoked, nil), (.ownedByOtherUser, nil)] + held {
             let verdict = FinishAdvice.verdict(
                 userId: "eve", transactionId: "t1", orderId: nil,
-                outcomes: [.init(transactionId: "t1", state: state, reason: nil, lookup: true)], namedRevocations: [],
+                outcomes: [.init(transactionId: "t1", state: state, reason: reason, lookup: true)], namedRevocations: [],
                 namedOrder: nil)
-            #expect(verdict.state == .rejected && verdict.reason == .transactionNotFound && !verdict.listsTransactions)
+            #expect(verdict.state == .rejected && verdict.reason == .proofRequired && !verdict.listsTransactions, "\(state)")
+            #expect(verdict.message == ReasonCode.proofRequiredMessage)
+            // The app may hold that very purchase, unproven: never told to finish it.
+            #expect(!FinishAdvice.mayFinishUpload(state: verdict.state, reason: verdict.reason, named: .transaction, settledByHand: false))
         }
         // The same outcome on an upload Apple vouches for says what it is.
         let signed = FinishAdvice.verdict(
