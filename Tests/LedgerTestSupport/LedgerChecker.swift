@@ -294,6 +294,9 @@ struct AppleTransaction {
     /// A seat of a multiseat subscription an organization paid for and assigned (`ASSIGNED`):
     /// access, not a payment: it pays no order, and only `ASSIGNMENT_REVOKE` takes it back.
     var assigned = false
+    /// Access a family member's purchase shares with its holder's Apple ID (`FAMILY_SHARED`):
+    /// the holder paid nothing, so it pays no order of theirs.
+    var familyShared = false
 
     var isSubscription: Bool { period != nil }
 
@@ -302,7 +305,8 @@ struct AppleTransaction {
         var purchase = VerifiedPurchase(
             transactionId: id, originalTransactionId: original, productId: product, quantity: quantity,
             purchaseDate: purchased, environment: .production, cancellationDate: revokedAt, expiresDate: expires,
-            appAccountToken: token, webOrderLineItemId: period, ownershipType: assigned ? "ASSIGNED" : "PURCHASED",
+            appAccountToken: token, webOrderLineItemId: period,
+            ownershipType: assigned ? "ASSIGNED" : familyShared ? "FAMILY_SHARED" : "PURCHASED",
             isUpgraded: upgraded ? true : nil, signedDate: signed)
         purchase.revocationType = revokedAt == nil ? nil : revocationType
         purchase.revocationPercentage = revokedAt == nil ? nil : percentage
@@ -773,6 +777,14 @@ struct CheckerRun {
             // A third of the subscriptions (by the quantity drawn, which a subscription does not
             // use, so the sequences kept draw as before) are seats an organization assigned.
             bought.assigned = subscription && quantity == 3
+            if truth, product == CheckerCatalog.pro, quantity == 3 {
+                // Ground truth: a third of the non-consumables (by the same unused quantity) are
+                // family sharing: someone outside the app's users bought it, and its access
+                // reaches the user's Apple ID under an id of its own. The user's app had placed
+                // an order for it (StoreKit 1, no token) before the family's access arrived.
+                try familyShare(&bought)
+                return
+            }
             transactions.append(bought)
             if subscription {
                 subscriptions.append([transactions.count - 1])
@@ -999,6 +1011,7 @@ struct CheckerRun {
             reference.revokedByHand.insert(grant.creditKey!.stored)
             if let transaction = transactions.first(where: { $0.id == grant.transactionId }) { byHand.insert(identity(transaction)) }
         case .goodwill(let user):
+            if truth, try goodwillForApplePurchase(pick: user) { return }
             let plan = try apply(
                 .manualGrant(
                     .init(

@@ -273,8 +273,13 @@ extension CheckerRun {
             if FinishAdvice.mayFinishUpload(state: verdict.state, reason: verdict.reason, named: .transaction, settledByHand: false) {
                 try appFinishes(id, told: told)
             }
-        case .order:
+        case .order(let order):
             if FinishAdvice.mayFinishUpload(state: verdict.state, reason: verdict.reason, named: .order, settledByHand: false), let holding {
+                // Never on a guess: an order named alone is finishable only where a purchase of
+                // the upload carries its token (what the app holds, only the app knows).
+                guard namingEvent.tokenNamesOrder else {
+                    throw fail("told to finish \(holding) on a guess: order \(order) was named alone, and no purchase of the upload carries its token (\(told))")
+                }
                 try appFinishes(holding, told: told)
             }
         case .nothing:
@@ -374,7 +379,66 @@ extension CheckerRun {
             if let madeFor = transaction.order, madeFor != order.id {
                 throw fail("order \(order.id) is paid by \(paidBy), which was bought for order \(madeFor)")
             }
+            if transaction.familyShared || transaction.assigned {
+                throw fail("order \(order.id) is paid by \(paidBy), access someone else paid for")
+            }
         }
+    }
+
+    /// Ground truth: the user's app placed an order for `shared`'s product (StoreKit 1, no
+    /// token), and instead of a purchase, a family member's shares its access with the user's
+    /// Apple ID (`FAMILY_SHARED`, an id of its own). The app uploads its receipt naming its order
+    /// alone: the access is the user's, but it pays no order (checked after every step).
+    mutating func familyShare(_ shared: inout AppleTransaction) throws {
+        let user = Self.user(shared.buyer)
+        let orderId = "order-for-family-\(shared.id)"
+        ledger.place(.init(id: orderId, userId: user, productId: shared.product, state: "created", transactionId: nil, createdAt: clock - 30))
+        orderUser[orderId] = user
+        shared.familyShared = true
+        shared.token = nil
+        shared.order = nil
+        transactions.append(shared)
+        try submit(receipt(of: shared.device), by: user, evidence: .signedUpload, naming: .order(orderId), holding: shared.id, receipt: true)
+        guard ledger.orders[orderId]?.state == "created" else {
+            throw fail("order \(orderId) is \(ledger.orders[orderId]?.state ?? "gone"): paid by family access \(shared.id) nobody of the app paid for")
+        }
+    }
+
+    /// Ground truth: customer service grants goodwill naming an Apple consumable nobody was
+    /// credited with yet (the customer wrote before the app uploaded it), to the user who paid
+    /// (its token's order's, else its buyer), with what Apple sold: its quantity, its original
+    /// transaction and environment (the admin route asks Apple for them). The buyer's receipt
+    /// then credits nothing more: every unit Apple sold is held once. False when no such
+    /// purchase exists (the plain goodwill step runs instead).
+    mutating func goodwillForApplePurchase(pick: Int) throws -> Bool {
+        let open = transactions.indices.filter { index in
+            let transaction = transactions[index]
+            // Its payer is its buyer: the goodwill and the buyer's own receipt name one user.
+            let payer = transaction.token.flatMap { orderUser[$0] } ?? Self.user(transaction.buyer)
+            return transaction.product == CheckerCatalog.coins && transaction.revokedAt == nil && !transaction.isRestore
+                && payer == Self.user(transaction.buyer) && ledger.revocations(of: transaction.id).isEmpty
+                && !ledger.grants.contains { $0.transactionId == transaction.id } && ledger.purchases[transaction.id] == nil
+        }
+        guard !open.isEmpty else { return false }
+        let index = open[pick % open.count]
+        let transaction = transactions[index]
+        let user = Self.user(transaction.buyer)
+        var grant = LedgerEvent.ManualGrant(
+            userId: user, productId: transaction.product, quantity: transaction.quantity,
+            grant: CheckerCatalog.catalog.product(transaction.product)?.grant(quantity: transaction.quantity) ?? [:],
+            transactionId: nil, goodwillId: nextId("manual-"), actor: "agent", reason: "wrote in", appleTransactionId: transaction.id)
+        grant.appleOriginalTransactionId = transaction.original
+        grant.appleEnvironment = .production
+        let plan = try apply(.manualGrant(grant))
+        guard case .grant = plan.outcome else { throw fail("goodwill naming Apple purchase \(transaction.id) was refused: \(plan.outcome)") }
+        byHand.insert(identity(transaction))
+        // The buyer's app uploads its receipt: already credited, every unit once.
+        try submit(receipt(of: transaction.device), by: user, evidence: .signedUpload, naming: .nothing, receipt: true)
+        let units = ledger.grants.filter { $0.isActive && $0.transactionId == transaction.id }.map(\.quantity).reduce(0, +)
+        guard units == transaction.quantity else {
+            throw fail("goodwill naming Apple purchase \(transaction.id) of \(transaction.quantity) units left \(units) held")
+        }
+        return true
     }
 
     /// StoreKit 1 restores a one-time purchase or a period under an id no receipt holds; the
