@@ -8,6 +8,9 @@ public enum NotificationType: Sendable, Equatable {
     case subscribed, didRenew, offerRedeemed, didChangeRenewalPref, renewalExtended, oneTimeCharge
     case expired, gracePeriodExpired, didFailToRenew, didChangeRenewalStatus
     case consumptionRequest, rescindConsent, test
+    /// Apple moved a subscription to a new chain (to the Advanced Commerce API): the same
+    /// customer's subscription goes on under a new original transaction that names the old one.
+    case migration
     /// Any other type, as Apple spelled it.
     case other(String)
 
@@ -32,6 +35,7 @@ public enum NotificationType: Sendable, Equatable {
             case "CONSUMPTION_REQUEST": .consumptionRequest
             case "RESCIND_CONSENT": .rescindConsent
             case "TEST": .test
+            case "MIGRATION": .migration
             default: .other(raw)
             }
     }
@@ -186,9 +190,31 @@ extension Planner {
         case .refundDeclined:
             // A case closed: nothing changes; Apple may still refund later.
             return .declined
+        case .migration:
+            migrate(notification, purchase: purchase)
+            return .recorded
         case .rescindConsent, .test, .other:
             return .recorded
         }
+    }
+
+    /// `MIGRATION`: Apple moved the subscription to a new chain whose transaction names the old
+    /// one (`previousOriginalTransactionId`). Nothing was bought, so nothing is credited (the
+    /// period in force stays credited under the old chain); the new chain is its old chain's
+    /// owner's from now on, so its renewals, refunds and status follow them. A migration whose
+    /// old chain nobody owns yet is recorded with no owner, like any period told before an
+    /// upload; the owner's first credit of the old chain reaches the new one. Audited.
+    mutating func migrate(_ notification: AppStoreNotification, purchase: VerifiedPurchase) {
+        let owner = purchase.previousOriginalTransactionId != nil ? facts.previousChainOwner : nil
+        updateSubscription(
+            purchase, owner: owner, environment: notification.environment.rawValue,
+            state: Self.state(ofStatus: notification.subscriptionStatus) ?? "active",
+            autoRenew: notification.autoRenewStatus.map { $0 == 1 }, grace: .keep, stateDate: notification.signedDate ?? now)
+        var details = ["owner": owner ?? ""]
+        details["from"] = purchase.previousOriginalTransactionId
+        audit(
+            actor: "apple", action: "subscription_migrated", subject: "subscription:\(purchase.originalTransactionId)",
+            reason: "MIGRATION", details: details)
     }
 
     /// A customer (or their guardian) withdrew the consent the app's use rests on: nothing in
@@ -362,19 +388,23 @@ extension Planner {
         {
             emit(.setGracePeriod(transactionId: newest.transactionId, until: grace))
         }
-        let fromStatus: String? =
-            switch notification.subscriptionStatus {
-            case 1: "active"
-            case 2: "expired"
-            case 3: "billing_retry"
-            case 4: "grace_period"
-            case 5: "revoked"
-            default: nil
-            }
         updateSubscription(
-            purchase, owner: nil, environment: notification.environment.rawValue, state: state ?? fromStatus ?? "active",
+            purchase, owner: nil, environment: notification.environment.rawValue,
+            state: state ?? Self.state(ofStatus: notification.subscriptionStatus) ?? "active",
             autoRenew: notification.autoRenewStatus.map { $0 == 1 }, grace: .set(notification.gracePeriodExpiresDate),
             stateDate: notification.signedDate ?? now)
+    }
+
+    /// The subscription state Apple's status (`status` of a notification's data) names.
+    static func state(ofStatus status: Int?) -> String? {
+        switch status {
+        case 1: "active"
+        case 2: "expired"
+        case 3: "billing_retry"
+        case 4: "grace_period"
+        case 5: "revoked"
+        default: nil
+        }
     }
 
     /// A purchase row as the ledger reads a purchase; `expiresDate` where the row has none.

@@ -572,4 +572,41 @@ struct LedgerVerdictTests {
         #expect(planned.outcome == .notification(.subscriptionState("billing_retry")))
         #expect(planned.changes.contains { if case .putSubscription(let row) = $0 { row.state == "billing_retry" } else { false } })
     }
+
+    /// `MIGRATION`: Apple moved a subscription to a new chain (the Advanced Commerce API), whose
+    /// transaction names the old one. Nothing was bought: nothing is credited and no order is
+    /// paid; the new chain is its old chain's owner's, so its next renewal is credited to them.
+    /// Before, the type was recorded as unknown and the new chain stayed nobody's.
+    @Test func aMigrationCreditsNothingAndTheNewChainFollowsTheOldOwner() {
+        var migrated = VerifiedPurchase(
+            transactionId: "m1", originalTransactionId: "m1", productId: "month", quantity: 1, purchaseDate: Self.t0 + 60,
+            environment: .production, expiresDate: Self.t0 + 30 * 86_400, webOrderLineItemId: "w-m1")
+        migrated.previousOriginalTransactionId = "t1"
+        let notification = AppStoreNotification(
+            notificationUUID: "n-m1", notificationType: "MIGRATION", subtype: nil, environment: .production, bundleId: "app",
+            signedDate: Self.t0 + 120, purchase: migrated, subscriptionStatus: 1, autoRenewStatus: 1)
+        var facts = LedgerFacts()
+        facts.previousChainOwner = "ana"
+        let planned = plan(.notification(notification, submissionId: "s1"), facts)
+        #expect(planned.outcome == .notification(.recorded))
+        #expect(!planned.changes.contains { if case .grant = $0 { true } else { false } })
+        #expect(!planned.changes.contains { if case .bindOrder = $0 { true } else { false } })
+        let row = planned.changes.compactMap { if case .putSubscription(let row) = $0 { row } else { nil } }.last
+        #expect(row?.originalTransactionId == "m1" && row?.userId == "ana" && row?.state == "active", "\(String(describing: row))")
+        #expect(planned.changes.contains { if case .audit(let entry) = $0 { entry.action == "subscription_migrated" } else { false } })
+        // The new chain's renewal is its owner's.
+        var renewal = migrated
+        (renewal.transactionId, renewal.webOrderLineItemId, renewal.purchaseDate) = ("m2", "w-m2", Self.t0 + 30 * 86_400)
+        renewal.expiresDate = Self.t0 + 60 * 86_400
+        var after = LedgerFacts(subscription: row)
+        after.previousChainOwner = "ana"
+        let renewed = plan(
+            .notification(
+                AppStoreNotification(
+                    notificationUUID: "n-m2", notificationType: "DID_RENEW", subtype: nil, environment: .production, bundleId: "app",
+                    signedDate: Self.t0 + 30 * 86_400, purchase: renewal, subscriptionStatus: 1),
+                submissionId: "s2"),
+            after)
+        #expect(renewed.changes.contains { if case .grant(let grant) = $0 { grant.userId == "ana" } else { false } }, "\(renewed.changes)")
+    }
 }
