@@ -230,7 +230,8 @@ public final class AppStoreVerifier: ReceiptVerifying {
                     purchase: transaction.map(Self.purchase), subscriptionStatus: payload.data?.status,
                     autoRenewStatus: renewal?.autoRenewStatus,
                     gracePeriodExpiresDate: renewal?.gracePeriodExpiresDate.map(Date.init(appleMilliseconds:)),
-                    consumptionRequestReason: payload.data?.consumptionRequestReason, appTransactionId: app?.appTransactionId))
+                    consumptionRequestReason: payload.data?.consumptionRequestReason, appTransactionId: app?.appTransactionId,
+                    renewal: renewal.map(Self.renewalTerms)))
         } catch let error as JWSVerificationError {
             return .rejected(ReasonCode(error.code.rawValue), message: error.message)
         } catch {
@@ -280,6 +281,19 @@ public final class AppStoreVerifier: ReceiptVerifying {
         case .invalid:
             return .rejected(.invalidReceipt, message: error.description)
         }
+    }
+
+    /// What signed renewal information says the subscription renews to, bounded as a
+    /// transaction's terms are (a price never below zero, Apple's short strings at most 64
+    /// characters).
+    static func renewalTerms(_ renewal: JWSRenewalInfoDecodedPayload) -> RenewalTerms {
+        func short(_ text: String?) -> String? { text.map { String($0.prefix(64)) } }
+        return RenewalTerms(
+            autoRenewProductId: short(renewal.autoRenewProductId),
+            renewalPrice: renewal.renewalPrice.map { min(max($0, 0), 1_000_000_000_000) }, currency: short(renewal.currency),
+            offerType: renewal.offerType.map { min(max($0, 0), 99) }, offerIdentifier: short(renewal.offerIdentifier),
+            offerDiscountType: short(renewal.offerDiscountType), offerPeriod: short(renewal.offerPeriod),
+            priceIncreaseStatus: renewal.priceIncreaseStatus.flatMap { (0...1).contains($0) ? $0 : nil })
     }
 
     /// A verified signed transaction as the ledger reads it (also what reconciliation applies).

@@ -110,6 +110,16 @@ public struct JWSRenewalInfoDecodedPayload: SignedAppStorePayload, Codable, Equa
     public var recentSubscriptionStartDate: Int64?
     public var signedDate: Int64?
     public var appAccountToken: String?
+    /// The next period's price, in milli-units of `currency`.
+    public var renewalPrice: Int64?
+    public var currency: String?
+    public var offerType: Int?
+    public var offerIdentifier: String?
+    public var offerDiscountType: String?
+    public var offerPeriod: String?
+    /// 0: the customer has not answered a price increase that needs consent; 1: consented, or
+    /// told of one that needs none.
+    public var priceIncreaseStatus: Int?
 
     /// Creates renewal information (the fake App Store signs these).
     public init(originalTransactionId: String, productId: String?, autoRenewStatus: Int?, environment: String, signedDate: Int64?) {

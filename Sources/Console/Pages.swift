@@ -174,7 +174,7 @@ extension Console {
                 "key": ConsoleSessions.randomToken(),
                 "originalTransactionId": $0.originalTransactionId, "productId": $0.productId, "state": $0.state,
                 "expires": $0.expiresDate.map(Self.when) ?? "—", "autoRenew": $0.autoRenew.map { $0 ? "on" : "off" } ?? "—",
-                "environment": $0.environment,
+                "environment": $0.environment, "renews": Self.renews($0.renewal),
             ]
         }
         context["orders"] = customer.orders.map {
@@ -395,18 +395,9 @@ extension Console {
     /// What a purchase cost and under which offer, in a few words: `0.99 USD, offer code SPRING`.
     static func termsText(_ terms: PurchaseTerms?) -> String {
         guard let terms else { return "—" }
-        var parts: [String] = []
-        if let price = terms.price {
-            let amount = String(format: "%.2f", Double(price) / 1000)
-            parts.append(terms.currency.map { "\(amount) \($0)" } ?? amount)
-        }
-        if let type = terms.offerType {
-            let names = [1: "introductory offer", 2: "promotional offer", 3: "offer code", 4: "win-back offer"]
-            var offer = names[type] ?? "offer \(type)"
-            if let id = terms.offerIdentifier { offer += " \(id)" }
-            if let discount = terms.offerDiscountType { offer += " (\(discount)\(terms.offerPeriod.map { ", \($0)" } ?? ""))" }
-            parts.append(offer)
-        }
+        var parts = priceAndOffer(
+            price: terms.price, currency: terms.currency, offerType: terms.offerType, offerIdentifier: terms.offerIdentifier,
+            offerDiscountType: terms.offerDiscountType, offerPeriod: terms.offerPeriod)
         if let plan = terms.billingPlanType { parts.append("billed \(plan)") }
         switch terms.ownershipType {
         case nil: break
@@ -415,6 +406,42 @@ extension Console {
         case let other?: parts.append("ownership \(other)")
         }
         return parts.isEmpty ? "—" : parts.joined(separator: ", ")
+    }
+
+    /// A price and an offer in a few words each: `0.99 USD`, `introductory offer intro1 (FREE_TRIAL, P1M)`.
+    static func priceAndOffer(
+        price: Int64?, currency: String?, offerType: Int?, offerIdentifier: String?, offerDiscountType: String?,
+        offerPeriod: String?
+    ) -> [String] {
+        var parts: [String] = []
+        if let price {
+            let amount = String(format: "%.2f", Double(price) / 1000)
+            parts.append(currency.map { "\(amount) \($0)" } ?? amount)
+        }
+        if let offerType {
+            let names = [1: "introductory offer", 2: "promotional offer", 3: "offer code", 4: "win-back offer"]
+            var offer = names[offerType] ?? "offer \(offerType)"
+            if let offerIdentifier { offer += " \(offerIdentifier)" }
+            if let offerDiscountType { offer += " (\(offerDiscountType)\(offerPeriod.map { ", \($0)" } ?? ""))" }
+            parts.append(offer)
+        }
+        return parts
+    }
+
+    /// What a subscription renews to, in a few words (product, price, offer, a price
+    /// increase's consent); nil when Apple's renewal information said nothing.
+    static func renews(_ renewal: RenewalTerms?) -> String? {
+        guard let renewal else { return nil }
+        var parts = renewal.autoRenewProductId.map { [$0] } ?? []
+        parts += priceAndOffer(
+            price: renewal.renewalPrice, currency: renewal.currency, offerType: renewal.offerType,
+            offerIdentifier: renewal.offerIdentifier, offerDiscountType: renewal.offerDiscountType, offerPeriod: renewal.offerPeriod)
+        switch renewal.priceIncrease {
+        case "pending": parts.append("price increase awaiting the customer's consent (without it, it ends at renewal)")
+        case "accepted": parts.append("price increase accepted")
+        default: break
+        }
+        return parts.isEmpty ? nil : parts.joined(separator: ", ")
     }
 
     /// What was answered to a refund request, in a few words.

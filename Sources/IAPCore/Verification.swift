@@ -146,6 +146,55 @@ public struct PurchaseTerms: Codable, Sendable, Equatable {
     public var isEmpty: Bool { self == PurchaseTerms() }
 }
 
+/// What a subscription renews to, as Apple's signed renewal information says
+/// (`JWSRenewalInfoDecodedPayload`): the product, price and offer of the next period, and the
+/// customer's answer to a price increase.
+public struct RenewalTerms: Codable, Sendable, Equatable {
+    /// The product the next period renews to (a downgrade takes effect there).
+    public var autoRenewProductId: String?
+    /// The next period's price in milli-units of `currency`.
+    public var renewalPrice: Int64?
+    /// ISO 4217.
+    public var currency: String?
+    /// The offer the next period renews with: 1 introductory, 2 promotional, 3 offer code, 4 win-back.
+    public var offerType: Int?
+    public var offerIdentifier: String?
+    /// FREE_TRIAL, PAY_AS_YOU_GO, PAY_UP_FRONT, ONE_TIME.
+    public var offerDiscountType: String?
+    /// ISO 8601 duration of the offer (`P1M`).
+    public var offerPeriod: String?
+    /// Apple's `priceIncreaseStatus`: 0 the customer has not answered a price increase that needs
+    /// their consent (without it the subscription expires at the renewal date), 1 they consented
+    /// or were told of one that needs none; nil when Apple said nothing of one.
+    public var priceIncreaseStatus: Int?
+
+    /// Creates terms.
+    public init(
+        autoRenewProductId: String? = nil, renewalPrice: Int64? = nil, currency: String? = nil, offerType: Int? = nil,
+        offerIdentifier: String? = nil, offerDiscountType: String? = nil, offerPeriod: String? = nil,
+        priceIncreaseStatus: Int? = nil
+    ) {
+        self.autoRenewProductId = autoRenewProductId
+        self.renewalPrice = renewalPrice
+        self.currency = currency
+        self.offerType = offerType
+        self.offerIdentifier = offerIdentifier
+        self.offerDiscountType = offerDiscountType
+        self.offerPeriod = offerPeriod
+        self.priceIncreaseStatus = priceIncreaseStatus
+    }
+
+    /// What a price increase's state reads as: `pending` (the customer's consent is awaited),
+    /// `accepted`, or nil when none was told.
+    public var priceIncrease: String? {
+        switch priceIncreaseStatus {
+        case 0: "pending"
+        case 1: "accepted"
+        default: nil
+        }
+    }
+}
+
 /// What Send Consumption Information (v2) tells Apple about a refund request.
 public struct ConsumptionInformation: Codable, Sendable, Equatable {
     public var customerConsented: Bool
@@ -400,14 +449,18 @@ public struct AppStoreNotification: Codable, Sendable, Equatable {
     /// For RESCIND_CONSENT: the customer's download of the app (`appTransactionId` of the
     /// verified `AppTransaction` in `appData`), when Apple sent one.
     public var appTransactionId: String?
+    /// From the signed renewal info: what the subscription renews to (price, offer, a price
+    /// increase's consent).
+    public var renewal: RenewalTerms?
 
     /// Creates a notification.
     public init(
         notificationUUID: String, notificationType: String, subtype: String?, environment: AppStoreEnvironment,
         bundleId: String?, signedDate: Date?, purchase: VerifiedPurchase?, subscriptionStatus: Int? = nil,
         autoRenewStatus: Int? = nil, gracePeriodExpiresDate: Date? = nil, consumptionRequestReason: String? = nil,
-        appTransactionId: String? = nil
+        appTransactionId: String? = nil, renewal: RenewalTerms? = nil
     ) {
+        self.renewal = renewal
         self.appTransactionId = appTransactionId
         self.notificationUUID = notificationUUID
         self.notificationType = notificationType

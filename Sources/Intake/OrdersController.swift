@@ -193,6 +193,13 @@ struct SubscriptionBody: Encodable {
     var autoRenew: Bool?
     var gracePeriodExpiresDate: Date?
     var updatedAt: Date
+    /// What the next period renews to, as Apple said last: its product and price.
+    var renewalProductId: String?
+    var renewalPrice: Int64?
+    var renewalCurrency: String?
+    /// `pending` (Apple awaits the customer's consent to a price increase; without it the
+    /// subscription ends at its renewal date) or `accepted`; absent when Apple told of none.
+    var priceIncrease: String?
 
     init(_ record: SubscriptionRecord) {
         originalTransactionId = record.originalTransactionId
@@ -203,6 +210,10 @@ struct SubscriptionBody: Encodable {
         autoRenew = record.autoRenew
         gracePeriodExpiresDate = record.gracePeriodExpiresDate
         updatedAt = record.updatedAt
+        renewalProductId = record.renewal?.autoRenewProductId
+        renewalPrice = record.renewal?.renewalPrice
+        renewalCurrency = record.renewal?.currency
+        priceIncrease = record.renewal?.priceIncrease
     }
 }
 

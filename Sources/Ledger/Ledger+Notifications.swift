@@ -11,6 +11,9 @@ public enum NotificationType: Sendable, Equatable {
     /// Apple moved a subscription to a new chain (to the Advanced Commerce API): the same
     /// customer's subscription goes on under a new original transaction that names the old one.
     case migration
+    /// Apple told the customer of a price increase: `PENDING` awaits their consent (without it
+    /// the subscription expires at its renewal date), `ACCEPTED` they consented or none was needed.
+    case priceIncrease
     /// Any other type, as Apple spelled it.
     case other(String)
 
@@ -36,6 +39,7 @@ public enum NotificationType: Sendable, Equatable {
             case "RESCIND_CONSENT": .rescindConsent
             case "TEST": .test
             case "MIGRATION": .migration
+            case "PRICE_INCREASE": .priceIncrease
             default: .other(raw)
             }
     }
@@ -193,6 +197,33 @@ extension Planner {
         case .migration:
             migrate(notification, purchase: purchase)
             return .recorded
+        case .priceIncrease:
+            // The renewal terms (price, the consent's state) are kept on the subscription, as
+            // every notification's are; nothing is credited or taken back now. Audited, and
+            // published for the app's services (a reminder to consent is theirs to send).
+            // Without renewal information, the subtype says the consent's state, and what was
+            // kept of the renewal stays.
+            var told = notification
+            if told.renewal?.priceIncreaseStatus == nil, let consent = notification.subtype.flatMap(Self.priceIncreaseStatus) {
+                let kept = facts.subscription?.originalTransactionId == purchase.originalTransactionId ? facts.subscription?.renewal : nil
+                told.renewal = told.renewal ?? kept ?? RenewalTerms()
+                told.renewal?.priceIncreaseStatus = consent
+            }
+            updateSubscription(told, state: nil)
+            let consent = told.renewal?.priceIncrease ?? "unknown"
+            audit(
+                actor: "apple", action: "price_increase", subject: "subscription:\(purchase.originalTransactionId)",
+                reason: notification.subtype ?? "PRICE_INCREASE", details: ["consent": consent, "owner": owner ?? ""])
+            publish(
+                "subscription.price_increase",
+                [
+                    "originalTransactionId": .string(purchase.originalTransactionId), "userId": owner.map(EventField.string) ?? .null,
+                    "productId": .string(told.renewal?.autoRenewProductId ?? purchase.productId), "consent": .string(consent),
+                    "renewalPrice": told.renewal?.renewalPrice.map { .int(Int($0)) } ?? .null,
+                    "currency": told.renewal?.currency.map(EventField.string) ?? .null,
+                    "signedDate": notification.signedDate.map { .string(Ledger.iso8601($0)) } ?? .null,
+                ], id: "subscription.price_increase:\(notification.notificationUUID)")
+            return .recorded
         case .rescindConsent, .test, .other:
             return .recorded
         }
@@ -209,7 +240,7 @@ extension Planner {
         updateSubscription(
             purchase, owner: owner, environment: notification.environment.rawValue,
             state: Self.state(ofStatus: notification.subscriptionStatus) ?? "active",
-            autoRenew: notification.autoRenewStatus.map { $0 == 1 }, grace: .keep, stateDate: notification.signedDate ?? now)
+            autoRenew: notification.autoRenewStatus.map { $0 == 1 }, renewal: notification.renewal, grace: .keep, stateDate: notification.signedDate ?? now)
         var details = ["owner": owner ?? ""]
         details["from"] = purchase.previousOriginalTransactionId
         audit(
@@ -391,8 +422,18 @@ extension Planner {
         updateSubscription(
             purchase, owner: nil, environment: notification.environment.rawValue,
             state: state ?? Self.state(ofStatus: notification.subscriptionStatus) ?? "active",
-            autoRenew: notification.autoRenewStatus.map { $0 == 1 }, grace: .set(notification.gracePeriodExpiresDate),
+            autoRenew: notification.autoRenewStatus.map { $0 == 1 }, renewal: notification.renewal,
+            grace: .set(notification.gracePeriodExpiresDate),
             stateDate: notification.signedDate ?? now)
+    }
+
+    /// Apple's `priceIncreaseStatus` a `PRICE_INCREASE` subtype stands for.
+    static func priceIncreaseStatus(_ subtype: String) -> Int? {
+        switch subtype {
+        case "PENDING": 0
+        case "ACCEPTED": 1
+        default: nil
+        }
     }
 
     /// The subscription state Apple's status (`status` of a notification's data) names.

@@ -639,7 +639,7 @@ extension Planner {
     /// every arrival order come to the same row.
     mutating func updateSubscription(
         _ purchase: VerifiedPurchase, owner: String?, environment: String, state: String, autoRenew: Bool?,
-        grace: GraceUpdate, stateDate: Date
+        renewal: RenewalTerms? = nil, grace: GraceUpdate, stateDate: Date
     ) {
         let current = facts.subscription?.originalTransactionId == purchase.originalTransactionId ? facts.subscription : nil
         var row =
@@ -647,7 +647,8 @@ extension Planner {
             ?? LedgerFacts.Subscription(
                 originalTransactionId: purchase.originalTransactionId, userId: owner, productId: purchase.productId,
                 environment: environment, state: state, expiresDate: purchase.expiresDate, autoRenew: autoRenew,
-                gracePeriodExpiresDate: nil, lastTransactionId: purchase.transactionId, updatedAt: now, stateDate: stateDate)
+                gracePeriodExpiresDate: nil, lastTransactionId: purchase.transactionId, updatedAt: now, stateDate: stateDate,
+                renewal: renewal)
         if current != nil {
             row.userId = row.userId ?? owner
             let incoming = (stateDate, purchase.expiresDate ?? .distantPast, purchase.transactionId, Self.stateRank(state))
@@ -671,6 +672,9 @@ extension Planner {
                 row.autoRenew = autoRenew ?? row.autoRenew
                 row.lastTransactionId = purchase.transactionId
                 row.stateDate = stateDate
+                // What it renews to, as Apple signed it last (a notification without renewal
+                // information leaves it).
+                row.renewal = renewal ?? row.renewal
                 if case .set(let end) = grace { row.gracePeriodExpiresDate = end }
             }
             row.updatedAt = now

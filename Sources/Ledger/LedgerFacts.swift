@@ -244,13 +244,17 @@ public struct LedgerFacts: Sendable, Equatable {
         /// (a resubscription, an upgrade) that made them the owner; nil for the first stretch.
         /// A period bought before it belongs to whoever owns its own stretch.
         public var ownedSince: Date?
+        /// What it renews to (price, offer, a price increase's consent), as Apple's renewal
+        /// information said last.
+        public var renewal: RenewalTerms?
 
         /// Creates a subscription row.
         public init(
             originalTransactionId: String, userId: String?, productId: String, environment: String, state: String,
             expiresDate: Date?, autoRenew: Bool?, gracePeriodExpiresDate: Date?, lastTransactionId: String, updatedAt: Date,
-            stateDate: Date?, ownedSince: Date? = nil
+            stateDate: Date?, ownedSince: Date? = nil, renewal: RenewalTerms? = nil
         ) {
+            self.renewal = renewal
             self.ownedSince = ownedSince
             self.originalTransactionId = originalTransactionId
             self.userId = userId

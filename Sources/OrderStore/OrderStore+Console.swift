@@ -298,16 +298,7 @@ extension OrderStore {
             let purchases = try await db.rows(sql: "SELECT * FROM purchase WHERE userId = ? ORDER BY creditedAt LIMIT ?", arguments: [userId, limit]
             ).map(ConsolePurchase.init(row:))
             let subscriptions = try await db.rows(sql: "SELECT * FROM subscription WHERE userId = ? ORDER BY updatedAt DESC LIMIT ?", arguments: [userId, limit]
-            ).map {
-                SubscriptionRecord(
-                    originalTransactionId: $0["originalTransactionId"], productId: $0["productId"],
-                    environment: $0["environment"],
-                    state: InForce.subscriptionState(
-                        recorded: $0["state"], expiresDate: $0["expiresDate"], gracePeriodExpiresDate: $0["gracePeriodExpiresDate"],
-                        at: Date()),
-                    expiresDate: $0["expiresDate"], autoRenew: $0["autoRenew"],
-                    gracePeriodExpiresDate: $0["gracePeriodExpiresDate"], updatedAt: $0["updatedAt"])
-            }
+            ).map { SubscriptionRecord(row: $0, at: Date()) }
             let orders = try await db.rows(sql: "SELECT * FROM orders WHERE userId = ? ORDER BY createdAt LIMIT ?", arguments: [userId, limit]
             ).map {
                 Order(

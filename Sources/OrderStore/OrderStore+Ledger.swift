@@ -248,7 +248,18 @@ extension OrderStore {
             originalTransactionId: row["originalTransactionId"], userId: row["userId"], productId: row["productId"],
             environment: row["environment"], state: row["state"], expiresDate: row["expiresDate"], autoRenew: row["autoRenew"],
             gracePeriodExpiresDate: row["gracePeriodExpiresDate"], lastTransactionId: row["lastTransactionId"],
-            updatedAt: row["updatedAt"], stateDate: row["stateDate"], ownedSince: row["ownedSince"])
+            updatedAt: row["updatedAt"], stateDate: row["stateDate"], ownedSince: row["ownedSince"],
+            renewal: renewalTerms(row))
+    }
+
+    /// A subscription row's renewal terms; nil when Apple's renewal information never said any.
+    static func renewalTerms(_ row: SQLRow) -> RenewalTerms? {
+        let terms = RenewalTerms(
+            autoRenewProductId: row["renewalProductId"], renewalPrice: row["renewalPrice"], currency: row["renewalCurrency"],
+            offerType: row["renewalOfferType"], offerIdentifier: row["renewalOfferIdentifier"],
+            offerDiscountType: row["renewalOfferDiscountType"], offerPeriod: row["renewalOfferPeriod"],
+            priceIncreaseStatus: row["priceIncreaseStatus"])
+        return terms == RenewalTerms() ? nil : terms
     }
 
     /// Writes one change of a plan.
@@ -367,19 +378,28 @@ extension OrderStore {
         case .putSubscription(let row):
             return [SQLStatement("""
                     INSERT INTO subscription (originalTransactionId, userId, productId, environment, state, expiresDate,
-                        autoRenew, gracePeriodExpiresDate, lastTransactionId, updatedAt, stateDate, ownedSince)
-                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                        autoRenew, gracePeriodExpiresDate, lastTransactionId, updatedAt, stateDate, ownedSince,
+                        renewalProductId, renewalPrice, renewalCurrency, renewalOfferType, renewalOfferIdentifier,
+                        renewalOfferDiscountType, renewalOfferPeriod, priceIncreaseStatus)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                     ON CONFLICT (originalTransactionId) DO UPDATE SET userId = excluded.userId,
                         productId = excluded.productId, environment = excluded.environment, state = excluded.state,
                         expiresDate = excluded.expiresDate, autoRenew = excluded.autoRenew,
                         gracePeriodExpiresDate = excluded.gracePeriodExpiresDate,
                         lastTransactionId = excluded.lastTransactionId, updatedAt = excluded.updatedAt,
-                        stateDate = excluded.stateDate, ownedSince = excluded.ownedSince
+                        stateDate = excluded.stateDate, ownedSince = excluded.ownedSince,
+                        renewalProductId = excluded.renewalProductId, renewalPrice = excluded.renewalPrice,
+                        renewalCurrency = excluded.renewalCurrency, renewalOfferType = excluded.renewalOfferType,
+                        renewalOfferIdentifier = excluded.renewalOfferIdentifier,
+                        renewalOfferDiscountType = excluded.renewalOfferDiscountType,
+                        renewalOfferPeriod = excluded.renewalOfferPeriod, priceIncreaseStatus = excluded.priceIncreaseStatus
                     """,
                 [
                     row.originalTransactionId, row.userId, row.productId, row.environment, row.state, row.expiresDate,
                     row.autoRenew, row.gracePeriodExpiresDate, row.lastTransactionId, row.updatedAt, row.stateDate,
-                    row.ownedSince,
+                    row.ownedSince, row.renewal?.autoRenewProductId, row.renewal?.renewalPrice, row.renewal?.currency,
+                    row.renewal?.offerType, row.renewal?.offerIdentifier, row.renewal?.offerDiscountType,
+                    row.renewal?.offerPeriod, row.renewal?.priceIncreaseStatus,
                 ])]
         case .recordTerms(let transactionId, let terms):
             return [

@@ -1,5 +1,5 @@
 public import Foundation
-import IAPCore
+public import IAPCore
 import Ledger
 
 extension OrderStore {
@@ -39,13 +39,7 @@ extension OrderStore {
     public func subscriptions(ofUser userId: String, now: Date = Date()) async throws -> [SubscriptionRecord] {
         try await database.read { db in
             try await db.rows(sql: "SELECT * FROM subscription WHERE userId = ? ORDER BY updatedAt DESC", arguments: [userId]).map {
-                SubscriptionRecord(
-                    originalTransactionId: $0["originalTransactionId"], productId: $0["productId"], environment: $0["environment"],
-                    state: InForce.subscriptionState(
-                        recorded: $0["state"], expiresDate: $0["expiresDate"], gracePeriodExpiresDate: $0["gracePeriodExpiresDate"],
-                        at: now),
-                    expiresDate: $0["expiresDate"], autoRenew: $0["autoRenew"],
-                    gracePeriodExpiresDate: $0["gracePeriodExpiresDate"], updatedAt: $0["updatedAt"])
+                SubscriptionRecord(row: $0, at: now)
             }
         }
     }
@@ -85,6 +79,22 @@ public struct SubscriptionRecord: Sendable, Equatable {
     public var autoRenew: Bool?
     public var gracePeriodExpiresDate: Date?
     public var updatedAt: Date
+    /// What it renews to (price, offer, a price increase's consent), as Apple said last.
+    public var renewal: RenewalTerms?
+
+    /// A subscription row as the app reads it at `now` (its state by what is in force then).
+    init(row: SQLRow, at now: Date) {
+        originalTransactionId = row["originalTransactionId"]
+        productId = row["productId"]
+        environment = row["environment"]
+        state = InForce.subscriptionState(
+            recorded: row["state"], expiresDate: row["expiresDate"], gracePeriodExpiresDate: row["gracePeriodExpiresDate"], at: now)
+        expiresDate = row["expiresDate"]
+        autoRenew = row["autoRenew"]
+        gracePeriodExpiresDate = row["gracePeriodExpiresDate"]
+        updatedAt = row["updatedAt"]
+        renewal = OrderStore.renewalTerms(row)
+    }
 }
 
 /// A consumption request Apple sent, for customer service to answer within 12 hours.

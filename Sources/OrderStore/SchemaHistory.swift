@@ -951,6 +951,30 @@ enum SchemaHistory {
                 CREATE INDEX orders_open ON orders(userId, productId) WHERE state = 'created';
                 ALTER TABLE purchase ADD COLUMN ownershipType TEXT COLLATE "C";
                 """),
+        SchemaStep(
+            version: 24, name: "what a subscription renews to",
+            sqlite: """
+                -- Apple's renewal information, as signed last: the next period's product, price and
+                -- offer, and the customer's answer to a price increase (0 awaited, 1 consented).
+                ALTER TABLE subscription ADD COLUMN renewalProductId TEXT;
+                ALTER TABLE subscription ADD COLUMN renewalPrice INTEGER;
+                ALTER TABLE subscription ADD COLUMN renewalCurrency TEXT;
+                ALTER TABLE subscription ADD COLUMN renewalOfferType INTEGER;
+                ALTER TABLE subscription ADD COLUMN renewalOfferIdentifier TEXT;
+                ALTER TABLE subscription ADD COLUMN renewalOfferDiscountType TEXT;
+                ALTER TABLE subscription ADD COLUMN renewalOfferPeriod TEXT;
+                ALTER TABLE subscription ADD COLUMN priceIncreaseStatus INTEGER;
+                """,
+            postgres: """
+                ALTER TABLE subscription ADD COLUMN renewalProductId TEXT COLLATE "C";
+                ALTER TABLE subscription ADD COLUMN renewalPrice BIGINT;
+                ALTER TABLE subscription ADD COLUMN renewalCurrency TEXT COLLATE "C";
+                ALTER TABLE subscription ADD COLUMN renewalOfferType INTEGER;
+                ALTER TABLE subscription ADD COLUMN renewalOfferIdentifier TEXT COLLATE "C";
+                ALTER TABLE subscription ADD COLUMN renewalOfferDiscountType TEXT COLLATE "C";
+                ALTER TABLE subscription ADD COLUMN renewalOfferPeriod TEXT COLLATE "C";
+                ALTER TABLE subscription ADD COLUMN priceIncreaseStatus INTEGER;
+                """),
     ]
 
     /// SQLite's migrations: each step under the name it has always had in GRDB's table.

@@ -75,14 +75,15 @@ struct LedgerSemanticsTests {
     /// Applies a notification of `type` about `purchase`, as the finisher does.
     func notify(
         _ type: String, _ purchase: VerifiedPurchase, to store: OrderStore, signed: Date = Date(),
-        environment: AppStoreEnvironment = .production, status: Int? = nil, policy: CreditPolicy? = nil
+        environment: AppStoreEnvironment = .production, status: Int? = nil, policy: CreditPolicy? = nil,
+        subtype: String? = nil, renewal: RenewalTerms? = nil
     ) async throws -> String? {
         var request = VerifyRequest(submissionId: UUID(), userId: "", receiptData: "", acceptedAt: Date())
         request.signedPayload = "x.y.z"
         try await store.accept(request, message: nil)
         let notification = AppStoreNotification(
-            notificationUUID: UUID().uuidString, notificationType: type, subtype: nil, environment: environment,
-            bundleId: "b", signedDate: signed, purchase: purchase, subscriptionStatus: status)
+            notificationUUID: UUID().uuidString, notificationType: type, subtype: subtype, environment: environment,
+            bundleId: "b", signedDate: signed, purchase: purchase, subscriptionStatus: status, renewal: renewal)
         _ = try await store.apply(
             VerifyResult(
                 submissionId: request.submissionId, userId: "", orderId: nil, attempt: 1, outcome: .notification(notification)),
@@ -92,6 +93,31 @@ struct LedgerSemanticsTests {
 
     func active(_ store: OrderStore, _ user: String) async throws -> [String] {
         try await store.grants(ofUser: user).filter { $0.state == "active" }.map(\.transactionId)
+    }
+
+    /// Apple's renewal information is kept on the subscription, as signed last: the next
+    /// period's product and price, and a price increase's consent (`PRICE_INCREASE` `PENDING`,
+    /// then `ACCEPTED`), which customer service and the app read; nothing is credited or taken
+    /// back by it, and a notification without renewal information leaves what was kept.
+    @Test(arguments: TestStore.backends) func aPriceIncreaseAndTheRenewalTermsAreKeptOnTheSubscription(_ backend: Backend) async throws {
+        let (store, _) = try await makeStore(backend)
+        let now = Date()
+        try await upload([purchase("s1", product: "com.example.vip.month", period: "w1", expires: now.addingTimeInterval(86_400))], by: "ana", to: store)
+        let increase = RenewalTerms(autoRenewProductId: "com.example.vip.month", renewalPrice: 12_990, currency: "EUR", priceIncreaseStatus: 0)
+        let period = purchase("s1", product: "com.example.vip.month", period: "w1", expires: now.addingTimeInterval(86_400))
+        _ = try await notify("PRICE_INCREASE", period, to: store, signed: now.addingTimeInterval(1), status: 1, subtype: "PENDING", renewal: increase)
+        var kept = try #require(try await store.subscriptions(ofUser: "ana").first)
+        #expect(kept.renewal == increase && kept.renewal?.priceIncrease == "pending", "\(String(describing: kept.renewal))")
+        #expect(try await active(store, "ana") == ["s1"])
+        // Accepted, told by the subtype alone: the price stays, the consent is given.
+        _ = try await notify("PRICE_INCREASE", period, to: store, signed: now.addingTimeInterval(2), status: 1, subtype: "ACCEPTED")
+        kept = try #require(try await store.subscriptions(ofUser: "ana").first)
+        #expect(kept.renewal?.priceIncrease == "accepted" && kept.renewal?.renewalPrice == 12_990, "\(String(describing: kept.renewal))")
+        // A later notification without renewal information leaves the terms.
+        _ = try await notify("DID_CHANGE_RENEWAL_STATUS", period, to: store, signed: now.addingTimeInterval(3), status: 1)
+        #expect(try await store.subscriptions(ofUser: "ana").first?.renewal?.currency == "EUR")
+        #expect(try await active(store, "ana") == ["s1"])
+        #expect(try await store.auditLog(limit: 100).filter { $0.action == "price_increase" }.count == 2)
     }
 
     @Test(arguments: TestStore.backends) func aRestoreCreditsNothingNewAndAnotherUsersRestoreStaysWithTheOwner(_ backend: Backend) async throws {
