@@ -65,6 +65,10 @@ import X509
 /// - `POST /fake/subscriptions/{originalTransactionId}/expire` → the same shape: EXPIRED,
 ///   BILLING_RETRY when a retry was open, else VOLUNTARY (the period in force ends now,
 ///   auto-renew off). 409 when it already expired.
+/// - `POST /fake/subscriptions/{originalTransactionId}/price-increase` `{"price", "consent":
+///   "pending"|"accepted"}` → the same shape: PRICE_INCREASE (PENDING, or ACCEPTED once the
+///   customer consented); the renewal info's `renewalPrice` and `priceIncreaseStatus` say it
+///   from then on. 409 with no period in force.
 /// - `POST /fake/subscriptions/{originalTransactionId}/upgrade` `{"productId",
 ///   "expiresInSeconds"?, "appAccountToken"?}` → 201 in the same shape: an upgrade within the
 ///   group, at once (a new period of `productId` in the same chain, `transactionReason`
@@ -324,6 +328,26 @@ public struct FakeAppStore: Sendable {
                     subtype: subtype, status: FakeStoreKit.status(of: latest, state: state),
                     gracePeriodExpiresDateMs: state.gracePeriodExpiresDate.map { String(Self.milliseconds($0)) }))
         }
+        router.post("/fake/subscriptions/{originalTransactionId}/price-increase") { request, context in
+            // Apple raises the price of the next periods: PRICE_INCREASE, PENDING while the
+            // customer's consent is awaited, ACCEPTED once given (post again with "accepted").
+            let id = try context.parameters.require("originalTransactionId")
+            let ask = try await Self.body(of: request, or: PriceIncreaseRequest())
+            guard (1...1_000_000_000).contains(ask.price ?? 0) else {
+                throw HTTPError(.badRequest, message: "price is the next period's price in milli-units, from 1 to 1000000000")
+            }
+            guard let consent = ask.consent, ["pending", "accepted"].contains(consent) else {
+                throw HTTPError(.badRequest, message: "consent is pending or accepted")
+            }
+            let (latest, state) = try refused(
+                try ledger.raisePrice(originalTransactionId: id, price: Int64(ask.price ?? 0), consented: consent == "accepted"), id: id)
+            let subtype = consent == "accepted" ? "ACCEPTED" : "PENDING"
+            try await notify("PRICE_INCREASE", subtype: subtype, purchase: latest)
+            return try json(
+                RenewalTroubleAnswer(
+                    originalTransactionId: id, transactionId: latest.transactionId, notificationType: "PRICE_INCREASE",
+                    subtype: subtype, status: FakeStoreKit.status(of: latest, state: state)))
+        }
         router.post("/fake/subscriptions/{originalTransactionId}/expire") { _, context in
             // EXPIRED: BILLING_RETRY when Apple gave up a failed renewal, VOLUNTARY otherwise.
             let id = try context.parameters.require("originalTransactionId")
@@ -544,6 +568,13 @@ public struct FakeAppStore: Sendable {
         var productId: String?
         /// The new period's length, and the chain's from then on (default: the chain's period).
         var expiresInSeconds: Int?
+    }
+
+    private struct PriceIncreaseRequest: Decodable {
+        /// The next period's price in milli-units.
+        var price: Int?
+        /// `pending` (Apple awaits the customer's consent) or `accepted`.
+        var consent: String?
     }
 
     private struct FailRenewalRequest: Decodable {

@@ -22,6 +22,11 @@ extension FakeLedger {
         var expirationIntent: Int? = nil
         /// When the chain expired (EXPIRED sent); nil again once a new period is bought.
         var expiredDate: Date? = nil
+        /// The next period's price once Apple raised it, in milli-units; nil: the list price.
+        var renewalPrice: Int64? = nil
+        /// Apple's `priceIncreaseStatus`: 0 the customer has not answered a price increase that
+        /// needs consent, 1 they consented; nil while no increase was told.
+        var priceIncreaseStatus: Int? = nil
 
         /// Apple's subscription status of `purchase` (one of this chain's transactions): 1
         /// active, 2 expired, 3 in billing retry, 4 in the billing grace period, 5 revoked.
@@ -182,6 +187,26 @@ extension FakeLedger {
         }
     }
 
+    /// Apple raises the price of the chain's next periods to `price` (milli-units), as
+    /// `PRICE_INCREASE` tells: `consented` false while Apple awaits the customer's consent
+    /// (`PENDING`), true once they gave it or none was needed (`ACCEPTED`). The chain's latest
+    /// transaction and the new state. Refused for an unknown chain, one that is not
+    /// auto-renewable, and one with no period in force.
+    func raisePrice(originalTransactionId: String, price: Int64, consented: Bool) throws -> Result<(Purchase, SubscriptionState), Refusal> {
+        try database.write { db in
+            let chain = try Self.chain(originalTransactionId, db)
+            if let refusal = Self.refusal(chain, originalTransactionId) { return .failure(refusal) }
+            var state = try Self.state(of: originalTransactionId, chain: chain, db)
+            guard state.expiredDate == nil, Self.periodEnd(of: chain) > Date() else {
+                return .failure(.conflict("no period is in force: a lapsed subscription renews at no price"))
+            }
+            state.renewalPrice = price
+            state.priceIncreaseStatus = consented ? 1 : 0
+            try Self.save(state, of: originalTransactionId, db)
+            return .success((try Self.latestTransaction(ofChain: originalTransactionId, db)!, state))
+        }
+    }
+
     /// Extends the billing period in force of an auto-renewable chain by `days` (Apple's
     /// Extend a Subscription Renewal Date): its transactions' `expiresDate` moves; the period as
     /// it is now. Refused for an unknown chain, one that is not auto-renewable, and a refunded
@@ -316,12 +341,13 @@ extension FakeLedger {
             sql: """
                 INSERT OR REPLACE INTO subscription (
                     originalTransactionId, periodSeconds, autoRenew, billingRetrySince, gracePeriodExpiresDate,
-                    expirationIntent, expiredDate
-                ) VALUES (?, ?, ?, ?, ?, ?, ?)
+                    expirationIntent, expiredDate, renewalPrice, priceIncreaseStatus
+                ) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
                 """,
             arguments: [
                 originalTransactionId, state.periodSeconds, state.autoRenew, state.billingRetrySince,
-                state.gracePeriodExpiresDate, state.expirationIntent, state.expiredDate,
+                state.gracePeriodExpiresDate, state.expirationIntent, state.expiredDate, state.renewalPrice,
+                state.priceIncreaseStatus,
             ])
     }
 
@@ -337,6 +363,6 @@ extension FakeLedger.SubscriptionState {
         self.init(
             periodSeconds: row["periodSeconds"], autoRenew: row["autoRenew"], billingRetrySince: row["billingRetrySince"],
             gracePeriodExpiresDate: row["gracePeriodExpiresDate"], expirationIntent: row["expirationIntent"],
-            expiredDate: row["expiredDate"])
+            expiredDate: row["expiredDate"], renewalPrice: row["renewalPrice"], priceIncreaseStatus: row["priceIncreaseStatus"])
     }
 }

@@ -54,6 +54,10 @@ final class FakeLedger: Sendable {
     /// `offerDiscountType`, `offerPeriod`) and `billingPlanType`, as the signed transactions then
     /// say (renewals are at the list price); and for a migrated subscription the auto-renewable
     /// chain it continues.
+    /// A product's list price in milli-units: what a purchase minted without a price costs,
+    /// and what a subscription renews at until Apple raises it.
+    static let listPrice: Int64 = 990
+
     struct Terms: Codable, Sendable {
         var price: Int64?
         var currency: String?
@@ -281,6 +285,10 @@ final class FakeLedger: Sendable {
                     );
                     CREATE INDEX group_member_device ON group_member(deviceId, bundleId, environment);
                     """)
+        }
+        migrator.registerMigration("v10: a subscription's raised price and the customer's consent") { db in
+            try db.execute(sql: "ALTER TABLE subscription ADD COLUMN renewalPrice INTEGER")
+            try db.execute(sql: "ALTER TABLE subscription ADD COLUMN priceIncreaseStatus INTEGER")
         }
         return migrator
     }

@@ -81,6 +81,11 @@ struct FakeStoreKit: Sendable {
         /// True while Apple retries a failed renewal; false once the subscription expired.
         var isInBillingRetryPeriod: Bool?
         var gracePeriodExpiresDate: Int64?
+        /// The next period's price in milli-units (the list price until Apple raised it).
+        var renewalPrice: Int64
+        var currency: String
+        /// 0: a price increase awaits the customer's consent; 1: consented; absent: none told.
+        var priceIncreaseStatus: Int?
     }
 
     /// Apple's `ResponseBodyV2DecodedPayload`.
@@ -272,7 +277,9 @@ struct FakeStoreKit: Sendable {
                 recentSubscriptionStartDate: FakeAppStore.milliseconds(purchase.originalPurchaseDate),
                 expirationIntent: state?.billingRetrySince != nil || expired ? state?.expirationIntent : nil,
                 isInBillingRetryPeriod: state?.billingRetrySince != nil ? true : expired ? false : nil,
-                gracePeriodExpiresDate: state?.gracePeriodExpiresDate.map(FakeAppStore.milliseconds)))
+                gracePeriodExpiresDate: state?.gracePeriodExpiresDate.map(FakeAppStore.milliseconds),
+                renewalPrice: state?.renewalPrice ?? FakeLedger.listPrice, currency: "USD",
+                priceIncreaseStatus: state?.priceIncreaseStatus))
     }
 
     /// A signed notification of `type` about `purchase`.

@@ -150,6 +150,44 @@ extension BrokerTests {
             #expect(notASubscription.status == 409, "\(notASubscription.text)")
         }
 
+        struct PriceIncrease: Encodable {
+            var price: Int
+            var consent: String
+        }
+
+        /// Apple raises a subscription's price: PRICE_INCREASE, PENDING while it awaits the
+        /// customer's consent (without it the subscription ends at its renewal date), then
+        /// ACCEPTED. The subscription says so, with the next period's price, to the app
+        /// (`/subscriptions`) as the renewal information Apple signed last; no grant changes.
+        /// Before, the type was unknown and the renewal's price and consent were dropped.
+        @Test(arguments: TestStore.backends)
+        func aPriceIncreaseAndItsConsentAreKeptOnTheSubscription(_ backend: Backend) async throws {
+            let pipeline = try await PipelineHarness.start(name: "price-increase", on: backend)
+            Teardown.add { await pipeline.stop() }
+            let month = try await mint(pipeline, Self.month, type: "auto_renewable")
+            let id = try await pipeline.upload(["userId": "ulla", "signedTransaction": month.signedTransaction])
+            #expect(try await pipeline.waitForState(id)["state"] as? String == "credited")
+            func subscription() async throws -> [String: Any] {
+                let answer = try await HTTP.get(pipeline.intakeURL + "/v1/users/ulla/subscriptions")
+                return (answer.json["subscriptions"] as? [[String: Any]])?.first ?? [:]
+            }
+            for consent in ["pending", "accepted"] {
+                let told = try await HTTP.post(
+                    pipeline.fakeURL + "/fake/subscriptions/\(month.originalTransactionId)/price-increase",
+                    json: PriceIncrease(price: 12_990, consent: consent))
+                #expect(told.status == 200 && told.json["notificationType"] as? String == "PRICE_INCREASE", "\(told.text)")
+                let said = try await eventually(timeout: .seconds(20)) { try await subscription()["priceIncrease"] as? String == consent }
+                let kept = try await subscription()
+                #expect(said, "the subscription does not say the price increase is \(consent): \(kept)")
+                #expect(kept["renewalPrice"] as? Int == 12_990 && kept["renewalCurrency"] as? String == "USD", "\(kept)")
+            }
+            #expect(try await grant(pipeline, of: month.transactionId)?.state == "active")
+            let refused = try await HTTP.post(
+                pipeline.fakeURL + "/fake/subscriptions/\(month.originalTransactionId)/price-increase",
+                json: PriceIncrease(price: 0, consent: "pending"))
+            #expect(refused.status == 400, "\(refused.text)")
+        }
+
         /// Apple's `verifyReceipt` leaves a consumable it refunded out of every receipt. While
         /// the REFUND has not arrived, an upload naming the purchase is told to refresh and
         /// upload again (not finished: we cannot tell it from a receipt older than the
