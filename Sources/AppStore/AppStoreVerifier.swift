@@ -107,16 +107,12 @@ public final class AppStoreVerifier: ReceiptVerifying {
 
     @inline(never)  // its own frame, allocated only on its route
     private func transaction(_ transactionId: String, _ serverAPI: AppStoreServerAPIClient) async -> VerificationOutcome {
-        let outcome = await Self.askingApple {
+        await Self.askingApple {
             let jws = try await inEitherEnvironment { try await serverAPI.transactionInfo(transactionId, in: $0) }
             // Apple answers for any transaction of the app: the id is a lookup, not a proof
             // that the uploader made the purchase.
             return Self.verified([try await signed.verifyTransaction(jws)], evidence: { _ in .lookup })
         }
-        // An id Apple does not know is answered as every lookup that proves nothing is (the
-        // ledger's `proof_required`), so that it reads like a stranger's genuine one.
-        if case .rejected(.transactionNotFound, _) = outcome { return .rejected(.proofRequired, message: ReasonCode.proofRequiredMessage) }
-        return outcome
     }
 
     /// A receipt of Xcode's StoreKit testing: refused unless `IAP_ENVIRONMENT=xcode`, where one

@@ -299,8 +299,9 @@ public struct ReasonCode: RawRepresentable, Codable, Sendable, Hashable, CustomS
     public static let appleUnresolvable = ReasonCode("apple_unresolvable")
     /// A sandbox purchase, refused by the deployment's sandbox policy.
     public static let sandboxNotAllowed = ReasonCode("sandbox_not_allowed")
-    /// Apple knows no such transaction, in production or in the sandbox. Written by earlier
-    /// versions for a bare id; a bare id is now answered `proof_required` whatever Apple knows.
+    /// Apple knows no such transaction, in production or in the sandbox: a signed transaction
+    /// the App Store Server API does not know (earlier versions said it of a bare id too; a bare
+    /// id is now answered `proof_required`, whatever Apple knows of it).
     public static let transactionNotFound = ReasonCode("transaction_not_found")
     /// A bare transaction id that proves nothing: no purchase of it is, or becomes, the
     /// uploader's. Answered alike whatever the id is (unknown to Apple, a purchase nobody
@@ -309,9 +310,6 @@ public struct ReasonCode: RawRepresentable, Codable, Sendable, Hashable, CustomS
     /// app may hold that very purchase, unproven. It uploads the signed transaction (StoreKit 2)
     /// or the receipt that holds it, whose answer settles it.
     public static let proofRequired = ReasonCode("proof_required")
-    /// The message of every `proof_required` answer, the same whatever the id is.
-    public static let proofRequiredMessage =
-        "a transaction id alone proves nothing: upload the signed transaction or the receipt that holds it"
     /// The upload needs a way of verifying that this deployment has not configured.
     public static let notConfigured = ReasonCode("not_configured")
     /// The App Store Server API refused our token: our key, issuer or bundle id is wrong.

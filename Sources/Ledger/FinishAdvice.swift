@@ -227,8 +227,7 @@ extension FinishAdvice {
             // A bare id that is not the uploader's: someone else's, refunded, unknown or a
             // purchase nobody proved yet read alike, so that a lookup tells a stranger nothing
             // about the id and opens no case. Never finishable: the app may hold it unproven.
-            return UploadVerdict(
-                state: .rejected, reason: .proofRequired, message: ReasonCode.proofRequiredMessage, listsTransactions: false)
+            return lookupProvesNothing
         }
         if let held = outcomes.first(where: { $0.state == .held }) {
             let reason = held.reason ?? .ownerUnknown
@@ -289,6 +288,23 @@ extension FinishAdvice {
                 state: .rejected, reason: .ownedByOtherUser, message: "what this restores belongs to another user of the app")
         }
         return UploadVerdict(state: .rejected, reason: .purchaseRevoked, message: "Apple refunded or revoked this purchase")
+    }
+}
+
+extension FinishAdvice {
+    /// The answer to every bare id that proves nothing, whatever Apple knows of it: the same
+    /// state, reason and message, nothing listed, never finishable (`proof_required`).
+    public static let lookupProvesNothing = UploadVerdict(
+        state: .rejected, reason: .proofRequired,
+        message: "a transaction id alone proves nothing: upload the signed transaction or the receipt that holds it",
+        listsTransactions: false)
+
+    /// The verdict of an upload Apple's answer (or our check of it) refused: as said, except
+    /// that a bare id Apple does not know reads as any lookup that proves nothing, so that it
+    /// cannot be told from a stranger's genuine one.
+    public static func rejection(_ reason: ReasonCode, message: String, lookup: Bool) -> UploadVerdict {
+        if lookup, reason == .transactionNotFound { return lookupProvesNothing }
+        return UploadVerdict(state: .rejected, reason: reason, message: message)
     }
 }
 

@@ -281,7 +281,10 @@ extension OrderStore {
                 SQLStatement(
                     """
                     SELECT userId, state, attempts, transactionId, originalTransactionId, productId,
-                        signedTransaction IS NOT NULL AS signed
+                        signedTransaction IS NOT NULL AS signed,
+                        CASE WHEN transactionId IS NULL OR signedTransaction IS NOT NULL OR receiptData <> '' THEN FALSE
+                            ELSE NOT EXISTS (SELECT 1 FROM submission_receipt WHERE submission_receipt.submissionId = submission.id)
+                        END AS bareId
                     FROM submission WHERE id = ?
                     """,
                     [id])
@@ -325,10 +328,11 @@ extension OrderStore {
                     attempt: max(attempts, result.attempt), environment: nil, now: now, in: db)
                 return .needsReview
             case .rejected(let reason, let message):
+                let verdict = FinishAdvice.rejection(reason, message: message, lookup: row["bareId"])
                 try await Self.finish(
-                    id, state: .rejected, reason: reason, message: message, attempt: max(attempts, result.attempt),
-                    environment: nil, now: now, in: db)
-                return .rejected
+                    id, state: verdict.state, reason: verdict.reason, message: verdict.message ?? message,
+                    attempt: max(attempts, result.attempt), environment: nil, now: now, in: db)
+                return verdict.state
             case .notification(let notification):
                 let state = try await Self.apply(notification, submissionId: id, policy: policy, now: now, in: db)
                 counts.revoked += state.revoked

@@ -228,11 +228,15 @@ struct LedgerVerdictTests {
                 userId: "eve", transactionId: "t1", orderId: nil,
                 outcomes: [.init(transactionId: "t1", state: state, reason: reason, lookup: true)], namedRevocations: [],
                 namedOrder: nil)
-            #expect(verdict.state == .rejected && verdict.reason == .proofRequired && !verdict.listsTransactions, "\(state)")
-            #expect(verdict.message == ReasonCode.proofRequiredMessage)
+            #expect(verdict == FinishAdvice.lookupProvesNothing, "\(state)")
             // The app may hold that very purchase, unproven: never told to finish it.
             #expect(!FinishAdvice.mayFinishUpload(state: verdict.state, reason: verdict.reason, named: .transaction, settledByHand: false))
         }
+        // An id Apple does not know, looked up alone, reads the same; not so an unknown signed
+        // transaction (the upload proves what it is) or another rejection.
+        #expect(FinishAdvice.rejection(.transactionNotFound, message: "Apple knows no such transaction", lookup: true) == FinishAdvice.lookupProvesNothing)
+        #expect(FinishAdvice.rejection(.transactionNotFound, message: "x", lookup: false).reason == .transactionNotFound)
+        #expect(FinishAdvice.rejection(.invalidReceipt, message: "x", lookup: true).reason == .invalidReceipt)
         // The same outcome on an upload Apple vouches for says what it is.
         let signed = FinishAdvice.verdict(
             userId: "eve", transactionId: "t1", orderId: nil,
