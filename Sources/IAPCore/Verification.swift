@@ -60,6 +60,13 @@ public struct VerifiedPurchase: Codable, Sendable, Equatable {
     /// What Apple's signed transaction says the customer paid and under which offer; nil where
     /// Apple's answer does not say (`verifyReceipt`, receipts read offline).
     public var terms: PurchaseTerms?
+    /// For a period of a subscription: when the latest other period of its chain that the same
+    /// answer lists as bought before it ends, and its product (`VerifiedReceipt.init` reads
+    /// them from the listing). A receipt says no `transactionReason`; its own dates say whether
+    /// this period was bought after the chain lapsed or while another product's period was in
+    /// force (a new purchase), as the ledger reads them. Nil when the answer lists none.
+    public var previousPeriodEnd: Date?
+    public var previousPeriodProductId: String?
 
     /// What the upload proves: `evidence`, else a lookup when the receipt did not hold it,
     /// else Apple's signed word about the upload itself.
@@ -228,11 +235,34 @@ public struct VerifiedReceipt: Codable, Sendable, Equatable {
     /// Every purchase Apple listed for the receipt.
     public var purchases: [VerifiedPurchase]
 
-    /// Creates a verified receipt.
+    /// Creates a verified receipt; each period's `previousPeriodEnd` is read from `purchases`.
     public init(bundleId: String, environment: AppStoreEnvironment, purchases: [VerifiedPurchase]) {
         self.bundleId = bundleId
         self.environment = environment
-        self.purchases = purchases
+        self.purchases = VerifiedPurchase.withPreviousPeriods(purchases)
+    }
+}
+
+extension VerifiedPurchase {
+    /// `purchases`, one answer's listing, with each period's `previousPeriodEnd` and
+    /// `previousPeriodProductId`: the other period of its chain (another billing period, by its
+    /// web order line item id) bought latest before it, as the listing dates them. A listing
+    /// may hold a transaction twice (`verifyReceipt`'s `in_app` and `latest_receipt_info`).
+    public static func withPreviousPeriods(_ purchases: [VerifiedPurchase]) -> [VerifiedPurchase] {
+        let periods = purchases.filter { $0.webOrderLineItemId != nil && $0.expiresDate != nil && $0.purchaseDate != nil }
+        guard periods.count > 1 else { return purchases }
+        let chains = Dictionary(grouping: periods, by: \.originalTransactionId)
+        return purchases.map { purchase in
+            guard let bought = purchase.purchaseDate, let lineItem = purchase.webOrderLineItemId,
+                let chain = chains[purchase.originalTransactionId]
+            else { return purchase }
+            let previous = chain.filter { $0.webOrderLineItemId != lineItem && $0.purchaseDate! < bought }
+                .max { ($0.purchaseDate!, $0.expiresDate!) < ($1.purchaseDate!, $1.expiresDate!) }
+            var listed = purchase
+            listed.previousPeriodEnd = previous?.expiresDate
+            listed.previousPeriodProductId = previous?.productId
+            return listed
+        }
     }
 }
 

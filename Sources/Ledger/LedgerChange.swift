@@ -122,6 +122,15 @@ public enum LedgerChange: Sendable, Equatable {
             self.environment = environment
             self.receivedAt = receivedAt
         }
+
+        /// Whether what Apple asks about was delivered: some grant among `grants` is of its
+        /// transaction or of its credit key (a non-consumable or a period credited through
+        /// another transaction of it: a restore, the chain's first upload), in force or taken
+        /// back since. The order service asks the same of its store when it answers
+        /// (`OrderStore.claimDueConsumptionRequests`, one `EXISTS` over `grants`).
+        public func isDelivered(by grants: [LedgerFacts.Grant]) -> Bool {
+            grants.contains { $0.transactionId == transactionId || (creditKey != nil && $0.creditKey?.stored == creditKey) }
+        }
     }
 }
 

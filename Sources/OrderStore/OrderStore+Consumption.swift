@@ -75,6 +75,7 @@ extension OrderStore {
             from: "consumption_request", key: "notificationUUID",
             columns: """
                 consumption_request.*,
+                    -- LedgerChange.ConsumptionRequest.isDelivered(by:), the ledger checker's rule.
                     EXISTS (
                         SELECT 1 FROM grants WHERE grants.transactionId = consumption_request.transactionId
                             OR grants.creditKey = consumption_request.creditKey

@@ -277,5 +277,52 @@ extension BrokerTests {
             #expect(try await pipeline.grantState(of: renewed.transactionId, user: "ana") == nil)
             #expect(try await pipeline.order(order)["transactionId"] as? String == renewed.transactionId)
         }
+
+        /// The same resubscription, its receipt uploaded before Apple's SUBSCRIBED reaches the
+        /// ledger: nothing recorded it as a new purchase, so its dates say it (bought after Apple
+        /// said the chain expired). Before, it went to the chain's old owner and the buyer's
+        /// order was never paid; Apple's notification, arriving after, changes nothing.
+        @Test(arguments: TestStore.backends)
+        func aResubscriptionUploadedBeforeApplesWordIsItsBuyersByItsDates(_ backend: Backend) async throws {
+            let pipeline = try await PipelineHarness.start(name: "resubscribe-dates", on: backend)
+            Teardown.add { await pipeline.stop() }
+            let month = try await pipeline.mint(
+                productId: "com.example.vip.month", token: nil, deviceId: "ana-phone", type: "auto_renewable")
+            let first = try await pipeline.waitForState(
+                try await pipeline.upload(["userId": "ana", "receiptData": month.receiptData, "transactionId": month.transactionId]))
+            #expect(first["state"] as? String == "credited", "\(first)")
+            let expired = try await HTTP.post(
+                pipeline.fakeURL + "/fake/subscriptions/\(month.originalTransactionId)/expire", json: [String: String]())
+            #expect(expired.status == 200, "\(expired.text)")
+            #expect(
+                try await eventually(timeout: .seconds(20)) {
+                    try await pipeline.store.subscriptions(ofUser: "ana").first?.state == "expired"
+                }, "Apple's EXPIRED did not reach the ledger")
+
+            // Apple's next notifications wait; Bea buys the chain again for her order.
+            #expect(try await HTTP.post(pipeline.fakeURL + "/fake/notifications/hold", json: [String: String]()).status == 204)
+            let order = try await pipeline.createOrder(userId: "bea", productId: "com.example.vip.month")
+            let again = try await HTTP.post(
+                pipeline.fakeURL + "/fake/subscriptions/\(month.originalTransactionId)/resubscribe", json: ["deviceId": "bea-phone"])
+            #expect(again.status == 201, "\(again.text)")
+            let renewed = try JSONDecoder().decode(PipelineHarness.Purchase.self, from: again.body)
+            let named = try await pipeline.waitForState(
+                try await pipeline.upload([
+                    "userId": "bea", "receiptData": renewed.receiptData, "transactionId": renewed.transactionId, "orderId": order,
+                ]))
+            #expect(named["state"] as? String == "credited" && named["finishTransaction"] as? Bool == true, "\(named)")
+            #expect(try await pipeline.grantState(of: renewed.transactionId, user: "bea") == "active")
+            #expect(try await pipeline.grantState(of: renewed.transactionId, user: "ana") == nil)
+            #expect(try await pipeline.order(order)["transactionId"] as? String == renewed.transactionId)
+
+            // Apple's SUBSCRIBED (RESUBSCRIBE) arrives: it names what is credited already.
+            #expect(try await HTTP.post(pipeline.fakeURL + "/fake/notifications/release", json: [String: String]()).status == 200)
+            #expect(
+                try await eventually(timeout: .seconds(20)) {
+                    try await !pipeline.store.notifications(ofTransaction: renewed.transactionId).isEmpty
+                }, "Apple's SUBSCRIBED did not reach the ledger")
+            #expect(try await pipeline.grantState(of: renewed.transactionId, user: "bea") == "active")
+            #expect(try await pipeline.store.subscriptions(ofUser: "bea").first?.originalTransactionId == month.originalTransactionId)
+        }
     }
 }

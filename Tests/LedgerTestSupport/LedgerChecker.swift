@@ -656,6 +656,8 @@ struct CheckerRun {
     var orderUser: [String: String] = [:]
     /// What Apple took back at some point (a later reversal gives it back, and the ledger with it).
     var tookBack: Set<String> = []
+    /// The subscriptions (original ids) whose renewal failed once: Apple retried billing them.
+    var retried: Set<String> = []
 
     init(restore: RestorePolicy, truth: Bool = false) {
         policy = LedgerPolicy(catalog: CheckerCatalog.catalog, sandbox: .accept, restore: restore)
@@ -693,6 +695,8 @@ struct CheckerRun {
             try perform(step)
             if tracing { log.append("    holds \(ledger.holdings)") }
             try check()
+            // Apple may ask about any transaction at any time: one of them, in turn.
+            if truth, !transactions.isEmpty { try checkRefundAnswer(about: index % transactions.count) }
         }
         // Everything Apple sent arrives in the end (in the order it waits in; the drawn
         // `releaseAll` steps compare orders).
@@ -707,6 +711,7 @@ struct CheckerRun {
             try catchUp()
             try check()
             try checkWhoPaidInTheEnd()
+            for index in transactions.indices { try checkRefundAnswer(about: index) }
         }
     }
 
@@ -839,12 +844,14 @@ struct CheckerRun {
             try upload([transactions.count - 1], by: uploader, evidence: .signedUpload)
         case .renew(let pick):
             guard let (chain, last) = subscription(pick), !transactions[last].upgraded else { return }
-            // Apple renews when the period ends: the clock gets there first.
+            // Apple renews when the period ends: the clock gets there first, and the new period
+            // begins where the last one ends (a receipt's later period bought after that is a
+            // resubscription by its dates).
             clock = max(clock, transactions[last].expires!)
             var renewal = transactions[last]
             renewal.id = nextId("t")
             renewal.period = nextId("w")
-            renewal.purchased = max(clock, renewal.expires!)
+            renewal.purchased = renewal.expires!
             renewal.expires = renewal.purchased + 30 * 86_400
             renewal.revokedAt = nil
             renewal.renews = transactions[last].renews ?? last
@@ -873,9 +880,10 @@ struct CheckerRun {
             higher.revokedAt = nil
             higher.renews = transactions[last].renews ?? last
             // Apple marks an upgrade a purchase (`transactionReason: PURCHASE`), bought by the
-            // account that holds the stretch (the ground-truth run says so; the reference
-            // model's run keeps it a period of the chain).
-            higher.reason = truth ? "PURCHASE" : nil
+            // account that holds the stretch (the ground-truth run says so). The reference
+            // model's run keeps it a period of the chain, as if Apple had said RENEWAL (its
+            // dates would make the ledger read it as the upgrade it is).
+            higher.reason = truth ? "PURCHASE" : "RENEWAL"
             // Not bought for the first purchase's order (the ground-truth run says so).
             if truth { higher.order = nil }
             higher.isRestore = false
@@ -938,7 +946,8 @@ struct CheckerRun {
             transactions[last].signed = clock
             notify("EXPIRED", subtype: "VOLUNTARY", about: last, status: 2)
         case .failToRenew(let pick):
-            guard let (_, last) = subscription(pick) else { return }
+            guard let (chain, last) = subscription(pick) else { return }
+            retried.insert(transactions[chain[0]].original)
             transactions[last].signed = clock
             notify("DID_FAIL_TO_RENEW", subtype: "GRACE_PERIOD", about: last, status: 4, grace: clock + 6 * 86_400)
         case .rescindConsent:

@@ -14,7 +14,12 @@ import Ledger
 //    Apple took it back, or a person decided;
 // 3. once every app uploaded its refreshed receipt and every notification arrived, every paid
 //    purchase is held by someone (1 says who) or held for a person, never silently dropped;
-// 4. what Apple took back, and only that, is gone.
+// 4. what Apple took back, and only that, is gone;
+// 5. Apple's refund question (`CONSUMPTION_REQUEST`) about any transaction, of any kind, is
+//    answered as the users hold it: delivered when someone holds what it bought (a period or a
+//    non-consumable held through another transaction of it too), undelivered and unused when
+//    nothing of it was ever credited, no share for an auto-renewable subscription, and no
+//    prorated preference without a share.
 //
 // The no-earlier-purchase rule of orders is checked where the memory shell binds an order.
 
@@ -217,7 +222,9 @@ extension CheckerRun {
     }
 
     /// One upload through the core, its verdict as the shell asks for it, and what the app
-    /// finishes on it. A receipt's cancellations carry no revocation type (`verifyReceipt`).
+    /// finishes on it. A receipt says neither a cancellation's type nor why a period was bought
+    /// (`verifyReceipt` has no `revocationType` or `transactionReason`): the ledger tells a
+    /// resubscription or an upgrade from a renewal by what it remembers and by the dates.
     @discardableResult
     mutating func submit(
         _ indexes: [Int], by uploader: String, evidence: OwnershipEvidence, naming: AppNaming, holding: String? = nil,
@@ -234,13 +241,18 @@ extension CheckerRun {
         case .nothing: break
         }
         var outcomes: [FinishAdvice.PurchaseOutcome] = []
-        for index in indexes {
-            let transaction = transactions[index]
-            var purchase = transaction.purchase(evidence: evidence)
-            if receipt {
-                purchase.revocationType = nil
-                purchase.revocationPercentage = nil
+        var listing = indexes.map { transactions[$0].purchase(evidence: evidence) }
+        if receipt {
+            for index in listing.indices {
+                listing[index].revocationType = nil
+                listing[index].revocationPercentage = nil
+                listing[index].transactionReason = nil
             }
+            // What the receipt lists of each chain dates its periods (as the verifier reads it).
+            listing = VerifiedPurchase.withPreviousPeriods(listing)
+        }
+        for (index, purchase) in zip(indexes, listing) {
+            let transaction = transactions[index]
             let upload = LedgerEvent.Upload(userId: uploader, submissionId: submission, orderId: orderId, transactionId: named, bundleId: "app")
             let plan = try apply(.upload(purchase, upload))
             guard case .transaction(let state, let reason) = plan.outcome else { throw fail("an upload answered \(plan.outcome)") }
@@ -447,8 +459,14 @@ extension CheckerRun {
     /// ID after it lapsed (a resubscription: Apple keeps the chain's original transaction and
     /// marks the new period `transactionReason: PURCHASE`). `token`: 0 none, 1 the buyer's
     /// order, 2 an order placed without a token (StoreKit 1).
+    ///
+    /// Not drawn for a chain whose renewal failed: by a receipt (no `transactionReason`) the
+    /// ledger cannot tell a resubscription from the renewal Apple recovered from billing retry
+    /// until Apple's `EXPIRED` arrives, and reads it as the recovery (docs/ledger.md).
     mutating func resubscribe(_ pick: Int, by user: Int, token tokenChoice: Int) throws {
-        guard let (chain, last) = subscription(pick), !transactions[last].upgraded else { return }
+        guard let (chain, last) = subscription(pick), !transactions[last].upgraded,
+            !retried.contains(transactions[chain[0]].original)
+        else { return }
         // The chain lapsed a day ago: the new period is a purchase of its own, not a renewal.
         clock = max(clock, transactions[last].expires! + 86_400)
         let first = transactions[chain[0]]
@@ -496,6 +514,63 @@ extension CheckerRun {
             receipt(of: restored.device), by: uploader, evidence: .signedUpload,
             naming: .transaction(restored.id, original: .init(originalTransactionId: restored.original, productId: restored.product)),
             receipt: true)
+    }
+
+    /// Invariant 5 for transaction `index`: the answer the order service would send Apple if
+    /// it asked now, decided by the core from what the ledger holds (the store asks the same
+    /// of its rows), against who holds what the transaction bought. Planned only, never
+    /// applied: asking changes nothing a user holds.
+    func checkRefundAnswer(about index: Int) throws {
+        let transaction = transactions[index]
+        let question = AppStoreNotification(
+            notificationUUID: "consumption-check", notificationType: "CONSUMPTION_REQUEST", subtype: nil,
+            environment: .production, bundleId: "app", signedDate: clock, purchase: transaction.purchase(evidence: nil),
+            consumptionRequestReason: "UNINTENDED_PURCHASE")
+        let event = LedgerEvent.notification(question, submissionId: "consumption-check")
+        let query = Ledger.query(for: event, policy: policy)
+        let plan = Ledger.plan(event, facts: ledger.facts(for: query, event: event), policy: policy, now: clock)
+        let recorded = plan.changes.compactMap { if case .recordConsumptionRequest(let request) = $0 { request } else { nil } }
+        guard let request = recorded.first else {
+            throw fail("Apple's refund question about \(transaction.id) was not recorded: \(plan.outcome)")
+        }
+        guard request.creditKey == key(transaction) else {
+            throw fail("Apple's refund question about \(transaction.id) is read by \(request.creditKey ?? "nothing"), not \(key(transaction))")
+        }
+        let identity = identity(transaction)
+        let delivered = request.isDelivered(by: ledger.grants)
+        if !holders(identity).isEmpty, !delivered {
+            throw fail("\(identity) is held by \(holders(identity).keys.sorted()), but Apple would be told \(transaction.id) was not delivered")
+        }
+        let everCredited = ledger.grants.contains { grant in
+            grant.source == "apple" && self.transaction(grant.transactionId).map(self.identity) == identity
+        }
+        if delivered, !everCredited, !byHand.contains(identity) {
+            throw fail("nothing of \(identity) was ever credited, but Apple would be told \(transaction.id) was delivered")
+        }
+        let type = CheckerCatalog.catalog.product(transaction.product)?.type
+        let facts = ConsumptionAnswer.Facts(
+            ownershipType: request.ownershipType, delivered: delivered, consumptionPercentage: 40_000, userConsented: true,
+            productType: request.productType.flatMap(Catalog.ProductType.init))
+        for preference in ["GRANT_PRORATED", "DECLINE"] {
+            let answer = ConsumptionAnswer.decide(facts, settings: .init(consent: .all, refundPreference: preference))
+            guard case .send(let body) = answer else {
+                if transaction.assigned { continue }
+                throw fail("no answer to Apple's refund question about \(transaction.id): \(answer)")
+            }
+            let problem: String? =
+                if (body.deliveryStatus == "DELIVERED") != delivered {
+                    "says \(body.deliveryStatus)"
+                } else if type == .autoRenewable, body.consumptionPercentage != nil {
+                    "gives a share of an auto-renewable subscription"
+                } else if !delivered, body.consumptionPercentage.map({ $0 != 0 }) ?? (type != .autoRenewable) {
+                    "gives a share used of what was never delivered"
+                } else if body.refundPreference == "GRANT_PRORATED", body.consumptionPercentage == nil {
+                    "prefers a prorated refund without a share"
+                } else {
+                    nil
+                }
+            if let problem { throw fail("the answer to Apple's refund question about \(transaction.id) (\(identity)) \(problem)") }
+        }
     }
 
     /// Invariants 3 and 4, at the end of a ground-truth run.

@@ -316,9 +316,13 @@ struct LedgerVerdictTests {
         restore.purchaseDate = restore.originalPurchaseDate
         #expect(!restore.isNewPurchaseInChain)
         #expect(plan(.upload(restore, upload("ben")), facts).outcome == .transaction(.ownedByOtherUser, nil))
-        // Without Apple's word (verifyReceipt), a later period follows the owner, unless the
-        // ledger recorded Apple's word that it is a new purchase awaiting its buyer.
-        let unsaid = plan(.upload(period("t5", reason: nil), upload("ben")), facts)
+        // Without Apple's word (verifyReceipt), a later period of a chain in force follows the
+        // owner, unless the ledger recorded Apple's word that it is a new purchase awaiting its
+        // buyer (below), or its dates say so (`aReceiptsLaterPeriodIsANewPurchaseByItsDates`).
+        var inForce = facts
+        inForce.subscription?.state = "active"
+        inForce.subscription?.expiresDate = Self.t0 + 30 * 86_400
+        let unsaid = plan(.upload(period("t5", reason: nil), upload("ben")), inForce)
         #expect(unsaid.outcome == .transaction(.ownedByOtherUser, nil))
         var awaiting = facts
         awaiting.purchase = LedgerFacts.Purchase(
@@ -327,6 +331,61 @@ struct LedgerVerdictTests {
             appAccountToken: nil, heldReason: .buyerUnknown, creditedAt: Self.t0, creditKey: nil, webOrderLineItemId: nil,
             expiresDate: nil)
         #expect(plan(.upload(period("t5", reason: nil), upload("ben")), awaiting).outcome == .transaction(.credited, nil))
+    }
+
+    /// A receipt's later period says nothing of why it was bought (`verifyReceipt` has no
+    /// `transactionReason`): bought after Apple said the chain expired, or after the period
+    /// before it ended, it is a resubscription; of another product while the period before it
+    /// is in force, an upgrade. Each is its buyer's and pays the order it was bought for. A
+    /// period bought while the ledger holds the chain in Apple's billing retry is the renewal
+    /// Apple recovered, and so is one bought while the period before it is in force.
+    @Test func aReceiptsLaterPeriodIsANewPurchaseByItsDates() {
+        func credited(_ start: Date, product: String = "month", state: String, expired: Date? = nil) -> LedgerFacts {
+            var chain = subscription(owner: "ana")
+            chain.state = state
+            chain.expiresDate = expired ?? start + 30 * 86_400
+            let grant = LedgerFacts.Grant(
+                id: 1, transactionId: "t1", userId: "ana", productId: product, orderId: nil, quantity: 1, grantJSON: "{}",
+                environment: "Production", source: "apple", isActive: true, grantedAt: start, revokedAt: nil, revokedBy: nil,
+                creditKey: .billingPeriod("w-t1"), originalTransactionId: "t1", expiresAt: start + 30 * 86_400,
+                gracePeriodExpiresAt: nil, periodStart: start)
+            return LedgerFacts(grants: [grant], subscription: chain, uploadOrder: order("o9", user: "ben", product: "month", at: Self.t0))
+        }
+        func receipt(_ facts: LedgerFacts) -> LedgerPlan {
+            plan(.upload(period("t5", reason: nil), upload("ben", order: "o9", transaction: "t5")), facts)
+        }
+        // Apple said the chain expired (EXPIRED) before it was bought, though the last period's
+        // end is later (the period ended early).
+        let afterExpiry = receipt(credited(Self.t0 - 86_400, state: "expired", expired: Self.t0))
+        #expect(afterExpiry.outcome == .transaction(.credited, nil))
+        #expect(boundOrders(afterExpiry) == ["o9"])
+        #expect(afterExpiry.changes.contains { if case .putSubscription(let row) = $0 { row.userId == "ben" } else { false } })
+        // The period before it ended, with no word from Apple: a resubscription by its dates.
+        let lapsed = receipt(credited(Self.t0 - 40 * 86_400, state: "active"))
+        #expect(lapsed.outcome == .transaction(.credited, nil))
+        #expect(boundOrders(lapsed) == ["o9"])
+        // Of another product while the period before it is in force: an upgrade.
+        let upgraded = receipt(credited(Self.t0 - 86_400, product: "week", state: "active"))
+        #expect(upgraded.outcome == .transaction(.credited, nil))
+        #expect(boundOrders(upgraded) == ["o9"])
+        // Bought while the period before it is in force, of its product: a renewal, the owner's.
+        let renewal = receipt(credited(Self.t0 - 86_400, state: "active"))
+        #expect(renewal.outcome == .transaction(.ownedByOtherUser, nil))
+        #expect(boundOrders(renewal).isEmpty)
+        // Bought after the period ended while Apple retries the failed renewal: the recovery.
+        for retrying in ["billing_retry", "grace_period"] {
+            let recovered = receipt(credited(Self.t0 - 40 * 86_400, state: retrying))
+            #expect(recovered.outcome == .transaction(.ownedByOtherUser, nil), "\(retrying)")
+            #expect(boundOrders(recovered).isEmpty, "\(retrying)")
+        }
+        // Apple's notification recorded it as a renewal nobody owned yet: its word stands.
+        var told = credited(Self.t0 - 40 * 86_400, state: "active")
+        told.purchase = LedgerFacts.Purchase(
+            transactionId: "t5", originalTransactionId: "t1", productId: "month", quantity: 1, environment: .production,
+            bundleId: "app", purchaseDate: period("t5", reason: nil).purchaseDate, userId: "", orderId: nil, submissionId: "n",
+            appAccountToken: nil, heldReason: .ownerUnknown, creditedAt: Self.t0, creditKey: nil, webOrderLineItemId: nil,
+            expiresDate: nil)
+        #expect(boundOrders(receipt(told)).isEmpty)
     }
 
     @Test func anOrderPlacedForAnUpgradeOrResubscriptionIsPaidByIt() {
