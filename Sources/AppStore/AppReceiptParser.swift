@@ -74,6 +74,19 @@ public enum AppReceiptParser {
         return try receipt(fromPayload: payloadBytes, depth: depth, budget: budget, limits: limits)
     }
 
+    /// The signed content (the receipt payload's bytes) as this reader finds it in `bytes`:
+    /// what `parse` reads its purchases from. The signature check compares it with the content
+    /// its own reader verified (`ReceiptSignature.check`): the two must agree.
+    public static func signedContent(_ bytes: [UInt8], limits: Limits = .standard) throws(AppReceiptError) -> [UInt8] {
+        guard !bytes.isEmpty, bytes.count <= limits.maxInputBytes, bytes[0] == 0x30 else {
+            throw AppReceiptError(.notPKCS7, "not a PKCS#7 receipt")
+        }
+        let outer = BERReader(bytes: bytes, budget: BERWorkBudget(limit: limits.maxElements), maxDepth: limits.maxDepth)
+        let contentInfo = try outer.root(depth: 0)
+        try outer.validateTree(contentInfo, depth: 0)
+        return try signedContent(of: contentInfo, in: outer, limits: limits).0
+    }
+
     /// Parses a receipt from base64 text (whitespace and line breaks are ignored).
     public static func parse(base64 text: String, limits: Limits = .standard) throws(AppReceiptError) -> AppReceipt {
         // A generous bound before looking at the text, a tight one once whitespace is gone.

@@ -99,6 +99,12 @@ public final class ReceiptSignature: Sendable {
         self.pinned = xcodeCertificate
     }
 
+    /// The content the signature reader (SwiftASN1's BER reader) finds signed in `bytes`, nil
+    /// when it cannot read them: `check` verifies the signature over this.
+    public static func signedContent(_ bytes: [UInt8]) -> [UInt8]? {
+        SignedParts(bytes)?.content
+    }
+
     /// Checks against Apple's receipt roots, shipped with the package.
     public convenience init() throws {
         self.init(roots: try AppleRoot.receiptRoots())
@@ -124,6 +130,13 @@ public final class ReceiptSignature: Sendable {
         guard let parts = SignedParts(bytes) else {
             verdict.result = "unchecked"
             verdict.reason = "the signed data cannot be read here"
+            return verdict
+        }
+        // Two readers, one content: the purchases are read from what the receipt reader finds,
+        // the signature is checked over what SignedParts finds. Were they ever to differ, a
+        // signature over one content would vouch for another's purchases: refused.
+        guard (try? AppReceiptParser.signedContent(bytes)) == parts.content else {
+            verdict.reason = "the signed content the signature covers is not the content the receipt is read from"
             return verdict
         }
         verdict.digestAlgorithm = Self.digestName(parts.digestAlgorithm)
