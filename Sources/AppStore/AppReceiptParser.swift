@@ -59,6 +59,14 @@ public enum AppReceiptParser {
 
     /// Parses a receipt from its raw bytes (DER or BER).
     public static func parse(_ bytes: [UInt8], limits: Limits = .standard) throws(AppReceiptError) -> AppReceipt {
+        try parseSigned(bytes, limits: limits).receipt
+    }
+
+    /// Parses a receipt from its raw bytes, with the signed content it was read from (what
+    /// `signedContent` returns): the signature check compares that content with its own.
+    public static func parseSigned(
+        _ bytes: [UInt8], limits: Limits = .standard
+    ) throws(AppReceiptError) -> (receipt: AppReceipt, content: [UInt8]) {
         guard !bytes.isEmpty else { throw AppReceiptError(.empty, "the receipt is empty") }
         guard bytes.count <= limits.maxInputBytes else {
             throw AppReceiptError(.tooLarge, "the receipt has \(bytes.count) bytes, more than \(limits.maxInputBytes)")
@@ -71,7 +79,7 @@ public enum AppReceiptParser {
         let contentInfo = try outer.root(depth: 0)
         try outer.validateTree(contentInfo, depth: 0)
         let (payloadBytes, depth) = try signedContent(of: contentInfo, in: outer, limits: limits)
-        return try receipt(fromPayload: payloadBytes, depth: depth, budget: budget, limits: limits)
+        return (try receipt(fromPayload: payloadBytes, depth: depth, budget: budget, limits: limits), payloadBytes)
     }
 
     /// The signed content (the receipt payload's bytes) as this reader finds it in `bytes`:

@@ -114,8 +114,9 @@ public final class ReceiptSignature: Sendable {
     public func check(_ bytes: [UInt8]) async -> Verdict {
         var verdict = Verdict(result: "invalid", chain: [], transactionIds: [])
         let receipt: AppReceipt
+        let readContent: [UInt8]
         do {
-            receipt = try AppReceiptParser.parse(bytes)
+            (receipt, readContent) = try AppReceiptParser.parseSigned(bytes)
         } catch {
             verdict.result = "unchecked"
             verdict.reason = "not read as an app receipt here: \(error.code.rawValue)"
@@ -135,7 +136,7 @@ public final class ReceiptSignature: Sendable {
         // Two readers, one content: the purchases are read from what the receipt reader finds,
         // the signature is checked over what SignedParts finds. Were they ever to differ, a
         // signature over one content would vouch for another's purchases: refused.
-        guard (try? AppReceiptParser.signedContent(bytes)) == parts.content else {
+        guard readContent == parts.content else {
             verdict.reason = "the signed content the signature covers is not the content the receipt is read from"
             return verdict
         }
