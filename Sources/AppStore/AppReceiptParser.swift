@@ -67,6 +67,21 @@ public enum AppReceiptParser {
     public static func parseSigned(
         _ bytes: [UInt8], limits: Limits = .standard
     ) throws(AppReceiptError) -> (receipt: AppReceipt, content: [UInt8]) {
+        let (payload, depth, budget) = try signedPayload(bytes, limits: limits)
+        return (try receipt(fromPayload: payload, depth: depth, budget: budget, limits: limits), payload)
+    }
+
+    /// The signed content (the receipt payload's bytes) as this reader finds it in `bytes`:
+    /// what `parse` reads its purchases from, whether or not they are a payload it can read.
+    public static func signedContent(_ bytes: [UInt8], limits: Limits = .standard) throws(AppReceiptError) -> [UInt8] {
+        try signedPayload(bytes, limits: limits).payload
+    }
+
+    /// The outer PKCS#7 read and checked, and the signed content found in it, with its depth and
+    /// the work budget the payload's reading goes on with.
+    private static func signedPayload(
+        _ bytes: [UInt8], limits: Limits
+    ) throws(AppReceiptError) -> (payload: [UInt8], depth: Int, budget: BERWorkBudget) {
         guard !bytes.isEmpty else { throw AppReceiptError(.empty, "the receipt is empty") }
         guard bytes.count <= limits.maxInputBytes else {
             throw AppReceiptError(.tooLarge, "the receipt has \(bytes.count) bytes, more than \(limits.maxInputBytes)")
@@ -78,21 +93,8 @@ public enum AppReceiptParser {
         let outer = BERReader(bytes: bytes, budget: budget, maxDepth: limits.maxDepth)
         let contentInfo = try outer.root(depth: 0)
         try outer.validateTree(contentInfo, depth: 0)
-        let (payloadBytes, depth) = try signedContent(of: contentInfo, in: outer, limits: limits)
-        return (try receipt(fromPayload: payloadBytes, depth: depth, budget: budget, limits: limits), payloadBytes)
-    }
-
-    /// The signed content (the receipt payload's bytes) as this reader finds it in `bytes`:
-    /// what `parse` reads its purchases from. The signature check compares it with the content
-    /// its own reader verified (`ReceiptSignature.check`): the two must agree.
-    public static func signedContent(_ bytes: [UInt8], limits: Limits = .standard) throws(AppReceiptError) -> [UInt8] {
-        guard !bytes.isEmpty, bytes.count <= limits.maxInputBytes, bytes[0] == 0x30 else {
-            throw AppReceiptError(.notPKCS7, "not a PKCS#7 receipt")
-        }
-        let outer = BERReader(bytes: bytes, budget: BERWorkBudget(limit: limits.maxElements), maxDepth: limits.maxDepth)
-        let contentInfo = try outer.root(depth: 0)
-        try outer.validateTree(contentInfo, depth: 0)
-        return try signedContent(of: contentInfo, in: outer, limits: limits).0
+        let (payload, depth) = try signedContent(of: contentInfo, in: outer, limits: limits)
+        return (payload, depth, budget)
     }
 
     /// Parses a receipt from base64 text (whitespace and line breaks are ignored).
