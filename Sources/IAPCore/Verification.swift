@@ -66,6 +66,7 @@ public struct VerifiedPurchase: Codable, Sendable, Equatable {
     /// this period was bought after the chain lapsed or while another product's period was in
     /// force (a new purchase), as the ledger reads them. Nil when the answer lists none.
     public var previousPeriodEnd: Date?
+    /// The product of the period `previousPeriodEnd` ends.
     public var previousPeriodProductId: String?
 
     /// What the upload proves: `evidence`, else a lookup when the receipt did not hold it,
@@ -249,18 +250,34 @@ extension VerifiedPurchase {
     /// web order line item id) bought latest before it, as the listing dates them. A listing
     /// may hold a transaction twice (`verifyReceipt`'s `in_app` and `latest_receipt_info`).
     public static func withPreviousPeriods(_ purchases: [VerifiedPurchase]) -> [VerifiedPurchase] {
-        let periods = purchases.filter { $0.webOrderLineItemId != nil && $0.expiresDate != nil && $0.purchaseDate != nil }
-        guard periods.count > 1 else { return purchases }
-        let chains = Dictionary(grouping: periods, by: \.originalTransactionId)
+        // Each chain's periods by purchase date: a receipt may list years of them, so each
+        // purchase finds its previous one by a binary search, not by a pass over its chain.
+        var chains: [String: [(bought: Date, ends: Date, lineItem: String, productId: String)]] = [:]
+        for purchase in purchases {
+            guard let bought = purchase.purchaseDate, let ends = purchase.expiresDate, let lineItem = purchase.webOrderLineItemId
+            else { continue }
+            chains[purchase.originalTransactionId, default: []].append((bought, ends, lineItem, purchase.productId))
+        }
+        guard chains.values.contains(where: { $0.count > 1 }) else { return purchases }
+        for key in chains.keys { chains[key]!.sort { ($0.bought, $0.ends) < ($1.bought, $1.ends) } }
         return purchases.map { purchase in
             guard let bought = purchase.purchaseDate, let lineItem = purchase.webOrderLineItemId,
                 let chain = chains[purchase.originalTransactionId]
             else { return purchase }
-            let previous = chain.filter { $0.webOrderLineItemId != lineItem && $0.purchaseDate! < bought }
-                .max { ($0.purchaseDate!, $0.expiresDate!) < ($1.purchaseDate!, $1.expiresDate!) }
+            // The first period bought at or after it; the one before that, past this very
+            // period's copies (the same line item listed twice), is the previous one.
+            var low = 0
+            var high = chain.count
+            while low < high {
+                let middle = (low + high) / 2
+                if chain[middle].bought < bought { low = middle + 1 } else { high = middle }
+            }
+            var index = low - 1
+            while index >= 0, chain[index].lineItem == lineItem { index -= 1 }
+            guard index >= 0 else { return purchase }
             var listed = purchase
-            listed.previousPeriodEnd = previous?.expiresDate
-            listed.previousPeriodProductId = previous?.productId
+            listed.previousPeriodEnd = chain[index].ends
+            listed.previousPeriodProductId = chain[index].productId
             return listed
         }
     }
