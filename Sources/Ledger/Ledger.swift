@@ -405,14 +405,15 @@ extension Planner {
     /// (`verifyReceipt` has no `transactionReason`) is a new purchase. Apple's signed word first:
     /// the ledger recorded the period awaiting its buyer, or as the purchase that began its
     /// owner's stretch of the chain (a new purchase), or as a period Apple told of otherwise (a
-    /// renewal). Then Apple's word that the chain expired before it was bought. Else by its
-    /// dates against the period of its chain bought latest before it, as the answer itself
-    /// lists the chain (`previousPeriodEnd`), else as the ledger credited it: a period of another
-    /// product that begins while that one is in force is an upgrade or a crossgrade, and one
-    /// bought after that one ended is a resubscription, unless the ledger holds the chain in
-    /// Apple's billing retry or grace period from a failure signed before it was bought (then
-    /// it is the renewal Apple recovered). A receipt-only ledger that never hears of the retry
-    /// reads a renewal recovered after the period ended as a resubscription (docs/ledger.md).
+    /// renewal). Then by its dates against the period of its chain bought latest before it, as
+    /// the answer itself lists the chain (`previousPeriodEnd`); without that, Apple's word that
+    /// the chain expired before it was bought, else the chain as the ledger credited it. A
+    /// period of another product that begins while that one is in force is an upgrade or a
+    /// crossgrade, and one bought after that one ended is a resubscription, unless the ledger
+    /// holds the chain in Apple's billing retry or grace period from a failure signed before it
+    /// was bought (then it is the renewal Apple recovered). A receipt-only ledger that never
+    /// hears of the retry reads a renewal recovered after the period ended as a resubscription
+    /// (docs/ledger.md).
     func boughtAnew(_ purchase: VerifiedPurchase) -> Bool {
         guard purchase.transactionId != purchase.originalTransactionId, let bought = purchase.purchaseDate else { return false }
         if let row = facts.purchase, row.transactionId == purchase.transactionId {
@@ -426,19 +427,21 @@ extension Planner {
             if row.isUnowned { return false }
         }
         let chain = facts.subscription?.originalTransactionId == purchase.originalTransactionId ? facts.subscription : nil
-        // Apple said the chain expired before this was bought: only a purchase follows a lapse.
-        if let chain, chain.state == "expired", let lapsed = chain.expiresDate, lapsed <= bought { return true }
         // Apple's retry of the renewal that failed before it was bought (a failure Apple signed
         // later is about a later renewal).
         let retrying = chain.map {
             ["billing_retry", "grace_period"].contains($0.state) && $0.lastTransactionId != purchase.transactionId
                 && ($0.stateDate ?? .distantPast) <= bought
         } ?? false
-        // The answer's own listing of the chain (a receipt holds every period of it).
+        // The answer's own listing of the chain first (a receipt holds every period of it): a
+        // renewal of a resubscription follows the resubscription, whatever Apple said of the
+        // chain before it.
         if let ended = purchase.previousPeriodEnd {
             if bought < ended { return purchase.previousPeriodProductId.map { $0 != purchase.productId } ?? false }
             return bought > ended && !retrying
         }
+        // Apple said the chain expired before this was bought: only a purchase follows a lapse.
+        if let chain, chain.state == "expired", let lapsed = chain.expiresDate, lapsed <= bought { return true }
         let earlier = facts.grants.filter {
             $0.originalTransactionId == purchase.originalTransactionId && $0.source == "apple"
                 && $0.transactionId != purchase.transactionId && ($0.periodStart ?? .distantFuture) < bought

@@ -386,6 +386,36 @@ struct LedgerVerdictTests {
             appAccountToken: nil, heldReason: .ownerUnknown, creditedAt: Self.t0, creditKey: nil, webOrderLineItemId: nil,
             expiresDate: nil)
         #expect(boundOrders(receipt(told)).isEmpty)
+        // The receipt lists the period before it, ending where it begins: a renewal, though
+        // Apple's last word of the chain was EXPIRED (a renewal of a resubscription whose
+        // SUBSCRIBED has not arrived yet); one the listing dates after a lapse is new.
+        let stale = credited(Self.t0 - 86_400, state: "expired", expired: Self.t0)
+        var listed = period("t5", reason: nil)
+        listed.previousPeriodEnd = listed.purchaseDate
+        listed.previousPeriodProductId = "month"
+        #expect(plan(.upload(listed, upload("ben", order: "o9", transaction: "t5")), stale).outcome == .transaction(.ownedByOtherUser, nil))
+        listed.previousPeriodEnd = Self.t0
+        #expect(boundOrders(plan(.upload(listed, upload("ben", order: "o9", transaction: "t5")), stale)) == ["o9"])
+    }
+
+    /// What a receipt lists of a chain dates each period: the period of another line item bought
+    /// latest before it (its copies listed twice skipped), with its end and product.
+    @Test func aListingGivesEachPeriodThePeriodBeforeIt() {
+        func listed(_ id: String, line: String, product: String = "month", bought: Double, ends: Double) -> VerifiedPurchase {
+            VerifiedPurchase(
+                transactionId: id, originalTransactionId: "t1", productId: product, quantity: 1, purchaseDate: Self.t0 + bought,
+                environment: .production, expiresDate: Self.t0 + ends, webOrderLineItemId: line)
+        }
+        let listing = VerifiedPurchase.withPreviousPeriods([
+            listed("t3", line: "w3", product: "year", bought: 40, ends: 400),
+            listed("t1", line: "w1", bought: 0, ends: 30),
+            listed("t2", line: "w2", bought: 30, ends: 60),
+            listed("t2", line: "w2", bought: 30, ends: 60),
+            listed("t9", line: "w9", bought: 500, ends: 530),
+            VerifiedPurchase(transactionId: "c1", originalTransactionId: "c1", productId: "coins", quantity: 1, purchaseDate: Self.t0, environment: .production),
+        ])
+        #expect(listing.map(\.previousPeriodEnd) == [Self.t0 + 60, nil, Self.t0 + 30, Self.t0 + 30, Self.t0 + 400, nil])
+        #expect(listing.map(\.previousPeriodProductId) == ["month", nil, "month", "month", "year", nil])
     }
 
     @Test func anOrderPlacedForAnUpgradeOrResubscriptionIsPaidByIt() {
