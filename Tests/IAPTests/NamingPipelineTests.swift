@@ -234,6 +234,53 @@ extension BrokerTests {
             #expect((upload["transactions"] as? [[String: Any]])?.first?["state"] as? String == "already_credited", "\(upload)")
             #expect(try await pipeline.grants(of: "gil").count == 1)
         }
+        /// Ana's month, credited from the upload `first` makes of it, then ended at Apple
+        /// (voluntarily) and Apple's EXPIRED recorded.
+        static func lapsedMonth(
+            _ pipeline: PipelineHarness, first: (PipelineHarness.Purchase) throws -> [String: String]
+        ) async throws -> PipelineHarness.Purchase {
+            let month = try await pipeline.mint(
+                productId: "com.example.vip.month", token: nil, deviceId: "ana-phone", type: "auto_renewable")
+            let credited = try await pipeline.waitForState(try await pipeline.upload(try first(month)))
+            #expect(credited["state"] as? String == "credited", "\(credited)")
+            let expired = try await HTTP.post(
+                pipeline.fakeURL + "/fake/subscriptions/\(month.originalTransactionId)/expire", json: [String: String]())
+            #expect(expired.status == 200, "\(expired.text)")
+            #expect(
+                try await eventually(timeout: .seconds(20)) {
+                    try await pipeline.store.subscriptions(ofUser: "ana").first?.state == "expired"
+                }, "Apple's EXPIRED did not reach the ledger")
+            return month
+        }
+
+        /// Bea, another account of the app on the same Apple ID, places an order for `month`'s
+        /// product and buys the lapsed chain again for it on her device: her order and the new
+        /// period.
+        static func resubscribedByBea(
+            _ pipeline: PipelineHarness, _ month: PipelineHarness.Purchase
+        ) async throws -> (order: String, period: PipelineHarness.Purchase) {
+            let order = try await pipeline.createOrder(userId: "bea", productId: "com.example.vip.month")
+            let again = try await HTTP.post(
+                pipeline.fakeURL + "/fake/subscriptions/\(month.originalTransactionId)/resubscribe", json: ["deviceId": "bea-phone"])
+            #expect(again.status == 201, "\(again.text)")
+            return (order, try JSONDecoder().decode(PipelineHarness.Purchase.self, from: again.body))
+        }
+
+        /// Bea's receipt, naming the new period with her order: credited to her, finishable, her
+        /// order paid by it, nothing of it Ana's.
+        static func expectBeaPaid(
+            _ pipeline: PipelineHarness, order: String, period: PipelineHarness.Purchase
+        ) async throws {
+            let named = try await pipeline.waitForState(
+                try await pipeline.upload([
+                    "userId": "bea", "receiptData": period.receiptData, "transactionId": period.transactionId, "orderId": order,
+                ]))
+            #expect(named["state"] as? String == "credited" && named["finishTransaction"] as? Bool == true, "\(named)")
+            #expect(try await pipeline.grantState(of: period.transactionId, user: "bea") == "active")
+            #expect(try await pipeline.grantState(of: period.transactionId, user: "ana") == nil)
+            #expect(try await pipeline.order(order)["transactionId"] as? String == period.transactionId)
+        }
+
         /// A resubscription arrives as a receipt, which says nothing of why a period was bought
         /// (`verifyReceipt` has no `transactionReason`). Before, it was taken for a renewal and
         /// went to the chain's old owner, though Apple's notification had recorded it awaiting
@@ -244,84 +291,39 @@ extension BrokerTests {
         func aResubscriptionUploadedAsAReceiptIsItsBuyers(_ backend: Backend) async throws {
             let pipeline = try await PipelineHarness.start(name: "resubscribe-receipt", on: backend)
             Teardown.add { await pipeline.stop() }
-            let month = try await pipeline.mint(
-                productId: "com.example.vip.month", token: nil, deviceId: "ana-phone", type: "auto_renewable")
-            let first = try await pipeline.waitForState(
-                try await pipeline.upload(["userId": "ana", "signedTransaction": try #require(month.signedTransaction)]))
-            #expect(first["state"] as? String == "credited", "\(first)")
-            let expired = try await HTTP.post(
-                pipeline.fakeURL + "/fake/subscriptions/\(month.originalTransactionId)/expire", json: [String: String]())
-            #expect(expired.status == 200, "\(expired.text)")
+            let month = try await Self.lapsedMonth(pipeline) { ["userId": "ana", "signedTransaction": try #require($0.signedTransaction)] }
+            let (order, period) = try await Self.resubscribedByBea(pipeline, month)
             #expect(
                 try await eventually(timeout: .seconds(20)) {
-                    try await pipeline.store.subscriptions(ofUser: "ana").first?.state == "expired"
-                }, "Apple's EXPIRED did not reach the ledger")
-
-            // Bea, another account of the app on the same Apple ID, buys it again for her order.
-            let order = try await pipeline.createOrder(userId: "bea", productId: "com.example.vip.month")
-            let again = try await HTTP.post(
-                pipeline.fakeURL + "/fake/subscriptions/\(month.originalTransactionId)/resubscribe", json: ["deviceId": "bea-phone"])
-            #expect(again.status == 201, "\(again.text)")
-            let renewed = try JSONDecoder().decode(PipelineHarness.Purchase.self, from: again.body)
-            #expect(
-                try await eventually(timeout: .seconds(20)) {
-                    try await pipeline.store.notifications(ofTransaction: renewed.transactionId).map(\.outcome) == ["buyer_unknown"]
+                    try await pipeline.store.notifications(ofTransaction: period.transactionId).map(\.outcome) == ["buyer_unknown"]
                 }, "Apple's SUBSCRIBED did not record the new purchase awaiting its buyer")
-
-            let named = try await pipeline.waitForState(
-                try await pipeline.upload([
-                    "userId": "bea", "receiptData": renewed.receiptData, "transactionId": renewed.transactionId, "orderId": order,
-                ]))
-            #expect(named["state"] as? String == "credited" && named["finishTransaction"] as? Bool == true, "\(named)")
-            #expect(try await pipeline.grantState(of: renewed.transactionId, user: "bea") == "active")
-            #expect(try await pipeline.grantState(of: renewed.transactionId, user: "ana") == nil)
-            #expect(try await pipeline.order(order)["transactionId"] as? String == renewed.transactionId)
+            try await Self.expectBeaPaid(pipeline, order: order, period: period)
         }
 
         /// The same resubscription, its receipt uploaded before Apple's SUBSCRIBED reaches the
-        /// ledger: nothing recorded it as a new purchase, so its dates say it (bought after Apple
-        /// said the chain expired). Before, it went to the chain's old owner and the buyer's
-        /// order was never paid; Apple's notification, arriving after, changes nothing.
+        /// ledger: nothing recorded it as a new purchase, so its dates say it (the receipt lists
+        /// the chain's period before it, ended when Apple ended the chain). Before, it went to
+        /// the chain's old owner and the buyer's order was never paid; Apple's notification,
+        /// arriving after, changes nothing.
         @Test(arguments: TestStore.backends)
         func aResubscriptionUploadedBeforeApplesWordIsItsBuyersByItsDates(_ backend: Backend) async throws {
             let pipeline = try await PipelineHarness.start(name: "resubscribe-dates", on: backend)
             Teardown.add { await pipeline.stop() }
-            let month = try await pipeline.mint(
-                productId: "com.example.vip.month", token: nil, deviceId: "ana-phone", type: "auto_renewable")
-            let first = try await pipeline.waitForState(
-                try await pipeline.upload(["userId": "ana", "receiptData": month.receiptData, "transactionId": month.transactionId]))
-            #expect(first["state"] as? String == "credited", "\(first)")
-            let expired = try await HTTP.post(
-                pipeline.fakeURL + "/fake/subscriptions/\(month.originalTransactionId)/expire", json: [String: String]())
-            #expect(expired.status == 200, "\(expired.text)")
-            #expect(
-                try await eventually(timeout: .seconds(20)) {
-                    try await pipeline.store.subscriptions(ofUser: "ana").first?.state == "expired"
-                }, "Apple's EXPIRED did not reach the ledger")
-
-            // Apple's next notifications wait; Bea buys the chain again for her order.
+            let month = try await Self.lapsedMonth(pipeline) {
+                ["userId": "ana", "receiptData": $0.receiptData, "transactionId": $0.transactionId]
+            }
+            // Apple's next notifications wait while Bea buys the chain again for her order.
             #expect(try await HTTP.post(pipeline.fakeURL + "/fake/notifications/hold", json: [String: String]()).status == 204)
-            let order = try await pipeline.createOrder(userId: "bea", productId: "com.example.vip.month")
-            let again = try await HTTP.post(
-                pipeline.fakeURL + "/fake/subscriptions/\(month.originalTransactionId)/resubscribe", json: ["deviceId": "bea-phone"])
-            #expect(again.status == 201, "\(again.text)")
-            let renewed = try JSONDecoder().decode(PipelineHarness.Purchase.self, from: again.body)
-            let named = try await pipeline.waitForState(
-                try await pipeline.upload([
-                    "userId": "bea", "receiptData": renewed.receiptData, "transactionId": renewed.transactionId, "orderId": order,
-                ]))
-            #expect(named["state"] as? String == "credited" && named["finishTransaction"] as? Bool == true, "\(named)")
-            #expect(try await pipeline.grantState(of: renewed.transactionId, user: "bea") == "active")
-            #expect(try await pipeline.grantState(of: renewed.transactionId, user: "ana") == nil)
-            #expect(try await pipeline.order(order)["transactionId"] as? String == renewed.transactionId)
+            let (order, period) = try await Self.resubscribedByBea(pipeline, month)
+            try await Self.expectBeaPaid(pipeline, order: order, period: period)
 
             // Apple's SUBSCRIBED (RESUBSCRIBE) arrives: it names what is credited already.
             #expect(try await HTTP.post(pipeline.fakeURL + "/fake/notifications/release", json: [String: String]()).status == 200)
             #expect(
                 try await eventually(timeout: .seconds(20)) {
-                    try await !pipeline.store.notifications(ofTransaction: renewed.transactionId).isEmpty
+                    try await !pipeline.store.notifications(ofTransaction: period.transactionId).isEmpty
                 }, "Apple's SUBSCRIBED did not reach the ledger")
-            #expect(try await pipeline.grantState(of: renewed.transactionId, user: "bea") == "active")
+            #expect(try await pipeline.grantState(of: period.transactionId, user: "bea") == "active")
             #expect(try await pipeline.store.subscriptions(ofUser: "bea").first?.originalTransactionId == month.originalTransactionId)
         }
     }

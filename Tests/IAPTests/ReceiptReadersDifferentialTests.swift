@@ -85,17 +85,14 @@ struct ReceiptReadersDifferentialTests {
     /// SignedData) the certificates and signer infos stay as they were (they are signed as DER).
     static func write(_ element: Element, _ random: inout ModelRandom, into out: inout [UInt8], depth: Int = 0) {
         func length(_ count: Int) {
-            // Short form, or long form (with a leading zero octet now and then: BER allows it).
-            if count < 0x80, random.below(4) != 0 {
-                out.append(UInt8(count))
+            // DER's length, or the long form where DER takes the short one, with a leading zero
+            // octet now and then (BER allows both).
+            let minimal = TestDER.length(count)
+            guard random.below(4) == 0 || random.below(3) == 0 else {
+                out.append(contentsOf: minimal)
                 return
             }
-            var octets: [UInt8] = []
-            var rest = count
-            repeat {
-                octets.insert(UInt8(rest & 0xFF), at: 0)
-                rest >>= 8
-            } while rest > 0
+            var octets = count < 0x80 ? minimal : Array(minimal.dropFirst())
             if random.below(3) == 0 { octets.insert(0, at: 0) }
             out.append(0x80 | UInt8(octets.count))
             out.append(contentsOf: octets)
