@@ -41,13 +41,18 @@ extension ClusterDrills {
             let (drill, intakes) = try await startTwoOfEach("pg-kill-orders")
             let traffic = DrillTraffic(drill, intakes: intakes)
             try await traffic.waitForMore(150)
-            // Results are in flight: some purchases are credited already, more are not yet.
+            // Results are in flight: some purchases are credited already, more are not yet. Both
+            // are waited for (the verifiers may drain the queue between two reads), not sampled once.
             let store = try await OrderStore(location: drill.storeLocation)
-            let flowing = try await eventually(timeout: .seconds(20), interval: .milliseconds(100)) {
-                (try await store.submissionCounts()[.credited] ?? 0) > 0
-            }
-            let atKill = try await store.submissionCounts()
+            var atKill: [SubmissionState: Int] = [:]
+            let deadline = ContinuousClock.now + .seconds(20)
+            repeat {
+                atKill = try await store.submissionCounts()
+                if (atKill[.credited] ?? 0) > 0, (atKill[.pending] ?? 0) + (atKill[.retrying] ?? 0) > 0 { break }
+                try await Task.sleep(for: .milliseconds(50))
+            } while ContinuousClock.now < deadline
             await store.close()
+            let flowing = (atKill[.credited] ?? 0) > 0
             #expect(flowing, "no result was applied before the kill")
             #expect((atKill[.pending] ?? 0) + (atKill[.retrying] ?? 0) > 0, "nothing was in flight at the kill: \(atKill)")
             drill.kill9("orders")
