@@ -52,15 +52,25 @@ extension Planner {
             // The owner's stretch, unless a later new purchase nobody proved yet began another.
             return awaited(after: since) ? .awaitsBuyer : .owner(owner)
         }
-        // An earlier stretch (or nobody owns any): the latest period credited before it says,
-        // unless a new purchase awaiting its buyer lies between.
+        // An earlier stretch (or nobody owns any): the latest period credited before it says
+        // (or proven after a refund stopped it: it would have been credited), unless a new
+        // purchase awaiting its buyer lies between.
         let credited = facts.grants.filter {
             $0.originalTransactionId == purchase.originalTransactionId && $0.source == "apple"
                 && ($0.periodStart ?? .distantFuture) <= date && $0.transactionId != purchase.transactionId
         }
-        let previous = credited.max { ($0.periodStart ?? .distantPast, $0.id) < ($1.periodStart ?? .distantPast, $1.id) }
-        if awaited(after: previous?.periodStart ?? .distantPast) { return .awaitsBuyer }
-        return previous.map { .owner($0.userId) } ?? .unclaimed
+        let latestCredited = credited.max { ($0.periodStart ?? .distantPast, $0.id) < ($1.periodStart ?? .distantPast, $1.id) }
+        let refunded = facts.refundedPeriods.filter {
+            $0.originalTransactionId == purchase.originalTransactionId && ($0.purchaseDate ?? .distantFuture) <= date
+                && $0.transactionId != purchase.transactionId
+        }
+        let latestRefunded = refunded.max { ($0.purchaseDate ?? .distantPast) < ($1.purchaseDate ?? .distantPast) }
+        var previous = latestCredited.map { (start: $0.periodStart ?? .distantPast, owner: $0.userId) }
+        if let row = latestRefunded, (row.purchaseDate ?? .distantPast) > (previous?.start ?? .distantPast) {
+            previous = (row.purchaseDate ?? .distantPast, row.userId)
+        }
+        if awaited(after: previous?.start ?? .distantPast) { return .awaitsBuyer }
+        return previous.map { .owner($0.owner) } ?? .unclaimed
     }
 
     /// `purchase`, a billing period, was credited to `owner`: the periods of its stretch that

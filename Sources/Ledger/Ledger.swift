@@ -890,8 +890,15 @@ extension Planner {
         guard tokenOwner != nil || purchase.ownershipEvidence == .signedUpload, facts.purchase == nil || unowned else { return }
         // A renewal after a new purchase nobody proved yet proves nothing of whose it is: it
         // stays kept for that purchase's buyer, as it would had it not been refunded.
-        if case .billingPeriod = key, tokenOwner == nil, !purchase.isNewPurchaseInChain, stretchOwner(of: purchase) == .awaitsBuyer {
-            return
+        // A renewal of someone else's stretch is theirs, not the uploader's (unless restores
+        // transfer it): it proves nothing for them, and a refunded period recorded for the
+        // uploader would tell whose stretch the periods after it are.
+        if case .billingPeriod = key, tokenOwner == nil, !purchase.isNewPurchaseInChain {
+            switch stretchOwner(of: purchase) {
+            case .awaitsBuyer: return
+            case .owner(let owner) where policy.restore == .keep && !sameUser(owner, upload.userId): return
+            default: break
+            }
         }
         // Named by a token for another product: held for a person, as it would be had it arrived
         // before the refund (a reversal never credits it).

@@ -31,6 +31,11 @@ public struct LedgerFacts: Sendable, Equatable {
     public var unownedPeriods: [Purchase]
     /// Apple's revocations of those periods' credit keys.
     public var unownedRevocations: [Revocation]
+    /// Periods of the subscription proven by an upload after a refund had stopped them (held
+    /// `revoked`, each recorded for whom it proved), oldest first, read along with
+    /// `unownedPeriods`: a refunded new purchase still tells whose stretch of the chain its
+    /// renewals are, as it would had it been credited before the refund.
+    public var refundedPeriods: [Purchase] = []
     /// For an upload naming an order alone (`LedgerEvent.Naming`): the user's open orders of
     /// its product, oldest first.
     public var openOrders: [Order] = []

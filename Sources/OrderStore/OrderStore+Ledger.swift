@@ -100,11 +100,13 @@ extension OrderStore {
             }
             if let original = query.originalTransactionId, query.readsSubscription {
                 // The periods Apple told of while nobody owned their stretch of the chain, for the
-                // credit that gives it an owner (and for whose stretch a period is): facts only
-                // where the subscription is known, read along in case it is.
+                // credit that gives it an owner (and for whose stretch a period is), and those an
+                // upload proved after a refund had stopped them: facts only where the
+                // subscription is known, read along in case it is.
                 unownedPeriods = add(
                     """
-                    SELECT * FROM purchase WHERE originalTransactionId = ? AND heldReason IN ('owner_unknown', 'buyer_unknown')
+                    SELECT * FROM purchase WHERE originalTransactionId = ?
+                        AND heldReason IN ('owner_unknown', 'buyer_unknown', 'revoked')
                         AND EXISTS (SELECT 1 FROM subscription WHERE originalTransactionId = ?)
                     ORDER BY purchaseDate, transactionId
                     """,
@@ -179,7 +181,9 @@ extension OrderStore {
             facts.revocation = revocation.flatMap { sets[$0].first }.map(OrderStore.revocationFact)
             facts.subscription = subscription.flatMap { sets[$0].first }.map(OrderStore.subscriptionFact)
             if facts.subscription != nil {
-                facts.unownedPeriods = unownedPeriods.map { sets[$0].map(OrderStore.purchaseFact) } ?? []
+                let periods = unownedPeriods.map { sets[$0].map(OrderStore.purchaseFact) } ?? []
+                facts.unownedPeriods = periods.filter(\.isUnowned)
+                facts.refundedPeriods = periods.filter { $0.heldReason == .stoppedByRefund }
                 if !facts.unownedPeriods.isEmpty {
                     facts.unownedRevocations = unownedRevocations.map { sets[$0].map(OrderStore.revocationFact) } ?? []
                 }

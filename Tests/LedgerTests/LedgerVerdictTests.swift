@@ -516,16 +516,18 @@ struct LedgerVerdictTests {
         #expect(InForce.grant(isActive: true, expiresAt: nil, gracePeriodExpiresAt: nil, at: now))
     }
 
+    /// A period of chain t1 kept unowned (or refunded) since `date`, as the store records it.
+    func kept(_ id: String, at date: Date, reason: ReasonCode, for user: String = "") -> LedgerFacts.Purchase {
+        LedgerFacts.Purchase(
+            transactionId: id, originalTransactionId: "t1", productId: "month", quantity: 1, environment: .production,
+            bundleId: "app", purchaseDate: date, userId: user, orderId: nil, submissionId: "n", appAccountToken: nil,
+            heldReason: reason, creditedAt: Self.t0, creditKey: .billingPeriod("w-\(id)"), webOrderLineItemId: "w-\(id)",
+            expiresDate: date + 30 * 86_400)
+    }
+
     @Test func aRenewalAfterAnUnprovenNewPurchaseWaitsForItsBuyer() {
         // Ana owns the chain; someone bought it again (t2, told by Apple, kept for its buyer);
         // t3 renews t2. Ana's signed upload of t3 proves nothing of t2: held, kept for nobody.
-        func kept(_ id: String, at date: Date, reason: ReasonCode) -> LedgerFacts.Purchase {
-            LedgerFacts.Purchase(
-                transactionId: id, originalTransactionId: "t1", productId: "month", quantity: 1, environment: .production,
-                bundleId: "app", purchaseDate: date, userId: "", orderId: nil, submissionId: "n", appAccountToken: nil,
-                heldReason: reason, creditedAt: Self.t0, creditKey: .billingPeriod("w-\(id)"), webOrderLineItemId: "w-\(id)",
-                expiresDate: date + 30 * 86_400)
-        }
         var renewal = period("t3", reason: "RENEWAL")
         renewal.purchaseDate = Self.t0 + 200
         renewal.evidence = .signedUpload
@@ -548,6 +550,49 @@ struct LedgerVerdictTests {
         #expect(granted.map(\.transactionId).sorted() == ["t2", "t3"] && granted.allSatisfy { $0.userId == "ben" })
         let moved = bens.changes.compactMap { if case .putSubscription(let row) = $0 { row } else { nil } }.last
         #expect(moved?.userId == "ben" && moved?.ownedSince == Self.t0 + 100)
+    }
+
+    @Test func aRenewalOfARefundedNewPurchaseIsItsBuyersNotTheChainsLaterOwners() {
+        // Ana bought the chain (t1, credited); Ben resubscribed (t2), and Apple took it back
+        // (FAMILY_REVOKE) before Ben's upload proved it (kept for Ben, refunded); t3 renewed t2
+        // and was kept while nobody owned it; Cy resubscribed later (t4) and owns the chain now.
+        // t3 is Ben's stretch: his upload is credited, Cy's and Ana's are not.
+        let anas = LedgerFacts.Grant(
+            id: 1, transactionId: "t1", userId: "ana", productId: "month", orderId: nil, quantity: 1, grantJSON: "{}",
+            environment: "Production", source: "apple", isActive: true, grantedAt: Self.t0, revokedAt: nil, revokedBy: nil,
+            creditKey: .billingPeriod("w-t1"), originalTransactionId: "t1", expiresAt: Self.t0 + 30 * 86_400,
+            gracePeriodExpiresAt: nil, periodStart: Self.t0)
+        var cys = subscription(owner: "cy")
+        cys.ownedSince = Self.t0 + 300
+        var facts = LedgerFacts(
+            grants: [anas], subscription: cys, unownedPeriods: [kept("t3", at: Self.t0 + 200, reason: .ownerUnknown)])
+        facts.refundedPeriods = [kept("t2", at: Self.t0 + 100, reason: .stoppedByRefund, for: "ben")]
+        var renewal = period("t3", reason: "RENEWAL")
+        renewal.purchaseDate = Self.t0 + 200
+        renewal.evidence = .signedUpload
+        let bens = plan(.upload(renewal, upload("ben", transaction: "t3")), facts)
+        #expect(bens.outcome == .transaction(.credited, nil))
+        let granted = bens.changes.compactMap { if case .grant(let grant) = $0 { grant } else { nil } }
+        #expect(granted.map(\.userId) == ["ben"])
+        for other in ["cy", "ana"] {
+            // Their upload proves t3 Apple's: it is credited to Ben, whose stretch it is.
+            let planned = plan(.upload(renewal, upload(other, transaction: "t3")), facts)
+            #expect(planned.outcome == .transaction(.ownedByOtherUser, nil), "\(other)")
+            let granted = planned.changes.compactMap { if case .grant(let grant) = $0 { grant } else { nil } }
+            #expect(granted.allSatisfy { $0.userId == "ben" }, "\(other): \(granted.map(\.userId))")
+        }
+
+        // Cy's upload of a refunded renewal of Ana's stretch claims nothing for Cy: no refunded
+        // row is recorded for him to tell whose the periods after it are.
+        var revoked = LedgerFacts(grants: [anas], subscription: cys)
+        revoked.revocation = LedgerFacts.Revocation(
+            creditKey: .billingPeriod("w-t5"), transactionId: "t5", source: "REVOKE", revokedAt: Self.t0, reversedAt: nil,
+            fullyRevokedAt: Self.t0)
+        var anasRenewal = period("t5", reason: "RENEWAL")
+        anasRenewal.purchaseDate = Self.t0 + 50
+        anasRenewal.evidence = .signedUpload
+        let cysTry = plan(.upload(anasRenewal, upload("cy", transaction: "t5")), revoked)
+        #expect(!cysTry.changes.contains { if case .recordPurchase = $0 { true } else { false } })
     }
 
     @Test func aTransferNeverGivesATransactionIdASecondGrant() {
