@@ -218,7 +218,7 @@ public final class AppStoreVerifier: ReceiptVerifying {
             let transaction = try await payload.data?.signedTransactionInfo.asyncMap { try await signed.verifyTransaction($0) }
             let renewal = try await payload.data?.signedRenewalInfo.asyncMap { try await signed.verifyRenewalInfo($0) }
             let app = try await payload.appData?.signedAppTransactionInfo.asyncMap { try await signed.verifyAppTransaction($0) }
-            return .notification(
+            var notification =
                 AppStoreNotification(
                     notificationUUID: payload.notificationUUID, notificationType: payload.notificationType,
                     subtype: payload.subtype, environment: payload.environment == "Sandbox" ? .sandbox : .production,
@@ -227,7 +227,9 @@ public final class AppStoreVerifier: ReceiptVerifying {
                     autoRenewStatus: renewal?.autoRenewStatus,
                     gracePeriodExpiresDate: renewal?.gracePeriodExpiresDate.map(Date.init(appleMilliseconds:)),
                     consumptionRequestReason: payload.data?.consumptionRequestReason, appTransactionId: app?.appTransactionId,
-                    renewal: renewal.map(Self.renewalTerms)))
+                    renewal: renewal.map(Self.renewalTerms))
+            notification.extensionSummary = payload.summary.flatMap(Self.extensionSummary)
+            return .notification(notification)
         } catch let error as JWSVerificationError {
             return .rejected(ReasonCode(error.code.rawValue), message: error.message)
         } catch {
@@ -236,6 +238,16 @@ public final class AppStoreVerifier: ReceiptVerifying {
     }
 
     // MARK: - Helpers
+
+    /// A mass extension's summary as the ledger keeps it: its ids cut to what fits an id
+    /// (Apple's are short), its counts never negative; nil without a request identifier.
+    static func extensionSummary(_ summary: ResponseBodyV2DecodedPayload.Summary) -> AppStoreNotification.ExtensionSummary? {
+        guard let requestIdentifier = summary.requestIdentifier, !requestIdentifier.isEmpty else { return nil }
+        return AppStoreNotification.ExtensionSummary(
+            requestIdentifier: String(requestIdentifier.prefix(128)), productId: String((summary.productId ?? "").prefix(200)),
+            storefrontCountryCodes: (summary.storefrontCountryCodes ?? []).prefix(300).map { String($0.prefix(3)) },
+            succeededCount: max(summary.succeededCount ?? 0, 0), failedCount: max(summary.failedCount ?? 0, 0))
+    }
 
     /// Production first; the sandbox when production does not know the id or refuses the token.
     private func inEitherEnvironment<T>(

@@ -88,6 +88,7 @@ public final class AppStoreServerAPIClient: Sendable {
         case appTransactionInfo, customerGroups, groupMembers
         case orderLookup, refundHistory
         case testNotification
+        case extendRenewalDate, massExtendRenewalDate, massExtensionStatus
 
         /// Finish Transaction (API 1.20), Set App Account Token (1.16), Get App Transaction Info
         /// (1.17), Get Customer Groups and Get Group Members (1.22) are paced as the other
@@ -100,6 +101,9 @@ public final class AppStoreServerAPIClient: Sendable {
                 50
             case .orderLookup, .refundHistory: 10
             case .testNotification: 1
+            // Renewal-date extensions are customer service's, one at a time: paced gently.
+            case .extendRenewalDate, .massExtensionStatus: 20
+            case .massExtendRenewalDate: 1
             }
         }
     }
@@ -383,6 +387,105 @@ public final class AppStoreServerAPIClient: Sendable {
             endpoint: .appAccountToken, body: Body(appAccountToken: token.uuidString.lowercased()))
     }
 
+    /// Apple's `extendReasonCode`: 0 undeclared, 1 customer satisfaction, 2 other, 3 a service
+    /// issue or outage.
+    public static let extendReasonCodes = 0...3
+
+    /// Apple's answer to Extend a Subscription Renewal Date.
+    public struct RenewalExtension: Decodable, Sendable, Equatable {
+        public var originalTransactionId: String?
+        public var webOrderLineItemId: String?
+        public var success: Bool?
+        /// The period's new end (Apple's `effectiveDate`).
+        public var effectiveDate: Date?
+
+        enum CodingKeys: String, CodingKey { case originalTransactionId, webOrderLineItemId, success, effectiveDate }
+
+        public init(from decoder: any Decoder) throws {
+            let container = try decoder.container(keyedBy: CodingKeys.self)
+            originalTransactionId = try container.decodeIfPresent(String.self, forKey: .originalTransactionId)
+            webOrderLineItemId = try container.decodeIfPresent(String.self, forKey: .webOrderLineItemId)
+            success = try container.decodeIfPresent(Bool.self, forKey: .success)
+            effectiveDate = try container.decodeIfPresent(Int64.self, forKey: .effectiveDate).map(Date.init(appleMilliseconds:))
+        }
+    }
+
+    /// Extend a Subscription Renewal Date (API 1.1): the paid period in force of the
+    /// subscription `originalTransactionId` ends `days` (1 to 90) later. `requestIdentifier`
+    /// is the caller's id of this request: asking again with the same one extends once. Apple
+    /// refuses a free offer period, an expired or billing-retry subscription and a third
+    /// extension within 365 days (4030004, 4030005), a family member's access (4030007), an
+    /// assigned seat (4030028): `invalid`; an unknown chain is `notFound` (4040005).
+    public func extendRenewalDate(
+        originalTransactionId: String, days: Int, reasonCode: Int, requestIdentifier: String, in environment: ServerAPIEnvironment
+    ) async throws(ServerAPIError) -> RenewalExtension {
+        struct Body: Encodable {
+            var extendByDays: Int
+            var extendReasonCode: Int
+            var requestIdentifier: String
+        }
+        return try await call(
+            .PUT, "/inApps/v1/subscriptions/extend/\(try Self.pathId(originalTransactionId))", environment,
+            endpoint: .extendRenewalDate,
+            body: Body(extendByDays: days, extendReasonCode: reasonCode, requestIdentifier: requestIdentifier))
+    }
+
+    /// Extend Subscription Renewal Dates for All Active Subscribers (API 1.7): every eligible
+    /// subscription of `productId` (in `storefrontCountryCodes`, or every storefront when
+    /// empty) is extended by `days`; Apple works through them in the background and tells of
+    /// each (`RENEWAL_EXTENDED`, `RENEWAL_EXTENSION` `FAILURE`) and of the end
+    /// (`RENEWAL_EXTENSION` `SUMMARY`). Returns Apple's echo of `requestIdentifier`.
+    public func massExtendRenewalDate(
+        productId: String, days: Int, reasonCode: Int, requestIdentifier: String, storefrontCountryCodes: [String],
+        in environment: ServerAPIEnvironment
+    ) async throws(ServerAPIError) -> String {
+        struct Body: Encodable {
+            var extendByDays: Int
+            var extendReasonCode: Int
+            var requestIdentifier: String
+            var storefrontCountryCodes: [String]?
+            var productId: String
+        }
+        struct Answer: Decodable { var requestIdentifier: String? }
+        let answer: Answer = try await call(
+            .POST, "/inApps/v1/subscriptions/extend/mass", environment, endpoint: .massExtendRenewalDate,
+            body: Body(
+                extendByDays: days, extendReasonCode: reasonCode, requestIdentifier: requestIdentifier,
+                storefrontCountryCodes: storefrontCountryCodes.isEmpty ? nil : storefrontCountryCodes, productId: productId))
+        return answer.requestIdentifier ?? requestIdentifier
+    }
+
+    /// Apple's answer to Get Status of Subscription Renewal Date Extensions.
+    public struct MassExtensionStatus: Decodable, Sendable, Equatable {
+        public var requestIdentifier: String?
+        public var complete: Bool?
+        public var completeDate: Date?
+        public var succeededCount: Int64?
+        public var failedCount: Int64?
+
+        enum CodingKeys: String, CodingKey { case requestIdentifier, complete, completeDate, succeededCount, failedCount }
+
+        public init(from decoder: any Decoder) throws {
+            let container = try decoder.container(keyedBy: CodingKeys.self)
+            requestIdentifier = try container.decodeIfPresent(String.self, forKey: .requestIdentifier)
+            complete = try container.decodeIfPresent(Bool.self, forKey: .complete)
+            completeDate = try container.decodeIfPresent(Int64.self, forKey: .completeDate).map(Date.init(appleMilliseconds:))
+            succeededCount = try container.decodeIfPresent(Int64.self, forKey: .succeededCount)
+            failedCount = try container.decodeIfPresent(Int64.self, forKey: .failedCount)
+        }
+    }
+
+    /// Get Status of Subscription Renewal Date Extensions (API 1.7): how far Apple has come
+    /// with a mass extension; `notFound` (4040009) for a request it does not know.
+    public func massExtensionStatus(productId: String, requestIdentifier: String, in environment: ServerAPIEnvironment)
+        async throws(ServerAPIError) -> MassExtensionStatus
+    {
+        try await call(
+            .GET,
+            "/inApps/v1/subscriptions/extend/mass/\(try Self.productPathId(productId))/\(try Self.pathId(requestIdentifier))",
+            environment, endpoint: .massExtensionStatus)
+    }
+
     // MARK: - Plumbing
 
     private struct Empty: Decodable {}
@@ -423,6 +526,20 @@ public final class AppStoreServerAPIClient: Sendable {
         guard !id.isEmpty, id.count <= 64, id.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "-" || $0 == "_") })
         else {
             throw ServerAPIError(kind: .invalid, message: "'\(id.prefix(64))' is not an id Apple issues")
+        }
+        return id
+    }
+
+    /// Product ids go into paths: letters, digits, `.`, `-` and `_` only (what App Store
+    /// Connect allows in one).
+    public static func isProductId(_ id: String) -> Bool {
+        !id.isEmpty && id.count <= 100 && id != "." && id != ".."
+            && id.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "." || $0 == "-" || $0 == "_") })
+    }
+
+    private static func productPathId(_ id: String) throws(ServerAPIError) -> String {
+        guard isProductId(id) else {
+            throw ServerAPIError(kind: .invalid, message: "'\(id.prefix(100))' is not a product id")
         }
         return id
     }
@@ -482,7 +599,7 @@ public final class AppStoreServerAPIClient: Sendable {
             error.kind = .unauthorized
         case (_, 4_040_002?), (_, 4_040_004?), (_, 4_040_006?), (_, 5_000_001?):
             error.kind = .transient
-        case (_, 4_040_010?), (_, 4_040_005?), (_, 4_040_019?), (_, 4_040_022?):
+        case (_, 4_040_010?), (_, 4_040_005?), (_, 4_040_009?), (_, 4_040_019?), (_, 4_040_022?):
             error.kind = .notFound
         case (500..<600, _):
             error.kind = .transient

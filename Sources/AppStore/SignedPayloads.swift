@@ -197,6 +197,9 @@ public struct ResponseBodyV2DecodedPayload: SignedAppStorePayload, Codable, Equa
         public var appAppleId: Int64?
         public var bundleId: String?
         public var productId: String?
+        public var storefrontCountryCodes: [String]?
+        public var failedCount: Int64?
+        public var succeededCount: Int64?
     }
 
     /// The app a notification about no purchase is for (`RESCIND_CONSENT`): its ids, its

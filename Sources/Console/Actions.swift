@@ -1,4 +1,5 @@
 import AppStore
+import Crypto
 import Foundation
 import Hummingbird
 import IAPCore
@@ -24,11 +25,16 @@ enum ConsoleAction: String, CaseIterable, Sendable {
     case note
     /// Binds a subscription to a customer (Apple's Set App Account Token).
     case bind
+    /// Extends a subscription's renewal date at Apple.
+    case extend
+    /// Extends the renewal date of every active subscriber of a product at Apple.
+    case massExtend = "mass-extend"
 
     /// The name of its CSRF token in the templates (`session.csrf.<formKey>`).
     var formKey: String {
         switch self {
         case .appleGrant: "appleGrant"
+        case .massExtend: "massExtend"
         default: rawValue
         }
     }
@@ -92,6 +98,37 @@ extension Console {
 
     private var policy: CreditPolicy {
         CreditPolicy(catalog: deps.catalog, eventsExchange: deps.names.events, finishAtApple: deps.finishAtApple)
+    }
+
+    /// A renewal-date extension's days (1 to 90) and Apple's reason code (0 to 3) from a form.
+    private static func extensionAsk(_ form: [String: String]) throws -> (days: Int, reasonCode: Int) {
+        guard let days = form["days"].flatMap({ Int($0.trimmingCharacters(in: .whitespaces)) }), (1...90).contains(days) else {
+            throw ActionRefused(text: "Extend by 1 to 90 days (Apple's most): nothing was changed.")
+        }
+        guard let code = form["reasonCode"].flatMap({ Int($0) }), AppStoreServerAPIClient.extendReasonCodes.contains(code) else {
+            throw ActionRefused(text: "Choose why (Apple's reason code): nothing was changed.")
+        }
+        return (days, code)
+    }
+
+    /// The request identifier Apple is given for the form whose one-time key is `key`: the
+    /// same form sent twice is the same request at Apple (a new one without a key).
+    static func requestIdentifier(forKey key: String) -> String {
+        guard !key.isEmpty else { return UUID().uuidString.lowercased() }
+        var bytes = Array(SHA256.hash(data: Data("renewal-extension:\(key)".utf8)).prefix(16))
+        bytes[6] = (bytes[6] & 0x0F) | 0x50
+        bytes[8] = (bytes[8] & 0x3F) | 0x80
+        let uuid = UUID(uuid: (
+            bytes[0], bytes[1], bytes[2], bytes[3], bytes[4], bytes[5], bytes[6], bytes[7],
+            bytes[8], bytes[9], bytes[10], bytes[11], bytes[12], bytes[13], bytes[14], bytes[15]))
+        return uuid.uuidString.lowercased()
+    }
+
+    /// What the operator reads when Apple refused a change or could not be asked.
+    private static func appleRefusal(_ error: ServerAPIError, of what: String) -> String {
+        error.kind == .invalid || error.kind == .notFound
+            ? "Apple refused to \(what): \(error.description). Nothing was changed."
+            : "Apple could not be asked now (\(error.description)): nothing was changed. Try again shortly."
     }
 
     private func required(_ form: [String: String], _ name: String) throws -> String {
@@ -172,6 +209,69 @@ extension Console {
                     kind: "success",
                     text: "Subscription \(original) is bound to \(userId): its renewals and refunds follow them from now on."),
                 Self.userPath(userId)
+            )
+        case .extend:
+            let original = try required(form, "originalTransactionId")
+            let (days, reasonCode) = try Self.extensionAsk(form)
+            guard let client = deps.appStore else {
+                throw ActionRefused(text: "Renewal dates cannot be extended: the App Store Server API key is not configured.")
+            }
+            // The form's one-time key names the request at Apple: the same form sent twice is one extension.
+            let requestIdentifier = Self.requestIdentifier(forKey: form["key"] ?? "")
+            let extended: RenewalDateExtension
+            do {
+                extended = try await store.extendRenewalDate(
+                    original, days: days, reasonCode: reasonCode, requestIdentifier: requestIdentifier, actor: actor, reason: reason
+                ) { environment in
+                    let answer = try await client.extendRenewalDate(
+                        originalTransactionId: original, days: days, reasonCode: reasonCode, requestIdentifier: requestIdentifier,
+                        in: environment == .sandbox ? .sandbox : .production)
+                    return (answer.effectiveDate, answer.webOrderLineItemId)
+                }
+            } catch let error as ServerAPIError {
+                throw ActionRefused(text: Self.appleRefusal(error, of: "extend subscription \(original)"))
+            }
+            let until = extended.effectiveDate.map { " to \(DateText.format($0, separator: " ", zone: " UTC"))" } ?? ""
+            return (
+                Outcome(
+                    kind: "success",
+                    text: "Apple extended subscription \(original) by \(days) days\(until); the grant follows when Apple's notification arrives."),
+                back
+            )
+        case .massExtend:
+            let productId = try required(form, "productId")
+            let (days, reasonCode) = try Self.extensionAsk(form)
+            let environment: ServerAPIEnvironment = form["environment"] == "Sandbox" ? .sandbox : .production
+            let storefronts = (form["storefrontCountryCodes"] ?? "").split(whereSeparator: { $0 == "," || $0 == " " }).map(String.init)
+            guard storefronts.count <= 300, storefronts.allSatisfy({ $0.utf8.count == 3 && $0.utf8.allSatisfy { (65...90).contains($0) } })
+            else {
+                throw ActionRefused(text: "Storefronts are three upper-case letters each (USA, FRA), comma-separated: nothing was changed.")
+            }
+            if let catalog = deps.catalog, catalog.product(productId)?.type != .autoRenewable {
+                throw ActionRefused(text: "\(productId) is no auto-renewable subscription of the catalog: nothing was changed.")
+            }
+            guard let client = deps.appStore else {
+                throw ActionRefused(text: "Renewal dates cannot be extended: the App Store Server API key is not configured.")
+            }
+            let requestIdentifier = Self.requestIdentifier(forKey: form["key"] ?? "")
+            do {
+                try await store.requestMassExtension(
+                    productId: productId, environment: environment == .sandbox ? .sandbox : .production, days: days,
+                    reasonCode: reasonCode, requestIdentifier: requestIdentifier, storefrontCountryCodes: storefronts, actor: actor,
+                    reason: reason
+                ) {
+                    _ = try await client.massExtendRenewalDate(
+                        productId: productId, days: days, reasonCode: reasonCode, requestIdentifier: requestIdentifier,
+                        storefrontCountryCodes: storefronts, in: environment)
+                }
+            } catch let error as ServerAPIError {
+                throw ActionRefused(text: Self.appleRefusal(error, of: "extend the subscribers of \(productId)"))
+            }
+            return (
+                Outcome(
+                    kind: "success",
+                    text: "Apple took request \(requestIdentifier) to extend every active subscriber of \(productId) by \(days) days; the audit log shows its summary when Apple is done."),
+                back
             )
         case .revoke:
             let transactionId = try required(form, "transactionId")

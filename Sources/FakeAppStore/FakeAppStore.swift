@@ -149,8 +149,10 @@ public struct FakeAppStore: Sendable {
         }
         let authority = try FakeCertificateAuthority(pemBundle: String(decoding: bundle, as: UTF8.self))
         minter = ReceiptMinter(authority: authority)
-        storeKit = FakeStoreKit(ledger: ledger, authority: authority, apiKey: apiKey, appAppleId: appAppleId)
-        self.notificationURL = NIOLockedValueBox(notificationURL)
+        let notificationURL = NIOLockedValueBox(notificationURL)
+        storeKit = FakeStoreKit(
+            ledger: ledger, authority: authority, apiKey: apiKey, appAppleId: appAppleId, notificationURL: notificationURL)
+        self.notificationURL = notificationURL
     }
 
     /// The root certificate the fake's receipts chain up to, as DER.

@@ -232,6 +232,190 @@ extension FakeLedger {
         }
     }
 
+    /// Why Apple refuses to extend a subscription's renewal date: its error code and message.
+    struct ExtensionRefusal: Error, Sendable, Equatable {
+        var status: Int
+        var errorCode: Int
+        var message: String
+
+        static let notFound = ExtensionRefusal(status: 404, errorCode: 4_040_005, message: "Original transaction id not found.")
+        static let ineligible = ExtensionRefusal(
+            status: 403, errorCode: 4_030_004,
+            message: "Forbidden - subscription state ineligible for extension.")
+        static let maximum = ExtensionRefusal(
+            status: 403, errorCode: 4_030_005, message: "Forbidden - subscription has reached maximum extension count.")
+        static let familyShared = ExtensionRefusal(
+            status: 403, errorCode: 4_030_007,
+            message: "Subscriptions that were obtained through Family Sharing cannot be extended directly.")
+        static let assigned = ExtensionRefusal(
+            status: 403, errorCode: 4_030_028, message: "Assigned subscriptions cannot be extended directly.")
+    }
+
+    /// One renewal-date extension Apple made: what its answer says.
+    struct RenewalExtension: Sendable, Equatable {
+        var originalTransactionId: String
+        var webOrderLineItemId: String
+        var effectiveDate: Date
+        /// The period, as extended (what RENEWAL_EXTENDED tells of).
+        var period: Purchase
+    }
+
+    /// Apple's Extend a Subscription Renewal Date: the paid period in force of the chain ends
+    /// `days` later. The same `requestIdentifier` again answers as the first time and extends
+    /// nothing more. Refused as Apple refuses: an unknown chain (4040005), a family member's
+    /// access (4030007), an assigned seat (4030028), a chain with no paid period in force (a
+    /// free offer, billing retry, expired, refunded: 4030004), two extensions within 365 days
+    /// already (4030005).
+    func extendRenewalDate(
+        originalTransactionId: String, bundleId: String, environment: String, days: Int, requestIdentifier: String,
+        now: Date = Date()
+    ) throws -> Result<RenewalExtension, ExtensionRefusal> {
+        try database.write { db in
+            try Self.extendRenewalDate(
+                originalTransactionId: originalTransactionId, bundleId: bundleId, environment: environment, days: days,
+                requestIdentifier: requestIdentifier, now: now, db)
+        }
+    }
+
+    private static func extendRenewalDate(
+        originalTransactionId: String, bundleId: String, environment: String, days: Int, requestIdentifier: String,
+        now: Date, _ db: Database
+    ) throws -> Result<RenewalExtension, ExtensionRefusal> {
+        let chain = try chain(originalTransactionId, db).filter { $0.bundleId == bundleId && $0.environment == environment }
+        guard let first = chain.first, first.transactionId == originalTransactionId,
+            let latest = try latestTransaction(ofChain: originalTransactionId, db)
+        else { return .failure(.notFound) }
+        if let done = try Row.fetchOne(
+            db, sql: "SELECT * FROM renewal_extension WHERE requestIdentifier = ? AND originalTransactionId = ?",
+            arguments: [requestIdentifier, originalTransactionId])
+        {
+            let lineItem: String = done["webOrderLineItemId"]
+            let period = chain.last { $0.webOrderLineItemId == lineItem } ?? latest
+            return .success(
+                RenewalExtension(
+                    originalTransactionId: originalTransactionId, webOrderLineItemId: lineItem,
+                    effectiveDate: done["effectiveDate"], period: period))
+        }
+        switch first.inAppOwnershipType {
+        case "FAMILY_SHARED": return .failure(.familyShared)
+        case "ASSIGNED": return .failure(.assigned)
+        default: break
+        }
+        guard latest.type == "auto_renewable", let lineItem = latest.webOrderLineItemId else { return .failure(.ineligible) }
+        let state = try state(of: originalTransactionId, chain: chain, db)
+        let end = periodEnd(of: chain)
+        let free = latest.terms.flatMap { try? JSONDecoder().decode(Terms.self, from: Data($0.utf8)) }?.offerDiscountType == "FREE_TRIAL"
+        guard latest.cancellationDate == nil, end > now, state.expiredDate == nil, state.billingRetrySince == nil, !free else {
+            return .failure(.ineligible)
+        }
+        let recent = try Int.fetchOne(
+            db, sql: "SELECT count(*) FROM renewal_extension WHERE originalTransactionId = ? AND extendedAt > ?",
+            arguments: [originalTransactionId, now.addingTimeInterval(-365 * 86_400)]) ?? 0
+        guard recent < 2 else { return .failure(.maximum) }
+        let effective = millisecondFloor(end.addingTimeInterval(TimeInterval(days) * 86_400))
+        try db.execute(
+            sql: "UPDATE purchase SET expiresDate = ? WHERE webOrderLineItemId = ? AND originalTransactionId = ?",
+            arguments: [effective, lineItem, originalTransactionId])
+        try db.execute(
+            sql: """
+                INSERT INTO renewal_extension (requestIdentifier, originalTransactionId, webOrderLineItemId, effectiveDate, extendedAt)
+                VALUES (?, ?, ?, ?, ?)
+                """,
+            arguments: [requestIdentifier, originalTransactionId, lineItem, effective, now])
+        return .success(
+            RenewalExtension(
+                originalTransactionId: originalTransactionId, webOrderLineItemId: lineItem, effectiveDate: effective,
+                period: try purchase(latest.transactionId, db)!))
+    }
+
+    /// A request to extend every active subscription of a product (Apple's mass extension).
+    struct MassExtension: Sendable, Equatable {
+        var requestIdentifier: String
+        var productId: String
+        var bundleId: String
+        var environment: String
+        var days: Int
+        var storefrontCountryCodes: [String]
+        var completeDate: Date?
+        var succeededCount: Int
+        var failedCount: Int
+    }
+
+    /// Records a mass extension; false when one with this `requestIdentifier` was asked
+    /// before (it is not run again).
+    func beginMassExtension(_ request: MassExtension) throws -> Bool {
+        try database.write { db in
+            try db.execute(
+                sql: """
+                    INSERT INTO mass_extension (requestIdentifier, productId, bundleId, environment, days, storefronts)
+                    VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING
+                    """,
+                arguments: [
+                    request.requestIdentifier, request.productId, request.bundleId, request.environment, request.days,
+                    request.storefrontCountryCodes.joined(separator: ","),
+                ])
+            return db.changesCount > 0
+        }
+    }
+
+    /// The chains a mass extension reaches: every auto-renewable chain of its product in its
+    /// app and environment bought by its customer (a family member's access follows its
+    /// purchase), in the storefronts it names (every fake purchase is in `USA`).
+    func massExtensionChains(_ request: MassExtension) throws -> [String] {
+        guard request.storefrontCountryCodes.isEmpty || request.storefrontCountryCodes.contains("USA") else { return [] }
+        return try database.read { db in
+            try String.fetchAll(
+                db,
+                sql: """
+                    SELECT DISTINCT originalTransactionId FROM purchase
+                    WHERE productId = ? AND bundleId = ? AND environment = ? AND type = 'auto_renewable'
+                        AND transactionId = originalTransactionId AND inAppOwnershipType = 'PURCHASED'
+                    ORDER BY rowid
+                    """,
+                arguments: [request.productId, request.bundleId, request.environment])
+        }
+    }
+
+    /// One chain of a mass extension: extended (with its own request identifier under the
+    /// mass one) or refused; counted either way.
+    func extendForMass(_ request: MassExtension, originalTransactionId: String) throws -> Result<RenewalExtension, ExtensionRefusal> {
+        try database.write { db in
+            let result = try Self.extendRenewalDate(
+                originalTransactionId: originalTransactionId, bundleId: request.bundleId, environment: request.environment,
+                days: request.days, requestIdentifier: "mass:\(request.requestIdentifier)", now: Date(), db)
+            let column = if case .success = result { "succeededCount" } else { "failedCount" }
+            try db.execute(
+                sql: "UPDATE mass_extension SET \(column) = \(column) + 1 WHERE requestIdentifier = ?",
+                arguments: [request.requestIdentifier])
+            return result
+        }
+    }
+
+    /// Marks a mass extension complete; returns it as it ended.
+    func completeMassExtension(_ requestIdentifier: String) throws -> MassExtension? {
+        try database.write { db in
+            try db.execute(
+                sql: "UPDATE mass_extension SET completeDate = ? WHERE requestIdentifier = ?", arguments: [Date(), requestIdentifier])
+            return try Self.massExtension(requestIdentifier, db)
+        }
+    }
+
+    /// A mass extension asked of this app and environment, as it stands.
+    func massExtension(_ requestIdentifier: String) throws -> MassExtension? {
+        try database.read { db in try Self.massExtension(requestIdentifier, db) }
+    }
+
+    private static func massExtension(_ requestIdentifier: String, _ db: Database) throws -> MassExtension? {
+        try Row.fetchOne(db, sql: "SELECT * FROM mass_extension WHERE requestIdentifier = ?", arguments: [requestIdentifier]).map {
+            let storefronts: String = $0["storefronts"]
+            return MassExtension(
+                requestIdentifier: $0["requestIdentifier"], productId: $0["productId"], bundleId: $0["bundleId"],
+                environment: $0["environment"], days: $0["days"],
+                storefrontCountryCodes: storefronts.split(separator: ",").map(String.init), completeDate: $0["completeDate"],
+                succeededCount: $0["succeededCount"], failedCount: $0["failedCount"])
+        }
+    }
+
     /// How the renewal of each of these chains stands; a chain the fake holds no state for
     /// renews normally.
     func subscriptionStates(of originalTransactionIds: some Collection<String>) throws -> [String: SubscriptionState] {

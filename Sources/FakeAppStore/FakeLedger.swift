@@ -290,6 +290,33 @@ final class FakeLedger: Sendable {
             try db.execute(sql: "ALTER TABLE subscription ADD COLUMN renewalPrice INTEGER")
             try db.execute(sql: "ALTER TABLE subscription ADD COLUMN priceIncreaseStatus INTEGER")
         }
+        migrator.registerMigration("v11: renewal-date extensions, one and for all subscribers") { db in
+            try db.execute(
+                sql: """
+                    -- Each extension Apple made (a mass one's chains under `mass:<its identifier>`):
+                    -- the same request is answered again, and two in 365 days are the most.
+                    CREATE TABLE renewal_extension (
+                        requestIdentifier TEXT NOT NULL,
+                        originalTransactionId TEXT NOT NULL,
+                        webOrderLineItemId TEXT NOT NULL,
+                        effectiveDate DATETIME NOT NULL,
+                        extendedAt DATETIME NOT NULL,
+                        PRIMARY KEY (requestIdentifier, originalTransactionId)
+                    );
+                    CREATE INDEX renewal_extension_chain ON renewal_extension(originalTransactionId, extendedAt);
+                    CREATE TABLE mass_extension (
+                        requestIdentifier TEXT PRIMARY KEY NOT NULL,
+                        productId TEXT NOT NULL,
+                        bundleId TEXT NOT NULL,
+                        environment TEXT NOT NULL,
+                        days INTEGER NOT NULL,
+                        storefronts TEXT NOT NULL,
+                        completeDate DATETIME,
+                        succeededCount INTEGER NOT NULL DEFAULT 0,
+                        failedCount INTEGER NOT NULL DEFAULT 0
+                    );
+                    """)
+        }
         return migrator
     }
 

@@ -2,6 +2,7 @@ import AsyncHTTPClient
 public import Crypto
 import Foundation
 import Hummingbird
+import NIOConcurrencyHelpers
 import NIOCore
 import NIOFoundationCompat
 import NIOHTTP1
@@ -29,6 +30,8 @@ struct FakeStoreKit: Sendable {
     let authority: FakeCertificateAuthority
     let apiKey: FakeServerAPIKey?
     let appAppleId: Int64
+    /// Where notifications go (shared with `FakeAppStore`, which sets it).
+    let notificationURL: NIOLockedValueBox<String?>
 
     /// Apple's `JWSTransactionDecodedPayload`.
     struct Transaction: Encodable {
@@ -589,6 +592,7 @@ struct FakeStoreKit: Sendable {
                 return [String: String]()
             }
         }
+        addRenewalExtensionRoutes(to: router, prefix: prefix, environment: environment)
         router.put("\(prefix)/inApps/v2/transactions/consumption/{transactionId}") { request, context in
             try await answer(request, status: .accepted) { bundleId in
                 let purchase = try found(try context.parameters.require("transactionId"), bundleId, environment)
@@ -824,7 +828,7 @@ struct FakeStoreKit: Sendable {
             ?? ledger.purchases(bundleId: bundleId, environment: environment).first { Self.appTransactionId(of: $0) == id }
     }
 
-    private func found(_ transactionId: String, _ bundleId: String, _ environment: String) throws -> FakeLedger.Purchase {
+    func found(_ transactionId: String, _ bundleId: String, _ environment: String) throws -> FakeLedger.Purchase {
         guard transactionId.allSatisfy(\.isNumber), !transactionId.isEmpty else {
             throw APIError(status: .badRequest, errorCode: 4_000_006, errorMessage: "Invalid transaction id.")
         }
@@ -835,7 +839,7 @@ struct FakeStoreKit: Sendable {
     }
 
     /// Checks the bearer token, applies faults and latency, and renders Apple's answers and errors.
-    private func answer(
+    func answer(
         _ request: Request, status: HTTPResponse.Status = .ok, naming transactionIds: Set<String> = [],
         _ body: (String) async throws -> some Encodable
     ) async throws -> Response {

@@ -497,6 +497,27 @@ public struct AppStoreNotification: Codable, Sendable, Equatable {
     /// From the signed renewal info: what the subscription renews to (price, offer, a price
     /// increase's consent).
     public var renewal: RenewalTerms?
+    /// For RENEWAL_EXTENSION SUMMARY: how a renewal-date extension for every active subscriber
+    /// of a product ended.
+    public var extensionSummary: ExtensionSummary?
+
+    /// Apple's summary of a mass renewal-date extension (`summary`).
+    public struct ExtensionSummary: Codable, Sendable, Equatable {
+        public var requestIdentifier: String
+        public var productId: String
+        public var storefrontCountryCodes: [String]
+        public var succeededCount: Int64
+        public var failedCount: Int64
+
+        /// Creates a summary.
+        public init(requestIdentifier: String, productId: String, storefrontCountryCodes: [String], succeededCount: Int64, failedCount: Int64) {
+            self.requestIdentifier = requestIdentifier
+            self.productId = productId
+            self.storefrontCountryCodes = storefrontCountryCodes
+            self.succeededCount = succeededCount
+            self.failedCount = failedCount
+        }
+    }
 
     /// Creates a notification.
     public init(

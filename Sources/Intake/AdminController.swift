@@ -135,6 +135,105 @@ struct AdminController: Sendable {
             }
             return try JSONResponse.make(["originalTransactionId": original, "userId": userId, "appAccountToken": order.orderId])
         }
+        router.post("/v1/admin/subscriptions/{originalTransactionId}/extend") { request, context in
+            // Customer service extends a subscription's renewal date at Apple (a service outage,
+            // goodwill): its period in force ends `days` later; Apple's RENEWAL_EXTENDED moves
+            // the grant's end.
+            try authorize(request, context)
+            let original = try context.pathParameter("originalTransactionId")
+            let fields = try await fields(of: request)
+            let ask = try Self.extensionAsk(fields)
+            let actor = try Self.actor(fields)
+            let reason = try fields.requiredString("reason", maxLength: 1000)
+            guard let client = settings.appStore else {
+                throw APIError(.appleUnavailable, "the App Store Server API key is not configured")
+            }
+            let extended = try await mapped(notFound: .purchaseNotFound) {
+                try await Self.askingApple {
+                    try await store.extendRenewalDate(
+                        original, days: ask.days, reasonCode: ask.reasonCode, requestIdentifier: ask.requestIdentifier, actor: actor,
+                        reason: reason
+                    ) { environment in
+                        let answer = try await client.extendRenewalDate(
+                            originalTransactionId: original, days: ask.days, reasonCode: ask.reasonCode,
+                            requestIdentifier: ask.requestIdentifier, in: environment == .sandbox ? .sandbox : .production)
+                        return (answer.effectiveDate, answer.webOrderLineItemId)
+                    }
+                }
+            }
+            return try JSONResponse.make(RenewalExtensionBody(extended))
+        }
+        router.post("/v1/admin/renewal-extensions") { request, context in
+            // Every active subscriber of a product: Apple takes the request and works through
+            // them later; its status is polled below, and its SUMMARY notification is audited.
+            try authorize(request, context)
+            let fields = try await fields(of: request)
+            let productId = try fields.requiredID("productId", maxLength: 100)
+            guard AppStoreServerAPIClient.isProductId(productId) else {
+                throw APIError.invalidField("productId", "must be a product id (letters, digits, '.', '-', '_')")
+            }
+            if let catalog = settings.catalog {
+                guard let product = catalog.product(productId) else {
+                    throw APIError(.unknownProduct, "no product \(productId) in the catalog")
+                }
+                guard product.type == .autoRenewable else {
+                    throw APIError.invalidField("productId", "must be an auto-renewable subscription")
+                }
+            }
+            let ask = try Self.extensionAsk(fields)
+            let environment = try Self.environment(fields.string("environment")) ?? .production
+            let storefronts = try Self.storefronts(fields.fields["storefrontCountryCodes"])
+            let actor = try Self.actor(fields)
+            let reason = try fields.requiredString("reason", maxLength: 1000)
+            guard let client = settings.appStore else {
+                throw APIError(.appleUnavailable, "the App Store Server API key is not configured")
+            }
+            try await Self.askingApple {
+                try await store.requestMassExtension(
+                    productId: productId, environment: environment == .sandbox ? .sandbox : .production, days: ask.days,
+                    reasonCode: ask.reasonCode, requestIdentifier: ask.requestIdentifier, storefrontCountryCodes: storefronts,
+                    actor: actor, reason: reason
+                ) {
+                    _ = try await client.massExtendRenewalDate(
+                        productId: productId, days: ask.days, reasonCode: ask.reasonCode, requestIdentifier: ask.requestIdentifier,
+                        storefrontCountryCodes: storefronts, in: environment)
+                }
+            }
+            return try JSONResponse.make(
+                MassExtensionBody(
+                    requestIdentifier: ask.requestIdentifier, productId: productId, environment: environment.rawValue, complete: false),
+                status: .accepted)
+        }
+        router.get("/v1/admin/renewal-extensions/{productId}/{requestIdentifier}") { request, context in
+            try authorize(request, context)
+            let productId = try context.pathParameter("productId")
+            guard AppStoreServerAPIClient.isProductId(productId) else {
+                throw APIError.invalidField("productId", "must be a product id (letters, digits, '.', '-', '_')")
+            }
+            let requestIdentifier = try context.pathParameter("requestIdentifier")
+            guard UUID(uuidString: requestIdentifier) != nil else {
+                throw APIError.invalidField("requestIdentifier", "must be the UUID the request was made with")
+            }
+            let environment = try Self.environment(request.uri.queryParameters.get("environment").map { String($0) }) ?? .production
+            guard let client = settings.appStore else {
+                throw APIError(.appleUnavailable, "the App Store Server API key is not configured")
+            }
+            let status: AppStoreServerAPIClient.MassExtensionStatus
+            do {
+                status = try await Self.askingApple {
+                    try await client.massExtensionStatus(productId: productId, requestIdentifier: requestIdentifier, in: environment)
+                }
+            } catch let error as APIError where error.code == .purchaseNotFound {
+                throw APIError(.extensionNotFound, "Apple knows no extension \(requestIdentifier) of \(productId) in \(environment.rawValue)")
+            }
+            var body = MassExtensionBody(
+                requestIdentifier: requestIdentifier, productId: productId, environment: environment.rawValue,
+                complete: status.complete ?? false)
+            body.completeDate = status.completeDate.map { DateText.format($0) }
+            body.succeededCount = status.succeededCount
+            body.failedCount = status.failedCount
+            return try JSONResponse.make(body)
+        }
         router.get("/v1/admin/app-transactions/{transactionId}") { request, context in
             // Get App Transaction Info for customer service: whose download of the app a
             // transaction (or an appTransactionId) belongs to, as Apple signs it, verified.
@@ -355,6 +454,54 @@ struct AdminController: Sendable {
             environment: transaction.environment == "Sandbox" ? .sandbox : .production)
     }
 
+    /// What a renewal-date extension asks of Apple: `days` (1 to 90), `reasonCode` (Apple's
+    /// `extendReasonCode`, 0 to 3) and the request's identifier (a UUID the caller may give, so
+    /// that asking again is the same request at Apple; a new one otherwise).
+    struct ExtensionAsk {
+        var days: Int
+        var reasonCode: Int
+        var requestIdentifier: String
+    }
+
+    static func extensionAsk(_ fields: JSONFields) throws -> ExtensionAsk {
+        guard let days = try fields.int("days") else { throw APIError.missingField("days") }
+        guard (1...90).contains(days) else { throw APIError.invalidField("days", "must be 1 to 90 (Apple's most)") }
+        guard let reasonCode = try fields.int("reasonCode") else { throw APIError.missingField("reasonCode") }
+        guard AppStoreServerAPIClient.extendReasonCodes.contains(reasonCode) else {
+            throw APIError.invalidField(
+                "reasonCode", "must be 0 (undeclared), 1 (customer satisfaction), 2 (other) or 3 (service issue or outage)")
+        }
+        var requestIdentifier = UUID().uuidString.lowercased()
+        if let given = try fields.string("requestIdentifier", maxLength: 36) {
+            guard let uuid = UUID(uuidString: given) else { throw APIError.invalidField("requestIdentifier", "must be a UUID") }
+            requestIdentifier = uuid.uuidString.lowercased()
+        }
+        return ExtensionAsk(days: days, reasonCode: reasonCode, requestIdentifier: requestIdentifier)
+    }
+
+    static func environment(_ text: String?) throws -> ServerAPIEnvironment? {
+        guard let text else { return nil }
+        guard let environment = ServerAPIEnvironment(rawValue: text) else {
+            throw APIError.invalidField("environment", "must be Production or Sandbox")
+        }
+        return environment
+    }
+
+    /// Apple's storefront country codes (ISO 3166-1 alpha-3, upper case), at most 300; none
+    /// means every storefront.
+    static func storefronts(_ value: Any?) throws -> [String] {
+        guard let value, !(value is NSNull) else { return [] }
+        guard let codes = value as? [Any], codes.count <= 300 else {
+            throw APIError.invalidField("storefrontCountryCodes", "must be a list of at most 300 country codes")
+        }
+        return try codes.map { code in
+            guard let text = code as? String, text.utf8.count == 3, text.utf8.allSatisfy({ (65...90).contains($0) }) else {
+                throw APIError.invalidField("storefrontCountryCodes", "each must be three upper-case letters (USA, FRA)")
+            }
+            return text
+        }
+    }
+
     private static func askingApple<T>(_ body: () async throws -> T) async throws -> T {
         do {
             return try await body()
@@ -378,6 +525,36 @@ struct AdminController: Sendable {
             }
         }
     }
+}
+
+/// A renewal-date extension Apple made (`POST /v1/admin/subscriptions/{id}/extend`).
+struct RenewalExtensionBody: Encodable {
+    var originalTransactionId: String
+    var userId: String?
+    var environment: String
+    var effectiveDate: String?
+    var webOrderLineItemId: String?
+    var requestIdentifier: String
+
+    init(_ extended: RenewalDateExtension) {
+        originalTransactionId = extended.originalTransactionId
+        userId = extended.userId
+        environment = extended.environment.rawValue
+        effectiveDate = extended.effectiveDate.map { DateText.format($0) }
+        webOrderLineItemId = extended.webOrderLineItemId
+        requestIdentifier = extended.requestIdentifier
+    }
+}
+
+/// A mass renewal-date extension as Apple says it stands.
+struct MassExtensionBody: Encodable {
+    var requestIdentifier: String
+    var productId: String
+    var environment: String
+    var complete: Bool
+    var completeDate: String?
+    var succeededCount: Int64?
+    var failedCount: Int64?
 }
 
 /// A group of one of the user's Apple customers (`GET /v1/admin/users/{userId}/groups`).

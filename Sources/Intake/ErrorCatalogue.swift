@@ -47,6 +47,7 @@ public enum APIErrorCode: String, CaseIterable, Sendable {
     case purchaseNotFound = "purchase_not_found"
     case userNotFound = "user_not_found"
     case groupNotFound = "group_not_found"
+    case extensionNotFound = "extension_not_found"
     // Other 4xx.
     case methodNotAllowed = "method_not_allowed"
     case requestTimeout = "request_timeout"
@@ -76,7 +77,8 @@ public enum APIErrorCode: String, CaseIterable, Sendable {
             .jwsMissingAppleExtension, .jwsCertificateExpired, .jwsUntrustedChain, .jwsInvalidSignature, .bundleIdMismatch,
             .environmentMismatch, .appAppleIdMismatch:
             .forbidden
-        case .notFound, .submissionNotFound, .orderNotFound, .purchaseNotFound, .userNotFound, .groupNotFound: .notFound
+        case .notFound, .submissionNotFound, .orderNotFound, .purchaseNotFound, .userNotFound, .groupNotFound, .extensionNotFound:
+            .notFound
         case .methodNotAllowed: .methodNotAllowed
         case .requestTimeout: .requestTimeout
         case .conflict, .appleRefused: .conflict
@@ -130,6 +132,7 @@ public enum APIErrorCode: String, CaseIterable, Sendable {
         case .orderNotFound: "no such order, or another user's"
         case .purchaseNotFound: "no purchase with this transaction id in the store"
         case .groupNotFound: "Apple knows no group with this id in that environment (Get Group Members)"
+        case .extensionNotFound: "Apple knows no renewal-date extension of this product with this request identifier in that environment"
         case .userNotFound: "another user's grants, subscriptions or entitlements"
         case .methodNotAllowed: "the path does not serve this method (`Allow` lists those it does)"
         case .requestTimeout: "the body took longer than `\(Setting.bodyTimeoutSeconds.variable)` (\(Setting.bodyTimeoutSeconds.defaultText)) to arrive"
@@ -141,7 +144,7 @@ public enum APIErrorCode: String, CaseIterable, Sendable {
         case .storeUnavailable: "the store could not be written or read (disk full, file locked); nothing was accepted"
         case .adminDisabled: "the admin routes are off: `\(Setting.adminToken.variable)` is not set"
         case .notificationsUnavailable: "this intake cannot check App Store notification signatures now"
-        case .appleRefused: "Apple refused the change (Set App Account Token: not an original transaction id, a Family Sharing or an assigned purchase); nothing was changed"
+        case .appleRefused: "Apple refused the change (Set App Account Token: not an original transaction id, a Family Sharing or an assigned purchase; a renewal-date extension: a free offer period, an expired or billing-retry subscription, two extensions within 365 days, a family member's access, an assigned seat); nothing was changed"
         case .appleUnavailable: "Apple could not be asked now, or the App Store Server API key is not configured; nothing was changed"
         case .notificationsBusy: "more verified App Store notifications than `\(Setting.notificationRate.variable)` (\(Setting.notificationRate.defaultText)/s for the whole deployment) allows; Apple retries after `Retry-After`"
         }

@@ -14,6 +14,10 @@ public enum NotificationType: Sendable, Equatable {
     /// Apple told the customer of a price increase: `PENDING` awaits their consent (without it
     /// the subscription expires at its renewal date), `ACCEPTED` they consented or none was needed.
     case priceIncrease
+    /// How a renewal-date extension went where Apple tells of it apart from `RENEWAL_EXTENDED`:
+    /// `FAILURE` for a subscription a mass extension could not extend, `SUMMARY` when the mass
+    /// extension is done.
+    case renewalExtension
     /// Any other type, as Apple spelled it.
     case other(String)
 
@@ -40,6 +44,7 @@ public enum NotificationType: Sendable, Equatable {
             case "TEST": .test
             case "MIGRATION": .migration
             case "PRICE_INCREASE": .priceIncrease
+            case "RENEWAL_EXTENSION": .renewalExtension
             default: .other(raw)
             }
     }
@@ -62,6 +67,9 @@ extension Planner {
             case .test: return .test
             case .rescindConsent:
                 consentRescinded(notification)
+                return .recorded
+            case .renewalExtension:
+                if let summary = notification.extensionSummary { massExtensionEnded(summary, notification: notification) }
                 return .recorded
             default: return .recorded
             }
@@ -224,9 +232,32 @@ extension Planner {
                     "signedDate": notification.signedDate.map { .string(Ledger.iso8601($0)) } ?? .null,
                 ], id: "subscription.price_increase:\(notification.notificationUUID)")
             return .recorded
+        case .renewalExtension:
+            // A mass extension could not extend this subscription (`FAILURE`): its period ends
+            // when it did; customer service sees why in the audit log.
+            updateSubscription(notification, state: nil)
+            audit(
+                actor: "apple", action: "renewal_extension_failed", subject: "subscription:\(purchase.originalTransactionId)",
+                reason: "RENEWAL_EXTENSION \(notification.subtype ?? "")",
+                details: ["transactionId": purchase.transactionId, "productId": purchase.productId, "owner": owner ?? ""])
+            return .recorded
         case .rescindConsent, .test, .other:
             return .recorded
         }
+    }
+
+    /// Apple's word that a mass renewal-date extension is done (`RENEWAL_EXTENSION`
+    /// `SUMMARY`): how many subscriptions it extended and how many it could not. Audited
+    /// under the request's identifier, beside customer service's request.
+    mutating func massExtensionEnded(_ summary: AppStoreNotification.ExtensionSummary, notification: AppStoreNotification) {
+        audit(
+            actor: "apple", action: "renewal_extension_completed", subject: "renewal_extension:\(summary.requestIdentifier)",
+            reason: "RENEWAL_EXTENSION \(notification.subtype ?? "SUMMARY")",
+            details: [
+                "productId": summary.productId, "environment": notification.environment.rawValue,
+                "succeededCount": "\(summary.succeededCount)", "failedCount": "\(summary.failedCount)",
+                "storefrontCountryCodes": summary.storefrontCountryCodes.joined(separator: ","),
+            ])
     }
 
     /// `MIGRATION`: Apple moved the subscription to a new chain whose transaction names the old

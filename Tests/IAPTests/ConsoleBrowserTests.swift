@@ -49,6 +49,11 @@ extension BrokerTests {
             let hostileUpload = try await pipeline.upload(userId: hostileUser, receiptData: hostileHeld.receiptData)
             #expect(try await pipeline.waitForState(hostileUpload)["state"] as? String == "needs_review")
 
+            // A subscriber, whose renewal date the operator extends at Apple (the fake).
+            let subscribed = try await pipeline.mintStoreKit2(productId: "com.example.vip.month", type: "auto_renewable")
+            let subscriberUpload = try await pipeline.upload(["userId": "sue", "signedTransaction": try #require(subscribed.signedTransaction)])
+            #expect(try await pipeline.waitForState(subscriberUpload)["state"] as? String == "credited")
+
             let out = repositoryRoot.appendingPathComponent(".run/console")
             let (status, text) = try await runPythonScript(python, "scripts/lib/console_check.py", [
                 "--admin-url", adminURL, "--intake-url", pipeline.intakeURL,
@@ -58,6 +63,8 @@ extension BrokerTests {
                 "--dead-submission", request.submissionId.uuidString, "--out", out.path,
                 "--hostile-user", hostileUser, "--hostile-product", hostileProduct,
                 "--hostile-transaction", credited.transactionId,
+                "--subscriber", "sue", "--subscription", subscribed.originalTransactionId,
+                "--subscription-product", "com.example.vip.month",
             ])
             #expect(status == 0, "the console failed in the browser:\n\(text)")
             #expect(!text.contains("\"ok\": false"), "\(text)")
@@ -75,7 +82,16 @@ extension BrokerTests {
             // The note form's token, posted to the revoke action, revoked nothing.
             #expect(try await pipeline.store.grants(ofTransaction: credited.transactionId).map(\.state) == ["active"])
             #expect(!audit.contains { $0.action == "grant_revoked" })
-            for name in ["console-hostile-text", "console-viewer-refused", "console-customer", "console-csrf-refused", "console-redriven"] {
+            #expect(
+                audit.contains {
+                    $0.action == "renewal_date_extended" && $0.subject == "subscription:\(subscribed.originalTransactionId)"
+                        && $0.actor == "Olga (operator)"
+                })
+            #expect(audit.contains { $0.action == "renewal_extension_requested" && $0.reason.contains("every subscriber") })
+            for name in [
+                "console-hostile-text", "console-viewer-refused", "console-customer", "console-mass-extend", "console-csrf-refused",
+                "console-redriven",
+            ] {
                 #expect(FileManager.default.fileExists(atPath: out.appendingPathComponent(name + ".png").path), "\(name).png")
             }
         }

@@ -183,6 +183,75 @@ struct ServerAPIClientTests {
         #expect(await kind { try await api.setAppAccountToken(rebound, originalTransactionId: "2000000000000001", in: .production) } == .notFound)
     }
 
+    /// Extend a Subscription Renewal Date (API 1.1) and for every active subscriber (1.7):
+    /// Apple's answer read (the period's new end), the same request identifier extending
+    /// once, Apple's refusals by kind, a mass extension's status polled until complete, and
+    /// an unknown mass request `notFound` (4040009).
+    @Test func renewalDatesAreExtendedOneAtATimeAndForEverySubscriber() async throws {
+        let (apple, api) = try await started()
+        func subscribe(_ extra: String = "") async throws -> String {
+            let minted = try await HTTP.post(
+                apple.url + "/fake/purchases",
+                raw: Data(
+                    #"{"bundleId": "\#(PipelineHarness.bundleId)", "productId": "com.example.vip.month", "type": "auto_renewable"\#(extra)}"#
+                        .utf8))
+            return try #require(minted.json["originalTransactionId"] as? String, "\(minted.text)")
+        }
+        let original = try await subscribe()
+        let before = try #require(jwsPayload(try await api.transactionInfo(original, in: .production))?["expiresDate"] as? Double)
+        let first = try await api.extendRenewalDate(
+            originalTransactionId: original, days: 4, reasonCode: 3, requestIdentifier: "r-1", in: .production)
+        #expect(first.success == true && first.originalTransactionId == original && first.webOrderLineItemId != nil)
+        let effective = try #require(first.effectiveDate)
+        #expect(abs(effective.timeIntervalSince1970 * 1000 - (before + 4 * 86_400_000)) < 1)
+        let again = try await api.extendRenewalDate(
+            originalTransactionId: original, days: 4, reasonCode: 3, requestIdentifier: "r-1", in: .production)
+        #expect(again.effectiveDate == effective, "the same request extended twice")
+
+        func refusal(_ original: String, days: Int = 1, reasonCode: Int = 1, request: String = "r-x") async -> Int? {
+            await failure {
+                _ = try await api.extendRenewalDate(
+                    originalTransactionId: original, days: days, reasonCode: reasonCode, requestIdentifier: request, in: .production)
+            }.flatMap { $0.kind == .invalid ? $0.errorCode : nil }
+        }
+        #expect(await refusal(original, days: 0) == 4_000_009)
+        #expect(await refusal(original, reasonCode: 4) == 4_000_010)
+        #expect(await refusal(original, request: "") == 4_000_011)
+        #expect(await refusal(try await subscribe(#", "familyShared": true"#)) == 4_030_007)
+        #expect(await refusal(try await subscribe(#", "inAppOwnershipType": "ASSIGNED", "quantity": 2"#)) == 4_030_028)
+        #expect(await refusal(try await subscribe(#", "offerType": 1, "offerDiscountType": "FREE_TRIAL", "price": 0"#)) == 4_030_004)
+        _ = try await api.extendRenewalDate(originalTransactionId: original, days: 1, reasonCode: 1, requestIdentifier: "r-2", in: .production)
+        #expect(await refusal(original, request: "r-3") == 4_030_005, "a third extension within 365 days")
+        let unknown = await failure {
+            _ = try await api.extendRenewalDate(
+                originalTransactionId: "2000000000000001", days: 1, reasonCode: 1, requestIdentifier: "r-4", in: .production)
+        }
+        #expect(unknown?.kind == .notFound && unknown?.errorCode == 4_040_005)
+
+        let other = try await subscribe()
+        let request = UUID().uuidString.lowercased()
+        let echoed = try await api.massExtendRenewalDate(
+            productId: "com.example.vip.month", days: 2, reasonCode: 3, requestIdentifier: request, storefrontCountryCodes: ["USA"],
+            in: .production)
+        #expect(echoed == request)
+        var status: AppStoreServerAPIClient.MassExtensionStatus?
+        let complete = try await eventually(timeout: .seconds(20)) {
+            status = try await api.massExtensionStatus(productId: "com.example.vip.month", requestIdentifier: request, in: .production)
+            return status?.complete == true
+        }
+        #expect(complete && status?.completeDate != nil, "\(String(describing: status))")
+        // `other` extended; `original` (twice this year) and the free trial refused; a family
+        // member's access and an assigned seat are no purchases of their own.
+        #expect(status?.succeededCount == 1 && status?.failedCount == 2, "\(String(describing: status))")
+        let extended = try #require(jwsPayload(try await api.transactionInfo(other, in: .production))?["expiresDate"] as? Double)
+        #expect(extended > Date().timeIntervalSince1970 * 1000 + 31 * 86_400_000)
+        let missing = await failure {
+            _ = try await api.massExtensionStatus(productId: "com.example.vip.year", requestIdentifier: request, in: .production)
+        }
+        #expect(missing?.kind == .notFound && missing?.errorCode == 4_040_009)
+        #expect(await kind { _ = try await api.massExtensionStatus(productId: "../x", requestIdentifier: request, in: .production) } == .invalid)
+    }
+
     /// Every transaction names its customer's app transaction (API 1.15), and Get App
     /// Transaction Info (1.17) answers it, signed, for any of the customer's transaction ids or
     /// the app transaction id itself: one per account (the fake's device).

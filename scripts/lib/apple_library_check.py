@@ -28,7 +28,10 @@ from appstoreserverlibrary.models.ConsumptionRequest import ConsumptionRequest
 from appstoreserverlibrary.models.DeliveryStatus import DeliveryStatus
 from appstoreserverlibrary.models.Environment import Environment
 from appstoreserverlibrary.models.ExpirationIntent import ExpirationIntent
+from appstoreserverlibrary.models.ExtendReasonCode import ExtendReasonCode
+from appstoreserverlibrary.models.ExtendRenewalDateRequest import ExtendRenewalDateRequest
 from appstoreserverlibrary.models.InAppOwnershipType import InAppOwnershipType
+from appstoreserverlibrary.models.MassExtendRenewalDateRequest import MassExtendRenewalDateRequest
 from appstoreserverlibrary.models.NotificationHistoryRequest import NotificationHistoryRequest
 from appstoreserverlibrary.models.OrderLookupStatus import OrderLookupStatus
 from appstoreserverlibrary.models.RefundPreference import RefundPreference
@@ -663,6 +666,71 @@ def main():
         return found
 
     run("external purchase token", external_purchase_token)
+
+    def renewal_date_extensions():
+        # Extend a Subscription Renewal Date, once per request identifier and at most twice a
+        # year; the mass extension answered at once, its status polled until complete, its
+        # SUMMARY notification decoded by the library.
+        chain = fake.mint(bundle, "com.example.vip.week", "auto_renewable")
+        original = chain["originalTransactionId"]
+        before = mapped_txn(verifier, production.get_transaction_info(original).signedTransactionInfo).expiresDate
+        request = ExtendRenewalDateRequest(extendByDays=3, extendReasonCode=ExtendReasonCode.SERVICE_ISSUE_OR_OUTAGE,
+                                           requestIdentifier="8b4f1c2e-0a1d-4c3b-9e8f-7a6b5c4d3e2f")
+        first = production.extend_subscription_renewal_date(original, request)
+        expect(first.success is True and first.originalTransactionId == original, f"extension answered {first}")
+        expect(first.effectiveDate == before + 3 * 86_400_000, f"effectiveDate {first.effectiveDate}, expired {before}")
+        again = production.extend_subscription_renewal_date(original, request)
+        expect(again.effectiveDate == first.effectiveDate, "the same request identifier extended twice")
+        after = mapped_txn(verifier, production.get_transaction_info(original).signedTransactionInfo).expiresDate
+        expect(after == first.effectiveDate, f"the transaction reads expiresDate {after}")
+        production.extend_subscription_renewal_date(original, ExtendRenewalDateRequest(
+            extendByDays=1, extendReasonCode=ExtendReasonCode.CUSTOMER_SATISFACTION, requestIdentifier="second"))
+
+        def refused(transaction_id, body, status, error):
+            try:
+                production.extend_subscription_renewal_date(transaction_id, body)
+            except APIException as raised:
+                expect(raised.http_status_code == status and raised.api_error == error,
+                       f"{transaction_id}: HTTP {raised.http_status_code}, {raised.raw_api_error} {raised.error_message}")
+                return raised.raw_api_error
+            raise CheckFailed(f"{transaction_id} was extended by {body}")
+
+        third = ExtendRenewalDateRequest(extendByDays=1, extendReasonCode=ExtendReasonCode.OTHER, requestIdentifier="third")
+        codes = [
+            refused(original, third, 403, APIError.SUBSCRIPTION_MAX_EXTENSION),
+            refused(minted["family"]["originalTransactionId"], third, 403, APIError.FAMILY_SHARED_SUBSCRIPTION_EXTENSION_INELIGIBLE),
+            refused(original, ExtendRenewalDateRequest(extendByDays=91, extendReasonCode=ExtendReasonCode.OTHER,
+                                                       requestIdentifier="x"), 400, APIError.INVALID_EXTEND_BY_DAYS),
+            refused("2999999999999999", third, 404, APIError.ORIGINAL_TRANSACTION_ID_NOT_FOUND),
+        ]
+        mass_id = "6c1d2e3f-4a5b-4c6d-8e7f-9a0b1c2d3e4f"
+        fake.mint(bundle, "com.example.vip.week", "auto_renewable")
+        answer = production.extend_renewal_date_for_all_active_subscribers(MassExtendRenewalDateRequest(
+            extendByDays=2, extendReasonCode=ExtendReasonCode.SERVICE_ISSUE_OR_OUTAGE, requestIdentifier=mass_id,
+            storefrontCountryCodes=["USA"], productId="com.example.vip.week"))
+        expect(answer.requestIdentifier == mass_id, f"mass extension answered {answer}")
+        for _ in range(200):
+            status = production.get_status_of_subscription_renewal_date_extensions(mass_id, "com.example.vip.week")
+            if status.complete:
+                break
+            time.sleep(0.05)
+        expect(status.complete is True and status.completeDate is not None, f"status {status}")
+        expect(status.succeededCount >= 1 and status.failedCount >= 1, f"counts {status}")
+        now = int(time.time() * 1000)
+        history = production.get_notification_history(None, NotificationHistoryRequest(startDate=now - 3_600_000, endDate=now + 60_000))
+        decoded = [mapped(verifier.verify_and_decode_notification(item.signedPayload), "notification")
+                   for item in history.notificationHistory]
+        summaries = [mapped(notification.summary, "summary") for notification in decoded
+                     if notification.rawNotificationType == "RENEWAL_EXTENSION" and notification.rawSubtype == "SUMMARY"]
+        failures = [notification for notification in decoded
+                    if notification.rawNotificationType == "RENEWAL_EXTENSION" and notification.rawSubtype == "FAILURE"]
+        expect(failures and all(mapped_txn(verifier, failure.data.signedTransactionInfo).originalTransactionId == original
+                                for failure in failures), f"no FAILURE about {original}")
+        expect(any(summary.requestIdentifier == mass_id and summary.succeededCount == status.succeededCount
+                   for summary in summaries), f"no SUMMARY of {mass_id}: {summaries}")
+        return {"effectiveDate": first.effectiveDate, "refused": codes, "mass": [status.succeededCount, status.failedCount]}
+
+    run("extend renewal dates: one, and every active subscriber", renewal_date_extensions)
 
 
 if __name__ == "__main__":

@@ -168,6 +168,44 @@ def operator_grants(args):
         driver.quit()
 
 
+def operator_extends_renewal(args):
+    # One subscription's renewal date, then every active subscriber of its product, at Apple
+    # (the fake); the subscription line shows what it renews to once Apple's word is in.
+    driver = browser()
+    try:
+        sign_in(driver, args.admin_url, args.operator_token, "Olga (operator)")
+        driver.get(args.admin_url + user_path(args.subscriber))
+        form = driver.find_element(By.ID, "extend-" + args.subscription)
+        form.find_element(By.NAME, "days").send_keys("5")
+        Select(form.find_element(By.TAG_NAME, "select")).select_by_value("3")
+        form.find_element(By.NAME, "reason").send_keys("Streaming outage of 28 November (incident 77)")
+        submit(driver, form.find_element(By.TAG_NAME, "button"))
+        flash = driver.find_element(By.ID, "flash").text
+        check("renewal date extended", f"Apple extended subscription {args.subscription} by 5 days" in flash, flash)
+        timeline = driver.find_element(By.ID, "timeline").text
+        check("the extension is audited with its reason", "incident 77" in timeline and "renewal date extended" in timeline,
+              timeline[-400:])
+        renews = ""
+        for _ in range(40):
+            driver.get(args.admin_url + user_path(args.subscriber))
+            renews = driver.find_element(By.ID, "subs-heading").find_element(By.XPATH, "..").text
+            if "renews" in renews:
+                break
+            time.sleep(0.25)
+        check("the subscription line says what it renews to", "renews" in renews and "USD" in renews, renews)
+        driver.get(args.admin_url + "/admin/")
+        form = driver.find_element(By.ID, "mass-extend")
+        form.find_element(By.NAME, "productId").send_keys(args.subscription_product)
+        form.find_element(By.NAME, "days").send_keys("2")
+        form.find_element(By.NAME, "reason").send_keys("Outage of 28 November, every subscriber (incident 77)")
+        submit(driver, form.find_element(By.TAG_NAME, "button"))
+        flash = driver.find_element(By.ID, "flash").text
+        check("every active subscriber asked", "Apple took request" in flash and args.subscription_product in flash, flash)
+        shoot(driver, args.out, "console-mass-extend")
+    finally:
+        driver.quit()
+
+
 def form_without_csrf_is_refused(args):
     driver = browser()
     try:
@@ -267,12 +305,12 @@ def main():
     parser = argparse.ArgumentParser()
     for name in ("admin-url", "intake-url", "operator-token", "viewer-token", "order-id", "held-user",
                  "held-transaction", "product", "dead-user", "dead-submission", "out", "hostile-user",
-                 "hostile-product", "hostile-transaction"):
+                 "hostile-product", "hostile-transaction", "subscriber", "subscription", "subscription-product"):
         parser.add_argument("--" + name, required=True)
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    for scenario in (hostile_text_stays_text, viewer_is_refused, operator_grants, form_without_csrf_is_refused,
-                     dead_letter_is_redriven):
+    for scenario in (hostile_text_stays_text, viewer_is_refused, operator_grants, operator_extends_renewal,
+                     form_without_csrf_is_refused, dead_letter_is_redriven):
         # The browser itself can fail on a machine busy with the rest of the suite (an empty
         # WebDriverException, from chromedriver rather than from the page): such a scenario
         # runs once more from the start, and only its second run counts.
