@@ -125,6 +125,12 @@ struct AdminController: Sendable {
             guard let client = settings.appStore else {
                 throw APIError(.appleUnavailable, "the App Store Server API key is not configured")
             }
+            guard try await store.subscription(original) != nil else {
+                // Not a subscription this store holds: a one-time purchase (an offer code redeemed
+                // outside the app, a purchase bound to the wrong account) is bound the same way.
+                let bound = try await bindOneTimePurchase(original, to: userId, actor: actor, reason: reason, client: client)
+                return try JSONResponse.make(bound)
+            }
             let order = try await mapped(notFound: .purchaseNotFound) {
                 try await Self.askingApple {
                     try await store.bindPurchase(original, to: userId, actor: actor, reason: reason, policy: policy) { token, environment in
@@ -452,6 +458,80 @@ struct AdminController: Sendable {
             quantity: min(max(transaction.quantity ?? 1, 1), VerifiedPurchase.maxQuantity),
             originalTransactionId: transaction.originalTransactionId,
             environment: transaction.environment == "Sandbox" ? .sandbox : .production)
+    }
+
+    /// A one-time purchase bound by hand, and the upload that credits it.
+    struct OneTimeBindingBody: Encodable {
+        var originalTransactionId: String
+        var userId: String
+        var appAccountToken: String
+        var submissionId: String
+    }
+
+    /// Binds a one-time purchase to `userId` (Set App Account Token takes any original
+    /// transaction): Apple's word on the purchase (its product and environment), a new order
+    /// of the user's for its product, Apple's token set to that order's id, then the purchase
+    /// as Apple now signs it (carrying the token) queued for verification for the user, so the
+    /// ledger's own rules credit it: the token's order is theirs and is paid by it. Refused
+    /// when the purchase is credited already (to them: nothing to do; to someone else:
+    /// customer service revokes that first), when it is not an original transaction, and
+    /// when Apple refuses (a family member's access, an assigned seat). Audited
+    /// (`purchase_bound`, and the upload as `upload_for_customer`).
+    private func bindOneTimePurchase(
+        _ original: String, to userId: String, actor: String, reason: String, client: AppStoreServerAPIClient
+    ) async throws -> OneTimeBindingBody {
+        guard let verifier = settings.notificationVerifier else {
+            throw APIError(.appleUnavailable, "Apple's signed answers cannot be verified here: notifications are not configured")
+        }
+        if let held = try await store.purchase(original), let grant = held.grant, grant.state == "active" {
+            throw APIError(
+                .conflict,
+                sameUser(grant.userId, userId)
+                    ? "purchase \(original) is \(userId)'s already"
+                    : "purchase \(original) is credited to another user: revoke that grant first, then bind it")
+        }
+        let (signed, environment) = try await Self.askingApple { () async throws -> (String, ServerAPIEnvironment) in
+            do {
+                return (try await client.transactionInfo(original, in: .production), .production)
+            } catch let error as ServerAPIError where error.kind == .notFound {
+                return (try await client.transactionInfo(original, in: .sandbox), .sandbox)
+            }
+        }
+        let transaction: JWSTransactionDecodedPayload
+        do {
+            transaction = try await verifier.verifyTransaction(signed)
+        } catch {
+            throw APIError(.appleUnavailable, "Apple's answer did not verify: \(error)")
+        }
+        guard transaction.originalTransactionId == original else {
+            throw APIError.invalidField("originalTransactionId", "\(original) is a later transaction of \(transaction.originalTransactionId): name the original")
+        }
+        guard transaction.revocationDate == nil else {
+            throw APIError(.conflict, "Apple refunded or revoked purchase \(original)")
+        }
+        let order = try await store.createOrder(userId: userId, productId: transaction.productId)
+        guard let token = UUID(uuidString: order.orderId) else {
+            throw APIError(.storeUnavailable, "order \(order.orderId) is no UUID")
+        }
+        let rebound = try await Self.askingApple { () async throws -> String in
+            try await client.setAppAccountToken(token, originalTransactionId: original, in: environment)
+            return try await client.transactionInfo(original, in: environment)
+        }
+        var request = VerifyRequest(
+            submissionId: UUID(), userId: userId, receiptData: "", transactionId: original, acceptedAt: Date())
+        request.signedTransaction = rebound
+        request.orderId = order.orderId
+        let message = OutboxMessage.verify(request, routingKey: settings.names.verify, priority: VerifyPriority.firstAttempt)
+        try await store.acceptForCustomer(request, message: message, actor: actor, reason: reason)
+        try await store.recordConsoleAction(
+            actor: actor, action: "purchase_bound", subject: "transaction:\(original)", reason: reason,
+            details: [
+                "to": userId, "appAccountToken": order.orderId, "productId": transaction.productId,
+                "environment": environment.rawValue, "submissionId": request.submissionId.uuidString,
+            ])
+        return OneTimeBindingBody(
+            originalTransactionId: original, userId: userId, appAccountToken: order.orderId,
+            submissionId: request.submissionId.uuidString)
     }
 
     /// What a renewal-date extension asks of Apple: `days` (1 to 90), `reasonCode` (Apple's

@@ -51,6 +51,52 @@ extension BrokerTests {
 }
 
 extension BrokerTests {
+    /// Set App Account Token takes any original transaction: a one-time purchase nobody could
+    /// be credited with (an offer code redeemed outside the app: Apple told of it with no
+    /// token) is bound to the customer customer service found paid for it, and the pipeline
+    /// credits it to them through the new token's order.
+    @Suite("Customer service binds a one-time purchase")
+    struct BindOneTimePurchaseTests {
+        @Test(arguments: TestStore.backends)
+        func aOneTimePurchaseToldWithNoTokenIsBoundAndCreditedThroughItsNewOrder(_ backend: Backend) async throws {
+            let pipeline = try await PipelineHarness.start(name: "bind-once", on: backend)
+            Teardown.add { await pipeline.stop() }
+            let bought = try await pipeline.mintStoreKit2(productId: "com.example.premium", type: "non_consumable")
+            let told = try await HTTP.post(
+                pipeline.fakeURL + "/fake/purchases/\(bought.transactionId)/notify", json: ["notificationType": "ONE_TIME_CHARGE"])
+            #expect(told.status == 200, "\(told.text)")
+            #expect(try await pipeline.store.purchase(bought.transactionId)?.grant == nil, "credited with no owner")
+
+            let bind = "/v1/admin/subscriptions/\(bought.transactionId)/bind"
+            let bound = try await pipeline.admin(.POST, bind, ["userId": "bea", "reason": "offer code redeemed in the App Store (ticket 88)"])
+            #expect(bound.status == 200, "\(bound.text)")
+            let token = try #require(bound.json["appAccountToken"] as? String)
+            let submission = try #require(bound.json["submissionId"] as? String)
+            #expect(try await pipeline.waitForState(submission)["state"] as? String == "credited")
+            #expect(try await pipeline.grantState(of: bought.transactionId, user: "bea") == "active")
+            #expect(try await pipeline.store.order(token).map { $0.userId == "bea" && $0.state != "created" } == true, "the order is not paid")
+            let audit = try await pipeline.store.auditLog(limit: 100).filter { $0.action == "purchase_bound" }
+            #expect(audit.map(\.subject) == ["transaction:\(bought.transactionId)"])
+
+            // Bound already: to her, nothing to do; to another user, refused until revoked.
+            #expect(try await pipeline.admin(.POST, bind, ["userId": "bea", "reason": "x"]).errorCode == "conflict")
+            #expect(try await pipeline.admin(.POST, bind, ["userId": "cy", "reason": "x"]).errorCode == "conflict")
+            // Apple knows no such purchase.
+            #expect(
+                try await pipeline.admin(.POST, "/v1/admin/subscriptions/2000000000000001/bind", ["userId": "cy", "reason": "x"])
+                    .errorCode == "purchase_not_found")
+            // A later transaction of a chain is not what Apple binds.
+            let chain = try await pipeline.mintStoreKit2(productId: "com.example.vip.month", type: "auto_renewable")
+            let renewal = try await HTTP.post(pipeline.fakeURL + "/fake/subscriptions/\(chain.originalTransactionId)/renew", json: [String: String]())
+            let renewed = try #require(renewal.json["transactionId"] as? String)
+            #expect(
+                try await pipeline.admin(.POST, "/v1/admin/subscriptions/\(renewed)/bind", ["userId": "cy", "reason": "x"]).errorCode
+                    == "invalid_field")
+        }
+    }
+}
+
+extension BrokerTests {
     /// Multiseat subscriptions (App Store Server API 1.22): a seat an organization assigned is
     /// access for the user its token proves, not a payment: it pays no order, and Apple's
     /// ASSIGNMENT_REVOKE takes it back with no order refunded.
