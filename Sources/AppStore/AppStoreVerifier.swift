@@ -296,12 +296,37 @@ public final class AppStoreVerifier: ReceiptVerifying {
     /// characters).
     static func renewalTerms(_ renewal: JWSRenewalInfoDecodedPayload) -> RenewalTerms {
         func short(_ text: String?) -> String? { text.map { String($0.prefix(64)) } }
-        return RenewalTerms(
+        var terms = RenewalTerms(
             autoRenewProductId: short(renewal.autoRenewProductId),
-            renewalPrice: renewal.renewalPrice.map { min(max($0, 0), 1_000_000_000_000) }, currency: short(renewal.currency),
+            renewalPrice: renewal.renewalPrice.map(price), currency: short(renewal.currency),
             offerType: renewal.offerType.map { min(max($0, 0), 99) }, offerIdentifier: short(renewal.offerIdentifier),
             offerDiscountType: short(renewal.offerDiscountType), offerPeriod: short(renewal.offerPeriod),
             priceIncreaseStatus: renewal.priceIncreaseStatus.flatMap { (0...1).contains($0) ? $0 : nil })
+        terms.billingPlanType = short(renewal.renewalBillingPlanType)
+        if let info = renewal.commitmentInfo {
+            let commitment = CommitmentRenewal(
+                autoRenewProductId: short(info.commitmentAutoRenewProductId),
+                autoRenewStatus: info.commitmentAutoRenewStatus.flatMap { (0...1).contains($0) ? $0 : nil },
+                billingPlanType: short(info.commitmentRenewalBillingPlanType),
+                renewalDate: info.commitmentRenewalDate.map(Date.init(appleMilliseconds:)),
+                renewalPrice: info.commitmentRenewalPrice.map(price))
+            terms.commitment = commitment == CommitmentRenewal() ? nil : commitment
+        }
+        return terms
+    }
+
+    /// A price Apple signed, in milli-units: never below zero, never past a trillion.
+    static func price(_ value: Int64) -> Int64 { min(max(value, 0), 1_000_000_000_000) }
+
+    /// A commitment's progress as a transaction signs it, bounded (counts 1 to 1,000).
+    static func commitment(_ info: JWSTransactionDecodedPayload.CommitmentInfo?) -> CommitmentProgress? {
+        guard let info else { return nil }
+        let progress = CommitmentProgress(
+            billingPeriodNumber: info.billingPeriodNumber.map { min(max($0, 1), 1_000) },
+            totalBillingPeriods: info.totalBillingPeriods.map { min(max($0, 1), 1_000) },
+            commitmentExpiresDate: info.commitmentExpiresDate.map(Date.init(appleMilliseconds:)),
+            commitmentPrice: info.commitmentPrice.map(price))
+        return progress == CommitmentProgress() ? nil : progress
     }
 
     /// A verified signed transaction as the ledger reads it (also what reconciliation applies).
@@ -320,12 +345,13 @@ public final class AppStoreVerifier: ReceiptVerifying {
         purchase.revocationPercentage = payload.revocationPercentage.map { min(max($0, 0), 100_000) }
         purchase.transactionReason = payload.transactionReason
         purchase.originalPurchaseDate = payload.originalPurchaseDate.map(Date.init(appleMilliseconds:))
-        let terms = PurchaseTerms(
+        var terms = PurchaseTerms(
             price: payload.price, currency: payload.currency, offerType: payload.offerType,
             offerIdentifier: payload.offerIdentifier, offerDiscountType: payload.offerDiscountType,
             offerPeriod: payload.offerPeriod, billingPlanType: payload.billingPlanType,
             appTransactionId: payload.appTransactionId,
             ownershipType: payload.inAppOwnershipType == "PURCHASED" ? nil : payload.inAppOwnershipType)
+        terms.commitment = commitment(payload.commitmentInfo)
         purchase.terms = terms.isEmpty ? nil : terms
         purchase.previousOriginalTransactionId = payload.previousOriginalTransactionId
         return purchase

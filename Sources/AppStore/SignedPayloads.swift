@@ -120,6 +120,19 @@ public struct JWSRenewalInfoDecodedPayload: SignedAppStorePayload, Codable, Equa
     /// 0: the customer has not answered a price increase that needs consent; 1: consented, or
     /// told of one that needs none.
     public var priceIncreaseStatus: Int?
+    /// BILLED_UPFRONT or MONTHLY (kept as Apple spells it).
+    public var renewalBillingPlanType: String?
+    /// What a commitment plan renews to (API 1.21).
+    public var commitmentInfo: RenewalCommitmentInfo?
+
+    /// What a commitment plan renews to when it ends.
+    public struct RenewalCommitmentInfo: Codable, Equatable, Sendable {
+        public var commitmentAutoRenewProductId: String?
+        public var commitmentAutoRenewStatus: Int?
+        public var commitmentRenewalBillingPlanType: String?
+        public var commitmentRenewalDate: Int64?
+        public var commitmentRenewalPrice: Int64?
+    }
 
     /// Creates renewal information (the fake App Store signs these).
     public init(originalTransactionId: String, productId: String?, autoRenewStatus: Int?, environment: String, signedDate: Int64?) {

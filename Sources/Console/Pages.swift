@@ -399,6 +399,15 @@ extension Console {
             price: terms.price, currency: terms.currency, offerType: terms.offerType, offerIdentifier: terms.offerIdentifier,
             offerDiscountType: terms.offerDiscountType, offerPeriod: terms.offerPeriod)
         if let plan = terms.billingPlanType { parts.append("billed \(plan)") }
+        if let commitment = terms.commitment {
+            var text = "commitment"
+            if let number = commitment.billingPeriodNumber, let total = commitment.totalBillingPeriods {
+                text += " period \(number) of \(total)"
+            }
+            if let price = commitment.commitmentPrice { text += ", \(String(format: "%.2f", Double(price) / 1000)) in all" }
+            if let ends = commitment.commitmentExpiresDate { text += ", until \(when(ends))" }
+            parts.append(text)
+        }
         switch terms.ownershipType {
         case nil: break
         case "ASSIGNED": parts.append("an assigned seat (multiseat): access, not a payment")
@@ -436,6 +445,15 @@ extension Console {
         parts += priceAndOffer(
             price: renewal.renewalPrice, currency: renewal.currency, offerType: renewal.offerType,
             offerIdentifier: renewal.offerIdentifier, offerDiscountType: renewal.offerDiscountType, offerPeriod: renewal.offerPeriod)
+        if let plan = renewal.billingPlanType { parts.append("billed \(plan)") }
+        if let commitment = renewal.commitment {
+            var text = commitment.autoRenewStatus == 0 ? "commitment ends" : "commitment renews"
+            if let product = commitment.autoRenewProductId { text += " to \(product)" }
+            if let price = commitment.renewalPrice { text += " at \(String(format: "%.2f", Double(price) / 1000))" }
+            if let plan = commitment.billingPlanType { text += " billed \(plan)" }
+            if let date = commitment.renewalDate { text += " on \(when(date))" }
+            parts.append(text)
+        }
         switch renewal.priceIncrease {
         case "pending": parts.append("price increase awaiting the customer's consent (without it, it ends at renewal)")
         case "accepted": parts.append("price increase accepted")

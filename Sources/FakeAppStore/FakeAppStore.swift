@@ -26,7 +26,9 @@ import X509
 ///   named),
 ///   "price"? (milli-units, default 990), "currency"? (default USD), "offerType"?, "offerIdentifier"?,
 ///   "offerDiscountType"?, "offerPeriod"?, "billingPlanType"? (as the signed transactions say),
-///   "previousOriginalTransactionId"? (a migrated subscription: the chain it continues),
+///   "previousOriginalTransactionId"? (a migrated subscription: the chain it continues; a
+///   MIGRATION notification tells of it), "commitmentTotalPeriods"?, "commitmentBillingPeriod"?,
+///   "commitmentPrice"? (a commitment plan: its transactions' and renewal info's `commitmentInfo`),
 ///   "familyShared"? (non-consumables and subscriptions only), "receiptIncludesPurchase"?
 ///   (default true; false answers the device's receipt from before the purchase)}` → 201
 ///   `{"transactionId", "originalTransactionId", "webOrderLineItemId"? (subscriptions),
@@ -864,6 +866,10 @@ public struct FakeAppStore: Sendable {
             groupId: mint.groupId ?? (ownership == "ASSIGNED" ? FakeAppStore.sandboxGroupId : nil),
             receiptIncludesPurchase: mint.receiptIncludesPurchase ?? true)
         let result = try ledger.mint(order, encode: encodeReceipt)
+        if mint.terms.previousOriginalTransactionId != nil {
+            // Apple tells the server that the subscription moved to its new chain.
+            try await notify("MIGRATION", subtype: nil, purchase: result.0)
+        }
         if type != "auto_renewable", ledger.sendsOneTimeCharge {
             // Apple tells the server of every one-time purchase (consumable, non-consumable,
             // non-renewing subscription) too, in production since May 2025.

@@ -68,6 +68,12 @@ final class FakeLedger: Sendable {
         var billingPlanType: String?
         /// The chain a migrated subscription continues (its first period only).
         var previousOriginalTransactionId: String?
+        /// A commitment plan (an auto-renewable subscription committed to for several periods):
+        /// this period's number, how many, and the whole commitment's price; its end follows
+        /// from the period's length.
+        var commitmentBillingPeriod: Int?
+        var commitmentTotalPeriods: Int?
+        var commitmentPrice: Int64?
     }
 
     /// What a receipt held when it was issued.

@@ -67,6 +67,24 @@ struct FakeStoreKit: Sendable {
         var offerPeriod: String? = nil
         var billingPlanType: String? = nil
         var previousOriginalTransactionId: String? = nil
+        var commitmentInfo: CommitmentInfo? = nil
+    }
+
+    /// Apple's `TransactionCommitmentInfo`.
+    struct CommitmentInfo: Encodable {
+        var billingPeriodNumber: Int
+        var totalBillingPeriods: Int
+        var commitmentExpiresDate: Int64
+        var commitmentPrice: Int64
+    }
+
+    /// Apple's `RenewalCommitmentInfo`.
+    struct RenewalCommitmentInfo: Encodable {
+        var commitmentAutoRenewProductId: String
+        var commitmentAutoRenewStatus: Int
+        var commitmentRenewalBillingPlanType: String?
+        var commitmentRenewalDate: Int64
+        var commitmentRenewalPrice: Int64
     }
 
     /// Apple's `JWSRenewalInfoDecodedPayload`.
@@ -89,6 +107,8 @@ struct FakeStoreKit: Sendable {
         var currency: String
         /// 0: a price increase awaits the customer's consent; 1: consented; absent: none told.
         var priceIncreaseStatus: Int?
+        var renewalBillingPlanType: String? = nil
+        var commitmentInfo: RenewalCommitmentInfo? = nil
     }
 
     /// Apple's `ResponseBodyV2DecodedPayload`.
@@ -235,6 +255,11 @@ struct FakeStoreKit: Sendable {
             transaction.offerPeriod = terms.offerPeriod
             transaction.billingPlanType = terms.billingPlanType
             transaction.previousOriginalTransactionId = terms.previousOriginalTransactionId
+            if let commitment = Self.commitment(of: purchase, terms: terms) {
+                transaction.commitmentInfo = CommitmentInfo(
+                    billingPeriodNumber: commitment.number, totalBillingPeriods: commitment.total,
+                    commitmentExpiresDate: FakeAppStore.milliseconds(commitment.ends), commitmentPrice: commitment.price)
+            }
         }
         return try authority.signJWS(transaction)
     }
@@ -266,13 +291,24 @@ struct FakeStoreKit: Sendable {
                 originalPurchaseDate: FakeAppStore.milliseconds(first) - 86_400_000, signedDate: now))
     }
 
+    /// A commitment plan's place at `purchase` as minted: its number of how many periods, its
+    /// end (the periods left, each as long as this one) and price; nil for no commitment.
+    static func commitment(of purchase: FakeLedger.Purchase, terms: FakeLedger.Terms)
+        -> (number: Int, total: Int, ends: Date, price: Int64)?
+    {
+        guard let total = terms.commitmentTotalPeriods, let expires = purchase.expiresDate else { return nil }
+        let number = min(max(terms.commitmentBillingPeriod ?? 1, 1), total)
+        let length = expires.timeIntervalSince(purchase.purchaseDate)
+        let price = terms.commitmentPrice ?? (terms.price ?? FakeLedger.listPrice) * Int64(total)
+        return (number, total, expires.addingTimeInterval(length * Double(total - number)), price)
+    }
+
     /// The renewal info of `purchase`'s chain as it stands (`state`, read from the ledger when nil).
     func signedRenewalInfo(_ purchase: FakeLedger.Purchase, state: FakeLedger.SubscriptionState? = nil) throws -> String {
         let state = try state ?? ledger.subscriptionStates(of: [purchase.originalTransactionId])[purchase.originalTransactionId]
         let now = Date()
         let expired = state?.billingRetrySince == nil && (purchase.expiresDate ?? .distantFuture) <= now
-        return try authority.signJWS(
-            RenewalInfo(
+        var info = RenewalInfo(
                 originalTransactionId: purchase.originalTransactionId, autoRenewProductId: purchase.productId,
                 productId: purchase.productId, autoRenewStatus: state?.autoRenew == false ? 0 : 1,
                 environment: purchase.environment, signedDate: FakeAppStore.milliseconds(now),
@@ -282,7 +318,18 @@ struct FakeStoreKit: Sendable {
                 isInBillingRetryPeriod: state?.billingRetrySince != nil ? true : expired ? false : nil,
                 gracePeriodExpiresDate: state?.gracePeriodExpiresDate.map(FakeAppStore.milliseconds),
                 renewalPrice: state?.renewalPrice ?? FakeLedger.listPrice, currency: "USD",
-                priceIncreaseStatus: state?.priceIncreaseStatus))
+                priceIncreaseStatus: state?.priceIncreaseStatus)
+        if let text = purchase.terms, let terms = try? JSONDecoder().decode(FakeLedger.Terms.self, from: Data(text.utf8)) {
+            info.renewalBillingPlanType = terms.billingPlanType
+            if let commitment = Self.commitment(of: purchase, terms: terms) {
+                // The commitment renews to a new one of the same product and length when it ends.
+                info.commitmentInfo = RenewalCommitmentInfo(
+                    commitmentAutoRenewProductId: purchase.productId, commitmentAutoRenewStatus: state?.autoRenew == false ? 0 : 1,
+                    commitmentRenewalBillingPlanType: terms.billingPlanType,
+                    commitmentRenewalDate: FakeAppStore.milliseconds(commitment.ends), commitmentRenewalPrice: commitment.price)
+            }
+        }
+        return try authority.signJWS(info)
     }
 
     /// A signed notification of `type` about `purchase`.

@@ -150,8 +150,60 @@ public struct PurchaseTerms: Codable, Sendable, Equatable {
         self.appTransactionId = appTransactionId
     }
 
+    /// A commitment plan's progress at this transaction (Apple's `commitmentInfo`); nil for a
+    /// purchase that is no commitment.
+    public var commitment: CommitmentProgress?
+
     /// Whether it says anything at all.
     public var isEmpty: Bool { self == PurchaseTerms() }
+}
+
+/// Where a commitment plan (a subscription committed to for several billing periods, billed
+/// monthly or up front) stands at one transaction, as Apple's `commitmentInfo` signs it.
+public struct CommitmentProgress: Codable, Sendable, Equatable {
+    /// This billing period's number within the commitment (1 for the first).
+    public var billingPeriodNumber: Int?
+    /// How many billing periods the commitment has.
+    public var totalBillingPeriods: Int?
+    /// When the commitment ends.
+    public var commitmentExpiresDate: Date?
+    /// The whole commitment's price, in milli-units of the transaction's currency.
+    public var commitmentPrice: Int64?
+
+    /// Creates a commitment's progress.
+    public init(billingPeriodNumber: Int? = nil, totalBillingPeriods: Int? = nil, commitmentExpiresDate: Date? = nil, commitmentPrice: Int64? = nil) {
+        self.billingPeriodNumber = billingPeriodNumber
+        self.totalBillingPeriods = totalBillingPeriods
+        self.commitmentExpiresDate = commitmentExpiresDate
+        self.commitmentPrice = commitmentPrice
+    }
+}
+
+/// What a commitment plan renews to when it ends, as Apple's renewal information's
+/// `commitmentInfo` signs it.
+public struct CommitmentRenewal: Codable, Sendable, Equatable {
+    /// The product the next commitment renews to.
+    public var autoRenewProductId: String?
+    /// 1: the commitment renews; 0: it ends.
+    public var autoRenewStatus: Int?
+    /// BILLED_UPFRONT or MONTHLY, as Apple spells it.
+    public var billingPlanType: String?
+    /// When the next commitment begins.
+    public var renewalDate: Date?
+    /// The next commitment's price, in milli-units of the renewal's currency.
+    public var renewalPrice: Int64?
+
+    /// Creates a commitment's renewal.
+    public init(
+        autoRenewProductId: String? = nil, autoRenewStatus: Int? = nil, billingPlanType: String? = nil, renewalDate: Date? = nil,
+        renewalPrice: Int64? = nil
+    ) {
+        self.autoRenewProductId = autoRenewProductId
+        self.autoRenewStatus = autoRenewStatus
+        self.billingPlanType = billingPlanType
+        self.renewalDate = renewalDate
+        self.renewalPrice = renewalPrice
+    }
 }
 
 /// What a subscription renews to, as Apple's signed renewal information says
@@ -175,6 +227,10 @@ public struct RenewalTerms: Codable, Sendable, Equatable {
     /// their consent (without it the subscription expires at the renewal date), 1 they consented
     /// or were told of one that needs none; nil when Apple said nothing of one.
     public var priceIncreaseStatus: Int?
+    /// How the next period is billed (`renewalBillingPlanType`: BILLED_UPFRONT or MONTHLY).
+    public var billingPlanType: String?
+    /// What the commitment plan renews to when it ends; nil for no commitment.
+    public var commitment: CommitmentRenewal?
 
     /// Creates terms.
     public init(

@@ -200,6 +200,10 @@ struct SubscriptionBody: Encodable {
     /// `pending` (Apple awaits the customer's consent to a price increase; without it the
     /// subscription ends at its renewal date) or `accepted`; absent when Apple told of none.
     var priceIncrease: String?
+    /// How the next period is billed (BILLED_UPFRONT, MONTHLY), and what a commitment plan
+    /// renews to when it ends (its product, price, billing and date; whether it renews).
+    var renewalBillingPlanType: String?
+    var commitmentRenewal: CommitmentRenewal?
 
     init(_ record: SubscriptionRecord) {
         originalTransactionId = record.originalTransactionId
@@ -214,6 +218,8 @@ struct SubscriptionBody: Encodable {
         renewalPrice = record.renewal?.renewalPrice
         renewalCurrency = record.renewal?.currency
         priceIncrease = record.renewal?.priceIncrease
+        renewalBillingPlanType = record.renewal?.billingPlanType
+        commitmentRenewal = record.renewal?.commitment
     }
 }
 

@@ -637,6 +637,13 @@ extension Planner {
             if let discount = terms.offerDiscountType { fields["offerDiscountType"] = .string(discount) }
             if let period = terms.offerPeriod { fields["offerPeriod"] = .string(period) }
             if let plan = terms.billingPlanType { fields["billingPlanType"] = .string(plan) }
+            if let commitment = terms.commitment {
+                // A commitment plan: this period's place in it, its end and its whole price.
+                if let number = commitment.billingPeriodNumber { fields["commitmentBillingPeriod"] = .int(number) }
+                if let total = commitment.totalBillingPeriods { fields["commitmentTotalPeriods"] = .int(total) }
+                if let ends = commitment.commitmentExpiresDate { fields["commitmentExpiresDate"] = .string(Ledger.iso8601(ends)) }
+                if let price = commitment.commitmentPrice { fields["commitmentPrice"] = .int(Int(price)) }
+            }
             emit(.recordTerms(transactionId: transactionId, terms))
         }
         emit(

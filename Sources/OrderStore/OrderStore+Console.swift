@@ -189,10 +189,15 @@ extension OrderStore {
             sql: "SELECT * FROM purchase_terms WHERE transactionId IN (\(sqlMarks(transactionIds.count)))",
             arguments: SQLArguments(transactionIds))
         {
-            found[row["transactionId"]] = PurchaseTerms(
+            var terms = PurchaseTerms(
                 price: row["price"], currency: row["currency"], offerType: row["offerType"], offerIdentifier: row["offerIdentifier"],
                 offerDiscountType: row["offerDiscountType"], offerPeriod: row["offerPeriod"], billingPlanType: row["billingPlanType"],
                 appTransactionId: row["appTransactionId"], ownershipType: row["ownershipType"])
+            let commitment = CommitmentProgress(
+                billingPeriodNumber: row["commitmentBillingPeriod"], totalBillingPeriods: row["commitmentTotalPeriods"],
+                commitmentExpiresDate: row["commitmentExpiresDate"], commitmentPrice: row["commitmentPrice"])
+            terms.commitment = commitment == CommitmentProgress() ? nil : commitment
+            found[row["transactionId"]] = terms
         }
         return found
     }

@@ -258,11 +258,17 @@ extension OrderStore {
 
     /// A subscription row's renewal terms; nil when Apple's renewal information never said any.
     static func renewalTerms(_ row: SQLRow) -> RenewalTerms? {
-        let terms = RenewalTerms(
+        var terms = RenewalTerms(
             autoRenewProductId: row["renewalProductId"], renewalPrice: row["renewalPrice"], currency: row["renewalCurrency"],
             offerType: row["renewalOfferType"], offerIdentifier: row["renewalOfferIdentifier"],
             offerDiscountType: row["renewalOfferDiscountType"], offerPeriod: row["renewalOfferPeriod"],
             priceIncreaseStatus: row["priceIncreaseStatus"])
+        terms.billingPlanType = row["renewalBillingPlanType"]
+        let commitment = CommitmentRenewal(
+            autoRenewProductId: row["commitmentRenewalProductId"], autoRenewStatus: row["commitmentAutoRenewStatus"],
+            billingPlanType: row["commitmentRenewalBillingPlanType"], renewalDate: row["commitmentRenewalDate"],
+            renewalPrice: row["commitmentRenewalPrice"])
+        terms.commitment = commitment == CommitmentRenewal() ? nil : commitment
         return terms == RenewalTerms() ? nil : terms
     }
 
@@ -384,8 +390,10 @@ extension OrderStore {
                     INSERT INTO subscription (originalTransactionId, userId, productId, environment, state, expiresDate,
                         autoRenew, gracePeriodExpiresDate, lastTransactionId, updatedAt, stateDate, ownedSince,
                         renewalProductId, renewalPrice, renewalCurrency, renewalOfferType, renewalOfferIdentifier,
-                        renewalOfferDiscountType, renewalOfferPeriod, priceIncreaseStatus)
-                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                        renewalOfferDiscountType, renewalOfferPeriod, priceIncreaseStatus, renewalBillingPlanType,
+                        commitmentRenewalProductId, commitmentAutoRenewStatus, commitmentRenewalBillingPlanType,
+                        commitmentRenewalDate, commitmentRenewalPrice)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                     ON CONFLICT (originalTransactionId) DO UPDATE SET userId = excluded.userId,
                         productId = excluded.productId, environment = excluded.environment, state = excluded.state,
                         expiresDate = excluded.expiresDate, autoRenew = excluded.autoRenew,
@@ -396,26 +404,38 @@ extension OrderStore {
                         renewalCurrency = excluded.renewalCurrency, renewalOfferType = excluded.renewalOfferType,
                         renewalOfferIdentifier = excluded.renewalOfferIdentifier,
                         renewalOfferDiscountType = excluded.renewalOfferDiscountType,
-                        renewalOfferPeriod = excluded.renewalOfferPeriod, priceIncreaseStatus = excluded.priceIncreaseStatus
+                        renewalOfferPeriod = excluded.renewalOfferPeriod, priceIncreaseStatus = excluded.priceIncreaseStatus,
+                        renewalBillingPlanType = excluded.renewalBillingPlanType,
+                        commitmentRenewalProductId = excluded.commitmentRenewalProductId,
+                        commitmentAutoRenewStatus = excluded.commitmentAutoRenewStatus,
+                        commitmentRenewalBillingPlanType = excluded.commitmentRenewalBillingPlanType,
+                        commitmentRenewalDate = excluded.commitmentRenewalDate,
+                        commitmentRenewalPrice = excluded.commitmentRenewalPrice
                     """,
                 [
                     row.originalTransactionId, row.userId, row.productId, row.environment, row.state, row.expiresDate,
                     row.autoRenew, row.gracePeriodExpiresDate, row.lastTransactionId, row.updatedAt, row.stateDate,
                     row.ownedSince, row.renewal?.autoRenewProductId, row.renewal?.renewalPrice, row.renewal?.currency,
                     row.renewal?.offerType, row.renewal?.offerIdentifier, row.renewal?.offerDiscountType,
-                    row.renewal?.offerPeriod, row.renewal?.priceIncreaseStatus,
+                    row.renewal?.offerPeriod, row.renewal?.priceIncreaseStatus, row.renewal?.billingPlanType,
+                    row.renewal?.commitment?.autoRenewProductId, row.renewal?.commitment?.autoRenewStatus,
+                    row.renewal?.commitment?.billingPlanType, row.renewal?.commitment?.renewalDate,
+                    row.renewal?.commitment?.renewalPrice,
                 ])]
         case .recordTerms(let transactionId, let terms):
             return [
                 SQLStatement(
                     """
                     INSERT INTO purchase_terms (transactionId, price, currency, offerType, offerIdentifier, offerDiscountType,
-                        offerPeriod, billingPlanType, appTransactionId, ownershipType)
-                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (transactionId) DO NOTHING
+                        offerPeriod, billingPlanType, appTransactionId, ownershipType, commitmentBillingPeriod,
+                        commitmentTotalPeriods, commitmentExpiresDate, commitmentPrice)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (transactionId) DO NOTHING
                     """,
                     [
                         transactionId, terms.price, terms.currency, terms.offerType, terms.offerIdentifier, terms.offerDiscountType,
                         terms.offerPeriod, terms.billingPlanType, terms.appTransactionId, terms.ownershipType,
+                        terms.commitment?.billingPeriodNumber, terms.commitment?.totalBillingPeriods,
+                        terms.commitment?.commitmentExpiresDate, terms.commitment?.commitmentPrice,
                     ])
             ]
         case .recordConsumptionRequest(let request):

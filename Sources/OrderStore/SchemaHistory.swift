@@ -975,6 +975,35 @@ enum SchemaHistory {
                 ALTER TABLE subscription ADD COLUMN renewalOfferPeriod TEXT COLLATE "C";
                 ALTER TABLE subscription ADD COLUMN priceIncreaseStatus INTEGER;
                 """),
+        SchemaStep(
+            version: 25, name: "commitment plans",
+            sqlite: """
+                -- Where a commitment plan stands at each transaction (Apple's commitmentInfo): this
+                -- period's number of how many, the commitment's end and price.
+                ALTER TABLE purchase_terms ADD COLUMN commitmentBillingPeriod INTEGER;
+                ALTER TABLE purchase_terms ADD COLUMN commitmentTotalPeriods INTEGER;
+                ALTER TABLE purchase_terms ADD COLUMN commitmentExpiresDate DATETIME;
+                ALTER TABLE purchase_terms ADD COLUMN commitmentPrice INTEGER;
+                -- How the next period is billed, and what the commitment renews to.
+                ALTER TABLE subscription ADD COLUMN renewalBillingPlanType TEXT;
+                ALTER TABLE subscription ADD COLUMN commitmentRenewalProductId TEXT;
+                ALTER TABLE subscription ADD COLUMN commitmentAutoRenewStatus INTEGER;
+                ALTER TABLE subscription ADD COLUMN commitmentRenewalBillingPlanType TEXT;
+                ALTER TABLE subscription ADD COLUMN commitmentRenewalDate DATETIME;
+                ALTER TABLE subscription ADD COLUMN commitmentRenewalPrice INTEGER;
+                """,
+            postgres: """
+                ALTER TABLE purchase_terms ADD COLUMN commitmentBillingPeriod INTEGER;
+                ALTER TABLE purchase_terms ADD COLUMN commitmentTotalPeriods INTEGER;
+                ALTER TABLE purchase_terms ADD COLUMN commitmentExpiresDate TEXT COLLATE "C";
+                ALTER TABLE purchase_terms ADD COLUMN commitmentPrice BIGINT;
+                ALTER TABLE subscription ADD COLUMN renewalBillingPlanType TEXT COLLATE "C";
+                ALTER TABLE subscription ADD COLUMN commitmentRenewalProductId TEXT COLLATE "C";
+                ALTER TABLE subscription ADD COLUMN commitmentAutoRenewStatus INTEGER;
+                ALTER TABLE subscription ADD COLUMN commitmentRenewalBillingPlanType TEXT COLLATE "C";
+                ALTER TABLE subscription ADD COLUMN commitmentRenewalDate TEXT COLLATE "C";
+                ALTER TABLE subscription ADD COLUMN commitmentRenewalPrice BIGINT;
+                """),
     ]
 
     /// SQLite's migrations: each step under the name it has always had in GRDB's table.

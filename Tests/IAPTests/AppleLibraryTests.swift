@@ -38,7 +38,7 @@ extension BrokerTests {
             for check in [
                 "finish_transaction", "set_app_account_token", "get_app_transaction_info", "get_transaction_history with revision",
                 "send_consumption_information", "multiseat through raw fields", "multiseat groups with the library's token",
-                "external purchase token", "extend renewal dates: one, and every active subscriber",
+                "external purchase token", "extend renewal dates: one, and every active subscriber", "commitment plan",
             ] {
                 let passed = text.split(separator: "\n").contains {
                     $0.contains("\"check\": \"\(check)\"") && $0.contains("\"ok\": true")

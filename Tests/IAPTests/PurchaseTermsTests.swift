@@ -61,6 +61,70 @@ extension BrokerTests {
 }
 
 extension BrokerTests.PurchaseTermsTests {
+    struct CommitmentMint: Encodable {
+        var bundleId = PipelineHarness.bundleId
+        var productId = "com.example.vip.month"
+        var type = "auto_renewable"
+        var price: Int64 = 4_990
+        var billingPlanType = "MONTHLY"
+        var commitmentTotalPeriods = 12
+        var commitmentBillingPeriod = 1
+        var commitmentPrice: Int64 = 59_880
+    }
+
+    /// A commitment plan (API 1.21): the transaction's `commitmentInfo` is kept with the credit
+    /// and carried in `grant.created`; the renewal information's (what the commitment renews
+    /// to) and its billing plan are kept on the subscription.
+    @Test(arguments: TestStore.backends)
+    func aCommitmentPlanIsKeptCarriedAndShown(_ backend: Backend) async throws {
+        let pipeline = try await PipelineHarness.start(name: "commitment", on: backend)
+        Teardown.add { await pipeline.stop() }
+        let (listener, queue) = try TestBroker.eventListener(pipeline.names, name: "commitment", routingKey: "grant.created")
+        #expect(await listener.waitUntilConnected(timeout: .seconds(15)))
+        let received = NIOLockedValueBox([Data]())
+        let consumer = listener.consume(queue: queue, prefetch: 10)
+        let listening = Task {
+            for await delivery in consumer {
+                received.withLockedValue { $0.append(Data(delivery.body)) }
+                try? await delivery.ack()
+            }
+        }
+        let minted = try await HTTP.post(pipeline.fakeURL + "/fake/purchases", json: CommitmentMint())
+        #expect(minted.status == 201, "\(minted.text)")
+        let transactionId = try #require(minted.json["transactionId"] as? String)
+        let signed = try #require(minted.json["signedTransaction"] as? String)
+        let id = try await pipeline.upload(["userId": "ana", "signedTransaction": signed])
+        #expect(try await pipeline.waitForState(id)["state"] as? String == "credited")
+        #expect(try await eventually { received.withLockedValue { $0.count } >= 1 })
+        let body = try #require(received.withLockedValue { $0.first })
+        let event = try #require((try JSONSerialization.jsonObject(with: body)) as? [String: Any])
+        #expect(event["commitmentBillingPeriod"] as? Int == 1 && event["commitmentTotalPeriods"] as? Int == 12, "\(event)")
+        #expect(event["commitmentPrice"] as? Int == 59_880 && event["commitmentExpiresDate"] is String, "\(event)")
+        let kept = try #require(try await pipeline.store.purchaseTerms([transactionId])[transactionId]?.commitment)
+        #expect(kept.billingPeriodNumber == 1 && kept.totalBillingPeriods == 12 && kept.commitmentPrice == 59_880)
+        let expires = try #require(jwsPayload(signed)?["expiresDate"] as? Double)
+        let ends = try #require(kept.commitmentExpiresDate)
+        #expect(ends.timeIntervalSince1970 * 1000 > expires, "the commitment ends with its first period")
+
+        // Apple's renewal information (a notification) says what the commitment renews to.
+        let told = try await HTTP.post(
+            pipeline.fakeURL + "/fake/purchases/\(transactionId)/notify",
+            json: ["notificationType": "DID_CHANGE_RENEWAL_STATUS", "subtype": "AUTO_RENEW_ENABLED"])
+        #expect(told.status == 200, "\(told.text)")
+        var renewal: RenewalTerms?
+        let kept2 = try await eventually(timeout: .seconds(20)) {
+            renewal = try await pipeline.store.subscriptions(ofUser: "ana").first?.renewal
+            return renewal?.commitment != nil
+        }
+        #expect(kept2, "\(String(describing: renewal))")
+        #expect(renewal?.billingPlanType == "MONTHLY")
+        #expect(renewal?.commitment?.autoRenewStatus == 1 && renewal?.commitment?.renewalPrice == 59_880)
+        #expect(renewal?.commitment?.autoRenewProductId == "com.example.vip.month" && renewal?.commitment?.renewalDate == ends)
+        await consumer.cancel()
+        listening.cancel()
+        await listener.close()
+    }
+
     struct MigratedMint: Encodable {
         var bundleId = PipelineHarness.bundleId
         var productId = "com.example.vip.year"
@@ -87,10 +151,17 @@ extension BrokerTests.PurchaseTermsTests {
         let stranger = try await pipeline.waitForState(try await pipeline.upload(["userId": "sam", "signedTransaction": signed]))
         #expect(try await pipeline.grantState(of: migrated, user: "ana") == "active", "\(stranger)")
         #expect(try await pipeline.grantState(of: migrated, user: "sam") == nil)
+        // Apple's MIGRATION about it is applied as what it is: the new chain is ana's, audited.
+        let told = try await eventually(timeout: .seconds(20)) {
+            try await pipeline.store.auditLog(limit: 100).contains {
+                $0.action == "subscription_migrated" && $0.subject == "subscription:\(migrated)"
+                    && ($0.details ?? "").contains(old.originalTransactionId)
+            }
+        }
+        #expect(told, "no MIGRATION applied")
 
-        // Apple tells of the new chain (a renewal preference) before its first period is
-        // uploaded: the row that leaves has no owner, and the period still goes to the old
-        // chain's owner, whoever uploads it.
+        // Apple tells of the new chain (its MIGRATION, a renewal preference) before its first
+        // period is uploaded: the period still goes to the old chain's owner, whoever uploads it.
         let bens = try await pipeline.mintStoreKit2(productId: "com.example.vip.month", type: "auto_renewable")
         let his = try await pipeline.upload(["userId": "ben", "signedTransaction": try #require(bens.signedTransaction)])
         #expect(try await pipeline.waitForState(his)["state"] as? String == "credited")
@@ -106,7 +177,7 @@ extension BrokerTests.PurchaseTermsTests {
         #expect(released.status == 200, "\(released.text)")
         #expect(
             try await eventually(timeout: .seconds(20)) {
-                try await pipeline.store.notifications(ofTransaction: movedId).map(\.type) == ["DID_CHANGE_RENEWAL_STATUS"]
+                Set(try await pipeline.store.notifications(ofTransaction: movedId).map(\.type)) == ["MIGRATION", "DID_CHANGE_RENEWAL_STATUS"]
             })
         let movedSigned = try #require(moved.json["signedTransaction"] as? String)
         let other = try await pipeline.waitForState(try await pipeline.upload(["userId": "sam", "signedTransaction": movedSigned]))

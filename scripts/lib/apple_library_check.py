@@ -732,6 +732,24 @@ def main():
 
     run("extend renewal dates: one, and every active subscriber", renewal_date_extensions)
 
+    def commitment_plan():
+        # A commitment plan's commitmentInfo, in the transaction and in the renewal info.
+        chain = fake.mint(bundle, "com.example.vip.month", "auto_renewable", price=4990, billingPlanType="MONTHLY",
+                          commitmentTotalPeriods=12, commitmentBillingPeriod=1, commitmentPrice=59880)
+        decoded = mapped_txn(verifier, production.get_transaction_info(chain["transactionId"]).signedTransactionInfo)
+        info = mapped(decoded.commitmentInfo, "transaction commitmentInfo")
+        expect(info.billingPeriodNumber == 1 and info.totalBillingPeriods == 12 and info.commitmentPrice == 59880,
+               f"commitmentInfo {info}")
+        statuses = production.get_all_subscription_statuses(chain["originalTransactionId"])
+        renewal = mapped_renewal(verifier, statuses.data[0].lastTransactions[0].signedRenewalInfo)
+        renews = mapped(renewal.commitmentInfo, "renewal commitmentInfo")
+        expect(renews.commitmentRenewalPrice == 59880 and renews.commitmentRenewalDate == info.commitmentExpiresDate,
+               f"renewal commitmentInfo {renews}")
+        expect(renewal.rawRenewalBillingPlanType == "MONTHLY", f"renewalBillingPlanType {renewal.rawRenewalBillingPlanType}")
+        return {"transaction": [info.billingPeriodNumber, info.totalBillingPeriods], "renews": renews.commitmentRenewalDate}
+
+    run("commitment plan", commitment_plan)
+
 
 if __name__ == "__main__":
     main()
