@@ -53,15 +53,15 @@ extension Planner {
             return awaited(after: since) ? .awaitsBuyer : .owner(owner)
         }
         // An earlier stretch (or nobody owns any): the latest period credited before it says
-        // (or proven after a refund stopped it: it would have been credited), unless a new
-        // purchase awaiting its buyer lies between.
+        // (or a new purchase its buyer proved after a refund stopped it: it would have been
+        // credited), unless a new purchase awaiting its buyer lies between.
         let credited = facts.grants.filter {
             $0.originalTransactionId == purchase.originalTransactionId && $0.source == "apple"
                 && ($0.periodStart ?? .distantFuture) <= date && $0.transactionId != purchase.transactionId
         }
         let latestCredited = credited.max { ($0.periodStart ?? .distantPast, $0.id) < ($1.periodStart ?? .distantPast, $1.id) }
         let refunded = facts.refundedPeriods.filter {
-            $0.originalTransactionId == purchase.originalTransactionId && ($0.purchaseDate ?? .distantFuture) <= date
+            $0.beginsStretch && $0.originalTransactionId == purchase.originalTransactionId && ($0.purchaseDate ?? .distantFuture) <= date
                 && $0.transactionId != purchase.transactionId
         }
         let latestRefunded = refunded.max { ($0.purchaseDate ?? .distantPast) < ($1.purchaseDate ?? .distantPast) }

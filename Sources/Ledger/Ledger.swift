@@ -897,20 +897,13 @@ extension Planner {
         guard tokenOwner != nil || purchase.ownershipEvidence == .signedUpload, facts.purchase == nil || unowned else { return }
         // A renewal after a new purchase nobody proved yet proves nothing of whose it is: it
         // stays kept for that purchase's buyer, as it would had it not been refunded.
-        // A renewal of someone else's stretch is theirs, not the uploader's (unless restores
-        // transfer it): it proves nothing for them, and a refunded period recorded for the
-        // uploader would tell whose stretch the periods after it are.
-        if case .billingPeriod = key, tokenOwner == nil, !purchase.isNewPurchaseInChain {
-            switch stretchOwner(of: purchase) {
-            case .awaitsBuyer: return
-            case .owner(let owner) where policy.restore == .keep && !sameUser(owner, upload.userId): return
-            default: break
-            }
+        if case .billingPeriod = key, tokenOwner == nil, !purchase.isNewPurchaseInChain, stretchOwner(of: purchase) == .awaitsBuyer {
+            return
         }
         // Named by a token for another product: held for a person, as it would be had it arrived
         // before the refund (a reversal never credits it).
         let mismatch = purchase.appAccountToken != nil && facts.tokenOrder.map { pays($0, purchase) && $0.productId != purchase.productId } == true
-        let row = LedgerFacts.Purchase(
+        var row = LedgerFacts.Purchase(
             transactionId: purchase.transactionId, originalTransactionId: purchase.originalTransactionId,
             productId: purchase.productId, quantity: max(purchase.quantity, 1), environment: purchase.environment,
             bundleId: upload.bundleId, purchaseDate: purchase.purchaseDate, userId: tokenOwner ?? upload.userId, orderId: nil,
@@ -918,6 +911,7 @@ extension Planner {
             heldReason: mismatch ? .productMismatch : .stoppedByRefund, creditedAt: now, creditKey: key,
             webOrderLineItemId: purchase.webOrderLineItemId, expiresDate: mismatch ? purchase.expiresDate : nil,
             ownershipType: purchase.ownershipType)
+        if case .billingPeriod = key, !mismatch, purchase.isNewPurchaseInChain { row.beginsStretch = true }
         emit(unowned ? .claimPurchase(row) : .recordPurchase(row, ifAbsent: true))
         if case .billingPeriod = key {
             // Proven, though refunded: the subscription is theirs, as it would be had the period

@@ -31,10 +31,10 @@ public struct LedgerFacts: Sendable, Equatable {
     public var unownedPeriods: [Purchase]
     /// Apple's revocations of those periods' credit keys.
     public var unownedRevocations: [Revocation]
-    /// Periods of the subscription proven by an upload after a refund had stopped them (held
-    /// `revoked`, each recorded for whom it proved), oldest first, read along with
-    /// `unownedPeriods`: a refunded new purchase still tells whose stretch of the chain its
-    /// renewals are, as it would had it been credited before the refund.
+    /// New purchases in the subscription's chain proven by their buyer's upload after a refund
+    /// had stopped them (held `revoked`, `beginsStretch`), oldest first, read along with
+    /// `unownedPeriods`: each still tells whose stretch of the chain its renewals are, as it
+    /// would had it been credited before the refund.
     public var refundedPeriods: [Purchase] = []
     /// For an upload naming an order alone (`LedgerEvent.Naming`): the user's open orders of
     /// its product, oldest first.
@@ -96,6 +96,9 @@ public struct LedgerFacts: Sendable, Equatable {
         /// Apple's `ownershipType` (`FAMILY_SHARED`, `ASSIGNED`: access someone else paid for);
         /// nil where Apple's answer did not say (and in rows written before it was kept).
         public var ownershipType: String?
+        /// A new purchase in its subscription's chain (a resubscription, an upgrade) kept after
+        /// a refund stopped it: it begins its buyer's stretch of the chain.
+        public var beginsStretch = false
 
         /// Creates a purchase row.
         public init(

@@ -100,9 +100,9 @@ extension OrderStore {
             }
             if let original = query.originalTransactionId, query.readsSubscription {
                 // The periods Apple told of while nobody owned their stretch of the chain, for the
-                // credit that gives it an owner (and for whose stretch a period is), and those an
-                // upload proved after a refund had stopped them: facts only where the
-                // subscription is known, read along in case it is.
+                // credit that gives it an owner (and for whose stretch a period is), and the new
+                // purchases in it that their buyer proved after a refund had stopped them: facts
+                // only where the subscription is known, read along in case it is.
                 unownedPeriods = add(
                     """
                     SELECT * FROM purchase WHERE originalTransactionId = ?
@@ -183,7 +183,7 @@ extension OrderStore {
             if facts.subscription != nil {
                 let periods = unownedPeriods.map { sets[$0].map(OrderStore.purchaseFact) } ?? []
                 facts.unownedPeriods = periods.filter(\.isUnowned)
-                facts.refundedPeriods = periods.filter { $0.heldReason == .stoppedByRefund }
+                facts.refundedPeriods = periods.filter { $0.heldReason == .stoppedByRefund && $0.beginsStretch }
                 if !facts.unownedPeriods.isEmpty {
                     facts.unownedRevocations = unownedRevocations.map { sets[$0].map(OrderStore.revocationFact) } ?? []
                 }
@@ -220,7 +220,7 @@ extension OrderStore {
     }
 
     static func purchaseFact(_ row: SQLRow) -> LedgerFacts.Purchase {
-        LedgerFacts.Purchase(
+        var purchase = LedgerFacts.Purchase(
             transactionId: row["transactionId"], originalTransactionId: row["originalTransactionId"],
             productId: row["productId"], quantity: row["quantity"],
             environment: AppStoreEnvironment(rawValue: row["environment"]) ?? .production, bundleId: row["bundleId"],
@@ -228,6 +228,8 @@ extension OrderStore {
             submissionId: row["submissionId"], appAccountToken: row["appAccountToken"], heldReason: row["heldReason"],
             creditedAt: row["creditedAt"], creditKey: row["creditKey"], webOrderLineItemId: row["webOrderLineItemId"],
             expiresDate: row["expiresDate"], ownershipType: row["ownershipType"])
+        purchase.beginsStretch = row["beginsStretch"] ?? false
+        return purchase
     }
 
     static func revocationFact(_ row: SQLRow) -> LedgerFacts.Revocation {
@@ -287,14 +289,15 @@ extension OrderStore {
                     """
                     INSERT INTO purchase (transactionId, originalTransactionId, productId, quantity, environment, bundleId,
                         purchaseDate, userId, orderId, submissionId, appAccountToken, heldReason, creditedAt, creditKey,
-                        webOrderLineItemId, expiresDate, ownershipType)
-                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                        webOrderLineItemId, expiresDate, ownershipType, beginsStretch)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                     ON CONFLICT (transactionId) DO NOTHING
                     """,
                     [
                         row.transactionId, row.originalTransactionId, row.productId, row.quantity, row.environment.rawValue,
                         row.bundleId, row.purchaseDate, row.userId, row.orderId, row.submissionId, row.appAccountToken,
                         row.heldReason, row.creditedAt, row.creditKey, row.webOrderLineItemId, row.expiresDate, row.ownershipType,
+                        row.beginsStretch,
                     ],
                     requiresChange: ifAbsent
                         ? nil : SQLError(.serializationFailure, "purchase \(transactionId) was recorded by another writer"))
@@ -307,12 +310,14 @@ extension OrderStore {
                 SQLStatement(
                     """
                     UPDATE purchase SET userId = ?, orderId = ?, submissionId = ?, appAccountToken = ?, heldReason = ?,
-                        creditedAt = ?, creditKey = ?, quantity = ?, purchaseDate = ?, expiresDate = ?, ownershipType = ?
+                        creditedAt = ?, creditKey = ?, quantity = ?, purchaseDate = ?, expiresDate = ?, ownershipType = ?,
+                        beginsStretch = ?
                     WHERE transactionId = ? AND heldReason IN ('owner_unknown', 'buyer_unknown')
                     """,
                     [
                         row.userId, row.orderId, row.submissionId, row.appAccountToken, row.heldReason, row.creditedAt,
-                        row.creditKey, row.quantity, row.purchaseDate, row.expiresDate, row.ownershipType, row.transactionId,
+                        row.creditKey, row.quantity, row.purchaseDate, row.expiresDate, row.ownershipType, row.beginsStretch,
+                        row.transactionId,
                     ],
                     requiresChange: SQLError(.serializationFailure, "purchase \(transactionId) was claimed by another writer"))
             ]

@@ -976,8 +976,12 @@ enum SchemaHistory {
                 ALTER TABLE subscription ADD COLUMN priceIncreaseStatus INTEGER;
                 """),
         SchemaStep(
-            version: 25, name: "commitment plans",
+            version: 25, name: "commitment plans, and refunded new purchases in a chain",
             sqlite: """
+                -- A new purchase in a subscription's chain (a resubscription, an upgrade) kept
+                -- after a refund stopped it: it still tells whose stretch of the chain its
+                -- renewals are.
+                ALTER TABLE purchase ADD COLUMN beginsStretch BOOLEAN NOT NULL DEFAULT 0;
                 -- Where a commitment plan stands at each transaction (Apple's commitmentInfo): this
                 -- period's number of how many, the commitment's end and price.
                 ALTER TABLE purchase_terms ADD COLUMN commitmentBillingPeriod INTEGER;
@@ -993,6 +997,7 @@ enum SchemaHistory {
                 ALTER TABLE subscription ADD COLUMN commitmentRenewalPrice INTEGER;
                 """,
             postgres: """
+                ALTER TABLE purchase ADD COLUMN beginsStretch BIGINT NOT NULL DEFAULT 0;
                 ALTER TABLE purchase_terms ADD COLUMN commitmentBillingPeriod INTEGER;
                 ALTER TABLE purchase_terms ADD COLUMN commitmentTotalPeriods INTEGER;
                 ALTER TABLE purchase_terms ADD COLUMN commitmentExpiresDate TEXT COLLATE "C";

@@ -73,7 +73,7 @@ struct MemoryLedger {
                 .filter { $0.originalTransactionId == original && $0.isUnowned }
                 .sorted { ($0.purchaseDate ?? .distantPast, $0.transactionId) < ($1.purchaseDate ?? .distantPast, $1.transactionId) }
             facts.refundedPeriods = purchases.values
-                .filter { $0.originalTransactionId == original && $0.heldReason == .stoppedByRefund }
+                .filter { $0.originalTransactionId == original && $0.heldReason == .stoppedByRefund && $0.beginsStretch }
                 .sorted { ($0.purchaseDate ?? .distantPast, $0.transactionId) < ($1.purchaseDate ?? .distantPast, $1.transactionId) }
             let keys = Set(facts.unownedPeriods.compactMap(\.creditKey))
             facts.unownedRevocations = revocations.values.filter { keys.contains($0.creditKey) }
@@ -459,11 +459,7 @@ struct ReferenceLedger {
         if standing(key) == .all {
             // Stopped: remembered for the one who proved it, credited if Apple reverses the refund
             // (unless its token names an order for another product: then a person decides).
-            // A renewal of a subscription someone else owns is theirs under `keep`: the uploader
-            // proves nothing for themselves.
-            let othersPeriod = period && tokenOrder == nil && restore == .keep && transaction.id != transaction.original && transaction.reason != "PURCHASE"
-                && subscriptionOwner[transaction.original].map { $0 != claimant } == true
-            if tokenOrder != nil || evidence == .signedUpload, recorded[transaction.id] == nil, !othersPeriod {
+            if tokenOrder != nil || evidence == .signedUpload, recorded[transaction.id] == nil {
                 let user = tokenOrder?.user ?? claimant
                 recorded[transaction.id] = (user, true)
                 if stopped[key] == nil, !mismatch { stopped[key] = (user, transaction.id) }

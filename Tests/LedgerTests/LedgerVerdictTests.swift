@@ -566,7 +566,9 @@ struct LedgerVerdictTests {
         cys.ownedSince = Self.t0 + 300
         var facts = LedgerFacts(
             grants: [anas], subscription: cys, unownedPeriods: [kept("t3", at: Self.t0 + 200, reason: .ownerUnknown)])
-        facts.refundedPeriods = [kept("t2", at: Self.t0 + 100, reason: .stoppedByRefund, for: "ben")]
+        var resubscription = kept("t2", at: Self.t0 + 100, reason: .stoppedByRefund, for: "ben")
+        resubscription.beginsStretch = true
+        facts.refundedPeriods = [resubscription]
         var renewal = period("t3", reason: "RENEWAL")
         renewal.purchaseDate = Self.t0 + 200
         renewal.evidence = .signedUpload
@@ -582,17 +584,11 @@ struct LedgerVerdictTests {
             #expect(granted.allSatisfy { $0.userId == "ben" }, "\(other): \(granted.map(\.userId))")
         }
 
-        // Cy's upload of a refunded renewal of Ana's stretch claims nothing for Cy: no refunded
-        // row is recorded for him to tell whose the periods after it are.
-        var revoked = LedgerFacts(grants: [anas], subscription: cys)
-        revoked.revocation = LedgerFacts.Revocation(
-            creditKey: .billingPeriod("w-t5"), transactionId: "t5", source: "REVOKE", revokedAt: Self.t0, reversedAt: nil,
-            fullyRevokedAt: Self.t0)
-        var anasRenewal = period("t5", reason: "RENEWAL")
-        anasRenewal.purchaseDate = Self.t0 + 50
-        anasRenewal.evidence = .signedUpload
-        let cysTry = plan(.upload(anasRenewal, upload("cy", transaction: "t5")), revoked)
-        #expect(!cysTry.changes.contains { if case .recordPurchase = $0 { true } else { false } })
+        // A refunded renewal (no new purchase) begins no stretch: t3 stays in Ana's.
+        resubscription.beginsStretch = false
+        facts.refundedPeriods = [resubscription]
+        let notBens = plan(.upload(renewal, upload("ben", transaction: "t3")), facts)
+        #expect(notBens.outcome == .transaction(.ownedByOtherUser, nil))
     }
 
     @Test func aTransferNeverGivesATransactionIdASecondGrant() {
