@@ -312,7 +312,9 @@ extension FakeLedger {
             db, sql: "SELECT count(*) FROM renewal_extension WHERE originalTransactionId = ? AND extendedAt > ?",
             arguments: [originalTransactionId, now.addingTimeInterval(-365 * 86_400)]) ?? 0
         guard recent < 2 else { return .failure(.maximum) }
-        let effective = millisecondFloor(end.addingTimeInterval(TimeInterval(days) * 86_400))
+        // To the millisecond Apple signs the period's end with (the nearest, as every signed date).
+        let effective = Date(
+            timeIntervalSince1970: (end.addingTimeInterval(TimeInterval(days) * 86_400).timeIntervalSince1970 * 1000).rounded() / 1000)
         try db.execute(
             sql: "UPDATE purchase SET expiresDate = ? WHERE webOrderLineItemId = ? AND originalTransactionId = ?",
             arguments: [effective, lineItem, originalTransactionId])
