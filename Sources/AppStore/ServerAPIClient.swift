@@ -533,8 +533,8 @@ public final class AppStoreServerAPIClient: Sendable {
     /// Product ids go into paths: letters, digits, `.`, `-` and `_` only (what App Store
     /// Connect allows in one).
     public static func isProductId(_ id: String) -> Bool {
-        !id.isEmpty && id.count <= 100 && id != "." && id != ".."
-            && id.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "." || $0 == "-" || $0 == "_") })
+        guard let first = id.first, first != ".", id.count <= 100 else { return false }
+        return id.allSatisfy({ $0.isASCII && ($0.isLetter || $0.isNumber || $0 == "." || $0 == "-" || $0 == "_") })
     }
 
     private static func productPathId(_ id: String) throws(ServerAPIError) -> String {

@@ -552,6 +552,9 @@ struct AdminController: Sendable {
                 "reasonCode", "must be 0 (undeclared), 1 (customer satisfaction), 2 (other) or 3 (service issue or outage)")
         }
         var requestIdentifier = UUID().uuidString.lowercased()
+        if fields.fields["requestIdentifier"] as? String == "" {
+            throw APIError.invalidField("requestIdentifier", "must be a UUID")
+        }
         if let given = try fields.string("requestIdentifier", maxLength: 36) {
             guard let uuid = UUID(uuidString: given) else { throw APIError.invalidField("requestIdentifier", "must be a UUID") }
             requestIdentifier = uuid.uuidString.lowercased()
