@@ -882,6 +882,18 @@ public struct FakeAppStore: Sendable {
     private static func terms(of mint: MintRequest) throws -> String? {
         let terms = mint.terms
         if let price = terms.price, price < 0 { throw HTTPError(.badRequest, message: "price is in milli-units, 0 or more") }
+        if let price = terms.price, price > 1_000_000_000_000 { throw HTTPError(.badRequest, message: "price is at most 10^12 milli-units") }
+        if let total = terms.commitmentTotalPeriods {
+            guard (1...1_000).contains(total), (terms.commitmentBillingPeriod ?? 1) >= 1, (terms.commitmentBillingPeriod ?? 1) <= total
+            else {
+                throw HTTPError(.badRequest, message: "commitmentTotalPeriods is 1 to 1000, commitmentBillingPeriod 1 to it")
+            }
+        } else if terms.commitmentBillingPeriod != nil || terms.commitmentPrice != nil {
+            throw HTTPError(.badRequest, message: "a commitment names commitmentTotalPeriods")
+        }
+        if let price = terms.commitmentPrice, !(0...1_000_000_000_000_000).contains(price) {
+            throw HTTPError(.badRequest, message: "commitmentPrice is 0 to 10^15 milli-units")
+        }
         if let type = terms.offerType, !(1...4).contains(type) {
             throw HTTPError(.badRequest, message: "offerType is 1 (introductory), 2 (promotional), 3 (offer code) or 4 (win-back)")
         }

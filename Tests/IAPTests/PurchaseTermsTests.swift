@@ -28,35 +28,57 @@ extension BrokerTests {
         func priceAndOfferAreKeptAndCarriedInGrantCreated(_ backend: Backend) async throws {
             let pipeline = try await PipelineHarness.start(name: "terms", on: backend)
             Teardown.add { await pipeline.stop() }
-            let (listener, queue) = try TestBroker.eventListener(pipeline.names, name: "revenue", routingKey: "grant.created")
-            #expect(await listener.waitUntilConnected(timeout: .seconds(15)))
-            let received = NIOLockedValueBox([Data]())
-            let consumer = listener.consume(queue: queue, prefetch: 10)
-            let listening = Task {
-                for await delivery in consumer {
-                    received.withLockedValue { $0.append(Data(delivery.body)) }
-                    try? await delivery.ack()
-                }
-            }
+            let events = try await GrantCreatedEvents.listen(pipeline, name: "revenue")
             let minted = try await HTTP.post(pipeline.fakeURL + "/fake/purchases", json: OfferMint())
             #expect(minted.status == 201, "\(minted.text)")
             let transactionId = try #require(minted.json["transactionId"] as? String)
             let id = try await pipeline.upload(
                 ["userId": "ana", "signedTransaction": try #require(minted.json["signedTransaction"] as? String)])
             #expect(try await pipeline.waitForState(id)["state"] as? String == "credited")
-            #expect(try await eventually { received.withLockedValue { $0.count } >= 1 })
-            let body = try #require(received.withLockedValue { $0.first })
-            let event = try #require((try JSONSerialization.jsonObject(with: body)) as? [String: Any])
+            let event = try await events.first()
             #expect(event["price"] as? Int == 4_990 && event["currency"] as? String == "EUR", "\(event)")
             #expect(event["offerType"] as? Int == 1 && event["offerIdentifier"] as? String == "first-week", "\(event)")
             #expect(event["offerDiscountType"] as? String == "FREE_TRIAL" && event["offerPeriod"] as? String == "P1W", "\(event)")
             #expect(event["billingPlanType"] as? String == "MONTHLY", "\(event)")
             let kept = try #require(try await pipeline.store.purchaseTerms([transactionId])[transactionId])
             #expect(kept.price == 4_990 && kept.offerDiscountType == "FREE_TRIAL" && kept.appTransactionId != nil)
-            await consumer.cancel()
-            listening.cancel()
-            await listener.close()
+            await events.close()
         }
+    }
+}
+
+/// The pipeline's `grant.created` events, as an app's revenue service would bind a queue to them.
+struct GrantCreatedEvents {
+    let listener: AMQPConnection
+    let consumer: AMQPConsumer
+    let listening: Task<Void, Never>
+    let received: NIOLockedValueBox<[Data]>
+
+    static func listen(_ pipeline: PipelineHarness, name: String) async throws -> GrantCreatedEvents {
+        let (listener, queue) = try TestBroker.eventListener(pipeline.names, name: name, routingKey: "grant.created")
+        #expect(await listener.waitUntilConnected(timeout: .seconds(15)))
+        let received = NIOLockedValueBox([Data]())
+        let consumer = listener.consume(queue: queue, prefetch: 10)
+        let listening = Task {
+            for await delivery in consumer {
+                received.withLockedValue { $0.append(Data(delivery.body)) }
+                try? await delivery.ack()
+            }
+        }
+        return GrantCreatedEvents(listener: listener, consumer: consumer, listening: listening, received: received)
+    }
+
+    /// The first event, decoded (waits for it, bounded).
+    func first() async throws -> [String: Any] {
+        #expect(try await eventually { received.withLockedValue { $0.count } >= 1 })
+        let body = try #require(received.withLockedValue { $0.first })
+        return try #require((try JSONSerialization.jsonObject(with: body)) as? [String: Any])
+    }
+
+    func close() async {
+        await consumer.cancel()
+        listening.cancel()
+        await listener.close()
     }
 }
 
@@ -79,15 +101,11 @@ extension BrokerTests.PurchaseTermsTests {
     func aCommitmentPlanIsKeptCarriedAndShown(_ backend: Backend) async throws {
         let pipeline = try await PipelineHarness.start(name: "commitment", on: backend)
         Teardown.add { await pipeline.stop() }
-        let (listener, queue) = try TestBroker.eventListener(pipeline.names, name: "commitment", routingKey: "grant.created")
-        #expect(await listener.waitUntilConnected(timeout: .seconds(15)))
-        let received = NIOLockedValueBox([Data]())
-        let consumer = listener.consume(queue: queue, prefetch: 10)
-        let listening = Task {
-            for await delivery in consumer {
-                received.withLockedValue { $0.append(Data(delivery.body)) }
-                try? await delivery.ack()
-            }
+        let events = try await GrantCreatedEvents.listen(pipeline, name: "commitment")
+        // The fake refuses a commitment no number can trap on: 1 to 1,000 periods, prices bounded.
+        for refused in [CommitmentMint(commitmentTotalPeriods: 0), CommitmentMint(commitmentTotalPeriods: 1_001),
+            CommitmentMint(commitmentBillingPeriod: 13), CommitmentMint(price: 2_000_000_000_000)] {
+            #expect(try await HTTP.post(pipeline.fakeURL + "/fake/purchases", json: refused).status == 400)
         }
         let minted = try await HTTP.post(pipeline.fakeURL + "/fake/purchases", json: CommitmentMint())
         #expect(minted.status == 201, "\(minted.text)")
@@ -95,9 +113,7 @@ extension BrokerTests.PurchaseTermsTests {
         let signed = try #require(minted.json["signedTransaction"] as? String)
         let id = try await pipeline.upload(["userId": "ana", "signedTransaction": signed])
         #expect(try await pipeline.waitForState(id)["state"] as? String == "credited")
-        #expect(try await eventually { received.withLockedValue { $0.count } >= 1 })
-        let body = try #require(received.withLockedValue { $0.first })
-        let event = try #require((try JSONSerialization.jsonObject(with: body)) as? [String: Any])
+        let event = try await events.first()
         #expect(event["commitmentBillingPeriod"] as? Int == 1 && event["commitmentTotalPeriods"] as? Int == 12, "\(event)")
         #expect(event["commitmentPrice"] as? Int == 59_880 && event["commitmentExpiresDate"] is String, "\(event)")
         let kept = try #require(try await pipeline.store.purchaseTerms([transactionId])[transactionId]?.commitment)
@@ -120,9 +136,7 @@ extension BrokerTests.PurchaseTermsTests {
         #expect(renewal?.billingPlanType == "MONTHLY")
         #expect(renewal?.commitment?.autoRenewStatus == 1 && renewal?.commitment?.renewalPrice == 59_880)
         #expect(renewal?.commitment?.autoRenewProductId == "com.example.vip.month" && renewal?.commitment?.renewalDate == ends)
-        await consumer.cancel()
-        listening.cancel()
-        await listener.close()
+        await events.close()
     }
 
     struct MigratedMint: Encodable {
