@@ -9,7 +9,7 @@
                                               print the signedPayload of a REFUND notification
                                               the fake App Store signed (caught on a loopback
                                               port, then the fake points at the intake again)
-  api_check.py products INTAKE_URL            print the catalog's product ids, comma-separated
+  api_check.py products INTAKE_URL [TYPE]     print the catalog's product ids (of TYPE), comma-separated
   api_check.py auth-enforced INTAKE_URL       exit 0 if a user route refuses a request without
                                               a token with 401, 1 if it serves it
   api_check.py summary JUNIT_XML LOG          print the run's counts on one line; exit 1 when
@@ -98,11 +98,16 @@ def signed_notification(fake_url: str, bundle_id: str, intake_notification_url: 
     return json.loads(caught[0])["signedPayload"]
 
 
-def products(intake_url: str) -> str:
+def products(intake_url: str, only_type: str | None = None) -> str:
+    """The catalog's product ids, comma-separated; only those of `only_type` when given."""
     status, body = request(f"{intake_url}/v1/products")
     if status != 200:
         sys.exit(f"GET /v1/products answered {status}")
-    return ",".join(product["productId"] for product in json.loads(body)["products"])
+    return ",".join(
+        product["productId"]
+        for product in json.loads(body)["products"]
+        if only_type is None or product["type"] == only_type
+    )
 
 
 def auth_enforced(intake_url: str) -> bool:
@@ -138,6 +143,8 @@ def main() -> None:
         print(signed_notification(args[1], args[2], args[3]))
     elif len(args) == 2 and args[0] == "products":
         print(products(args[1]))
+    elif len(args) == 3 and args[0] == "products":
+        print(products(args[1], args[2]))
     elif len(args) == 2 and args[0] == "auth-enforced":
         sys.exit(0 if auth_enforced(args[1]) else 1)
     elif len(args) == 3 and args[0] == "summary":

@@ -5,7 +5,7 @@
 - Positive cases are made meaningful where JSON Schema cannot say what the server needs:
   `receiptData` becomes a real receipt, `signedTransaction` (and `signedAppTransaction`) a real signed transaction
   (minted by the script at the fake App Store), `signedPayload` a notification the fake signed,
-  `productId` a product of the live catalog, the user the token's subject, and an admin
+  `productId` a product of the live catalog (an auto-renewable one for a mass extension), the user the token's subject, and an admin
   action's `actor` a plain ASCII staff name when it is not one (an actor mixing scripts, which
   a random string of the schema's pattern usually does, an app user's `user:<id>` copied from
   the audit log, or a service's name, is rightly refused as `invalid_field`). Without this,
@@ -15,7 +15,7 @@
 
 Settings come from the environment: IAP_CHECK_BASE_URL, IAP_CHECK_USER_TOKEN,
 IAP_CHECK_USER_ID, IAP_CHECK_ADMIN_TOKEN, IAP_CHECK_RECEIPT, IAP_CHECK_SIGNED_TRANSACTION,
-IAP_CHECK_SIGNED_NOTIFICATION, IAP_CHECK_PRODUCTS.
+IAP_CHECK_SIGNED_NOTIFICATION, IAP_CHECK_PRODUCTS, IAP_CHECK_SUBSCRIPTION_PRODUCTS.
 """
 
 import os
@@ -33,6 +33,7 @@ SIGNED_TRANSACTION = os.environ["IAP_CHECK_SIGNED_TRANSACTION"]
 # stores anything, so only a genuine one is accepted (the same one again is harmless).
 SIGNED_NOTIFICATION = os.environ["IAP_CHECK_SIGNED_NOTIFICATION"]
 PRODUCTS = [p for p in os.environ.get("IAP_CHECK_PRODUCTS", "").split(",") if p]
+SUBSCRIPTION_PRODUCTS = [p for p in os.environ.get("IAP_CHECK_SUBSCRIPTION_PRODUCTS", "").split(",") if p]
 
 
 def _schemes(operation) -> set[str]:
@@ -108,6 +109,9 @@ def before_call(context, case, kwargs):
         if path in ("/v1/orders", "/v1/admin/grants") and body is not None and PRODUCTS:
             if body.get("productId") not in PRODUCTS:
                 body["productId"] = PRODUCTS[len(str(body.get("productId"))) % len(PRODUCTS)]
+        if path == "/v1/admin/renewal-extensions" and body is not None and SUBSCRIPTION_PRODUCTS:
+            if body.get("productId") not in SUBSCRIPTION_PRODUCTS:
+                body["productId"] = SUBSCRIPTION_PRODUCTS[len(str(body.get("productId"))) % len(SUBSCRIPTION_PRODUCTS)]
         if path.startswith("/v1/admin/") and body is not None and isinstance(body.get("actor"), str):
             if _actor_refused(body["actor"]):
                 body["actor"] = f"cs-{len(body['actor'])}"
