@@ -14,6 +14,7 @@ let package = Package(
     products: [
         .executable(name: "iap", targets: ["iap"]),
         .executable(name: "iap-microbench", targets: ["IAPMicrobench"]),
+        .executable(name: "iap-app", targets: ["iap-app"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
@@ -33,6 +34,8 @@ let package = Package(
         .package(url: "https://github.com/HdrHistogram/hdrhistogram-swift", from: "0.2.0"),
         .package(url: "https://github.com/hummingbird-project/swift-mustache", from: "2.1.1"),
         .package(url: "https://github.com/vapor/postgres-nio", from: "1.33.2"),
+        // The app side, a package of its own that apps add (Foundation only).
+        .package(path: "Client"),
     ],
     targets: [
         .systemLibrary(
@@ -239,6 +242,24 @@ let package = Package(
             ],
             swiftSettings: strictSettings
         ),
+        // The simulated app: devices buying through `IAPClient` from the fake App Store.
+        .target(
+            name: "AppSimulator",
+            dependencies: [
+                .product(name: "IAPClient", package: "Client"),
+                .product(name: "Crypto", package: "swift-crypto"),
+            ],
+            swiftSettings: strictSettings
+        ),
+        .executableTarget(
+            name: "iap-app",
+            dependencies: [
+                "AppSimulator",
+                .product(name: "IAPClient", package: "Client"),
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ],
+            swiftSettings: strictSettings
+        ),
         // The ledger core's checker and what it runs on: the tables in memory (`MemoryLedger`),
         // the reference model, the seeded generator. Optimized even in debug builds: its
         // 100,000 random sequences a run are the suite's largest piece of pure computation.
@@ -259,7 +280,8 @@ let package = Package(
             name: "IAPTests",
             dependencies: [
                 "IAPCore", "Ledger", "LedgerTestSupport", "Messaging", "AppStore", "OrderStore", "FakeAppStore",
-                "Intake", "Relay", "Verifier", "Finisher", "Pipeline", "Console",
+                "Intake", "Relay", "Verifier", "Finisher", "Pipeline", "Console", "AppSimulator",
+                .product(name: "IAPClient", package: "Client"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "Hummingbird", package: "hummingbird"),
@@ -273,6 +295,7 @@ let package = Package(
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
                 .product(name: "NIOFoundationCompat", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
             ],
             // Read from their paths by the tests that use them (`#filePath`), not bundled.
             exclude: ["Fixtures"],

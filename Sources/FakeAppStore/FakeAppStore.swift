@@ -285,6 +285,22 @@ public struct FakeAppStore: Sendable {
         router.post("/fake/devices/{deviceId}/receipt") { _, context in
             try self.refreshedReceipt(deviceId: try context.parameters.require("deviceId"))
         }
+        router.get("/fake/devices/{deviceId}/transactions") { _, context in
+            // What StoreKit on the device holds: each purchase signed as `Transaction` hands it
+            // over, and whether the app finished it (`Transaction.unfinished` is those not).
+            let purchases = try ledger.purchases(deviceId: try context.parameters.require("deviceId"))
+            return try json(
+                DeviceTransactions(
+                    transactions: try purchases.map { purchase in
+                        DeviceTransaction(
+                            transactionId: purchase.transactionId, originalTransactionId: purchase.originalTransactionId,
+                            productId: purchase.productId, type: purchase.type,
+                            purchaseDateMs: String(Self.milliseconds(purchase.purchaseDate)),
+                            finishedDateMs: purchase.finishedDate.map { String(Self.milliseconds($0)) },
+                            revoked: purchase.cancellationDate != nil, signedTransaction: try storeKit.signedTransaction(purchase))
+                    }),
+                status: .ok)
+        }
     }
 
     /// `/fake/subscriptions`: a chain's renewals, resubscriptions, renewal trouble, expiry,
@@ -798,6 +814,23 @@ public struct FakeAppStore: Sendable {
         /// that bought seats (its `ADMIN`) or the one that assigned this seat (a member with no
         /// role). An `ASSIGNED` seat names none: Apple's sandbox placeholder group.
         var groupId: String?
+    }
+
+    /// `GET /fake/devices/{deviceId}/transactions`.
+    private struct DeviceTransactions: Encodable {
+        var transactions: [DeviceTransaction]
+    }
+
+    private struct DeviceTransaction: Encodable {
+        var transactionId: String
+        var originalTransactionId: String
+        var productId: String
+        var type: String
+        var purchaseDateMs: String
+        /// When the app finished it; absent while it is unfinished.
+        var finishedDateMs: String?
+        var revoked: Bool
+        var signedTransaction: String
     }
 
     private struct MintResponse: Encodable {

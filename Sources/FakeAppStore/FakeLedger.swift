@@ -689,6 +689,17 @@ final class FakeLedger: Sendable {
         }
     }
 
+    /// Every purchase made on `deviceId` (of any app), oldest first: what StoreKit on that
+    /// device knows of, finished or not.
+    func purchases(deviceId: String) throws -> [Purchase] {
+        try database.read { db in
+            try Row.fetchAll(
+                db, sql: "SELECT * FROM purchase WHERE deviceId = ? ORDER BY purchaseDate, transactionId",
+                arguments: [deviceId]
+            ).map(Purchase.init(row:))
+        }
+    }
+
     /// Undoes a refund, for everything the refund revoked; the purchase as it is now, nil if
     /// there is no such purchase.
     func reverseCancel(transactionId: String) throws -> Purchase? {
