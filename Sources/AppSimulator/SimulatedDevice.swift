@@ -86,7 +86,7 @@ struct SimulatedDevice: Sendable {
         for await event in events {
             switch event {
             case .finished(let entry):
-                addStats(uploads: entry.uploads, retries: max(0, entry.attempts - 1))
+                addStats(uploads: entry.uploads, retries: entry.retries)
                 report?.append(
                     ["event": "settled", "userId": entry.userId, "transactionId": entry.transactionId,
                      "productId": entry.transaction.productId, "state": "finished"])

@@ -36,6 +36,8 @@ struct Simulate: AsyncParsableCommand {
     @Flag(help: "Print the summary as the last line, JSON only.") var json = false
     @Option(name: .customLong("retry-initial-ms"), help: "The first retry's delay.") var retryInitialMs: Int = 2000
     @Option(name: .customLong("retry-max-ms"), help: "The longest retry delay.") var retryMaxMs: Int = 600_000
+    @Option(name: .customLong("status-poll-ms"), help: "The first wait before reading a pending upload's status again.")
+    var statusPollMs: Int = 2000
     @Option(name: .customLong("drain-timeout"), help: "Seconds to wait for the queues to empty.") var drainTimeout: Int = 600
 
     func validate() throws {
@@ -44,6 +46,7 @@ struct Simulate: AsyncParsableCommand {
         guard (1...3_600_000).contains(retryInitialMs), (retryInitialMs...3_600_000).contains(retryMaxMs) else {
             throw ValidationError("--retry-initial-ms must be 1 to 3600000 and --retry-max-ms at least that")
         }
+        guard (1...600_000).contains(statusPollMs) else { throw ValidationError("--status-poll-ms must be 1 to 600000") }
         guard (1...86_400).contains(drainTimeout) else { throw ValidationError("--drain-timeout must be 1 to 86400") }
         guard parsedSeed != nil else { throw ValidationError("--seed must be a number (decimal or 0x hex)") }
         for (name, value) in [("--intake", intake), ("--fake", fake)] where URL(string: value)?.host == nil {
@@ -57,12 +60,17 @@ struct Simulate: AsyncParsableCommand {
 
     func run() async throws {
         let environment = ProcessInfo.processInfo.environment
+        guard let intakeURL = URL(string: intake), let fakeURL = URL(string: fake) else {
+            throw ValidationError("--intake and --fake must be URLs")
+        }
         let settings = Simulation.Settings(
-            intakeURL: URL(string: intake)!, fakeURL: URL(string: fake)!, bundleId: bundleId,
+            intakeURL: intakeURL, fakeURL: fakeURL, bundleId: bundleId,
             queueDirectory: URL(fileURLWithPath: queue), devices: devices, purchases: purchases, seed: parsedSeed ?? 1,
             reportFile: report.map { URL(fileURLWithPath: $0) },
             authSecret: environment["IAP_AUTH_HS256_SECRET"].flatMap { $0.isEmpty ? nil : $0 },
-            retry: RetryPolicy(initialDelay: .milliseconds(retryInitialMs), maximumDelay: .milliseconds(retryMaxMs)),
+            retry: RetryPolicy(
+                initialDelay: .milliseconds(retryInitialMs), maximumDelay: .milliseconds(retryMaxMs),
+                statusPollDelay: .milliseconds(statusPollMs)),
             drainTimeout: .seconds(drainTimeout))
         let summary = try await Simulation(settings: settings).run()
         let encoder = JSONEncoder()

@@ -264,7 +264,7 @@ public actor IAPClient {
                 // The submission is remembered before it is followed: a kill now re-reads it.
                 try store.put(entry)
             }
-            let status = try await service.status(submissionId: entry.submissionId ?? "", token: token)
+            let status = try await service.status(submissionId: entry.submissionId ?? "", userId: entry.userId, token: token)
             entry.failures = 0
             entry.lastError = nil
             try await act(on: UploadDecision.after(status, of: entry, now: clock.now(), policy: configuration.retry), entry, token)
@@ -313,6 +313,7 @@ public actor IAPClient {
     private func failed(_ entry: inout QueueEntry, _ error: any Error) {
         let policy = configuration.retry
         entry.failures += 1
+        entry.retries += 1
         entry.stopped = nil
         entry.lastError = "\(error)"
         let retryAfter = (error as? IAPClientError)?.retryAfter

@@ -48,8 +48,11 @@ struct OrderService: Sendable {
         return try decode(Accepted.self, from: try await send("POST", "/v1/receipts", json: body, token: token, expect: 202))
     }
 
-    func status(submissionId: String, token: String?) async throws(IAPClientError) -> Status {
-        try decode(Status.self, from: try await send("GET", "/v1/receipts/\(Self.escaped(submissionId))", token: token, expect: 200))
+    /// The user is named in the query too: a service running without tokens (development)
+    /// knows the user only from it; with tokens it must be the token's.
+    func status(submissionId: String, userId: String, token: String?) async throws(IAPClientError) -> Status {
+        let path = "/v1/receipts/\(Self.escaped(submissionId))?userId=\(Self.escaped(userId, query: true))"
+        return try decode(Status.self, from: try await send("GET", path, token: token, expect: 200))
     }
 
     func entitlements(userId: String, token: String?) async throws(IAPClientError) -> Data {
@@ -111,9 +114,9 @@ struct OrderService: Sendable {
         var error: Detail
     }
 
-    static func escaped(_ segment: String) -> String {
-        var allowed = CharacterSet.urlPathAllowed
-        allowed.remove(charactersIn: "/")
+    static func escaped(_ segment: String, query: Bool = false) -> String {
+        var allowed = query ? CharacterSet.urlQueryAllowed : CharacterSet.urlPathAllowed
+        allowed.remove(charactersIn: query ? "&=+#" : "/")
         return segment.addingPercentEncoding(withAllowedCharacters: allowed) ?? segment
     }
 }

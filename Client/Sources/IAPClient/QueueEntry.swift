@@ -17,6 +17,8 @@ public struct QueueEntry: Codable, Sendable, Equatable {
     public var attempts: Int = 0
     /// Failures in a row (no answer, 408, 429, 5xx, a cut answer); reset by any answer.
     public var failures: Int = 0
+    /// Failures in all: each was followed by a retry.
+    public var retries: Int = 0
     /// The last failure, for people.
     public var lastError: String?
     /// Not tried again before this; nil means now.
