@@ -247,7 +247,10 @@ let package = Package(
             name: "AppSimulator",
             dependencies: [
                 .product(name: "IAPClient", package: "Client"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
             ],
             swiftSettings: strictSettings
         ),

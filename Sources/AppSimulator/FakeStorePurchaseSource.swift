@@ -98,7 +98,7 @@ public final class FakeStorePurchaseSource: PurchaseSource {
 
     /// The transaction a signed transaction carries, read as StoreKit's `unsafePayloadValue`
     /// (the order service checks the signature).
-    static func transaction(signed: String) -> StoreTransaction? {
+    public static func transaction(signed: String) -> StoreTransaction? {
         let parts = signed.split(separator: ".", omittingEmptySubsequences: false)
         guard parts.count == 3, let payload = Data(base64URL: String(parts[1])),
             let object = try? JSONSerialization.jsonObject(with: payload) as? [String: Any],

@@ -2,10 +2,6 @@ import Crypto
 public import Foundation
 public import IAPClient
 
-#if canImport(FoundationNetworking)
-    import FoundationNetworking
-#endif
-
 /// Devices buying through `IAPClient` as apps do: each its own user, fake App Store device and
 /// queue folder; started again on the same folder it resumes what the folder holds and buys
 /// only what is left. Its summary is checked against who really paid: the fake App Store's
@@ -88,7 +84,7 @@ public struct Simulation: Sendable {
     /// Runs every device until it has bought its share and its queue is empty (or the drain
     /// timeout passed), then counts.
     public func run() async throws -> Summary {
-        let transport = URLSessionTransport(timeout: .seconds(10))
+        let transport = AsyncHTTPClientTransport(timeout: .seconds(10))
         let catalog = try await products(transport)
         guard !catalog.isEmpty else { throw Simulation.Failure(description: "the service's catalog is empty") }
         let report = try settings.reportFile.map(ReportFile.init(url:))

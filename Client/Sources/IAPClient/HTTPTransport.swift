@@ -48,7 +48,12 @@ public protocol HTTPTransport: Sendable {
     func send(_ exchange: HTTPExchange) async throws -> HTTPAnswer
 }
 
-/// `URLSession`, ephemeral (no cache, no cookies), with a time limit per request.
+/// `URLSession`, ephemeral (no cache, no cookies), with a time limit per request: what an app on
+/// an Apple platform uses.
+///
+/// - Important: On Linux, swift-corelibs' `URLSession` stops the process when a connection
+///   closes before any answer ("Transfer completed, but there's no response"); give the client
+///   another `HTTPTransport` there (the simulated app uses AsyncHTTPClient).
 public struct URLSessionTransport: HTTPTransport {
     private let session: URLSession
 
