@@ -66,7 +66,7 @@ struct SimulatedDevice: Sendable {
                 failures += 1
                 guard failures < 1000 else { throw error }
                 let wait = settings.retry.delay(afterFailures: failures, retryAfter: error.retryAfter, using: &random)
-                try await Task.sleep(for: min(wait, .seconds(2)))
+                try await Task.sleep(for: .milliseconds(Int64(min(wait, 2) * 1000)))
             }
         }
     }

@@ -69,8 +69,8 @@ struct Simulate: AsyncParsableCommand {
             reportFile: report.map { URL(fileURLWithPath: $0) },
             authSecret: environment["IAP_AUTH_HS256_SECRET"].flatMap { $0.isEmpty ? nil : $0 },
             retry: RetryPolicy(
-                initialDelay: .milliseconds(retryInitialMs), maximumDelay: .milliseconds(retryMaxMs),
-                statusPollDelay: .milliseconds(statusPollMs)),
+                initialDelay: Double(retryInitialMs) / 1000, maximumDelay: Double(retryMaxMs) / 1000,
+                statusPollDelay: Double(statusPollMs) / 1000),
             drainTimeout: .seconds(drainTimeout))
         let summary = try await Simulation(settings: settings).run()
         let encoder = JSONEncoder()

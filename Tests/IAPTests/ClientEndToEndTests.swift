@@ -93,7 +93,7 @@ extension DisruptiveTests {
             let client = IAPClient(
                 configuration: .init(
                     serverURL: try #require(URL(string: proxy.url)),
-                    retry: RetryPolicy(initialDelay: .milliseconds(50), maximumDelay: .seconds(1), statusPollDelay: .milliseconds(100))),
+                    retry: RetryPolicy(initialDelay: 0.05, maximumDelay: 1, statusPollDelay: 0.1)),
                 store: try FileTransactionStore(directory: folder), source: source, transport: transport, seed: 9)
             try await client.signIn(userId: "hana", token: { nil })
             try await client.start()

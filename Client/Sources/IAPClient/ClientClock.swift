@@ -18,7 +18,7 @@ public struct SystemClock: ClientClock {
     public func sleep(until deadline: Date) async throws {
         let wait = deadline.timeIntervalSinceNow
         guard wait > 0 else { return }
-        try await Task.sleep(for: .milliseconds(Int64((wait * 1000).rounded(.up))))
+        try await Task.sleep(nanoseconds: UInt64(min(wait, 86_400 * 365) * 1_000_000_000))
     }
 }
 

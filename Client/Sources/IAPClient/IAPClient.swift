@@ -215,7 +215,7 @@ public actor IAPClient {
         do {
             entries = try store.entries(of: user.id)
         } catch {
-            return now.addingTimeInterval(RetryPolicy.seconds(configuration.retry.initialDelay))
+            return now.addingTimeInterval(configuration.retry.initialDelay)
         }
         let due = entries.filter { entry in
             guard !inFlight.contains(entry.transactionId) else { return false }
@@ -318,7 +318,7 @@ public actor IAPClient {
         entry.lastError = "\(error)"
         let retryAfter = (error as? IAPClientError)?.retryAfter
         let wait = policy.delay(afterFailures: entry.failures, retryAfter: retryAfter, using: &random)
-        entry.nextAttemptAt = clock.now().addingTimeInterval(RetryPolicy.seconds(wait))
+        entry.nextAttemptAt = clock.now().addingTimeInterval(wait)
         let alert = entry.failures >= policy.alertAfterFailures && !entry.alerted
         if alert { entry.alerted = true }
         save(entry)

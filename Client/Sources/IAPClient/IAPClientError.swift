@@ -23,11 +23,11 @@ public struct IAPClientError: Error, Sendable, Equatable, CustomStringConvertibl
     public var code: String?
     /// What happened, for people.
     public var message: String
-    /// The wait the service asked for (`Retry-After`).
-    public var retryAfter: Duration?
+    /// The wait the service asked for (`Retry-After`), in seconds.
+    public var retryAfter: TimeInterval?
 
     /// An error.
-    public init(kind: Kind, status: Int? = nil, code: String? = nil, message: String, retryAfter: Duration? = nil) {
+    public init(kind: Kind, status: Int? = nil, code: String? = nil, message: String, retryAfter: TimeInterval? = nil) {
         self.kind = kind
         self.status = status
         self.code = code

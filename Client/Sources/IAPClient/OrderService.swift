@@ -89,7 +89,7 @@ struct OrderService: Sendable {
         }
         guard answer.status != expect else { return answer.body }
         let error = (try? JSONDecoder().decode(ErrorBody.self, from: answer.body))?.error
-        let retryAfter = answer.headers["retry-after"].flatMap(Int.init).map { Duration.seconds(max(0, $0)) }
+        let retryAfter = answer.headers["retry-after"].flatMap(Int.init).map { TimeInterval(max(0, $0)) }
         let transient = answer.status == 408 || answer.status == 429 || answer.status >= 500
         throw IAPClientError(
             kind: transient ? .unavailable : (200..<300).contains(answer.status) ? .unreachable : .refused,

@@ -4,66 +4,66 @@ import Foundation
 /// cap, `Retry-After` honoured, an alert after so many failures in a row.
 public struct RetryPolicy: Sendable, Equatable {
     /// The wait after the first failure.
-    public var initialDelay: Duration
+    public var initialDelay: TimeInterval
     /// Each further failure multiplies the wait by this.
     public var multiplier: Double
     /// No wait is longer (before `Retry-After`).
-    public var maximumDelay: Duration
+    public var maximumDelay: TimeInterval
     /// The share of each wait drawn at random (0 to 1): devices that failed together do not
     /// come back together.
     public var jitter: Double
     /// The longest `Retry-After` taken from a server: an answer cannot park the queue for days.
-    public var maximumRetryAfter: Duration
+    public var maximumRetryAfter: TimeInterval
     /// Failures in a row after which the alert hook is called, once per entry.
     public var alertAfterFailures: Int
     /// The wait before reading again the status of an upload that is not final yet (`pending`).
-    public var statusPollDelay: Duration
+    public var statusPollDelay: TimeInterval
 
     /// The defaults: 2 s, doubling, at most 10 minutes, half of it random, `Retry-After` up to an
     /// hour, an alert after 10 failures, a pending upload read again after 2 s.
     public init(
-        initialDelay: Duration = .seconds(2), multiplier: Double = 2, maximumDelay: Duration = .seconds(600),
-        jitter: Double = 0.5, maximumRetryAfter: Duration = .seconds(3600), alertAfterFailures: Int = 10,
-        statusPollDelay: Duration = .seconds(2)
+        initialDelay: TimeInterval = 2, multiplier: Double = 2, maximumDelay: TimeInterval = 600,
+        jitter: Double = 0.5, maximumRetryAfter: TimeInterval = 3600, alertAfterFailures: Int = 10,
+        statusPollDelay: TimeInterval = 2
     ) {
-        self.initialDelay = initialDelay
+        self.initialDelay = max(0.001, initialDelay)
         self.multiplier = max(1, multiplier)
-        self.maximumDelay = max(initialDelay, maximumDelay)
+        self.maximumDelay = max(self.initialDelay, maximumDelay)
         self.jitter = min(1, max(0, jitter))
-        self.maximumRetryAfter = maximumRetryAfter
+        self.maximumRetryAfter = max(0, maximumRetryAfter)
         self.alertAfterFailures = max(1, alertAfterFailures)
-        self.statusPollDelay = statusPollDelay
+        self.statusPollDelay = max(0.001, statusPollDelay)
     }
 
-    /// The wait after `failures` failures in a row (1 for the first): `initialDelay ×
-    /// multiplier^(failures-1)`, capped, its `jitter` share drawn from `random`; never shorter
-    /// than the server's `Retry-After` (itself capped by `maximumRetryAfter`).
+    /// The wait in seconds (to the millisecond) after `failures` failures in a row (1 for the
+    /// first): `initialDelay × multiplier^(failures-1)`, capped, its `jitter` share drawn from
+    /// `random`; never shorter than the server's `Retry-After` (itself capped by
+    /// `maximumRetryAfter`).
     public func delay(
-        afterFailures failures: Int, retryAfter: Duration? = nil, using random: inout some RandomNumberGenerator
-    ) -> Duration {
-        let cap = Self.seconds(maximumDelay)
-        // In Double, clamped before it can overflow: 2^1000 failures still give the cap.
-        let exponent = Double(min(max(failures, 1) - 1, 64))
-        let full = min(cap, Self.seconds(initialDelay) * pow(multiplier, exponent))
-        let fixed = full * (1 - jitter)
-        let drawn = full * jitter * Double.random(in: 0...1, using: &random)
-        var wait = fixed + drawn
-        if let retryAfter {
-            wait = max(wait, min(Self.seconds(retryAfter), Self.seconds(maximumRetryAfter)))
+        afterFailures failures: Int, retryAfter: TimeInterval? = nil, using random: inout some RandomNumberGenerator
+    ) -> TimeInterval {
+        let full = fullDelay(afterFailures: failures)
+        var wait = full * (1 - jitter) + full * jitter * Double.random(in: 0...1, using: &random)
+        if let retryAfter, retryAfter.isFinite {
+            wait = max(wait, min(retryAfter, maximumRetryAfter))
         }
-        return .milliseconds(Int64((wait * 1000).rounded()))
+        return Self.milliseconds(wait)
     }
 
     /// The first and last waits `delay(afterFailures:)` can give without `Retry-After`.
-    public func bounds(afterFailures failures: Int) -> ClosedRange<Duration> {
-        let exponent = Double(min(max(failures, 1) - 1, 64))
-        let full = min(Self.seconds(maximumDelay), Self.seconds(initialDelay) * pow(multiplier, exponent))
-        return .milliseconds(Int64((full * (1 - jitter) * 1000).rounded()))...(.milliseconds(Int64((full * 1000).rounded())))
+    public func bounds(afterFailures failures: Int) -> ClosedRange<TimeInterval> {
+        let full = fullDelay(afterFailures: failures)
+        return Self.milliseconds(full * (1 - jitter))...Self.milliseconds(full)
     }
 
-    static func seconds(_ duration: Duration) -> Double {
-        let parts = duration.components
-        return Double(parts.seconds) + Double(parts.attoseconds) / 1e18
+    /// In Double, clamped before it can overflow: 2^1000 failures still give the cap.
+    private func fullDelay(afterFailures failures: Int) -> TimeInterval {
+        let exponent = Double(min(max(failures, 1) - 1, 64))
+        return min(maximumDelay, initialDelay * pow(multiplier, exponent))
+    }
+
+    private static func milliseconds(_ seconds: TimeInterval) -> TimeInterval {
+        (seconds * 1000).rounded() / 1000
     }
 }
 

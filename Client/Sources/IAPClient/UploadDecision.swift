@@ -21,7 +21,7 @@ enum UploadDecision: Equatable {
         case "retrying":
             // The service retries Apple itself; reading before its next attempt tells nothing new.
             let soonest = now.addingTimeInterval(readDelay(after: entry.polls, policy: policy))
-            let latest = now.addingTimeInterval(RetryPolicy.seconds(policy.maximumDelay))
+            let latest = now.addingTimeInterval(policy.maximumDelay)
             let planned = status.nextAttemptAt.flatMap(Self.date) ?? soonest
             return .readAgain(at: min(max(soonest, planned), latest))
         case "rejected" where status.reason == "transaction_not_in_receipt" && entry.transaction.signedTransaction == nil:
@@ -38,7 +38,7 @@ enum UploadDecision: Equatable {
     /// Reads of a pending upload back off as failures do, without jitter: 2 s, 4 s, … the cap.
     static func readDelay(after polls: Int, policy: RetryPolicy) -> TimeInterval {
         let exponent = Double(min(max(polls, 0), 64))
-        return min(RetryPolicy.seconds(policy.maximumDelay), RetryPolicy.seconds(policy.statusPollDelay) * pow(2, exponent))
+        return min(policy.maximumDelay, policy.statusPollDelay * pow(2, exponent))
     }
 
     static func date(_ text: String) -> Date? {
