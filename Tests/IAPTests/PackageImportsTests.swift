@@ -63,4 +63,26 @@ struct PackageImportsTests {
         }
         #expect(undeclared.isEmpty, "\(Set(undeclared).sorted().joined(separator: "\n"))")
     }
+
+    /// The app side is a package an app adds: it fetches nothing and imports only the system's
+    /// modules and its own, so adding it builds nothing of the server.
+    @Test func theClientPackageDependsOnNothingButTheSystem() throws {
+        let client = Self.root.appendingPathComponent("Client")
+        let manifest = try String(contentsOf: client.appendingPathComponent("Package.swift"), encoding: .utf8)
+        #expect(!manifest.contains(".package("), "Client/Package.swift depends on another package")
+        let allowed: Set<String> = [
+            "Foundation", "FoundationNetworking", "Glibc", "Musl", "Darwin", "Security", "StoreKit", "StoreKitSurface", "IAPClient",
+        ]
+        let statement = try NSRegularExpression(pattern: #"^\s*(?:@testable |@_exported |internal |public |package )?import (\w+)"#)
+        var imported: Set<String> = []
+        let files = try #require(FileManager.default.enumerator(at: client.appendingPathComponent("Sources"), includingPropertiesForKeys: nil))
+        for case let file as URL in files where file.pathExtension == "swift" {
+            for line in try String(contentsOf: file, encoding: .utf8).split(separator: "\n").map(String.init) {
+                guard let match = statement.firstMatch(in: line, range: NSRange(line.startIndex..., in: line)) else { continue }
+                imported.insert(String(line[Range(match.range(at: 1), in: line)!]))
+            }
+        }
+        #expect(imported.contains("Foundation"), "the client's sources were not found")
+        #expect(imported.subtracting(allowed).isEmpty, "the client imports \(imported.subtracting(allowed).sorted())")
+    }
 }
