@@ -27,7 +27,7 @@ struct Simulate: AsyncParsableCommand {
 
     @Option(help: "The order service's URL (scripts/dev up: http://127.0.0.1:8080).") var intake: String
     @Option(help: "The fake App Store's URL (scripts/dev up: http://127.0.0.1:8090).") var fake: String
-    @Option(name: .customLong("bundle-id"), help: "The app's bundle id, one of the service's IAP_BUNDLE_IDS.") var bundleId: String
+    @Option(name: .customLong("bundle-id"), help: "The app's bundle id, one of those the service accepts.") var bundleId: String
     @Option(help: "The folder of the devices' queues.") var queue: String
     @Option(help: "Devices (each its own user).") var devices: Int = 10
     @Option(help: "Purchases in all, shared among the devices.") var purchases: Int = 100
@@ -39,6 +39,10 @@ struct Simulate: AsyncParsableCommand {
     @Option(name: .customLong("status-poll-ms"), help: "The first wait before reading a pending upload's status again.")
     var statusPollMs: Int = 2000
     @Option(name: .customLong("drain-timeout"), help: "Seconds to wait for the queues to empty.") var drainTimeout: Int = 600
+    @Option(
+        name: .customLong("auth-secret-file"),
+        help: "A file holding the service's HS256 secret, to sign the devices' user tokens (scripts/dev up --auth: .run/dev/auth-secret).")
+    var authSecretFile: String?
 
     func validate() throws {
         guard (1...10_000).contains(devices) else { throw ValidationError("--devices must be 1 to 10000") }
@@ -54,12 +58,25 @@ struct Simulate: AsyncParsableCommand {
         }
     }
 
+    /// The service's HS256 secret, from `--auth-secret-file`, to sign the devices' user tokens.
+    private func authSecret() throws -> String? {
+        guard let authSecretFile else { return nil }
+        do {
+            let secret = try String(contentsOfFile: authSecretFile, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
+            guard !secret.isEmpty else { throw ValidationError("\(authSecretFile) is empty") }
+            return secret
+        } catch let error as ValidationError {
+            throw error
+        } catch {
+            throw ValidationError("cannot read --auth-secret-file \(authSecretFile): \(error)")
+        }
+    }
+
     private var parsedSeed: UInt64? {
         seed.lowercased().hasPrefix("0x") ? UInt64(seed.dropFirst(2), radix: 16) : UInt64(seed)
     }
 
     func run() async throws {
-        let environment = ProcessInfo.processInfo.environment
         guard let intakeURL = URL(string: intake), let fakeURL = URL(string: fake) else {
             throw ValidationError("--intake and --fake must be URLs")
         }
@@ -67,7 +84,7 @@ struct Simulate: AsyncParsableCommand {
             intakeURL: intakeURL, fakeURL: fakeURL, bundleId: bundleId,
             queueDirectory: URL(fileURLWithPath: queue), devices: devices, purchases: purchases, seed: parsedSeed ?? 1,
             reportFile: report.map { URL(fileURLWithPath: $0) },
-            authSecret: environment["IAP_AUTH_HS256_SECRET"].flatMap { $0.isEmpty ? nil : $0 },
+            authSecret: try authSecret(),
             retry: RetryPolicy(
                 initialDelay: Double(retryInitialMs) / 1000, maximumDelay: Double(retryMaxMs) / 1000,
                 statusPollDelay: Double(statusPollMs) / 1000),
