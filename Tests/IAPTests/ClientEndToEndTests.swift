@@ -6,9 +6,10 @@ import NIOHTTP1
 import OrderStore
 import Testing
 
-/// The app side's drills: one at a time, beside the other three queues of broker tests. Ten
-/// minutes a test: each pushes 500 purchases through a pipeline, a proxy and four runs of the
-/// simulated app, which on two cores shared with the rest of the suite took four minutes.
+/// The app side's drills: one at a time, and `scripts/dev test` runs them after the rest, alone
+/// (among the other suites they took four times as long and pushed others past their bounds).
+/// Ten minutes a test: each pushes 500 purchases a store through a pipeline, a proxy and four
+/// runs of the simulated app.
 @Suite(.serialized, .timeLimit(.minutes(10)), .teardown)
 struct AppSideDrills {}
 
