@@ -112,7 +112,8 @@ public actor IAPClient {
         wake()
     }
 
-    /// Stops uploading and listening (the queue stays as it is).
+    /// Stops uploading and listening, for good: `events` ends (the queue stays as it is; a new
+    /// client on the same store carries on).
     public func stop() {
         loop?.cancel()
         listener?.cancel()
