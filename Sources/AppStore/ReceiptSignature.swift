@@ -203,6 +203,14 @@ public final class ReceiptSignature: Sendable {
             verdict.result = "valid"
             return verdict
         }
+        // Certificates that lead to no trusted root at any time (a chain of someone else's, or
+        // a stand-in's whose root is not trusted here) are untrusted whatever the time: told
+        // from their names, cached by their bytes, with no chain validation for each receipt.
+        if leadsToNoTrustedRoot(parts, certificates: certificates) {
+            verdict.result = "untrusted"
+            verdict.reason = "the receipt's certificates lead to no trusted receipt root"
+            return verdict
+        }
         var verifier = Verifier(rootCertificates: store) {
             RFC5280Policy(fixedExpiryValidationTime: at)
             AppleReceiptChainPolicy()
@@ -228,10 +236,16 @@ public final class ReceiptSignature: Sendable {
     /// their bytes; what cannot be read here, or names a root (judged in full by ``check(_:)``),
     /// is false. For the door: such a receipt is refused before it is stored.
     public func leadsToNoTrustedRoot(_ bytes: [UInt8]) -> Bool {
-        guard let parts = SignedParts(bytes), !parts.certificateList.isEmpty else { return false }
+        guard let parts = SignedParts(bytes) else { return false }
+        return leadsToNoTrustedRoot(parts, certificates: nil)
+    }
+
+    /// ``leadsToNoTrustedRoot(_:)`` of read parts (and their certificates, when read already).
+    private func leadsToNoTrustedRoot(_ parts: SignedParts, certificates read: [Certificate]?) -> Bool {
+        guard !parts.certificateList.isEmpty else { return false }
         let key = SHA256.hash(data: parts.certificates)
         if let known = rootless.withLockedValue({ $0[key] }) { return known }
-        guard let certificates = try? parts.certificateList.map({ try Certificate(derEncoded: $0) }) else { return false }
+        guard let certificates = read ?? (try? parts.certificateList.map({ try Certificate(derEncoded: $0) })) else { return false }
         let rootNames = Set(roots.map(\.subject))
         let leads = certificates.contains { certificate in roots.contains(certificate) || rootNames.contains(certificate.issuer) }
         rootless.withLockedValue { entries in

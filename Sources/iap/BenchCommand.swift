@@ -398,6 +398,8 @@ final class BenchCluster: @unchecked Sendable {
     let databasePath: String
     private let folder: URL
     private let environment: [String: String]
+    /// Settings learnt once the fake App Store runs (its root), given to the roles started after it.
+    private var learnt: [String: String] = [:]
     private let lock = NSLock()
     private var processes: [(role: String, process: Process)]
     /// `--orders-cpu`: each order service's control group, by role.
@@ -469,6 +471,7 @@ final class BenchCluster: @unchecked Sendable {
                 try cluster.launch("dev", role: "dev")
             } else {
                 try cluster.launch("fake-appstore", role: "fake-appstore")
+                try await cluster.trustFakeRoot()
                 for (index, port) in httpPorts.enumerated() {
                     try cluster.launch(
                         "orders", role: orders == 1 ? "orders" : "orders-\(index + 1)", extra: [Setting.httpPort.variable: String(port)])
@@ -544,9 +547,23 @@ final class BenchCluster: @unchecked Sendable {
         }
     }
 
+    /// The production shape trusts Apple's roots; here the fake App Store stands for Apple, so its
+    /// root is the one the order service and the verifiers trust, as a deployment trusts Apple's:
+    /// every receipt's chain is then judged once and its signer known after, as Apple's are.
+    private func trustFakeRoot() async throws {
+        guard try await waitHealthy(fakeURL) else {
+            throw ValidationError("the fake App Store did not start; see the logs in \(folder.path)")
+        }
+        let response = try await HTTPClient.shared.execute(HTTPClientRequest(url: fakeURL + "/fake/root-certificate"), timeout: .seconds(10))
+        guard response.status == .ok else { throw ValidationError("the fake App Store answered \(response.status) for its root certificate") }
+        let root = folder.appendingPathComponent("fake-root.der")
+        try Data(buffer: try await response.body.collect(upTo: 1 << 20)).write(to: root)
+        lock.withLock { learnt[Setting.trustedRoots.variable] = root.path }
+    }
+
     private func launch(_ command: String, role: String, extra: [String: String] = [:]) throws {
-        let process = try Self.launch(
-            [command], environment: environment.merging(extra) { $1 }, log: folder.appendingPathComponent("\(role).log"))
+        let settings = environment.merging(lock.withLock { learnt }) { $1 }.merging(extra) { $1 }
+        let process = try Self.launch([command], environment: settings, log: folder.appendingPathComponent("\(role).log"))
         lock.withLock { processes.append((role, process)) }
         if command == "orders", let ordersCPU {
             let cap = try BenchCPUCap(name: "iap-bench-\(ProcessInfo.processInfo.processIdentifier)-\(role)", cores: ordersCPU)
