@@ -176,51 +176,14 @@ extension FinishAdvice {
         // What the upload names comes first: a purchase held elsewhere in the receipt is
         // listed with its own advice, and never keeps the app from what its named transaction
         // or order already says.
-        if let named = transactionId, !outcomes.contains(where: { $0.transactionId == named }),
-            case .fromLedger(let state) = naming
-        {
-            // The ledger is the memory, not the receipt: a finished consumable leaves every
-            // later receipt, and the ledger credited it to this user before.
-            if state == .revoked {
-                return UploadVerdict(
-                    state: .rejected, reason: .purchaseRevoked,
-                    message: "transaction \(named) was credited to this user and taken back since")
-            }
-            if state == .replayedFromOtherUser {
-                return UploadVerdict(
-                    state: .rejected, reason: .replayedFromOtherUser,
-                    message: "transaction \(named) is not in this receipt; it is credited to another user of the app")
-            }
-            return UploadVerdict(
-                state: .credited, message: "transaction \(named) is not in this receipt; it was credited to this user before")
+        let missing = transactionId.flatMap { named in outcomes.contains { $0.transactionId == named } ? nil : named }
+        if let missing, case .fromLedger(let state) = naming {
+            return creditedBefore(missing, state: state)
         }
         if transactionId == nil, let orderId, let order = namedOrder, IAPCore.sameUser(order.userId, userId),
-            naming != .orderTokenInUpload
+            naming != .orderTokenInUpload, let answer = orderNamedAlone(orderId, order: order, naming: naming)
         {
-            // An order named alone, and no purchase of the upload carries its token: which
-            // transaction the app holds for it only the app knows, so no answer about it is
-            // finishable (never on a match of dates, nor on what other purchases came to). The
-            // app names the transaction it holds to be told to finish.
-            switch order.state {
-            case "created" where naming == .orderAmbiguous:
-                return UploadVerdict(
-                    state: .rejected, reason: .nameTheTransaction,
-                    message: "more than one purchase or order of \(order.productId) could be order \(orderId)'s: "
-                        + "upload again naming the transaction the app holds for it")
-            case "created":
-                break  // no purchase pays it yet: held for review, or a receipt older than its purchase (below)
-            case "paid":
-                // Paid by the purchase made for it (the one that can be its, or one named or
-                // carrying its token before).
-                return UploadVerdict(
-                    state: .credited, reason: .nameTheTransaction,
-                    message: "order \(orderId) is paid by transaction \(order.transactionId ?? "?"): "
-                        + "upload again naming the transaction the app holds with the order to be told to finish it")
-            default:
-                return UploadVerdict(
-                    state: .rejected, reason: .nameTheTransaction,
-                    message: "order \(orderId) is \(order.state): upload again naming the transaction the app holds for it")
-            }
+            return answer
         }
         let settledForUploader = outcomes.contains { [.credited, .alreadyCredited, .superseded].contains($0.state) }
         if !outcomes.isEmpty, outcomes.allSatisfy(\.lookup), !settledForUploader {
@@ -234,51 +197,112 @@ extension FinishAdvice {
             return UploadVerdict(
                 state: .needsReview, reason: reason, message: "purchase \(held.transactionId) is held for review (\(reason))")
         }
-        if let named = transactionId, !outcomes.contains(where: { $0.transactionId == named }),
-            let standIn = standIn(for: named, original: namedOriginal, in: outcomes)
-        {
-            let what = "transaction \(named) is not in this receipt, but the purchase it stands for (\(standIn.transactionId))"
-            switch standIn.state {
-            case .credited, .alreadyCredited, .superseded:
-                return UploadVerdict(
-                    state: .credited, reason: .originalTransactionSettled, message: "\(what) is credited to this user")
-            case .replayedFromOtherUser, .ownedByOtherUser:
-                return UploadVerdict(state: .rejected, reason: .ownedByOtherUser, message: "\(what) belongs to another user")
-            case .revoked, .cancelled:
-                return UploadVerdict(state: .rejected, reason: .purchaseRevoked, message: "\(what) was refunded or revoked by Apple")
-            case .held:
-                break  // answered above: held for review
-            }
+        if let missing {
+            return standIn(for: missing, original: namedOriginal, in: outcomes).flatMap { standInVerdict(missing, standIn: $0) }
+                ?? namedMissingVerdict(missing, revocations: namedRevocations)
         }
-        if let named = transactionId, !outcomes.contains(where: { $0.transactionId == named }) {
-            // Whatever else the receipt held is credited; the named purchase is not here.
-            let missing = namedTransactionMissing(revocations: namedRevocations)
-            return UploadVerdict(
-                state: .rejected, reason: missing,
-                message: missing == .purchaseRevoked
-                    ? "Apple refunded or revoked transaction \(named): it is left out of every receipt"
-                    : "transaction \(named) is not in this receipt yet: refresh the receipt and upload it again")
-        }
-        if transactionId == nil, let orderId {
-            // An order that is not the uploader's says nothing of the purchase the app holds:
-            // only each transaction's own advice does.
-            guard let order = namedOrder, IAPCore.sameUser(order.userId, userId) else {
-                return UploadVerdict(
-                    state: .rejected, reason: .orderUnknown,
-                    message: "order \(orderId) is not one of this user's orders: finish each transaction by its own advice")
-            }
-            if order.state == "created" {
-                // The order named is still unpaid: the receipt is older than its purchase,
-                // whatever else it credited.
-                return UploadVerdict(
-                    state: .rejected, reason: .transactionNotInReceipt,
-                    message: "no purchase in this receipt pays order \(orderId) yet: refresh the receipt and upload it again")
-            }
-            // Paid by the purchase made for it, credited to the uploader: what the app holds.
-            if order.state == "paid" { return UploadVerdict(state: .credited) }
+        if transactionId == nil, let orderId, let answer = orderVerdict(orderId, order: namedOrder, userId: userId) {
+            return answer
         }
         guard !outcomes.isEmpty, !settledForUploader else { return UploadVerdict(state: .credited) }
-        // Nothing in it is (or was) credited to the uploader: say the strongest why.
+        return strongestRefusal(outcomes)
+    }
+
+    /// A named transaction the receipt lacks that the ledger credited to this user before: the
+    /// ledger is the memory, not the receipt (a finished consumable leaves every later receipt).
+    static func creditedBefore(_ named: String, state: TransactionCreditState) -> UploadVerdict {
+        if state == .revoked {
+            return UploadVerdict(
+                state: .rejected, reason: .purchaseRevoked,
+                message: "transaction \(named) was credited to this user and taken back since")
+        }
+        if state == .replayedFromOtherUser {
+            return UploadVerdict(
+                state: .rejected, reason: .replayedFromOtherUser,
+                message: "transaction \(named) is not in this receipt; it is credited to another user of the app")
+        }
+        return UploadVerdict(
+            state: .credited, message: "transaction \(named) is not in this receipt; it was credited to this user before")
+    }
+
+    /// An order of the uploader's named alone, and no purchase of the upload carries its
+    /// token: which transaction the app holds for it only the app knows, so no answer about it
+    /// is finishable (never on a match of dates, nor on what other purchases came to). The app
+    /// names the transaction it holds to be told to finish. Nil while no purchase pays it yet
+    /// (held for review, or a receipt older than its purchase: answered later).
+    static func orderNamedAlone(_ orderId: String, order: LedgerFacts.Order, naming: NamingOutcome) -> UploadVerdict? {
+        switch order.state {
+        case "created" where naming == .orderAmbiguous:
+            return UploadVerdict(
+                state: .rejected, reason: .nameTheTransaction,
+                message: "more than one purchase or order of \(order.productId) could be order \(orderId)'s: "
+                    + "upload again naming the transaction the app holds for it")
+        case "created":
+            return nil
+        case "paid":
+            // Paid by the purchase made for it (the one that can be its, or one named or
+            // carrying its token before).
+            return UploadVerdict(
+                state: .credited, reason: .nameTheTransaction,
+                message: "order \(orderId) is paid by transaction \(order.transactionId ?? "?"): "
+                    + "upload again naming the transaction the app holds with the order to be told to finish it")
+        default:
+            return UploadVerdict(
+                state: .rejected, reason: .nameTheTransaction,
+                message: "order \(orderId) is \(order.state): upload again naming the transaction the app holds for it")
+        }
+    }
+
+    /// A named transaction the receipt lacks, settled as the purchase it stands for is; nil
+    /// when that one is held (answered as held).
+    static func standInVerdict(_ named: String, standIn: PurchaseOutcome) -> UploadVerdict? {
+        let what = "transaction \(named) is not in this receipt, but the purchase it stands for (\(standIn.transactionId))"
+        switch standIn.state {
+        case .credited, .alreadyCredited, .superseded:
+            return UploadVerdict(state: .credited, reason: .originalTransactionSettled, message: "\(what) is credited to this user")
+        case .replayedFromOtherUser, .ownedByOtherUser:
+            return UploadVerdict(state: .rejected, reason: .ownedByOtherUser, message: "\(what) belongs to another user")
+        case .revoked, .cancelled:
+            return UploadVerdict(state: .rejected, reason: .purchaseRevoked, message: "\(what) was refunded or revoked by Apple")
+        case .held:
+            return nil
+        }
+    }
+
+    /// A named transaction the receipt lacks, with nothing standing for it: whatever else the
+    /// receipt held is credited; the named purchase is not here.
+    static func namedMissingVerdict(_ named: String, revocations: [LedgerFacts.Revocation]) -> UploadVerdict {
+        let missing = namedTransactionMissing(revocations: revocations)
+        return UploadVerdict(
+            state: .rejected, reason: missing,
+            message: missing == .purchaseRevoked
+                ? "Apple refunded or revoked transaction \(named): it is left out of every receipt"
+                : "transaction \(named) is not in this receipt yet: refresh the receipt and upload it again")
+    }
+
+    /// An order named alone, after its purchases were settled; nil when the purchases' own
+    /// advice answers.
+    static func orderVerdict(_ orderId: String, order: LedgerFacts.Order?, userId: String) -> UploadVerdict? {
+        // An order that is not the uploader's says nothing of the purchase the app holds:
+        // only each transaction's own advice does.
+        guard let order, IAPCore.sameUser(order.userId, userId) else {
+            return UploadVerdict(
+                state: .rejected, reason: .orderUnknown,
+                message: "order \(orderId) is not one of this user's orders: finish each transaction by its own advice")
+        }
+        if order.state == "created" {
+            // The order named is still unpaid: the receipt is older than its purchase,
+            // whatever else it credited.
+            return UploadVerdict(
+                state: .rejected, reason: .transactionNotInReceipt,
+                message: "no purchase in this receipt pays order \(orderId) yet: refresh the receipt and upload it again")
+        }
+        // Paid by the purchase made for it, credited to the uploader: what the app holds.
+        return order.state == "paid" ? UploadVerdict(state: .credited) : nil
+    }
+
+    /// Nothing in the upload is (or was) credited to the uploader: the strongest why.
+    static func strongestRefusal(_ outcomes: [PurchaseOutcome]) -> UploadVerdict {
         if outcomes.contains(where: { $0.state == .replayedFromOtherUser }) {
             return UploadVerdict(
                 state: .rejected, reason: .replayedFromOtherUser, message: "every purchase in this receipt belongs to another user")

@@ -62,117 +62,19 @@ extension Planner {
     /// Applies a verified notification not applied before; returns what it did.
     mutating func apply(_ notification: AppStoreNotification, submissionId: String) -> NotificationOutcome {
         let type = NotificationType(notification.notificationType)
-        guard let purchase = notification.purchase else {
-            switch type {
-            case .test: return .test
-            case .rescindConsent:
-                consentRescinded(notification)
-                return .recorded
-            case .renewalExtension:
-                if let summary = notification.extensionSummary { massExtensionEnded(summary, notification: notification) }
-                return .recorded
-            default: return .recorded
-            }
-        }
+        guard let purchase = notification.purchase else { return applyWithoutPurchase(notification, type: type) }
         let key = policy.creditKey(of: purchase)
         let owner = owner(of: purchase, key: key)
         let tag = "\(notification.notificationType):\(notification.notificationUUID)"
         let signed = notification.signedDate ?? now
         switch type {
         case .refund, .revoke:
-            // Per billing period: the subscription is revoked only when its newest period is;
-            // a refund of an earlier one leaves the paid current period, its state and expiry.
-            if isNewestPeriod(purchase) {
-                updateSubscription(notification, state: "revoked")
-            }
-            let quantity = max(facts.purchase?.quantity ?? purchase.quantity, 1)
-            guard
-                recordRevocation(
-                    key: key, transactionId: purchase.transactionId, source: notification.notificationType,
-                    at: purchase.cancellationDate ?? signed, units: partialUnits(purchase, quantity: quantity))
-            else { return .reversedAlready }
-            let before = facts.activeGrant(of: key)
-            if settle(key: key, quantity: quantity, reason: notification.notificationType, tag: tag) {
-                revoked += 1
-                return .revoked
-            }
-            guard let before else { return facts.revocation?.stands == true ? .revocationPending : .reversedAlready }
-            return facts.activeGrant(of: key).map { $0.quantity < before.quantity ? .partlyRevoked : .unchanged } ?? .unchanged
+            return applyRefund(notification, purchase: purchase, key: key, tag: tag, signed: signed)
         case .refundReversed:
-            let stood = facts.revocation?.creditKey == key && facts.revocation?.stands == true
-            recordReversal(key: key, transactionId: purchase.transactionId, at: signed)
-            let before = facts.grants(of: key)
-            settle(key: key, quantity: max(purchase.quantity, 1), reason: "REFUND_REVERSED", tag: tag, purchase: purchase)
-            let after = facts.grants(of: key)
-            if before.isEmpty, !after.isEmpty { return .credit(.credited, nil) }
-            if before != after {
-                updateSubscription(notification, state: "active")
-                return .restored
-            }
-            let lifted = stood && facts.revocation?.stands != true
-            if after.isEmpty, facts.purchase == nil, facts.revocation?.stands != true {
-                // Apple gave back a purchase nobody was credited with (its app may have finished
-                // it on the refund, so no later receipt holds it): its token's order's owner is
-                // credited; otherwise it is kept for its owner's proof and listed for customer
-                // service, never dropped.
-                if let owner, purchase.appAccountToken != nil, facts.tokenOrder != nil {
-                    let upload = LedgerEvent.Upload(
-                        userId: owner, submissionId: submissionId, orderId: nil, transactionId: nil, bundleId: notification.bundleId ?? "")
-                    let (state, reason) = credit(purchase, upload: upload)
-                    return .credit(state, reason)
-                }
-                if owner == nil,
-                    recordUnowned(purchase, key: key, submissionId: submissionId, bundleId: notification.bundleId ?? "", anyKey: true)
-                {
-                    return .kept(.ownerUnknown)
-                }
-            }
-            return lifted ? .revocationLifted : .nothingRevoked
+            return applyRefundReversed(
+                notification, purchase: purchase, key: key, owner: owner, tag: tag, signed: signed, submissionId: submissionId)
         case .subscribed, .didRenew, .offerRedeemed, .didChangeRenewalPref, .renewalExtended, .oneTimeCharge:
-            guard notification.environment == .production || policy.sandbox.allows(userId: owner ?? "") else {
-                return .sandboxNotAllowed
-            }
-            updateSubscription(notification, state: nil)
-            // A new purchase in the chain (a resubscription, an upgrade, a crossgrade) may be
-            // another account's of the app on the same Apple ID: without a token naming an
-            // order, only the buyer's upload proves whose it is, so it waits for that upload
-            // (`buyer_unknown`) like a period nobody owns yet.
-            let newPurchase = purchase.isNewPurchaseInChain && !(purchase.appAccountToken != nil && facts.tokenOrder != nil)
-                && facts.activeGrant(of: key) == nil
-            let credited: NotificationOutcome
-            if let owner, !newPurchase {
-                let upload = LedgerEvent.Upload(
-                    userId: owner, submissionId: submissionId, orderId: nil, transactionId: nil,
-                    bundleId: notification.bundleId ?? "")
-                let (state, reason) = credit(purchase, upload: upload)
-                credited = .credit(state, reason)
-            } else {
-                // Nobody owns the subscription yet: Apple's signed period is kept, and credited
-                // to whoever the app's first upload proves is the owner (Apple does not tell
-                // again of a notification we answered).
-                if recordUnowned(
-                    purchase, key: key, submissionId: submissionId, bundleId: notification.bundleId ?? "", awaitsBuyer: newPurchase),
-                    newPurchase
-                {
-                    awaitBuyer(of: purchase)
-                }
-                credited = .kept(newPurchase ? .buyerUnknown : .ownerUnknown)
-            }
-            if type == .renewalExtended, let expires = purchase.expiresDate {
-                // Apple moved the period's end: the grant in force lasts as long.
-                // Never past the start of a period that replaced it (an upgrade).
-                var extended = false
-                for grant in facts.grants(of: key) where grant.isActive {
-                    var extendedPurchase = purchase
-                    extendedPurchase.purchaseDate = grant.periodStart ?? purchase.purchaseDate
-                    let until = replacedTiers(by: extendedPurchase, key: key).own.map { min($0, expires) } ?? expires
-                    guard let current = grant.expiresAt, current < until else { continue }
-                    emit(.extendGrant(transactionId: grant.transactionId, until: until))
-                    extended = true
-                }
-                if extended { return .extended }
-            }
-            return credited
+            return applyPaidPeriod(notification, type: type, purchase: purchase, key: key, owner: owner, submissionId: submissionId)
         case .expired:
             updateSubscription(notification, state: "expired")
             return .subscriptionState("expired")
@@ -189,15 +91,7 @@ extension Planner {
             updateSubscription(notification, state: nil)
             return .autoRenew(on: notification.subtype != "AUTO_RENEW_DISABLED")
         case .consumptionRequest:
-            emit(
-                .recordConsumptionRequest(
-                    .init(
-                        notificationUUID: notification.notificationUUID, transactionId: purchase.transactionId, userId: owner,
-                        reason: notification.consumptionRequestReason, environment: notification.environment.rawValue,
-                        receivedAt: now, ownershipType: purchase.ownershipType,
-                        deadline: (notification.signedDate ?? now).addingTimeInterval(
-                            LedgerChange.ConsumptionRequest.answerWindow),
-                        creditKey: key.stored, productType: product(purchase.productId)?.type.rawValue)))
+            recordConsumptionRequest(notification, purchase: purchase, key: key, owner: owner)
             return .recorded
         case .refundDeclined:
             // A case closed: nothing changes; Apple may still refund later.
@@ -206,32 +100,7 @@ extension Planner {
             migrate(notification, purchase: purchase)
             return .recorded
         case .priceIncrease:
-            // The renewal terms (price, the consent's state) are kept on the subscription, as
-            // every notification's are; nothing is credited or taken back now. Audited, and
-            // published for the app's services (a reminder to consent is theirs to send).
-            // Without renewal information, the subtype says the consent's state, and what was
-            // kept of the renewal stays.
-            var told = notification
-            if told.renewal?.priceIncreaseStatus == nil, let consent = notification.subtype.flatMap(Self.priceIncreaseStatus) {
-                let kept = facts.subscription?.originalTransactionId == purchase.originalTransactionId ? facts.subscription?.renewal : nil
-                told.renewal = told.renewal ?? kept ?? RenewalTerms()
-                told.renewal?.priceIncreaseStatus = consent
-            }
-            updateSubscription(told, state: nil)
-            let consent = told.renewal?.priceIncrease ?? "unknown"
-            audit(
-                actor: "apple", action: "price_increase", subject: "subscription:\(purchase.originalTransactionId)",
-                reason: notification.subtype ?? "PRICE_INCREASE", details: ["consent": consent, "owner": owner ?? ""])
-            publish(
-                "subscription.price_increase",
-                [
-                    "originalTransactionId": .string(purchase.originalTransactionId), "userId": owner.map(EventField.string) ?? .null,
-                    "productId": .string(told.renewal?.autoRenewProductId ?? purchase.productId), "consent": .string(consent),
-                    "renewalPrice": told.renewal?.renewalPrice.map { .int(Int($0)) } ?? .null,
-                    "currency": told.renewal?.currency.map(EventField.string) ?? .null,
-                    "signedDate": notification.signedDate.map { .string(Ledger.iso8601($0)) } ?? .null,
-                ], id: "subscription.price_increase:\(notification.notificationUUID)")
-            return .recorded
+            return applyPriceIncrease(notification, purchase: purchase, owner: owner)
         case .renewalExtension:
             // A mass extension could not extend this subscription (`FAILURE`): its period ends
             // when it did; customer service sees why in the audit log.
@@ -244,6 +113,180 @@ extension Planner {
         case .rescindConsent, .test, .other:
             return .recorded
         }
+    }
+
+    /// A notification about no transaction: a test, a consent rescinded, a mass extension's summary.
+    mutating func applyWithoutPurchase(_ notification: AppStoreNotification, type: NotificationType) -> NotificationOutcome {
+        switch type {
+        case .test: return .test
+        case .rescindConsent:
+            consentRescinded(notification)
+            return .recorded
+        case .renewalExtension:
+            if let summary = notification.extensionSummary { massExtensionEnded(summary, notification: notification) }
+            return .recorded
+        default: return .recorded
+        }
+    }
+
+    /// Apple asks for consumption information: recorded, to be answered within Apple's window.
+    mutating func recordConsumptionRequest(
+        _ notification: AppStoreNotification, purchase: VerifiedPurchase, key: CreditKey, owner: String?
+    ) {
+        emit(
+            .recordConsumptionRequest(
+                .init(
+                    notificationUUID: notification.notificationUUID, transactionId: purchase.transactionId, userId: owner,
+                    reason: notification.consumptionRequestReason, environment: notification.environment.rawValue,
+                    receivedAt: now, ownershipType: purchase.ownershipType,
+                    deadline: (notification.signedDate ?? now).addingTimeInterval(
+                        LedgerChange.ConsumptionRequest.answerWindow),
+                    creditKey: key.stored, productType: product(purchase.productId)?.type.rawValue)))
+    }
+
+    /// A refund or revocation: per billing period, the subscription is revoked only when its
+    /// newest period is; a refund of an earlier one leaves the paid current period, its state
+    /// and expiry.
+    mutating func applyRefund(
+        _ notification: AppStoreNotification, purchase: VerifiedPurchase, key: CreditKey, tag: String, signed: Date
+    ) -> NotificationOutcome {
+        if isNewestPeriod(purchase) {
+            updateSubscription(notification, state: "revoked")
+        }
+        let quantity = max(facts.purchase?.quantity ?? purchase.quantity, 1)
+        guard
+            recordRevocation(
+                key: key, transactionId: purchase.transactionId, source: notification.notificationType,
+                at: purchase.cancellationDate ?? signed, units: partialUnits(purchase, quantity: quantity))
+        else { return .reversedAlready }
+        let before = facts.activeGrant(of: key)
+        if settle(key: key, quantity: quantity, reason: notification.notificationType, tag: tag) {
+            revoked += 1
+            return .revoked
+        }
+        guard let before else { return facts.revocation?.stands == true ? .revocationPending : .reversedAlready }
+        return facts.activeGrant(of: key).map { $0.quantity < before.quantity ? .partlyRevoked : .unchanged } ?? .unchanged
+    }
+
+    /// Apple reversed a refund: what it took back is given back, and a purchase nobody was
+    /// credited with is credited to its token's order's owner, or kept for its owner's proof.
+    mutating func applyRefundReversed(
+        _ notification: AppStoreNotification, purchase: VerifiedPurchase, key: CreditKey, owner: String?, tag: String, signed: Date,
+        submissionId: String
+    ) -> NotificationOutcome {
+        let stood = facts.revocation?.creditKey == key && facts.revocation?.stands == true
+        recordReversal(key: key, transactionId: purchase.transactionId, at: signed)
+        let before = facts.grants(of: key)
+        settle(key: key, quantity: max(purchase.quantity, 1), reason: "REFUND_REVERSED", tag: tag, purchase: purchase)
+        let after = facts.grants(of: key)
+        if before.isEmpty, !after.isEmpty { return .credit(.credited, nil) }
+        if before != after {
+            updateSubscription(notification, state: "active")
+            return .restored
+        }
+        let lifted = stood && facts.revocation?.stands != true
+        if after.isEmpty, facts.purchase == nil, facts.revocation?.stands != true {
+            // Apple gave back a purchase nobody was credited with (its app may have finished
+            // it on the refund, so no later receipt holds it): its token's order's owner is
+            // credited; otherwise it is kept for its owner's proof and listed for customer
+            // service, never dropped.
+            if let owner, purchase.appAccountToken != nil, facts.tokenOrder != nil {
+                let upload = LedgerEvent.Upload(
+                    userId: owner, submissionId: submissionId, orderId: nil, transactionId: nil, bundleId: notification.bundleId ?? "")
+                let (state, reason) = credit(purchase, upload: upload)
+                return .credit(state, reason)
+            }
+            if owner == nil,
+                recordUnowned(purchase, key: key, submissionId: submissionId, bundleId: notification.bundleId ?? "", anyKey: true)
+            {
+                return .kept(.ownerUnknown)
+            }
+        }
+        return lifted ? .revocationLifted : .nothingRevoked
+    }
+
+    /// A notification that tells of a paid period (a subscription, a renewal, an offer, a
+    /// renewal preference, an extension, a one-time charge): credited to its owner, or kept
+    /// until an upload proves whose it is.
+    mutating func applyPaidPeriod(
+        _ notification: AppStoreNotification, type: NotificationType, purchase: VerifiedPurchase, key: CreditKey, owner: String?,
+        submissionId: String
+    ) -> NotificationOutcome {
+        guard notification.environment == .production || policy.sandbox.allows(userId: owner ?? "") else {
+            return .sandboxNotAllowed
+        }
+        updateSubscription(notification, state: nil)
+        // A new purchase in the chain (a resubscription, an upgrade, a crossgrade) may be
+        // another account's of the app on the same Apple ID: without a token naming an
+        // order, only the buyer's upload proves whose it is, so it waits for that upload
+        // (`buyer_unknown`) like a period nobody owns yet.
+        let newPurchase = purchase.isNewPurchaseInChain && !(purchase.appAccountToken != nil && facts.tokenOrder != nil)
+            && facts.activeGrant(of: key) == nil
+        let credited: NotificationOutcome
+        if let owner, !newPurchase {
+            let upload = LedgerEvent.Upload(
+                userId: owner, submissionId: submissionId, orderId: nil, transactionId: nil,
+                bundleId: notification.bundleId ?? "")
+            let (state, reason) = credit(purchase, upload: upload)
+            credited = .credit(state, reason)
+        } else {
+            // Nobody owns the subscription yet: Apple's signed period is kept, and credited
+            // to whoever the app's first upload proves is the owner (Apple does not tell
+            // again of a notification we answered).
+            if recordUnowned(
+                purchase, key: key, submissionId: submissionId, bundleId: notification.bundleId ?? "", awaitsBuyer: newPurchase),
+                newPurchase
+            {
+                awaitBuyer(of: purchase)
+            }
+            credited = .kept(newPurchase ? .buyerUnknown : .ownerUnknown)
+        }
+        if type == .renewalExtended, let expires = purchase.expiresDate {
+            // Apple moved the period's end: the grant in force lasts as long.
+            // Never past the start of a period that replaced it (an upgrade).
+            var extended = false
+            for grant in facts.grants(of: key) where grant.isActive {
+                var extendedPurchase = purchase
+                extendedPurchase.purchaseDate = grant.periodStart ?? purchase.purchaseDate
+                let until = replacedTiers(by: extendedPurchase, key: key).own.map { min($0, expires) } ?? expires
+                guard let current = grant.expiresAt, current < until else { continue }
+                emit(.extendGrant(transactionId: grant.transactionId, until: until))
+                extended = true
+            }
+            if extended { return .extended }
+        }
+        return credited
+    }
+
+    /// A price increase: the renewal terms (price, the consent's state) are kept on the
+    /// subscription, as every notification's are; nothing is credited or taken back now.
+    /// Audited, and published for the app's services (a reminder to consent is theirs to
+    /// send). Without renewal information, the subtype says the consent's state, and what was
+    /// kept of the renewal stays.
+    mutating func applyPriceIncrease(
+        _ notification: AppStoreNotification, purchase: VerifiedPurchase, owner: String?
+    ) -> NotificationOutcome {
+        var told = notification
+        if told.renewal?.priceIncreaseStatus == nil, let consent = notification.subtype.flatMap(Self.priceIncreaseStatus) {
+            let kept = facts.subscription?.originalTransactionId == purchase.originalTransactionId ? facts.subscription?.renewal : nil
+            told.renewal = told.renewal ?? kept ?? RenewalTerms()
+            told.renewal?.priceIncreaseStatus = consent
+        }
+        updateSubscription(told, state: nil)
+        let consent = told.renewal?.priceIncrease ?? "unknown"
+        audit(
+            actor: "apple", action: "price_increase", subject: "subscription:\(purchase.originalTransactionId)",
+            reason: notification.subtype ?? "PRICE_INCREASE", details: ["consent": consent, "owner": owner ?? ""])
+        publish(
+            "subscription.price_increase",
+            [
+                "originalTransactionId": .string(purchase.originalTransactionId), "userId": owner.map(EventField.string) ?? .null,
+                "productId": .string(told.renewal?.autoRenewProductId ?? purchase.productId), "consent": .string(consent),
+                "renewalPrice": told.renewal?.renewalPrice.map { .int(Int($0)) } ?? .null,
+                "currency": told.renewal?.currency.map(EventField.string) ?? .null,
+                "signedDate": notification.signedDate.map { .string(Ledger.iso8601($0)) } ?? .null,
+            ], id: "subscription.price_increase:\(notification.notificationUUID)")
+        return .recorded
     }
 
     /// Apple's word that a mass renewal-date extension is done (`RENEWAL_EXTENSION`
@@ -493,111 +536,138 @@ extension Planner {
 extension Planner {
     /// Grants by hand: a held purchase to its owner, or goodwill under a new id. Audited.
     mutating func grantByHand(_ request: LedgerEvent.ManualGrant) -> LedgerOutcome {
-        var id = request.goodwillId
-        var environment = AppStoreEnvironment.production
-        var original = id
-        var creditKey = CreditKey.transaction(id)
-        var orderId: String?
-        var expiresAt: Date?
-        var periodStart: Date?
+        var target = ManualTarget(id: request.goodwillId)
         if request.transactionId == nil, let transactionId = request.appleTransactionId {
-            // Goodwill for an Apple purchase that has not reached us (the customer wrote before
-            // the app uploaded it): bound to what that purchase credits, so that its upload is
-            // `already_credited`, not a second credit. A subscription's period cannot be known
-            // from its transaction id: those are granted once their purchase is held.
-            guard product(request.productId)?.type != .autoRenewable else {
-                return .refused(.conflict, "a subscription period is granted by hand once its purchase is held, not by its transaction id")
-            }
-            if let recorded = facts.purchase, recorded.transactionId == transactionId {
-                return .refused(.conflict, "purchase \(transactionId) is recorded: grant it as a held purchase, or it is credited already")
-            }
-            id = transactionId
-            original = request.applePurchase.originalTransactionId
-            environment = request.applePurchase.environment
-            creditKey = policy.creditKey(of: request.applePurchase)
-            if let revocation = facts.revocation, revocation.creditKey == creditKey, revocation.standsFully {
-                return .refused(.conflict, "Apple refunded or revoked purchase \(transactionId)")
-            }
-            guard facts.activeGrant(of: creditKey) == nil, facts.grant(ofTransaction: transactionId) == nil else {
-                return .refused(.conflict, "what purchase \(transactionId) buys is granted already")
-            }
+            if let refused = targetNotUploaded(transactionId, request: request, into: &target) { return refused }
         } else if let transactionId = request.transactionId {
-            guard let purchase = facts.purchase, purchase.transactionId == transactionId else {
-                return .refused(.notFound, "no purchase \(transactionId)")
-            }
-            // A period Apple told of before anyone owned its subscription is nobody's yet: customer
-            // service may give it to the user they found paid for it.
-            let unowned = purchase.isUnowned
-            guard purchase.userId == request.userId || unowned else {
-                return .refused(.conflict, "purchase \(transactionId) belongs to another user")
-            }
-            guard facts.grant(ofTransaction: transactionId) == nil else {
-                return .refused(.conflict, "purchase \(transactionId) is granted already")
-            }
-            id = transactionId
-            creditKey = purchase.creditKey ?? .transaction(transactionId)
-            if let revocation = facts.revocation, revocation.creditKey == creditKey, revocation.standsFully {
-                return .refused(.conflict, "Apple refunded or revoked purchase \(transactionId)")
-            }
-            guard facts.activeGrant(of: creditKey) == nil else {
-                return .refused(.conflict, "what purchase \(transactionId) buys is granted already")
-            }
-            original = purchase.originalTransactionId
-            environment = purchase.environment
-            orderId = purchase.orderId
-            if case .billingPeriod = creditKey {
-                // A subscription period granted by hand ends with the period Apple sold (or where
-                // a plan change replaced it), and makes its subscription the user's (if nobody
-                // owned it yet).
-                let period = recorded(purchase)
-                let ends = replacedTiers(by: period, key: creditKey)
-                expiresAt = ends.own ?? purchase.expiresDate
-                periodStart = purchase.purchaseDate
-                recordSubscription(of: period, owner: request.userId)
-                endReplaced(ends.others, by: period)
-            }
-            if unowned {
-                var claimed = purchase
-                claimed.userId = request.userId
-                claimed.heldReason = nil
-                emit(.claimPurchase(claimed))
-            } else {
-                emit(.releasePurchase(transactionId: transactionId))
-            }
-        } else if facts.grant(ofTransaction: id) != nil {
-            return .refused(.conflict, "grant \(id) exists already")
+            if let refused = targetHeld(transactionId, request: request, into: &target) { return refused }
+        } else if facts.grant(ofTransaction: target.id) != nil {
+            return .refused(.conflict, "grant \(target.id) exists already")
         }
-        if let earlier = facts.grants(of: creditKey).first(where: { $0.userId == request.userId }) {
-            // The user held it before and it was taken back: customer service gives it again.
-            emit(.reactivateGrant(transactionId: earlier.transactionId))
-            publish(
-                "grant.created",
-                [
-                    "transactionId": .string(earlier.transactionId), "originalTransactionId": .string(original),
-                    "userId": .string(request.userId), "productId": .string(earlier.productId), "orderId": .null,
-                    "quantity": .int(earlier.quantity), "grant": .json(earlier.grantJSON), "environment": .string(earlier.environment),
-                    "source": .string("manual"), "grantedAt": .string(nowText),
-                ], id: "grant.created:\(earlier.transactionId):manual:\(request.goodwillId)")
-            audit(
-                actor: request.actor, action: "grant_manual", subject: "transaction:\(id)", reason: request.reason,
-                details: ["userId": request.userId, "productId": request.productId, "regranted": earlier.transactionId])
-            return .grant(transactionId: earlier.transactionId)
+        if let earlier = facts.grants(of: target.creditKey).first(where: { $0.userId == request.userId }) {
+            return regrant(earlier, request: request, target: target)
         }
         var quantity = max(1, request.quantity)
         var granted = request.grant
-        if let revocation = facts.revocation, revocation.creditKey == creditKey, revocation.standingUnits > 0 {
+        if let revocation = facts.revocation, revocation.creditKey == target.creditKey, revocation.standingUnits > 0 {
             // A prorated refund took some units back: the rest is granted.
             quantity = max(quantity - revocation.standingUnits, 1)
             granted = product(request.productId)?.grant(quantity: quantity) ?? granted
         }
         grant(
-            transactionId: id, originalTransactionId: original, creditKey: creditKey, userId: request.userId,
-            productId: request.productId, orderId: orderId, quantity: quantity, grant: granted,
-            environment: environment, source: "manual", expiresAt: expiresAt, periodStart: periodStart)
+            transactionId: target.id, originalTransactionId: target.original, creditKey: target.creditKey, userId: request.userId,
+            productId: request.productId, orderId: target.orderId, quantity: quantity, grant: granted,
+            environment: target.environment, source: "manual", expiresAt: target.expiresAt, periodStart: target.periodStart)
         audit(
-            actor: request.actor, action: "grant_manual", subject: "transaction:\(id)", reason: request.reason,
+            actor: request.actor, action: "grant_manual", subject: "transaction:\(target.id)", reason: request.reason,
             details: ["userId": request.userId, "productId": request.productId, "quantity": "\(quantity)"])
-        return .grant(transactionId: id)
+        return .grant(transactionId: target.id)
+    }
+
+    /// What a grant by hand grants: goodwill of its own, an Apple purchase not uploaded yet,
+    /// or a purchase held here.
+    struct ManualTarget {
+        var id: String
+        var environment = AppStoreEnvironment.production
+        var original: String
+        var creditKey: CreditKey
+        var orderId: String?
+        var expiresAt: Date?
+        var periodStart: Date?
+
+        init(id: String) {
+            self.id = id
+            original = id
+            creditKey = .transaction(id)
+        }
+    }
+
+    /// Goodwill for an Apple purchase that has not reached us (the customer wrote before the
+    /// app uploaded it): bound to what that purchase credits, so that its upload is
+    /// `already_credited`, not a second credit. A subscription's period cannot be known from
+    /// its transaction id: those are granted once their purchase is held. The refusal, if any.
+    func targetNotUploaded(_ transactionId: String, request: LedgerEvent.ManualGrant, into target: inout ManualTarget) -> LedgerOutcome? {
+        guard product(request.productId)?.type != .autoRenewable else {
+            return .refused(.conflict, "a subscription period is granted by hand once its purchase is held, not by its transaction id")
+        }
+        if let recorded = facts.purchase, recorded.transactionId == transactionId {
+            return .refused(.conflict, "purchase \(transactionId) is recorded: grant it as a held purchase, or it is credited already")
+        }
+        target.id = transactionId
+        target.original = request.applePurchase.originalTransactionId
+        target.environment = request.applePurchase.environment
+        target.creditKey = policy.creditKey(of: request.applePurchase)
+        if let revocation = facts.revocation, revocation.creditKey == target.creditKey, revocation.standsFully {
+            return .refused(.conflict, "Apple refunded or revoked purchase \(transactionId)")
+        }
+        guard facts.activeGrant(of: target.creditKey) == nil, facts.grant(ofTransaction: transactionId) == nil else {
+            return .refused(.conflict, "what purchase \(transactionId) buys is granted already")
+        }
+        return nil
+    }
+
+    /// A purchase held here, granted by hand: the user's own, or a period Apple told of before
+    /// anyone owned its subscription (nobody's yet: customer service may give it to the user
+    /// they found paid for it). The refusal, if any.
+    mutating func targetHeld(_ transactionId: String, request: LedgerEvent.ManualGrant, into target: inout ManualTarget) -> LedgerOutcome? {
+        guard let purchase = facts.purchase, purchase.transactionId == transactionId else {
+            return .refused(.notFound, "no purchase \(transactionId)")
+        }
+        let unowned = purchase.isUnowned
+        guard purchase.userId == request.userId || unowned else {
+            return .refused(.conflict, "purchase \(transactionId) belongs to another user")
+        }
+        guard facts.grant(ofTransaction: transactionId) == nil else {
+            return .refused(.conflict, "purchase \(transactionId) is granted already")
+        }
+        target.id = transactionId
+        target.creditKey = purchase.creditKey ?? .transaction(transactionId)
+        if let revocation = facts.revocation, revocation.creditKey == target.creditKey, revocation.standsFully {
+            return .refused(.conflict, "Apple refunded or revoked purchase \(transactionId)")
+        }
+        guard facts.activeGrant(of: target.creditKey) == nil else {
+            return .refused(.conflict, "what purchase \(transactionId) buys is granted already")
+        }
+        target.original = purchase.originalTransactionId
+        target.environment = purchase.environment
+        target.orderId = purchase.orderId
+        if case .billingPeriod = target.creditKey {
+            // A subscription period granted by hand ends with the period Apple sold (or where
+            // a plan change replaced it), and makes its subscription the user's (if nobody
+            // owned it yet).
+            let period = recorded(purchase)
+            let ends = replacedTiers(by: period, key: target.creditKey)
+            target.expiresAt = ends.own ?? purchase.expiresDate
+            target.periodStart = purchase.purchaseDate
+            recordSubscription(of: period, owner: request.userId)
+            endReplaced(ends.others, by: period)
+        }
+        if unowned {
+            var claimed = purchase
+            claimed.userId = request.userId
+            claimed.heldReason = nil
+            emit(.claimPurchase(claimed))
+        } else {
+            emit(.releasePurchase(transactionId: transactionId))
+        }
+        return nil
+    }
+
+    /// The user held it before and it was taken back: customer service gives it again.
+    mutating func regrant(_ earlier: LedgerFacts.Grant, request: LedgerEvent.ManualGrant, target: ManualTarget) -> LedgerOutcome {
+        emit(.reactivateGrant(transactionId: earlier.transactionId))
+        publish(
+            "grant.created",
+            [
+                "transactionId": .string(earlier.transactionId), "originalTransactionId": .string(target.original),
+                "userId": .string(request.userId), "productId": .string(earlier.productId), "orderId": .null,
+                "quantity": .int(earlier.quantity), "grant": .json(earlier.grantJSON), "environment": .string(earlier.environment),
+                "source": .string("manual"), "grantedAt": .string(nowText),
+            ], id: "grant.created:\(earlier.transactionId):manual:\(request.goodwillId)")
+        audit(
+            actor: request.actor, action: "grant_manual", subject: "transaction:\(target.id)", reason: request.reason,
+            details: ["userId": request.userId, "productId": request.productId, "regranted": earlier.transactionId])
+        return .grant(transactionId: earlier.transactionId)
     }
 
     /// Binds a subscription to `userId` by hand (its token at Apple now names their order

@@ -341,6 +341,23 @@ extension LedgerFacts {
     /// These facts after `change`: what the rest of one plan reads.
     public mutating func apply(_ change: LedgerChange) {
         switch change {
+        case .recordPurchase, .releasePurchase, .claimPurchase:
+            applyToPurchases(change)
+        case .grant, .revokeGrant, .reactivateGrant, .reduceGrant, .extendGrant, .endGrant, .setGracePeriod:
+            applyToGrants(change)
+        case .bindOrder, .attachOrder, .setOrderState:
+            applyToOrders(change)
+        case .putRevocation(let row):
+            revocation = row
+        case .putSubscription(let row):
+            subscription = row
+        case .recordConsumptionRequest, .recordTerms, .audit, .publish:
+            break
+        }
+    }
+
+    private mutating func applyToPurchases(_ change: LedgerChange) {
+        switch change {
         case .recordPurchase(let row, _):
             if purchase == nil {
                 purchase = row
@@ -352,6 +369,13 @@ extension LedgerFacts {
         case .claimPurchase(let row):
             if purchase?.transactionId == row.transactionId { purchase = row }
             unownedPeriods.removeAll { $0.transactionId == row.transactionId }
+        default:
+            break
+        }
+    }
+
+    private mutating func applyToGrants(_ change: LedgerChange) {
+        switch change {
         case .grant(let row):
             var row = row
             row.id = (grants.map(\.id).max() ?? 0) + 1
@@ -379,6 +403,13 @@ extension LedgerFacts {
             updateGrant(transactionId) { $0.expiresAt = at }
         case .setGracePeriod(let transactionId, let until):
             updateGrant(transactionId) { $0.gracePeriodExpiresAt = until }
+        default:
+            break
+        }
+    }
+
+    private mutating func applyToOrders(_ change: LedgerChange) {
+        switch change {
         case .bindOrder(let orderId, let transactionId, _):
             for path in [\LedgerFacts.tokenOrder, \LedgerFacts.uploadOrder] where self[keyPath: path]?.id == orderId {
                 self[keyPath: path]?.state = "paid"
@@ -396,11 +427,7 @@ extension LedgerFacts {
             where self[keyPath: path]?.id == orderId && self[keyPath: path]?.transactionId == transactionId {
                 self[keyPath: path]?.state = state
             }
-        case .putRevocation(let row):
-            revocation = row
-        case .putSubscription(let row):
-            subscription = row
-        case .recordConsumptionRequest, .recordTerms, .audit, .publish:
+        default:
             break
         }
     }

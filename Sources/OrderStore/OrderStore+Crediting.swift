@@ -42,47 +42,7 @@ public struct CreditPolicy: Sendable {
     }
 }
 
-/// The upload a purchase came in, and the grants crediting it revoked (for the metrics).
-final class Upload {
-    let userId: String
-    let submissionId: String
-    let orderId: String?
-    let transactionId: String?
-    let bundleId: String
-    /// Grants revoked while applying it (Apple's answer said refunded, or a restore moved one).
-    var revocations = 0
-
-    init(userId: String, submissionId: String, orderId: String?, transactionId: String?, bundleId: String) {
-        self.userId = userId
-        self.submissionId = submissionId
-        self.orderId = orderId
-        self.transactionId = transactionId
-        self.bundleId = bundleId
-    }
-}
-
 extension OrderStore {
-    /// Credits one verified purchase of an upload through the ledger (`Ledger.plan`): once per
-    /// credit key, bound to its order, Apple's revocations applied whatever came first, held
-    /// when nothing proves whose it is. Says what became of it.
-    /// `facts`: the ledger's facts, when the caller read them along with its own rows.
-    static func credit(
-        _ purchase: VerifiedPurchase, upload: Upload, policy: CreditPolicy, now: Date, facts: LedgerFacts? = nil,
-        in db: any SQLConnection
-    ) async throws -> (TransactionCreditState, ReasonCode?) {
-        let event = LedgerEvent.upload(
-            purchase,
-            .init(
-                userId: upload.userId, submissionId: upload.submissionId, orderId: upload.orderId,
-                transactionId: upload.transactionId, bundleId: upload.bundleId))
-        let plan = try await applyLedger(event, policy: policy, now: now, facts: facts, in: db)
-        upload.revocations += plan.revoked
-        guard case .transaction(let state, let reason) = plan.outcome else {
-            preconditionFailure("the ledger answered an upload with \(plan.outcome)")
-        }
-        return (state, reason)
-    }
-
     /// Queues an event in the outbox, in the same transaction as the change it reports.
     static func event(
         _ name: String, _ fields: [String: EventField], id: String, policy: CreditPolicy, now: Date, in db: any SQLConnection

@@ -341,101 +341,69 @@ extension OrderStore {
                     environment: notification.environment, now: now, in: db)
                 return state.state
             case .verified(let receipt):
-                var seen = Set<String>()
-                var outcomes: [FinishAdvice.PurchaseOutcome] = []
-                var listed: [(VerifiedPurchase, TransactionCreditState, ReasonCode?)] = []
                 // What the upload names: the transaction it named, or the one signed transaction it
                 // carried (what the app holds, as surely as a named one).
                 let signed: Bool = row["signed"]
                 let named: String? = row["transactionId"] ?? (signed ? receipt.purchases.first?.transactionId : nil)
-                let upload = Upload(
-                    userId: userId, submissionId: id, orderId: result.orderId, transactionId: named,
-                    bundleId: receipt.bundleId)
-                // The first purchase's facts came with the upload's row; the others' are read
-                // after the plans before them are written.
-                var known = firstRead.map { $0.facts(from: Array(sets.dropFirst())) }
-                for purchase in receipt.purchases where seen.insert(purchase.transactionId).inserted {
-                    let (state, reason) = try await Self.credit(
-                        purchase, upload: upload, policy: policy, now: now, facts: known, in: db)
-                    known = nil
-                    outcomes.append(
-                        .init(
-                            transactionId: purchase.transactionId, state: state, reason: reason,
-                            lookup: purchase.ownershipEvidence == .lookup, originalTransactionId: purchase.originalTransactionId,
-                            productId: purchase.productId,
-                            staysInReceipts: policy.ledger.staysInReceipts(purchase.productId)))
-                    listed.append((purchase, state, reason))
-                    if state == .credited { counts.credited += 1 }
-                }
-                // What the upload named that its purchases did not settle: an order named alone,
-                // or a named transaction the receipt lacks (the ledger may hold it).
-                let missing = named.flatMap { named in outcomes.contains { $0.transactionId == named } ? nil : named }
-                var naming = LedgerEvent.Naming(
-                    userId: userId, submissionId: id, orderId: named == nil || missing != nil ? result.orderId : nil,
-                    missingTransactionId: missing)
-                var namedOutcome = NamingOutcome.nothing
-                if naming.isNeeded {
-                    naming.inUpload = Set(receipt.purchases.map(\.transactionId))
-                    naming.tokenNamesOrder = result.orderId.map { order in
-                        receipt.purchases.contains { $0.appAccountToken?.lowercased() == order.lowercased() }
-                    } ?? false
-                    if case .naming(let outcome) = try await Self.applyLedger(.naming(naming), policy: policy, now: now, in: db).outcome {
-                        namedOutcome = outcome
-                    }
-                }
-                // The verdict is the core's; the shell reads what it asks for, as the plans left it.
-                let query = FinishAdvice.verdictQuery(transactionId: named, orderId: result.orderId, outcomes: outcomes)
-                var namedRevocations: [LedgerFacts.Revocation] = []
-                if let named = query.revocationsOf { namedRevocations = try await Self.revocations(of: named, in: db) }
-                var namedOrder: LedgerFacts.Order?
-                if let order = query.order { namedOrder = try await Self.order(order, in: db) }
-                let verdict = FinishAdvice.verdict(
-                    userId: userId, transactionId: named, orderId: result.orderId, outcomes: outcomes,
-                    namedRevocations: namedRevocations,
-                    namedOrder: namedOrder,
+                var run = UploadRun(
+                    purchases: receipt.purchases,
+                    upload: .init(
+                        userId: userId, submissionId: id, orderId: result.orderId, transactionId: named, bundleId: receipt.bundleId),
                     namedOriginal: (row["originalTransactionId"] as String?).map {
                         FinishAdvice.NamedOriginal(originalTransactionId: $0, productId: row["productId"])
                     },
-                    naming: namedOutcome)
+                    policy: policy.ledger)
+                // The first purchase's facts came with the upload's row; the others' are read
+                // after the plans before them are written.
+                var known = firstRead.map { $0.facts(from: Array(sets.dropFirst())) }
+                let settled: UploadResult
+                steps: while true {
+                    switch run.next() {
+                    case .plan(let event):
+                        run.planned(try await Self.applyLedger(event, policy: policy, now: now, facts: known, in: db))
+                        known = nil
+                    case .read(let query):
+                        // The verdict is the core's; the shell reads what it asks for, as the plans left it.
+                        var revocations: [LedgerFacts.Revocation] = []
+                        if let named = query.revocationsOf { revocations = try await Self.revocations(of: named, in: db) }
+                        var order: LedgerFacts.Order?
+                        if let id = query.order { order = try await Self.order(id, in: db) }
+                        run.read(revocations: revocations, order: order)
+                    case .done(let result):
+                        settled = result
+                        break steps
+                    }
+                }
+                let verdict = settled.verdict
+                counts.credited += settled.credited
+                counts.replayed = settled.replayed
+                counts.revoked += settled.revoked
                 // What the upload became, queued with the plans' writes: when the verdict read
                 // nothing, all of them go as the unit's one write (one round trip on PostgreSQL).
-                var closing: [SQLStatement] = []
-                for (purchase, state, reason) in listed where verdict.listsTransactions {
-                    closing.append(
-                        SQLStatement(
-                            """
-                            INSERT INTO submission_transaction
-                                (submissionId, transactionId, originalTransactionId, productId, environment, state, reason,
-                                    creditKey)
-                            VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING
-                            """,
-                            [
-                                id, purchase.transactionId, purchase.originalTransactionId, purchase.productId,
-                                purchase.environment.rawValue, state.rawValue, reason?.rawValue, policy.creditKey(of: purchase),
-                            ]))
+                var closing = settled.listed.map { purchase, outcome in
+                    SQLStatement(
+                        """
+                        INSERT INTO submission_transaction
+                            (submissionId, transactionId, originalTransactionId, productId, environment, state, reason,
+                                creditKey)
+                        VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING
+                        """,
+                        [
+                            id, purchase.transactionId, purchase.originalTransactionId, purchase.productId,
+                            purchase.environment.rawValue, outcome.state.rawValue, outcome.reason?.rawValue, policy.creditKey(of: purchase),
+                        ])
                 }
-                // Every transaction of the upload that is settled (credited now or before,
-                // another user's, refunded, replaced) is finished at Apple after this commit;
-                // a held one never is. A lookup that proved nothing finishes nothing.
-                if policy.finishAtApple && verdict.listsTransactions {
-                    for (purchase, state, _) in listed where FinishAdvice.mayFinish(state) {
-                        closing.append(
-                            Self.queueAppleFinish(purchase.transactionId, environment: purchase.environment.rawValue, now: now))
+                if policy.finishAtApple {
+                    closing += settled.finishAtApple.map {
+                        Self.queueAppleFinish($0.transactionId, environment: $0.environment.rawValue, now: now)
                     }
-                    // Never an id the upload only named (a transaction the receipt lacks, refunded
-                    // or a StoreKit 1 restore): a transaction id is a lookup, and Apple's Finish
-                    // Transaction reaches any customer's; only the app's own `finish()`, which
-                    // reaches its own device's alone, may end it.
                 }
-                let replayed = outcomes.filter { $0.state == .replayedFromOtherUser }.count
-                counts.replayed = replayed
-                counts.revoked += upload.revocations
-                if replayed > 0 {
+                if settled.replayed > 0 {
                     closing.append(
                         Self.auditStatement(
                             actor: "system", action: "replay_refused", subject: "submission:\(id)",
                             reason: "purchases credited to another user uploaded by \(userId)",
-                            details: ["count": "\(replayed)"], now: now))
+                            details: ["count": "\(settled.replayed)"], now: now))
                 }
                 closing.append(
                     Self.finishStatement(

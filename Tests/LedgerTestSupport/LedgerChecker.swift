@@ -1119,45 +1119,25 @@ struct CheckerRun {
     mutating func upload(_ indexes: [Int], by uploader: String, evidence: OwnershipEvidence, naming: Naming = .eachTransaction)
         throws
     {
-        let submission = nextId("s-")
-        var outcomes: [FinishAdvice.PurchaseOutcome] = []
         var orderId: String?
         if case .order(let id) = naming { orderId = id }
-        for index in indexes {
-            let transaction = transactions[index]
-            let purchase = transaction.purchase(evidence: evidence)
-            let upload = LedgerEvent.Upload(
-                userId: uploader, submissionId: submission, orderId: orderId, transactionId: orderId == nil ? transaction.id : nil,
-                bundleId: "app")
-            let plan = try apply(.upload(purchase, upload))
-            if case .transaction(let state, let reason) = plan.outcome {
-                outcomes.append(.init(transactionId: transaction.id, state: state, reason: reason))
-            }
-            if evidence == .signedUpload { provers[transaction.id, default: []].insert(uploader) }
-            reference.received(transaction, key: key(transaction), uploader: uploader, evidence: evidence, catalog: CheckerCatalog.catalog)
-            guard case .transaction(let state, _) = plan.outcome else { throw fail("an upload answered \(plan.outcome)") }
-            // The app is told to finish only what is settled: credited means held by the uploader.
-            let key = key(transaction)
-            if state == .credited || state == .alreadyCredited {
-                guard let held = ledger.holdings.keys[key], held.user == uploader else {
-                    throw fail("\(transaction.id) answered \(state) to \(uploader), but \(key) is \(ledger.holdings.keys[key].map(\.description) ?? "held by nobody")")
-                }
-            }
-            // A bare id proves nothing: credited only where a token or the subscription says whose it is.
-            if evidence == .lookup, state == .credited {
-                let tokenOwner = transaction.token.flatMap { reference.orders[$0]?.user }
-                let subscriber = reference.subscriptionOwner[transaction.original]
-                guard tokenOwner == uploader || (transaction.isSubscription && subscriber == uploader) else {
-                    throw fail("a bare id credited \(transaction.id) to \(uploader)")
-                }
+        // Each transaction its own upload naming it, or one upload of them all naming the order.
+        let uploads = orderId == nil ? indexes.map { [$0] } : [indexes]
+        var verdict = UploadVerdict(state: .credited)
+        for upload in uploads {
+            let result = try run(
+                upload.map { transactions[$0].purchase(evidence: evidence) },
+                upload: .init(
+                    userId: uploader, submissionId: nextId("s-"), orderId: orderId,
+                    transactionId: orderId == nil ? transactions[upload[0]].id : nil, bundleId: "app"))
+            verdict = result.verdict
+            for (index, outcome) in zip(upload, result.outcomes) {
+                try received(index, outcome: outcome, by: uploader, evidence: evidence)
             }
         }
         guard let orderId else { return }
         // Who really paid: the app that bought for this order finishes what it holds only once
         // that purchase is credited to the order's user, or Apple took it back.
-        let verdict = FinishAdvice.verdict(
-            userId: uploader, transactionId: nil, orderId: orderId, outcomes: outcomes, namedRevocations: [],
-            namedOrder: ledger.orders[orderId])
         guard FinishAdvice.mayFinishUpload(state: verdict.state, reason: verdict.reason, named: .order, settledByHand: false),
             let bought = transactions.first(where: { $0.order == orderId }), Self.user(bought.buyer) == uploader
         else { return }
@@ -1168,6 +1148,46 @@ struct CheckerRun {
             throw fail(
                 "the upload naming \(orderId) was told to finish (\(verdict.state)), but \(bought.id), bought for it, is \(ledger.holdings.keys[key].map(\.description) ?? "credited to nobody")"
             )
+        }
+    }
+
+    /// One upload through the ledger's run, as every shell drives it.
+    mutating func run(_ purchases: [VerifiedPurchase], upload: LedgerEvent.Upload) throws -> UploadResult {
+        var run = UploadRun(purchases: purchases, upload: upload, policy: policy)
+        while true {
+            switch run.next() {
+            case .plan(let event):
+                run.planned(try apply(event))
+            case .read(let query):
+                run.read(
+                    revocations: query.revocationsOf.map(ledger.revocations(of:)) ?? [], order: query.order.flatMap { ledger.orders[$0] })
+            case .done(let result):
+                return result
+            }
+        }
+    }
+
+    /// What the checker asks of each purchase an upload credited: the app is told to finish
+    /// only what is settled, and a bare id proves nothing.
+    mutating func received(_ index: Int, outcome: FinishAdvice.PurchaseOutcome, by uploader: String, evidence: OwnershipEvidence) throws {
+        let transaction = transactions[index]
+        if evidence == .signedUpload { provers[transaction.id, default: []].insert(uploader) }
+        reference.received(transaction, key: key(transaction), uploader: uploader, evidence: evidence, catalog: CheckerCatalog.catalog)
+        let state = outcome.state
+        // The app is told to finish only what is settled: credited means held by the uploader.
+        let key = key(transaction)
+        if state == .credited || state == .alreadyCredited {
+            guard let held = ledger.holdings.keys[key], held.user == uploader else {
+                throw fail("\(transaction.id) answered \(state) to \(uploader), but \(key) is \(ledger.holdings.keys[key].map(\.description) ?? "held by nobody")")
+            }
+        }
+        // A bare id proves nothing: credited only where a token or the subscription says whose it is.
+        if evidence == .lookup, state == .credited {
+            let tokenOwner = transaction.token.flatMap { reference.orders[$0]?.user }
+            let subscriber = reference.subscriptionOwner[transaction.original]
+            guard tokenOwner == uploader || (transaction.isSubscription && subscriber == uploader) else {
+                throw fail("a bare id credited \(transaction.id) to \(uploader)")
+            }
         }
     }
 

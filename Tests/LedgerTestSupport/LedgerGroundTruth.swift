@@ -240,7 +240,6 @@ extension CheckerRun {
         case .order(let id): orderId = id
         case .nothing: break
         }
-        var outcomes: [FinishAdvice.PurchaseOutcome] = []
         var listing = indexes.map { transactions[$0].purchase(evidence: evidence) }
         if receipt {
             for index in listing.indices {
@@ -251,32 +250,29 @@ extension CheckerRun {
             // What the receipt lists of each chain dates its periods (as the verifier reads it).
             listing = VerifiedPurchase.withPreviousPeriods(listing)
         }
-        for (index, purchase) in zip(indexes, listing) {
-            let transaction = transactions[index]
-            let upload = LedgerEvent.Upload(userId: uploader, submissionId: submission, orderId: orderId, transactionId: named, bundleId: "app")
-            let plan = try apply(.upload(purchase, upload))
-            guard case .transaction(let state, let reason) = plan.outcome else { throw fail("an upload answered \(plan.outcome)") }
-            outcomes.append(
-                .init(
-                    transactionId: transaction.id, state: state, reason: reason, lookup: evidence == .lookup,
-                    originalTransactionId: transaction.original, productId: transaction.product,
-                    staysInReceipts: policy.staysInReceipts(transaction.product)))
-            if evidence == .signedUpload { provers[transaction.id, default: []].insert(uploader) }
+        // The ledger's run, as every shell drives it.
+        var run = UploadRun(
+            purchases: listing,
+            upload: .init(userId: uploader, submissionId: submission, orderId: orderId, transactionId: named, bundleId: "app"),
+            namedOriginal: original, policy: policy)
+        var settled: UploadResult?
+        while settled == nil {
+            switch run.next() {
+            case .plan(let event):
+                run.planned(try apply(event))
+            case .read(let query):
+                run.read(
+                    revocations: query.revocationsOf.map(ledger.revocations(of:)) ?? [], order: query.order.flatMap { ledger.orders[$0] })
+            case .done(let result):
+                settled = result
+            }
         }
-        // What the upload named that its purchases did not settle, as the shell plans it.
-        let missing = named.flatMap { named in outcomes.contains { $0.transactionId == named } ? nil : named }
-        var namingEvent = LedgerEvent.Naming(
-            userId: uploader, submissionId: submission, orderId: named == nil || missing != nil ? orderId : nil,
-            missingTransactionId: missing)
-        namingEvent.inUpload = Set(indexes.map { transactions[$0].id })
-        namingEvent.tokenNamesOrder = orderId.map { order in indexes.contains { transactions[$0].token == order } } ?? false
-        var namingOutcome = NamingOutcome.nothing
-        if namingEvent.isNeeded, case .naming(let outcome) = try apply(.naming(namingEvent)).outcome { namingOutcome = outcome }
-        let query = FinishAdvice.verdictQuery(transactionId: named, orderId: orderId, outcomes: outcomes)
-        let verdict = FinishAdvice.verdict(
-            userId: uploader, transactionId: named, orderId: orderId, outcomes: outcomes,
-            namedRevocations: query.revocationsOf.map(ledger.revocations(of:)) ?? [], namedOrder: query.order.flatMap { ledger.orders[$0] },
-            namedOriginal: original, naming: namingOutcome)
+        guard let settled else { throw fail("an upload's run ended without a result") }
+        for outcome in settled.outcomes where evidence == .signedUpload {
+            provers[outcome.transactionId, default: []].insert(uploader)
+        }
+        let outcomes = settled.outcomes
+        let verdict = settled.verdict
         if tracing { log.append("    verdict \(verdict.state) \(verdict.reason?.rawValue ?? "")") }
         let told = "\(verdict.state) \(verdict.reason?.rawValue ?? "")"
         guard onDevice else { return verdict }
@@ -289,7 +285,7 @@ extension CheckerRun {
             if FinishAdvice.mayFinishUpload(state: verdict.state, reason: verdict.reason, named: .order, settledByHand: false), let holding {
                 // Never on a guess: an order named alone is finishable only where a purchase of
                 // the upload carries its token (what the app holds, only the app knows).
-                guard namingEvent.tokenNamesOrder else {
+                guard settled.tokenNamesOrder else {
                     throw fail("told to finish \(holding) on a guess: order \(order) was named alone, and no purchase of the upload carries its token (\(told))")
                 }
                 try appFinishes(holding, told: told)
