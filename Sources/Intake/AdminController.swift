@@ -31,16 +31,16 @@ struct AdminController: Sendable {
     }
 
     func addRoutes(to router: Router<IntakeContext>) {
-        router.get("/v1/admin/purchases/{transactionId}") { request, context in
-            try authorize(request, context)
+        // Every admin route asks for an admin token first (`AdminAuthorizationMiddleware`).
+        let admin = router.group("/v1/admin").add(middleware: AdminAuthorizationMiddleware(settings: settings, attempts: attempts))
+        admin.get("purchases/{transactionId}") { request, context in
             let id = try context.pathParameter("transactionId")
             guard let purchase = try await store.purchase(id) else {
                 throw APIError(.purchaseNotFound, "no purchase \(id) in this store")
             }
             return try JSONResponse.make(PurchaseBody(purchase))
         }
-        router.post("/v1/admin/grants") { request, context in
-            try authorize(request, context)
+        admin.post("grants") { request, context in
             let fields = try await fields(of: request)
             let userId = try fields.requiredID("userId")
             // Granting a held purchase: what Apple sold, unless the body says otherwise.
@@ -85,8 +85,7 @@ struct AdminController: Sendable {
             Counter(label: MetricNames.grants).increment()
             return try JSONResponse.make(GrantBody(granted), status: .created)
         }
-        router.post("/v1/admin/grants/{transactionId}/revoke") { request, context in
-            try authorize(request, context)
+        admin.post("grants/{transactionId}/revoke") { request, context in
             let id = try context.pathParameter("transactionId")
             let fields = try await fields(of: request)
             let revoked = try await mapped(notFound: .purchaseNotFound) {
@@ -97,8 +96,7 @@ struct AdminController: Sendable {
             Counter(label: MetricNames.revocations).increment()
             return try JSONResponse.make(GrantBody(revoked))
         }
-        router.post("/v1/admin/submissions/{submissionId}/finishable") { request, context in
-            try authorize(request, context)
+        admin.post("submissions/{submissionId}/finishable") { request, context in
             guard let id = UUID(uuidString: try context.pathParameter("submissionId")) else {
                 throw APIError(.submissionNotFound, "no such submission")
             }
@@ -113,10 +111,9 @@ struct AdminController: Sendable {
             }
             return try JSONResponse.make(SubmissionStatusBody(status, finishMode: settings.finishTransactions))
         }
-        router.post("/v1/admin/subscriptions/{originalTransactionId}/bind") { request, context in
+        admin.post("subscriptions/{originalTransactionId}/bind") { request, context in
             // Customer service binds a subscription to a user: Apple's Set App Account Token
             // names an order of theirs, and its renewals and refunds follow them from now on.
-            try authorize(request, context)
             let original = try context.pathParameter("originalTransactionId")
             let fields = try await fields(of: request)
             let userId = try fields.requiredID("userId")
@@ -141,11 +138,10 @@ struct AdminController: Sendable {
             }
             return try JSONResponse.make(["originalTransactionId": original, "userId": userId, "appAccountToken": order.orderId])
         }
-        router.post("/v1/admin/subscriptions/{originalTransactionId}/extend") { request, context in
+        admin.post("subscriptions/{originalTransactionId}/extend") { request, context in
             // Customer service extends a subscription's renewal date at Apple (a service outage,
             // goodwill): its period in force ends `days` later; Apple's RENEWAL_EXTENDED moves
             // the grant's end.
-            try authorize(request, context)
             let original = try context.pathParameter("originalTransactionId")
             let fields = try await fields(of: request)
             let ask = try Self.extensionAsk(fields)
@@ -169,10 +165,9 @@ struct AdminController: Sendable {
             }
             return try JSONResponse.make(RenewalExtensionBody(extended))
         }
-        router.post("/v1/admin/renewal-extensions") { request, context in
+        admin.post("renewal-extensions") { request, context in
             // Every active subscriber of a product: Apple takes the request and works through
             // them later; its status is polled below, and its SUMMARY notification is audited.
-            try authorize(request, context)
             let fields = try await fields(of: request)
             let productId = try fields.requiredID("productId", maxLength: 100)
             guard AppStoreServerAPIClient.isProductId(productId) else {
@@ -210,8 +205,7 @@ struct AdminController: Sendable {
                     requestIdentifier: ask.requestIdentifier, productId: productId, environment: environment.rawValue, complete: false),
                 status: .accepted)
         }
-        router.get("/v1/admin/renewal-extensions/{productId}/{requestIdentifier}") { request, context in
-            try authorize(request, context)
+        admin.get("renewal-extensions/{productId}/{requestIdentifier}") { request, context in
             let productId = try context.pathParameter("productId")
             guard AppStoreServerAPIClient.isProductId(productId) else {
                 throw APIError.invalidField("productId", "must be a product id (letters, digits, '.', '-', '_')")
@@ -240,10 +234,9 @@ struct AdminController: Sendable {
             body.failedCount = status.failedCount
             return try JSONResponse.make(body)
         }
-        router.get("/v1/admin/app-transactions/{transactionId}") { request, context in
+        admin.get("app-transactions/{transactionId}") { request, context in
             // Get App Transaction Info for customer service: whose download of the app a
             // transaction (or an appTransactionId) belongs to, as Apple signs it, verified.
-            try authorize(request, context)
             let id = try context.pathParameter("transactionId")
             guard let client = settings.appStore, let verifier = settings.notificationVerifier else {
                 throw APIError(.appleUnavailable, "the App Store Server API key is not configured")
@@ -263,11 +256,10 @@ struct AdminController: Sendable {
             }
             return try JSONResponse.make(app)
         }
-        router.get("/v1/admin/users/{userId}/groups") { request, context in
+        admin.get("users/{userId}/groups") { request, context in
             // Get Customer Groups for customer service: the groups (multiseat organizations)
             // each of the user's Apple customers is in now, asked of Apple with each customer's
             // id (at most ten customers).
-            try authorize(request, context)
             let userId = try context.pathParameter("userId")
             guard let client = settings.appStore else {
                 throw APIError(.appleUnavailable, "the App Store Server API key is not configured")
@@ -278,10 +270,9 @@ struct AdminController: Sendable {
             let groups = try await Self.askingApple { try await client.groups(ofCustomers: customers) }.map(CustomerGroupBody.init)
             return try JSONResponse.make(CustomerGroupsBody(userId: userId, customersAsked: customers.count, groups: groups))
         }
-        router.get("/v1/admin/groups/{groupId}/members") { request, context in
+        admin.get("groups/{groupId}/members") { request, context in
             // Get Group Members for customer service: one page of the group's members, each with
             // the users it is known for here.
-            try authorize(request, context)
             let groupId = try context.pathParameter("groupId")
             guard AppStoreServerAPIClient.isGroupId(groupId) else {
                 throw APIError.invalidField("groupId", "must be Apple's numeric group id")
@@ -319,14 +310,12 @@ struct AdminController: Sendable {
             }
             throw APIError(.groupNotFound, "Apple knows no group \(groupId) in \(environments.map(\.rawValue).joined(separator: " or "))")
         }
-        router.get("/v1/admin/consumption-requests") { request, context in
-            try authorize(request, context)
+        admin.get("consumption-requests") { request, context in
             let limit = try Self.limit(request)
             let requests = try await store.consumptionRequests(limit: limit).map(ConsumptionRequestBody.init)
             return try JSONResponse.make(["consumptionRequests": requests])
         }
-        router.get("/v1/admin/audit") { request, context in
-            try authorize(request, context)
+        admin.get("audit") { request, context in
             let limit = try Self.limit(request)
             let before = try request.uri.queryParameters.get("before").map { raw throws(APIError) in
                 guard let id = Int64(raw), id > 0 else { throw APIError.invalidField("before", "must be an entry's id (a whole number above 0)") }
@@ -359,48 +348,6 @@ struct AdminController: Sendable {
     /// A change request's JSON body.
     private func fields(of request: Request) async throws -> JSONFields {
         try JSONFields(try await IntakeBody.collect(request, limit: 16 * 1024, timeout: settings.limits.bodyTimeout))
-    }
-
-    /// Refuses requests without an admin token (a user's token is refused too). Every
-    /// configured token is compared, each in the same time whatever matches. Every
-    /// authorization counts against the client's address until it succeeds (`attempts`): an
-    /// address past its failures gets 429 before anything is compared.
-    private func authorize(_ request: Request, _ context: IntakeContext) throws(APIError) {
-        guard !settings.adminTokens.isEmpty else {
-            throw APIError(.adminDisabled, "\(Setting.adminToken.variable) is not set")
-        }
-        let address = settings.limits.clientAddress(of: request, peer: context.remoteAddress)
-        // A try a locked address still has (one every two seconds) is answered 429 unless it is right.
-        let locked = attempts.isLocked(address)
-        let attempt: UInt64
-        switch attempts.reserve(address) {
-        case .refused(let wait):
-            throw APIError.rateLimited(retryAfter: wait)
-        case .attempt(let id):
-            attempt = id
-        }
-        guard let header = request.headers[.authorization], header.count > 7, header.prefix(7).lowercased() == "bearer "
-        else {
-            if locked { throw APIError.rateLimited(retryAfter: Int(attempts.lockedInterval)) }
-            var error = APIError(.unauthenticated, "admin routes need Authorization: Bearer <admin token>")
-            error.headers[.wwwAuthenticate] = "Bearer"
-            throw error
-        }
-        let given = SHA256.hash(data: Data(header.dropFirst(7).utf8))
-        var matched = false
-        for token in settings.adminTokens {
-            // Fixed-length digests, compared byte by byte without an early exit.
-            var difference: UInt8 = 0
-            for (left, right) in zip(given, SHA256.hash(data: Data(token.utf8))) { difference |= left ^ right }
-            matched = matched || difference == 0
-        }
-        guard matched else {
-            // Never the token itself.
-            context.logger.info("admin token refused", metadata: ["iap.address": "\(address)"])
-            if locked { throw APIError.rateLimited(retryAfter: Int(attempts.lockedInterval)) }
-            throw APIError(.forbidden, "this token may not use admin routes")
-        }
-        attempts.release(attempt)
     }
 
     /// The store's errors as API answers: what the store lacks is answered with the route's
@@ -769,5 +716,55 @@ extension Optional {
     func asyncFlatMap<U>(_ transform: (Wrapped) async throws -> U?) async rethrows -> U? {
         guard let self else { return nil }
         return try await transform(self)
+    }
+}
+
+/// Refuses admin requests without an admin token (a user's token is refused too). Every
+/// configured token is compared, each in the same time whatever matches. Every authorization
+/// counts against the client's address until it succeeds (`attempts`): an address past its
+/// failures gets 429 before anything is compared.
+struct AdminAuthorizationMiddleware: RouterMiddleware {
+    typealias Context = IntakeContext
+
+    let settings: IntakeSettings
+    let attempts: FailedAttempts
+
+    func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
+        guard !settings.adminTokens.isEmpty else {
+            throw APIError(.adminDisabled, "\(Setting.adminToken.variable) is not set")
+        }
+        let address = settings.limits.clientAddress(of: request, peer: context.remoteAddress)
+        // A try a locked address still has (one every two seconds) is answered 429 unless it is right.
+        let locked = attempts.isLocked(address)
+        let attempt: UInt64
+        switch attempts.reserve(address) {
+        case .refused(let wait):
+            throw APIError.rateLimited(retryAfter: wait)
+        case .attempt(let id):
+            attempt = id
+        }
+        guard let header = request.headers[.authorization], header.count > 7, header.prefix(7).lowercased() == "bearer "
+        else {
+            if locked { throw APIError.rateLimited(retryAfter: Int(attempts.lockedInterval)) }
+            var error = APIError(.unauthenticated, "admin routes need Authorization: Bearer <admin token>")
+            error.headers[.wwwAuthenticate] = "Bearer"
+            throw error
+        }
+        let given = SHA256.hash(data: Data(header.dropFirst(7).utf8))
+        var matched = false
+        for token in settings.adminTokens {
+            // Fixed-length digests, compared byte by byte without an early exit.
+            var difference: UInt8 = 0
+            for (left, right) in zip(given, SHA256.hash(data: Data(token.utf8))) { difference |= left ^ right }
+            matched = matched || difference == 0
+        }
+        guard matched else {
+            // Never the token itself.
+            context.logger.info("admin token refused", metadata: ["iap.address": "\(address)"])
+            if locked { throw APIError.rateLimited(retryAfter: Int(attempts.lockedInterval)) }
+            throw APIError(.forbidden, "this token may not use admin routes")
+        }
+        attempts.release(attempt)
+        return try await next(request, context)
     }
 }

@@ -45,29 +45,23 @@ struct OrdersController: Sendable {
             }
             return try JSONResponse.make(OrderBody(order))
         }
-        router.get("/v1/users/{userId}/grants") { _, context in
+        // What acts for one user answers only that user: anyone else's is 404, as if they did
+        // not exist (`OwnUserMiddleware`).
+        let user = router.group("/v1/users/{userId}").add(middleware: OwnUserMiddleware())
+        user.get("grants") { _, context in
             let userId = try context.pathParameter("userId")
-            guard context.userId.map({ sameUser($0, userId) }) ?? true else {
-                throw APIError(.userNotFound, "no such user")
-            }
             let grants = try await store.grants(ofUser: userId)
             return try JSONResponse.make(["grants": grants.map(GrantBody.init)])
         }
-        router.get("/v1/users/{userId}/subscriptions") { _, context in
+        user.get("subscriptions") { _, context in
             let userId = try context.pathParameter("userId")
-            guard context.userId.map({ sameUser($0, userId) }) ?? true else {
-                throw APIError(.userNotFound, "no such user")
-            }
             let subscriptions = try await store.subscriptions(ofUser: userId)
             return try JSONResponse.make(["subscriptions": subscriptions.map(SubscriptionBody.init)])
         }
-        router.post("/v1/users/{userId}/consumption") { request, context in
+        user.post("consumption") { request, context in
             // What the app knows for Apple's refund requests: how much of a purchase the user
             // used, and whether they consented to tell Apple (IAP_CONSUMPTION_CONSENT=per-user).
             let userId = try context.pathParameter("userId")
-            guard context.userId.map({ sameUser($0, userId) }) ?? true else {
-                throw APIError(.userNotFound, "no such user")
-            }
             let body = try await IntakeBody.collect(request, limit: 16 * 1024, timeout: settings.limits.bodyTimeout)
             let fields = try JSONFields(body)
             let report = ConsumptionReport(
@@ -84,13 +78,10 @@ struct OrdersController: Sendable {
             }
             return Response(status: .noContent)
         }
-        router.post("/v1/users/{userId}/finished") { request, context in
+        user.post("finished") { request, context in
             // The app called StoreKit's finish() for a transaction: Apple does not tell the
             // server, so the app does, and the server no longer calls Finish Transaction for it.
             let userId = try context.pathParameter("userId")
-            guard context.userId.map({ sameUser($0, userId) }) ?? true else {
-                throw APIError(.userNotFound, "no such user")
-            }
             let body = try await IntakeBody.collect(request, limit: 16 * 1024, timeout: settings.limits.bodyTimeout)
             let transactionId = try JSONFields(body).requiredID("transactionId")
             let report: AppFinishReport
@@ -108,11 +99,8 @@ struct OrdersController: Sendable {
             }
             return Response(status: .noContent)
         }
-        router.get("/v1/users/{userId}/entitlements") { _, context in
+        user.get("entitlements") { _, context in
             let userId = try context.pathParameter("userId")
-            guard context.userId.map({ sameUser($0, userId) }) ?? true else {
-                throw APIError(.userNotFound, "no such user")
-            }
             let entitlements = try await store.entitlements(ofUser: userId, catalog: settings.catalog, now: Date())
             return try JSONResponse.make(EntitlementsBody(entitlements))
         }
@@ -288,4 +276,19 @@ struct JSONFields {
     }
 
     private static let booleanType = type(of: NSNumber(value: true))
+}
+
+/// The routes under `/v1/users/{userId}` act for the user the path names, who must be the
+/// request's user (the token's subject; with authentication off, the one the request names):
+/// anyone else's answers 404 `user_not_found`, as a user that does not exist does.
+struct OwnUserMiddleware: RouterMiddleware {
+    typealias Context = IntakeContext
+
+    func handle(_ request: Request, context: Context, next: (Request, Context) async throws -> Response) async throws -> Response {
+        let userId = try context.pathParameter("userId")
+        guard context.userId.map({ sameUser($0, userId) }) ?? true else {
+            throw APIError(.userNotFound, "no such user")
+        }
+        return try await next(request, context)
+    }
 }
