@@ -71,7 +71,7 @@ extension OrderStore {
             INSERT INTO apple_finish (transactionId, environment, state, queuedAt, dueAt, attempts)
             VALUES (?, ?, 'queued', ?, ?, 0) ON CONFLICT (transactionId) DO NOTHING
             """,
-            [transactionId, environment, now, now])
+            [transactionId, environment, now, now], fills: .appleCalls)
     }
 
     /// The statement that queues `transactionId` to be finished at Apple only if it is a
@@ -86,7 +86,7 @@ extension OrderStore {
             SELECT ?, ?, 'queued', ?, ?, 0 WHERE EXISTS (SELECT 1 FROM purchase WHERE transactionId = ?)
             ON CONFLICT (transactionId) DO NOTHING
             """,
-            [transactionId, environment, now, now, transactionId])
+            [transactionId, environment, now, now, transactionId], fills: .appleCalls)
     }
 
     /// The queued finishes that are due, at most `limit`, oldest due first, claimed for

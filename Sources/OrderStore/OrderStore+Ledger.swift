@@ -453,7 +453,7 @@ extension OrderStore {
                     request.notificationUUID, request.transactionId, request.userId, request.reason, request.environment,
                     request.receivedAt, request.ownershipType, request.deadline, request.receivedAt, request.creditKey,
                     request.productType,
-                ])]
+                ], fills: .appleCalls)]
         case .audit(let entry):
             return [
                 auditStatement(

@@ -189,6 +189,6 @@ extension OrderStore {
             [
                 message.exchange, message.routingKey, Data(message.body), message.messageId,
                 message.priority.map { Int($0) }, message.mandatory, now, message.submissionId?.uuidString,
-            ], queuesMessage: true)
+            ], fills: .outbox)
     }
 }

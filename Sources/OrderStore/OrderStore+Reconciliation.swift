@@ -1,6 +1,6 @@
 public import Foundation
 public import IAPCore
-import Ledger
+public import Ledger
 
 /// A subscription the reconciliation asks Apple about: due to renew, or in billing retry or
 /// a grace period.
@@ -94,7 +94,10 @@ extension OrderStore {
                     sql: "SELECT 1 FROM notification WHERE notificationUUID = ?", arguments: [notification.notificationUUID]) == nil
             else { return nil }
             let key = policy.creditKey(of: purchase)
-            if ["REFUND", "REVOKE"].contains(notification.notificationType), try await Self.revocationStands(key: key, in: db),
+            // A refund or revocation the store holds already, standing, with nothing granted under
+            // its key: nothing to do.
+            if [.refund, .revoke].contains(NotificationType(notification.notificationType)),
+                try await Self.revocation(key: key, in: db)?.stands == true,
                 try await db.cachedRow(sql: "SELECT 1 FROM grants WHERE creditKey = ? AND state = 'active'", arguments: [key]) == nil
             {
                 return nil
@@ -318,9 +321,9 @@ extension OrderStore {
         }
     }
 
-    /// Whether the store holds a refund or revocation of `purchase` that stands (not reversed).
-    public func revocationStands(of purchase: VerifiedPurchase, policy: CreditPolicy) async throws -> Bool {
+    /// Apple's refund or revocation of `purchase` as the store holds it; nil when there is none.
+    public func revocation(of purchase: VerifiedPurchase, policy: CreditPolicy) async throws -> LedgerFacts.Revocation? {
         let key = policy.creditKey(of: purchase)
-        return try await database.read { db in try await Self.revocationStands(key: key, in: db) }
+        return try await database.read { db in try await Self.revocation(key: key, in: db) }
     }
 }

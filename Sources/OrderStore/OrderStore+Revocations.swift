@@ -1,9 +1,11 @@
 import Foundation
 import IAPCore
+import Ledger
 
 extension OrderStore {
-    /// Whether Apple's revocation of `key` stands (recorded and not reversed).
-    static func revocationStands(key: String, in db: any SQLConnection) async throws -> Bool {
-        try await db.cachedRow(sql: "SELECT 1 FROM revocation WHERE creditKey = ? AND (reversedAt IS NULL OR reversedAt < revokedAt)", arguments: [key]) != nil
+    /// Apple's refund or revocation of `key` as recorded, nil when there is none: whether it
+    /// stands is the ledger's rule (`LedgerFacts.Revocation.stands`), never a query's.
+    static func revocation(key: String, in db: any SQLConnection) async throws -> LedgerFacts.Revocation? {
+        try await db.cachedRow(sql: "SELECT * FROM revocation WHERE creditKey = ?", arguments: [key]).map(revocationFact)
     }
 }

@@ -43,7 +43,10 @@ public final class OrderStore: Sendable {
     /// Where this store lives.
     public let location: StoreLocation
     /// Raised after each commit that queued messages in the outbox (what a relay waits for).
-    public let outboxSignal = OutboxSignal()
+    public let outboxSignal = CommitSignal()
+    /// Raised after each commit that queued calls to Apple: a settled transaction to finish, a
+    /// consumption request to answer (what the Apple-calls workers wait for).
+    public let appleCallSignal = CommitSignal()
 
     /// Opens (creating if needed) the SQLite store at `path` and migrates it.
     /// `statementObserver`, for tests, hears the SQL text of every statement the store runs.
@@ -65,7 +68,7 @@ public final class OrderStore: Sendable {
             case .postgres(let postgres):
                 backend = try await PostgresDatabase(location: postgres, statementObserver: statementObserver)
             }
-            database = AnnouncingDatabase(inner: backend, signal: outboxSignal)
+            database = AnnouncingDatabase(inner: backend, signals: [(.outbox, outboxSignal), (.appleCalls, appleCallSignal)])
         } catch let error as OrderStoreError {
             throw error
         } catch {

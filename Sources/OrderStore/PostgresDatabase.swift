@@ -440,9 +440,9 @@ final class PostgresSession: SideBySideConnection, @unchecked Sendable {
     private var savepoints: [(name: String, sent: Bool)] = []
     /// Writes of `executeLater` not sent yet.
     private var pendingWrites: [SQLStatement] = []
-    /// Writes sent that queued messages and stayed (not undone with their unit).
-    private var sentMessages = false
-    var queuedMessages: Bool { sentMessages || pendingWrites.contains(where: \.queuesMessage) }
+    /// The queues writes sent filled, that stayed (not undone with their unit).
+    private var sentFills: CommitQueues = []
+    var filled: CommitQueues { pendingWrites.reduce(sentFills) { $0.union($1.fills) } }
     private(set) var changesCount = 0
     /// A statement outside any savepoint hit a serialization failure or deadlock: the
     /// transaction must run again.
@@ -526,13 +526,13 @@ final class PostgresSession: SideBySideConnection, @unchecked Sendable {
             let statement = statements[0]
             _ = try await run(statement.sql, statement.arguments)
             if let error = statement.requiresChange, changesCount == 0 { throw error }
-            if statement.queuesMessage { sentMessages = true }
+            sentFills.formUnion(statement.fills)
             return
         }
         let rows = try await run("SELECT iap_write(?, ?::jsonb, ?) AS counts", [], binding: writeBinding(statements))
         let counts = try Self.writeAnswer(rows.first?.values.first, for: statements).get()
         changesCount = counts.last ?? 0
-        if statements.contains(where: \.queuesMessage) { sentMessages = true }
+        for statement in statements { sentFills.formUnion(statement.fills) }
     }
 
     /// The arguments of one call of `iap_write` running `statements`.
@@ -611,7 +611,7 @@ final class PostgresSession: SideBySideConnection, @unchecked Sendable {
             switch Self.writeAnswer(answers[next], for: unit) {
             case .success:
                 errors.append(nil)
-                if unit.contains(where: \.queuesMessage) { sentMessages = true }
+                for statement in unit { sentFills.formUnion(statement.fills) }
             case .failure(let error):
                 errors.append(error)
             }
@@ -663,7 +663,7 @@ final class PostgresSession: SideBySideConnection, @unchecked Sendable {
         try await flushPendingWrites(last: false)
         savepoints.append((name: "s\(savepoints.count + 1)", sent: false))
         defer { savepoints.removeLast() }
-        let sentBefore = sentMessages
+        let sentBefore = sentFills
         do {
             let value = try await body()
             try await flushPendingWrites(last: true)
@@ -671,7 +671,7 @@ final class PostgresSession: SideBySideConnection, @unchecked Sendable {
             return value
         } catch {
             pendingWrites = []
-            sentMessages = sentBefore
+            sentFills = sentBefore
             if let sqlError = error as? SQLError, sqlError.kind == .connection { throw error }
             // Undo this unit only; the transaction goes on. A unit that met another writer's
             // work (a row it expected to insert found taken, the server's 40001 or 40P01) is

@@ -185,15 +185,28 @@ package struct SQLStatement: Sendable {
     package var arguments: SQLArguments
     /// Thrown, and the whole batch undone, when the statement changes no row; nil: any count.
     package var requiresChange: SQLError?
-    /// It queues a message in the outbox: the commit that holds it wakes the store's relay.
-    package var queuesMessage: Bool
+    /// The queues it fills: the commit that holds it wakes their workers (`CommitQueues`).
+    package var fills: CommitQueues
 
-    package init(_ sql: String, _ arguments: SQLArguments = [], requiresChange: SQLError? = nil, queuesMessage: Bool = false) {
+    package init(_ sql: String, _ arguments: SQLArguments = [], requiresChange: SQLError? = nil, fills: CommitQueues = []) {
         self.sql = sql
         self.arguments = arguments
         self.requiresChange = requiresChange
-        self.queuesMessage = queuesMessage
+        self.fills = fills
     }
+}
+
+/// The store's queues that a commit may fill, each with a signal of its own
+/// (`OrderStore.outboxSignal`, `OrderStore.appleCallSignal`): a commit that fills one wakes
+/// the workers that drain it at once, rather than at their next poll.
+package struct CommitQueues: OptionSet, Sendable {
+    package let rawValue: UInt8
+    package init(rawValue: UInt8) { self.rawValue = rawValue }
+
+    /// The outbox of messages for the broker, drained by the relay.
+    package static let outbox = CommitQueues(rawValue: 1)
+    /// The calls to Apple (finishes, consumption answers), drained by the Apple-calls workers.
+    package static let appleCalls = CommitQueues(rawValue: 2)
 }
 
 /// What a store's statement observer hears besides the statements it sends.
@@ -294,8 +307,8 @@ package protocol SQLConnection: AnyObject {
     /// False once the backend has rolled the transaction back under the caller (disk full,
     /// a serialization failure): nothing more may be written in it.
     var isInsideTransaction: Bool { get }
-    /// Whether this transaction has sent or queued a statement that `queuesMessage`.
-    var queuedMessages: Bool { get }
+    /// The queues this transaction's statements sent or queued so far fill (`SQLStatement.fills`).
+    var filled: CommitQueues { get }
 }
 
 /// A connection on which a group commit's units go side by side (PostgreSQL): the reads of

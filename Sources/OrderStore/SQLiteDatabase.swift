@@ -112,7 +112,7 @@ final class SQLiteConnection: SQLConnection, @unchecked Sendable {
     private var statements: [String: OpaquePointer] = [:]
     private let statementObserver: (@Sendable (String) -> Void)?
     private var savepoints = 0
-    private(set) var queuedMessages = false
+    private(set) var filled: CommitQueues = []
 
     init(path: String, readOnly: Bool, statementObserver: (@Sendable (String) -> Void)?) throws {
         self.statementObserver = statementObserver
@@ -149,7 +149,7 @@ final class SQLiteConnection: SQLConnection, @unchecked Sendable {
     /// back if it throws.
     func transaction<T>(begin: String, _ body: () async throws -> T) async throws -> T {
         savepoints = 0
-        queuedMessages = false
+        filled = []
         try run(begin)
         do {
             let value = try await body()
@@ -176,13 +176,13 @@ final class SQLiteConnection: SQLConnection, @unchecked Sendable {
             return
         }
         // All or nothing, as on PostgreSQL: a savepoint costs SQLite no round trip.
-        let queuedBefore = queuedMessages
+        let filledBefore = filled
         try run("SAVEPOINT batch")
         do {
             for statement in statements { try runChecked(statement) }
             try run("RELEASE SAVEPOINT batch")
         } catch {
-            queuedMessages = queuedBefore
+            filled = filledBefore
             if isInsideTransaction {
                 try run("ROLLBACK TO SAVEPOINT batch")
                 try run("RELEASE SAVEPOINT batch")
@@ -194,7 +194,7 @@ final class SQLiteConnection: SQLConnection, @unchecked Sendable {
     private func runChecked(_ statement: SQLStatement) throws {
         try run(statement.sql, statement.arguments)
         if let error = statement.requiresChange, changesCount == 0 { throw error }
-        if statement.queuesMessage { queuedMessages = true }
+        filled.formUnion(statement.fills)
     }
 
     func executeLater(_ statements: [SQLStatement]) async throws {
@@ -224,7 +224,7 @@ final class SQLiteConnection: SQLConnection, @unchecked Sendable {
         savepoints += 1
         let name = "s\(savepoints)"
         defer { savepoints -= 1 }
-        let queuedBefore = queuedMessages
+        let filledBefore = filled
         try run("SAVEPOINT \(name)")
         do {
             let value = try await body()
@@ -232,7 +232,7 @@ final class SQLiteConnection: SQLConnection, @unchecked Sendable {
             return value
         } catch {
             // Undo this unit only; unless SQLite already rolled the whole transaction back.
-            queuedMessages = queuedBefore
+            filled = filledBefore
             if isInsideTransaction {
                 try run("ROLLBACK TO SAVEPOINT \(name)")
                 try run("RELEASE SAVEPOINT \(name)")

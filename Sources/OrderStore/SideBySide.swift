@@ -141,7 +141,7 @@ final class SideBySideRound: Sendable {
         var dialect: SQLDialect { round.connection.dialect }
         var changesCount: Int { 0 }
         var isInsideTransaction: Bool { round.connection.isInsideTransaction }
-        var queuedMessages: Bool { pending.contains(where: \.queuesMessage) || round.connection.queuedMessages }
+        var filled: CommitQueues { pending.reduce(round.connection.filled) { $0.union($1.fills) } }
 
         func readBatch(_ queries: [SQLStatement]) async throws -> [[SQLRow]] {
             guard !hasRead, pending.isEmpty else { throw GoesAlone() }

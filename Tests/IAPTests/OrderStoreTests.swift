@@ -41,6 +41,20 @@ struct OrderStoreTests {
         #expect(status.transactions.map(\.state) == [.credited, .credited])
     }
 
+    /// Each queue wakes its own workers: an accepted upload (a message in the outbox) wakes the
+    /// relay and not the calls to Apple; a credit the server finishes at Apple wakes both (its
+    /// events, its finish).
+    @Test(arguments: TestStore.backends) func aCommitWakesTheWorkersOfTheQueuesItFilledAndNoOthers(_ backend: Backend) async throws {
+        let store = try await makeStore(backend)
+        let (outbox, apple) = (store.outboxSignal.commits, store.appleCallSignal.commits)
+        let request = try await accept(store, user: "u1")
+        #expect(store.outboxSignal.commits > outbox && store.appleCallSignal.commits == apple)
+        let policy = CreditPolicy(eventsExchange: "events", finishAtApple: true)
+        #expect(try await store.apply(verified(request, transactions: ["t1"]), policy: policy) == .credited)
+        #expect(store.appleCallSignal.commits > apple)
+        #expect(try await store.claimDueFinishes(limit: 10, worker: "w", now: Date()).map(\.transactionId) == ["t1"])
+    }
+
     @Test(arguments: TestStore.backends) func lateTransientResultDoesNotUndoACredit(_ backend: Backend) async throws {
         let store = try await makeStore(backend)
         let request = try await accept(store, user: "u1")

@@ -1,13 +1,15 @@
 import NIOConcurrencyHelpers
 
-/// Announces each commit that queued messages in the store's outbox, whoever wrote them (an
-/// accepted upload, a result's events, a requeue by the sweeper, customer service or
-/// reconciliation), so that a relay publishes them at once rather than at its next poll.
+/// Announces each commit that filled one of the store's queues (`CommitQueues`), whoever wrote
+/// it: for the outbox, an accepted upload, a result's events, a requeue by the sweeper,
+/// customer service or reconciliation, so that a relay publishes them at once rather than at
+/// its next poll; for the calls to Apple, a settled transaction to finish or a consumption
+/// request to answer.
 ///
 /// The store raises it itself after such a commit; writers never call it. Each listener keeps
 /// the count it has seen and waits for a higher one, so any number of listeners hear every
 /// commit, and a commit that lands while a listener is busy is not missed.
-public final class OutboxSignal: Sendable {
+public final class CommitSignal: Sendable {
     private struct State {
         var commits: UInt64 = 0
         var waiters: [UInt64: CheckedContinuation<UInt64, Never>] = [:]
@@ -25,8 +27,8 @@ public final class OutboxSignal: Sendable {
     /// Commits announced so far.
     public var commits: UInt64 { state.withLockedValue { $0.commits } }
 
-    /// Announces a commit that queued messages. A relay that is stopping calls it too, to end
-    /// its own wait at once: every listener then looks at the outbox one more time, which costs
+    /// Announces a commit that filled the queue. A worker that is stopping calls it too, to end
+    /// its own wait at once: every listener then looks at the queue one more time, which costs
     /// a read and loses nothing.
     public func announce() {
         let (waiters, commits) = state.withLockedValue { state in
@@ -84,10 +86,12 @@ public final class OutboxSignal: Sendable {
     }
 }
 
-/// A database whose write transactions announce on `signal` when they commit queued messages.
+/// A database whose write transactions announce, when they commit, on the signal of each queue
+/// they filled.
 struct AnnouncingDatabase: SQLDatabase {
     let inner: any SQLDatabase
-    let signal: OutboxSignal
+    /// Each queue's signal.
+    let signals: [(queue: CommitQueues, signal: CommitSignal)]
 
     var dialect: SQLDialect { inner.dialect }
 
@@ -95,42 +99,46 @@ struct AnnouncingDatabase: SQLDatabase {
         try await inner.read(body)
     }
 
-    /// A commit that queued messages announces them; a transaction that failed queued nothing.
+    /// A commit announces the queues it filled; a transaction that failed filled nothing.
     @discardableResult
     func write<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
-        let (value, queued) = try await inner.write { db in (try await body(db), db.queuedMessages) }
-        if queued { signal.announce() }
+        let (value, filled) = try await inner.write { db in (try await body(db), db.filled) }
+        announce(filled)
         return value
     }
 
     @discardableResult
     func write<T: Sendable>(keys: Set<String>, _ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
-        let (value, queued) = try await inner.write(keys: keys) { db in (try await body(db), db.queuedMessages) }
-        if queued { signal.announce() }
+        let (value, filled) = try await inner.write(keys: keys) { db in (try await body(db), db.filled) }
+        announce(filled)
         return value
     }
 
     func writeAside<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
-        let (value, queued) = try await inner.writeAside { db in (try await body(db), db.queuedMessages) }
-        if queued { signal.announce() }
+        let (value, filled) = try await inner.writeAside { db in (try await body(db), db.filled) }
+        announce(filled)
         return value
     }
 
     @discardableResult
     func writeUploads<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
-        let (value, queued) = try await inner.writeUploads { db in (try await body(db), db.queuedMessages) }
-        if queued { signal.announce() }
+        let (value, filled) = try await inner.writeUploads { db in (try await body(db), db.filled) }
+        announce(filled)
         return value
     }
 
     @discardableResult
     func writeLocked<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
-        let (value, queued) = try await inner.writeLocked { db in (try await body(db), db.queuedMessages) }
-        if queued { signal.announce() }
+        let (value, filled) = try await inner.writeLocked { db in (try await body(db), db.filled) }
+        announce(filled)
         return value
     }
 
     func close() async {
         await inner.close()
+    }
+
+    private func announce(_ filled: CommitQueues) {
+        for (queue, signal) in signals where filled.contains(queue) { signal.announce() }
     }
 }
