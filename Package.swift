@@ -162,6 +162,19 @@ let package = Package(
             ],
             swiftSettings: strictSettings
         ),
+        // The calls to Apple the order service makes on its own: finishing settled transactions,
+        // answering consumption requests, reconciling with Apple's history. Each drains a queue
+        // of the store, woken by the store's signal for it.
+        .target(
+            name: "AppleCalls",
+            dependencies: [
+                "IAPCore", "AppStore", "Ledger", "OrderStore",
+                .product(name: "Metrics", package: "swift-metrics"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: strictSettings
+        ),
         .target(
             name: "Finisher",
             dependencies: [
@@ -197,7 +210,7 @@ let package = Package(
                 .product(name: "Metrics", package: "swift-metrics"),
                 .product(name: "Hummingbird", package: "hummingbird"),
                 "IAPCore", "Messaging", "AppStore", "Ledger", "OrderStore",
-                "Intake", "Relay", "Verifier", "Finisher", "Console",
+                "Intake", "Relay", "Verifier", "Finisher", "AppleCalls", "Console",
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "X509", package: "swift-certificates"),
                 .product(name: "Logging", package: "swift-log"),
@@ -211,7 +224,7 @@ let package = Package(
             name: "iap",
             dependencies: [
                 "IAPCore", "Messaging", "AppStore", "Ledger", "OrderStore", "FakeAppStore",
-                "Intake", "Relay", "Verifier", "Finisher", "Pipeline", "Console",
+                "Intake", "Relay", "Verifier", "Finisher", "AppleCalls", "Pipeline", "Console",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -279,11 +292,24 @@ let package = Package(
             exclude: ["Fixtures"],
             swiftSettings: strictSettings
         ),
+        // The edge alone: every route through the intake's router in process
+        // (`app.test(.router)`), over an SQLite store: no broker, no PostgreSQL, no socket.
+        .testTarget(
+            name: "EdgeTests",
+            dependencies: [
+                "IAPCore", "Intake", "OrderStore",
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "HummingbirdTesting", package: "hummingbird"),
+                .product(name: "JWTKit", package: "jwt-kit"),
+                .product(name: "NIOCore", package: "swift-nio"),
+            ],
+            swiftSettings: strictSettings
+        ),
         .testTarget(
             name: "IAPTests",
             dependencies: [
                 "IAPCore", "Ledger", "LedgerTestSupport", "Messaging", "AppStore", "OrderStore", "FakeAppStore",
-                "Intake", "Relay", "Verifier", "Finisher", "Pipeline", "Console", "AppSimulator",
+                "Intake", "Relay", "Verifier", "Finisher", "AppleCalls", "Pipeline", "Console", "AppSimulator",
                 .product(name: "IAPClient", package: "Client"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "GRDB", package: "GRDB.swift"),

@@ -1,4 +1,5 @@
 public import AppStore
+public import AppleCalls
 import AsyncHTTPClient
 public import Console
 import Hummingbird

@@ -6,6 +6,7 @@ import IAPCore
 import Logging
 import Messaging
 import Relay
+import AppleCalls
 import Pipeline
 import NIOCore
 import OrderStore

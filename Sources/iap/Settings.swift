@@ -1,4 +1,5 @@
 import AppStore
+import AppleCalls
 import ArgumentParser
 import Finisher
 import FakeAppStore

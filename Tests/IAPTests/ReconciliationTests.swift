@@ -6,6 +6,7 @@ import Hummingbird
 import ServiceLifecycle
 import IAPCore
 import OrderStore
+import AppleCalls
 import Pipeline
 import SwiftASN1
 import Testing

@@ -10,7 +10,7 @@ public import ServiceLifecycle
 /// Finish Transaction), so that a purchase is finished even when the app never comes back.
 ///
 /// The commit that credited or settled a transaction queued it (`apple_finish`); this service
-/// reads the due rows after each commit that queued messages and at least every second, claims
+/// reads the due rows after each commit that queued calls to Apple and at least every second, claims
 /// them for a while (several order services may share a PostgreSQL store) and calls Apple once
 /// per transaction. Apple's transient answers (5xx, 429, a timeout) are asked again later, the
 /// waits growing from 2 s to an hour; an id Apple does not know there is refused for good. The
@@ -109,15 +109,16 @@ public final class AppleFinishing: Service, Sendable {
 }
 
 /// What the order service's queues of calls to Apple (finishes, consumption answers) share:
-/// rows queued in the commit that made them due, read after each commit that queued messages
-/// and at least every `pollInterval`, and retried with growing waits.
+/// rows queued in the commit that made them due, read after each commit that queued calls to
+/// Apple (the store's `appleCallSignal`) and at least every `pollInterval`, and retried with
+/// growing waits.
 enum AppleCallQueue {
     /// Runs `batch` until graceful shutdown: again at once after a full batch, else after the
     /// next commit or `pollInterval`.
     static func drain(
         store: OrderStore, batchSize: Int, pollInterval: Duration, _ batch: @escaping @Sendable () async -> Int
     ) async {
-        let signal = store.outboxSignal
+        let signal = store.appleCallSignal
         await withGracefulShutdownHandler {
             while !Task.isShuttingDownGracefully && !Task.isCancelled {
                 let announced = signal.commits

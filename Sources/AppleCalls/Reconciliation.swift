@@ -1,6 +1,7 @@
 public import AppStore
 public import Foundation
 public import IAPCore
+import Ledger
 public import Logging
 import Metrics
 public import OrderStore
@@ -200,7 +201,7 @@ public final class Reconciliation: Sendable {
                     covered.insert(transaction.originalTransactionId)
                     var notification = SubscriptionStatusReader.notification(history: transaction, refundStands: false)
                     if transaction.revocationDate == nil, let purchase = notification.purchase {
-                        if try await store.revocationStands(of: purchase, policy: policy) {
+                        if try await store.revocation(of: purchase, policy: policy)?.stands == true {
                             notification = SubscriptionStatusReader.notification(history: transaction, refundStands: true)
                         } else if try await store.knowsPurchase(transaction.transactionId) {
                             // Known, and nothing Apple says of it is news: no notification to apply.
