@@ -200,6 +200,14 @@ extension BrokerTests {
             let pipeline = try await PipelineHarness.start(name: "declined")
             Teardown.add { await pipeline.stop() }
             let purchase = try await pipeline.mintStoreKit2()
+            // Apple's ONE_TIME_CHARGE for the purchase, applied before the app's upload (the two
+            // race through the pipeline otherwise): it names no order, so it is kept for its buyer.
+            #expect(
+                try await eventually(timeout: .seconds(20)) {
+                    try await pipeline.store.testRows(
+                        "SELECT outcome FROM notification WHERE transactionId = ? AND outcome IS NOT NULL", [purchase.transactionId]
+                    ).count == 1
+                })
             let id = try await pipeline.upload(["userId": "nina", "signedTransaction": try #require(purchase.signedTransaction)])
             #expect(try await pipeline.waitForState(id)["state"] as? String == "credited")
             let declined = try await HTTP.post(

@@ -1152,8 +1152,10 @@ struct CheckerRun {
     }
 
     /// One upload through the ledger's run, as every shell drives it.
-    mutating func run(_ purchases: [VerifiedPurchase], upload: LedgerEvent.Upload) throws -> UploadResult {
-        var run = UploadRun(purchases: purchases, upload: upload, policy: policy)
+    mutating func run(
+        _ purchases: [VerifiedPurchase], upload: LedgerEvent.Upload, namedOriginal: FinishAdvice.NamedOriginal? = nil
+    ) throws -> UploadResult {
+        var run = UploadRun(purchases: purchases, upload: upload, namedOriginal: namedOriginal, policy: policy)
         while true {
             switch run.next() {
             case .plan(let event):

@@ -250,24 +250,10 @@ extension CheckerRun {
             // What the receipt lists of each chain dates its periods (as the verifier reads it).
             listing = VerifiedPurchase.withPreviousPeriods(listing)
         }
-        // The ledger's run, as every shell drives it.
-        var run = UploadRun(
-            purchases: listing,
+        let settled = try run(
+            listing,
             upload: .init(userId: uploader, submissionId: submission, orderId: orderId, transactionId: named, bundleId: "app"),
-            namedOriginal: original, policy: policy)
-        var settled: UploadResult?
-        while settled == nil {
-            switch run.next() {
-            case .plan(let event):
-                run.planned(try apply(event))
-            case .read(let query):
-                run.read(
-                    revocations: query.revocationsOf.map(ledger.revocations(of:)) ?? [], order: query.order.flatMap { ledger.orders[$0] })
-            case .done(let result):
-                settled = result
-            }
-        }
-        guard let settled else { throw fail("an upload's run ended without a result") }
+            namedOriginal: original)
         for outcome in settled.outcomes where evidence == .signedUpload {
             provers[outcome.transactionId, default: []].insert(uploader)
         }
