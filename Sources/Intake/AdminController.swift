@@ -33,6 +33,17 @@ struct AdminController: Sendable {
     func addRoutes(to router: Router<IntakeContext>) {
         // Every admin route asks for an admin token first (`AdminAuthorizationMiddleware`).
         let admin = router.group("/v1/admin").add(middleware: AdminAuthorizationMiddleware(settings: settings, attempts: attempts))
+        addPurchaseRoutes(to: admin)
+        addSubmissionRoutes(to: admin)
+        addSubscriptionRoutes(to: admin)
+        addRenewalExtensionRoutes(to: admin)
+        addAppTransactionRoutes(to: admin)
+        addGroupRoutes(to: admin)
+        addRecordRoutes(to: admin)
+    }
+
+    /// Purchases and grants: a purchase as held, a grant by hand, a grant taken back.
+    private func addPurchaseRoutes(to admin: RouterGroup<IntakeContext>) {
         admin.get("purchases/{transactionId}") { request, context in
             let id = try context.pathParameter("transactionId")
             guard let purchase = try await store.purchase(id) else {
@@ -96,6 +107,10 @@ struct AdminController: Sendable {
             Counter(label: MetricNames.revocations).increment()
             return try JSONResponse.make(GrantBody(revoked))
         }
+    }
+
+    /// Submissions: customer service's word that an upload's transaction may be finished.
+    private func addSubmissionRoutes(to admin: RouterGroup<IntakeContext>) {
         admin.post("submissions/{submissionId}/finishable") { request, context in
             guard let id = UUID(uuidString: try context.pathParameter("submissionId")) else {
                 throw APIError(.submissionNotFound, "no such submission")
@@ -111,6 +126,10 @@ struct AdminController: Sendable {
             }
             return try JSONResponse.make(SubmissionStatusBody(status, finishMode: settings.finishTransactions))
         }
+    }
+
+    /// Subscriptions: bound to a user by hand, a renewal date extended at Apple.
+    private func addSubscriptionRoutes(to admin: RouterGroup<IntakeContext>) {
         admin.post("subscriptions/{originalTransactionId}/bind") { request, context in
             // Customer service binds a subscription to a user: Apple's Set App Account Token
             // names an order of theirs, and its renewals and refunds follow them from now on.
@@ -165,6 +184,10 @@ struct AdminController: Sendable {
             }
             return try JSONResponse.make(RenewalExtensionBody(extended))
         }
+    }
+
+    /// Apple's mass renewal-date extensions: asked for, and their progress.
+    private func addRenewalExtensionRoutes(to admin: RouterGroup<IntakeContext>) {
         admin.post("renewal-extensions") { request, context in
             // Every active subscriber of a product: Apple takes the request and works through
             // them later; its status is polled below, and its SUMMARY notification is audited.
@@ -234,6 +257,10 @@ struct AdminController: Sendable {
             body.failedCount = status.failedCount
             return try JSONResponse.make(body)
         }
+    }
+
+    /// A customer's app transaction, as Apple holds it.
+    private func addAppTransactionRoutes(to admin: RouterGroup<IntakeContext>) {
         admin.get("app-transactions/{transactionId}") { request, context in
             // Get App Transaction Info for customer service: whose download of the app a
             // transaction (or an appTransactionId) belongs to, as Apple signs it, verified.
@@ -256,6 +283,10 @@ struct AdminController: Sendable {
             }
             return try JSONResponse.make(app)
         }
+    }
+
+    /// Multi-seat groups: a user's groups, a group's members.
+    private func addGroupRoutes(to admin: RouterGroup<IntakeContext>) {
         admin.get("users/{userId}/groups") { request, context in
             // Get Customer Groups for customer service: the groups (multiseat organizations)
             // each of the user's Apple customers is in now, asked of Apple with each customer's
@@ -310,6 +341,10 @@ struct AdminController: Sendable {
             }
             throw APIError(.groupNotFound, "Apple knows no group \(groupId) in \(environments.map(\.rawValue).joined(separator: " or "))")
         }
+    }
+
+    /// What the store recorded: consumption requests, the audit log.
+    private func addRecordRoutes(to admin: RouterGroup<IntakeContext>) {
         admin.get("consumption-requests") { request, context in
             let limit = try Self.limit(request)
             let requests = try await store.consumptionRequests(limit: limit).map(ConsumptionRequestBody.init)
