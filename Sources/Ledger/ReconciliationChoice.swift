@@ -73,3 +73,15 @@ public enum ReconciliationChoice {
             .map(\.item)
     }
 }
+
+extension ReconciliationChoice {
+    /// Whether a notification rebuilt from Apple's history is news to the ledger: a refund or
+    /// revocation of a credit key whose recorded revocation stands (`LedgerFacts.Revocation.stands`)
+    /// and under which nothing is granted is not; anything else is applied.
+    public static func isNews(
+        _ notificationType: String, revocation: LedgerFacts.Revocation?, grantedUnderKey: Bool
+    ) -> Bool {
+        guard [.refund, .revoke].contains(NotificationType(notificationType)) else { return true }
+        return revocation?.stands != true || grantedUnderKey
+    }
+}

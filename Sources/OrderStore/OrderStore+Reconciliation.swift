@@ -95,12 +95,13 @@ extension OrderStore {
             else { return nil }
             let key = policy.creditKey(of: purchase)
             // A refund or revocation the store holds already, standing, with nothing granted under
-            // its key: nothing to do.
-            if [.refund, .revoke].contains(NotificationType(notification.notificationType)),
-                try await Self.revocation(key: key, in: db)?.stands == true,
-                try await db.cachedRow(sql: "SELECT 1 FROM grants WHERE creditKey = ? AND state = 'active'", arguments: [key]) == nil
-            {
-                return nil
+            // its key: nothing to do (the core's rule; the rows are read only for such a one).
+            if [.refund, .revoke].contains(NotificationType(notification.notificationType)) {
+                let revocation = try await Self.revocation(key: key, in: db)
+                let granted =
+                    try await db.cachedRow(sql: "SELECT 1 FROM grants WHERE creditKey = ? AND state = 'active'", arguments: [key]) != nil
+                guard ReconciliationChoice.isNews(notification.notificationType, revocation: revocation, grantedUnderKey: granted)
+                else { return nil }
             }
             let subscriptionSQL = "SELECT state, expiresDate, lastTransactionId, userId FROM subscription WHERE originalTransactionId = ?"
             let before = try await db.row(sql: subscriptionSQL, arguments: [purchase.originalTransactionId])

@@ -76,3 +76,24 @@ struct UploadRunTests {
         #expect(result.tokenNamesOrder)
     }
 }
+
+/// Reconciliation's one question to the core before it applies what Apple's history says.
+@Suite("Ledger: what reconciliation applies")
+struct ReconciliationNewsTests {
+    let standing = LedgerFacts.Revocation(
+        creditKey: .transaction("1"), transactionId: "1", source: "REFUND", revokedAt: UploadRunTests.t0, reversedAt: nil,
+        fullyRevokedAt: UploadRunTests.t0)
+
+    @Test func aRefundTheLedgerHoldsStandingWithNothingGrantedIsNoNewsAndEverythingElseIs() {
+        #expect(!ReconciliationChoice.isNews("REFUND", revocation: standing, grantedUnderKey: false))
+        #expect(!ReconciliationChoice.isNews("REVOKE", revocation: standing, grantedUnderKey: false))
+        // Something granted under the key again (by hand, or a restore): the refund applies.
+        #expect(ReconciliationChoice.isNews("REFUND", revocation: standing, grantedUnderKey: true))
+        // A reversal later than the refund: the refund no longer stands, so Apple's word is news.
+        var reversed = standing
+        reversed.reversedAt = UploadRunTests.t0 + 60
+        #expect(ReconciliationChoice.isNews("REFUND", revocation: reversed, grantedUnderKey: false))
+        #expect(ReconciliationChoice.isNews("REFUND", revocation: nil, grantedUnderKey: false))
+        #expect(ReconciliationChoice.isNews("DID_RENEW", revocation: standing, grantedUnderKey: false))
+    }
+}
