@@ -137,7 +137,7 @@ let package = Package(
             name: "Intake",
             dependencies: [
                 .product(name: "Metrics", package: "swift-metrics"),
-                "IAPCore", "OrderStore", "AppStore",
+                "IAPCore", "Ledger", "OrderStore", "AppStore",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "JWTKit", package: "jwt-kit"),
                 .product(name: "Hummingbird", package: "hummingbird"),
@@ -192,7 +192,7 @@ let package = Package(
         .target(
             name: "Console",
             dependencies: [
-                "IAPCore", "OrderStore", "AppStore", "Messaging",
+                "IAPCore", "Ledger", "OrderStore", "AppStore", "Messaging",
                 .product(name: "Hummingbird", package: "hummingbird"),
                 .product(name: "HTTPTypes", package: "swift-http-types"),
                 .product(name: "Mustache", package: "swift-mustache"),

@@ -3,6 +3,7 @@ import Crypto
 import Foundation
 import Hummingbird
 import IAPCore
+import Ledger
 import Logging
 import Messaging
 import OrderStore

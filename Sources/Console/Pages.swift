@@ -2,6 +2,7 @@ import AppStore
 import Foundation
 import Hummingbird
 import IAPCore
+import Ledger
 import Logging
 import Messaging
 import NIOConcurrencyHelpers
@@ -160,11 +161,11 @@ extension Console {
             let grant = entry.grant
             var fields: [String: Any] = [
                 "transactionId": grant.transactionId, "productId": grant.productId, "quantity": grant.quantity,
-                "state": grant.state, "active": grant.state == "active", "source": grant.source,
+                "state": grant.state.rawValue, "active": grant.isActive, "source": grant.source.rawValue,
                 "environment": grant.environment, "grantedAt": Self.when(grant.grantedAt),
-                "revokedAt": entry.revokedAt.map(Self.when) ?? "", "key": ConsoleSessions.randomToken(),
+                "revokedAt": grant.revokedAt.map(Self.when) ?? "", "key": ConsoleSessions.randomToken(),
             ]
-            if let revokedBy = entry.revokedBy, !revokedBy.isEmpty { fields["revokedBy"] = revokedBy }
+            if let revokedBy = grant.revokedBy { fields["revokedBy"] = revokedBy.rawValue }
             fields["atApple"] = Self.finishText(entry.finish)
             fields["paid"] = Self.termsText(entry.terms)
             return fields
@@ -172,14 +173,14 @@ extension Console {
         context["subscriptions"] = customer.subscriptions.map {
             [
                 "key": ConsoleSessions.randomToken(),
-                "originalTransactionId": $0.originalTransactionId, "productId": $0.productId, "state": $0.state,
+                "originalTransactionId": $0.originalTransactionId, "productId": $0.productId, "state": $0.state.rawValue,
                 "expires": $0.expiresDate.map(Self.when) ?? "—", "autoRenew": $0.autoRenew.map { $0 ? "on" : "off" } ?? "—",
                 "environment": $0.environment, "renews": Self.renews($0.renewal),
             ]
         }
         context["orders"] = customer.orders.map {
             [
-                "orderId": $0.orderId, "productId": $0.productId, "state": $0.state, "transactionId": $0.transactionId ?? "—",
+                "orderId": $0.id, "productId": $0.productId, "state": $0.state.rawValue, "transactionId": $0.transactionId ?? "—",
                 "createdAt": Self.when($0.createdAt),
             ]
         }
@@ -213,7 +214,7 @@ extension Console {
         var context: [String: Any] = ["orderId": orderId, "back": "/admin/apple-orders/" + Self.pathComponent(orderId)]
         switch await lookUpOrder(orderId) {
         case .found(let transactions, _, let environment):
-            let known: [String: ConsolePurchase]
+            let known: [String: PurchaseRecord]
             do {
                 known = try await deps.store.consolePurchases(transactions.map(\.transactionId))
             } catch {
@@ -488,7 +489,7 @@ extension Console {
         }
     }
 
-    static func purchaseContext(_ purchase: ConsolePurchase) -> [String: Any] {
+    static func purchaseContext(_ purchase: PurchaseRecord) -> [String: Any] {
         [
             "transactionId": purchase.transactionId, "originalTransactionId": purchase.originalTransactionId,
             "productId": purchase.productId, "quantity": purchase.quantity, "environment": purchase.environment,

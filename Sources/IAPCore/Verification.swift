@@ -440,6 +440,10 @@ public struct ReasonCode: RawRepresentable, Codable, Sendable, Hashable, CustomS
     /// word (goodwill naming its id, before any upload), and this upload proves it was bought
     /// by its uploader: held for customer service, never finished as another user's.
     public static let grantedByHandToAnotherUser = ReasonCode("granted_by_hand_to_another_user")
+    /// Credited when the upload was answered, and taken back since by customer service (or
+    /// moved to another user by a restore): the app keeps the transaction; customer service
+    /// answers the customer.
+    public static let revokedByCustomerService = ReasonCode("revoked_by_customer_service")
     /// Apple's transaction history for the receipt's transaction is empty: a person looks
     /// (never a rejection: Apple did not say the receipt is invalid).
     public static let appleHistoryEmpty = ReasonCode("apple_history_empty")

@@ -3,6 +3,7 @@ import Crypto
 import Foundation
 import Hummingbird
 import IAPCore
+import Ledger
 import Logging
 import Metrics
 import OrderStore
@@ -49,7 +50,7 @@ struct AdminController: Sendable {
             guard let purchase = try await store.purchase(id) else {
                 throw APIError(.purchaseNotFound, "no purchase \(id) in this store")
             }
-            return try JSONResponse.make(PurchaseBody(purchase))
+            return try JSONResponse.make(purchase)
         }
         admin.post("grants") { request, context in
             let fields = try await fields(of: request)
@@ -94,7 +95,7 @@ struct AdminController: Sendable {
                     reason: try fields.requiredString("reason", maxLength: 1000), policy: policy)
             }
             Counter(label: MetricNames.grants).increment()
-            return try JSONResponse.make(GrantBody(granted), status: .created)
+            return try JSONResponse.make(granted, status: .created)
         }
         admin.post("grants/{transactionId}/revoke") { request, context in
             let id = try context.pathParameter("transactionId")
@@ -105,7 +106,7 @@ struct AdminController: Sendable {
                     reason: try fields.requiredString("reason", maxLength: 1000), policy: policy)
             }
             Counter(label: MetricNames.revocations).increment()
-            return try JSONResponse.make(GrantBody(revoked))
+            return try JSONResponse.make(revoked)
         }
     }
 
@@ -155,7 +156,7 @@ struct AdminController: Sendable {
                     }
                 }
             }
-            return try JSONResponse.make(["originalTransactionId": original, "userId": userId, "appAccountToken": order.orderId])
+            return try JSONResponse.make(["originalTransactionId": original, "userId": userId, "appAccountToken": order.id])
         }
         admin.post("subscriptions/{originalTransactionId}/extend") { request, context in
             // Customer service extends a subscription's renewal date at Apple (a service outage,
@@ -347,7 +348,7 @@ struct AdminController: Sendable {
     private func addRecordRoutes(to admin: RouterGroup<IntakeContext>) {
         admin.get("consumption-requests") { request, context in
             let limit = try Self.limit(request)
-            let requests = try await store.consumptionRequests(limit: limit).map(ConsumptionRequestBody.init)
+            let requests = try await store.consumptionRequests(limit: limit)
             return try JSONResponse.make(["consumptionRequests": requests])
         }
         admin.get("audit") { request, context in
@@ -356,7 +357,7 @@ struct AdminController: Sendable {
                 guard let id = Int64(raw), id > 0 else { throw APIError.invalidField("before", "must be an entry's id (a whole number above 0)") }
                 return id
             }
-            let entries = try await store.auditLog(limit: limit, before: before).map(AuditBody.init)
+            let entries = try await store.auditLog(limit: limit, before: before)
             // The next page: the entries older than the last one shown.
             return try JSONResponse.make(AuditPage(entries: entries, nextBefore: entries.count == limit ? entries.last?.id : nil))
         }
@@ -465,7 +466,7 @@ struct AdminController: Sendable {
         guard let verifier = settings.notificationVerifier else {
             throw APIError(.appleUnavailable, "Apple's signed answers cannot be verified here: notifications are not configured")
         }
-        if let held = try await store.purchase(original), let grant = held.grant, grant.state == "active" {
+        if let held = try await store.purchase(original), let grant = held.grant, grant.isActive {
             throw APIError(
                 .conflict,
                 sameUser(grant.userId, userId)
@@ -492,8 +493,8 @@ struct AdminController: Sendable {
             throw APIError(.conflict, "Apple refunded or revoked purchase \(original)")
         }
         let order = try await store.createOrder(userId: userId, productId: transaction.productId)
-        guard let token = UUID(uuidString: order.orderId) else {
-            throw APIError(.storeUnavailable, "order \(order.orderId) is no UUID")
+        guard let token = UUID(uuidString: order.id) else {
+            throw APIError(.storeUnavailable, "order \(order.id) is no UUID")
         }
         let rebound = try await Self.askingApple { () async throws -> String in
             try await client.setAppAccountToken(token, originalTransactionId: original, in: environment)
@@ -502,17 +503,17 @@ struct AdminController: Sendable {
         var request = VerifyRequest(
             submissionId: UUID(), userId: userId, receiptData: "", transactionId: original, acceptedAt: Date())
         request.signedTransaction = rebound
-        request.orderId = order.orderId
+        request.orderId = order.id
         let message = OutboxMessage.verify(request, routingKey: settings.names.verify, priority: VerifyPriority.firstAttempt)
         try await store.acceptForCustomer(request, message: message, actor: actor, reason: reason)
         try await store.recordConsoleAction(
             actor: actor, action: "purchase_bound", subject: "transaction:\(original)", reason: reason,
             details: [
-                "to": userId, "appAccountToken": order.orderId, "productId": transaction.productId,
+                "to": userId, "appAccountToken": order.id, "productId": transaction.productId,
                 "environment": environment.rawValue, "submissionId": request.submissionId.uuidString,
             ])
         return OneTimeBindingBody(
-            originalTransactionId: original, userId: userId, appAccountToken: order.orderId,
+            originalTransactionId: original, userId: userId, appAccountToken: order.id,
             submissionId: request.submissionId.uuidString)
     }
 
@@ -661,88 +662,9 @@ struct GroupMembersBody: Encodable {
     var hasMore: Bool
 }
 
-struct PurchaseBody: Encodable {
-    var transactionId: String
-    var originalTransactionId: String
-    var productId: String
-    var quantity: Int
-    var environment: String
-    var userId: String
-    var orderId: String?
-    var submissionId: String
-    var heldReason: String?
-    var grant: GrantBody?
-
-    init(_ record: PurchaseRecord) {
-        transactionId = record.transactionId
-        originalTransactionId = record.originalTransactionId
-        productId = record.productId
-        quantity = record.quantity
-        environment = record.environment
-        userId = record.userId
-        orderId = record.orderId
-        submissionId = record.submissionId
-        heldReason = record.heldReason
-        grant = record.grant.map(GrantBody.init)
-    }
-}
-
-struct ConsumptionRequestBody: Encodable {
-    var notificationUUID: String
-    var transactionId: String
-    var userId: String?
-    var reason: String?
-    var environment: String
-    var receivedAt: Date
-    var ownershipType: String?
-    var deadline: Date?
-    var answer: String?
-    var answerReason: String?
-    /// The body sent to Apple (Send Consumption Information v2), as JSON text.
-    var answerJSON: String?
-    var answeredAt: Date?
-    var attempts: Int
-
-    init(_ record: ConsumptionRequestRecord) {
-        ownershipType = record.ownershipType
-        deadline = record.deadline
-        answer = record.answer
-        answerReason = record.answerReason
-        answerJSON = record.answerJSON
-        answeredAt = record.answeredAt
-        attempts = record.attempts
-        notificationUUID = record.notificationUUID
-        transactionId = record.transactionId
-        userId = record.userId
-        reason = record.reason
-        environment = record.environment
-        receivedAt = record.receivedAt
-    }
-}
-
-struct AuditBody: Encodable {
-    var id: Int64
-    var at: Date
-    var actor: String
-    var action: String
-    var subject: String
-    var reason: String
-    var details: String?
-
-    init(_ entry: AuditEntry) {
-        id = entry.id
-        at = entry.at
-        actor = entry.actor
-        action = entry.action
-        subject = entry.subject
-        reason = entry.reason
-        details = entry.details
-    }
-}
-
 /// A page of the audit log, newest first, and where the next (older) page begins.
 struct AuditPage: Encodable {
-    var entries: [AuditBody]
+    var entries: [AuditEntry]
     var nextBefore: Int64?
 }
 

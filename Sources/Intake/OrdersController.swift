@@ -2,6 +2,7 @@ import Foundation
 import Hummingbird
 import Logging
 import IAPCore
+import Ledger
 import OrderStore
 
 /// `GET /v1/products`, `POST /v1/orders`, `GET /v1/orders/{orderId}`, `GET /v1/users/{userId}/grants`,
@@ -36,14 +37,14 @@ struct OrdersController: Sendable {
                 throw APIError(.unknownProduct, "no product \(productId) in the catalog")
             }
             let order = try await store.createOrder(userId: userId, productId: productId)
-            return try JSONResponse.make(OrderBody(order), status: .created)
+            return try JSONResponse.make(order, status: .created)
         }
         router.get("/v1/orders/{orderId}") { _, context in
             let orderId = try context.pathParameter("orderId")
             guard let order = try await store.order(orderId), context.userId.map({ sameUser($0, order.userId) }) ?? true else {
                 throw APIError(.orderNotFound, "no such order")
             }
-            return try JSONResponse.make(OrderBody(order))
+            return try JSONResponse.make(order)
         }
         // What acts for one user answers only that user: anyone else's is 404, as if they did
         // not exist (`OwnUserMiddleware`).
@@ -51,12 +52,12 @@ struct OrdersController: Sendable {
         user.get("grants") { _, context in
             let userId = try context.pathParameter("userId")
             let grants = try await store.grants(ofUser: userId)
-            return try JSONResponse.make(["grants": grants.map(GrantBody.init)])
+            return try JSONResponse.make(["grants": grants])
         }
         user.get("subscriptions") { _, context in
             let userId = try context.pathParameter("userId")
             let subscriptions = try await store.subscriptions(ofUser: userId)
-            return try JSONResponse.make(["subscriptions": subscriptions.map(SubscriptionBody.init)])
+            return try JSONResponse.make(["subscriptions": subscriptions])
         }
         user.post("consumption") { request, context in
             // What the app knows for Apple's refund requests: how much of a purchase the user
@@ -102,112 +103,8 @@ struct OrdersController: Sendable {
         user.get("entitlements") { _, context in
             let userId = try context.pathParameter("userId")
             let entitlements = try await store.entitlements(ofUser: userId, catalog: settings.catalog, now: Date())
-            return try JSONResponse.make(EntitlementsBody(entitlements))
+            return try JSONResponse.make(entitlements)
         }
-    }
-}
-
-/// An order as the app reads it.
-struct OrderBody: Encodable {
-    var orderId: String
-    var userId: String
-    var productId: String
-    var state: String
-    var transactionId: String?
-    var createdAt: Date
-    var updatedAt: Date
-
-    init(_ order: Order) {
-        orderId = order.orderId
-        userId = order.userId
-        productId = order.productId
-        state = order.state
-        transactionId = order.transactionId
-        createdAt = order.createdAt
-        updatedAt = order.updatedAt
-    }
-}
-
-/// A grant as the app and customer service read it.
-struct GrantBody: Encodable {
-    var transactionId: String
-    var productId: String
-    var orderId: String?
-    var quantity: Int
-    var grant: [String: Catalog.GrantValue]
-    var state: String
-    var environment: String
-    var source: String
-    var grantedAt: Date
-    var expiresAt: Date?
-    var gracePeriodExpiresAt: Date?
-
-    init(_ grant: Grant) {
-        transactionId = grant.transactionId
-        productId = grant.productId
-        orderId = grant.orderId
-        quantity = grant.quantity
-        self.grant = (try? JSONDecoder().decode([String: Catalog.GrantValue].self, from: Data(grant.grantJSON.utf8))) ?? [:]
-        state = grant.state
-        environment = grant.environment
-        source = grant.source
-        grantedAt = grant.grantedAt
-        expiresAt = grant.expiresAt
-        gracePeriodExpiresAt = grant.gracePeriodExpiresAt
-    }
-}
-
-/// What the user may use right now: grants in force, live subscriptions, consumable balances.
-struct EntitlementsBody: Encodable {
-    var grants: [GrantBody]
-    var subscriptions: [SubscriptionBody]
-    var balances: [String: Int]
-
-    init(_ entitlements: Entitlements) {
-        grants = entitlements.grants.map(GrantBody.init)
-        subscriptions = entitlements.subscriptions.map(SubscriptionBody.init)
-        balances = entitlements.balances
-    }
-}
-
-/// A subscription as the app reads it: state, product, expiry, auto-renew status and
-/// environment, as the newest of uploads and Apple's notifications left them.
-struct SubscriptionBody: Encodable {
-    var originalTransactionId: String
-    var productId: String
-    var environment: String
-    var state: String
-    var expiresDate: Date?
-    var autoRenew: Bool?
-    var gracePeriodExpiresDate: Date?
-    var updatedAt: Date
-    /// What the next period renews to, as Apple said last: its product and price.
-    var renewalProductId: String?
-    var renewalPrice: Int64?
-    var renewalCurrency: String?
-    /// `pending` (Apple awaits the customer's consent to a price increase; without it the
-    /// subscription ends at its renewal date) or `accepted`; absent when Apple told of none.
-    var priceIncrease: String?
-    /// How the next period is billed (BILLED_UPFRONT, MONTHLY), and what a commitment plan
-    /// renews to when it ends (its product, price, billing and date; whether it renews).
-    var renewalBillingPlanType: String?
-    var commitmentRenewal: CommitmentRenewal?
-
-    init(_ record: SubscriptionRecord) {
-        originalTransactionId = record.originalTransactionId
-        productId = record.productId
-        environment = record.environment
-        state = record.state
-        expiresDate = record.expiresDate
-        autoRenew = record.autoRenew
-        gracePeriodExpiresDate = record.gracePeriodExpiresDate
-        updatedAt = record.updatedAt
-        renewalProductId = record.renewal?.autoRenewProductId
-        renewalPrice = record.renewal?.renewalPrice
-        renewalCurrency = record.renewal?.currency
-        priceIncrease = record.renewal?.priceIncrease
-        renewalBillingPlanType = record.renewal?.billingPlanType
-        commitmentRenewal = record.renewal?.commitment
     }
 }
 

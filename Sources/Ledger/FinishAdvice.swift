@@ -170,7 +170,7 @@ extension FinishAdvice {
     /// `original_transaction_settled` when it is the uploader's, else the reason it is not.
     public static func verdict(
         userId: String, transactionId: String?, orderId: String?, outcomes: [PurchaseOutcome],
-        namedRevocations: [LedgerFacts.Revocation], namedOrder: LedgerFacts.Order?, namedOriginal: NamedOriginal? = nil,
+        namedRevocations: [LedgerFacts.Revocation], namedOrder: Order?, namedOriginal: NamedOriginal? = nil,
         naming: NamingOutcome = .nothing
     ) -> UploadVerdict {
         // What the upload names comes first: a purchase held elsewhere in the receipt is
@@ -230,26 +230,26 @@ extension FinishAdvice {
     /// is finishable (never on a match of dates, nor on what other purchases came to). The app
     /// names the transaction it holds to be told to finish. Nil while no purchase pays it yet
     /// (held for review, or a receipt older than its purchase: answered later).
-    static func orderNamedAlone(_ orderId: String, order: LedgerFacts.Order, naming: NamingOutcome) -> UploadVerdict? {
+    static func orderNamedAlone(_ orderId: String, order: Order, naming: NamingOutcome) -> UploadVerdict? {
         switch order.state {
-        case "created" where naming == .orderAmbiguous:
+        case .created where naming == .orderAmbiguous:
             return UploadVerdict(
                 state: .rejected, reason: .nameTheTransaction,
                 message: "more than one purchase or order of \(order.productId) could be order \(orderId)'s: "
                     + "upload again naming the transaction the app holds for it")
-        case "created":
+        case .created:
             return nil
-        case "paid":
+        case .paid:
             // Paid by the purchase made for it (the one that can be its, or one named or
             // carrying its token before).
             return UploadVerdict(
                 state: .credited, reason: .nameTheTransaction,
                 message: "order \(orderId) is paid by transaction \(order.transactionId ?? "?"): "
                     + "upload again naming the transaction the app holds with the order to be told to finish it")
-        default:
+        case .cancelled, .refunded:
             return UploadVerdict(
                 state: .rejected, reason: .nameTheTransaction,
-                message: "order \(orderId) is \(order.state): upload again naming the transaction the app holds for it")
+                message: "order \(orderId) is \(order.state.rawValue): upload again naming the transaction the app holds for it")
         }
     }
 
@@ -282,7 +282,7 @@ extension FinishAdvice {
 
     /// An order named alone, after its purchases were settled; nil when the purchases' own
     /// advice answers.
-    static func orderVerdict(_ orderId: String, order: LedgerFacts.Order?, userId: String) -> UploadVerdict? {
+    static func orderVerdict(_ orderId: String, order: Order?, userId: String) -> UploadVerdict? {
         // An order that is not the uploader's says nothing of the purchase the app holds:
         // only each transaction's own advice does.
         guard let order, IAPCore.sameUser(order.userId, userId) else {
@@ -290,7 +290,7 @@ extension FinishAdvice {
                 state: .rejected, reason: .orderUnknown,
                 message: "order \(orderId) is not one of this user's orders: finish each transaction by its own advice")
         }
-        if order.state == "created" {
+        if order.state == .created {
             // The order named is still unpaid: the receipt is older than its purchase,
             // whatever else it credited.
             return UploadVerdict(
@@ -298,7 +298,7 @@ extension FinishAdvice {
                 message: "no purchase in this receipt pays order \(orderId) yet: refresh the receipt and upload it again")
         }
         // Paid by the purchase made for it, credited to the uploader: what the app holds.
-        return order.state == "paid" ? UploadVerdict(state: .credited) : nil
+        return order.state == .paid ? UploadVerdict(state: .credited) : nil
     }
 
     /// Nothing in the upload is (or was) credited to the uploader: the strongest why.

@@ -15,19 +15,19 @@ public enum InForce {
     /// A subscription's state as of `now`: the recorded one, but `expired` once a state that
     /// gives access (`active`, `grace_period`) is past the period's end and its grace. Billing
     /// retry, expiry and revocation stand as recorded.
-    public static func subscriptionState(recorded: String, expiresDate: Date?, gracePeriodExpiresDate: Date?, at now: Date)
-        -> String
-    {
-        guard recorded == "active" || recorded == "grace_period", let expiresDate else { return recorded }
-        return max(expiresDate, gracePeriodExpiresDate ?? expiresDate) > now ? recorded : "expired"
+    public static func subscriptionState(
+        recorded: SubscriptionState, expiresDate: Date?, gracePeriodExpiresDate: Date?, at now: Date
+    ) -> SubscriptionState {
+        guard recorded == .active || recorded == .gracePeriod, let expiresDate else { return recorded }
+        return max(expiresDate, gracePeriodExpiresDate ?? expiresDate) > now ? recorded : .expired
     }
 
     /// Whether a subscription gives access at `now`: not expired or revoked as of now, and not
     /// past its period's end and grace.
-    public static func subscription(recorded: String, expiresDate: Date?, gracePeriodExpiresDate: Date?, at now: Date) -> Bool {
+    public static func subscription(recorded: SubscriptionState, expiresDate: Date?, gracePeriodExpiresDate: Date?, at now: Date) -> Bool {
         let state = subscriptionState(
             recorded: recorded, expiresDate: expiresDate, gracePeriodExpiresDate: gracePeriodExpiresDate, at: now)
-        guard state != "expired", state != "revoked" else { return false }
+        guard state != .expired, state != .revoked else { return false }
         return max(expiresDate ?? .distantFuture, gracePeriodExpiresDate ?? .distantPast) > now
     }
 }

@@ -79,7 +79,7 @@ extension Ledger {
     /// from another upload (a consumable finished since, an account sharing the Apple ID), is
     /// `orderAmbiguous`: the app names the transaction it holds.
     public static func orderPurchase(
-        for order: LedgerFacts.Order, inUpload: Set<String>, facts: LedgerFacts, policy: LedgerPolicy
+        for order: Order, inUpload: Set<String>, facts: LedgerFacts, policy: LedgerPolicy
     ) -> NamingOutcome {
         let earliest = order.createdAt.addingTimeInterval(-LedgerPolicy.clockSkewAllowed)
         let candidates = facts.orderCandidates.filter {
@@ -123,7 +123,7 @@ extension Planner {
         // A purchase of the upload carries the order's token: that purchase is the order's, and
         // its own outcome (paid, held for a person) is the answer.
         if naming.tokenNamesOrder { return .orderTokenInUpload }
-        guard order.state == "created" else {
+        guard order.state == .created else {
             return order.transactionId.map { .orderPaid(transactionId: $0) } ?? .nothing
         }
         let outcome = Ledger.orderPurchase(for: order, inUpload: naming.inUpload, facts: facts, policy: policy)
@@ -150,7 +150,7 @@ extension Planner {
             return .fromLedger(grant.isActive ? .replayedFromOtherUser : .revoked)
         }
         guard grant.isActive else { return .fromLedger(.revoked) }
-        if naming.orderId != nil, row.orderId == nil, let order = facts.uploadOrder, order.state == "created",
+        if naming.orderId != nil, row.orderId == nil, let order = facts.uploadOrder, order.state == .created,
             sameUser(order.userId, naming.userId), order.productId == row.productId
         {
             let candidate = LedgerFacts.OrderCandidate(

@@ -76,15 +76,15 @@ extension Planner {
         case .subscribed, .didRenew, .offerRedeemed, .didChangeRenewalPref, .renewalExtended, .oneTimeCharge:
             return applyPaidPeriod(notification, type: type, purchase: purchase, key: key, owner: owner, submissionId: submissionId)
         case .expired:
-            updateSubscription(notification, state: "expired")
-            return .subscriptionState("expired")
+            updateSubscription(notification, state: .expired)
+            return .subscriptionState(.expired)
         case .gracePeriodExpired:
             // The grace ended, billing retry goes on (Apple's status 3): no access, but not
             // over; a later DID_RENEW (BILLING_RECOVERY) brings it back.
-            updateSubscription(notification, state: "billing_retry")
-            return .subscriptionState("billing_retry")
+            updateSubscription(notification, state: .billingRetry)
+            return .subscriptionState(.billingRetry)
         case .didFailToRenew:
-            let state = notification.subtype == "GRACE_PERIOD" ? "grace_period" : "billing_retry"
+            let state: SubscriptionState = notification.subtype == "GRACE_PERIOD" ? .gracePeriod : .billingRetry
             updateSubscription(notification, state: state)
             return .subscriptionState(state)
         case .didChangeRenewalStatus:
@@ -151,7 +151,7 @@ extension Planner {
         _ notification: AppStoreNotification, purchase: VerifiedPurchase, key: CreditKey, tag: String, signed: Date
     ) -> NotificationOutcome {
         if isNewestPeriod(purchase) {
-            updateSubscription(notification, state: "revoked")
+            updateSubscription(notification, state: .revoked)
         }
         let quantity = max(facts.purchase?.quantity ?? purchase.quantity, 1)
         guard
@@ -181,7 +181,7 @@ extension Planner {
         let after = facts.grants(of: key)
         if before.isEmpty, !after.isEmpty { return .credit(.credited, nil) }
         if before != after {
-            updateSubscription(notification, state: "active")
+            updateSubscription(notification, state: .active)
             return .restored
         }
         let lifted = stood && facts.revocation?.stands != true
@@ -313,7 +313,7 @@ extension Planner {
         let owner = purchase.previousOriginalTransactionId != nil ? facts.previousChainOwner : nil
         updateSubscription(
             purchase, owner: owner, environment: notification.environment.rawValue,
-            state: Self.state(ofStatus: notification.subscriptionStatus) ?? "active",
+            state: notification.subscriptionStatus.flatMap(SubscriptionState.init(appleStatus:)) ?? .active,
             autoRenew: notification.autoRenewStatus.map { $0 == 1 }, renewal: notification.renewal, grace: .keep, stateDate: notification.signedDate ?? now)
         var details = ["owner": owner ?? ""]
         details["from"] = purchase.previousOriginalTransactionId
@@ -432,7 +432,7 @@ extension Planner {
         grant(
             transactionId: row.transactionId, originalTransactionId: row.originalTransactionId, creditKey: key,
             userId: owner, productId: row.productId, orderId: nil, quantity: quantity,
-            grant: product?.grant(quantity: quantity) ?? [:], environment: row.environment, source: "apple",
+            grant: product?.grant(quantity: quantity) ?? [:], environment: row.environment, source: .apple,
             expiresAt: ends.own ?? row.expiresDate, periodStart: row.purchaseDate)
         endReplaced(ends.others, by: period)
         audit(
@@ -450,7 +450,7 @@ extension Planner {
         grant(
             transactionId: row.transactionId, originalTransactionId: row.originalTransactionId, creditKey: key,
             userId: row.userId, productId: row.productId, orderId: nil, quantity: row.quantity,
-            grant: product?.grant(quantity: row.quantity) ?? [:], environment: row.environment, source: "apple",
+            grant: product?.grant(quantity: row.quantity) ?? [:], environment: row.environment, source: .apple,
             expiresAt: product?.type == .autoRenewable ? (ends?.own ?? purchase.expiresDate) : nil, periodStart: row.purchaseDate)
         endReplaced(ends?.others ?? [], by: period)
         if case .billingPeriod = key {
@@ -463,10 +463,10 @@ extension Planner {
     }
 
     /// Undoes a revocation: the grant is active again, its order paid, `grant.restored` published.
-    mutating func restoreGrant(_ grant: LedgerFacts.Grant, tag: String) {
+    mutating func restoreGrant(_ grant: Grant, tag: String) {
         emit(.reactivateGrant(transactionId: grant.transactionId))
         if let orderId = grant.orderId {
-            emit(.setOrderState(orderId: orderId, transactionId: grant.transactionId, state: "paid", at: now))
+            emit(.setOrderState(orderId: orderId, transactionId: grant.transactionId, state: .paid, at: now))
         }
         publish(
             "grant.restored",
@@ -484,7 +484,7 @@ extension Planner {
     /// status, else active; the newest period's grant lasts into Apple's grace period. A
     /// notification names no owner: a subscription's owner is whoever its first period was
     /// credited to (`credit`), never a notification's guess.
-    mutating func updateSubscription(_ notification: AppStoreNotification, state: String?) {
+    mutating func updateSubscription(_ notification: AppStoreNotification, state: SubscriptionState?) {
         guard let purchase = notification.purchase, purchase.expiresDate != nil || notification.subscriptionStatus != nil
         else { return }
         if let grace = notification.gracePeriodExpiresDate,
@@ -495,7 +495,7 @@ extension Planner {
         }
         updateSubscription(
             purchase, owner: nil, environment: notification.environment.rawValue,
-            state: state ?? Self.state(ofStatus: notification.subscriptionStatus) ?? "active",
+            state: state ?? notification.subscriptionStatus.flatMap(SubscriptionState.init(appleStatus:)) ?? .active,
             autoRenew: notification.autoRenewStatus.map { $0 == 1 }, renewal: notification.renewal,
             grace: .set(notification.gracePeriodExpiresDate),
             stateDate: notification.signedDate ?? now)
@@ -506,18 +506,6 @@ extension Planner {
         switch subtype {
         case "PENDING": 0
         case "ACCEPTED": 1
-        default: nil
-        }
-    }
-
-    /// The subscription state Apple's status (`status` of a notification's data) names.
-    static func state(ofStatus status: Int?) -> String? {
-        switch status {
-        case 1: "active"
-        case 2: "expired"
-        case 3: "billing_retry"
-        case 4: "grace_period"
-        case 5: "revoked"
         default: nil
         }
     }
@@ -557,7 +545,7 @@ extension Planner {
         grant(
             transactionId: target.id, originalTransactionId: target.original, creditKey: target.creditKey, userId: request.userId,
             productId: request.productId, orderId: target.orderId, quantity: quantity, grant: granted,
-            environment: target.environment, source: "manual", expiresAt: target.expiresAt, periodStart: target.periodStart)
+            environment: target.environment, source: .manual, expiresAt: target.expiresAt, periodStart: target.periodStart)
         audit(
             actor: request.actor, action: "grant_manual", subject: "transaction:\(target.id)", reason: request.reason,
             details: ["userId": request.userId, "productId": request.productId, "quantity": "\(quantity)"])
@@ -654,7 +642,7 @@ extension Planner {
     }
 
     /// The user held it before and it was taken back: customer service gives it again.
-    mutating func regrant(_ earlier: LedgerFacts.Grant, request: LedgerEvent.ManualGrant, target: ManualTarget) -> LedgerOutcome {
+    mutating func regrant(_ earlier: Grant, request: LedgerEvent.ManualGrant, target: ManualTarget) -> LedgerOutcome {
         emit(.reactivateGrant(transactionId: earlier.transactionId))
         publish(
             "grant.created",

@@ -56,7 +56,7 @@ extension Planner {
         // (or a new purchase its buyer proved after a refund stopped it: it would have been
         // credited), unless a new purchase awaiting its buyer lies between.
         let credited = facts.grants.filter {
-            $0.originalTransactionId == purchase.originalTransactionId && $0.source == "apple"
+            $0.originalTransactionId == purchase.originalTransactionId && $0.source == .apple
                 && ($0.periodStart ?? .distantFuture) <= date && $0.transactionId != purchase.transactionId
         }
         let latestCredited = credited.max { ($0.periodStart ?? .distantPast, $0.id) < ($1.periodStart ?? .distantPast, $1.id) }
@@ -80,7 +80,7 @@ extension Planner {
     /// `claims`: nobody owned its stretch before this credit (or it begins one), so the periods
     /// Apple told of in it are claimed with it.
     mutating func claimStretch(
-        of purchase: VerifiedPurchase, owner: String, upload: LedgerEvent.Upload, before: LedgerFacts.Subscription?,
+        of purchase: VerifiedPurchase, owner: String, upload: LedgerEvent.Upload, before: Subscription?,
         claims: Bool
     ) {
         guard facts.subscription?.originalTransactionId == purchase.originalTransactionId else { return }

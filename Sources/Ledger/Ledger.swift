@@ -209,7 +209,7 @@ extension Planner {
             return revokeActiveGrant(key: key, reason: reason, tag: tag)
         }
         if facts.activeGrant(of: key) == nil {
-            if let grant = facts.grants(of: key).filter({ !$0.isActive && $0.revokedBy == "apple" })
+            if let grant = facts.grants(of: key).filter({ !$0.isActive && $0.revokedBy == .apple })
                 .max(by: { ($0.revokedAt ?? .distantPast, $0.id) < ($1.revokedAt ?? .distantPast, $1.id) })
             {
                 restoreGrant(grant, tag: "\(grant.transactionId):\(tag)")
@@ -245,7 +245,7 @@ extension Planner {
 
     /// A prorated refund: the grant keeps `units` of its purchase; `grant.revoked` says how
     /// many were taken back.
-    mutating func reduce(_ grant: LedgerFacts.Grant, toUnits units: Int, reason: String, tag: String) {
+    mutating func reduce(_ grant: Grant, toUnits units: Int, reason: String, tag: String) {
         guard units < grant.quantity else { return }
         let taken = grant.quantity - units
         let json = Ledger.grantJSON(product(grant.productId)?.grant(quantity: units) ?? [:])
@@ -267,12 +267,11 @@ extension Planner {
 
     /// Revokes a grant: its order becomes refunded, `grant.revoked` is published, and the
     /// audit log says who and why.
-    mutating func revokeGrant(_ grant: LedgerFacts.Grant, actor: String, reason: String, eventId: String, audited: Bool = true) {
+    mutating func revokeGrant(_ grant: Grant, actor: String, reason: String, eventId: String, audited: Bool = true) {
         // What took it back, not who typed it: only Apple's revocations are undone by Apple's reversal.
-        let revokedBy = ["apple", "transfer"].contains(actor) ? actor : "admin"
-        emit(.revokeGrant(transactionId: grant.transactionId, by: revokedBy, at: now))
+        emit(.revokeGrant(transactionId: grant.transactionId, by: GrantRevoker(actor: actor), at: now))
         if let orderId = grant.orderId {
-            emit(.setOrderState(orderId: orderId, transactionId: grant.transactionId, state: "refunded", at: now))
+            emit(.setOrderState(orderId: orderId, transactionId: grant.transactionId, state: .refunded, at: now))
         }
         publish(
             "grant.revoked",

@@ -14,9 +14,9 @@ public enum LedgerChange: Sendable, Equatable {
     /// facts are stale (the shell retries the unit).
     case claimPurchase(LedgerFacts.Purchase)
     /// A new active grant (`id` is the store's to give); refused when its credit key has one.
-    case grant(LedgerFacts.Grant)
+    case grant(Grant)
     /// The grant of `transactionId` is taken back, by `apple`, `transfer` or `admin`.
-    case revokeGrant(transactionId: String, by: String, at: Date)
+    case revokeGrant(transactionId: String, by: GrantRevoker, at: Date)
     /// A grant taken back by Apple or a transfer is in force again.
     case reactivateGrant(transactionId: String)
     /// Part of a grant was refunded: it keeps `quantity` units, granting `grantJSON`.
@@ -32,11 +32,11 @@ public enum LedgerChange: Sendable, Equatable {
     /// A purchase credited before without an order, and its grant, are the order's now.
     case attachOrder(orderId: String, transactionId: String)
     /// The order paid by `transactionId` is now `state` (refunded, or paid again).
-    case setOrderState(orderId: String, transactionId: String, state: String, at: Date)
+    case setOrderState(orderId: String, transactionId: String, state: OrderState, at: Date)
     /// Apple's revocation or reversal of a credit key, as it now stands (insert or replace).
     case putRevocation(LedgerFacts.Revocation)
     /// The subscription as it now stands (insert or replace).
-    case putSubscription(LedgerFacts.Subscription)
+    case putSubscription(Subscription)
     /// Apple asked for consumption information about a transaction.
     case recordConsumptionRequest(ConsumptionRequest)
     /// What a credited transaction cost and under which offer, as Apple signed it (kept once).
@@ -128,7 +128,7 @@ public enum LedgerChange: Sendable, Equatable {
         /// another transaction of it: a restore, the chain's first upload), in force or taken
         /// back since. The order service asks the same of its store when it answers
         /// (`OrderStore.claimDueConsumptionRequests`, one `EXISTS` over `grants`).
-        public func isDelivered(by grants: [LedgerFacts.Grant]) -> Bool {
+        public func isDelivered(by grants: [Grant]) -> Bool {
             grants.contains { $0.transactionId == transactionId || (creditKey != nil && $0.creditKey?.stored == creditKey) }
         }
     }

@@ -205,7 +205,7 @@ public enum NotificationOutcome: Sendable, Equatable, CustomStringConvertible {
     /// Apple moved a period's end (`RENEWAL_EXTENDED`): the grant in force lasts as long.
     case extended
     /// The subscription's state recorded: `expired`, `billing_retry` or `grace_period`.
-    case subscriptionState(String)
+    case subscriptionState(SubscriptionState)
     /// The customer turned auto-renewal on or off.
     case autoRenew(on: Bool)
 
@@ -226,7 +226,7 @@ public enum NotificationOutcome: Sendable, Equatable, CustomStringConvertible {
         case .kept(let reason): reason.rawValue
         case .sandboxNotAllowed: "sandbox_not_allowed"
         case .extended: "extended"
-        case .subscriptionState(let state): state
+        case .subscriptionState(let state): state.rawValue
         case .autoRenew(let on): on ? "auto_renew_on" : "auto_renew_off"
         }
     }

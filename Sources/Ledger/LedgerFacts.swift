@@ -127,59 +127,6 @@ public struct LedgerFacts: Sendable, Equatable {
         }
     }
 
-    /// One credit of one transaction to one user (table `grants`).
-    public struct Grant: Sendable, Equatable {
-        /// The store's row id (the order grants were written in); 0 for a grant this plan adds.
-        public var id: Int64
-        public var transactionId: String
-        public var userId: String
-        public var productId: String
-        public var orderId: String?
-        public var quantity: Int
-        /// What it grants, as JSON with sorted keys.
-        public var grantJSON: String
-        public var environment: String
-        /// `apple` or `manual`.
-        public var source: String
-        public var isActive: Bool
-        public var grantedAt: Date
-        public var revokedAt: Date?
-        /// `apple`, `transfer` or `admin`: what took it back.
-        public var revokedBy: String?
-        public var creditKey: CreditKey?
-        public var originalTransactionId: String?
-        public var expiresAt: Date?
-        public var gracePeriodExpiresAt: Date?
-        /// When the purchase it credits began (its period's start); read from the purchase row.
-        public var periodStart: Date?
-
-        /// Creates a grant row.
-        public init(
-            id: Int64, transactionId: String, userId: String, productId: String, orderId: String?, quantity: Int,
-            grantJSON: String, environment: String, source: String, isActive: Bool, grantedAt: Date, revokedAt: Date?,
-            revokedBy: String?, creditKey: CreditKey?, originalTransactionId: String?, expiresAt: Date?,
-            gracePeriodExpiresAt: Date?, periodStart: Date? = nil
-        ) {
-            self.periodStart = periodStart
-            self.id = id
-            self.transactionId = transactionId
-            self.userId = userId
-            self.productId = productId
-            self.orderId = orderId
-            self.quantity = quantity
-            self.grantJSON = grantJSON
-            self.environment = environment
-            self.source = source
-            self.isActive = isActive
-            self.grantedAt = grantedAt
-            self.revokedAt = revokedAt
-            self.revokedBy = revokedBy
-            self.creditKey = creditKey
-            self.originalTransactionId = originalTransactionId
-            self.expiresAt = expiresAt
-            self.gracePeriodExpiresAt = gracePeriodExpiresAt
-        }
-    }
 
     /// Apple's word that a credit key was taken back, and whether Apple reversed it (table
     /// `revocation`). Dates are Apple's; each is the latest of its kind, so the row says the
@@ -232,51 +179,6 @@ public struct LedgerFacts: Sendable, Equatable {
         public var stands: Bool { standsFully || standingUnits > 0 }
     }
 
-    /// An auto-renewable subscription (table `subscription`).
-    public struct Subscription: Sendable, Equatable {
-        public var originalTransactionId: String
-        /// Its owner: every billing period is theirs. Nil while only notifications told of it.
-        public var userId: String?
-        public var productId: String
-        public var environment: String
-        /// active, expired, billing_retry, grace_period or revoked.
-        public var state: String
-        public var expiresDate: Date?
-        public var autoRenew: Bool?
-        public var gracePeriodExpiresDate: Date?
-        public var lastTransactionId: String
-        public var updatedAt: Date
-        /// Apple's date of the state recorded (`signedDate`); a state signed earlier never replaces it.
-        public var stateDate: Date?
-        /// Where the owner's stretch of the chain begins: the purchase date of the new purchase
-        /// (a resubscription, an upgrade) that made them the owner; nil for the first stretch.
-        /// A period bought before it belongs to whoever owns its own stretch.
-        public var ownedSince: Date?
-        /// What it renews to (price, offer, a price increase's consent), as Apple's renewal
-        /// information said last.
-        public var renewal: RenewalTerms?
-
-        /// Creates a subscription row.
-        public init(
-            originalTransactionId: String, userId: String?, productId: String, environment: String, state: String,
-            expiresDate: Date?, autoRenew: Bool?, gracePeriodExpiresDate: Date?, lastTransactionId: String, updatedAt: Date,
-            stateDate: Date?, ownedSince: Date? = nil, renewal: RenewalTerms? = nil
-        ) {
-            self.renewal = renewal
-            self.ownedSince = ownedSince
-            self.originalTransactionId = originalTransactionId
-            self.userId = userId
-            self.productId = productId
-            self.environment = environment
-            self.state = state
-            self.expiresDate = expiresDate
-            self.autoRenew = autoRenew
-            self.gracePeriodExpiresDate = gracePeriodExpiresDate
-            self.lastTransactionId = lastTransactionId
-            self.updatedAt = updatedAt
-            self.stateDate = stateDate
-        }
-    }
 
     /// A purchase of the user's that may be what an order was placed for.
     public struct OrderCandidate: Sendable, Equatable {
@@ -303,27 +205,6 @@ public struct LedgerFacts: Sendable, Equatable {
             self.orderId = orderId
             self.granted = granted
             self.ownershipType = ownershipType
-        }
-    }
-
-    /// One of our orders (table `orders`).
-    public struct Order: Sendable, Equatable {
-        public var id: String
-        public var userId: String
-        public var productId: String
-        /// created, paid, cancelled or refunded.
-        public var state: String
-        public var transactionId: String?
-        public var createdAt: Date
-
-        /// Creates an order row.
-        public init(id: String, userId: String, productId: String, state: String, transactionId: String?, createdAt: Date) {
-            self.id = id
-            self.userId = userId
-            self.productId = productId
-            self.state = state
-            self.transactionId = transactionId
-            self.createdAt = createdAt
         }
     }
 }
@@ -410,10 +291,11 @@ extension LedgerFacts {
 
     private mutating func applyToOrders(_ change: LedgerChange) {
         switch change {
-        case .bindOrder(let orderId, let transactionId, _):
+        case .bindOrder(let orderId, let transactionId, let at):
             for path in [\LedgerFacts.tokenOrder, \LedgerFacts.uploadOrder] where self[keyPath: path]?.id == orderId {
-                self[keyPath: path]?.state = "paid"
+                self[keyPath: path]?.state = .paid
                 self[keyPath: path]?.transactionId = transactionId
+                self[keyPath: path]?.updatedAt = at
             }
             openOrders.removeAll { $0.id == orderId }
         case .attachOrder(let orderId, let transactionId):
@@ -422,10 +304,11 @@ extension LedgerFacts {
             for index in orderCandidates.indices where orderCandidates[index].transactionId == transactionId {
                 orderCandidates[index].orderId = orderId
             }
-        case .setOrderState(let orderId, let transactionId, let state, _):
+        case .setOrderState(let orderId, let transactionId, let state, let at):
             for path in [\LedgerFacts.tokenOrder, \LedgerFacts.uploadOrder]
             where self[keyPath: path]?.id == orderId && self[keyPath: path]?.transactionId == transactionId {
                 self[keyPath: path]?.state = state
+                self[keyPath: path]?.updatedAt = at
             }
         default:
             break

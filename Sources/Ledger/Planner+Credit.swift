@@ -74,7 +74,7 @@ extension Planner {
     /// A purchase whose credit key has an active grant (`active`): the same owner's again, a
     /// replay, or a restore by someone else, which the restore policy decides.
     mutating func creditHeld(
-        by active: LedgerFacts.Grant, _ purchase: VerifiedPurchase, key: CreditKey, exact: LedgerFacts.Purchase?,
+        by active: Grant, _ purchase: VerifiedPurchase, key: CreditKey, exact: LedgerFacts.Purchase?,
         upload: LedgerEvent.Upload
     ) -> (TransactionCreditState, ReasonCode?) {
         let owner = active.userId
@@ -97,7 +97,7 @@ extension Planner {
         // a bare id proves nobody's, and is held as any purchase nobody owns is. Never a
         // replay the app may finish: a finished consumable leaves its buyer's receipts for
         // good. (What stays in receipts follows the restore policy below.)
-        if active.source == "manual", facts.purchase == nil, key.isPerTransaction {
+        if active.source == .manual, facts.purchase == nil, key.isPerTransaction {
             guard evidence != .lookup else { return (.held, .ownerUnknown) }
             audit(
                 actor: "system", action: "purchase_held", subject: "transaction:\(purchase.transactionId)",
@@ -137,9 +137,9 @@ extension Planner {
     /// Who a purchase nothing was credited for is proven to be, and what proved it.
     struct ProvenOwner {
         var owner: String
-        var order: LedgerFacts.Order?
+        var order: Order?
         var subscriptionOwner: String?
-        var subscriptionBefore: LedgerFacts.Subscription?
+        var subscriptionBefore: Subscription?
         var movesSubscriptionFrom: String?
         var tokenOrderOwner: String?
     }
@@ -280,7 +280,7 @@ extension Planner {
             transactionId: purchase.transactionId, originalTransactionId: purchase.originalTransactionId, creditKey: key,
             userId: owner, productId: purchase.productId, orderId: orderId, quantity: units,
             grant: product?.grant(quantity: units) ?? [:], environment: purchase.environment,
-            source: "apple", expiresAt: autoRenewable ? (ends?.own ?? purchase.expiresDate) : nil, periodStart: purchase.purchaseDate,
+            source: .apple, expiresAt: autoRenewable ? (ends?.own ?? purchase.expiresDate) : nil, periodStart: purchase.purchaseDate,
             ownership: purchase.ownershipType, terms: purchase.terms)
         if autoRenewable || (product == nil && purchase.expiresDate != nil) {
             recordSubscription(of: purchase, owner: owner)
@@ -352,7 +352,7 @@ extension Planner {
         // Apple's retry of the renewal that failed before it was bought (a failure Apple signed
         // later is about a later renewal).
         let retrying = chain.map {
-            ["billing_retry", "grace_period"].contains($0.state) && $0.lastTransactionId != purchase.transactionId
+            $0.state.isRetrying && $0.lastTransactionId != purchase.transactionId
                 && ($0.stateDate ?? .distantPast) <= bought
         } ?? false
         // The answer's own listing of the chain first (a receipt holds every period of it): a
@@ -363,9 +363,9 @@ extension Planner {
             return bought > ended && !retrying
         }
         // Apple said the chain expired before this was bought: only a purchase follows a lapse.
-        if let chain, chain.state == "expired", let lapsed = chain.expiresDate, lapsed <= bought { return true }
+        if let chain, chain.state == .expired, let lapsed = chain.expiresDate, lapsed <= bought { return true }
         let earlier = facts.grants.filter {
-            $0.originalTransactionId == purchase.originalTransactionId && $0.source == "apple"
+            $0.originalTransactionId == purchase.originalTransactionId && $0.source == .apple
                 && $0.transactionId != purchase.transactionId && ($0.periodStart ?? .distantFuture) < bought
         }
         let previous = earlier.max { ($0.periodStart ?? .distantPast, $0.id) < ($1.periodStart ?? .distantPast, $1.id) }
@@ -380,8 +380,8 @@ extension Planner {
     /// transaction: an explicit binding, checked like a token. An order named alone is paid
     /// after the upload's purchases are credited, only by the one purchase that can be its
     /// (`LedgerEvent.Naming`): a receipt may hold purchases made for other orders.
-    func namedOrder(for purchase: VerifiedPurchase, upload: LedgerEvent.Upload) -> LedgerFacts.Order? {
-        guard upload.orderId != nil, let named = facts.uploadOrder, named.state == "created", sameUser(named.userId, upload.userId),
+    func namedOrder(for purchase: VerifiedPurchase, upload: LedgerEvent.Upload) -> Order? {
+        guard upload.orderId != nil, let named = facts.uploadOrder, named.state == .created, sameUser(named.userId, upload.userId),
             upload.transactionId == purchase.transactionId
         else { return nil }
         return named
@@ -412,10 +412,10 @@ extension Planner {
     /// `transactionReason` PURCHASE: a resubscription after the chain lapsed, an upgrade or a
     /// crossgrade), and only an order for its product: Apple keeps the chain's
     /// `originalTransactionId` for those, so the order placed for them is paid by them.
-    func pays(_ order: LedgerFacts.Order, _ purchase: VerifiedPurchase) -> Bool {
+    func pays(_ order: Order, _ purchase: VerifiedPurchase) -> Bool {
         // Access someone else paid for pays no order of ours, whichever way it arrives: an
         // assigned seat (multiseat, an organization paid) or a family member's shared access.
-        guard order.state == "created", !Ledger.accessPaidByOthers(purchase.ownershipType) else { return false }
+        guard order.state == .created, !Ledger.accessPaidByOthers(purchase.ownershipType) else { return false }
         let laterPeriod = product(purchase.productId)?.type == .autoRenewable && purchase.transactionId != purchase.originalTransactionId
         guard laterPeriod else { return true }
         return purchase.isNewPurchaseInChain && order.productId == purchase.productId
@@ -437,10 +437,10 @@ extension Planner {
     /// refunds the rest of the old one). Whichever of the two is credited first, the same
     /// periods end at the same dates: `own` is the new period's end when a later-begun period
     /// of the chain replaced it already, `others` the grants it replaces.
-    func replacedTiers(by purchase: VerifiedPurchase, key: CreditKey) -> (own: Date?, others: [(LedgerFacts.Grant, Date)]) {
+    func replacedTiers(by purchase: VerifiedPurchase, key: CreditKey) -> (own: Date?, others: [(Grant, Date)]) {
         guard let start = purchase.purchaseDate else { return (nil, []) }
         var own: Date?
-        var others: [(LedgerFacts.Grant, Date)] = []
+        var others: [(Grant, Date)] = []
         // Revoked periods too: a refund's reversal gives back a period as the plan change left it.
         for grant in facts.grants
         where grant.originalTransactionId == purchase.originalTransactionId && grant.creditKey != key
@@ -457,7 +457,7 @@ extension Planner {
     }
 
     /// Ends the periods a plan change replaced (see `replacedTiers`), audited.
-    mutating func endReplaced(_ replaced: [(LedgerFacts.Grant, Date)], by purchase: VerifiedPurchase) {
+    mutating func endReplaced(_ replaced: [(Grant, Date)], by purchase: VerifiedPurchase) {
         for (grant, at) in replaced {
             emit(.endGrant(transactionId: grant.transactionId, at: at))
             audit(
@@ -469,7 +469,7 @@ extension Planner {
 
     /// `IAP_RESTORE=transfer`: the entitlement moves from its owner to the uploader of a
     /// restore: revoked for the one, granted to the other, one audit entry naming both.
-    mutating func transfer(_ active: LedgerFacts.Grant, to upload: LedgerEvent.Upload, purchase: VerifiedPurchase, key: CreditKey) {
+    mutating func transfer(_ active: Grant, to upload: LedgerEvent.Upload, purchase: VerifiedPurchase, key: CreditKey) {
         let previous = active.userId
         revokeGrant(
             active, actor: "transfer", reason: "restored by \(upload.userId)",
@@ -491,7 +491,7 @@ extension Planner {
                 transactionId: purchase.transactionId, originalTransactionId: purchase.originalTransactionId, creditKey: key,
                 userId: upload.userId, productId: purchase.productId, orderId: nil, quantity: active.quantity,
                 grant: product(purchase.productId)?.grant(quantity: active.quantity) ?? [:],
-                environment: purchase.environment, source: "apple", expiresAt: active.expiresAt,
+                environment: purchase.environment, source: .apple, expiresAt: active.expiresAt,
                 periodStart: purchase.purchaseDate)
         }
         // The restore's own transaction, unless it is recorded already.
@@ -538,14 +538,14 @@ extension Planner {
     mutating func grant(
         transactionId: String, originalTransactionId: String, creditKey: CreditKey, userId: String, productId: String,
         orderId: String?, quantity: Int, grant: [String: Catalog.GrantValue], environment: AppStoreEnvironment,
-        source: String, expiresAt: Date?, periodStart: Date? = nil, ownership: String? = nil, terms: PurchaseTerms? = nil
+        source: GrantSource, expiresAt: Date?, periodStart: Date? = nil, ownership: String? = nil, terms: PurchaseTerms? = nil
     ) {
         let grantJSON = Ledger.grantJSON(grant)
         var fields: [String: EventField] = [
             "transactionId": .string(transactionId), "originalTransactionId": .string(originalTransactionId),
             "userId": .string(userId), "productId": .string(productId), "orderId": orderId.map(EventField.string) ?? .null,
             "quantity": .int(quantity), "grant": .json(grantJSON), "environment": .string(environment.rawValue),
-            "source": .string(source), "grantedAt": .string(nowText),
+            "source": .string(source.rawValue), "grantedAt": .string(nowText),
         ]
         // Access an organization paid for (multiseat) or a family member shares: not a payment
         // of this user's, which the app's revenue must not count.
@@ -588,7 +588,7 @@ extension Planner {
         // the device, or read from Apple's history) and must not outrank what Apple said since.
         let dates = [purchase.purchaseDate, purchase.signedDate].compactMap { $0 }
         let stateDate = dates.min() ?? now
-        let state = (purchase.expiresDate ?? .distantFuture) > now ? "active" : "expired"
+        let state: SubscriptionState = (purchase.expiresDate ?? .distantFuture) > now ? .active : .expired
         updateSubscription(
             purchase, owner: owner, environment: purchase.environment.rawValue, state: state, autoRenew: nil,
             grace: .keep, stateDate: stateDate)
@@ -606,13 +606,13 @@ extension Planner {
     /// later period end, then the transaction id, then the state, so every order service and
     /// every arrival order come to the same row.
     mutating func updateSubscription(
-        _ purchase: VerifiedPurchase, owner: String?, environment: String, state: String, autoRenew: Bool?,
+        _ purchase: VerifiedPurchase, owner: String?, environment: String, state: SubscriptionState, autoRenew: Bool?,
         renewal: RenewalTerms? = nil, grace: GraceUpdate, stateDate: Date
     ) {
         let current = facts.subscription?.originalTransactionId == purchase.originalTransactionId ? facts.subscription : nil
         var row =
             current
-            ?? LedgerFacts.Subscription(
+            ?? Subscription(
                 originalTransactionId: purchase.originalTransactionId, userId: owner, productId: purchase.productId,
                 environment: environment, state: state, expiresDate: purchase.expiresDate, autoRenew: autoRenew,
                 gracePeriodExpiresDate: nil, lastTransactionId: purchase.transactionId, updatedAt: now, stateDate: stateDate,
@@ -654,13 +654,13 @@ extension Planner {
 
     /// Ranks states for ties in Apple's date: an ending outranks a lapse, a lapse outranks
     /// being in force.
-    static func stateRank(_ state: String) -> Int {
+    static func stateRank(_ state: SubscriptionState) -> Int {
         switch state {
-        case "revoked": 4
-        case "expired": 3
-        case "billing_retry": 2
-        case "grace_period": 1
-        default: 0
+        case .revoked: 4
+        case .expired: 3
+        case .billingRetry: 2
+        case .gracePeriod: 1
+        case .active: 0
         }
     }
 }

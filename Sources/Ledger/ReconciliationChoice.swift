@@ -1,4 +1,5 @@
 public import Foundation
+import IAPCore
 
 /// Which subscriptions the reconciliation asks Apple about, and in what order: the one rule,
 /// so that the store only reads the subscriptions that may be due and the choice is the core's.
@@ -15,14 +16,14 @@ public import Foundation
 /// reconciliation's second task.
 public enum ReconciliationChoice {
     /// The states the store reads candidates in: only a subscription in one of them can be due.
-    public static let candidateStates = ["active", "billing_retry", "grace_period"]
+    public static let candidateStates: [SubscriptionState] = [.active, .billingRetry, .gracePeriod]
 
     /// One subscription as the store holds it.
     public struct Candidate: Sendable, Equatable {
         /// The subscription's chain.
         public var originalTransactionId: String
         /// Its state as recorded.
-        public var state: String
+        public var state: SubscriptionState
         /// The end of its current period, as recorded.
         public var expiresDate: Date?
         /// The end of its billing grace period, when in one.
@@ -32,7 +33,7 @@ public enum ReconciliationChoice {
 
         /// Creates a candidate.
         public init(
-            originalTransactionId: String, state: String, expiresDate: Date?, gracePeriodExpiresDate: Date? = nil,
+            originalTransactionId: String, state: SubscriptionState, expiresDate: Date?, gracePeriodExpiresDate: Date? = nil,
             holdsUnownedPeriods: Bool = false
         ) {
             self.originalTransactionId = originalTransactionId
@@ -46,13 +47,13 @@ public enum ReconciliationChoice {
     /// Whether `candidate` is asked about in a run whose horizon is `horizon`.
     public static func isDue(_ candidate: Candidate, horizon: Date) -> Bool {
         switch candidate.state {
-        case "billing_retry", "grace_period":
+        case .billingRetry, .gracePeriod:
             return true
-        case "active":
+        case .active:
             if candidate.holdsUnownedPeriods { return true }
             guard let expires = candidate.expiresDate else { return false }
             return max(expires, candidate.gracePeriodExpiresDate ?? expires) < horizon
-        default:
+        case .expired, .revoked:
             return false
         }
     }
@@ -83,5 +84,13 @@ extension ReconciliationChoice {
     ) -> Bool {
         guard [.refund, .revoke].contains(NotificationType(notificationType)) else { return true }
         return revocation?.stands != true || grantedUnderKey
+    }
+
+    /// Whether applying a notification rebuilt from Apple's history corrected the ledger: it
+    /// credited, revoked or restored a grant (`outcome`, as the notification's row recorded it),
+    /// or moved the subscription's state, expiry or newest transaction.
+    public static func corrected(outcome: String, subscriptionChanged: Bool) -> Bool {
+        let corrections: [NotificationOutcome] = [.credit(.credited, nil), .revoked, .restored]
+        return subscriptionChanged || corrections.contains { $0.description == outcome }
     }
 }

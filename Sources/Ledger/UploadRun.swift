@@ -37,7 +37,7 @@ public struct UploadRun: Sendable {
     private var naming: LedgerEvent.Naming?
     private var namingOutcome = NamingOutcome.nothing
     private var query: FinishAdvice.VerdictQuery?
-    private var rows: (revocations: [LedgerFacts.Revocation], order: LedgerFacts.Order?)?
+    private var rows: (revocations: [LedgerFacts.Revocation], order: Order?)?
 
     /// A run of `purchases` (as the verified result lists them; a transaction listed twice is
     /// credited once) from `upload`, which names `upload.transactionId` and `upload.orderId`;
@@ -92,7 +92,7 @@ public struct UploadRun: Sendable {
     }
 
     /// The rows the verdict asked for (`Step.read`), as the plans left them.
-    public mutating func read(revocations: [LedgerFacts.Revocation], order: LedgerFacts.Order?) {
+    public mutating func read(revocations: [LedgerFacts.Revocation], order: Order?) {
         rows = (revocations, order)
     }
 

@@ -1,6 +1,6 @@
 public import Foundation
 public import IAPCore
-import Ledger
+public import Ledger
 
 /// A user that a console search matched, and by what.
 public struct ConsoleSearchHit: Sendable, Equatable {
@@ -50,36 +50,10 @@ public struct ConsoleSubmission: Sendable, Equatable {
     public var alertedAt: Date?
 }
 
-/// A purchase the console shows (held ones in the work queue, all of a customer's on their page).
-public struct ConsolePurchase: Sendable, Equatable {
-    /// Apple's transaction id.
-    public var transactionId: String
-    /// The first transaction of its chain.
-    public var originalTransactionId: String
-    /// The App Store product.
-    public var productId: String
-    /// Units.
-    public var quantity: Int
-    /// Production or Sandbox.
-    public var environment: String
-    /// Whom it belongs to.
-    public var userId: String
-    /// The upload that brought it.
-    public var submissionId: String
-    /// Why it is held, when it is.
-    public var heldReason: String?
-    /// When it was recorded.
-    public var recordedAt: Date
-}
-
 /// A grant with what the console shows beyond `Grant`.
 public struct ConsoleGrant: Sendable, Equatable {
     /// The grant.
     public var grant: Grant
-    /// When it was revoked, if it was.
-    public var revokedAt: Date?
-    /// Who revoked it (apple, transfer, an admin).
-    public var revokedBy: String?
     /// Where its transaction's finish at Apple stands; nil when the server does not finish it.
     public var finish: AppleFinishState? = nil
     /// What its transaction cost and under which offer, when Apple's answer said.
@@ -93,9 +67,9 @@ public struct ConsoleCustomer: Sendable {
     /// Their grants, oldest first.
     public var grants: [ConsoleGrant]
     /// Their purchases (held ones included), oldest first.
-    public var purchases: [ConsolePurchase]
+    public var purchases: [PurchaseRecord]
     /// Their subscriptions.
-    public var subscriptions: [SubscriptionRecord]
+    public var subscriptions: [Subscription]
     /// Their orders, oldest first.
     public var orders: [Order]
     /// Their uploads, oldest first.
@@ -119,7 +93,7 @@ public struct ConsoleWorkQueues: Sendable {
     /// How many in all.
     public var needsReviewCount: Int
     /// Purchases held and not granted.
-    public var held: [ConsolePurchase]
+    public var held: [PurchaseRecord]
     /// How many in all.
     public var heldCount: Int
     /// Submissions alerted since the cut-off.
@@ -276,14 +250,14 @@ extension OrderStore {
         try await database.read { db in try await Self.terms(of: transactionIds, in: db) }
     }
 
-    public func consolePurchases(_ transactionIds: [String]) async throws -> [String: ConsolePurchase] {
+    public func consolePurchases(_ transactionIds: [String]) async throws -> [String: PurchaseRecord] {
         guard !transactionIds.isEmpty else { return [:] }
         return try await database.read { db in
             let marks = sqlMarks(transactionIds.count)
-            var found: [String: ConsolePurchase] = [:]
+            var found: [String: PurchaseRecord] = [:]
             for row in try await db.rows(sql: "SELECT * FROM purchase WHERE transactionId IN (\(marks))", arguments: SQLArguments(transactionIds))
             {
-                let purchase = ConsolePurchase(row: row)
+                let purchase = PurchaseRecord(row: row)
                 found[purchase.transactionId] = purchase
             }
             return found
@@ -295,21 +269,17 @@ extension OrderStore {
     public func consoleCustomer(_ userId: String, limit: Int = 500) async throws -> ConsoleCustomer {
         try await database.read { db in
             var grants = try await db.rows(sql: "SELECT * FROM grants WHERE userId = ? ORDER BY id LIMIT ?", arguments: [userId, limit]
-            ).map { ConsoleGrant(grant: Grant(row: $0), revokedAt: $0["revokedAt"], revokedBy: $0["revokedBy"]) }
+            ).map { ConsoleGrant(grant: Grant(row: $0)) }
             let finishes = try await Self.finishStates(of: grants.map(\.grant.transactionId), in: db)
             for index in grants.indices { grants[index].finish = finishes[grants[index].grant.transactionId] }
             let terms = try await Self.terms(of: grants.map(\.grant.transactionId), in: db)
             for index in grants.indices { grants[index].terms = terms[grants[index].grant.transactionId] }
             let purchases = try await db.rows(sql: "SELECT * FROM purchase WHERE userId = ? ORDER BY creditedAt LIMIT ?", arguments: [userId, limit]
-            ).map(ConsolePurchase.init(row:))
+            ).map { PurchaseRecord(row: $0) }
             let subscriptions = try await db.rows(sql: "SELECT * FROM subscription WHERE userId = ? ORDER BY updatedAt DESC LIMIT ?", arguments: [userId, limit]
-            ).map { SubscriptionRecord(row: $0, at: Date()) }
+            ).map { Subscription(row: $0).asOf(Date()) }
             let orders = try await db.rows(sql: "SELECT * FROM orders WHERE userId = ? ORDER BY createdAt LIMIT ?", arguments: [userId, limit]
-            ).map {
-                Order(
-                    orderId: $0["id"], userId: $0["userId"], productId: $0["productId"], state: $0["state"],
-                    transactionId: $0["transactionId"], createdAt: $0["createdAt"], updatedAt: $0["updatedAt"])
-            }
+            ).map(Order.init(row:))
             let submissions = try await db.rows(sql: "SELECT * FROM submission WHERE userId = ? ORDER BY acceptedAt LIMIT ?", arguments: [userId, limit]
             ).map(ConsoleSubmission.init(row:))
 
@@ -357,11 +327,11 @@ extension OrderStore {
                             summary: "Transaction \(grant.transactionId) finished at Apple by the \(finish.finishedBy ?? "server")",
                             subject: grant.transactionId))
                 }
-                if let revokedAt = entry.revokedAt {
+                if let revokedAt = grant.revokedAt {
                     timeline.append(
                         ConsoleEvent(
                             at: revokedAt, kind: "revoked", summary: "Grant for transaction \(grant.transactionId) revoked",
-                            actor: entry.revokedBy, subject: grant.transactionId))
+                            actor: grant.revokedBy?.rawValue, subject: grant.transactionId))
                 }
             }
             for row in try await db.rows(sql: """
@@ -439,17 +409,17 @@ extension OrderStore {
     /// held purchases not granted, and submissions alerted since `alertsSince`.
     public func consoleWorkQueues(limit: Int = 50, alertsSince: Date) async throws -> ConsoleWorkQueues {
         try await database.read { db in
-            let needsReview = try await db.rows(sql: "SELECT * FROM submission WHERE state = 'needs_review' AND finishable = 0 ORDER BY updatedAt LIMIT ?",
+            let needsReview = try await db.rows(sql: "SELECT * FROM submission WHERE state = \(SubmissionState.needsReview.sql) AND finishable = 0 ORDER BY updatedAt LIMIT ?",
                 arguments: [limit]
             ).map(ConsoleSubmission.init(row:))
             let needsReviewCount =
-                try await Int.fetchOne(db, sql: "SELECT COUNT(*) FROM submission WHERE state = 'needs_review' AND finishable = 0") ?? 0
+                try await Int.fetchOne(db, sql: "SELECT COUNT(*) FROM submission WHERE state = \(SubmissionState.needsReview.sql) AND finishable = 0") ?? 0
             let heldFilter = """
-                FROM purchase WHERE heldReason IS NOT NULL AND heldReason <> 'revoked'
+                FROM purchase WHERE heldReason IS NOT NULL AND heldReason <> \(ReasonCode.stoppedByRefund.sql)
                     AND NOT EXISTS (SELECT 1 FROM grants WHERE grants.transactionId = purchase.transactionId)
                 """
             let held = try await db.rows(sql: "SELECT * \(heldFilter) ORDER BY creditedAt LIMIT ?", arguments: [limit])
-                .map(ConsolePurchase.init(row:))
+                .map { PurchaseRecord(row: $0) }
             let heldCount = try await Int.fetchOne(db, sql: "SELECT COUNT(*) \(heldFilter)") ?? 0
             let alerts = try await db.rows(sql: "SELECT * FROM submission WHERE alertedAt >= ? ORDER BY alertedAt LIMIT ?",
                 arguments: [alertsSince, limit]
@@ -528,9 +498,9 @@ extension OrderStore {
                 try await db.execute(
                     sql: """
                         UPDATE submission SET updatedAt = ?,
-                            state = CASE WHEN state = 'needs_review' THEN 'pending' ELSE state END,
-                            reason = CASE WHEN state = 'needs_review' THEN NULL ELSE reason END,
-                            reasonMessage = CASE WHEN state = 'needs_review' THEN NULL ELSE reasonMessage END
+                            state = CASE WHEN state = \(SubmissionState.needsReview.sql) THEN \(SubmissionState.pending.sql) ELSE state END,
+                            reason = CASE WHEN state = \(SubmissionState.needsReview.sql) THEN NULL ELSE reason END,
+                            reasonMessage = CASE WHEN state = \(SubmissionState.needsReview.sql) THEN NULL ELSE reasonMessage END
                         WHERE id = ?
                         """, arguments: [now, id.uuidString])
                 try await Self.audit(
@@ -576,11 +546,13 @@ extension ConsoleSubmission {
     }
 }
 
-extension ConsolePurchase {
-    init(row: SQLRow) {
+extension PurchaseRecord {
+    /// A `purchase` row, with its grant when there is one.
+    init(row: SQLRow, grant: Grant? = nil) {
         self.init(
             transactionId: row["transactionId"], originalTransactionId: row["originalTransactionId"],
             productId: row["productId"], quantity: row["quantity"], environment: row["environment"], userId: row["userId"],
-            submissionId: row["submissionId"], heldReason: row["heldReason"], recordedAt: row["creditedAt"])
+            orderId: row["orderId"], submissionId: row["submissionId"], heldReason: row["heldReason"],
+            recordedAt: row["creditedAt"], grant: grant)
     }
 }

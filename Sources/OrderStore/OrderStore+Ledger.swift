@@ -106,7 +106,7 @@ extension OrderStore {
                 unownedPeriods = add(
                     """
                     SELECT * FROM purchase WHERE originalTransactionId = ?
-                        AND heldReason IN ('owner_unknown', 'buyer_unknown', 'revoked')
+                        AND heldReason IN (\(ReasonCode.ownerUnknown.sql), \(ReasonCode.buyerUnknown.sql), \(ReasonCode.stoppedByRefund.sql))
                         AND EXISTS (SELECT 1 FROM subscription WHERE originalTransactionId = ?)
                     ORDER BY purchaseDate, transactionId
                     """,
@@ -115,14 +115,14 @@ extension OrderStore {
                     """
                     SELECT * FROM revocation WHERE creditKey IN
                         (SELECT creditKey FROM purchase WHERE originalTransactionId = ?
-                            AND heldReason IN ('owner_unknown', 'buyer_unknown'))
+                            AND heldReason IN (\(ReasonCode.ownerUnknown.sql), \(ReasonCode.buyerUnknown.sql)))
                         AND EXISTS (SELECT 1 FROM subscription WHERE originalTransactionId = ?)
                     """,
                     [original, original])
             }
             if forNotification, let key = query.creditKey, let original = query.originalTransactionId {
                 blocked = add(
-                    "SELECT * FROM purchase WHERE creditKey = ? AND heldReason = 'revoked' ORDER BY creditedAt, rowid",
+                    "SELECT * FROM purchase WHERE creditKey = ? AND heldReason = \(ReasonCode.stoppedByRefund.sql) ORDER BY creditedAt, rowid",
                     [key])
                 chainCreditedUser = add(
                     """
@@ -146,7 +146,7 @@ extension OrderStore {
                 openOrders = add(
                     """
                     SELECT orders.* FROM orders JOIN orders AS named ON named.id = lower(?)
-                    WHERE orders.userId = named.userId AND orders.productId = named.productId AND orders.state = 'created'
+                    WHERE orders.userId = named.userId AND orders.productId = named.productId AND orders.state = \(OrderState.created.sql)
                     ORDER BY orders.createdAt, orders.id LIMIT 16
                     """,
                     [named])
@@ -155,7 +155,7 @@ extension OrderStore {
                     SELECT purchase.transactionId, purchase.originalTransactionId, purchase.productId, purchase.purchaseDate,
                         purchase.orderId, purchase.ownershipType,
                         EXISTS (SELECT 1 FROM grants WHERE grants.transactionId = purchase.transactionId
-                            AND grants.userId = purchase.userId AND grants.state = 'active') AS granted
+                            AND grants.userId = purchase.userId AND grants.state = \(GrantState.active.sql)) AS granted
                     FROM purchase JOIN orders AS named ON named.id = lower(?)
                     WHERE purchase.userId = named.userId AND purchase.productId = named.productId
                         AND purchase.orderId IS NULL AND purchase.heldReason IS NULL AND purchase.purchaseDate IS NOT NULL
@@ -177,9 +177,9 @@ extension OrderStore {
         func facts(from sets: [[SQLRow]]) -> LedgerFacts {
             var facts = LedgerFacts()
             facts.purchase = purchase.flatMap { sets[$0].first }.map(OrderStore.purchaseFact)
-            facts.grants = sets[grants].map(OrderStore.grantFact)
+            facts.grants = sets[grants].map(Grant.init(row:))
             facts.revocation = revocation.flatMap { sets[$0].first }.map(OrderStore.revocationFact)
-            facts.subscription = subscription.flatMap { sets[$0].first }.map(OrderStore.subscriptionFact)
+            facts.subscription = subscription.flatMap { sets[$0].first }.map(Subscription.init(row:))
             if facts.subscription != nil {
                 let periods = unownedPeriods.map { sets[$0].map(OrderStore.purchaseFact) } ?? []
                 facts.unownedPeriods = periods.filter(\.isUnowned)
@@ -190,11 +190,11 @@ extension OrderStore {
             }
             if let blocked { facts.blocked = sets[blocked].map(OrderStore.purchaseFact) }
             if let chainCreditedUser { facts.chainCreditedUser = sets[chainCreditedUser].first.flatMap { $0["userId"] } }
-            facts.tokenOrder = tokenOrder.flatMap { sets[$0].first }.map(OrderStore.orderFact)
+            facts.tokenOrder = tokenOrder.flatMap { sets[$0].first }.map(Order.init(row:))
             facts.previousChainOwner = previousChain.flatMap { sets[$0].first }.flatMap { $0["userId"] as String? }
             facts.uploadOrder =
-                uploadOrderIsTokenOrder ? facts.tokenOrder : uploadOrder.flatMap { sets[$0].first }.map(OrderStore.orderFact)
-            if let openOrders { facts.openOrders = sets[openOrders].map(OrderStore.orderFact) }
+                uploadOrderIsTokenOrder ? facts.tokenOrder : uploadOrder.flatMap { sets[$0].first }.map(Order.init(row:))
+            if let openOrders { facts.openOrders = sets[openOrders].map(Order.init(row:)) }
             if let orderCandidates {
                 facts.orderCandidates = sets[orderCandidates].map { row in
                     LedgerFacts.OrderCandidate(
@@ -209,14 +209,8 @@ extension OrderStore {
 
     static let orderQuery = "SELECT * FROM orders WHERE id = lower(?)"
 
-    static func orderFact(_ row: SQLRow) -> LedgerFacts.Order {
-        LedgerFacts.Order(
-            id: row["id"], userId: row["userId"], productId: row["productId"], state: row["state"],
-            transactionId: row["transactionId"], createdAt: row["createdAt"])
-    }
-
-    static func order(_ id: String, in db: any SQLConnection) async throws -> LedgerFacts.Order? {
-        try await db.cachedRow(sql: orderQuery, arguments: [id]).map(orderFact)
+    static func order(_ id: String, in db: any SQLConnection) async throws -> Order? {
+        try await db.cachedRow(sql: orderQuery, arguments: [id]).map(Order.init(row:))
     }
 
     static func purchaseFact(_ row: SQLRow) -> LedgerFacts.Purchase {
@@ -238,25 +232,30 @@ extension OrderStore {
             revokedAt: row["revokedAt"], reversedAt: row["reversedAt"], fullyRevokedAt: row["fullyRevokedAt"],
             partlyRevokedAt: row["partlyRevokedAt"], revokedUnits: row["revokedUnits"])
     }
+}
 
-    static func grantFact(_ row: SQLRow) -> LedgerFacts.Grant {
-        LedgerFacts.Grant(
-            id: row["id"], transactionId: row["transactionId"], userId: row["userId"], productId: row["productId"],
-            orderId: row["orderId"], quantity: row["quantity"], grantJSON: row["grantJSON"], environment: row["environment"],
-            source: row["source"], isActive: (row["state"] as String) == "active", grantedAt: row["grantedAt"],
-            revokedAt: row["revokedAt"], revokedBy: row["revokedBy"], creditKey: row["creditKey"],
-            originalTransactionId: row["originalTransactionId"], expiresAt: row["expiresAt"],
-            gracePeriodExpiresAt: row["gracePeriodExpiresAt"], periodStart: row["periodStart"])
+extension Order {
+    /// An `orders` row.
+    init(row: SQLRow) {
+        self.init(
+            id: row["id"], userId: row["userId"], productId: row["productId"], state: row["state"],
+            transactionId: row["transactionId"], createdAt: row["createdAt"], updatedAt: row["updatedAt"])
     }
+}
 
-    static func subscriptionFact(_ row: SQLRow) -> LedgerFacts.Subscription {
-        LedgerFacts.Subscription(
+extension Subscription {
+    /// A `subscription` row, its state as recorded.
+    init(row: SQLRow) {
+        self.init(
             originalTransactionId: row["originalTransactionId"], userId: row["userId"], productId: row["productId"],
             environment: row["environment"], state: row["state"], expiresDate: row["expiresDate"], autoRenew: row["autoRenew"],
             gracePeriodExpiresDate: row["gracePeriodExpiresDate"], lastTransactionId: row["lastTransactionId"],
             updatedAt: row["updatedAt"], stateDate: row["stateDate"], ownedSince: row["ownedSince"],
-            renewal: renewalTerms(row))
+            renewal: OrderStore.renewalTerms(row))
     }
+}
+
+extension OrderStore {
 
     /// A subscription row's renewal terms; nil when Apple's renewal information never said any.
     static func renewalTerms(_ row: SQLRow) -> RenewalTerms? {
@@ -312,7 +311,7 @@ extension OrderStore {
                     UPDATE purchase SET userId = ?, orderId = ?, submissionId = ?, appAccountToken = ?, heldReason = ?,
                         creditedAt = ?, creditKey = ?, quantity = ?, purchaseDate = ?, expiresDate = ?, ownershipType = ?,
                         beginsStretch = ?
-                    WHERE transactionId = ? AND heldReason IN ('owner_unknown', 'buyer_unknown')
+                    WHERE transactionId = ? AND heldReason IN (\(ReasonCode.ownerUnknown.sql), \(ReasonCode.buyerUnknown.sql))
                     """,
                     [
                         row.userId, row.orderId, row.submissionId, row.appAccountToken, row.heldReason, row.creditedAt,
@@ -328,7 +327,7 @@ extension OrderStore {
             let finish: [SQLStatement]
             if !policy.finishAtApple {
                 finish = []
-            } else if grant.source == "manual" {
+            } else if grant.source == .manual {
                 finish = [queueAppleFinishOfVerifiedPurchase(grant.transactionId, environment: grant.environment, now: now)]
             } else {
                 finish = [queueAppleFinish(grant.transactionId, environment: grant.environment, now: now)]
@@ -338,8 +337,8 @@ extension OrderStore {
                     """
                     INSERT INTO grants (transactionId, userId, productId, orderId, quantity, grantJSON, environment, source,
                         state, grantedAt, creditKey, originalTransactionId, expiresAt)
-                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'active', ?, ?, ?, ?)
-                    ON CONFLICT (creditKey) WHERE state = 'active' DO NOTHING
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, \(GrantState.active.sql), ?, ?, ?, ?)
+                    ON CONFLICT (creditKey) WHERE state = \(GrantState.active.sql) DO NOTHING
                     """,
                     [
                         grant.transactionId, grant.userId, grant.productId, grant.orderId, grant.quantity, grant.grantJSON,
@@ -353,10 +352,10 @@ extension OrderStore {
                     requiresChange: SQLError(.uniqueViolation, "an active grant for \(key) exists already"))
             ] + finish
         case .revokeGrant(let transactionId, let by, let at):
-            return [SQLStatement("UPDATE grants SET state = 'revoked', revokedAt = ?, revokedBy = ? WHERE transactionId = ?",
+            return [SQLStatement("UPDATE grants SET state = \(GrantState.revoked.sql), revokedAt = ?, revokedBy = ? WHERE transactionId = ?",
                 [at, by, transactionId])]
         case .reactivateGrant(let transactionId):
-            return [SQLStatement("UPDATE grants SET state = 'active', revokedAt = NULL, revokedBy = NULL WHERE transactionId = ?",
+            return [SQLStatement("UPDATE grants SET state = \(GrantState.active.sql), revokedAt = NULL, revokedBy = NULL WHERE transactionId = ?",
                 [transactionId])]
         case .reduceGrant(let transactionId, let quantity, let grantJSON):
             return [SQLStatement("UPDATE grants SET quantity = ?, grantJSON = ? WHERE transactionId = ?",
@@ -366,7 +365,7 @@ extension OrderStore {
         case .setGracePeriod(let transactionId, let until):
             return [SQLStatement("UPDATE grants SET gracePeriodExpiresAt = ? WHERE transactionId = ?", [until, transactionId])]
         case .bindOrder(let orderId, let transactionId, let at):
-            return [SQLStatement("UPDATE orders SET state = 'paid', transactionId = ?, updatedAt = ? WHERE id = ?",
+            return [SQLStatement("UPDATE orders SET state = \(OrderState.paid.sql), transactionId = ?, updatedAt = ? WHERE id = ?",
                 [transactionId, at, orderId])]
         case .attachOrder(let orderId, let transactionId):
             return [

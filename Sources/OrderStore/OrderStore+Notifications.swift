@@ -1,6 +1,6 @@
 public import Foundation
-public import IAPCore
-import Ledger
+import IAPCore
+public import Ledger
 
 extension OrderStore {
     /// Applies a verified App Store Server Notification, once per `notificationUUID`:
@@ -36,10 +36,10 @@ extension OrderStore {
 
     /// The subscriptions of a user, as Apple's word left them, each in its state as of `now`
     /// (`InForce.subscriptionState`: never `active` past its period's end and grace).
-    public func subscriptions(ofUser userId: String, now: Date = Date()) async throws -> [SubscriptionRecord] {
+    public func subscriptions(ofUser userId: String, now: Date = Date()) async throws -> [Subscription] {
         try await database.read { db in
             try await db.rows(sql: "SELECT * FROM subscription WHERE userId = ? ORDER BY updatedAt DESC", arguments: [userId]).map {
-                SubscriptionRecord(row: $0, at: now)
+                Subscription(row: $0).asOf(now)
             }
         }
     }
@@ -68,37 +68,8 @@ extension OrderStore {
     }
 }
 
-/// A subscription as the app reads it.
-public struct SubscriptionRecord: Sendable, Equatable {
-    public var originalTransactionId: String
-    public var productId: String
-    public var environment: String
-    /// active, expired, billing_retry, grace_period or revoked.
-    public var state: String
-    public var expiresDate: Date?
-    public var autoRenew: Bool?
-    public var gracePeriodExpiresDate: Date?
-    public var updatedAt: Date
-    /// What it renews to (price, offer, a price increase's consent), as Apple said last.
-    public var renewal: RenewalTerms?
-
-    /// A subscription row as the app reads it at `now` (its state by what is in force then).
-    init(row: SQLRow, at now: Date) {
-        originalTransactionId = row["originalTransactionId"]
-        productId = row["productId"]
-        environment = row["environment"]
-        state = InForce.subscriptionState(
-            recorded: row["state"], expiresDate: row["expiresDate"], gracePeriodExpiresDate: row["gracePeriodExpiresDate"], at: now)
-        expiresDate = row["expiresDate"]
-        autoRenew = row["autoRenew"]
-        gracePeriodExpiresDate = row["gracePeriodExpiresDate"]
-        updatedAt = row["updatedAt"]
-        renewal = OrderStore.renewalTerms(row)
-    }
-}
-
 /// A consumption request Apple sent, for customer service to answer within 12 hours.
-public struct ConsumptionRequestRecord: Sendable, Equatable {
+public struct ConsumptionRequestRecord: Sendable, Equatable, Encodable {
     public var notificationUUID: String
     public var transactionId: String
     public var userId: String?

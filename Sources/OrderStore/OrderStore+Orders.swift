@@ -1,27 +1,9 @@
 public import Foundation
 public import IAPCore
-import Ledger
-
-/// Our order: what a user meant to buy, before Apple's transaction pays it.
-public struct Order: Sendable, Equatable {
-    /// A UUID, so it fits StoreKit 1's `applicationUsername` and StoreKit 2's `appAccountToken`.
-    public var orderId: String
-    /// Who ordered.
-    public var userId: String
-    /// The product ordered.
-    public var productId: String
-    /// `created`, `paid`, `cancelled` or `refunded`.
-    public var state: String
-    /// The Apple transaction that paid it.
-    public var transactionId: String?
-    /// When it was created.
-    public var createdAt: Date
-    /// When it last changed.
-    public var updatedAt: Date
-}
+public import Ledger
 
 /// One line of the append-only audit log.
-public struct AuditEntry: Sendable, Equatable {
+public struct AuditEntry: Sendable, Equatable, Encodable {
     /// The entry's place in the log: later entries have larger ids.
     public var id: Int64
     /// When.
@@ -38,8 +20,9 @@ public struct AuditEntry: Sendable, Equatable {
     public var details: String?
 }
 
-/// What the store knows of one Apple transaction, for customer service.
-public struct PurchaseRecord: Sendable, Equatable {
+/// What the store knows of one Apple transaction, as customer service reads it (the admin
+/// API, the console's work queue and customer page).
+public struct PurchaseRecord: Sendable, Equatable, Encodable {
     /// Apple's transaction id.
     public var transactionId: String
     /// The first transaction of its chain.
@@ -58,21 +41,28 @@ public struct PurchaseRecord: Sendable, Equatable {
     public var submissionId: String
     /// Why it is held, if it is.
     public var heldReason: String?
-    /// Its grant, if any.
+    /// When it was recorded.
+    public var recordedAt: Date
+    /// Its grant, if any (read for one purchase, not for lists).
     public var grant: Grant?
+
+    private enum CodingKeys: String, CodingKey {
+        case transactionId, originalTransactionId, productId, quantity, environment, userId, orderId, submissionId
+        case heldReason, grant
+    }
 }
 
 extension OrderStore {
     /// Creates an order for `userId`.
     public func createOrder(userId: String, productId: String, now: Date = Date()) async throws -> Order {
         let order = Order(
-            orderId: UUID().uuidString.lowercased(), userId: userId, productId: productId, state: "created",
-            transactionId: nil, createdAt: now, updatedAt: now)
+            id: UUID().uuidString.lowercased(), userId: userId, productId: productId, state: .created,
+            transactionId: nil, createdAt: now)
         // A new row of its own: it waits for no other write of the ledger, and none for it.
-        try await database.write(keys: ["order:" + order.orderId]) { db in
+        try await database.write(keys: ["order:" + order.id]) { db in
             try await db.execute(
-                sql: "INSERT INTO orders (id, userId, productId, state, createdAt, updatedAt) VALUES (?, ?, ?, 'created', ?, ?)",
-                arguments: [order.orderId, userId, productId, now, now])
+                sql: "INSERT INTO orders (id, userId, productId, state, createdAt, updatedAt) VALUES (?, ?, ?, \(OrderState.created.sql), ?, ?)",
+                arguments: [order.id, userId, productId, now, now])
         }
         return order
     }
@@ -80,11 +70,7 @@ extension OrderStore {
     /// One order, or nil.
     public func order(_ orderId: String) async throws -> Order? {
         try await database.read { db in
-            try await db.row(sql: "SELECT * FROM orders WHERE id = lower(?)", arguments: [orderId]).map {
-                Order(
-                    orderId: $0["id"], userId: $0["userId"], productId: $0["productId"], state: $0["state"],
-                    transactionId: $0["transactionId"], createdAt: $0["createdAt"], updatedAt: $0["updatedAt"])
-            }
+            try await db.row(sql: "SELECT * FROM orders WHERE id = lower(?)", arguments: [orderId]).map(Order.init(row:))
         }
     }
 
@@ -95,11 +81,7 @@ extension OrderStore {
             else { return nil }
             let grant = try await db.row(sql: "SELECT * FROM grants WHERE transactionId = ?", arguments: [transactionId])
                 .map(Grant.init(row:))
-            return PurchaseRecord(
-                transactionId: row["transactionId"], originalTransactionId: row["originalTransactionId"],
-                productId: row["productId"], quantity: row["quantity"], environment: row["environment"],
-                userId: row["userId"], orderId: row["orderId"], submissionId: row["submissionId"],
-                heldReason: row["heldReason"], grant: grant)
+            return PurchaseRecord(row: row, grant: grant)
         }
     }
 
@@ -255,11 +237,11 @@ extension OrderStore {
             throw OrderStoreError(.conflict, "subscription \(originalTransactionId) is \(userId)'s already")
         }
         let order = try await createOrder(userId: userId, productId: subscription.productId)
-        guard let token = UUID(uuidString: order.orderId) else {
-            throw OrderStoreError(.unavailable, "order \(order.orderId) is no UUID")
+        guard let token = UUID(uuidString: order.id) else {
+            throw OrderStoreError(.unavailable, "order \(order.id) is no UUID")
         }
         try await setToken(token, AppStoreEnvironment(rawValue: subscription.environment) ?? .production)
-        try await bindSubscription(originalTransactionId, to: userId, orderId: order.orderId, actor: actor, reason: reason, policy: policy)
+        try await bindSubscription(originalTransactionId, to: userId, orderId: order.id, actor: actor, reason: reason, policy: policy)
         return order
     }
 

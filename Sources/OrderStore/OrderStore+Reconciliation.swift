@@ -11,8 +11,8 @@ public struct DueSubscription: Sendable, Equatable {
     public var lastTransactionId: String
     /// Where it was bought.
     public var environment: AppStoreEnvironment
-    /// active, billing_retry or grace_period.
-    public var state: String
+    /// active, billing retry or grace period.
+    public var state: SubscriptionState
     /// The end of its current period, as the store knows it.
     public var expiresDate: Date?
     /// Its owner, when known.
@@ -55,13 +55,13 @@ extension OrderStore {
     /// reads every subscription in a state that can be due, with whether it holds periods nobody
     /// owns yet, and the core picks and orders them.
     public func subscriptionsDue(before horizon: Date) async throws -> [DueSubscription] {
-        let states = ReconciliationChoice.candidateStates.map { "'\($0)'" }.joined(separator: ", ")
+        let states = ReconciliationChoice.candidateStates.map { "'\($0.rawValue)'" }.joined(separator: ", ")
         let candidates = try await database.read { db in
             try await db.rows(
                 sql: """
                     SELECT subscription.*, CASE WHEN EXISTS (
                             SELECT 1 FROM purchase WHERE purchase.originalTransactionId = subscription.originalTransactionId
-                                AND purchase.heldReason IN ('owner_unknown', 'buyer_unknown')
+                                AND purchase.heldReason IN (\(ReasonCode.ownerUnknown.sql), \(ReasonCode.buyerUnknown.sql))
                         ) THEN 1 ELSE 0 END AS holdsUnowned
                     FROM subscription WHERE state IN (\(states))
                     """
@@ -99,7 +99,7 @@ extension OrderStore {
             if [.refund, .revoke].contains(NotificationType(notification.notificationType)) {
                 let revocation = try await Self.revocation(key: key, in: db)
                 let granted =
-                    try await db.cachedRow(sql: "SELECT 1 FROM grants WHERE creditKey = ? AND state = 'active'", arguments: [key]) != nil
+                    try await db.cachedRow(sql: "SELECT 1 FROM grants WHERE creditKey = ? AND state = \(GrantState.active.sql)", arguments: [key]) != nil
                 guard ReconciliationChoice.isNews(notification.notificationType, revocation: revocation, grantedUnderKey: granted)
                 else { return nil }
             }
@@ -109,7 +109,7 @@ extension OrderStore {
             try await db.execute(
                 sql: """
                     INSERT INTO submission (id, userId, receiptData, signedTransaction, state, acceptedAt, updatedAt)
-                    VALUES (?, '', '', ?, 'pending', ?, ?)
+                    VALUES (?, '', '', ?, \(SubmissionState.pending.sql), ?, ?)
                     """,
                 arguments: [submissionId, signedTransaction, now, now])
             let applied = try await Self.apply(notification, submissionId: submissionId, policy: policy, now: now, in: db)
@@ -137,7 +137,7 @@ extension OrderStore {
                 originalTransactionId: purchase.originalTransactionId, transactionId: purchase.transactionId,
                 notificationType: notification.notificationType, subtype: notification.subtype, outcome: outcome,
                 stateBefore: before?["state"], stateAfter: after?["state"], userId: owner,
-                corrected: ["credited", "revoked", "restored"].contains(outcome) || subscriptionChanged)
+                corrected: ReconciliationChoice.corrected(outcome: outcome, subscriptionChanged: subscriptionChanged))
             if change.corrected {
                 var details = ["transactionId": purchase.transactionId, "outcome": outcome]
                 details["userId"] = owner

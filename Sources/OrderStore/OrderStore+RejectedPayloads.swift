@@ -16,7 +16,7 @@ extension OrderStore {
                     let row = try await db.row(
                         sql: """
                             SELECT id, \(StoredReceipt.columns), signedTransaction, signedPayload FROM \(StoredReceipt.source)
-                            WHERE id = ? AND state = 'rejected'
+                            WHERE id = ? AND state = \(SubmissionState.rejected.sql)
                             """,
                         arguments: [id.uuidString])
                 else { return }
@@ -25,7 +25,7 @@ extension OrderStore {
                 let payload: String? = row["signedPayload"]
                 let shorten = { (text: String) in text.utf8.count > 1024 ? digest(text) : text }
                 try await db.execute(
-                    sql: "UPDATE submission SET receiptData = ?, signedTransaction = ?, signedPayload = ? WHERE id = ? AND state = 'rejected'",
+                    sql: "UPDATE submission SET receiptData = ?, signedTransaction = ?, signedPayload = ? WHERE id = ? AND state = \(SubmissionState.rejected.sql)",
                     arguments: [shorten(receipt), transaction.map(shorten), payload.map(shorten), id.uuidString])
                 try await db.execute(sql: "DELETE FROM submission_receipt WHERE submissionId = ?", arguments: [id.uuidString])
             }

@@ -1,5 +1,6 @@
 public import Foundation
 import IAPCore
+import Ledger
 
 extension OrderStore {
     /// Gives grants credited before credit keys existed (keyed by their transaction) the key
@@ -17,7 +18,7 @@ extension OrderStore {
                     SELECT g.id, g.transactionId, g.userId, g.productId, g.state, g.originalTransactionId,
                         p.webOrderLineItemId
                     FROM grants g LEFT JOIN purchase p ON p.transactionId = g.transactionId
-                    WHERE g.creditKey = 'txn:' || g.transactionId AND g.source = 'apple'
+                    WHERE g.creditKey = 'txn:' || g.transactionId AND g.source = \(GrantSource.apple.sql)
                     ORDER BY g.id
                     """)
             for row in rows {
@@ -32,7 +33,7 @@ extension OrderStore {
                     sql: """
                         UPDATE grants SET creditKey = ? WHERE id = ? AND NOT EXISTS (
                             SELECT 1 FROM grants other WHERE other.creditKey = ?
-                                AND (other.userId = ? OR (other.state = 'active' AND ? = 'active')))
+                                AND (other.userId = ? OR (other.state = \(GrantState.active.sql) AND ? = \(GrantState.active.sql))))
                         """,
                     arguments: [key, row["id"] as Int64, key, row["userId"] as String, row["state"] as String])
                 guard db.changesCount > 0 else { continue }

@@ -1,4 +1,5 @@
 public import Foundation
+import IAPCore
 
 extension OrderStore {
     /// Rejected submissions deleted per transaction: a large purge takes the writer in short turns.
@@ -20,7 +21,7 @@ extension OrderStore {
                     db,
                     sql: """
                         SELECT id FROM submission
-                        WHERE state = 'rejected' AND updatedAt < ?
+                        WHERE state = \(SubmissionState.rejected.sql) AND updatedAt < ?
                             AND NOT EXISTS (SELECT 1 FROM purchase WHERE purchase.submissionId = submission.id)
                             AND NOT EXISTS (SELECT 1 FROM notification WHERE notification.submissionId = submission.id)
                         ORDER BY updatedAt LIMIT ?

@@ -1,6 +1,7 @@
 public import Foundation
 import Crypto
 public import IAPCore
+import Ledger
 
 extension OrderStore {
     /// How long an upload credited before answers the same upload again by its owner: within
@@ -54,7 +55,7 @@ extension OrderStore {
             try await db.cachedRow(
                 sql: """
                     SELECT id FROM submission
-                    WHERE userId = ? AND uploadDigest = ? AND state = 'credited' AND acceptedAt >= ?
+                    WHERE userId = ? AND uploadDigest = ? AND state = \(SubmissionState.credited.sql) AND acceptedAt >= ?
                         AND EXISTS (SELECT 1 FROM submission_transaction WHERE submissionId = submission.id)
                         AND NOT EXISTS (
                             SELECT 1 FROM submission_transaction
@@ -64,7 +65,7 @@ extension OrderStore {
                             WHERE submission_transaction.submissionId = submission.id
                                 AND NOT EXISTS (
                                     SELECT 1 FROM grants WHERE grants.creditKey = submission_transaction.creditKey
-                                        AND grants.userId = submission.userId AND grants.state = 'active'))
+                                        AND grants.userId = submission.userId AND grants.state = \(GrantState.active.sql)))
                     ORDER BY acceptedAt DESC LIMIT 1
                     """, arguments: [request.userId, digest, now.addingTimeInterval(-Self.reuploadWindow)]
             ).flatMap { UUID(uuidString: $0["id"]) }

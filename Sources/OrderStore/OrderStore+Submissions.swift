@@ -112,7 +112,7 @@ extension OrderStore {
             """
             INSERT INTO submission (id, userId, orderId, transactionId, originalTransactionId, productId,
                 receiptData, signedTransaction, signedPayload, state, acceptedAt, updatedAt, uploadDigest)
-            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, \(SubmissionState.pending.sql), ?, ?, ?)
             """,
             [
                 request.submissionId.uuidString, request.userId, request.orderId, request.transactionId,
@@ -181,34 +181,27 @@ extension OrderStore {
         return receipt ? .nothing : .transaction
     }
 
-    /// What happened to a transaction since its upload was answered: granted by customer
-    /// service or by a reversed refund (`credited`), or revoked since (`revoked`).
+    /// What happened to a transaction since its upload was answered (`LaterEvents`): its
+    /// grant made by customer service or restored by a reversed refund, or revoked since.
     private static func followLaterEvents(
         _ transaction: inout SubmissionStatus.Transaction, key: String?, userId: String, in db: any SQLConnection
     ) async throws {
         guard let key,
-            let grant = try await db.cachedRow(
-                sql: "SELECT transactionId, state, source, revokedBy FROM grants WHERE creditKey = ? AND userId = ?",
-                arguments: [key, userId])
+            let row = try await db.cachedRow(sql: "SELECT * FROM grants WHERE creditKey = ? AND userId = ?", arguments: [key, userId])
         else { return }
-        let active = (grant["state"] as String) == "active"
-        switch transaction.state {
-        case .held where active, .revoked where active:
+        let grant = Grant(row: row)
+        switch LaterEvents.answer(transaction.state, grant: grant) {
+        case .credited(let source):
             transaction.state = .credited
             transaction.reason = nil
-            if (grant["source"] as String) == "manual" {
-                transaction.grantedBy = try await String.fetchOne(
-                    db,
-                    sql: """
-                        SELECT actor FROM audit_log WHERE subject = ? AND action = 'grant_manual' ORDER BY id DESC LIMIT 1
-                        """, arguments: ["transaction:\(grant["transactionId"] as String)"]) ?? "customer service"
-            } else {
-                transaction.grantedBy = "apple"
-            }
-        case .credited where !active, .alreadyCredited where !active:
+            transaction.grantedBy = source == .apple ? source.rawValue : try await String.fetchOne(
+                db,
+                sql: "SELECT actor FROM audit_log WHERE subject = ? AND action = 'grant_manual' ORDER BY id DESC LIMIT 1",
+                arguments: ["transaction:\(grant.transactionId)"]) ?? "customer service"
+        case .revoked(let reason):
             transaction.state = .revoked
-            transaction.reason = (grant["revokedBy"] as String?) == "apple" ? .purchaseRevoked : ReasonCode("revoked_by_customer_service")
-        default:
+            transaction.reason = reason
+        case nil:
             break
         }
     }
@@ -316,7 +309,7 @@ extension OrderStore {
                 try await db.executeLater([
                     SQLStatement(
                         """
-                        UPDATE submission SET state = 'retrying', reason = ?, reasonMessage = ?, attempts = ?,
+                        UPDATE submission SET state = \(SubmissionState.retrying.sql), reason = ?, reasonMessage = ?, attempts = ?,
                             nextAttemptAt = ?, updatedAt = ? WHERE id = ?
                         """,
                         [reason.rawValue, message, result.attempt, result.nextAttemptAt, now, id])
@@ -366,7 +359,7 @@ extension OrderStore {
                         // The verdict is the core's; the shell reads what it asks for, as the plans left it.
                         var revocations: [LedgerFacts.Revocation] = []
                         if let named = query.revocationsOf { revocations = try await Self.revocations(of: named, in: db) }
-                        var order: LedgerFacts.Order?
+                        var order: Order?
                         if let id = query.order { order = try await Self.order(id, in: db) }
                         run.read(revocations: revocations, order: order)
                     case .done(let result):

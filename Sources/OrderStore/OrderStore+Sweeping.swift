@@ -15,7 +15,7 @@ extension OrderStore {
             guard try await db.takeExclusive("sweeper") else { return [] }
             let rows = try await db.rows(sql: """
                     SELECT \(Self.submissionColumns) FROM \(StoredReceipt.source)
-                    WHERE ((state = 'pending' AND updatedAt < ?) OR (state = 'retrying' AND nextAttemptAt < ?))
+                    WHERE ((state = \(SubmissionState.pending.sql) AND updatedAt < ?) OR (state = \(SubmissionState.retrying.sql) AND nextAttemptAt < ?))
                         -- Still waiting in the outbox (broker away): not lost, do not copy it.
                         AND NOT EXISTS (SELECT 1 FROM outbox WHERE outbox.messageId = submission.id)
                     ORDER BY updatedAt LIMIT ?
@@ -29,7 +29,7 @@ extension OrderStore {
                 try await db.execute(
                     sql: """
                         UPDATE submission SET updatedAt = ?,
-                            nextAttemptAt = CASE WHEN state = 'retrying' THEN ? ELSE nextAttemptAt END
+                            nextAttemptAt = CASE WHEN state = \(SubmissionState.retrying.sql) THEN ? ELSE nextAttemptAt END
                         WHERE id = ?
                         """,
                     arguments: [now, now, id.uuidString])

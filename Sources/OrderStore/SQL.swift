@@ -1,5 +1,6 @@
 public import Foundation
 import IAPCore
+import Ledger
 
 /// A value as the order store writes and reads it: the same five kinds on SQLite and
 /// PostgreSQL, so that one set of store operations runs on either.
@@ -31,6 +32,24 @@ extension String: SQLValueConvertible {
         }
     }
 }
+
+/// The ledger's states and sources are kept as their raw values.
+extension SQLValueConvertible where Self: RawRepresentable, RawValue == String {
+    package var sqlValue: SQLValue { .text(rawValue) }
+    package static func fromSQL(_ value: SQLValue) -> Self? { String.fromSQL(value).flatMap(Self.init(rawValue:)) }
+}
+
+extension RawRepresentable where RawValue == String {
+    /// The value as an SQL string literal, for a query whose text names a state (as a partial
+    /// index's predicate does). Only for the ledger's own vocabulary, never for input.
+    package var sql: String { "'\(rawValue)'" }
+}
+
+extension GrantState: SQLValueConvertible {}
+extension GrantSource: SQLValueConvertible {}
+extension GrantRevoker: SQLValueConvertible {}
+extension OrderState: SQLValueConvertible {}
+extension SubscriptionState: SQLValueConvertible {}
 
 extension Int64: SQLValueConvertible {
     package var sqlValue: SQLValue { .integer(self) }

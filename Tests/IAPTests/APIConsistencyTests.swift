@@ -3,6 +3,7 @@ import IAPCore
 import Intake
 import NIOHTTP1
 import OrderStore
+import Ledger
 import Testing
 
 extension BrokerTests {

@@ -1,6 +1,7 @@
 import Foundation
 import IAPCore
 import OrderStore
+import Ledger
 import Testing
 
 /// Where Apple is awkward, through the real pipeline and the fake App Store's routes for it:
@@ -70,7 +71,7 @@ extension BrokerTests {
                     try await pipeline.store.purchase(year.transactionId)?.heldReason == "buyer_unknown"
                 }, "DID_CHANGE_RENEWAL_PREF did not keep the yearly tier for its buyer")
             #expect(try await grant(pipeline, of: year.transactionId) == nil)
-            #expect(try await grant(pipeline, of: month.transactionId).map { $0.state == "active" && ($0.expiresAt ?? .distantPast) > Date() } == true)
+            #expect(try await grant(pipeline, of: month.transactionId).map { $0.state == .active && ($0.expiresAt ?? .distantPast) > Date() } == true)
 
             // The buyer's app uploads the upgrade: the year is hers and the month ends at the upgrade.
             let bought = try await pipeline.waitForState(
@@ -181,7 +182,7 @@ extension BrokerTests {
                 #expect(said, "the subscription does not say the price increase is \(consent): \(kept)")
                 #expect(kept["renewalPrice"] as? Int == 12_990 && kept["renewalCurrency"] as? String == "USD", "\(kept)")
             }
-            #expect(try await grant(pipeline, of: month.transactionId)?.state == "active")
+            #expect(try await grant(pipeline, of: month.transactionId)?.state == .active)
             let refused = try await HTTP.post(
                 pipeline.fakeURL + "/fake/subscriptions/\(month.originalTransactionId)/price-increase",
                 json: PriceIncrease(price: 0, consent: "pending"))

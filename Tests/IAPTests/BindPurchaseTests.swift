@@ -5,6 +5,7 @@ import Foundation
 import NIOHTTP1
 import IAPCore
 import OrderStore
+import Ledger
 import Testing
 
 extension BrokerTests {
@@ -74,7 +75,7 @@ extension BrokerTests {
             let submission = try #require(bound.json["submissionId"] as? String)
             #expect(try await pipeline.waitForState(submission)["state"] as? String == "credited")
             #expect(try await pipeline.grantState(of: bought.transactionId, user: "bea") == "active")
-            #expect(try await pipeline.store.order(token).map { $0.userId == "bea" && $0.state != "created" } == true, "the order is not paid")
+            #expect(try await pipeline.store.order(token).map { $0.userId == "bea" && $0.state != .created } == true, "the order is not paid")
             let audit = try await pipeline.store.auditLog(limit: 100).filter { $0.action == "purchase_bound" }
             #expect(audit.map(\.subject) == ["transaction:\(bought.transactionId)"])
 
@@ -126,7 +127,7 @@ extension BrokerTests {
             #expect(try await pipeline.waitForState(id)["state"] as? String == "credited")
             let grants = try await pipeline.store.grants(ofTransaction: seat)
             #expect(grants.map(\.userId) == ["sam"] && grants.first?.quantity == 5, "the seats are kept: \(grants)")
-            #expect(try await pipeline.store.order(orderId)?.state == "created", "an assigned seat pays no order")
+            #expect(try await pipeline.store.order(orderId)?.state == .created, "an assigned seat pays no order")
             // Kept with the credit for the console: access, not a payment.
             let customer = try await pipeline.store.consoleCustomer("sam")
             #expect(customer.grants.first { $0.grant.transactionId == seat }?.terms?.ownershipType == "ASSIGNED", "\(customer.grants)")
@@ -141,7 +142,7 @@ extension BrokerTests {
                 try await pipeline.grantState(of: seat, user: "sam") == "revoked"
             }
             #expect(revoked)
-            #expect(try await pipeline.store.order(orderId)?.state == "created", "nothing was refunded")
+            #expect(try await pipeline.store.order(orderId)?.state == .created, "nothing was refunded")
 
             // Apple refuses Set App Account Token for an assigned seat (4000227): nothing is bound.
             let bind = try await pipeline.admin(

@@ -4,6 +4,7 @@ import IAPClient
 import NIOConcurrencyHelpers
 import NIOHTTP1
 import OrderStore
+import Ledger
 import Testing
 
 /// The app side's drills: one at a time, and `scripts/dev test` runs them after the rest, alone
@@ -79,7 +80,7 @@ extension AppSideDrills {
             let minted = Self.minted(report)
             for purchase in minted {
                 let order = try await pipeline.store.order(purchase["orderId"] ?? "")
-                #expect(order?.state == "paid", "\(purchase)")
+                #expect(order?.state == .paid, "\(purchase)")
             }
             #expect(minted.contains { $0["productId"] == "com.example.vip.month" })
             #expect(minted.contains { $0["productId"] == "com.example.premium" })

@@ -4,6 +4,7 @@ import Messaging
 import Relay
 import NIOConcurrencyHelpers
 import OrderStore
+import Ledger
 import Testing
 
 extension ClusterDrills {

@@ -3,6 +3,7 @@ import IAPCore
 import Messaging
 import Relay
 import OrderStore
+import Ledger
 import Testing
 
 extension BrokerTests {
@@ -72,7 +73,7 @@ extension BrokerTests {
             // What the browser did, as the ledger and the audit log hold it.
             let grants = try await pipeline.store.grants(ofTransaction: held.transactionId)
             #expect(grants.map(\.userId) == ["carol@example.com"])
-            #expect(grants.map(\.state) == ["active"])
+            #expect(grants.map(\.state) == [.active])
             let audit = try await pipeline.store.auditLog(limit: 100)
             #expect(audit.contains { $0.action == "grant_manual" && $0.actor == "Olga (operator)" && $0.reason.contains("ticket 4711") })
             #expect(audit.contains { $0.action == "note" && $0.subject == "user:carol@example.com" })
@@ -80,7 +81,7 @@ extension BrokerTests {
             #expect(audit.contains { $0.action == "dead_letters_redriven" && $0.details?.contains("\"count\":\"1\"") == true })
             #expect(try await pipeline.status(request.submissionId.uuidString)["state"] as? String == "credited")
             // The note form's token, posted to the revoke action, revoked nothing.
-            #expect(try await pipeline.store.grants(ofTransaction: credited.transactionId).map(\.state) == ["active"])
+            #expect(try await pipeline.store.grants(ofTransaction: credited.transactionId).map(\.state) == [.active])
             #expect(!audit.contains { $0.action == "grant_revoked" })
             #expect(
                 audit.contains {

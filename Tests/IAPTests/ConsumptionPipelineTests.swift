@@ -193,7 +193,7 @@ extension BrokerTests {
             }
             #expect(credited, "the order's user was not credited from ONE_TIME_CHARGE")
             let order = try await pipeline.store.order(orderId)
-            #expect(order?.state == "paid" && order?.transactionId == bought.transactionId)
+            #expect(order?.state == .paid && order?.transactionId == bought.transactionId)
             #expect(try await pipeline.store.notifications(ofTransaction: bought.transactionId).map(\.type) == ["ONE_TIME_CHARGE"])
 
             // No token: recorded, nobody credited, and the buyer's upload credits the buyer.

@@ -9,6 +9,7 @@ import NIOCore
 import NIOFoundationCompat
 import NIOHTTP1
 @testable import OrderStore
+import Ledger
 import Testing
 
 /// The third security round's findings, each against the listener it names, with real

@@ -2,6 +2,7 @@ import Foundation
 import IAPCore
 import NIOConcurrencyHelpers
 @testable import OrderStore
+import Ledger
 import Testing
 
 /// The order store's group commit: writes that arrive together share one commit, and each

@@ -6,6 +6,7 @@ import IAPCore
 import Intake
 import NIOHTTP1
 @testable import OrderStore
+import Ledger
 import NIOConcurrencyHelpers
 import Testing
 

@@ -6,6 +6,7 @@ import Pipeline
 import NIOCore
 import NIOHTTP1
 import OrderStore
+import Ledger
 @testable import LedgerTestSupport
 import Testing
 

@@ -3,6 +3,7 @@ import Foundation
 import IAPCore
 import NIOHTTP1
 import OrderStore
+import Ledger
 import Testing
 
 /// The intake's answers to bad input, over HTTP on a store of its own: no broker, no verifier

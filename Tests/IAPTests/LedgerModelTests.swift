@@ -5,6 +5,7 @@ import NIOConcurrencyHelpers
 import NIOCore
 import NIOFoundationCompat
 import OrderStore
+import Ledger
 import ServiceLifecycle
 @testable import LedgerTestSupport
 import Testing
@@ -1097,7 +1098,7 @@ extension BrokerTests {
                 let states = (status["transactions"] as? [[String: Any]] ?? []).map { $0["state"] as? String }
                 let leftOut = lookup || route == .receiptThroughVerifyReceipt && ["consumable", "non_consumable"].contains(product.kind.rawValue)
                 #expect(states == (leftOut ? [] : ["revoked"]), "\(product.id): \(status)")
-                #expect(try await pipeline.store.grants(ofTransaction: purchase.transactionId).allSatisfy { $0.state != "active" })
+                #expect(try await pipeline.store.grants(ofTransaction: purchase.transactionId).allSatisfy { $0.state != .active })
             }
             #expect(try await pipeline.grants(of: "rita").filter { $0["state"] as? String == "active" }.isEmpty)
         }

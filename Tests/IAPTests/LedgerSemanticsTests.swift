@@ -92,7 +92,7 @@ struct LedgerSemanticsTests {
     }
 
     func active(_ store: OrderStore, _ user: String) async throws -> [String] {
-        try await store.grants(ofUser: user).filter { $0.state == "active" }.map(\.transactionId)
+        try await store.grants(ofUser: user).filter { $0.state == .active }.map(\.transactionId)
     }
 
     /// Apple's renewal information is kept on the subscription, as signed last: the next
@@ -144,7 +144,7 @@ struct LedgerSemanticsTests {
         #expect(moved.state == .credited && moved.transactions.map(\.state) == [.credited])
         #expect(try await active(store, "ana").isEmpty)
         #expect(try await active(store, "ben") == ["t2"])
-        #expect(try await store.grants(ofUser: "ana").first?.state == "revoked")
+        #expect(try await store.grants(ofUser: "ana").first?.state == .revoked)
         // And back: the first owner's grant is active again; still one in all.
         try await upload([purchase("t3", original: "t1", product: "com.example.premium")], by: "ana", to: store, policy: transfer)
         #expect(try await active(store, "ana") == ["t1"])
@@ -178,7 +178,7 @@ struct LedgerSemanticsTests {
         #expect(try await active(store, "ana") == ["t1"])
         // With a token naming one of our orders, its owner is credited: the token says whose it is.
         let order = try await store.createOrder(userId: "bea", productId: "com.example.coins.60")
-        let tokened = purchase("t10", product: "com.example.coins.60", token: order.orderId)
+        let tokened = purchase("t10", product: "com.example.coins.60", token: order.id)
         #expect(try await notify("REFUND", tokened, to: store) == "REFUND: revocation_pending")
         #expect(try await notify("REFUND_REVERSED", tokened, to: store) == "REFUND_REVERSED: credited")
         #expect(try await active(store, "bea") == ["t10"])
@@ -201,7 +201,7 @@ struct LedgerSemanticsTests {
         let refundedAt = Date().addingTimeInterval(-60)
         let again = try await upload([purchase("t1", product: "com.example.coins.60", cancelled: refundedAt)], by: "ana", to: store)
         #expect(again.transactions.map(\.state) == [.revoked])
-        #expect(try await store.grants(ofUser: "ana").map(\.state) == ["revoked"])
+        #expect(try await store.grants(ofUser: "ana").map(\.state) == [.revoked])
         // Reversed after that answer: an answer signed before the reversal does not take it again.
         #expect(try await notify("REFUND_REVERSED", purchase("t1", product: "com.example.coins.60"), to: store) == "REFUND_REVERSED: restored")
         try await upload([purchase("t1", product: "com.example.coins.60", cancelled: refundedAt)], by: "ana", to: store)
@@ -216,7 +216,7 @@ struct LedgerSemanticsTests {
         #expect(first.transactions.map(\.state) == [.credited])
         // The subscription has its owner and expiry from the upload, without any notification.
         let subscription = try #require(try await store.subscriptions(ofUser: "ana").first)
-        #expect(subscription.originalTransactionId == "t1" && subscription.state == "active" && subscription.expiresDate != nil)
+        #expect(subscription.originalTransactionId == "t1" && subscription.state == .active && subscription.expiresDate != nil)
         // A restore of that period: nothing new. A renewal: a new period, credited.
         let restore = try await upload([purchase("t2", original: "t1", product: month, period: "w1")], by: "ana", to: store)
         #expect(restore.transactions.map(\.state) == [.alreadyCredited])
@@ -235,11 +235,11 @@ struct LedgerSemanticsTests {
         _ = try await notify(
             "EXPIRED", purchase("t3", original: "t1", product: month, period: "w2"), to: store, signed: now.addingTimeInterval(-600),
             status: 2)
-        #expect(try await store.subscriptions(ofUser: "ana").first?.state == "active")
+        #expect(try await store.subscriptions(ofUser: "ana").first?.state == .active)
         _ = try await notify(
             "EXPIRED", purchase("t4", original: "t1", product: month, period: "w3"), to: store, signed: now.addingTimeInterval(60),
             status: 2)
-        #expect(try await store.subscriptions(ofUser: "ana").first?.state == "expired")
+        #expect(try await store.subscriptions(ofUser: "ana").first?.state == .expired)
     }
 
     @Test(arguments: TestStore.backends) func aSandboxNotificationGrantsNothingWhenTheSandboxIsRefused(_ backend: Backend) async throws {
@@ -247,7 +247,7 @@ struct LedgerSemanticsTests {
         let strict = CreditPolicy(catalog: PipelineHarness.testCatalog, sandbox: .reject)
         let order = try await store.createOrder(userId: "ana", productId: "com.example.vip.month")
         let sandbox = purchase(
-            "s1", product: "com.example.vip.month", period: "w1", environment: .sandbox, token: order.orderId,
+            "s1", product: "com.example.vip.month", period: "w1", environment: .sandbox, token: order.id,
             expires: Date().addingTimeInterval(3600))
         let outcome = try await notify("SUBSCRIBED", sandbox, to: store, environment: .sandbox, status: 1, policy: strict)
         #expect(outcome == "SUBSCRIBED: sandbox_not_allowed")
@@ -261,10 +261,10 @@ struct LedgerSemanticsTests {
     @Test(arguments: TestStore.backends) func renewalsOfAPaidOrderAreNotHeldAfterAPlanChange(_ backend: Backend) async throws {
         let (store, _) = try await makeStore(backend)
         let order = try await store.createOrder(userId: "ana", productId: "com.example.vip.month")
-        try await upload([purchase("t1", product: "com.example.vip.month", period: "w1", token: order.orderId)], by: "ana", to: store)
-        #expect(try await store.order(order.orderId)?.state == "paid")
+        try await upload([purchase("t1", product: "com.example.vip.month", period: "w1", token: order.id)], by: "ana", to: store)
+        #expect(try await store.order(order.id)?.state == .paid)
         let yearly = try await upload(
-            [purchase("t2", original: "t1", product: "com.example.vip.year", period: "w2", token: order.orderId)], by: "ana",
+            [purchase("t2", original: "t1", product: "com.example.vip.year", period: "w2", token: order.id)], by: "ana",
             to: store)
         #expect(yearly.state == .credited && yearly.transactions.map(\.state) == [.credited])
         #expect(try await active(store, "ana") == ["t1", "t2"])
@@ -294,7 +294,7 @@ struct LedgerSemanticsTests {
         #expect(!strangers.finishTransaction)
         // A token naming the uploader's order is a proof: credited on a lookup.
         let order = try await store.createOrder(userId: "mallory", productId: "com.example.coins.60")
-        var tokened = purchase("v2", product: "com.example.coins.60", token: order.orderId)
+        var tokened = purchase("v2", product: "com.example.coins.60", token: order.id)
         tokened.evidence = .lookup
         #expect(try await upload([tokened], by: "mallory", to: store).transactions.map(\.state) == [.credited])
     }
@@ -361,16 +361,16 @@ struct LedgerSemanticsTests {
         try await upload([earlier], by: "ana", to: store)
         // The app buys 300 coins for an order; the receipt it holds is still the old one.
         let order = try await store.createOrder(userId: "ana", productId: "com.example.coins.300")
-        let stale = try await upload([earlier], by: "ana", to: store, naming: .order(order.orderId))
+        let stale = try await upload([earlier], by: "ana", to: store, naming: .order(order.id))
         #expect(stale.state == .rejected && stale.reason == .transactionNotInReceipt && !stale.finishTransaction)
-        #expect(try await store.order(order.orderId)?.state == "created")
+        #expect(try await store.order(order.id)?.state == .created)
         // The refreshed receipt holds the new purchase: it pays the order, but the order was
         // named alone, so the app names the transaction it holds before it is told to finish.
         let fresh = purchase("c2", product: "com.example.coins.300")
-        let refreshed = try await upload([earlier, fresh], by: "ana", to: store, naming: .order(order.orderId))
+        let refreshed = try await upload([earlier, fresh], by: "ana", to: store, naming: .order(order.id))
         #expect(refreshed.state == .credited && refreshed.reason == .nameTheTransaction && !refreshed.finishTransaction, "\(refreshed)")
-        #expect(try await store.order(order.orderId)?.state == "paid")
-        let named = try await upload([earlier, fresh], by: "ana", to: store, naming: .transactionForOrder("c2", order: order.orderId))
+        #expect(try await store.order(order.id)?.state == .paid)
+        let named = try await upload([earlier, fresh], by: "ana", to: store, naming: .transactionForOrder("c2", order: order.id))
         #expect(named.state == .credited && named.finishTransaction, "\(named)")
     }
 
@@ -399,11 +399,11 @@ struct LedgerSemanticsTests {
         #expect(try await notify("REFUND", first, to: store) == "REFUND: revoked")
         #expect(try await active(store, "ana") == ["s2"])
         let subscription = try #require(try await store.subscriptions(ofUser: "ana").first)
-        #expect(subscription.state == "active", "\(subscription)")
+        #expect(subscription.state == .active, "\(subscription)")
         #expect(abs((subscription.expiresDate ?? .distantPast).timeIntervalSince(current.expiresDate!)) < 1, "\(subscription)")
         // A refund of the current period revokes the subscription.
         #expect(try await notify("REFUND", current, to: store) == "REFUND: revoked")
-        #expect(try await store.subscriptions(ofUser: "ana").first?.state == "revoked")
+        #expect(try await store.subscriptions(ofUser: "ana").first?.state == .revoked)
     }
 
     @Test(arguments: TestStore.backends) func anExtensionMovesTheEndOfTheGrantInForce(_ backend: Backend) async throws {
@@ -425,7 +425,7 @@ struct LedgerSemanticsTests {
         let order = try await store.createOrder(userId: "ana", productId: "com.example.coins.300")
         let ends = Date().addingTimeInterval(30 * 86_400)
         let held = try await upload(
-            [purchase("s1", product: "com.example.vip.month", period: "w1", token: order.orderId, expires: ends)], by: "ana",
+            [purchase("s1", product: "com.example.vip.month", period: "w1", token: order.id, expires: ends)], by: "ana",
             to: store)
         #expect(held.transactions.first?.reason == .productMismatch)
         let granted = try await store.grantManually(

@@ -1,6 +1,7 @@
 import Foundation
 import IAPCore
 @testable import OrderStore
+import Ledger
 import Testing
 
 /// What docs/scaling.md tells a team to do, on a store the pipeline wrote: stop the order
@@ -34,7 +35,7 @@ struct MigrateStoreTests {
             pipeline.fakeURL + "/fake/purchases/\(purchases[2].transactionId)/refund", json: [String: String]())
         #expect(refund.status == 200, "\(refund.text)")
         let revoked = try await eventually(timeout: .seconds(20)) {
-            try await pipeline.store.grants(ofTransaction: purchases[2].transactionId).first?.state == "revoked"
+            try await pipeline.store.grants(ofTransaction: purchases[2].transactionId).first?.state == .revoked
         }
         #expect(revoked, "the refund reached the ledger before the move")
         var before: [String: [Grant]] = [:]

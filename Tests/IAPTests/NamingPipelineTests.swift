@@ -2,6 +2,7 @@ import Foundation
 import IAPCore
 import NIOHTTP1
 import OrderStore
+import Ledger
 import Testing
 
 extension BrokerTests {
@@ -248,7 +249,7 @@ extension BrokerTests {
             #expect(expired.status == 200, "\(expired.text)")
             #expect(
                 try await eventually(timeout: .seconds(20)) {
-                    try await pipeline.store.subscriptions(ofUser: "ana").first?.state == "expired"
+                    try await pipeline.store.subscriptions(ofUser: "ana").first?.state == .expired
                 }, "Apple's EXPIRED did not reach the ledger")
             return month
         }

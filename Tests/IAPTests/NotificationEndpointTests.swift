@@ -12,6 +12,7 @@ import NIOFoundationCompat
 import NIOHTTP1
 import Pipeline
 @testable import OrderStore
+import Ledger
 import ServiceLifecycle
 import Testing
 
@@ -161,7 +162,7 @@ extension BrokerTests {
             let id = try await pipeline.upload(["userId": "nina", "signedTransaction": try #require(purchase.signedTransaction)])
             #expect(try await pipeline.waitForState(id)["state"] as? String == "credited")
             func units() async throws -> Int? {
-                try await pipeline.store.grants(ofTransaction: purchase.transactionId).first.flatMap { $0.state == "active" ? $0.quantity : nil }
+                try await pipeline.store.grants(ofTransaction: purchase.transactionId).first.flatMap { $0.state == .active ? $0.quantity : nil }
             }
             #expect(try await units() == 3)
             let refundURL = pipeline.fakeURL + "/fake/purchases/\(purchase.transactionId)/refund"

@@ -4,6 +4,7 @@ import Hummingbird
 import IAPCore
 import Intake
 import OrderStore
+import Ledger
 import Testing
 
 /// `docs/openapi.yaml` describes exactly the routes the intake serves: none missing, none

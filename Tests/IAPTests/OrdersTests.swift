@@ -4,6 +4,7 @@ import Messaging
 import NIOConcurrencyHelpers
 import NIOHTTP1
 import OrderStore
+import Ledger
 import Pipeline
 import ServiceLifecycle
 import Testing

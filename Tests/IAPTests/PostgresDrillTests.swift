@@ -1,6 +1,7 @@
 import Foundation
 import IAPCore
 import OrderStore
+import Ledger
 import Testing
 
 extension ClusterDrills {

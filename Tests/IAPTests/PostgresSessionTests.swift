@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 @testable import OrderStore
+import Ledger
 
 /// One PostgreSQL connection whose server goes away: what runs on it fails, and fails at once.
 @Suite("A PostgreSQL session whose connection closed", .needsPostgres, .timeLimit(.minutes(1)))

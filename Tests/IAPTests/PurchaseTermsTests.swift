@@ -3,6 +3,7 @@ import IAPCore
 import Messaging
 import NIOConcurrencyHelpers
 import OrderStore
+import Ledger
 import Testing
 
 extension BrokerTests {

@@ -2,6 +2,7 @@ import Foundation
 @testable import Intake
 import Logging
 @testable import OrderStore
+import Ledger
 import Testing
 
 /// The rate-limit buckets in the order store (both backends): what several order services on

@@ -4,6 +4,7 @@ import FakeAppStore
 import Foundation
 import IAPCore
 import OrderStore
+import Ledger
 import SwiftASN1
 import Testing
 @_spi(CMS) import X509

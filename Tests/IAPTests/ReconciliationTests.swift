@@ -6,6 +6,7 @@ import Hummingbird
 import ServiceLifecycle
 import IAPCore
 import OrderStore
+import Ledger
 import AppleCalls
 import Pipeline
 import SwiftASN1
@@ -101,7 +102,7 @@ extension BrokerTests {
             #expect(report.errors.isEmpty, "\(report.errors)")
             #expect(try await pipeline.grantState(of: lost, user: "ana") == "active")
             let after = try #require(try await pipeline.store.subscriptions(ofUser: "ana").first)
-            #expect(after.state == "active" && after.expiresDate == before.expiresDate, "before \(before), after \(after)")
+            #expect(after.state == .active && after.expiresDate == before.expiresDate, "before \(before), after \(after)")
         }
 
         @Test func aMissedRenewalIsCreditedAndAMissedRefundRevokedOnce() async throws {
@@ -114,7 +115,7 @@ extension BrokerTests {
             let submission = try await pipeline.upload(
                 userId: "ana", receiptData: try #require(minted.json["receiptData"] as? String))
             #expect(try await pipeline.waitForState(submission)["state"] as? String == "credited")
-            #expect(try await pipeline.store.grants(ofUser: "ana").map(\.state) == ["active"])
+            #expect(try await pipeline.store.grants(ofUser: "ana").map(\.state) == [.active])
 
             // Apple renews the subscription and refunds its first month; neither notification arrives.
             try await Self.stopNotifications(pipeline)
@@ -137,7 +138,7 @@ extension BrokerTests {
             let grants = try await pipeline.store.grants(ofUser: "ana")
             #expect(grants.map { "\($0.transactionId) \($0.state)" } == ["\(first) revoked", "\(second) active"])
             let subscription = try #require(try await pipeline.store.subscriptions(ofUser: "ana").first)
-            #expect(subscription.state == "active" && (subscription.expiresDate ?? .distantPast) > Date().addingTimeInterval(3600))
+            #expect(subscription.state == .active && (subscription.expiresDate ?? .distantPast) > Date().addingTimeInterval(3600))
             let audited = try await Self.reconciliationAudit(pipeline.store)
             #expect(audited.count == 2 && audited.allSatisfy { $0.subject == "subscription:\(original)" }, "\(audited)")
             #expect(audited.contains { $0.reason.contains("DID_RENEW: credited") && $0.details?.contains(second) == true })
@@ -158,7 +159,7 @@ extension BrokerTests {
             #expect(again.notificationsRedelivered == 0)
             #expect(try await pipeline.store.grants(ofUser: "ana") == grants)
             #expect(try await Self.reconciliationAudit(pipeline.store).count == 2)
-            #expect(try await pipeline.store.subscriptions(ofUser: "ana").first?.state == "active")
+            #expect(try await pipeline.store.subscriptions(ofUser: "ana").first?.state == .active)
         }
 
         @Test func notificationsAppleCouldNotDeliverAreRedeliveredAndAppliedOnce() async throws {
@@ -172,7 +173,7 @@ extension BrokerTests {
             let refund = try await HTTP.post(
                 pipeline.fakeURL + "/fake/purchases/\(purchase.transactionId)/refund", json: [String: String]())
             #expect(refund.status == 200, "\(refund.text)")
-            #expect(try await pipeline.store.grants(ofTransaction: purchase.transactionId).map(\.state) == ["active"])
+            #expect(try await pipeline.store.grants(ofTransaction: purchase.transactionId).map(\.state) == [.active])
 
             let reconciliation = try await Self.reconciliation(pipeline)
             let report = await reconciliation.run()
@@ -181,7 +182,7 @@ extension BrokerTests {
             #expect(report.subscriptionsChecked == 0)
             #expect(
                 try await eventually(timeout: .seconds(20)) {
-                    try await pipeline.store.grants(ofTransaction: purchase.transactionId).map(\.state) == ["revoked"]
+                    try await pipeline.store.grants(ofTransaction: purchase.transactionId).map(\.state) == [.revoked]
                 })
 
             // Apple still lists it as undelivered (the run looks back a little before its last
@@ -197,7 +198,7 @@ extension BrokerTests {
             let applied = try await pipeline.store.notifications(ofTransaction: purchase.transactionId)
             #expect(applied.map(\.type) == ["ONE_TIME_CHARGE", "REFUND", "REFUND"], "\(applied)")
             #expect(applied.filter { $0.outcome == "revoked" }.count == 1, "\(applied)")
-            #expect(try await pipeline.store.grants(ofTransaction: purchase.transactionId).map(\.state) == ["revoked"])
+            #expect(try await pipeline.store.grants(ofTransaction: purchase.transactionId).map(\.state) == [.revoked])
         }
     
         /// Every notification lost for a run of purchases, renewals, refunds and a reversed
@@ -272,7 +273,7 @@ extension BrokerTests {
             ] {
                 #expect(try await pipeline.grantState(of: transactionId, user: user) == state, "\(user) \(transactionId)")
             }
-            #expect(try await pipeline.store.order(orderId)?.state == "paid")
+            #expect(try await pipeline.store.order(orderId)?.state == .paid)
 
             // The next run reads only what changed since: nothing, then one refund.
             let quiet = await reconciliation.run()
@@ -347,7 +348,7 @@ struct ReconciliationNotificationTests {
             bundleId: "com.example.tests", signedDate: now.addingTimeInterval(-3600), purchase: bought, subscriptionStatus: 1)
         _ = try #require(try await store.applyReconciliation(subscribed, signedTransaction: nil, policy: policy))
         // Nobody uploaded it: the owner is unknown and nothing is granted, but its state is kept.
-        #expect(try await store.subscriptionsDue(before: now.addingTimeInterval(86_400)).map(\.state) == ["active"])
+        #expect(try await store.subscriptionsDue(before: now.addingTimeInterval(86_400)).map(\.state) == [.active])
 
         var retrying = bought
         retrying.signedDate = now
@@ -361,7 +362,7 @@ struct ReconciliationNotificationTests {
         let audit = try await store.auditLog(limit: 10).filter { $0.actor == "reconciliation" }
         #expect(audit.map(\.subject) == ["subscription:2000000000000100", "subscription:2000000000000100"])
         #expect(audit.first?.reason == "Apple's answer applied as DID_FAIL_TO_RENEW: billing_retry")
-        #expect(try await store.subscriptionsDue(before: now).map(\.state) == ["billing_retry"])
+        #expect(try await store.subscriptionsDue(before: now).map(\.state) == [.billingRetry])
     }
 
     @Test func aRenewalNobodyOwnsNeverHidesItsSubscriptionFromReconciliation() async throws {

@@ -2,6 +2,7 @@ import AsyncHTTPClient
 import Foundation
 import NIOHTTP1
 import OrderStore
+import Ledger
 import Testing
 
 extension PipelineHarness {

@@ -4,6 +4,7 @@ import Intake
 import Messaging
 import Relay
 import OrderStore
+import Ledger
 import Testing
 
 extension BrokerTests {

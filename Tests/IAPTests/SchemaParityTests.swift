@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 @testable import OrderStore
+import Ledger
 
 /// The order store's two live schemas after the whole history (`SchemaHistory`), read back from
 /// each database's own catalogue and compared: the same tables, columns (kind, nullability, byte

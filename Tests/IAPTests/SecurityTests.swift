@@ -2,6 +2,7 @@ import Foundation
 import Intake
 import NIOHTTP1
 import OrderStore
+import Ledger
 import Testing
 
 #if canImport(Glibc)

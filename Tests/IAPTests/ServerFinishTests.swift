@@ -3,6 +3,7 @@ import Foundation
 import NIOHTTP1
 import IAPCore
 import OrderStore
+import Ledger
 import Testing
 
 /// How the fake App Store says a transaction was finished.

@@ -4,6 +4,7 @@ import Logging
 import Messaging
 import NIOConcurrencyHelpers
 @testable import OrderStore
+import Ledger
 import Relay
 import Testing
 

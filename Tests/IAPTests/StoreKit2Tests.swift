@@ -6,6 +6,7 @@ import Foundation
 import IAPCore
 import NIOHTTP1
 import OrderStore
+import Ledger
 import Testing
 
 extension PipelineHarness {
@@ -177,7 +178,7 @@ extension BrokerTests {
                     json: ["notificationType": type, "subtype": subtype])
                 #expect(sent.status == 200, "\(sent.text)")
                 let reached = try await eventually(timeout: .seconds(20)) {
-                    try await pipeline.store.subscriptions(ofUser: "walt").first?.state == expected
+                    try await pipeline.store.subscriptions(ofUser: "walt").first?.state.rawValue == expected
                 }
                 let subscriptions = try await pipeline.store.subscriptions(ofUser: "walt")
                 #expect(reached, "\(type): \(subscriptions)")

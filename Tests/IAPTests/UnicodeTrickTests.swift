@@ -7,6 +7,7 @@ import Logging
 import NIOConcurrencyHelpers
 import NIOHTTP1
 import OrderStore
+import Ledger
 import Testing
 
 /// Unicode tricks an attacker tries on ids and on the console's pages: combining marks after
@@ -274,7 +275,7 @@ extension BrokerTests {
                     #expect(own.status == 200, "\(owner) \(route): \(own.text)")
                     #expect(!own.text.contains("com.example.coins.60"), "\(owner) sees \(twin.debugDescription)'s \(route)")
                 }
-                let theirOrder = try await UserHTTP.send(.GET, base + "/v1/orders/\(order.orderId)", token: token)
+                let theirOrder = try await UserHTTP.send(.GET, base + "/v1/orders/\(order.id)", token: token)
                 #expect(theirOrder.status == 404 && theirOrder.errorCode == "order_not_found", "\(theirOrder.text)")
                 let theirUpload = try await UserHTTP.send(.GET, base + "/v1/receipts/\(submission.submissionId)", token: token)
                 #expect(theirUpload.status == 404 && theirUpload.errorCode == "submission_not_found", "\(theirUpload.text)")
@@ -288,7 +289,7 @@ extension BrokerTests {
                 // The other spelling cannot sign in at all: its sub is not NFC.
                 let twinToken = try await TestTokens.hs256(.init(twin))
                 for (method, path) in [
-                    (HTTPMethod.GET, "/v1/users/\(Self.path(twin))/grants"), (.GET, "/v1/orders/\(order.orderId)"),
+                    (HTTPMethod.GET, "/v1/users/\(Self.path(twin))/grants"), (.GET, "/v1/orders/\(order.id)"),
                     (.GET, "/v1/receipts/\(submission.submissionId)"), (.POST, "/v1/orders"),
                 ] {
                     let answer = try await UserHTTP.send(

@@ -2,6 +2,7 @@ import Foundation
 import IAPCore
 import NIOHTTP1
 import OrderStore
+import Ledger
 import Testing
 
 /// The core's answers checked against who really paid, through the real pipeline (fake App
@@ -120,7 +121,7 @@ extension BrokerTests {
             let answer = try await upload(pipeline, ["userId": "rita", "signedTransaction": first.signedTransaction])
             #expect(answer["state"] as? String == "credited", "\(answer)")
             let grant = try #require(try await pipeline.store.grants(ofTransaction: renewal.transactionId).first)
-            #expect(grant.userId == "rita" && grant.state == "active")
+            #expect(grant.userId == "rita" && grant.state == .active)
             #expect((grant.expiresAt ?? .distantPast) > Date().addingTimeInterval(40 * 86_400))
             let active = try await HTTP.get(pipeline.intakeURL + "/v1/users/rita/entitlements")
             #expect((active.json["grants"] as? [[String: Any]] ?? []).contains { $0["transactionId"] as? String == renewal.transactionId })
@@ -165,7 +166,7 @@ extension BrokerTests {
             let bought = try await upload(pipeline, ["userId": "ben", "signedTransaction": again.signedTransaction])
             #expect(bought["state"] as? String == "credited" && bought["finishTransaction"] as? Bool == true, "\(bought)")
             let grant = try #require(try await pipeline.store.grants(ofTransaction: again.transactionId).first)
-            #expect(grant.userId == "ben" && grant.state == "active")
+            #expect(grant.userId == "ben" && grant.state == .active)
             // The earlier period stays ana's; the subscription (its renewals) is ben's now.
             #expect(try await pipeline.store.grants(ofTransaction: month.transactionId).first?.userId == "ana")
             let listed = try await HTTP.get(pipeline.intakeURL + "/v1/users/ben/subscriptions")

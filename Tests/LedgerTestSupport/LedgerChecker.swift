@@ -22,10 +22,10 @@ import Testing
 struct MemoryLedger {
     var purchases: [String: LedgerFacts.Purchase] = [:]
     var purchaseRow: [String: Int] = [:]
-    var grants: [LedgerFacts.Grant] = []
+    var grants: [Grant] = []
     var revocations: [CreditKey: LedgerFacts.Revocation] = [:]
-    var subscriptions: [String: LedgerFacts.Subscription] = [:]
-    var orders: [String: LedgerFacts.Order] = [:]
+    var subscriptions: [String: Subscription] = [:]
+    var orders: [String: Order] = [:]
     /// Notification UUIDs applied (the shell applies each once).
     var applied: Set<String> = []
     var audits = 0
@@ -35,12 +35,12 @@ struct MemoryLedger {
     var journal: [JournalEntry]?
 
     enum JournalEntry {
-        case order(LedgerFacts.Order)
+        case order(Order)
         case step(event: LedgerEvent, query: LedgerQuery, facts: LedgerFacts, plan: LedgerPlan, now: Date)
     }
 
     /// The app places an order (outside the ledger: `POST /v1/orders`).
-    mutating func place(_ order: LedgerFacts.Order) {
+    mutating func place(_ order: Order) {
         orders[order.id] = order
         journal?.append(.order(order))
     }
@@ -90,7 +90,7 @@ struct MemoryLedger {
         if let named = query.uploadOrderId { facts.uploadOrder = orders[named.lowercased()] }
         if query.readsOrderCandidates, let named = query.uploadOrderId, let order = orders[named.lowercased()] {
             facts.openOrders = orders.values
-                .filter { $0.userId == order.userId && $0.productId == order.productId && $0.state == "created" }
+                .filter { $0.userId == order.userId && $0.productId == order.productId && $0.state == .created }
                 .sorted { ($0.createdAt, $0.id) < ($1.createdAt, $1.id) }
                 .prefix(16).map { $0 }
             facts.orderCandidates = purchases.values
@@ -184,7 +184,7 @@ struct MemoryLedger {
             grants[try grantIndex(id)].expiresAt = date
         case .setGracePeriod(let id, let until):
             grants[try grantIndex(id)].gracePeriodExpiresAt = until
-        case .bindOrder(let orderId, let transactionId, _):
+        case .bindOrder(let orderId, let transactionId, let at):
             if orders.values.contains(where: { $0.transactionId == transactionId && $0.id != orderId }) {
                 throw Refused(description: "transaction \(transactionId) pays two orders")
             }
@@ -194,15 +194,19 @@ struct MemoryLedger {
             {
                 throw Refused(description: "order \(orderId) paid by \(transactionId), bought before the order was placed")
             }
-            orders[orderId]?.state = "paid"
+            orders[orderId]?.state = .paid
             orders[orderId]?.transactionId = transactionId
+            orders[orderId]?.updatedAt = at
         case .attachOrder(let orderId, let transactionId):
             if purchases[transactionId]?.orderId == nil { purchases[transactionId]?.orderId = orderId }
             if let index = grants.firstIndex(where: { $0.transactionId == transactionId }), grants[index].orderId == nil {
                 grants[index].orderId = orderId
             }
-        case .setOrderState(let orderId, let transactionId, let state, _):
-            if orders[orderId]?.transactionId == transactionId { orders[orderId]?.state = state }
+        case .setOrderState(let orderId, let transactionId, let state, let at):
+            if orders[orderId]?.transactionId == transactionId {
+                orders[orderId]?.state = state
+                orders[orderId]?.updatedAt = at
+            }
         case .putRevocation(let row):
             revocations[row.creditKey] = row
         case .putSubscription(let row):
@@ -758,7 +762,7 @@ struct CheckerRun {
                 let orderUser = tokenChoice == 3 ? Self.user((user + 1) % 4) : Self.user(user)
                 let orderProduct = tokenChoice == 2 ? (product == CheckerCatalog.pro ? CheckerCatalog.coins : CheckerCatalog.pro) : product
                 let id = nextId("order-")
-                ledger.place(.init(id: id, userId: orderUser, productId: orderProduct, state: "created", transactionId: nil, createdAt: clock))
+                ledger.place(.init(id: id, userId: orderUser, productId: orderProduct, state: .created, transactionId: nil, createdAt: clock))
                 reference.orders[id] = (orderUser, orderProduct, false)
                 self.orderUser[id] = orderUser
                 token = id
@@ -770,7 +774,7 @@ struct CheckerRun {
                 // purchase bought at or after the order pays it.
                 let orderId = "order-for-\(id)"
                 ledger.place(.init(
-                    id: orderId, userId: Self.user(user), productId: product, state: "created", transactionId: nil,
+                    id: orderId, userId: Self.user(user), productId: product, state: .created, transactionId: nil,
                     createdAt: clock - 30))
                 orderUser[orderId] = Self.user(user)
                 order = orderId
@@ -1015,7 +1019,7 @@ struct CheckerRun {
                 reference.recorded[purchase.transactionId] = (purchase.userId, false)
             }
         case .revokeByHand(let pick):
-            let active = ledger.grants.filter { $0.isActive && $0.source == "apple" }
+            let active = ledger.grants.filter { $0.isActive && $0.source == .apple }
             guard !active.isEmpty else { return }
             let grant = active[pick % active.count]
             let plan = try apply(.manualRevoke(transactionId: grant.transactionId, actor: "agent", reason: "fraud", eventTag: nextId("x")))
@@ -1197,7 +1201,7 @@ struct CheckerRun {
     func check() throws {
         try checkWhoHolds()
         if truth { try checkOrdersPaidByTheirOwnPurchases() }
-        for order in ledger.orders.values where order.state == "paid" {
+        for order in ledger.orders.values where order.state == .paid {
             if let paidBy = order.transactionId, transactions.contains(where: { $0.id == paidBy && $0.assigned }) {
                 throw fail("order \(order.id) is paid by \(paidBy), an assigned seat (access, not a payment)")
             }
@@ -1216,7 +1220,7 @@ struct CheckerRun {
         // Invariant 4 under `keep`: a credit key is only ever granted to one user.
         if policy.restore == .keep {
             var users: [String: String] = [:]
-            for grant in ledger.grants where grant.source == "apple" {
+            for grant in ledger.grants where grant.source == .apple {
                 if let other = users[grant.creditKey!.stored], other != grant.userId {
                     throw fail("\(grant.creditKey!) was granted to \(other) and to \(grant.userId)")
                 }

@@ -77,7 +77,7 @@ extension CheckerRun {
     /// The users holding `identity` in force now (grants of Apple purchases).
     func holders(_ identity: String) -> [String: Int] {
         var held: [String: Int] = [:]
-        for grant in ledger.grants where grant.isActive && grant.source == "apple" {
+        for grant in ledger.grants where grant.isActive && grant.source == .apple {
             if let transaction = transaction(grant.transactionId), self.identity(transaction) == identity {
                 held[grant.userId, default: 0] += grant.quantity
             }
@@ -145,7 +145,7 @@ extension CheckerRun {
 
     /// Invariant 1, after every step.
     func checkWhoHolds() throws {
-        for grant in ledger.grants where grant.isActive && grant.source == "apple" {
+        for grant in ledger.grants where grant.isActive && grant.source == .apple {
             guard let transaction = transaction(grant.transactionId), !transaction.upgraded else { continue }
             let identity = identity(transaction)
             if byHand.contains(identity) { continue }
@@ -293,7 +293,7 @@ extension CheckerRun {
         for _ in 0..<count {
             let id = nextId("order-")
             ledger.place(.init(
-                id: id, userId: Self.user(user), productId: CheckerCatalog.coins, state: "created", transactionId: nil,
+                id: id, userId: Self.user(user), productId: CheckerCatalog.coins, state: .created, transactionId: nil,
                 createdAt: clock - 30))
             orderUser[id] = Self.user(user)
             orders.append(id)
@@ -360,7 +360,7 @@ extension CheckerRun {
             let credited = ledger.grants.contains { $0.transactionId == transaction.id && $0.isActive && $0.userId == user }
             if finishable, credited, ledger.orders[order]?.transactionId != transaction.id {
                 throw fail(
-                    "order \(order) is \(ledger.orders[order]?.state ?? "unknown") by \(ledger.orders[order]?.transactionId ?? "nothing"), though \(transaction.id), bought for it, is credited to \(user)"
+                    "order \(order) is \(ledger.orders[order]?.state.rawValue ?? "unknown") by \(ledger.orders[order]?.transactionId ?? "nothing"), though \(transaction.id), bought for it, is credited to \(user)"
                 )
             }
         }
@@ -368,7 +368,7 @@ extension CheckerRun {
 
     /// Invariant: no order is paid by a purchase made for another order.
     func checkOrdersPaidByTheirOwnPurchases() throws {
-        for order in ledger.orders.values where order.state != "created" {
+        for order in ledger.orders.values where order.state != .created {
             guard let paidBy = order.transactionId, let transaction = transaction(paidBy) else { continue }
             if let madeFor = transaction.order, madeFor != order.id {
                 throw fail("order \(order.id) is paid by \(paidBy), which was bought for order \(madeFor)")
@@ -386,15 +386,15 @@ extension CheckerRun {
     mutating func familyShare(_ shared: inout AppleTransaction) throws {
         let user = Self.user(shared.buyer)
         let orderId = "order-for-family-\(shared.id)"
-        ledger.place(.init(id: orderId, userId: user, productId: shared.product, state: "created", transactionId: nil, createdAt: clock - 30))
+        ledger.place(.init(id: orderId, userId: user, productId: shared.product, state: .created, transactionId: nil, createdAt: clock - 30))
         orderUser[orderId] = user
         shared.familyShared = true
         shared.token = nil
         shared.order = nil
         transactions.append(shared)
         try submit(receipt(of: shared.device), by: user, evidence: .signedUpload, naming: .order(orderId), holding: shared.id, receipt: true)
-        guard ledger.orders[orderId]?.state == "created" else {
-            throw fail("order \(orderId) is \(ledger.orders[orderId]?.state ?? "gone"): paid by family access \(shared.id) nobody of the app paid for")
+        guard ledger.orders[orderId]?.state == .created else {
+            throw fail("order \(orderId) is \(ledger.orders[orderId]?.state.rawValue ?? "gone"): paid by family access \(shared.id) nobody of the app paid for")
         }
     }
 
@@ -458,13 +458,13 @@ extension CheckerRun {
         if tokenChoice == 1 {
             let orderId = nextId("order-")
             ledger.place(.init(
-                id: orderId, userId: Self.user(user), productId: first.product, state: "created", transactionId: nil, createdAt: clock))
+                id: orderId, userId: Self.user(user), productId: first.product, state: .created, transactionId: nil, createdAt: clock))
             orderUser[orderId] = Self.user(user)
             (token, order) = (orderId, orderId)
         } else if tokenChoice == 2 {
             let orderId = "order-for-\(id)"
             ledger.place(.init(
-                id: orderId, userId: Self.user(user), productId: first.product, state: "created", transactionId: nil,
+                id: orderId, userId: Self.user(user), productId: first.product, state: .created, transactionId: nil,
                 createdAt: clock - 30))
             orderUser[orderId] = Self.user(user)
             order = orderId
@@ -524,7 +524,7 @@ extension CheckerRun {
             throw fail("\(identity) is held by \(holders(identity).keys.sorted()), but Apple would be told \(transaction.id) was not delivered")
         }
         let everCredited = ledger.grants.contains { grant in
-            grant.source == "apple" && self.transaction(grant.transactionId).map(self.identity) == identity
+            grant.source == .apple && self.transaction(grant.transactionId).map(self.identity) == identity
         }
         if delivered, !everCredited, !byHand.contains(identity) {
             throw fail("nothing of \(identity) was ever credited, but Apple would be told \(transaction.id) was delivered")

@@ -27,10 +27,10 @@ struct LedgerVerdictTests {
         LedgerEvent.Upload(userId: user, submissionId: "s", orderId: order, transactionId: transaction, bundleId: "app")
     }
 
-    func order(_ id: String, user: String = "olga", product: String = "coins", at date: Date, state: String = "created")
-        -> LedgerFacts.Order
+    func order(_ id: String, user: String = "olga", product: String = "coins", at date: Date, state: OrderState = .created)
+        -> Order
     {
-        LedgerFacts.Order(id: id, userId: user, productId: product, state: state, transactionId: nil, createdAt: date)
+        Order(id: id, userId: user, productId: product, state: state, transactionId: nil, createdAt: date)
     }
 
     func plan(_ event: LedgerEvent, _ facts: LedgerFacts = LedgerFacts()) -> LedgerPlan {
@@ -84,7 +84,7 @@ struct LedgerVerdictTests {
     @Test func anOrderNamedAloneIsPaidOnlyWhenOnePurchaseCanBeItsAndNoOtherOrderCouldTakeIt() {
         let o2 = order("o2", at: Self.t0)
         func decide(
-            _ candidates: [LedgerFacts.OrderCandidate], open: [LedgerFacts.Order] = [], inUpload: Set<String> = ["t1", "t2"]
+            _ candidates: [LedgerFacts.OrderCandidate], open: [Order] = [], inUpload: Set<String> = ["t1", "t2"]
         ) -> LedgerPlan {
             var event = LedgerEvent.Naming(userId: "olga", submissionId: "s", orderId: "o2", missingTransactionId: nil)
             event.inUpload = inUpload
@@ -116,7 +116,7 @@ struct LedgerVerdictTests {
         #expect(decide([candidate("t2", at: Self.t0 + 2)], open: [order("o3", at: Self.t0 + 3_600)]).outcome
             == .naming(.orderPaid(transactionId: "t2")))
         // A renewal never pays an order; the subscription's first period does.
-        let month = LedgerFacts.Order(id: "o2", userId: "olga", productId: "month", state: "created", transactionId: nil, createdAt: Self.t0)
+        let month = Order(id: "o2", userId: "olga", productId: "month", state: .created, transactionId: nil, createdAt: Self.t0)
         let renewal = plan(naming(order: "o2"), LedgerFacts(uploadOrder: month, openOrders: [month], orderCandidates: [
             candidate("t5", at: Self.t0 + 1, product: "month", original: "t4")
         ]))
@@ -135,9 +135,9 @@ struct LedgerVerdictTests {
             transactionId: "t1", originalTransactionId: "t1", productId: "coins", quantity: 1, environment: .production,
             bundleId: "app", purchaseDate: Self.t0, userId: "olga", orderId: nil, submissionId: "s0", appAccountToken: nil,
             heldReason: nil, creditedAt: Self.t0, creditKey: .transaction("t1"), webOrderLineItemId: nil, expiresDate: nil)
-        var grant = LedgerFacts.Grant(
+        var grant = Grant(
             id: 1, transactionId: "t1", userId: "olga", productId: "coins", orderId: nil, quantity: 1, grantJSON: "{}",
-            environment: "Production", source: "apple", isActive: true, grantedAt: Self.t0, revokedAt: nil, revokedBy: nil,
+            environment: "Production", source: .apple, isActive: true, grantedAt: Self.t0, revokedAt: nil, revokedBy: nil,
             creditKey: .transaction("t1"), originalTransactionId: "t1", expiresAt: nil, gracePeriodExpiresAt: nil)
         let held = plan(naming(order: "o1", missing: "t1"), LedgerFacts(purchase: row, grants: [grant], uploadOrder: o1))
         #expect(held.outcome == .naming(.fromLedger(.alreadyCredited)))
@@ -153,9 +153,9 @@ struct LedgerVerdictTests {
 
     @Test func aPurchaseCreditedWithoutItsOrderPaysItWhenAnUploadNamesItWithIt() {
         let o1 = order("o1", at: Self.t0 - 10)
-        let grant = LedgerFacts.Grant(
+        let grant = Grant(
             id: 1, transactionId: "t1", userId: "olga", productId: "coins", orderId: nil, quantity: 1, grantJSON: "{}",
-            environment: "Production", source: "apple", isActive: true, grantedAt: Self.t0, revokedAt: nil, revokedBy: nil,
+            environment: "Production", source: .apple, isActive: true, grantedAt: Self.t0, revokedAt: nil, revokedBy: nil,
             creditKey: .transaction("t1"), originalTransactionId: "t1", expiresAt: nil, gracePeriodExpiresAt: nil)
         let retry = plan(
             .upload(coins("t1", at: Self.t0), upload("olga", order: "o1", transaction: "t1")), LedgerFacts(grants: [grant], uploadOrder: o1))
@@ -173,12 +173,12 @@ struct LedgerVerdictTests {
         #expect(!FinishAdvice.mayFinishUpload(state: unpaid.state, reason: unpaid.reason, named: .order, settledByHand: false))
         let paid = FinishAdvice.verdict(
             userId: "olga", transactionId: nil, orderId: "o2", outcomes: credited, namedRevocations: [],
-            namedOrder: order("o2", at: Self.t0, state: "paid"), naming: .orderTokenInUpload)
+            namedOrder: order("o2", at: Self.t0, state: .paid), naming: .orderTokenInUpload)
         #expect(paid == UploadVerdict(state: .credited))
         // Paid, but no purchase of the upload carries the order's token: what the app holds only
         // the app knows, so it names it before it is told to finish (the order's state alone is
         // no proof), whatever the order's state.
-        for state in ["paid", "refunded", "cancelled"] {
+        for state in [OrderState.paid, .refunded, .cancelled] {
             let guessed = FinishAdvice.verdict(
                 userId: "olga", transactionId: nil, orderId: "o2", outcomes: credited, namedRevocations: [],
                 namedOrder: order("o2", at: Self.t0, state: state), naming: .orderPaid(transactionId: "t1"))
@@ -209,9 +209,9 @@ struct LedgerVerdictTests {
     @Test func anOrderThatIsNotTheUploadersIsNeverFinishableAtTheTop() {
         let credited = [FinishAdvice.PurchaseOutcome(transactionId: "t1", state: .credited, reason: nil)]
         for (outcomes, order) in [
-            (credited, nil), ([], nil), (credited, order("o2", user: "mallory", at: Self.t0, state: "paid")),
+            (credited, nil), ([], nil), (credited, order("o2", user: "mallory", at: Self.t0, state: .paid)),
             ([], order("o2", user: "mallory", at: Self.t0)),
-        ] as [([FinishAdvice.PurchaseOutcome], LedgerFacts.Order?)] {
+        ] as [([FinishAdvice.PurchaseOutcome], Order?)] {
             let verdict = FinishAdvice.verdict(
                 userId: "olga", transactionId: nil, orderId: "o2", outcomes: outcomes, namedRevocations: [], namedOrder: order)
             #expect(verdict.state == .rejected && verdict.reason == .orderUnknown, "\(verdict)")
@@ -285,9 +285,9 @@ struct LedgerVerdictTests {
         return purchase
     }
 
-    func subscription(owner: String?) -> LedgerFacts.Subscription {
-        LedgerFacts.Subscription(
-            originalTransactionId: "t1", userId: owner, productId: "month", environment: "Production", state: "expired",
+    func subscription(owner: String?) -> Subscription {
+        Subscription(
+            originalTransactionId: "t1", userId: owner, productId: "month", environment: "Production", state: .expired,
             expiresDate: Self.t0, autoRenew: false, gracePeriodExpiresDate: nil, lastTransactionId: "t1", updatedAt: Self.t0,
             stateDate: Self.t0)
     }
@@ -320,7 +320,7 @@ struct LedgerVerdictTests {
         // owner, unless the ledger recorded Apple's word that it is a new purchase awaiting its
         // buyer (below), or its dates say so (`aReceiptsLaterPeriodIsANewPurchaseByItsDates`).
         var inForce = facts
-        inForce.subscription?.state = "active"
+        inForce.subscription?.state = .active
         inForce.subscription?.expiresDate = Self.t0 + 30 * 86_400
         let unsaid = plan(.upload(period("t5", reason: nil), upload("ben")), inForce)
         #expect(unsaid.outcome == .transaction(.ownedByOtherUser, nil))
@@ -340,13 +340,13 @@ struct LedgerVerdictTests {
     /// period bought while the ledger holds the chain in Apple's billing retry is the renewal
     /// Apple recovered, and so is one bought while the period before it is in force.
     @Test func aReceiptsLaterPeriodIsANewPurchaseByItsDates() {
-        func credited(_ start: Date, product: String = "month", state: String, expired: Date? = nil) -> LedgerFacts {
+        func credited(_ start: Date, product: String = "month", state: SubscriptionState, expired: Date? = nil) -> LedgerFacts {
             var chain = subscription(owner: "ana")
             chain.state = state
             chain.expiresDate = expired ?? start + 30 * 86_400
-            let grant = LedgerFacts.Grant(
+            let grant = Grant(
                 id: 1, transactionId: "t1", userId: "ana", productId: product, orderId: nil, quantity: 1, grantJSON: "{}",
-                environment: "Production", source: "apple", isActive: true, grantedAt: start, revokedAt: nil, revokedBy: nil,
+                environment: "Production", source: .apple, isActive: true, grantedAt: start, revokedAt: nil, revokedBy: nil,
                 creditKey: .billingPeriod("w-t1"), originalTransactionId: "t1", expiresAt: start + 30 * 86_400,
                 gracePeriodExpiresAt: nil, periodStart: start)
             return LedgerFacts(grants: [grant], subscription: chain, uploadOrder: order("o9", user: "ben", product: "month", at: Self.t0))
@@ -356,30 +356,30 @@ struct LedgerVerdictTests {
         }
         // Apple said the chain expired (EXPIRED) before it was bought, though the last period's
         // end is later (the period ended early).
-        let afterExpiry = receipt(credited(Self.t0 - 86_400, state: "expired", expired: Self.t0))
+        let afterExpiry = receipt(credited(Self.t0 - 86_400, state: .expired, expired: Self.t0))
         #expect(afterExpiry.outcome == .transaction(.credited, nil))
         #expect(boundOrders(afterExpiry) == ["o9"])
         #expect(afterExpiry.changes.contains { if case .putSubscription(let row) = $0 { row.userId == "ben" } else { false } })
         // The period before it ended, with no word from Apple: a resubscription by its dates.
-        let lapsed = receipt(credited(Self.t0 - 40 * 86_400, state: "active"))
+        let lapsed = receipt(credited(Self.t0 - 40 * 86_400, state: .active))
         #expect(lapsed.outcome == .transaction(.credited, nil))
         #expect(boundOrders(lapsed) == ["o9"])
         // Of another product while the period before it is in force: an upgrade.
-        let upgraded = receipt(credited(Self.t0 - 86_400, product: "week", state: "active"))
+        let upgraded = receipt(credited(Self.t0 - 86_400, product: "week", state: .active))
         #expect(upgraded.outcome == .transaction(.credited, nil))
         #expect(boundOrders(upgraded) == ["o9"])
         // Bought while the period before it is in force, of its product: a renewal, the owner's.
-        let renewal = receipt(credited(Self.t0 - 86_400, state: "active"))
+        let renewal = receipt(credited(Self.t0 - 86_400, state: .active))
         #expect(renewal.outcome == .transaction(.ownedByOtherUser, nil))
         #expect(boundOrders(renewal).isEmpty)
         // Bought after the period ended while Apple retries the failed renewal: the recovery.
-        for retrying in ["billing_retry", "grace_period"] {
+        for retrying in [SubscriptionState.billingRetry, .gracePeriod] {
             let recovered = receipt(credited(Self.t0 - 40 * 86_400, state: retrying))
             #expect(recovered.outcome == .transaction(.ownedByOtherUser, nil), "\(retrying)")
             #expect(boundOrders(recovered).isEmpty, "\(retrying)")
         }
         // Apple's notification recorded it as a renewal nobody owned yet: its word stands.
-        var told = credited(Self.t0 - 40 * 86_400, state: "active")
+        var told = credited(Self.t0 - 40 * 86_400, state: .active)
         told.purchase = LedgerFacts.Purchase(
             transactionId: "t5", originalTransactionId: "t1", productId: "month", quantity: 1, environment: .production,
             bundleId: "app", purchaseDate: period("t5", reason: nil).purchaseDate, userId: "", orderId: nil, submissionId: "n",
@@ -389,7 +389,7 @@ struct LedgerVerdictTests {
         // The receipt lists the period before it, ending where it begins: a renewal, though
         // Apple's last word of the chain was EXPIRED (a renewal of a resubscription whose
         // SUBSCRIBED has not arrived yet); one the listing dates after a lapse is new.
-        let stale = credited(Self.t0 - 86_400, state: "expired", expired: Self.t0)
+        let stale = credited(Self.t0 - 86_400, state: .expired, expired: Self.t0)
         var listed = period("t5", reason: nil)
         listed.previousPeriodEnd = listed.purchaseDate
         listed.previousPeriodProductId = "month"
@@ -490,7 +490,7 @@ struct LedgerVerdictTests {
         let granted = plan(.manualGrant(request))
         #expect(granted.outcome == .grant(transactionId: "t7"))
         let grant = granted.changes.compactMap { if case .grant(let grant) = $0 { grant } else { nil } }.first
-        #expect(grant?.creditKey == .transaction("t7") && grant?.source == "manual")
+        #expect(grant?.creditKey == .transaction("t7") && grant?.source == .manual)
         // The purchase's later upload finds it.
         let facts = LedgerFacts(grants: grant.map { [$0] } ?? [])
         #expect(plan(.upload(coins("t7", at: Self.t0), upload("gil", transaction: "t7")), facts).outcome == .transaction(.alreadyCredited, nil))
@@ -507,11 +507,11 @@ struct LedgerVerdictTests {
 
     @Test func nothingIsInForcePastItsPeriodAndGrace() {
         let now = Self.t0
-        #expect(InForce.subscriptionState(recorded: "active", expiresDate: now - 1, gracePeriodExpiresDate: nil, at: now) == "expired")
-        #expect(InForce.subscriptionState(recorded: "active", expiresDate: now - 1, gracePeriodExpiresDate: now + 1, at: now) == "active")
-        #expect(InForce.subscriptionState(recorded: "billing_retry", expiresDate: now - 1, gracePeriodExpiresDate: nil, at: now) == "billing_retry")
-        #expect(!InForce.subscription(recorded: "active", expiresDate: now - 1, gracePeriodExpiresDate: nil, at: now))
-        #expect(InForce.subscription(recorded: "grace_period", expiresDate: now - 1, gracePeriodExpiresDate: now + 1, at: now))
+        #expect(InForce.subscriptionState(recorded: .active, expiresDate: now - 1, gracePeriodExpiresDate: nil, at: now) == .expired)
+        #expect(InForce.subscriptionState(recorded: .active, expiresDate: now - 1, gracePeriodExpiresDate: now + 1, at: now) == .active)
+        #expect(InForce.subscriptionState(recorded: .billingRetry, expiresDate: now - 1, gracePeriodExpiresDate: nil, at: now) == .billingRetry)
+        #expect(!InForce.subscription(recorded: .active, expiresDate: now - 1, gracePeriodExpiresDate: nil, at: now))
+        #expect(InForce.subscription(recorded: .gracePeriod, expiresDate: now - 1, gracePeriodExpiresDate: now + 1, at: now))
         #expect(!InForce.grant(isActive: true, expiresAt: now - 1, gracePeriodExpiresAt: nil, at: now))
         #expect(InForce.grant(isActive: true, expiresAt: nil, gracePeriodExpiresAt: nil, at: now))
     }
@@ -557,9 +557,9 @@ struct LedgerVerdictTests {
         // (FAMILY_REVOKE) before Ben's upload proved it (kept for Ben, refunded); t3 renewed t2
         // and was kept while nobody owned it; Cy resubscribed later (t4) and owns the chain now.
         // t3 is Ben's stretch: his upload is credited, Cy's and Ana's are not.
-        let anas = LedgerFacts.Grant(
+        let anas = Grant(
             id: 1, transactionId: "t1", userId: "ana", productId: "month", orderId: nil, quantity: 1, grantJSON: "{}",
-            environment: "Production", source: "apple", isActive: true, grantedAt: Self.t0, revokedAt: nil, revokedBy: nil,
+            environment: "Production", source: .apple, isActive: true, grantedAt: Self.t0, revokedAt: nil, revokedBy: nil,
             creditKey: .billingPeriod("w-t1"), originalTransactionId: "t1", expiresAt: Self.t0 + 30 * 86_400,
             gracePeriodExpiresAt: nil, periodStart: Self.t0)
         var cys = subscription(owner: "cy")
@@ -595,11 +595,11 @@ struct LedgerVerdictTests {
         // Under transfer, ben once took period w-t1 by uploading t1 and ana took it back with her
         // restore r5: a third account uploading t1 cannot be granted under t1 again (one grant
         // per transaction), so ana keeps it, as under keep.
-        func grant(_ id: Int64, _ transaction: String, _ user: String, active: Bool) -> LedgerFacts.Grant {
-            LedgerFacts.Grant(
+        func grant(_ id: Int64, _ transaction: String, _ user: String, active: Bool) -> Grant {
+            Grant(
                 id: id, transactionId: transaction, userId: user, productId: "month", orderId: nil, quantity: 1, grantJSON: "{}",
-                environment: "Production", source: "apple", isActive: active, grantedAt: Self.t0, revokedAt: nil,
-                revokedBy: active ? nil : "transfer", creditKey: .billingPeriod("w-t1"), originalTransactionId: "t1",
+                environment: "Production", source: .apple, isActive: active, grantedAt: Self.t0, revokedAt: nil,
+                revokedBy: active ? nil : .transfer, creditKey: .billingPeriod("w-t1"), originalTransactionId: "t1",
                 expiresAt: Self.t0 + 30 * 86_400, gracePeriodExpiresAt: nil)
         }
         let facts = LedgerFacts(
@@ -619,25 +619,25 @@ struct LedgerVerdictTests {
     @Test func reconciliationAsksAboutWhatMayBeOutOfDateSoonestFirst() {
         let now = Self.t0
         let horizon = now + 86_400
-        func candidate(_ id: String, _ state: String, ends: Date?, grace: Date? = nil, unowned: Bool = false)
+        func candidate(_ id: String, _ state: SubscriptionState, ends: Date?, grace: Date? = nil, unowned: Bool = false)
             -> ReconciliationChoice.Candidate
         {
             .init(originalTransactionId: id, state: state, expiresDate: ends, gracePeriodExpiresDate: grace, holdsUnownedPeriods: unowned)
         }
         let all = [
-            candidate("a-far", "active", ends: now + 30 * 86_400),
+            candidate("a-far", .active, ends: now + 30 * 86_400),
             // A renewal nobody owns yet moved the recorded end a month on: still asked about.
-            candidate("b-unowned", "active", ends: now + 30 * 86_400, unowned: true),
-            candidate("c-soon", "active", ends: now + 3_600),
-            candidate("d-ended", "active", ends: now - 3_600),
-            candidate("e-retry", "billing_retry", ends: now - 7 * 86_400),
-            candidate("f-grace", "grace_period", ends: now - 86_400, grace: now + 5 * 86_400),
-            candidate("g-expired", "expired", ends: now - 86_400, unowned: true),
-            candidate("h-revoked", "revoked", ends: now + 3_600),
-            candidate("i-open", "active", ends: nil),
-            candidate("j-unknown-end", "billing_retry", ends: nil),
+            candidate("b-unowned", .active, ends: now + 30 * 86_400, unowned: true),
+            candidate("c-soon", .active, ends: now + 3_600),
+            candidate("d-ended", .active, ends: now - 3_600),
+            candidate("e-retry", .billingRetry, ends: now - 7 * 86_400),
+            candidate("f-grace", .gracePeriod, ends: now - 86_400, grace: now + 5 * 86_400),
+            candidate("g-expired", .expired, ends: now - 86_400, unowned: true),
+            candidate("h-revoked", .revoked, ends: now + 3_600),
+            candidate("i-open", .active, ends: nil),
+            candidate("j-unknown-end", .billingRetry, ends: nil),
             // Active, its grace (recorded) reaching past the horizon: not due yet.
-            candidate("k-graced", "active", ends: now + 3_600, grace: horizon + 3_600),
+            candidate("k-graced", .active, ends: now + 3_600, grace: horizon + 3_600),
         ]
         let due = ReconciliationChoice.due(all, horizon: horizon, by: { $0 }).map(\.originalTransactionId)
         #expect(due == ["j-unknown-end", "e-retry", "f-grace", "d-ended", "c-soon", "b-unowned"])
@@ -654,12 +654,12 @@ struct LedgerVerdictTests {
                 notificationUUID: "n-\(id)", notificationType: type, subtype: nil, environment: .production,
                 bundleId: "app", signedDate: signed, purchase: purchase)
         }
-        func row(_ id: String, ends: Date, signed: Date) -> LedgerFacts.Subscription {
+        func row(_ id: String, ends: Date, signed: Date) -> Subscription {
             var row = subscription(owner: "ana")
-            (row.state, row.expiresDate, row.lastTransactionId, row.stateDate) = ("active", ends, id, signed)
+            (row.state, row.expiresDate, row.lastTransactionId, row.stateDate) = (.active, ends, id, signed)
             return row
         }
-        func recorded(_ planned: LedgerPlan) -> LedgerFacts.Subscription? {
+        func recorded(_ planned: LedgerPlan) -> Subscription? {
             planned.changes.compactMap { if case .putSubscription(let row) = $0 { row } else { nil } }.last
         }
         let (earlierEnd, laterEnd) = (Self.t0 + 30 * 86_400, Self.t0 + 60 * 86_400)
@@ -690,12 +690,12 @@ struct LedgerVerdictTests {
             for event in order {
                 if let next = recorded(plan(event, facts)) { facts.subscription = next }
             }
-            #expect(facts.subscription?.state == "revoked", "\(order.map { "\($0)".prefix(40) })")
+            #expect(facts.subscription?.state == .revoked, "\(order.map { "\($0)".prefix(40) })")
         }
         // A state Apple gives (here: expired) is still ranked by when Apple signed it.
         let expired = renewal("t2", ends: earlierEnd, signed: late, type: "EXPIRED")
         let ended = recorded(plan(.notification(expired, submissionId: "s1"), LedgerFacts(subscription: row("t3", ends: laterEnd, signed: early))))
-        #expect(ended?.state == "expired", "\(String(describing: ended))")
+        #expect(ended?.state == .expired, "\(String(describing: ended))")
     }
 
     @Test func theGraceEndingLeavesBillingRetryNotTheEnd() {
@@ -703,8 +703,8 @@ struct LedgerVerdictTests {
             notificationUUID: "n2", notificationType: "GRACE_PERIOD_EXPIRED", subtype: nil, environment: .production,
             bundleId: "app", signedDate: Self.t0, purchase: period("t1", reason: "PURCHASE"))
         let planned = plan(.notification(notification, submissionId: "s2"), LedgerFacts(subscription: subscription(owner: "ana")))
-        #expect(planned.outcome == .notification(.subscriptionState("billing_retry")))
-        #expect(planned.changes.contains { if case .putSubscription(let row) = $0 { row.state == "billing_retry" } else { false } })
+        #expect(planned.outcome == .notification(.subscriptionState(.billingRetry)))
+        #expect(planned.changes.contains { if case .putSubscription(let row) = $0 { row.state == .billingRetry } else { false } })
     }
 
     /// `MIGRATION`: Apple moved a subscription to a new chain (the Advanced Commerce API), whose
@@ -726,7 +726,7 @@ struct LedgerVerdictTests {
         #expect(!planned.changes.contains { if case .grant = $0 { true } else { false } })
         #expect(!planned.changes.contains { if case .bindOrder = $0 { true } else { false } })
         let row = planned.changes.compactMap { if case .putSubscription(let row) = $0 { row } else { nil } }.last
-        #expect(row?.originalTransactionId == "m1" && row?.userId == "ana" && row?.state == "active", "\(String(describing: row))")
+        #expect(row?.originalTransactionId == "m1" && row?.userId == "ana" && row?.state == .active, "\(String(describing: row))")
         #expect(planned.changes.contains { if case .audit(let entry) = $0 { entry.action == "subscription_migrated" } else { false } })
         // The new chain's renewal is its owner's.
         var renewal = migrated

@@ -20,7 +20,7 @@ struct UploadRunTests {
 
     /// Drives `run` with empty facts for each plan (each purchase new) and the given rows,
     /// recording every step it asked for.
-    func drive(_ run: inout UploadRun, order: LedgerFacts.Order? = nil) -> (steps: [String], result: UploadResult) {
+    func drive(_ run: inout UploadRun, order: Order? = nil) -> (steps: [String], result: UploadResult) {
         var steps: [String] = []
         while true {
             switch run.next() {
@@ -69,8 +69,8 @@ struct UploadRunTests {
         var run = UploadRun(
             purchases: [coins("1", token: token.uppercased())],
             upload: .init(userId: "olga", submissionId: "s", orderId: token, transactionId: nil, bundleId: "app"), policy: policy)
-        let paid = LedgerFacts.Order(
-            id: token, userId: "olga", productId: "coins", state: "paid", transactionId: "1", createdAt: Self.t0)
+        let paid = Order(
+            id: token, userId: "olga", productId: "coins", state: .paid, transactionId: "1", createdAt: Self.t0)
         let (steps, result) = drive(&run, order: paid)
         #expect(steps == ["plan upload 1", "plan naming order=\(token) missing=-", "read revocations=- order=\(token)", "done credited"])
         #expect(result.tokenNamesOrder)
