@@ -90,19 +90,30 @@ let package = Package(
             // here, not 89 s.
             swiftSettings: strictSettings + [.unsafeFlags(["-O"])]
         ),
+        // The storage engine: SQL over SQLite (GRDB) and PostgreSQL (postgres-nio) behind one
+        // connection type, transactions by purpose, group commit, the schema's history. Nothing
+        // of it is public: `OrderStore` is its only user.
         .target(
-            name: "OrderStore",
+            name: "Store",
             dependencies: [
-                "IAPCore", "Ledger",
+                "IAPCore",
                 .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
                 .product(name: "PostgresNIO", package: "postgres-nio"),
-                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
-                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: strictSettings
+        ),
+        // The ledger's shell and the read models, on the engine.
+        .target(
+            name: "OrderStore",
+            dependencies: [
+                "IAPCore", "Ledger", "Store",
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
             ],
             swiftSettings: strictSettings
         ),
@@ -248,7 +259,7 @@ let package = Package(
         .executableTarget(
             name: "IAPMicrobench",
             dependencies: [
-                "IAPCore", "AppStore", "FakeAppStore", "OrderStore", "Messaging",
+                "IAPCore", "AppStore", "FakeAppStore", "OrderStore", "Store", "Messaging",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "X509", package: "swift-certificates"),
                 .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
@@ -308,7 +319,7 @@ let package = Package(
         .testTarget(
             name: "IAPTests",
             dependencies: [
-                "IAPCore", "Ledger", "LedgerTestSupport", "Messaging", "AppStore", "OrderStore", "FakeAppStore",
+                "IAPCore", "Ledger", "LedgerTestSupport", "Messaging", "AppStore", "Store", "OrderStore", "FakeAppStore",
                 "Intake", "Relay", "Verifier", "Finisher", "AppleCalls", "Pipeline", "Console", "AppSimulator",
                 .product(name: "IAPClient", package: "Client"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),

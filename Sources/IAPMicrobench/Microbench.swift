@@ -7,6 +7,7 @@ import IAPCore
 import Messaging
 import NIOConcurrencyHelpers
 import OrderStore
+import Store
 
 struct MicrobenchError: Error {
     var what: String
@@ -188,8 +189,8 @@ struct Microbench {
             var counted = timed
             counted.database += "_counted"
             for database in [timed.database, counted.database] {
-                try await PostgresDatabase.createDatabase(database, on: server)
-                cleanUp.append { try? await PostgresDatabase.dropDatabase(database, on: server) }
+                try await PostgresDatabase.createDatabase(database, on: server.server)
+                cleanUp.append { try? await PostgresDatabase.dropDatabase(database, on: server.server) }
             }
             store = try await OrderStore(location: .postgres(timed))
             counting = try await OrderStore(

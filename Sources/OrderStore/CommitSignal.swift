@@ -1,4 +1,5 @@
 import NIOConcurrencyHelpers
+import Store
 
 /// Announces each commit that filled one of the store's queues (`CommitQueues`), whoever wrote
 /// it: for the outbox, an accepted upload, a result's events, a requeue by the sweeper,
@@ -114,22 +115,22 @@ struct AnnouncingDatabase: SQLDatabase {
         return value
     }
 
-    func writeAside<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
-        let (value, filled) = try await inner.writeAside { db in (try await body(db), db.filled) }
+    func writeCounters<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
+        let (value, filled) = try await inner.writeCounters { db in (try await body(db), db.filled) }
         announce(filled)
         return value
     }
 
     @discardableResult
-    func writeUploads<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
-        let (value, filled) = try await inner.writeUploads { db in (try await body(db), db.filled) }
+    func acceptUploads<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
+        let (value, filled) = try await inner.acceptUploads { db in (try await body(db), db.filled) }
         announce(filled)
         return value
     }
 
     @discardableResult
-    func writeLocked<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
-        let (value, filled) = try await inner.writeLocked { db in (try await body(db), db.filled) }
+    func writeQueues<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
+        let (value, filled) = try await inner.writeQueues { db in (try await body(db), db.filled) }
         announce(filled)
         return value
     }

@@ -1,6 +1,7 @@
 public import Foundation
 public import IAPCore
 import Ledger
+import Store
 
 /// A transaction the order service is to finish at Apple (Finish Transaction), queued in the
 /// commit that settled it: a crash after that commit cannot skip it, and the row keeps it once.
@@ -115,7 +116,7 @@ extension OrderStore {
         now: Date
     ) async throws -> [SQLRow] {
         let lock = database.dialect == .postgres ? " FOR UPDATE OF \(table) SKIP LOCKED" : ""
-        return try await database.writeLocked { db in
+        return try await database.writeQueues { db in
             let rows = try await db.rows(
                 sql: """
                     SELECT \(columns) FROM \(table)
@@ -158,7 +159,7 @@ extension OrderStore {
                 WHERE transactionId = ? AND state = 'queued'
                 """, [at, error, transactionId])
         }
-        try await database.writeLocked { db in try await db.executeBatch([statement]) }
+        try await database.writeQueues { db in try await db.executeBatch([statement]) }
     }
 
     /// Records that `userId`'s app finished `transactionId` (StoreKit's `finish()`): a queued

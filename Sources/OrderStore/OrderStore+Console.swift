@@ -1,6 +1,7 @@
 public import Foundation
 public import IAPCore
 public import Ledger
+import Store
 
 /// A user that a console search matched, and by what.
 public struct ConsoleSearchHit: Sendable, Equatable {

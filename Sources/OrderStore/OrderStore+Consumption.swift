@@ -1,6 +1,7 @@
 public import Foundation
 public import IAPCore
 public import Ledger
+import Store
 
 /// A consumption request due to be answered, with the ledger's facts about its transaction.
 public struct DueConsumptionRequest: Sendable, Equatable {
@@ -143,7 +144,7 @@ extension OrderStore {
                     [at, error, request.notificationUUID]))
         }
         let batch = statements
-        try await database.writeLocked { db in try await db.executeBatch(batch) }
+        try await database.writeQueues { db in try await db.executeBatch(batch) }
     }
 
     /// The app's report about one of `userId`'s purchases: the share of it used (milli-units,

@@ -1,5 +1,6 @@
 import Crypto
 import Foundation
+import Store
 
 /// What copying one store into another did, table by table.
 public struct StoreCopyReport: Sendable, Codable, Equatable {

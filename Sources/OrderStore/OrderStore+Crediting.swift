@@ -1,6 +1,7 @@
 import Foundation
 public import IAPCore
 public import Ledger
+import Store
 
 /// What crediting needs beyond the result itself.
 public struct CreditPolicy: Sendable {

@@ -1,6 +1,7 @@
 public import Foundation
 public import IAPCore
 public import Ledger
+import Store
 
 extension OrderStore {
     /// Every grant of a user, oldest first.

@@ -1,6 +1,7 @@
 import Foundation
-public import IAPCore
+import IAPCore
 public import Ledger
+import Store
 
 extension CreditPolicy {
     /// What the ledger's rules read of the policy.
@@ -463,17 +464,4 @@ extension OrderStore {
             return eventStatement(message.name, message.fields, id: message.id, policy: policy, now: now).map { [$0] } ?? []
         }
     }
-}
-
-/// A credit key is kept in its stored form (`txn:`, `otx:` or `wol:` and the id): the one place
-/// where it becomes text and is read back.
-extension CreditKey: SQLValueConvertible {
-    package var sqlValue: SQLValue { .text(stored) }
-    package static func fromSQL(_ value: SQLValue) -> CreditKey? { String.fromSQL(value).flatMap(CreditKey.init(stored:)) }
-}
-
-/// A reason is kept as its word (`owner_unknown`, `revoked`, …), as the error catalogue names it.
-extension ReasonCode: SQLValueConvertible {
-    package var sqlValue: SQLValue { .text(rawValue) }
-    package static func fromSQL(_ value: SQLValue) -> ReasonCode? { String.fromSQL(value).map(ReasonCode.init(rawValue:)) }
 }

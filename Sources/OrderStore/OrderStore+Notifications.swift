@@ -1,6 +1,7 @@
 public import Foundation
 import IAPCore
 public import Ledger
+import Store
 
 extension OrderStore {
     /// Applies a verified App Store Server Notification, once per `notificationUUID`:

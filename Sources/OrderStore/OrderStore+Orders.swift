@@ -1,6 +1,7 @@
 public import Foundation
 public import IAPCore
 public import Ledger
+import Store
 
 /// One line of the append-only audit log.
 public struct AuditEntry: Sendable, Equatable, Encodable {

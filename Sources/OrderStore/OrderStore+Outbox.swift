@@ -1,5 +1,6 @@
 public import Foundation
 public import IAPCore
+import Store
 
 /// A message to be published once the transaction that wrote it has committed.
 public struct OutboxMessage: Sendable, Equatable {
@@ -51,6 +52,11 @@ public struct OutboxMessage: Sendable, Equatable {
 }
 
 extension OrderStore {
+    /// Whether a relay renews its claims while it publishes them: on PostgreSQL, where the
+    /// relays of other order services take over a claim whose lease ran out; a SQLite store's one
+    /// relay claims nothing.
+    public var claimsLapse: Bool { database.dialect == .postgres }
+
     /// The oldest unpublished messages, at most `limit`, claimed for `relay` until `lease` has
     /// passed: several order services relay one PostgreSQL outbox at once.
     ///
@@ -71,7 +77,7 @@ extension OrderStore {
                 return try await Self.withRequests(rows.map(Self.outboxMessage), in: db)
             }
         }
-        return try await database.writeLocked { db in
+        return try await database.writeQueues { db in
             let work = try await db.rows(
                 sql: """
                     SELECT * FROM outbox
@@ -102,7 +108,7 @@ extension OrderStore {
     /// rows then would send them twice and events out of order). Nothing to do on SQLite.
     public func renewClaims(_ ids: [Int64], relay: String, lease: TimeInterval = 30, now: Date = Date()) async throws {
         guard database.dialect == .postgres, !ids.isEmpty else { return }
-        try await database.writeLocked { db in
+        try await database.writeQueues { db in
             try await db.execute(
                 sql: "UPDATE outbox SET claimedUntil = ? WHERE claimedBy = ? AND id IN (\(sqlMarks(ids.count)))",
                 arguments: SQLArguments(values: [now.addingTimeInterval(lease).sqlValue, relay.sqlValue] + ids.map(\.sqlValue)))
@@ -113,7 +119,7 @@ extension OrderStore {
     /// may take them at once rather than after the lease.
     public func releaseClaims(_ ids: [Int64], relay: String) async throws {
         guard database.dialect == .postgres, !ids.isEmpty else { return }
-        try await database.writeLocked { db in
+        try await database.writeQueues { db in
             try await db.execute(
                 sql: "UPDATE outbox SET claimedUntil = NULL WHERE claimedBy = ? AND id IN (\(sqlMarks(ids.count)))",
                 arguments: SQLArguments(values: [relay.sqlValue] + ids.map(\.sqlValue)))
@@ -154,7 +160,7 @@ extension OrderStore {
     /// Forgets messages the broker confirmed.
     public func markPublished(_ ids: [Int64]) async throws {
         guard !ids.isEmpty else { return }
-        try await database.writeLocked { db in
+        try await database.writeQueues { db in
             try await db.execute(
                 sql: "DELETE FROM outbox WHERE id IN (\(sqlMarks(ids.count)))",
                 arguments: SQLArguments(ids))
@@ -163,7 +169,7 @@ extension OrderStore {
 
     /// Records a failed publish; the message stays, unclaimed, for the next round.
     public func markPublishFailed(_ id: Int64, error: String) async throws {
-        try await database.writeLocked { db in
+        try await database.writeQueues { db in
             try await db.execute(
                 sql: "UPDATE outbox SET attempts = attempts + 1, lastError = ?, claimedUntil = NULL WHERE id = ?",
                 arguments: [error, id])

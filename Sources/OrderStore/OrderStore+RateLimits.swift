@@ -1,4 +1,5 @@
 public import Foundation
+import Store
 
 extension OrderStore {
     /// Whether the intake must count its rate limits here as well as in its own memory: true
@@ -29,7 +30,7 @@ extension OrderStore {
         let rate = max(perSecond, 0.001)
         let full = max(burst, 1)
         let arguments: SQLArguments = [key, full - 1, now.timeIntervalSince1970, full, rate, full, rate, full, rate]
-        let row = try await database.writeAside { db in try await db.row(sql: sql, arguments: arguments) }
+        let row = try await database.writeCounters { db in try await db.row(sql: sql, arguments: arguments) }
         guard let row else { throw OrderStoreError(.unavailable, "the rate-limit bucket '\(key)' returned no row") }
         if (row["allowed"] as Int) != 0 { return nil }
         return max(0, 1 - (row["tokens"] as Double)) / rate
@@ -40,7 +41,7 @@ extension OrderStore {
     @discardableResult
     public func purgeIdleRateBuckets(now: Date = Date()) async throws -> Int {
         let cutoff = now.timeIntervalSince1970 - Self.rateBucketIdleLifetime
-        return try await database.writeAside { db in
+        return try await database.writeCounters { db in
             try await db.execute(sql: "DELETE FROM rate_bucket WHERE updated < ?", arguments: [cutoff])
         }
     }

@@ -1,5 +1,6 @@
 internal import Foundation
 internal import IAPCore
+internal import Store
 
 /// How an uploaded app receipt is kept: its bytes (not their base64), in `submission_receipt`,
 /// a row of its own that nothing updates.

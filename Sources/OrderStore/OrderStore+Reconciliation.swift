@@ -1,6 +1,7 @@
 public import Foundation
 public import IAPCore
 public import Ledger
+import Store
 
 /// A subscription the reconciliation asks Apple about: due to renew, or in billing retry or
 /// a grace period.
@@ -312,7 +313,7 @@ extension OrderStore {
                     customer = coalesce(excluded.customer, history_revision.customer), readAt = excluded.readAt
                 """, [id, anchor.environment.rawValue, revision, customer, now])
         }
-        try await database.writeLocked { db in try await db.executeBatch(statements) }
+        try await database.writeQueues { db in try await db.executeBatch(statements) }
     }
 
     /// Whether the store has a row of the transaction `transactionId` (credited, or held).

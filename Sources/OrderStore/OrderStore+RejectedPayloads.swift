@@ -1,5 +1,6 @@
 public import Foundation
 public import IAPCore
+import Store
 
 extension OrderStore {
     /// Keeps only a digest of what a rejected submission was sent with (its receipt, signed

@@ -1,6 +1,7 @@
 public import Foundation
 import IAPCore
 import Ledger
+import Store
 
 extension OrderStore {
     /// Gives grants credited before credit keys existed (keyed by their transaction) the key

@@ -1,5 +1,6 @@
 public import Foundation
 public import IAPCore
+import Store
 
 /// A renewal-date extension Apple made for customer service.
 public struct RenewalDateExtension: Sendable, Equatable {

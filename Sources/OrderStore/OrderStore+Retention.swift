@@ -1,5 +1,6 @@
 public import Foundation
 import IAPCore
+import Store
 
 extension OrderStore {
     /// Rejected submissions deleted per transaction: a large purge takes the writer in short turns.

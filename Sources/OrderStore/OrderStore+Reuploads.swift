@@ -2,6 +2,7 @@ public import Foundation
 import Crypto
 public import IAPCore
 import Ledger
+import Store
 
 extension OrderStore {
     /// How long an upload credited before answers the same upload again by its owner: within

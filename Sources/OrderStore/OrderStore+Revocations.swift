@@ -1,6 +1,7 @@
 import Foundation
 import IAPCore
 import Ledger
+import Store
 
 extension OrderStore {
     /// Apple's refund or revocation of `key` as recorded, nil when there is none: whether it

@@ -1,6 +1,7 @@
 public import Foundation
 public import IAPCore
 public import Ledger
+import Store
 
 /// What the status endpoint tells the app about one upload.
 public struct SubmissionStatus: Sendable, Equatable {

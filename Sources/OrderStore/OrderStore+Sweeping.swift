@@ -1,5 +1,6 @@
 public import Foundation
 public import IAPCore
+import Store
 
 extension OrderStore {
     /// Finds submissions that made no progress and queues them again, in one transaction:

@@ -1,5 +1,6 @@
 import Foundation
 import IAPCore
+package import Store
 
 /// Where the order store lives: one SQLite file (the embedded default) or a PostgreSQL
 /// database shared by several order services.
@@ -18,6 +19,75 @@ public enum StoreLocation: Sendable, Equatable, CustomStringConvertible {
         case .sqlite(let path): "sqlite:\(path)"
         case .postgres(let location): location.description
         }
+    }
+}
+
+/// Where a PostgreSQL order store lives: `postgres://USER:PASSWORD@HOST:PORT/DB`.
+public struct PostgresLocation: Sendable, Equatable, CustomStringConvertible {
+    public var host: String
+    public var port: Int
+    public var user: String
+    public var password: String?
+    public var database: String
+
+    public init(host: String, port: Int = 5432, user: String, password: String?, database: String) {
+        self.host = host
+        self.port = port
+        self.user = user
+        self.password = password
+        self.database = database
+    }
+
+    /// Parses a `postgres://` or `postgresql://` URL; `passwordFile` (its first line) supplies a
+    /// password the URL leaves out.
+    public init(url text: String, passwordFile: String? = nil) throws(OrderStoreError) {
+        guard let components = URLComponents(string: text),
+            components.scheme == "postgres" || components.scheme == "postgresql",
+            let host = components.host, !host.isEmpty
+        else {
+            throw OrderStoreError(.unavailable, "not a postgres://USER:PASSWORD@HOST:PORT/DB URL: \(Self.redacted(text))")
+        }
+        guard let user = components.percentEncodedUser?.removingPercentEncoding, !user.isEmpty else {
+            throw OrderStoreError(.unavailable, "the database URL names no user: \(Self.redacted(text))")
+        }
+        let database = String(components.path.drop { $0 == "/" })
+        guard !database.isEmpty else {
+            throw OrderStoreError(.unavailable, "the database URL names no database: \(Self.redacted(text))")
+        }
+        var password = components.percentEncodedPassword?.removingPercentEncoding
+        if password == nil, let passwordFile {
+            guard let contents = try? String(contentsOfFile: passwordFile, encoding: .utf8) else {
+                throw OrderStoreError(.unavailable, "cannot read the database password file \(passwordFile)")
+            }
+            password = contents.split(whereSeparator: \.isNewline).first.map(String.init) ?? ""
+        }
+        self.init(host: host, port: components.port ?? 5432, user: user, password: password, database: database)
+    }
+
+    /// The URL without its password, for logs and errors.
+    public var description: String { "postgres://\(user)@\(host):\(port)/\(database)" }
+
+    /// The URL with its password (for handing to another process of ours).
+    public var url: String {
+        var components = URLComponents()
+        components.scheme = "postgres"
+        components.user = user
+        components.password = password
+        components.host = host
+        components.port = port
+        components.path = "/" + database
+        return components.string ?? description
+    }
+
+    static func redacted(_ text: String) -> String {
+        guard var components = URLComponents(string: text) else { return "(unparsable)" }
+        if components.password != nil { components.password = "***" }
+        return components.string ?? "(unparsable)"
+    }
+
+    /// The server the store's connections go to.
+    package var server: PostgresServer {
+        PostgresServer(host: host, port: port, user: user, password: password, database: database)
     }
 }
 
@@ -66,7 +136,7 @@ public final class OrderStore: Sendable {
             case .sqlite(let path):
                 backend = try SQLiteDatabase(path: path, statementObserver: statementObserver)
             case .postgres(let postgres):
-                backend = try await PostgresDatabase(location: postgres, statementObserver: statementObserver)
+                backend = try await PostgresDatabase(location: postgres.server, statementObserver: statementObserver)
             }
             database = AnnouncingDatabase(inner: backend, signals: [(.outbox, outboxSignal), (.appleCalls, appleCallSignal)])
         } catch let error as OrderStoreError {

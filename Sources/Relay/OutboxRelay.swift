@@ -110,7 +110,7 @@ public final class OutboxRelay: Service, Sendable {
         }
         guard !batch.isEmpty else { return 0 }
         // The claims last while this relay publishes, however long the broker makes it wait.
-        let renewal = store.dialect == .postgres ? keepClaimed(batch.compactMap(\.id)) : nil
+        let renewal = store.claimsLapse ? keepClaimed(batch.compactMap(\.id)) : nil
         defer { renewal?.cancel() }
         // Work messages go out together (confirms batch themselves); events go out one after
         // another in commit order, so no consumer sees `grant.revoked` before `grant.created`.

@@ -9,6 +9,7 @@ import NIOCore
 import NIOFoundationCompat
 import NIOHTTP1
 @testable import OrderStore
+@testable import Store
 import Ledger
 import Testing
 

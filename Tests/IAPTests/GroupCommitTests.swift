@@ -2,6 +2,7 @@ import Foundation
 import IAPCore
 import NIOConcurrencyHelpers
 @testable import OrderStore
+@testable import Store
 import Ledger
 import Testing
 

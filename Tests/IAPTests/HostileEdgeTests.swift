@@ -6,6 +6,7 @@ import IAPCore
 import Intake
 import NIOHTTP1
 @testable import OrderStore
+@testable import Store
 import Ledger
 import NIOConcurrencyHelpers
 import Testing

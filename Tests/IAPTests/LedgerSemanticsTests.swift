@@ -4,6 +4,7 @@ import IAPCore
 import Ledger
 import NIOConcurrencyHelpers
 import OrderStore
+@testable import Store
 import Testing
 
 /// The ledger's rules, one store and one rule at a time: what each product type is credited

@@ -1,6 +1,7 @@
 import Foundation
 import IAPCore
 @testable import OrderStore
+@testable import Store
 import Ledger
 import Testing
 

@@ -12,6 +12,7 @@ import NIOFoundationCompat
 import NIOHTTP1
 import Pipeline
 @testable import OrderStore
+@testable import Store
 import Ledger
 import ServiceLifecycle
 import Testing

@@ -4,6 +4,7 @@ import IAPCore
 import Ledger
 import NIOConcurrencyHelpers
 @testable import OrderStore
+@testable import Store
 import Testing
 
 @Suite("Order store invariants", .teardown)

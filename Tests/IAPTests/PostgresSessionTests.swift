@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 @testable import OrderStore
+@testable import Store
 import Ledger
 
 /// One PostgreSQL connection whose server goes away: what runs on it fails, and fails at once.
@@ -12,9 +13,9 @@ struct PostgresSessionTests {
     /// would last until the time limit ends the test.
     @Test func aStatementAfterTheServerEndedTheSessionFailsAtOnce() async throws {
         let location = try await TestStore.emptyPostgresDatabase()
-        try await PostgresDatabase.withConnection(to: location) { session in
+        try await PostgresDatabase.withConnection(to: location.server) { session in
             let pid = try #require(try await Int.fetchOne(session, sql: "SELECT pg_backend_pid()"))
-            try await PostgresDatabase.withConnection(to: location) { other in
+            try await PostgresDatabase.withConnection(to: location.server) { other in
                 _ = try await other.rows(sql: "SELECT pg_terminate_backend(?::integer)", arguments: [pid])
             }
             // The server's goodbye reaches the client, which closes the connection.

@@ -2,6 +2,7 @@ import Foundation
 @testable import Intake
 import Logging
 @testable import OrderStore
+@testable import Store
 import Ledger
 import Testing
 

@@ -4,6 +4,7 @@ import Logging
 import Messaging
 import NIOConcurrencyHelpers
 @testable import OrderStore
+@testable import Store
 import Ledger
 import Relay
 import Testing

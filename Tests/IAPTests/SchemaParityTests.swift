@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 @testable import OrderStore
+@testable import Store
 import Ledger
 
 /// The order store's two live schemas after the whole history (`SchemaHistory`), read back from

@@ -3,6 +3,7 @@ import Foundation
 import NIOHTTP1
 import IAPCore
 import OrderStore
+@testable import Store
 import Ledger
 import Testing
 

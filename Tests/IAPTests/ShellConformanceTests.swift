@@ -4,6 +4,7 @@ import Ledger
 @testable import LedgerTestSupport
 import Testing
 @testable import OrderStore
+@testable import Store
 
 /// The ledger's shell three times over: the tables in memory the model checker runs its
 /// sequences through (`MemoryLedger`), and the order store's own shell on SQLite and on

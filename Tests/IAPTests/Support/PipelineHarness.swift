@@ -16,6 +16,7 @@ import NIOCore
 import NIOFoundationCompat
 import NIOHTTP1
 import OrderStore
+@testable import Store
 import Pipeline
 import Relay
 import ServiceLifecycle

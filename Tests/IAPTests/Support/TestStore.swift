@@ -3,6 +3,7 @@ import Foundation
 import Logging
 import Testing
 @testable import OrderStore
+@testable import Store
 
 /// The order store a test runs on. Store tests take it as their argument
 /// (`@Test(arguments: TestStore.backends)`), so one `swift test` pass runs them on both; the rest
@@ -62,7 +63,7 @@ enum TestStore {
         var location = admin
         location.database = name
         let name = location.database
-        try await PostgresDatabase.withConnection(to: admin) { session in
+        try await PostgresDatabase.withConnection(to: admin.server) { session in
             let exists =
                 try await Int.fetchOne(session, sql: "SELECT 1 FROM pg_database WHERE datname = ?", arguments: [name])
                 != nil
@@ -117,7 +118,7 @@ extension OrderStore {
     /// look at and damage what the store holds, on either backend). On PostgreSQL it takes none
     /// of the ledger's locks, so a test can look while a write of the ledger holds them.
     func testRows(_ sql: String, _ arguments: SQLArguments = []) async throws -> [SQLRow] {
-        try await database.writeLocked { db in try await db.rows(sql: sql, arguments: arguments) }
+        try await database.writeQueues { db in try await db.rows(sql: sql, arguments: arguments) }
     }
 
     /// PostgreSQL: the plan the server uses for `sql` (a store statement, `?` marks) whatever its

@@ -7,8 +7,8 @@ import Foundation
 /// integers 0 and 1, as the store reads booleans everywhere; strings are text (dates are text
 /// in this store). A nested array or object is refused: no column the store reads in a batch
 /// holds one.
-enum RowSetsJSON {
-    static func parse(_ text: String) throws -> [[SQLRow]] {
+package enum RowSetsJSON {
+    package static func parse(_ text: String) throws -> [[SQLRow]] {
         var text = text
         return try text.withUTF8 { bytes in
             var reader = Reader(bytes: bytes)

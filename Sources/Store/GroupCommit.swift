@@ -14,7 +14,7 @@ import NIOConcurrencyHelpers
 /// batch's reads in one round trip and its writes in another, rather than two round trips per
 /// unit in turn. Units whose keys meet go in later rounds of the same transaction, in the
 /// order they came, each seeing what the ones before it wrote.
-final class GroupCommit: Sendable {
+package final class GroupCommit: Sendable {
     /// What became of one unit in a batch.
     private enum Outcome: Sendable {
         case done
@@ -66,10 +66,10 @@ final class GroupCommit: Sendable {
     }
 
     /// Which of the database's writers a batch goes to.
-    enum Writer: Sendable {
+    package enum Writer: Sendable {
         /// `write`: the ledger's.
         case ledger
-        /// `writeUploads`.
+        /// `acceptUploads`.
         case uploads
     }
 
@@ -80,7 +80,7 @@ final class GroupCommit: Sendable {
     private let maxKeys: Int
     private let state = NIOLockedValueBox(State())
 
-    init(database: any SQLDatabase, writer: Writer = .ledger, maxBatch: Int = 512, maxKeys: Int = 512) {
+    package init(database: any SQLDatabase, writer: Writer = .ledger, maxBatch: Int = 512, maxKeys: Int = 512) {
         self.database = database
         self.writer = writer
         self.maxBatch = maxBatch
@@ -95,7 +95,7 @@ final class GroupCommit: Sendable {
     /// common, and may go side by side. Work that names them reads once, first, and queues its
     /// writes (`executeLater`), or else runs again alone (see `SideBySideRound`). Nil: the
     /// work runs alone, between the units before it and the ones after.
-    func write<T: Sendable>(
+    package func write<T: Sendable>(
         keys: Set<String>? = nil, _ work: @escaping @Sendable (any SQLConnection) async throws -> T
     ) async throws -> T {
         try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<T, any Error>) in
@@ -130,10 +130,10 @@ final class GroupCommit: Sendable {
     }
 
     /// Batches begun so far (each one transaction).
-    var batches: Int { state.withLockedValue { $0.batches } }
+    package var batches: Int { state.withLockedValue { $0.batches } }
 
     /// Writes queued for the next batch (not counting the one being committed).
-    var waiting: Int { state.withLockedValue { $0.pending.count } }
+    package var waiting: Int { state.withLockedValue { $0.pending.count } }
 
     /// Commits batches until nobody waits.
     private func drain() async {
@@ -223,7 +223,7 @@ final class GroupCommit: Sendable {
         switch (writer, keys) {
         case (.ledger, let keys?): try await database.write(keys: keys, body)
         case (.ledger, nil): try await database.write(body)
-        case (.uploads, _): try await database.writeUploads(body)
+        case (.uploads, _): try await database.acceptUploads(body)
         }
     }
 
@@ -232,7 +232,7 @@ final class GroupCommit: Sendable {
     /// and always at least one. A unit without keys counts none: its batch locks the whole
     /// ledger. (On PostgreSQL each key is a lock held to the commit, in a lock table the server
     /// sizes for about 64 per connection: a bound per batch keeps services × `maxKeys` in it.)
-    static func batchSize(_ keys: [Set<String>?], maxKeys: Int) -> Int {
+    package static func batchSize(_ keys: [Set<String>?], maxKeys: Int) -> Int {
         var union = Set<String>()
         for (index, unitKeys) in keys.enumerated() {
             guard let unitKeys else { continue }
@@ -244,7 +244,7 @@ final class GroupCommit: Sendable {
 
     /// The keys a batch's transaction locks: every unit's, or nil (every row) when one of them
     /// names none.
-    static func keys(of units: [Set<String>?]) -> Set<String>? {
+    package static func keys(of units: [Set<String>?]) -> Set<String>? {
         var union = Set<String>()
         for unitKeys in units {
             guard let unitKeys else { return nil }
@@ -254,15 +254,15 @@ final class GroupCommit: Sendable {
     }
 
     /// Batches a unit may conflict in before its caller hears of the conflict.
-    static let maxConflicts = 64
+    package static let maxConflicts = 64
 
     /// Units run side by side so far, and those of them that then ran again alone.
-    var sideBySideUnits: (together: Int, alone: Int) { state.withLockedValue { ($0.together, $0.alone) } }
+    package var sideBySideUnits: (together: Int, alone: Int) { state.withLockedValue { ($0.together, $0.alone) } }
 
     /// The batch's units (by their keys) as rounds, in order: a round holds units whose keys
     /// are apart from each other's and from those of every unit left for a later round before
     /// them, so units that meet keep their order. A unit without keys is a round of its own.
-    static func rounds(_ keys: [Set<String>?]) -> [[Int]] {
+    package static func rounds(_ keys: [Set<String>?]) -> [[Int]] {
         var rounds: [[Int]] = []
         var remaining = Array(keys.indices)
         while !remaining.isEmpty {

@@ -1,6 +1,5 @@
 public import Foundation
 import IAPCore
-import Ledger
 
 /// A value as the order store writes and reads it: the same five kinds on SQLite and
 /// PostgreSQL, so that one set of store operations runs on either.
@@ -33,7 +32,7 @@ extension String: SQLValueConvertible {
     }
 }
 
-/// The ledger's states and sources are kept as their raw values.
+/// A value of a string-backed vocabulary (states, reasons) is kept as its raw value.
 extension SQLValueConvertible where Self: RawRepresentable, RawValue == String {
     package var sqlValue: SQLValue { .text(rawValue) }
     package static func fromSQL(_ value: SQLValue) -> Self? { String.fromSQL(value).flatMap(Self.init(rawValue:)) }
@@ -41,15 +40,9 @@ extension SQLValueConvertible where Self: RawRepresentable, RawValue == String {
 
 extension RawRepresentable where RawValue == String {
     /// The value as an SQL string literal, for a query whose text names a state (as a partial
-    /// index's predicate does). Only for the ledger's own vocabulary, never for input.
+    /// index's predicate does). Only for the project's own vocabulary, never for input.
     package var sql: String { "'\(rawValue)'" }
 }
-
-extension GrantState: SQLValueConvertible {}
-extension GrantSource: SQLValueConvertible {}
-extension GrantRevoker: SQLValueConvertible {}
-extension OrderState: SQLValueConvertible {}
-extension SubscriptionState: SQLValueConvertible {}
 
 extension Int64: SQLValueConvertible {
     package var sqlValue: SQLValue { .integer(self) }
@@ -114,15 +107,15 @@ extension Date: SQLValueConvertible {
 
 /// The text form of dates in the store, written and read without a `DateFormatter` (the hot
 /// paths write several dates per purchase).
-enum SQLDate {
-    static func format(_ date: Date) -> String {
+package enum SQLDate {
+    package static func format(_ date: Date) -> String {
         // Milliseconds, rounded down, as the store has always kept them.
         DateText.format(date, separator: " ", zone: "")
     }
 
     /// Reads `yyyy-MM-dd`, optionally followed by ` HH:mm`, `:ss`, `.SSS…` (a `T` also separates
     /// date and time) and `Z`: UTC.
-    static func parse(_ text: String) -> Date? {
+    package static func parse(_ text: String) -> Date? {
         let bytes = Array(text.utf8)
         var index = 0
         func number(_ width: Int) -> Int64? {
@@ -246,7 +239,7 @@ package struct SQLRow: Sendable {
         self.values = values
     }
 
-    func index(of column: String) -> Int? {
+    package func index(of column: String) -> Int? {
         if let exact = columns.firstIndex(of: column) { return exact }
         let folded = column.lowercased()
         return columns.firstIndex { $0.lowercased() == folded }
@@ -335,7 +328,7 @@ package protocol SQLConnection: AnyObject {
 /// all or nothing on their own, the transaction going on whatever one unit's did. Sendable:
 /// a round's units hold it in tasks of their own, but only the round (`SideBySideRound`)
 /// sends on it, and only while every unit waits.
-protocol SideBySideConnection: SQLConnection, Sendable {
+package protocol SideBySideConnection: SQLConnection, Sendable {
     /// Runs each unit's queries, all in one round trip; answers each unit's sets of rows.
     func readSideBySide(_ units: [[SQLStatement]]) async throws -> [[[SQLRow]]]
     /// Runs each unit's writes, all in one round trip, each unit's undone alone when one of
@@ -346,29 +339,29 @@ protocol SideBySideConnection: SQLConnection, Sendable {
 
 extension SQLConnection {
     @discardableResult
-    func execute(sql: String) async throws -> Int { try await execute(sql: sql, arguments: []) }
+    package func execute(sql: String) async throws -> Int { try await execute(sql: sql, arguments: []) }
 
     /// Runs one statement whose text is fixed (the backends keep it prepared).
-    func executeCached(sql: String, arguments: SQLArguments = []) async throws {
+    package func executeCached(sql: String, arguments: SQLArguments = []) async throws {
         try await execute(sql: sql, arguments: arguments)
     }
 
     /// The first row of a query.
-    func row(sql: String, arguments: SQLArguments = []) async throws -> SQLRow? {
+    package func row(sql: String, arguments: SQLArguments = []) async throws -> SQLRow? {
         try await rows(sql: sql, arguments: arguments).first
     }
 
     /// The first row of a fixed query.
-    func cachedRow(sql: String, arguments: SQLArguments = []) async throws -> SQLRow? {
+    package func cachedRow(sql: String, arguments: SQLArguments = []) async throws -> SQLRow? {
         try await row(sql: sql, arguments: arguments)
     }
 
-    func rows(sql: String) async throws -> [SQLRow] { try await rows(sql: sql, arguments: []) }
+    package func rows(sql: String) async throws -> [SQLRow] { try await rows(sql: sql, arguments: []) }
 
     /// Whether this transaction is the only one doing `task` now, across every order service
     /// sharing the store (a PostgreSQL advisory lock held until the transaction ends). On
     /// SQLite, whose one writer runs one transaction at a time, always true.
-    func takeExclusive(_ task: String) async throws -> Bool {
+    package func takeExclusive(_ task: String) async throws -> Bool {
         guard dialect == .postgres else { return true }
         return try await Bool.fetchOne(self, sql: "SELECT pg_try_advisory_xact_lock(hashtext(?))", arguments: ["iap:" + task]) ?? false
     }
@@ -376,13 +369,13 @@ extension SQLConnection {
 
 extension SQLValueConvertible {
     /// The first column of the first row, nil when there is no row or it is NULL.
-    static func fetchOne(_ db: any SQLConnection, sql: String, arguments: SQLArguments = []) async throws -> Self? {
+    package static func fetchOne(_ db: any SQLConnection, sql: String, arguments: SQLArguments = []) async throws -> Self? {
         guard let row = try await db.row(sql: sql, arguments: arguments), let first = row.values.first else { return nil }
         return fromSQL(first)
     }
 
     /// The first column of every row (NULLs left out).
-    static func fetchAll(_ db: any SQLConnection, sql: String, arguments: SQLArguments = []) async throws -> [Self] {
+    package static func fetchAll(_ db: any SQLConnection, sql: String, arguments: SQLArguments = []) async throws -> [Self] {
         try await db.rows(sql: sql, arguments: arguments).compactMap { $0.values.first.flatMap(fromSQL) }
     }
 }
@@ -412,7 +405,7 @@ package struct SQLError: Error, Sendable, CustomStringConvertible {
 }
 
 /// What the store runs transactions on: SQLite on its own connections, or PostgreSQL through `PostgresClient`.
-protocol SQLDatabase: Sendable {
+package protocol SQLDatabase: Sendable {
     var dialect: SQLDialect { get }
     /// Runs `body` in a read-only transaction that sees one consistent state.
     func read<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T
@@ -429,27 +422,28 @@ protocol SQLDatabase: Sendable {
     /// service; on SQLite as `write` (one writer).
     @discardableResult
     func write<T: Sendable>(keys: Set<String>, _ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T
-    /// Runs one short, self-contained statement's worth of work that must not wait behind the
-    /// ledger's writes (the shared rate-limit buckets): on PostgreSQL on a connection of its
+    /// Counts: runs one short, self-contained statement's worth of work that must not wait
+    /// behind the ledger's writes (the shared rate-limit buckets): on PostgreSQL on a connection of its
     /// own in autocommit, failing at once while the database is away; on SQLite as `write`.
-    func writeAside<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T
-    /// Runs `body` in a write transaction for uploads, which only insert rows of their own (a
+    func writeCounters<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T
+    /// Accepts uploads: runs `body` in a write transaction that only inserts rows of its own (a
     /// new submission and its message; a unique key keeps each once): on PostgreSQL on a writer
     /// of their own, `READ COMMITTED` with no lock of the ledger's, so uploads never wait for a
     /// batch of results; on SQLite as `write` (one writer).
     @discardableResult
-    func writeUploads<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T
-    /// Runs `body` in a write transaction kept apart from other writers by the row locks it
-    /// takes (`FOR UPDATE`), not by the ledger's locks: the outbox relay's claims and deletes.
+    func acceptUploads<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T
+    /// Works a queue (the outbox, the calls to Apple): runs `body` in a write transaction kept
+    /// apart from other writers by the row locks it takes (`FOR UPDATE`), not by the ledger's
+    /// locks: a relay's or a worker's claims and deletes.
     /// On PostgreSQL `READ COMMITTED`, beside the ledger's writer rather than behind it, so that
     /// it never waits for a group commit; on SQLite as `write`.
     @discardableResult
-    func writeLocked<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T
+    func writeQueues<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T
     /// Closes the connections.
     func close() async
 }
 
 /// `?,?,?`: the marks of an `IN (…)` list of `count` arguments.
-func sqlMarks(_ count: Int) -> String {
+package func sqlMarks(_ count: Int) -> String {
     Array(repeating: "?", count: count).joined(separator: ",")
 }

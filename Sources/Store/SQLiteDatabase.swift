@@ -9,8 +9,8 @@ import NIOConcurrencyHelpers
 /// calling thread, so each transaction runs on a thread of its own connection's queue (a
 /// task executor), never on the cooperative pool that serves HTTP and the broker: a commit
 /// waits for the disk there, and a statement never suspends.
-final class SQLiteDatabase: SQLDatabase {
-    var dialect: SQLDialect { .sqlite }
+package final class SQLiteDatabase: SQLDatabase {
+    package var dialect: SQLDialect { .sqlite }
     private let writer: SQLiteConnection
     private let writerGate = AsyncGate(permits: 1)
     private let writerExecutor = QueueExecutor(label: "iap.orderstore.sqlite.writer")
@@ -21,14 +21,14 @@ final class SQLiteDatabase: SQLDatabase {
     /// Opens (creating with mode 0600 if needed) the file at `path`, migrates it, and opens its
     /// connections: commits synced to disk (`synchronous = FULL`), foreign keys enforced.
     /// `statementObserver` hears every statement.
-    init(path: String, readers readerCount: Int = 4, statementObserver: (@Sendable (String) -> Void)?) throws {
+    package init(path: String, readers readerCount: Int = 4, statementObserver: (@Sendable (String) -> Void)?) throws {
         let directory = URL(fileURLWithPath: path).deletingLastPathComponent()
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         // Receipts and user ids live here: readable by the service's user only.
         if !FileManager.default.fileExists(atPath: path),
             !FileManager.default.createFile(atPath: path, contents: nil, attributes: [.posixPermissions: 0o600])
         {
-            throw OrderStoreError(.unavailable, "cannot create \(path)")
+            throw SQLError(.other, "cannot create \(path)")
         }
         // The schema history runs through GRDB's migrator (the names it records are the file's
         // history); the pool turns WAL on. SQLite creates -wal and -shm with the file's mode.
@@ -58,7 +58,7 @@ final class SQLiteDatabase: SQLDatabase {
         readerGate = AsyncGate(permits: count)
     }
 
-    func read<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
+    package func read<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
         await readerGate.acquire()
         defer { readerGate.release() }
         let connection = readers.withLockedValue { $0.removeLast() }
@@ -68,7 +68,7 @@ final class SQLiteDatabase: SQLDatabase {
         }
     }
 
-    func write<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
+    package func write<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
         await writerGate.acquire()
         defer { writerGate.release() }
         let writer = writer
@@ -77,27 +77,27 @@ final class SQLiteDatabase: SQLDatabase {
         }
     }
 
-    func write<T: Sendable>(keys: Set<String>, _ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
+    package func write<T: Sendable>(keys: Set<String>, _ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
         try await write(body)
     }
 
-    func writeAside<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
+    package func writeCounters<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
         // One process writes the file: there is no other queue to stay out of.
         try await write(body)
     }
 
     @discardableResult
-    func writeUploads<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
+    package func acceptUploads<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
         try await write(body)
     }
 
     @discardableResult
-    func writeLocked<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
+    package func writeQueues<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
         // One writer: nothing to keep apart.
         try await write(body)
     }
 
-    func close() async {
+    package func close() async {
         await writerGate.acquire()
         writer.close()
         for reader in readers.withLockedValue({ $0 }) { reader.close() }
@@ -106,15 +106,15 @@ final class SQLiteDatabase: SQLDatabase {
 }
 
 /// One SQLite connection, used by one transaction at a time, its statements kept compiled.
-final class SQLiteConnection: SQLConnection, @unchecked Sendable {
+package final class SQLiteConnection: SQLConnection, @unchecked Sendable {
     // Unchecked: a connection is only touched by the one transaction that holds its gate.
     private var handle: OpaquePointer?
     private var statements: [String: OpaquePointer] = [:]
     private let statementObserver: (@Sendable (String) -> Void)?
     private var savepoints = 0
-    private(set) var filled: CommitQueues = []
+    package private(set) var filled: CommitQueues = []
 
-    init(path: String, readOnly: Bool, statementObserver: (@Sendable (String) -> Void)?) throws {
+    package init(path: String, readOnly: Bool, statementObserver: (@Sendable (String) -> Void)?) throws {
         self.statementObserver = statementObserver
         let flags = (readOnly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE) | SQLITE_OPEN_NOMUTEX
         var handle: OpaquePointer?
@@ -130,11 +130,11 @@ final class SQLiteConnection: SQLConnection, @unchecked Sendable {
         sqlite3_busy_timeout(handle, 10_000)
     }
 
-    var dialect: SQLDialect { .sqlite }
-    var changesCount: Int { handle.map { Int(sqlite3_changes($0)) } ?? 0 }
-    var isInsideTransaction: Bool { handle.map { sqlite3_get_autocommit($0) == 0 } ?? false }
+    package var dialect: SQLDialect { .sqlite }
+    package var changesCount: Int { handle.map { Int(sqlite3_changes($0)) } ?? 0 }
+    package var isInsideTransaction: Bool { handle.map { sqlite3_get_autocommit($0) == 0 } ?? false }
 
-    func close() {
+    package func close() {
         for statement in statements.values { sqlite3_finalize(statement) }
         statements.removeAll()
         sqlite3_close_v2(handle)
@@ -147,7 +147,7 @@ final class SQLiteConnection: SQLConnection, @unchecked Sendable {
 
     /// Runs `body` in one transaction opened with `begin`: committed if it returns, rolled
     /// back if it throws.
-    func transaction<T>(begin: String, _ body: () async throws -> T) async throws -> T {
+    package func transaction<T>(begin: String, _ body: () async throws -> T) async throws -> T {
         savepoints = 0
         filled = []
         try run(begin)
@@ -165,12 +165,12 @@ final class SQLiteConnection: SQLConnection, @unchecked Sendable {
     }
 
     @discardableResult
-    func execute(sql: String, arguments: SQLArguments) async throws -> Int {
+    package func execute(sql: String, arguments: SQLArguments) async throws -> Int {
         try run(sql, arguments)
         return changesCount
     }
 
-    func executeBatch(_ statements: [SQLStatement]) async throws {
+    package func executeBatch(_ statements: [SQLStatement]) async throws {
         guard statements.count > 1 else {
             for statement in statements { try runChecked(statement) }
             return
@@ -197,18 +197,18 @@ final class SQLiteConnection: SQLConnection, @unchecked Sendable {
         filled.formUnion(statement.fills)
     }
 
-    func executeLater(_ statements: [SQLStatement]) async throws {
+    package func executeLater(_ statements: [SQLStatement]) async throws {
         try await executeBatch(statements)
     }
 
-    func readBatch(_ queries: [SQLStatement]) async throws -> [[SQLRow]] {
+    package func readBatch(_ queries: [SQLStatement]) async throws -> [[SQLRow]] {
         var sets: [[SQLRow]] = []
         sets.reserveCapacity(queries.count)
         for query in queries { sets.append(try await rows(sql: query.sql, arguments: query.arguments)) }
         return sets
     }
 
-    func rows(sql: String, arguments: SQLArguments) async throws -> [SQLRow] {
+    package func rows(sql: String, arguments: SQLArguments) async throws -> [SQLRow] {
         var rows: [SQLRow] = []
         try run(sql, arguments) { statement, columns in
             let count = columns.count
@@ -220,7 +220,7 @@ final class SQLiteConnection: SQLConnection, @unchecked Sendable {
         return rows
     }
 
-    func inSavepoint<T>(_ body: () async throws -> T) async throws -> T {
+    package func inSavepoint<T>(_ body: () async throws -> T) async throws -> T {
         savepoints += 1
         let name = "s\(savepoints)"
         defer { savepoints -= 1 }
@@ -242,7 +242,7 @@ final class SQLiteConnection: SQLConnection, @unchecked Sendable {
     }
 
     /// Runs `sql` with `arguments`, handing each row to `row` (with the column names).
-    func run(_ sql: String, _ arguments: SQLArguments = [], row: ((OpaquePointer, [String]) -> Void)? = nil) throws {
+    package func run(_ sql: String, _ arguments: SQLArguments = [], row: ((OpaquePointer, [String]) -> Void)? = nil) throws {
         guard let handle else { throw SQLError(.other, "the order store is closed") }
         statementObserver?(sql)
         let statement = try prepared(sql, on: handle)
@@ -322,7 +322,7 @@ final class SQLiteConnection: SQLConnection, @unchecked Sendable {
         }
     }
 
-    static func translate(code: Int32, message: String) -> SQLError {
+    package static func translate(code: Int32, message: String) -> SQLError {
         switch code {
         case 1555, 2067: SQLError(.uniqueViolation, message)  // SQLITE_CONSTRAINT_PRIMARYKEY, _UNIQUE
         default: SQLError(.other, message)
@@ -332,21 +332,21 @@ final class SQLiteConnection: SQLConnection, @unchecked Sendable {
 
 /// A task executor on a dispatch queue: work that blocks its thread (a commit waiting for the
 /// disk) runs there rather than on the cooperative pool.
-final class QueueExecutor: TaskExecutor {
+package final class QueueExecutor: TaskExecutor {
     private let queue: DispatchQueue
 
-    init(label: String, concurrent: Bool = false) {
+    package init(label: String, concurrent: Bool = false) {
         queue = DispatchQueue(label: label, attributes: concurrent ? [.concurrent] : [])
     }
 
-    func enqueue(_ job: UnownedJob) {
+    package func enqueue(_ job: UnownedJob) {
         let executor = asUnownedTaskExecutor()
         queue.async { job.runSynchronously(on: executor) }
     }
 }
 
 /// Up to `permits` holders at a time; the others wait, in order, without blocking a thread.
-final class AsyncGate: Sendable {
+package final class AsyncGate: Sendable {
     private struct State {
         var available: Int
         var waiters: [CheckedContinuation<Void, Never>] = []
@@ -354,11 +354,11 @@ final class AsyncGate: Sendable {
 
     private let state: NIOLockedValueBox<State>
 
-    init(permits: Int) {
+    package init(permits: Int) {
         state = NIOLockedValueBox(State(available: permits))
     }
 
-    func acquire() async {
+    package func acquire() async {
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
             let granted = state.withLockedValue { state in
                 if state.available > 0 {
@@ -372,7 +372,7 @@ final class AsyncGate: Sendable {
         }
     }
 
-    func release() {
+    package func release() {
         let next = state.withLockedValue { state -> CheckedContinuation<Void, Never>? in
             if state.waiters.isEmpty {
                 state.available += 1

@@ -11,7 +11,7 @@ import NIOConcurrencyHelpers
 /// here only), and the group commit runs it again, alone, once the round has ended. The
 /// units of a round touch no row another of them reads (`GroupCommit.rounds`): what each one
 /// read is still true when its writes go, whichever unit's writes go first.
-final class SideBySideRound: Sendable {
+package final class SideBySideRound: Sendable {
     private enum Request {
         case read([SQLStatement], CheckedContinuation<[[SQLRow]], any Error>)
         case write([SQLStatement], CheckedContinuation<Void, any Error>)
@@ -33,21 +33,21 @@ final class SideBySideRound: Sendable {
     }
 
     /// A unit called what a round cannot run side by side.
-    struct GoesAlone: Error {}
+    package struct GoesAlone: Error {}
 
-    let connection: any SideBySideConnection
+    package let connection: any SideBySideConnection
     private let state: NIOLockedValueBox<State>
 
-    init(units: Int, on connection: any SideBySideConnection) {
+    package init(units: Int, on connection: any SideBySideConnection) {
         self.connection = connection
         state = NIOLockedValueBox(State(running: units))
     }
 
     /// The connection unit `index` runs on in this round.
-    func unit(_ index: Int) -> Unit { Unit(round: self, index: index) }
+    package func unit(_ index: Int) -> Unit { Unit(round: self, index: index) }
 
     /// Unit `index` has ended (its work returned or threw).
-    func ended() {
+    package func ended() {
         state.withLockedValue { $0.stopped() }?.resume()
     }
 
@@ -82,7 +82,7 @@ final class SideBySideRound: Sendable {
 
     /// Answers the units' reads and writes until every unit has ended. Reads go first: the
     /// units whose writes wait meanwhile go with the ones still reading.
-    func serve() async {
+    package func serve() async {
         while true {
             await untilIdle()
             let (reads, writes) = state.withLockedValue { state in
@@ -126,7 +126,7 @@ final class SideBySideRound: Sendable {
 
     /// What one unit of the round runs on: its first read and its closing writes go with the
     /// other units'; anything else throws `GoesAlone`.
-    final class Unit: SQLConnection, @unchecked Sendable {
+    package final class Unit: SQLConnection, @unchecked Sendable {
         // Unchecked: only the unit's own task touches it.
         private let round: SideBySideRound
         private let index: Int
@@ -138,18 +138,18 @@ final class SideBySideRound: Sendable {
             self.index = index
         }
 
-        var dialect: SQLDialect { round.connection.dialect }
-        var changesCount: Int { 0 }
-        var isInsideTransaction: Bool { round.connection.isInsideTransaction }
-        var filled: CommitQueues { pending.reduce(round.connection.filled) { $0.union($1.fills) } }
+        package var dialect: SQLDialect { round.connection.dialect }
+        package var changesCount: Int { 0 }
+        package var isInsideTransaction: Bool { round.connection.isInsideTransaction }
+        package var filled: CommitQueues { pending.reduce(round.connection.filled) { $0.union($1.fills) } }
 
-        func readBatch(_ queries: [SQLStatement]) async throws -> [[SQLRow]] {
+        package func readBatch(_ queries: [SQLStatement]) async throws -> [[SQLRow]] {
             guard !hasRead, pending.isEmpty else { throw GoesAlone() }
             hasRead = true
             return try await round.read(queries, unit: index)
         }
 
-        func executeLater(_ statements: [SQLStatement]) async throws {
+        package func executeLater(_ statements: [SQLStatement]) async throws {
             pending += statements
         }
 
@@ -161,9 +161,9 @@ final class SideBySideRound: Sendable {
             try await round.write(statements, unit: index)
         }
 
-        func execute(sql: String, arguments: SQLArguments) async throws -> Int { throw GoesAlone() }
-        func rows(sql: String, arguments: SQLArguments) async throws -> [SQLRow] { throw GoesAlone() }
-        func executeBatch(_ statements: [SQLStatement]) async throws { throw GoesAlone() }
-        func inSavepoint<T>(_ body: () async throws -> T) async throws -> T { throw GoesAlone() }
+        package func execute(sql: String, arguments: SQLArguments) async throws -> Int { throw GoesAlone() }
+        package func rows(sql: String, arguments: SQLArguments) async throws -> [SQLRow] { throw GoesAlone() }
+        package func executeBatch(_ statements: [SQLStatement]) async throws { throw GoesAlone() }
+        package func inSavepoint<T>(_ body: () async throws -> T) async throws -> T { throw GoesAlone() }
     }
 }

@@ -1,19 +1,19 @@
-import Foundation
+package import Foundation
 package import Logging
 import NIOConcurrencyHelpers
 import NIOCore
 import NIOPosix
 import PostgresNIO
 
-/// Where a PostgreSQL order store lives: `postgres://USER:PASSWORD@HOST:PORT/DB`.
-public struct PostgresLocation: Sendable, Equatable, CustomStringConvertible {
-    public var host: String
-    public var port: Int
-    public var user: String
-    public var password: String?
-    public var database: String
+/// The PostgreSQL server and database a store connects to.
+package struct PostgresServer: Sendable, Equatable, CustomStringConvertible {
+    package var host: String
+    package var port: Int
+    package var user: String
+    package var password: String?
+    package var database: String
 
-    public init(host: String, port: Int = 5432, user: String, password: String?, database: String) {
+    package init(host: String, port: Int, user: String, password: String?, database: String) {
         self.host = host
         self.port = port
         self.user = user
@@ -21,52 +21,8 @@ public struct PostgresLocation: Sendable, Equatable, CustomStringConvertible {
         self.database = database
     }
 
-    /// Parses a `postgres://` or `postgresql://` URL; `passwordFile` (its first line) supplies a
-    /// password the URL leaves out.
-    public init(url text: String, passwordFile: String? = nil) throws(OrderStoreError) {
-        guard let components = URLComponents(string: text),
-            components.scheme == "postgres" || components.scheme == "postgresql",
-            let host = components.host, !host.isEmpty
-        else {
-            throw OrderStoreError(.unavailable, "not a postgres://USER:PASSWORD@HOST:PORT/DB URL: \(Self.redacted(text))")
-        }
-        guard let user = components.percentEncodedUser?.removingPercentEncoding, !user.isEmpty else {
-            throw OrderStoreError(.unavailable, "the database URL names no user: \(Self.redacted(text))")
-        }
-        let database = String(components.path.drop { $0 == "/" })
-        guard !database.isEmpty else {
-            throw OrderStoreError(.unavailable, "the database URL names no database: \(Self.redacted(text))")
-        }
-        var password = components.percentEncodedPassword?.removingPercentEncoding
-        if password == nil, let passwordFile {
-            guard let contents = try? String(contentsOfFile: passwordFile, encoding: .utf8) else {
-                throw OrderStoreError(.unavailable, "cannot read the database password file \(passwordFile)")
-            }
-            password = contents.split(whereSeparator: \.isNewline).first.map(String.init) ?? ""
-        }
-        self.init(host: host, port: components.port ?? 5432, user: user, password: password, database: database)
-    }
-
-    /// The URL without its password, for logs and errors.
-    public var description: String { "postgres://\(user)@\(host):\(port)/\(database)" }
-
-    /// The URL with its password (for handing to another process of ours).
-    public var url: String {
-        var components = URLComponents()
-        components.scheme = "postgres"
-        components.user = user
-        components.password = password
-        components.host = host
-        components.port = port
-        components.path = "/" + database
-        return components.string ?? description
-    }
-
-    static func redacted(_ text: String) -> String {
-        guard var components = URLComponents(string: text) else { return "(unparsable)" }
-        if components.password != nil { components.password = "***" }
-        return components.string ?? "(unparsable)"
-    }
+    /// Where, without the password, for logs and errors.
+    package var description: String { "postgres://\(user)@\(host):\(port)/\(database)" }
 }
 
 /// The backend for teams that outgrow one box: PostgreSQL, shared by any number of order
@@ -85,31 +41,31 @@ public struct PostgresLocation: Sendable, Equatable, CustomStringConvertible {
 /// A transaction that never reached its commit (a deadlock, a lost connection) is run again on
 /// a fresh connection until `patience` runs out.
 package final class PostgresDatabase: SQLDatabase {
-    let location: PostgresLocation
+    package let location: PostgresServer
     private let logger: Logger
     /// The ledger's connections: a commit waits until it is on the server's disk.
     private let client: PostgresClient
-    /// The connections of `writeAside`: what they write is worth seconds, no wait for the disk.
+    /// The connections of `writeCounters`: what they write is worth seconds, no wait for the disk.
     private let asideClient: PostgresClient
     /// Runs both clients until `close`.
     private let clients: Task<Void, Never>
     private let writerGate = AsyncGate(permits: 1)
-    /// The transactions of `writeUploads`, one at a time beside the writer's.
+    /// The transactions of `acceptUploads`, one at a time beside the writer's.
     private let uploadsGate = AsyncGate(permits: 1)
-    /// The transactions of `writeLocked`, one at a time beside the writers'.
+    /// The transactions of `writeQueues`, one at a time beside the writers'.
     private let lockedGate = AsyncGate(permits: 1)
     private let readerGate: AsyncGate
     /// How long a transaction keeps trying through lost connections and conflicts.
     private let patience: TimeInterval
-    /// Until when `writeAside` fails at once after a failure rather than wait for a connection.
+    /// Until when `writeCounters` fails at once after a failure rather than wait for a connection.
     private let asideDownUntil = NIOLockedValueBox(Date.distantPast)
     private let statementObserver: (@Sendable (String) -> Void)?
 
-    var dialect: SQLDialect { .postgres }
+    package var dialect: SQLDialect { .postgres }
 
     /// `statementObserver` hears the SQL text (with `?` marks) of every statement the store runs.
-    init(
-        location: PostgresLocation, readers: Int = 4, patience: TimeInterval = 30,
+    package init(
+        location: PostgresServer, readers: Int = 4, patience: TimeInterval = 30,
         logger: Logger = Logger(label: "iap.orderstore.postgres"), statementObserver: (@Sendable (String) -> Void)? = nil
     ) async throws {
         self.location = location
@@ -117,7 +73,7 @@ package final class PostgresDatabase: SQLDatabase {
         self.patience = patience
         self.statementObserver = statementObserver
         readerGate = AsyncGate(permits: max(1, readers))
-        // The readers', the two writers' and `writeLocked`'s, and one more for a lease that
+        // The readers', the two writers' and `writeQueues`'s, and one more for a lease that
         // outlives its transaction's turn (a connection going back to the pool).
         client = PostgresClient(
             configuration: Self.configuration(location, connections: max(1, readers) + 4, synchronousCommit: true),
@@ -157,11 +113,11 @@ package final class PostgresDatabase: SQLDatabase {
     /// HTTP: a transaction's body runs on its connection's loop (the ledger's work between two
     /// statements included), and must never hold up a request's.
     private static let eventLoops = MultiThreadedEventLoopGroup(numberOfThreads: 2)
-    /// The loop of `writeAside`'s connections, which must answer while a long group commit
+    /// The loop of `writeCounters`'s connections, which must answer while a long group commit
     /// holds the ledger's.
     private static let asideEventLoops = MultiThreadedEventLoopGroup(numberOfThreads: 1)
 
-    private static func configuration(_ location: PostgresLocation, connections: Int, synchronousCommit: Bool)
+    private static func configuration(_ location: PostgresServer, connections: Int, synchronousCommit: Bool)
         -> PostgresClient.Configuration
     {
         var configuration = PostgresClient.Configuration(
@@ -174,17 +130,17 @@ package final class PostgresDatabase: SQLDatabase {
         return configuration
     }
 
-    func read<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
+    package func read<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
         await readerGate.acquire()
         defer { readerGate.release() }
         return try await transaction(begin: "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", body)
     }
 
-    func write<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
+    package func write<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
         try await writeLedger(locks: Self.ledgerLocks(nil), body)
     }
 
-    func write<T: Sendable>(keys: Set<String>, _ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
+    package func write<T: Sendable>(keys: Set<String>, _ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
         try await writeLedger(locks: Self.ledgerLocks(keys), body)
     }
 
@@ -199,13 +155,13 @@ package final class PostgresDatabase: SQLDatabase {
     /// The advisory lock every write of the ledger holds: shared by work that names its keys,
     /// alone by work that may touch any row. (`pg_advisory_xact_lock` with one `bigint`; the
     /// sweeper's and the migrations' locks are other numbers.)
-    static let ledgerLock: Int64 = 0x4941_505F_4C45_4447
+    package static let ledgerLock: Int64 = 0x4941_505F_4C45_4447
 
     /// The statement that takes the ledger's locks for work touching the rows `keys` name (nil:
     /// any row). Every service takes them in one order, the ledger's lock first and then the
     /// keys' by number, so two transactions wait for each other but never deadlock; a key's
     /// number is a 64-bit FNV-1a hash of its name, the same in every service and version.
-    static func ledgerLocks(_ keys: Set<String>?) -> String {
+    package static func ledgerLocks(_ keys: Set<String>?) -> String {
         guard let keys else { return "SELECT pg_advisory_xact_lock(\(ledgerLock))" }
         let numbers = Set(keys.map(lockNumber)).sorted().map(String.init).joined(separator: ",")
         return """
@@ -215,7 +171,7 @@ package final class PostgresDatabase: SQLDatabase {
     }
 
     /// The lock number of a key's name: FNV-1a, 64 bits.
-    static func lockNumber(_ key: String) -> Int64 {
+    package static func lockNumber(_ key: String) -> Int64 {
         var hash: UInt64 = 0xcbf2_9ce4_8422_2325
         for byte in key.utf8 {
             hash ^= UInt64(byte)
@@ -225,14 +181,14 @@ package final class PostgresDatabase: SQLDatabase {
     }
 
     @discardableResult
-    func writeUploads<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
+    package func acceptUploads<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
         await uploadsGate.acquire()
         defer { uploadsGate.release() }
         return try await transaction(begin: "BEGIN ISOLATION LEVEL READ COMMITTED", body)
     }
 
     @discardableResult
-    func writeLocked<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
+    package func writeQueues<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
         await lockedGate.acquire()
         defer { lockedGate.release() }
         return try await transaction(begin: "BEGIN ISOLATION LEVEL READ COMMITTED", body)
@@ -242,7 +198,7 @@ package final class PostgresDatabase: SQLDatabase {
     /// COMMITTED: an upsert of one row waits for that row's lock, never for a conflict to
     /// retry). Once it fails, it fails at once for a second rather than queue every caller
     /// behind a connect timeout while the database is away.
-    func writeAside<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
+    package func writeCounters<T: Sendable>(_ body: @escaping @Sendable (any SQLConnection) async throws -> T) async throws -> T {
         guard Date() >= asideDownUntil.withLockedValue({ $0 }) else {
             throw SQLError(.connection, "the database did not answer a moment ago")
         }
@@ -263,17 +219,17 @@ package final class PostgresDatabase: SQLDatabase {
     }
 
     /// Runs a statement outside any transaction (for tests and tools).
-    func executeOutsideTransaction(_ sql: String) async throws {
+    package func executeOutsideTransaction(_ sql: String) async throws {
         try await withSession(client, leaseTimeout: .seconds(15)) { session in _ = try await session.execute(sql: sql) }
     }
 
     /// Creates the empty database `name` on the server at `server` (for benchmarks and tools).
-    package static func createDatabase(_ name: String, on server: PostgresLocation) async throws {
+    package static func createDatabase(_ name: String, on server: PostgresServer) async throws {
         try await withConnection(to: server) { db in _ = try await db.execute(sql: "CREATE DATABASE \(name)", arguments: []) }
     }
 
     /// Drops the database `name` on the server at `server`, closing its connections.
-    package static func dropDatabase(_ name: String, on server: PostgresLocation) async throws {
+    package static func dropDatabase(_ name: String, on server: PostgresServer) async throws {
         try await withConnection(to: server) { db in
             _ = try await db.execute(sql: "DROP DATABASE IF EXISTS \(name) WITH (FORCE)", arguments: [])
         }
@@ -282,7 +238,7 @@ package final class PostgresDatabase: SQLDatabase {
     /// Runs `body` on one connection of its own to `location`, in autocommit, outside any store
     /// (creating a database, reading the server's catalogue).
     package static func withConnection<T: Sendable>(
-        to location: PostgresLocation, logger: Logger = Logger(label: "iap.orderstore.postgres"),
+        to location: PostgresServer, logger: Logger = Logger(label: "iap.orderstore.postgres"),
         _ body: @Sendable (any SQLConnection) async throws -> T
     ) async throws -> T {
         let configuration = PostgresConnection.Configuration(
@@ -306,7 +262,7 @@ package final class PostgresDatabase: SQLDatabase {
         }
     }
 
-    func close() async {
+    package func close() async {
         clients.cancel()
         await clients.value
     }
@@ -413,21 +369,21 @@ package final class PostgresDatabase: SQLDatabase {
 }
 
 /// Runs tasks on one event loop.
-final class EventLoopTaskExecutor: TaskExecutor {
+package final class EventLoopTaskExecutor: TaskExecutor {
     private let eventLoop: any EventLoop
 
     init(_ eventLoop: any EventLoop) {
         self.eventLoop = eventLoop
     }
 
-    func enqueue(_ job: UnownedJob) {
+    package func enqueue(_ job: UnownedJob) {
         let executor = asUnownedTaskExecutor()
         eventLoop.execute { job.runSynchronously(on: executor) }
     }
 }
 
 /// One leased PostgreSQL connection inside one transaction (or in autocommit).
-final class PostgresSession: SideBySideConnection, @unchecked Sendable {
+package final class PostgresSession: SideBySideConnection, @unchecked Sendable {
     // Unchecked: a session is only touched by the one task running its transaction.
     private let connection: PostgresConnection
     private let logger: Logger
@@ -442,13 +398,13 @@ final class PostgresSession: SideBySideConnection, @unchecked Sendable {
     private var pendingWrites: [SQLStatement] = []
     /// The queues writes sent filled, that stayed (not undone with their unit).
     private var sentFills: CommitQueues = []
-    var filled: CommitQueues { pendingWrites.reduce(sentFills) { $0.union($1.fills) } }
-    private(set) var changesCount = 0
+    package var filled: CommitQueues { pendingWrites.reduce(sentFills) { $0.union($1.fills) } }
+    package private(set) var changesCount = 0
     /// A statement outside any savepoint hit a serialization failure or deadlock: the
     /// transaction must run again.
     private(set) var mustRetry = false
     /// False once an error outside a savepoint aborted the transaction.
-    private(set) var isInsideTransaction = true
+    package private(set) var isInsideTransaction = true
     private static let placeholders = NIOLockedValueBox([String: String]())
     private static let formats = NIOLockedValueBox([String: String]())
 
@@ -462,34 +418,34 @@ final class PostgresSession: SideBySideConnection, @unchecked Sendable {
         self.statementTimeout = statementTimeout
     }
 
-    var dialect: SQLDialect { .postgres }
+    package var dialect: SQLDialect { .postgres }
 
     static let defaultStatementTimeout: TimeAmount = .seconds(120)
 
     @discardableResult
-    func execute(sql: String, arguments: SQLArguments) async throws -> Int {
+    package func execute(sql: String, arguments: SQLArguments) async throws -> Int {
         try await flushPendingWrites(last: false)
         try await sendSavepoints(keepingInnermost: false)
         _ = try await run(sql, arguments)
         return changesCount
     }
 
-    func rows(sql: String, arguments: SQLArguments) async throws -> [SQLRow] {
+    package func rows(sql: String, arguments: SQLArguments) async throws -> [SQLRow] {
         try await flushPendingWrites(last: false)
         return try await run(sql, arguments)
     }
 
-    func executeBatch(_ statements: [SQLStatement]) async throws {
+    package func executeBatch(_ statements: [SQLStatement]) async throws {
         try await executeLater(statements)
         try await flushPendingWrites(last: false)
     }
 
-    func executeLater(_ statements: [SQLStatement]) async throws {
+    package func executeLater(_ statements: [SQLStatement]) async throws {
         pendingWrites += statements
     }
 
     /// One query as it is; more in one call of `iap_read` (one round trip), their rows as JSON.
-    func readBatch(_ queries: [SQLStatement]) async throws -> [[SQLRow]] {
+    package func readBatch(_ queries: [SQLStatement]) async throws -> [[SQLRow]] {
         try await flushPendingWrites(last: false)
         guard queries.count > 1 else {
             var sets: [[SQLRow]] = []
@@ -513,7 +469,7 @@ final class PostgresSession: SideBySideConnection, @unchecked Sendable {
 
     /// Sends the writes of `executeLater`. `last`: nothing follows them in the innermost unit,
     /// whose savepoint then need not be sent (the batch is all or nothing by itself).
-    func flushPendingWrites(last: Bool) async throws {
+    package func flushPendingWrites(last: Bool) async throws {
         guard !pendingWrites.isEmpty else { return }
         let statements = pendingWrites
         pendingWrites = []
@@ -574,7 +530,7 @@ final class PostgresSession: SideBySideConnection, @unchecked Sendable {
     }
 
     /// Every unit's queries in one call of `iap_read`.
-    func readSideBySide(_ units: [[SQLStatement]]) async throws -> [[[SQLRow]]] {
+    package func readSideBySide(_ units: [[SQLStatement]]) async throws -> [[[SQLRow]]] {
         let sets = try await readBatch(units.flatMap { $0 })
         var answers: [[[SQLRow]]] = []
         answers.reserveCapacity(units.count)
@@ -588,7 +544,7 @@ final class PostgresSession: SideBySideConnection, @unchecked Sendable {
 
     /// Every unit's writes in one statement that calls `iap_write` once per unit: each call
     /// undoes its own unit's writes when one fails (its block's subtransaction) and says so.
-    func writeSideBySide(_ units: [[SQLStatement]]) async throws -> [(any Error)?] {
+    package func writeSideBySide(_ units: [[SQLStatement]]) async throws -> [(any Error)?] {
         try await flushPendingWrites(last: false)
         try await sendSavepoints(keepingInnermost: false)
         let written = units.filter { !$0.isEmpty }
@@ -621,7 +577,7 @@ final class PostgresSession: SideBySideConnection, @unchecked Sendable {
     }
 
     /// The SQLSTATE `iap_write` raises for a statement that `requiresChange` and changed no row.
-    static let noRowChanged = "IAP00"
+    package static let noRowChanged = "IAP00"
 
     /// Sends the savepoints not sent yet, outermost first; `keepingInnermost` leaves the
     /// innermost one unsent.
@@ -658,7 +614,7 @@ final class PostgresSession: SideBySideConnection, @unchecked Sendable {
         return (texts, String(decoding: arguments, as: UTF8.self))
     }
 
-    func inSavepoint<T>(_ body: () async throws -> T) async throws -> T {
+    package func inSavepoint<T>(_ body: () async throws -> T) async throws -> T {
         // Writes queued before the unit are not the unit's: they go first.
         try await flushPendingWrites(last: false)
         savepoints.append((name: "s\(savepoints.count + 1)", sent: false))
@@ -772,13 +728,13 @@ final class PostgresSession: SideBySideConnection, @unchecked Sendable {
     }
 
     /// The statement as `format` takes it: `?` marks become `%L`, and every `%` is doubled.
-    static func formatted(_ sql: String) -> String {
+    package static func formatted(_ sql: String) -> String {
         rewritten(sql, cache: formats, percent: "%%") { _ in "%L" }
     }
 
     /// `value` as `iap_write` and `iap_read` read it: text in a JSON string, NULL as JSON null,
     /// bytes as PostgreSQL's hex text.
-    static func appendJSON(_ value: SQLValue, to json: inout [UInt8]) {
+    package static func appendJSON(_ value: SQLValue, to json: inout [UInt8]) {
         switch value {
         case .null:
             json += "null".utf8
@@ -824,14 +780,14 @@ final class PostgresSession: SideBySideConnection, @unchecked Sendable {
     private static let hexDigits = Array("0123456789abcdef".utf8)
 
     /// A `BIGINT[]` read as text (`{1,0,1}`).
-    static func integers(_ value: SQLValue) throws -> [Int] {
+    package static func integers(_ value: SQLValue) throws -> [Int] {
         guard case .text(let text) = value else { throw SQLError(.other, "iap_write answered \(value)") }
         let inner = text.dropFirst().dropLast()
         return inner.isEmpty ? [] : inner.split(separator: ",").compactMap { Int($0) }
     }
 
     /// The statement with its `?` marks numbered `$1`, `$2`… (marks inside quotes stay).
-    static func numbered(_ sql: String) -> String {
+    package static func numbered(_ sql: String) -> String {
         rewritten(sql, cache: placeholders, percent: nil) { "$\($0)" }
     }
 
@@ -879,7 +835,7 @@ final class PostgresSession: SideBySideConnection, @unchecked Sendable {
         return output
     }
 
-    static func translate(_ error: any Error, sql: String) -> SQLError {
+    package static func translate(_ error: any Error, sql: String) -> SQLError {
         guard let error = error as? PSQLError else {
             return SQLError(.connection, "\(error) (running \(sql.prefix(120)))")
         }
@@ -891,7 +847,7 @@ final class PostgresSession: SideBySideConnection, @unchecked Sendable {
     }
 
     /// The server's error `state` (its SQLSTATE) as the store classifies it.
-    static func serverError(state: String, detail: String) -> SQLError {
+    package static func serverError(state: String, detail: String) -> SQLError {
         switch state {
         case "23505": SQLError(.uniqueViolation, detail)
         case "40001", "40P01": SQLError(.serializationFailure, detail)

@@ -5,13 +5,13 @@ import Foundation
 ///
 /// Text columns sort byte-wise (`COLLATE "C"`), as SQLite's do; dates are text in the store's
 /// one format; booleans are 0 and 1; `rowid` columns keep insertion order where the store reads it.
-enum PostgresSchema {
+package enum PostgresSchema {
     /// A key only this store's migrations take (`pg_advisory_lock`), so that the first
     /// instance to start migrates and the others wait, then find nothing to do.
-    static let migrationLock: Int64 = 0x1A9_5702_E001
+    package static let migrationLock: Int64 = 0x1A9_5702_E001
 
     /// Applies the migrations not yet applied, one transaction each, under the advisory lock.
-    static func migrate(_ session: PostgresSession) async throws {
+    package static func migrate(_ session: PostgresSession) async throws {
         try await session.execute(sql: "SELECT pg_advisory_lock(\(migrationLock))")
         do {
             try await session.execute(
@@ -41,7 +41,7 @@ enum PostgresSchema {
     }
 
     /// The statements of a script, split at `;` outside quotes, `$$` bodies and `--` comments.
-    static func statements(_ script: String) -> [String] {
+    package static func statements(_ script: String) -> [String] {
         var statements: [String] = []
         var current = ""
         var inQuote = false

@@ -2,20 +2,20 @@ import GRDB
 
 /// One step of the order store's schema: its number, and its SQLite and PostgreSQL texts side
 /// by side, so that a change is written once, in one place, for both backends.
-struct SchemaStep: Sendable {
+package struct SchemaStep: Sendable {
     /// The step's number, the same on both backends (SQLite's migration `v<version>: <name>`).
-    let version: Int
-    let name: String
+    package let version: Int
+    package let name: String
     /// What SQLite runs.
-    let sqlite: String
+    package let sqlite: String
     /// What PostgreSQL runs; nil for steps 1 to 5, which PostgreSQL took together with step 6
     /// (its first migration created the schema as of SQLite's v6).
-    let postgres: String?
+    package let postgres: String?
     /// The number PostgreSQL's `iap_schema_migration` records the step under: the frozen prefix
     /// kept the numbers PostgreSQL gave it (1 to 6 for steps 6 to 11); from step 12 on, `version`.
-    let postgresRecordedAs: Int
+    package let postgresRecordedAs: Int
 
-    init(version: Int, name: String, sqlite: String, postgres: String?, postgresRecordedAs: Int? = nil) {
+    package init(version: Int, name: String, sqlite: String, postgres: String?, postgresRecordedAs: Int? = nil) {
         self.version = version
         self.name = name
         self.sqlite = sqlite
@@ -31,8 +31,8 @@ struct SchemaStep: Sendable {
 ///
 /// Steps 1 to 11 are the two histories as they shipped, frozen: SQLite numbered each step;
 /// PostgreSQL created the schema of steps 1 to 6 in one migration and numbered its own from there.
-enum SchemaHistory {
-    static let steps: [SchemaStep] = [
+package enum SchemaHistory {
+    package static let steps: [SchemaStep] = [
         SchemaStep(
             version: 1, name: "submissions, purchases, grants, orders, outbox",
             sqlite: """
@@ -1021,7 +1021,7 @@ enum SchemaHistory {
     }
 
     /// PostgreSQL's migrations, by the number each is recorded under.
-    static var postgresMigrations: [(recordedAs: Int, name: String, sql: String)] {
+    package static var postgresMigrations: [(recordedAs: Int, name: String, sql: String)] {
         steps.compactMap { step in step.postgres.map { (step.postgresRecordedAs, "v\(step.version): \(step.name)", $0) } }
     }
 }
