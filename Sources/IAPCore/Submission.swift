@@ -32,7 +32,7 @@ public enum AppStoreEnvironment: String, Codable, Sendable, CaseIterable {
 }
 
 /// What happened to one Apple transaction inside one upload.
-public enum TransactionCreditState: String, Codable, Sendable {
+public enum TransactionCreditState: String, Codable, Sendable, CaseIterable {
     /// This upload credited the transaction.
     case credited
     /// An earlier upload of the same user credited it; nothing new was granted.

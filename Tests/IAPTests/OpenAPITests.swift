@@ -47,6 +47,44 @@ struct OpenAPITests {
         .appAppleIdMismatch,
     ]
 
+    /// The words of the `enum` of `property` in the schema `schema` (under `components:
+    /// schemas:`), nil when the document has no such list.
+    static func enumeration(_ yaml: String, schema: String, property: String) -> [String]? {
+        let lines = yaml.components(separatedBy: "\n")
+        guard let start = lines.firstIndex(of: "    \(schema):"),
+            let at = lines[(start + 1)...].prefix(while: { $0.isEmpty || $0.hasPrefix("     ") })
+                .firstIndex(of: "        \(property):")
+        else { return nil }
+        // The property's own keys, up to the next property.
+        let own = lines[(at + 1)...].prefix { $0.hasPrefix("         ") }
+        guard let first = own.firstIndex(where: { $0.trimmingCharacters(in: .whitespaces).hasPrefix("enum: [") }) else { return nil }
+        var text = ""
+        for line in own[first...] {
+            text += line
+            if line.contains("]") { break }
+        }
+        guard let open = text.firstIndex(of: "["), let close = text.firstIndex(of: "]") else { return nil }
+        return text[text.index(after: open)..<close].split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }
+    }
+
+    /// Every state the API answers is a case of the core's (or IAPCore's) enum, declared once,
+    /// and the document lists exactly those cases.
+    @Test func everyStateTheAPIAnswersIsDeclaredOnceAndDocumented() throws {
+        let yaml = try String(contentsOf: Self.document, encoding: .utf8)
+        let states: [(schema: String, property: String, cases: [String])] = [
+            ("Order", "state", OrderState.allCases.map(\.rawValue)),
+            ("Grant", "state", GrantState.allCases.map(\.rawValue)),
+            ("Grant", "source", GrantSource.allCases.map(\.rawValue)),
+            ("Subscription", "state", SubscriptionState.allCases.map(\.rawValue)),
+            ("SubmissionStatus", "state", SubmissionState.allCases.map(\.rawValue)),
+            ("SubmissionTransaction", "state", TransactionCreditState.allCases.map(\.rawValue)),
+        ]
+        for (schema, property, cases) in states {
+            let documented = try #require(Self.enumeration(yaml, schema: schema, property: property), "\(schema).\(property)")
+            #expect(Set(documented) == Set(cases) && documented.count == cases.count, "\(schema).\(property): \(documented) ≠ \(cases)")
+        }
+    }
+
     @Test func everyRouteIsDocumentedAndNothingElse() async throws {
         let yaml = try String(contentsOf: Self.document, encoding: .utf8)
         let documented = Self.documentedOperations(yaml)
