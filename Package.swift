@@ -296,6 +296,30 @@ let package = Package(
             path: "Tests/LedgerTestSupport",
             swiftSettings: strictSettings + [.unsafeFlags(["-O"])]
         ),
+        // What the store's tests and the others share: a store on either backend (`TestStore`),
+        // the teardown trait, a publisher that stands in for the broker.
+        .target(
+            name: "TestSupport",
+            dependencies: [
+                "IAPCore", "Store", "OrderStore", "Messaging",
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+            ],
+            path: "Tests/TestSupport",
+            swiftSettings: strictSettings
+        ),
+        // The store alone: the engine and the ledger's shell on SQLite and on PostgreSQL, no broker.
+        .testTarget(
+            name: "StoreTests",
+            dependencies: [
+                "IAPCore", "Ledger", "LedgerTestSupport", "Store", "OrderStore", "Relay", "Messaging", "Intake",
+                "FakeAppStore", "TestSupport",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOConcurrencyHelpers", package: "swift-nio"),
+            ],
+            swiftSettings: strictSettings
+        ),
         // The ledger's rules and its model checker: no store, no broker, no server.
         .testTarget(
             name: "LedgerTests",
@@ -319,7 +343,7 @@ let package = Package(
         .testTarget(
             name: "IAPTests",
             dependencies: [
-                "IAPCore", "Ledger", "LedgerTestSupport", "Messaging", "AppStore", "Store", "OrderStore", "FakeAppStore",
+                "IAPCore", "Ledger", "LedgerTestSupport", "TestSupport", "Messaging", "AppStore", "Store", "OrderStore", "FakeAppStore",
                 "Intake", "Relay", "Verifier", "Finisher", "AppleCalls", "Pipeline", "Console", "AppSimulator",
                 .product(name: "IAPClient", package: "Client"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),

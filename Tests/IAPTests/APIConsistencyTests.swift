@@ -5,6 +5,7 @@ import NIOHTTP1
 import OrderStore
 import Ledger
 import Testing
+import TestSupport
 
 extension BrokerTests {
     /// The same situation answers the same code on every route; dev mode (authentication off)

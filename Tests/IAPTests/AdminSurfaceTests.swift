@@ -4,6 +4,7 @@ import Intake
 import NIOCore
 import NIOHTTP1
 import Testing
+import TestSupport
 
 /// The admin surface stays off the public port, slow console sign-ins hold none of the app's
 /// slots, and what clients choose never forges a log line.

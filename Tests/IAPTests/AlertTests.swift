@@ -7,6 +7,7 @@ import NIOCore
 import NIOHTTP1
 import ServiceLifecycle
 import Testing
+import TestSupport
 
 extension BrokerTests {
     @Suite("Alerts")

@@ -2,6 +2,7 @@ import Crypto
 import FakeAppStore
 import Foundation
 import Testing
+import TestSupport
 
 extension BrokerTests {
     /// Apple's own App Store Server Library for Python, unmodified, is the referee: everything

@@ -3,6 +3,7 @@ import IAPCore
 import OrderStore
 import Ledger
 import Testing
+import TestSupport
 
 /// Where Apple is awkward, through the real pipeline and the fake App Store's routes for it:
 /// upgrades within a subscription group, extended renewal dates, `verifyReceipt` leaving out

@@ -7,6 +7,7 @@ import IAPCore
 import OrderStore
 import Ledger
 import Testing
+import TestSupport
 
 extension BrokerTests {
     /// Customer service binds a subscription to another user (Apple's Set App Account Token

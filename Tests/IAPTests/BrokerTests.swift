@@ -1,4 +1,5 @@
 import Testing
+import TestSupport
 
 /// Every test that uses the test broker and leaves it (and the cluster) as it found it: one at a
 /// time, each with queues of its own, beside `DisruptiveTests` and `ClusterDrills`. Five minutes

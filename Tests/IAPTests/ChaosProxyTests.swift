@@ -5,6 +5,7 @@ import NIOCore
 import NIOHTTP1
 import ServiceLifecycle
 import Testing
+import TestSupport
 
 /// The chaos proxy of the end-to-end tests does what it says, against a small real HTTP server:
 /// each connection meets the fault its seed plans and the fault is counted, a connection not

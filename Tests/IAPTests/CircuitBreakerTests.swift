@@ -1,6 +1,7 @@
 import Foundation
 import NIOHTTP1
 import Testing
+import TestSupport
 import Verifier
 
 @Suite("Circuit breaker toward Apple", .teardown)

@@ -6,6 +6,7 @@ import NIOHTTP1
 import OrderStore
 import Ledger
 import Testing
+import TestSupport
 
 /// The app side's drills: one at a time, and `scripts/dev test` runs them after the rest, alone
 /// (among the other suites they took four times as long and pushed others past their bounds).

@@ -6,6 +6,7 @@ import NIOConcurrencyHelpers
 import OrderStore
 import Ledger
 import Testing
+import TestSupport
 
 extension ClusterDrills {
     /// Against the private three-node cluster (quorum queues), never a fake.

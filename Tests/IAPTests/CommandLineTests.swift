@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import TestSupport
 
 @Suite("iap on the command line", .teardown)
 struct CommandLineTests {

@@ -5,6 +5,7 @@ import Relay
 import OrderStore
 import Ledger
 import Testing
+import TestSupport
 
 extension BrokerTests {
     /// Customer service's console in a real browser (headless Chromium through Selenium):

@@ -5,6 +5,7 @@ import Messaging
 import OrderStore
 import Relay
 import Testing
+import TestSupport
 
 extension BrokerTests {
     /// Apple's refund requests (CONSUMPTION_REQUEST) through the real pipeline: answered once

@@ -12,6 +12,7 @@ import NIOHTTP1
 @testable import Store
 import Ledger
 import Testing
+import TestSupport
 
 /// The third security round's findings, each against the listener it names, with real
 /// sockets on loopback and no broker: what strangers may cost, and what they may never take

@@ -3,6 +3,7 @@ import IAPCore
 import OrderStore
 import Ledger
 import Testing
+import TestSupport
 
 extension BrokerTests {
     @Suite("End to end: upload → verify → credit")

@@ -5,6 +5,7 @@ import Foundation
 import NIOHTTP1
 import ServiceLifecycle
 import Testing
+import TestSupport
 
 /// Talks to a running fake App Store over HTTP: its `/fake/` routes, `verifyReceipt` and the
 /// Server API with bearer tokens signed here (not by the verifier's client, so the fake's checks

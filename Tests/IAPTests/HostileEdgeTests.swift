@@ -10,6 +10,7 @@ import NIOHTTP1
 import Ledger
 import NIOConcurrencyHelpers
 import Testing
+import TestSupport
 
 /// Requests no well-behaved client sends, as raw bytes on loopback, against the intake's
 /// listeners alone (no broker): each class is answered with a 4xx that costs its sender,

@@ -9,6 +9,7 @@ import OrderStore
 import Ledger
 @testable import LedgerTestSupport
 import Testing
+import TestSupport
 
 /// Bodies nobody should send: each kind is one way a client (or an attacker) gets it wrong.
 struct HostileBodies {

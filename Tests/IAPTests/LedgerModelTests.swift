@@ -9,6 +9,7 @@ import Ledger
 import ServiceLifecycle
 @testable import LedgerTestSupport
 import Testing
+import TestSupport
 
 // A model-based randomized test of the ledger: seeded sequences of purchases, uploads by every
 // route, restores, renewals, refunds and their reversals, family sharing and sandbox

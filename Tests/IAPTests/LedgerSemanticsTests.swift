@@ -6,6 +6,7 @@ import NIOConcurrencyHelpers
 import OrderStore
 @testable import Store
 import Testing
+import TestSupport
 
 /// The ledger's rules, one store and one rule at a time: what each product type is credited
 /// once by, what Apple takes back, who keeps a restore, and what the app may finish.

@@ -2,6 +2,7 @@ import Foundation
 import Messaging
 import NIOConcurrencyHelpers
 import Testing
+import TestSupport
 
 extension BrokerTests {
     @Suite("Messaging against the live broker")

@@ -4,6 +4,7 @@ import IAPCore
 @testable import Store
 import Ledger
 import Testing
+import TestSupport
 
 /// What docs/scaling.md tells a team to do, on a store the pipeline wrote: stop the order
 /// service, `iap admin migrate-store --from FILE --to URL`, start the order service on

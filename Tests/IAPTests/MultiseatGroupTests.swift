@@ -2,6 +2,7 @@ import FakeAppStore
 import Foundation
 import NIOHTTP1
 import Testing
+import TestSupport
 
 extension BrokerTests {
     /// Multiseat subscriptions (App Store Server API 1.22): customer service sees the groups a

@@ -4,6 +4,7 @@ import NIOHTTP1
 import OrderStore
 import Ledger
 import Testing
+import TestSupport
 
 extension BrokerTests {
     /// The server never guesses which purchase the app holds: an order named alone is paid only

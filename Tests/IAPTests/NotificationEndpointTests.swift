@@ -16,6 +16,7 @@ import Pipeline
 import Ledger
 import ServiceLifecycle
 import Testing
+import TestSupport
 
 /// Notifications signed by a chain that is not the App Store's (the fake's) but otherwise
 /// well formed: what an attacker can make.

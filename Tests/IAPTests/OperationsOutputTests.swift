@@ -4,6 +4,7 @@ import IAPCore
 import NIOConcurrencyHelpers
 import ServiceLifecycle
 import Testing
+import TestSupport
 
 extension BrokerTests {
     /// What docs/operations.md promises operators, checked on the real executable after a run

@@ -3,6 +3,7 @@ import IAPCore
 import NIOConcurrencyHelpers
 import Pipeline
 import Testing
+import TestSupport
 
 extension BrokerTests {
     @Suite("Operable: metrics, readiness")

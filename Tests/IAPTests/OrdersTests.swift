@@ -8,6 +8,7 @@ import Ledger
 import Pipeline
 import ServiceLifecycle
 import Testing
+import TestSupport
 
 extension PipelineHarness {
     /// Creates one of our orders over HTTP.

@@ -3,6 +3,7 @@ import IAPCore
 import OrderStore
 import Ledger
 import Testing
+import TestSupport
 
 extension BrokerTests {
     /// Ownership and finish advice through the real pipeline (fake App Store, intake, broker,

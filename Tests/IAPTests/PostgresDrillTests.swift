@@ -3,6 +3,7 @@ import IAPCore
 import OrderStore
 import Ledger
 import Testing
+import TestSupport
 
 extension ClusterDrills {
     /// Drills for several order services on one PostgreSQL store: real `iap` processes, real

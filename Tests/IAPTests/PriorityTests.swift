@@ -3,6 +3,7 @@ import IAPCore
 import Messaging
 import Relay
 import Testing
+import TestSupport
 
 extension BrokerTests {
     @Suite("First attempts before retries")

@@ -5,6 +5,7 @@ import NIOConcurrencyHelpers
 import OrderStore
 import Ledger
 import Testing
+import TestSupport
 
 extension BrokerTests {
     /// What a purchase cost and under which offer (Apple's `price` in milli-units, `currency`,

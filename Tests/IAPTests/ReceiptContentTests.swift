@@ -3,6 +3,7 @@ import IAPCore
 import OrderStore
 import Ledger
 import Testing
+import TestSupport
 import Verifier
 
 extension BrokerTests {

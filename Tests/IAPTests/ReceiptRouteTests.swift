@@ -7,6 +7,7 @@ import OrderStore
 import Ledger
 import SwiftASN1
 import Testing
+import TestSupport
 @_spi(CMS) import X509
 
 extension BrokerTests {

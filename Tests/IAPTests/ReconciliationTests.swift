@@ -11,6 +11,7 @@ import AppleCalls
 import Pipeline
 import SwiftASN1
 import Testing
+import TestSupport
 import X509
 
 extension BrokerTests {

@@ -4,6 +4,7 @@ import NIOHTTP1
 import OrderStore
 import Ledger
 import Testing
+import TestSupport
 
 extension PipelineHarness {
     /// An admin call with a JSON body of any values (numbers, lists).

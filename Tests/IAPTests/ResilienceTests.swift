@@ -6,6 +6,7 @@ import Relay
 import OrderStore
 import Ledger
 import Testing
+import TestSupport
 
 extension BrokerTests {
     @Suite("Nothing accepted is lost")

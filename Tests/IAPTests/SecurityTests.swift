@@ -4,6 +4,7 @@ import NIOHTTP1
 import OrderStore
 import Ledger
 import Testing
+import TestSupport
 
 #if canImport(Glibc)
     import Glibc

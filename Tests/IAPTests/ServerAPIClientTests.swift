@@ -5,6 +5,7 @@ import Foundation
 import IAPCore
 import NIOHTTP1
 import Testing
+import TestSupport
 
 /// The App Store Server API client against the fake: Apple's answers and errors, the bearer
 /// token, and the pacing that keeps us under Apple's rate limits.

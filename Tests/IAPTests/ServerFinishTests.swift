@@ -6,6 +6,7 @@ import OrderStore
 @testable import Store
 import Ledger
 import Testing
+import TestSupport
 
 /// How the fake App Store says a transaction was finished.
 struct FakeFinishRecord: Decodable, Equatable {

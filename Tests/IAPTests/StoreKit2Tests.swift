@@ -8,6 +8,7 @@ import NIOHTTP1
 import OrderStore
 import Ledger
 import Testing
+import TestSupport
 
 extension PipelineHarness {
     /// Mints a purchase and returns the fake's whole answer (receipt, signed transaction, order id).

@@ -9,6 +9,7 @@ import NIOHTTP1
 import OrderStore
 import Ledger
 import Testing
+import TestSupport
 
 /// Unicode tricks an attacker tries on ids and on the console's pages: combining marks after
 /// or before markup characters, Prepend characters, bidi and format controls, canonically

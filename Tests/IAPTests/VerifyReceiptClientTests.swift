@@ -9,6 +9,7 @@ import NIOConcurrencyHelpers
 import NIOCore
 import ServiceLifecycle
 import Testing
+import TestSupport
 
 /// The `verifyReceipt` client against the fake App Store over real HTTP, one Apple answer at a time.
 @Suite("verifyReceipt statuses, classified", .teardown)

@@ -4,6 +4,7 @@ import NIOHTTP1
 import OrderStore
 import Ledger
 import Testing
+import TestSupport
 
 /// The core's answers checked against who really paid, through the real pipeline (fake App
 /// Store, broker, verifier, finisher) on the pass's store: an order is paid only by the purchase

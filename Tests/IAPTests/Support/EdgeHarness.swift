@@ -7,6 +7,7 @@ import Intake
 import Logging
 import NIOConcurrencyHelpers
 import OrderStore
+import TestSupport
 import ServiceLifecycle
 import X509
 

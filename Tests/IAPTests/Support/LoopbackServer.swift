@@ -1,4 +1,5 @@
 import Foundation
+import TestSupport
 import Hummingbird
 import Logging
 import NIOConcurrencyHelpers

@@ -21,6 +21,7 @@ import Pipeline
 import Relay
 import ServiceLifecycle
 import Testing
+import TestSupport
 import Verifier
 import X509
 import SwiftASN1
@@ -54,15 +55,7 @@ final class PipelineHarness: Sendable {
     static let viewerToken = "test-viewer-token-0123456789abcdefghij"
 
     /// What the tests' app sells.
-    static let testCatalog = Catalog(products: [
-        .init(productId: "com.example.coins.60", type: .consumable, grant: ["coins": .number(60)]),
-        .init(productId: "com.example.coins.120", type: .consumable, grant: ["coins": .number(120)]),
-        .init(productId: "com.example.coins.300", type: .consumable, grant: ["coins": .number(300)]),
-        .init(productId: "com.example.vip.month", type: .autoRenewable, grant: ["entitlement": .name("vip")]),
-        .init(productId: "com.example.vip.year", type: .autoRenewable, grant: ["entitlement": .name("vip")]),
-        .init(productId: "com.example.premium", type: .nonConsumable, grant: ["entitlement": .name("premium")]),
-        .init(productId: "com.example.pass.season", type: .nonRenewing, grant: ["entitlement": .name("season_pass")]),
-    ])
+    static let testCatalog = TestCatalog.catalog
 
     static func start(
         name: String, roles: Set<Role> = [.intake, .verifier, .finisher], retryDelays: [Int] = [1],

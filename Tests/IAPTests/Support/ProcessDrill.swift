@@ -3,6 +3,7 @@ import IAPCore
 import NIOConcurrencyHelpers
 import OrderStore
 import Testing
+import TestSupport
 
 /// A fault drill: the real `iap` executable run as child processes (fake App Store, order
 /// service, verifier) against the test broker, on free loopback ports, with queues and

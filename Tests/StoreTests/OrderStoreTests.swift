@@ -6,6 +6,7 @@ import NIOConcurrencyHelpers
 @testable import OrderStore
 @testable import Store
 import Testing
+import TestSupport
 
 @Suite("Order store invariants", .teardown)
 struct OrderStoreTests {
@@ -409,8 +410,14 @@ struct OrderStoreTests {
     /// and the retention purge take that row too. Text too short to be a receipt stays as it came.
     @Test(arguments: TestStore.backends) func aReceiptIsKeptOnceAsBytesAndReadBackAsUploaded(_ backend: Backend) async throws {
         let store = try await makeStore(backend)
-        var payload = AppReceiptTests.payload
-        payload.bundleId = "com.example.app"
+        let payload = ReceiptPayload(
+            bundleId: "com.example.app", appVersion: "2.3", originalAppVersion: "1.0", opaqueValue: [0xD1, 0xBC],
+            sha1Hash: Array(repeating: 0xAB, count: 20), creationDate: Date(timeIntervalSince1970: 1_800_000_000),
+            inApp: [
+                InAppPurchasePayload(
+                    quantity: 3, productId: "com.example.coins.60", transactionId: "2000000000000001",
+                    purchaseDate: Date(timeIntervalSince1970: 1_799_990_000))
+            ])
         let receipt = Data(try ReceiptMinter(authority: try FakeCertificateAuthority.generate()).mint(payload)).base64EncodedString()
         let accepted = Date().addingTimeInterval(-3600)
         let minted = VerifyRequest(submissionId: UUID(), userId: "u1", receiptData: receipt, acceptedAt: accepted)

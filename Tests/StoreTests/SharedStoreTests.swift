@@ -8,6 +8,7 @@ import NIOConcurrencyHelpers
 import Ledger
 import Relay
 import Testing
+import TestSupport
 
 /// Several order services on one PostgreSQL store: each store object here is one service's,
 /// with its own connections, all racing for the same rows.
@@ -53,7 +54,7 @@ struct SharedStoreTests {
     /// redelivered to the other finisher, two users replaying one transaction): one grant each.
     @Test func twoServicesCreditingTheSamePurchasesCreditEachOnce() async throws {
         let stores = try await services(2)
-        let policy = CreditPolicy(catalog: PipelineHarness.testCatalog)
+        let policy = CreditPolicy(catalog: TestCatalog.catalog)
         let count = 150
         try await withThrowingTaskGroup(of: Void.self) { group in
             for index in 0..<count {
@@ -170,7 +171,7 @@ struct SharedStoreTests {
     /// transaction open: the service's next write sees what another service committed since.
     @Test func aRefusedWriteLeavesNoTransactionOpen() async throws {
         let stores = try await services(2)
-        let policy = CreditPolicy(catalog: PipelineHarness.testCatalog)
+        let policy = CreditPolicy(catalog: TestCatalog.catalog)
         await #expect(throws: OrderStoreError.self) {
             try await stores[0].grantManually(
                 userId: "ana", productId: "com.example.coins.60", quantity: 1, grant: [:], transactionId: "nowhere",

@@ -5,6 +5,7 @@ import NIOConcurrencyHelpers
 @testable import Store
 import Ledger
 import Testing
+import TestSupport
 
 /// The order store's group commit: writes that arrive together share one commit, and each
 /// caller still hears only about its own unit of work, after it is durable.

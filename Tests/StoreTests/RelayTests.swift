@@ -8,6 +8,7 @@ import NIOConcurrencyHelpers
 import Ledger
 import Relay
 import Testing
+import TestSupport
 
 /// The store announces its own outbox rows, and the relay publishes on the announcement: no
 /// writer has to remember to wake it.

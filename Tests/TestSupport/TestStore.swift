@@ -1,22 +1,22 @@
 import Crypto
-import Foundation
+package import Foundation
 import Logging
-import Testing
-@testable import OrderStore
-@testable import Store
+package import Testing
+@testable package import OrderStore
+@testable package import Store
 
 /// The order store a test runs on. Store tests take it as their argument
 /// (`@Test(arguments: TestStore.backends)`), so one `swift test` pass runs them on both; the rest
 /// of the suite runs on SQLite, and the suites about several order services on one PostgreSQL
 /// store run there alone.
-enum Backend: String, Sendable, CaseIterable, CustomTestStringConvertible {
+package enum Backend: String, Sendable, CaseIterable, CustomTestStringConvertible {
     case sqlite, postgres
 
-    var testDescription: String { self == .sqlite ? "SQLite" : "PostgreSQL" }
+    package var testDescription: String { self == .sqlite ? "SQLite" : "PostgreSQL" }
 }
 
 extension StoreLocation {
-    var backend: Backend {
+    package var backend: Backend {
         switch self {
         case .sqlite: .sqlite
         case .postgres: .postgres
@@ -26,23 +26,23 @@ extension StoreLocation {
 
 /// The order stores of the tests: SQLite files, or a database of its own per store on the
 /// private PostgreSQL server at `IAP_TEST_DATABASE_URL` (`scripts/dev test` starts it).
-enum TestStore {
+package enum TestStore {
     /// Whether this run has a PostgreSQL server to test on.
-    static var hasPostgres: Bool { ProcessInfo.processInfo.environment["IAP_TEST_DATABASE_URL"].map { !$0.isEmpty } ?? false }
+    package static var hasPostgres: Bool { ProcessInfo.processInfo.environment["IAP_TEST_DATABASE_URL"].map { !$0.isEmpty } ?? false }
 
     /// The backends a store test runs on: SQLite, and PostgreSQL when the run has its server
     /// (`swift test` alone tests SQLite; `scripts/dev test` both).
-    static var backends: [Backend] { hasPostgres ? [.sqlite, .postgres] : [.sqlite] }
+    package static var backends: [Backend] { hasPostgres ? [.sqlite, .postgres] : [.sqlite] }
 
-    struct MissingServer: Error, CustomStringConvertible {
-        var description: String {
+    package struct MissingServer: Error, CustomStringConvertible {
+        package var description: String {
             "a test on PostgreSQL needs IAP_TEST_DATABASE_URL: run the suite with `scripts/dev test`, which starts PostgreSQL"
         }
     }
 
     /// The store of `name` in `folder` on `backend`: the same location each time it is asked
     /// for (a test reopens a store after a crash), a new one for each folder.
-    static func location(in folder: URL, name: String = "orders", on backend: Backend = .sqlite) async throws
+    package static func location(in folder: URL, name: String = "orders", on backend: Backend = .sqlite) async throws
         -> StoreLocation
     {
         let path = folder.appendingPathComponent("\(name).sqlite").path
@@ -52,12 +52,12 @@ enum TestStore {
     }
 
     /// An empty database of its own on the test server (no schema yet).
-    static func emptyPostgresDatabase() async throws -> PostgresLocation {
+    package static func emptyPostgresDatabase() async throws -> PostgresLocation {
         try await postgresDatabase(named: "iap_empty_\(UUID().uuidString.lowercased().replacingOccurrences(of: "-", with: ""))")
     }
 
     /// The database `name` on the test server, created if it is not there.
-    static func postgresDatabase(named name: String) async throws -> PostgresLocation {
+    package static func postgresDatabase(named name: String) async throws -> PostgresLocation {
         guard let url = ProcessInfo.processInfo.environment["IAP_TEST_DATABASE_URL"] else { throw MissingServer() }
         let admin = try PostgresLocation(url: url)
         var location = admin
@@ -83,7 +83,7 @@ enum TestStore {
     }
 
     /// A store at `location(in:name:on:)`.
-    static func open(
+    package static func open(
         in folder: URL, name: String = "orders", on backend: Backend = .sqlite,
         statementObserver: (@Sendable (String) -> Void)? = nil
     ) async throws -> OrderStore {
@@ -105,7 +105,7 @@ enum TestStore {
     }
 
     /// The environment that points an `iap` process at `location`.
-    static func environment(for location: StoreLocation) -> [String: String] {
+    package static func environment(for location: StoreLocation) -> [String: String] {
         switch location {
         case .sqlite(let path): ["IAP_DATABASE_PATH": path, "IAP_DATABASE_URL": ""]
         case .postgres(let postgres): ["IAP_DATABASE_URL": postgres.url]
@@ -117,14 +117,14 @@ extension OrderStore {
     /// Runs `sql` in a write transaction of this store and returns its rows (tests only: they
     /// look at and damage what the store holds, on either backend). On PostgreSQL it takes none
     /// of the ledger's locks, so a test can look while a write of the ledger holds them.
-    func testRows(_ sql: String, _ arguments: SQLArguments = []) async throws -> [SQLRow] {
+    package func testRows(_ sql: String, _ arguments: SQLArguments = []) async throws -> [SQLRow] {
         try await database.writeQueues { db in try await db.rows(sql: sql, arguments: arguments) }
     }
 
     /// PostgreSQL: the plan the server uses for `sql` (a store statement, `?` marks) whatever its
     /// arguments: prepared as a generic plan, with sequential scans priced out
     /// (`enable_seqscan = off`), so a `Seq Scan` left in it is a table no index serves.
-    func testGenericPlan(_ sql: String) async throws -> [String] {
+    package func testGenericPlan(_ sql: String) async throws -> [String] {
         let marks = sql.filter { $0 == "?" }.count
         var numbered = ""
         var mark = 0
@@ -150,7 +150,7 @@ extension OrderStore {
     }
 
     /// The first column of the first row of `sql`.
-    func testValue<T: SQLValueConvertible>(_ sql: String, _ arguments: SQLArguments = []) async throws -> T? {
+    package func testValue<T: SQLValueConvertible>(_ sql: String, _ arguments: SQLArguments = []) async throws -> T? {
         try await testRows(sql, arguments).first.flatMap { $0.values.first.flatMap(T.fromSQL) }
     }
 }
@@ -158,7 +158,7 @@ extension OrderStore {
 extension Trait where Self == ConditionTrait {
     /// For a suite or test about PostgreSQL alone (several order services on one store, its
     /// drills): it runs when the run has the server.
-    static var needsPostgres: Self {
+    package static var needsPostgres: Self {
         .enabled(if: TestStore.hasPostgres, "needs the PostgreSQL server of `scripts/dev test` (IAP_TEST_DATABASE_URL)")
     }
 }

@@ -3,6 +3,7 @@ import IAPCore
 import Ledger
 @testable import LedgerTestSupport
 import Testing
+import TestSupport
 @testable import OrderStore
 @testable import Store
 

@@ -1,16 +1,16 @@
 import NIOConcurrencyHelpers
-import Testing
+package import Testing
 
 /// What a test started and must stop, stopped after it and awaited: each step a test adds with
 /// `Teardown.add` runs when the test case ends (passed, failed or thrown), newest first, before
 /// the next test of a serialized suite starts. A suite whose tests add steps carries the
 /// `.teardown` trait (the broker umbrellas carry it for every suite inside them); a step added
 /// outside one is an issue of the test.
-struct Teardown: SuiteTrait, TestTrait, TestScoping {
+package struct Teardown: SuiteTrait, TestTrait, TestScoping {
     /// The steps of the running test case.
-    @TaskLocal static var current: Steps?
+    @TaskLocal package static var current: Steps?
 
-    final class Steps: Sendable {
+    package final class Steps: Sendable {
         private let steps = NIOLockedValueBox<[@Sendable () async -> Void]>([])
 
         func add(_ step: @escaping @Sendable () async -> Void) { steps.withLockedValue { $0.append(step) } }
@@ -22,7 +22,7 @@ struct Teardown: SuiteTrait, TestTrait, TestScoping {
     }
 
     /// Adds `step` to the running test case's teardown.
-    static func add(_ step: @escaping @Sendable () async -> Void) {
+    package static func add(_ step: @escaping @Sendable () async -> Void) {
         guard let current else {
             Issue.record("Teardown.add outside a suite with the .teardown trait: the step runs now, unawaited")
             Task { await step() }
@@ -31,12 +31,12 @@ struct Teardown: SuiteTrait, TestTrait, TestScoping {
         current.add(step)
     }
 
-    var isRecursive: Bool { true }
+    package var isRecursive: Bool { true }
 
     /// A scope of its own for every test case (not one for a whole suite).
-    func scopeProvider(for test: Test, testCase: Test.Case?) -> Self? { testCase == nil ? nil : self }
+    package func scopeProvider(for test: Test, testCase: Test.Case?) -> Self? { testCase == nil ? nil : self }
 
-    func provideScope(
+    package func provideScope(
         for test: Test, testCase: Test.Case?, performing function: @Sendable () async throws -> Void
     ) async throws {
         let steps = Steps()
@@ -54,5 +54,5 @@ struct Teardown: SuiteTrait, TestTrait, TestScoping {
 
 extension Trait where Self == Teardown {
     /// Stops what each test added with `Teardown.add`, awaited, when the test ends.
-    static var teardown: Self { Teardown() }
+    package static var teardown: Self { Teardown() }
 }

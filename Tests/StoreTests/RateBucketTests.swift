@@ -5,6 +5,7 @@ import Logging
 @testable import Store
 import Ledger
 import Testing
+import TestSupport
 
 /// The rate-limit buckets in the order store (both backends): what several order services on
 /// one PostgreSQL count together.
