@@ -9,28 +9,6 @@ import NIOConcurrencyHelpers
 // extended, RENEWAL_EXTENSION FAILURE for a subscription a mass extension could not extend,
 // RENEWAL_EXTENSION SUMMARY when it is done.
 extension FakeStoreKit {
-    /// Apple's `ResponseBodyV2DecodedPayload` of a mass extension's end: `summary` in place of
-    /// `data`.
-    struct SummaryNotification: Encodable {
-        struct Summary: Encodable {
-            var requestIdentifier: String
-            var environment: String
-            var appAppleId: Int64
-            var bundleId: String
-            var productId: String
-            var storefrontCountryCodes: [String]
-            var failedCount: Int64
-            var succeededCount: Int64
-        }
-
-        var notificationType = "RENEWAL_EXTENSION"
-        var subtype = "SUMMARY"
-        var notificationUUID: String
-        var summary: Summary
-        var version = "2.0"
-        var signedDate: Int64
-    }
-
     private struct ExtendAnswer: Encodable {
         var effectiveDate: Int64
         var originalTransactionId: String
@@ -136,13 +114,12 @@ extension FakeStoreKit {
             }
             guard let done = try ledger.completeMassExtension(request.requestIdentifier) else { return }
             let payload = try authority.signJWS(
-                SummaryNotification(
-                    notificationUUID: UUID().uuidString.lowercased(),
+                Notification(
+                    notificationType: "RENEWAL_EXTENSION", subtype: "SUMMARY",
                     summary: .init(
                         requestIdentifier: done.requestIdentifier, environment: done.environment, appAppleId: appAppleId,
                         bundleId: done.bundleId, productId: done.productId, storefrontCountryCodes: done.storefrontCountryCodes,
-                        failedCount: Int64(done.failedCount), succeededCount: Int64(done.succeededCount)),
-                    signedDate: FakeAppStore.milliseconds(Date())))
+                        failedCount: Int64(done.failedCount), succeededCount: Int64(done.succeededCount))))
             await send(
                 payload, type: "RENEWAL_EXTENSION", transactionId: nil, environment: done.environment,
                 to: notificationURL.withLockedValue { $0 })

@@ -111,7 +111,9 @@ struct FakeStoreKit: Sendable {
         var commitmentInfo: RenewalCommitmentInfo? = nil
     }
 
-    /// Apple's `ResponseBodyV2DecodedPayload`.
+    /// Apple's `ResponseBodyV2DecodedPayload`, one shape for every notification: `data` about a
+    /// purchase, or in its place `summary` (a mass extension's end), `externalPurchaseToken`
+    /// (`EXTERNAL_PURCHASE_TOKEN`) or `appData` (about the app: `RESCIND_CONSENT`).
     struct Notification: Encodable {
         struct Payload: Encodable {
             var appAppleId: Int64
@@ -124,17 +126,25 @@ struct FakeStoreKit: Sendable {
             var consumptionRequestReason: String?
         }
 
-        var notificationType: String
-        var subtype: String?
-        var notificationUUID: String
-        var data: Payload
-        var version = "2.0"
-        var signedDate: Int64
-    }
+        struct Summary: Encodable {
+            var requestIdentifier: String
+            var environment: String
+            var appAppleId: Int64
+            var bundleId: String
+            var productId: String
+            var storefrontCountryCodes: [String]
+            var failedCount: Int64
+            var succeededCount: Int64
+        }
 
-    /// Apple's `ResponseBodyV2DecodedPayload` about the app rather than a purchase
-    /// (`RESCIND_CONSENT`): `appData` in place of `data`.
-    struct AppNotification: Encodable {
+        struct ExternalPurchaseToken: Encodable {
+            var externalPurchaseId: String
+            var tokenCreationDate: Int64
+            var appAppleId: Int64
+            var bundleId: String
+            var tokenType: String?
+        }
+
         struct AppData: Encodable {
             var appAppleId: Int64
             var bundleId: String
@@ -143,10 +153,14 @@ struct FakeStoreKit: Sendable {
         }
 
         var notificationType: String
-        var notificationUUID: String
-        var appData: AppData
+        var subtype: String?
+        var notificationUUID = UUID().uuidString.lowercased()
+        var data: Payload?
+        var summary: Summary?
+        var externalPurchaseToken: ExternalPurchaseToken?
+        var appData: AppData?
         var version = "2.0"
-        var signedDate: Int64
+        var signedDate = FakeAppStore.milliseconds(Date())
     }
 
     /// Apple's `AppTransaction` (`JWSAppTransactionDecodedPayload`): one customer's download.
@@ -163,25 +177,6 @@ struct FakeStoreKit: Sendable {
         var signedDate: Int64
     }
 
-    /// Apple's `ResponseBodyV2DecodedPayload` about an external purchase token
-    /// (`EXTERNAL_PURCHASE_TOKEN`): `externalPurchaseToken` in place of `data`.
-    struct ExternalPurchaseNotification: Encodable {
-        struct Token: Encodable {
-            var externalPurchaseId: String
-            var tokenCreationDate: Int64
-            var appAppleId: Int64
-            var bundleId: String
-            var tokenType: String?
-        }
-
-        var notificationType = "EXTERNAL_PURCHASE_TOKEN"
-        var subtype = "UNREPORTED"
-        var notificationUUID: String
-        var externalPurchaseToken: Token
-        var version = "2.0"
-        var signedDate: Int64
-    }
-
     /// A signed `EXTERNAL_PURCHASE_TOKEN` for `bundleId`: a token the app made for a purchase
     /// outside the App Store and never reported (Apple's `UNREPORTED`). Its environment is in
     /// its id, as Apple's: a sandbox token's starts with `SANDBOX`.
@@ -192,8 +187,8 @@ struct FakeStoreKit: Sendable {
         let id = (environment == "Sandbox" ? "SANDBOX_" : "") + UUID().uuidString.lowercased()
         let uuid = UUID().uuidString.lowercased()
         let payload = try authority.signJWS(
-            ExternalPurchaseNotification(
-                notificationUUID: uuid,
+            Notification(
+                notificationType: "EXTERNAL_PURCHASE_TOKEN", subtype: "UNREPORTED", notificationUUID: uuid,
                 externalPurchaseToken: .init(
                     externalPurchaseId: id, tokenCreationDate: now - 60_000, appAppleId: appAppleId, bundleId: bundleId,
                     tokenType: tokenType),
@@ -212,7 +207,7 @@ struct FakeStoreKit: Sendable {
                 receiptCreationDate: now, originalPurchaseDate: now - 86_400_000, signedDate: now))
         let uuid = UUID().uuidString.lowercased()
         let payload = try authority.signJWS(
-            AppNotification(
+            Notification(
                 notificationType: "RESCIND_CONSENT", notificationUUID: uuid,
                 appData: .init(
                     appAppleId: appAppleId, bundleId: bundleId, environment: environment, signedAppTransactionInfo: appTransaction),
@@ -435,6 +430,16 @@ struct FakeStoreKit: Sendable {
 
     /// The routes of one environment; `prefix` is "" for production and "/sandbox" for sandbox.
     func addRoutes(to router: Router<BasicRequestContext>, prefix: String, environment: String) {
+        addLookupRoutes(to: router, prefix: prefix, environment: environment)
+        addSubscriptionStatusRoutes(to: router, prefix: prefix, environment: environment)
+        addNotificationHistoryRoutes(to: router, prefix: prefix, environment: environment)
+        addGroupRoutes(to: router, prefix: prefix, environment: environment)
+        addChangeRoutes(to: router, prefix: prefix, environment: environment)
+        addRenewalExtensionRoutes(to: router, prefix: prefix, environment: environment)
+    }
+
+    /// Get Transaction Info, Get Transaction History (v1 and v2), Look Up Refunds, Look Up Order ID and Get App Transaction Info.
+    private func addLookupRoutes(to router: Router<BasicRequestContext>, prefix: String, environment: String) {
         router.get("\(prefix)/inApps/v1/transactions/{transactionId}") { request, context in
             try await answer(request) { bundleId in
                 let purchase = try found(try context.parameters.require("transactionId"), bundleId, environment)
@@ -475,6 +480,22 @@ struct FakeStoreKit: Sendable {
                 return LookupAnswer(status: 0, signedTransactions: [try signedTransaction(purchase)])
             }
         }
+        router.get("\(prefix)/inApps/v1/transactions/appTransactions/{transactionId}") { request, context in
+            // Get App Transaction Info: any transaction id of the customer, or the customer's
+            // appTransactionId.
+            try await answer(request) { bundleId in
+                let owner = try customer(try context.parameters.require("transactionId"), bundleId, environment)
+                guard let owner else {
+                    throw APIError(
+                        status: .notFound, errorCode: 4_040_019, errorMessage: "No app transaction exists for the customer.")
+                }
+                return ["signedAppTransactionInfo": try signedAppTransaction(of: owner)]
+            }
+        }
+    }
+
+    /// Get All Subscription Statuses.
+    private func addSubscriptionStatusRoutes(to router: Router<BasicRequestContext>, prefix: String, environment: String) {
         router.get("\(prefix)/inApps/v1/subscriptions/{transactionId}") { request, context in
             try await answer(request) { bundleId in
                 let purchase = try found(try context.parameters.require("transactionId"), bundleId, environment)
@@ -506,6 +527,10 @@ struct FakeStoreKit: Sendable {
                         ])
             }
         }
+    }
+
+    /// Get Notification History and Request a Test Notification.
+    private func addNotificationHistoryRoutes(to router: Router<BasicRequestContext>, prefix: String, environment: String) {
         router.post("\(prefix)/inApps/v1/notifications/history") { request, context in
             try await answer(request) { bundleId in
                 var request = request
@@ -537,18 +562,10 @@ struct FakeStoreKit: Sendable {
                 ["testNotificationToken": UUID().uuidString.lowercased()]
             }
         }
-        router.get("\(prefix)/inApps/v1/transactions/appTransactions/{transactionId}") { request, context in
-            // Get App Transaction Info: any transaction id of the customer, or the customer's
-            // appTransactionId.
-            try await answer(request) { bundleId in
-                let owner = try customer(try context.parameters.require("transactionId"), bundleId, environment)
-                guard let owner else {
-                    throw APIError(
-                        status: .notFound, errorCode: 4_040_019, errorMessage: "No app transaction exists for the customer.")
-                }
-                return ["signedAppTransactionInfo": try signedAppTransaction(of: owner)]
-            }
-        }
+    }
+
+    /// Get Customer Groups and Get Group Members.
+    private func addGroupRoutes(to router: Router<BasicRequestContext>, prefix: String, environment: String) {
         router.get("\(prefix)/groups/v1/currentGroups/{anyTransactionId}") { request, context in
             // Get Customer Groups (API 1.22): the groups of the customer any of whose ids
             // (transaction, original transaction, app transaction) is named.
@@ -602,6 +619,10 @@ struct FakeStoreKit: Sendable {
                     hasMore: end < devices.count)
             }
         }
+    }
+
+    /// what the server changes at Apple: Finish Transaction, Set App Account Token, Send Consumption Information.
+    private func addChangeRoutes(to router: Router<BasicRequestContext>, prefix: String, environment: String) {
         router.post("\(prefix)/inApps/v1/transactions/{transactionId}/finish") { request, context in
             // Finish Transaction: the same state the app's finishTransaction sets (the fake's
             // /fake/purchases/{id}/finish); a finished consumable leaves later receipts.
@@ -639,7 +660,6 @@ struct FakeStoreKit: Sendable {
                 return [String: String]()
             }
         }
-        addRenewalExtensionRoutes(to: router, prefix: prefix, environment: environment)
         router.put("\(prefix)/inApps/v2/transactions/consumption/{transactionId}") { request, context in
             try await answer(request, status: .accepted) { bundleId in
                 let purchase = try found(try context.parameters.require("transactionId"), bundleId, environment)
@@ -654,6 +674,8 @@ struct FakeStoreKit: Sendable {
                 return [String: String]()
             }
         }
+    
+
     }
 
     /// Apple's 4000227: an assigned seat (multiseat) takes neither consumption answers nor Set

@@ -101,8 +101,9 @@ struct ServerAPIClientTests {
         let start = clock.now
         for _ in 0..<4 { _ = try await api.transactionInfo(id, in: .sandbox) }
         let paced = clock.now - start
+        // What pacing guarantees is the floor; how soon a loaded machine serves past it is not
+        // the client's to promise, so no ceiling is asserted.
         #expect(paced >= .milliseconds(2900), "4 calls at 1/s took \(paced)")
-        #expect(paced < .seconds(10))
 
         // After a 429, the next call waits for Apple's Retry-After (the fake says: in one second).
         let fast = try client(apple)

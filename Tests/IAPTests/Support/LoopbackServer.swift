@@ -1,5 +1,4 @@
 import Foundation
-import TestSupport
 import Hummingbird
 import Logging
 import NIOConcurrencyHelpers
@@ -13,20 +12,29 @@ struct LoopbackServer: Sendable {
     let group: ServiceGroup
     let task: Task<Void, any Error>
 
-    /// Serves `router`; `name` says what failed to start.
+    /// Serves `router`; `name` says what failed to start. Waits for the listener itself (or for
+    /// the server's end, when it cannot bind), however loaded the machine is.
     static func start(_ router: Router<BasicRequestContext>, name: String) async throws -> LoopbackServer {
-        let port = NIOLockedValueBox(0)
+        let (listening, announce) = AsyncStream<Int>.makeStream()
         let application = Application(
             router: router, configuration: .init(address: .hostname("127.0.0.1", port: 0)),
-            onServerRunning: { channel in port.withLockedValue { $0 = channel.localAddress?.port ?? 0 } },
+            onServerRunning: { channel in
+                announce.yield(channel.localAddress?.port ?? 0)
+                announce.finish()
+            },
             logger: TestBroker.logger)
         let group = ServiceGroup(
             configuration: .init(services: [application], gracefulShutdownSignals: [], logger: TestBroker.logger))
-        let task = Task { try await group.run() }
-        guard try await eventually(timeout: .seconds(10), { port.withLockedValue { $0 } != 0 }) else {
-            throw HarnessError("\(name) did not start")
+        let task = Task {
+            defer { announce.finish() }
+            try await group.run()
         }
-        return LoopbackServer(base: "http://127.0.0.1:\(port.withLockedValue { $0 })", group: group, task: task)
+        var ports = listening.makeAsyncIterator()
+        guard let port = await ports.next(), port != 0 else {
+            task.cancel()
+            throw HarnessError("\(name) did not start: \(await task.result)")
+        }
+        return LoopbackServer(base: "http://127.0.0.1:\(port)", group: group, task: task)
     }
 }
 
