@@ -40,8 +40,9 @@ extension SQLValueConvertible where Self: RawRepresentable, RawValue == String {
 
 extension RawRepresentable where RawValue == String {
     /// The value as an SQL string literal, for a query whose text names a state (as a partial
-    /// index's predicate does). Only for the project's own vocabulary, never for input.
-    package var sql: String { "'\(rawValue)'" }
+    /// index's predicate does): meant for the project's own vocabulary, and quoted as SQL quotes
+    /// (a `'` doubled), so that even a value built from input stays one literal.
+    package var sql: String { "'" + rawValue.replacingOccurrences(of: "'", with: "''") + "'" }
 }
 
 extension Int64: SQLValueConvertible {

@@ -32,6 +32,16 @@ struct OrderStoreTests {
             outcome: .verified(VerifiedReceipt(bundleId: "b", environment: .production, purchases: purchases)))
     }
 
+    /// A state or reason named in a query's text is one SQL literal whatever it holds: a quote in
+    /// it is doubled, on both backends.
+    @Test(arguments: TestStore.backends) func aValueNamedInAQuerysTextStaysOneLiteral(_ backend: Backend) async throws {
+        let store = try await makeStore(backend)
+        for text in ["revoked", "it's", "x' OR '1'='1"] {
+            let rows = try await store.testRows("SELECT \(ReasonCode(text).sql) AS v")
+            #expect(rows.count == 1 && rows.first?["v"] == text, "\(text)")
+        }
+    }
+
     @Test(arguments: TestStore.backends) func applyingTheSameResultTwiceCreditsOnce(_ backend: Backend) async throws {
         let store = try await makeStore(backend)
         let request = try await accept(store, user: "u1")
